@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtual environment in .venv with streamfed and its test tools,
+# plus the Debian packages the integration tests start for real (when missing and we are root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install --quiet -e '.[test]' 2>&1 | grep -v -E "^WARNING: Location|ignored: it is neither" || true
+.venv/bin/python -c "import streamfed, numba, river" >/dev/null
+
+# Debian packages used by the tests (real broker / real Prometheus). Installed only when missing.
+need=()
+for pkg in ${STREAMFED_APT_PACKAGES:-}; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "warning: missing Debian packages ${need[*]} (run as root to install them)" >&2
+  fi
+fi
