@@ -1,0 +1,398 @@
+"""POF-MKL: personalized online federated multi-kernel learning (ALGORITHMS.md section 2).
+
+The learner is split the way it is deployed:
+
+* :class:`POFMKLClient` — the client half: predicts with the global parameters `θ` and its personal
+  kernel weights, samples one bin of at most `M` kernels, updates its weights multiplicatively (in the
+  log domain) and returns a :class:`KernelUpdate` of at most `M·2D` numbers.
+* :class:`POFMKLServer` — the server half: sums the updates of a round and applies
+  `θ_p ← θ_p - (1/|C_t|) Σ Δ_{c,p}`, dividing by the number of reporting clients (eq. 10).
+* :class:`POFMKLRegressor` — a River regressor (`learn_one`/`predict_one` on dicts) that is a fleet
+  of one: a client and a server in the same object.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from river import base
+
+from ..features import KernelSpec, RFFBank, gaussian_dictionary
+from ._pofmkl_kernels import (
+    STEP_BAD_INPUT,
+    STEP_BAD_LABEL,
+    STEP_OK,
+    apply_kernel_deltas,
+    pofmkl_predict,
+    pofmkl_step,
+)
+
+__all__ = [
+    "KernelUpdate",
+    "NonFiniteError",
+    "POFMKLClient",
+    "POFMKLRegressor",
+    "POFMKLServer",
+]
+
+_UNIFORM_BLOCK = 256
+
+
+class NonFiniteError(ValueError):
+    """A step would have produced a non-finite value; nothing was changed or uploaded."""
+
+
+@dataclass(frozen=True)
+class KernelUpdate:
+    """A client's upload for one step: `Δ_p` for the kernels it selected.
+
+    >>> u = KernelUpdate(np.array([3]), np.zeros((1, 4)))
+    >>> u.n_numbers
+    4
+    """
+
+    kernels: np.ndarray  # int64 (m,), distinct kernel indices
+    delta: np.ndarray  # float64 (m, 2D)
+    n_samples: int = 1
+
+    @property
+    def n_numbers(self) -> int:
+        """Model numbers carried (the `M·2D` of the paper; indices are not counted)."""
+        return int(self.delta.size)
+
+
+class POFMKLClient:
+    """Client half of POF-MKL: personal log-weights plus a read-only view of the global `θ`.
+
+    `rng` is the injected random source of the bin draws (one uniform per step, drawn in blocks from
+    `rng.random`), so a test can replay identical draws in an independent implementation.
+
+    >>> bank = RFFBank(gaussian_dictionary(4), n_features=10, n_inputs=2, seed=0)
+    >>> client = POFMKLClient(bank, bin_size=1, rng=0)
+    >>> yhat, update = client.step(np.array([0.1, 0.2]), 0.5)
+    >>> yhat, update.kernels.shape, update.delta.shape
+    (0.0, (1,), (1, 20))
+    """
+
+    def __init__(
+        self,
+        bank: RFFBank,
+        eta: float = 0.05,
+        lam: float = 1e-4,
+        xi: float = 0.1,
+        bin_size: int = 1,
+        rng: np.random.Generator | int | None = None,
+        theta: np.ndarray | None = None,
+    ) -> None:
+        if not (eta > 0 and math.isfinite(eta)):
+            raise ValueError(f"eta must be finite and > 0, got {eta!r}")
+        if not (lam >= 0 and math.isfinite(lam)):
+            raise ValueError(f"lam must be finite and >= 0, got {lam!r}")
+        if not 0.0 <= xi <= 1.0:
+            raise ValueError(f"xi must be in [0, 1], got {xi!r}")
+        if not 1 <= bin_size <= bank.n_kernels:
+            raise ValueError(f"bin_size (M) must be in [1, N={bank.n_kernels}], got {bin_size!r}")
+        self.bank = bank
+        self.eta, self.lam, self.xi, self.bin_size = float(eta), float(lam), float(xi), int(bin_size)
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        n, dim = bank.n_kernels, bank.dim
+        self.theta = np.zeros((n, dim)) if theta is None else theta
+        self.global_version = 0
+        self.logw = np.zeros(n)
+        # [Σ(ŷ-y)², Σ_t Σ_p w̄_p ℓ_p, steps, unused, Σ(f_p-y)² per kernel, Σ ℓ_p per kernel]
+        self.acc = np.zeros(4 + 2 * n)
+        self._uniforms = np.empty(0)
+        self._upos = 0
+        # scratch buffers reused by every step (the step allocates nothing it keeps)
+        self._angles = np.empty(n * bank.n_features)
+        self._z = np.empty((n, dim))
+        self._f = np.empty(n)
+        self._wbar = np.empty(n)
+        self._loss = np.empty(n)
+        self._order = np.empty(n, dtype=np.int64)
+        self._sel = np.empty(self.bin_size, dtype=np.int64)
+        self._delta = np.empty((self.bin_size, dim))
+        self._out = np.empty(2)
+
+    # -- global parameters -------------------------------------------------------------------
+    def set_global(self, theta: np.ndarray, version: int) -> None:
+        """Use a new global `θ` (shape `(N, 2D)`, finite) from now on."""
+        theta = np.asarray(theta, dtype=np.float64)
+        if theta.shape != self.theta.shape:
+            raise ValueError(f"global theta has shape {theta.shape}, expected {self.theta.shape}")
+        if not np.all(np.isfinite(theta)):
+            raise NonFiniteError("global theta contains a non-finite value")
+        self.theta = theta
+        self.global_version = int(version)
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self, x: np.ndarray, y: float) -> tuple[float, KernelUpdate]:
+        """Predict `x`, learn from `y`, and return `(ŷ, the update to upload)`.
+
+        `x` must be a float64 vector of length `d`. On bad input or a non-finite result a
+        `ValueError` (:class:`NonFiniteError`) is raised and no state changes.
+        """
+        if x.dtype != np.float64 or x.shape != (self.bank.n_inputs,):
+            x = self.bank.check_input(x)
+        if self._upos == self._uniforms.shape[0]:
+            self._uniforms = self.rng.random(_UNIFORM_BLOCK)
+            self._upos = 0
+        status, n_sel = pofmkl_step(
+            self.bank._wt, x, float(y), self.theta, self.logw, self.eta, self.lam, self.xi,
+            self.bin_size, self._uniforms[self._upos], self.acc, self._angles, self._z, self._f,
+            self._wbar, self._loss, self._order, self._sel, self._delta, self._out,
+        )
+        if status != STEP_OK:
+            self._raise(status, x, y)
+        self._upos += 1  # the draw is consumed only by a step that happened
+        return float(self._out[0]), KernelUpdate(self._sel[:n_sel].copy(), self._delta[:n_sel].copy())
+
+    def _raise(self, status: int, x: np.ndarray, y: float) -> None:
+        if status == STEP_BAD_INPUT:
+            raise ValueError(f"input contains a non-finite value: {x!r}")
+        if status == STEP_BAD_LABEL:
+            raise ValueError(f"label is not finite: {y!r}")
+        raise NonFiniteError(
+            "POF-MKL step produced a non-finite value (learning rate too large for this data?); "
+            "state left unchanged, nothing uploaded"
+        )
+
+    def predict(self, x: np.ndarray) -> float:
+        """`ŷ = Σ_p w̄_p θ_pᵀ z_p(x)` (eq. 6) without learning."""
+        x = self.bank.check_input(x)
+        return float(pofmkl_predict(self.bank._wt, x, self.theta, self.logw, self._angles,
+                                    self._z, self._f, self._wbar))
+
+    # -- introspection -----------------------------------------------------------------------
+    @property
+    def kernel_weights(self) -> np.ndarray:
+        """Normalised personal weights `w̄_p`."""
+        w = np.exp(self.logw - self.logw.max())
+        return w / w.sum()
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.acc[2])
+
+    @property
+    def cumulative_loss(self) -> float:
+        """`Σ_t (ŷ_t - y_t)²`."""
+        return float(self.acc[0])
+
+    @property
+    def kernel_losses(self) -> np.ndarray:
+        """`Σ_t (f_p(x_t) - y_t)²` per kernel."""
+        n = self.bank.n_kernels
+        return self.acc[4 : 4 + n].copy()
+
+    @property
+    def regret(self) -> float:
+        """`R_c(T) = Σ_t (ŷ_t - y_t)² - min_p Σ_t (f_p(x_t) - y_t)²` (eq. 11, squared loss)."""
+        n = self.bank.n_kernels
+        return float(self.acc[0] - self.acc[4 : 4 + n].min())
+
+    @property
+    def best_kernel(self) -> int:
+        """The kernel with the smallest cumulative squared loss so far."""
+        n = self.bank.n_kernels
+        return int(np.argmin(self.acc[4 : 4 + n]))
+
+    @property
+    def regret_regularised(self) -> float:
+        """Regret on the paper's regularised loss `ℓ_p = (f_p - y)² + λ‖θ_p‖²`:
+        `Σ_t Σ_p w̄_{p,t} ℓ_{p,t} - min_p Σ_t ℓ_{p,t}` (the quantity Theorem 1 bounds)."""
+        n = self.bank.n_kernels
+        return float(self.acc[1] - self.acc[4 + n : 4 + 2 * n].min())
+
+
+class POFMKLServer:
+    """Server half of POF-MKL: owns `θ`, applies a round of updates (eq. 10).
+
+    >>> server = POFMKLServer(n_kernels=3, dim=4)
+    >>> server.apply_round([KernelUpdate(np.array([1]), np.ones((1, 4))),
+    ...                     KernelUpdate(np.array([2]), np.ones((1, 4)))])
+    1
+    >>> server.theta[1].tolist()
+    [-0.5, -0.5, -0.5, -0.5]
+    """
+
+    def __init__(self, n_kernels: int, dim: int) -> None:
+        self.theta = np.zeros((n_kernels, dim))
+        self.version = 0
+        self._sum = np.zeros((n_kernels, dim))
+        self._reporting = 0
+
+    def add(self, update: KernelUpdate) -> None:
+        """Add one client's update to the round in progress (validated: shapes, indices, finiteness)."""
+        k, d = update.kernels, update.delta
+        n, dim = self.theta.shape
+        if d.ndim != 2 or d.shape[1] != dim or k.shape != (d.shape[0],):
+            raise ValueError(f"update shapes {k.shape}, {d.shape} do not match theta {self.theta.shape}")
+        if k.size and (k.min() < 0 or k.max() >= n or np.unique(k).size != k.size):
+            raise ValueError(f"update names invalid or repeated kernels: {k.tolist()}")
+        if not np.all(np.isfinite(d)):
+            raise NonFiniteError("update contains a non-finite value")
+        apply_kernel_deltas(self._sum, k.astype(np.int64, copy=False), d, -1.0)
+        self._reporting += 1
+
+    def finish_round(self) -> int:
+        """`θ ← θ - (Σ Δ) / |C_t|`, start a new round, return the new version."""
+        if self._reporting:
+            new = self.theta - self._sum / self._reporting
+            if not np.all(np.isfinite(new)):  # never publish a non-finite global
+                self._sum[:] = 0.0
+                self._reporting = 0
+                raise NonFiniteError("aggregated theta would be non-finite; round discarded")
+            self.theta = new
+        self._sum[:] = 0.0
+        self._reporting = 0
+        self.version += 1
+        return self.version
+
+    def apply_round(self, updates: Iterable[KernelUpdate]) -> int:
+        """Add every update of one round and finish it."""
+        for u in updates:
+            self.add(u)
+        return self.finish_round()
+
+
+class POFMKLRegressor(base.Regressor):
+    """POF-MKL as a River regressor: a client and its server in one object (a fleet of one).
+
+    Features are read in sorted key order, so the frequencies never depend on the order in which
+    features are first seen. The schema is fixed by the first `learn_one`; a feature missing later
+    reads as 0 and an unseen one is ignored (both counted in `n_missing` / `n_unknown`).
+
+    Parameters
+    ----------
+    n_kernels
+        Size of the Gaussian bandwidth dictionary (ignored when `kernels` is given).
+    n_features
+        Random features `D` per kernel (each kernel has `2D` parameters).
+    kernels
+        Explicit kernel specs such as `("gaussian:0.5", "laplacian:1.0")`.
+    eta, lam, xi
+        Learning rate, regularisation `λ` and exploration rate `ξ`.
+    bin_size
+        `M`, kernels updated (and uploaded) per step.
+    seed
+        Fleet seed: frequencies and bin draws derive from it.
+
+    Examples
+    --------
+    >>> from river import datasets, evaluate, metrics, preprocessing
+    >>> model = preprocessing.StandardScaler() | POFMKLRegressor(n_kernels=4, n_features=20, seed=1)
+    >>> evaluate.progressive_val_score(datasets.TrumpApproval(), model, metrics.MAE())
+    MAE: ...
+    """
+
+    def __init__(
+        self,
+        n_kernels: int = 8,
+        n_features: int = 50,
+        kernels: tuple[str, ...] | None = None,
+        eta: float = 0.05,
+        lam: float = 1e-4,
+        xi: float = 0.1,
+        bin_size: int = 1,
+        seed: int = 0,
+    ) -> None:
+        self.n_kernels = n_kernels
+        self.n_features = n_features
+        self.kernels = kernels
+        self.eta = eta
+        self.lam = lam
+        self.xi = xi
+        self.bin_size = bin_size
+        self.seed = seed
+        self._specs: list[KernelSpec] = (
+            [KernelSpec.parse(k) for k in kernels] if kernels else gaussian_dictionary(n_kernels)
+        )
+        if not 1 <= bin_size <= len(self._specs):
+            raise ValueError(f"bin_size must be in [1, {len(self._specs)}], got {bin_size}")
+        self._keys: tuple = ()
+        self._client: POFMKLClient | None = None
+        self._server: POFMKLServer | None = None
+        self.n_missing = 0
+        self.n_unknown = 0
+
+    @classmethod
+    def _unit_test_params(cls) -> Iterable[dict]:
+        yield {"n_kernels": 4, "n_features": 10}
+        yield {"kernels": ("gaussian:0.5", "laplacian:2.0", "matern32:1.0"), "bin_size": 2, "xi": 1.0}
+
+    @property
+    def _is_stochastic(self) -> bool:
+        return True
+
+    @property
+    def client(self) -> POFMKLClient | None:
+        return self._client
+
+    def _vector(self, x: dict) -> np.ndarray:
+        v = np.zeros(len(self._keys))
+        seen = 0
+        for i, k in enumerate(self._keys):
+            if k in x:
+                v[i] = _as_float(k, x[k])
+                seen += 1
+        self.n_missing += len(self._keys) - seen
+        self.n_unknown += len(x) - seen
+        return v
+
+    def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
+        y = _as_float("target", y)
+        if self._client is None:
+            self._keys = tuple(sorted(x, key=str))
+            vals = [_as_float(k, x[k]) for k in self._keys]  # validate before creating state
+            bank = RFFBank(self._specs, self.n_features, max(len(self._keys), 1), seed=self.seed)
+            rng = np.random.default_rng([self.seed, 0x50F])
+            self._client = POFMKLClient(bank, self.eta, self.lam, self.xi, self.bin_size, rng)
+            self._server = POFMKLServer(bank.n_kernels, bank.dim)
+            xv = np.array(vals) if vals else np.zeros(1)
+        else:
+            xv = self._vector(x) if self._keys else np.zeros(1)
+        _, update = self._client.step(xv, y)
+        assert self._server is not None
+        self._server.add(update)
+        self._server.finish_round()
+        self._client.set_global(self._server.theta, self._server.version)
+
+    def predict_one(self, x: dict) -> float:
+        if self._client is None:
+            return 0.0
+        missing, unknown = self.n_missing, self.n_unknown
+        xv = self._vector(x) if self._keys else np.zeros(1)
+        self.n_missing, self.n_unknown = missing, unknown  # predicting does not count
+        return self._client.predict(xv)
+
+
+def _as_float(name: object, v: object) -> float:
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"feature {name!r} is not numeric: {v!r}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"feature {name!r} is not finite: {v!r}")
+    return f
+
+
+def run_lockstep(
+    clients: Sequence[POFMKLClient], server: POFMKLServer, xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray],
+) -> np.ndarray:
+    """Reference lock-step protocol: at each `t` every client steps, the server aggregates, all
+    clients receive the new `θ`. Returns the predictions, shape `(T, C)`."""
+    n_steps = min(len(y) for y in ys)
+    preds = np.empty((n_steps, len(clients)))
+    for t in range(n_steps):
+        for c, client in enumerate(clients):
+            preds[t, c], upd = client.step(xs[c][t], ys[c][t])
+            server.add(upd)
+        version = server.finish_round()
+        for client in clients:
+            client.set_global(server.theta, version)
+    return preds
