@@ -1,0 +1,192 @@
+"""Numba kernels of online FedBNR (ALGORITHMS.md section 3).
+
+The working posterior of one feature map is kept as the upper Cholesky factor of the *augmented*
+precision matrix
+
+    M = [ A   h ]      A = σ⁻² S + λ⁻² P   (P = I without forgetting)
+        [ hᵀ  c ]      h = σ⁻² b,   c = σ⁻² q
+
+    M = RₐᵀRₐ,   Rₐ = [ R  u ]      RᵀR = A,   Rᵀu = h,   ρ² = c - uᵀu
+                      [ 0  ρ ]
+
+A new sample `(φ, y)` adds `σ⁻²[φ; y][φ; y]ᵀ` to `M`, i.e. `A += σ⁻²φφᵀ`, `h += σ⁻²φy`, `c += σ⁻²y²`
+all at once, so one rank-one Cholesky update of `Rₐ` (O(F²)) maintains everything:
+
+- predictive: with `v = R⁻ᵀφ`, mean `φᵀA⁻¹h = vᵀu` and variance `σ² + φᵀA⁻¹φ = σ² + vᵀv`
+  (one triangular solve, no posterior mean vector needed);
+- evidence: `log|A| = 2 Σ log R_ii` and `σ⁻²q - σ⁻⁴bᵀA⁻¹b = c - uᵀu = ρ²`.
+
+This is the square-root (QR) form of recursive least squares; it never forms `A⁻¹`, which is why it
+is more stable than Sherman–Morrison on the inverse.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True)
+def chol_update(r: np.ndarray, x: np.ndarray) -> None:
+    """Rank-one update in place: on return `rᵀr` equals the old `rᵀr + x xᵀ` (`r` upper, `x` is destroyed).
+
+    Row `k` of `r` is rotated against the remaining part of `x` by the Givens rotation that zeroes
+    `x[k]`:  `r_kk' = √(r_kk² + x_k²)`, `c = r_kk'/r_kk`, `s = x_k/r_kk`, then for `j > k`
+    `r_kj' = (r_kj + s x_j)/c` and `x_j' = c x_j - s r_kj'` (the classical LINPACK `dchud` recurrence,
+    written for the upper factor so every inner loop runs along a contiguous row).
+    """
+    n = r.shape[0]
+    for k in range(n):
+        xk = x[k]
+        if xk == 0.0:
+            continue  # the rotation is the identity: row k and x stay as they are
+        rkk = r[k, k]
+        rnew = np.sqrt(rkk * rkk + xk * xk)
+        r[k, k] = rnew
+        if k + 1 == n:
+            break  # last row has no off-diagonal part (and r_kk may be 0 there: the ρ entry)
+        c = rnew / rkk
+        s = xk / rkk
+        inv_c = rkk / rnew
+        for j in range(k + 1, n):
+            rkj = (r[k, j] + s * x[j]) * inv_c
+            r[k, j] = rkj
+            x[j] = c * x[j] - s * rkj
+
+
+@numba.njit(cache=True)
+def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
+    """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
+    organised by rows of `R` so the inner loop is contiguous)."""
+    for i in range(n):
+        out[i] = rhs[i]
+    for k in range(n):
+        vk = out[k] / r[k, k]
+        out[k] = vk
+        for j in range(k + 1, n):
+            out[j] -= r[k, j] * vk
+
+
+@numba.njit(cache=True)
+def predict_one(ra: np.ndarray, phi: np.ndarray, work: np.ndarray) -> tuple[float, float]:
+    """`(φᵀA⁻¹h, φᵀA⁻¹φ)` from the augmented factor `ra` (`(F+1, F+1)`) of one feature map."""
+    f = phi.shape[0]
+    solve_rt(ra, phi, work, f)
+    mean = 0.0
+    quad = 0.0
+    for i in range(f):
+        mean += work[i] * ra[i, f]
+        quad += work[i] * work[i]
+    return mean, quad
+
+
+@numba.njit(cache=True)
+def log_evidence_from_factor(ra: np.ndarray, n: float, sigma: float, lam: float) -> float:
+    """`log p(y)` of the statistics held in `ra` (section 3), in O(F):
+
+    `-(n/2)log(2πσ²) - ½(log|A| + F log λ²) - ½ρ²`, using `|I + λ²σ⁻²S| = λ^{2F} |A|`.
+    """
+    f = ra.shape[0] - 1
+    half_logdet = 0.0
+    for i in range(f):
+        half_logdet += np.log(ra[i, i])
+    rho = ra[f, f]
+    return (-0.5 * n * np.log(2.0 * np.pi * sigma * sigma) - half_logdet - f * np.log(lam)
+            - 0.5 * rho * rho)
+
+
+@numba.njit(cache=True)
+def predict_mixture(
+    ra: np.ndarray, phi: np.ndarray, sigma: np.ndarray, logw: np.ndarray, work: np.ndarray,
+    means: np.ndarray, variances: np.ndarray,
+) -> tuple[float, float]:
+    """Each kernel's predictive (into `means`, `variances`) and the moment-matched Bayesian model
+    average with log weights `logw` (normalised here, in the log domain)."""
+    n_kernels = ra.shape[0]
+    for k in range(n_kernels):
+        m, quad = predict_one(ra[k], phi[k], work)
+        means[k] = m
+        variances[k] = sigma[k] * sigma[k] + quad
+    if n_kernels == 1:
+        return means[0], variances[0]
+    top = -np.inf
+    for k in range(n_kernels):
+        top = max(top, logw[k])
+    total = 0.0
+    for k in range(n_kernels):
+        total += np.exp(logw[k] - top)
+    mu = 0.0
+    second = 0.0
+    for k in range(n_kernels):
+        w = np.exp(logw[k] - top) / total
+        mu += w * means[k]
+        second += w * (variances[k] + means[k] * means[k])
+    return mu, max(second - mu * mu, 0.0)
+
+
+@numba.njit(cache=True)
+def learn_one(
+    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, phi: np.ndarray, y: float,
+    inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray, refresh_index: int, work: np.ndarray,
+) -> None:
+    """Add one sample to every kernel's pending statistics and working factor.
+
+    Pending statistics: upper triangle of `S_pend += φφᵀ` and `b_pend += φy` (exact, undecayed: they
+    are what gets uploaded). Working factor: with forgetting (`sqrt_gamma < 1`) first `Rₐ ← √γ Rₐ`
+    (so `M ← γM`) and the prior refresh `A += refresh_k² e_j e_jᵀ` for `j = refresh_index`, then the
+    sample `M += σ⁻²[φ; y][φ; y]ᵀ`.
+    """
+    n_kernels, f = phi.shape
+    for k in range(n_kernels):
+        sp = s_pend[k]
+        for i in range(f):
+            pi = phi[k, i]
+            b_pend[k, i] += pi * y
+            for j in range(i, f):
+                sp[i, j] += pi * phi[k, j]
+        rk = ra[k]
+        if sqrt_gamma != 1.0:
+            for i in range(f + 1):
+                for j in range(i, f + 1):
+                    rk[i, j] *= sqrt_gamma
+            for i in range(f + 1):
+                work[i] = 0.0
+            work[refresh_index] = refresh[k]
+            chol_update(rk, work)
+        s = inv_sigma[k]
+        for i in range(f):
+            work[i] = phi[k, i] * s
+        work[f] = y * s
+        chol_update(rk, work)
+
+
+@numba.njit(cache=True)
+def learn_batch(
+    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, phis: np.ndarray, ys: np.ndarray,
+    sigma: np.ndarray, lam: np.ndarray, n_work: float, sqrt_gamma: float, refresh: np.ndarray,
+    refresh_start: int, work: np.ndarray, out_mean: np.ndarray, out_var: np.ndarray,
+) -> None:
+    """Prequential loop over `T` samples: predict each (Bayesian model average, log weights = each
+    kernel's working evidence), record the prediction, then learn it (as :func:`learn_one`).
+
+    `n_work` is the working sample count before the first row; it advances by one per row (decayed by
+    `γ` first when forgetting, matching the Python path).
+    """
+    n_kernels, f = phis.shape[1], phis.shape[2]
+    inv_sigma = 1.0 / sigma
+    gamma = sqrt_gamma * sqrt_gamma
+    logw = np.zeros(n_kernels)
+    means = np.empty(n_kernels)
+    variances = np.empty(n_kernels)
+    j = refresh_start
+    for t in range(phis.shape[0]):
+        if n_kernels > 1:
+            for k in range(n_kernels):
+                logw[k] = log_evidence_from_factor(ra[k], n_work, sigma[k], lam[k])
+        mu, var = predict_mixture(ra, phis[t], sigma, logw, work, means, variances)
+        out_mean[t] = mu
+        out_var[t] = var
+        learn_one(ra, s_pend, b_pend, phis[t], ys[t], inv_sigma, sqrt_gamma, refresh, j, work)
+        n_work = gamma * n_work + 1.0
+        if sqrt_gamma != 1.0:
+            j = (j + 1) % f
