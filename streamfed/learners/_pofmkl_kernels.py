@@ -52,49 +52,65 @@ def pofmkl_predict(
 
 
 @numba.njit(cache=True)
+def _sort_by_weight(logw: np.ndarray, order: np.ndarray) -> None:
+    """Sort `order` by decreasing weight, ties by kernel index (a total order, so the result is the
+    same as any stable sort of the weights). Insertion sort starting from the previous step's order:
+    weights move little between steps, so the list is nearly sorted and this costs ~O(N)."""
+    n = order.shape[0]
+    for i in range(1, n):
+        p = order[i]
+        j = i - 1
+        while j >= 0 and (logw[order[j]] < logw[p] or (logw[order[j]] == logw[p] and order[j] > p)):
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = p
+
+
+@numba.njit(cache=True)
 def pofmkl_step(
-    wt: np.ndarray,  # (d, N*D)
+    wt: np.ndarray,  # (d, N*D) frequencies, see features.rff_transform_into
     x: np.ndarray,  # (d,)
     y: float,
-    theta: np.ndarray,  # (N, 2D) global parameters (read only here)
-    logw: np.ndarray,  # (N,) personal log-weights (updated on success)
-    eta: float,
-    lam: float,
-    xi: float,
-    bin_size: int,  # M
     u: float,  # uniform draw in [0, 1) for the bin choice
+    theta: np.ndarray,  # (N, 2D) global parameters (read only here)
+    theta_sq: np.ndarray,  # (N,) ‖θ_p‖², cached with θ
+    logw: np.ndarray,  # (N,) personal log-weights (updated on success)
     acc: np.ndarray,  # (4 + 2N,) loss accumulators (updated on success), layout in pofmkl.py
-    angles: np.ndarray,  # scratch (N*D,)
-    z: np.ndarray,  # scratch (N, 2D)
-    f: np.ndarray,  # scratch (N,)
-    wbar: np.ndarray,  # scratch (N,)
-    loss: np.ndarray,  # scratch (N,)
-    order: np.ndarray,  # scratch (N,) int64
+    hyper: np.ndarray,  # [η, λ, ξ]
+    bin_size: int,  # M
+    scratch: np.ndarray,  # (N*D + 3N,) floats: angles, f, w̄, ℓ
+    z: np.ndarray,  # scratch (N, 2D) features
+    order: np.ndarray,  # (N,) int64 kernel order, kept between steps (warm start for the sort)
     sel: np.ndarray,  # out (M,) int64: selected kernels
     delta: np.ndarray,  # out (M, 2D): their updates Δ
-    out: np.ndarray,  # out (2,): [ŷ, q_J]
-) -> tuple[int, int]:
-    """Steps 1-4 for one sample. Returns `(status, number of selected kernels)`."""
+) -> tuple[int, int, float, float]:
+    """Steps 1-4 for one sample. Returns `(status, number of selected kernels, ŷ, q_J)`."""
     n_kernels, dim = z.shape
+    eta, lam, xi = hyper[0], hyper[1], hyper[2]
+    nd = wt.shape[1]
+    angles = scratch[:nd]
+    f = scratch[nd : nd + n_kernels]
+    wbar = scratch[nd + n_kernels : nd + 2 * n_kernels]
+    loss = scratch[nd + 2 * n_kernels : nd + 3 * n_kernels]
+    chk = 0.0
     for k in range(x.shape[0]):
-        if not np.isfinite(x[k]):
-            return STEP_BAD_INPUT, 0
+        chk += x[k]
+    if not np.isfinite(chk):
+        return STEP_BAD_INPUT, 0, 0.0, 0.0
     if not np.isfinite(y):
-        return STEP_BAD_LABEL, 0
+        return STEP_BAD_LABEL, 0, 0.0, 0.0
 
     # Step 1 (eq. 6): predict with the weights before this step's update.
     yhat = pofmkl_predict(wt, x, theta, logw, angles, z, f, wbar)
 
-    # Step 2 (eq. 8): sort kernels by weight, decreasing (stable: ties keep index order), cut into
-    # B = ⌈N/M⌉ bins, q_j = (1-ξ) u_j + ξ/B, draw J by inverse CDF of the uniform `u`.
+    # Step 2 (eq. 8): sort kernels by weight, decreasing (ties by index), cut into B = ⌈N/M⌉ bins,
+    # q_j = (1-ξ) u_j + ξ/B with u_j the bin's weight mass; draw J by inverse CDF of `u`.
+    # With ξ = 1 every bin has probability 1/B, so no sort is needed: bins follow index order.
     if xi < 1.0:
-        neg = np.empty(n_kernels)
-        for p in range(n_kernels):
-            neg[p] = -logw[p]
-        order[:] = np.argsort(neg, kind="mergesort")
+        _sort_by_weight(logw, order)
+        ordered = order
     else:
-        for p in range(n_kernels):
-            order[p] = p
+        ordered = np.arange(n_kernels)
     n_bins = (n_kernels + bin_size - 1) // bin_size
     cum = 0.0
     chosen = -1
@@ -104,7 +120,7 @@ def pofmkl_step(
     for j in range(n_bins):
         mass = 0.0
         for r in range(j * bin_size, min((j + 1) * bin_size, n_kernels)):
-            mass += wbar[order[r]]
+            mass += wbar[ordered[r]]
         q = (1.0 - xi) * mass + xi / n_bins
         if q > 0.0:
             last_positive = j
@@ -119,35 +135,28 @@ def pofmkl_step(
     first = chosen * bin_size
     n_sel = min(first + bin_size, n_kernels) - first
 
-    # Step 3 (eq. 7): ℓ_p = (f_p - y)² + λ‖θ_p‖²; log w_p ← log w_p - η ℓ_p (all kernels).
+    # Step 3 (eq. 7): ℓ_p = (f_p - y)² + λ‖θ_p‖² (applied to log w below, after the checks).
     for p in range(n_kernels):
-        nrm = 0.0
-        for i in range(dim):
-            nrm += theta[p, i] * theta[p, i]
         e = f[p] - y
-        loss[p] = e * e + lam * nrm
+        loss[p] = e * e + lam * theta_sq[p]
+        chk += eta * loss[p]
 
     # Step 4 (eq. 9): Δ_p = (η / q_J) (2 (f_p - y) z_p + 2 λ θ_p) for the selected bin only.
     g = eta / q_chosen
     for s in range(n_sel):
-        p = order[first + s]
+        p = ordered[first + s]
         sel[s] = p
         e2 = 2.0 * (f[p] - y)
         for i in range(dim):
             delta[s, i] = g * (e2 * z[p, i] + 2.0 * lam * theta[p, i])
+            chk += delta[s, i]
 
-    # Check everything before committing anything.
-    ok = np.isfinite(yhat) and np.isfinite(q_chosen) and q_chosen > 0.0
-    for p in range(n_kernels):
-        ok = ok and np.isfinite(loss[p])
-    for s in range(n_sel):
-        for i in range(dim):
-            ok = ok and np.isfinite(delta[s, i])
-    if not ok:
-        return STEP_NON_FINITE, 0
+    # Check before committing anything (a NaN or an overflow anywhere makes the sum non-finite).
+    if not (np.isfinite(chk) and np.isfinite(yhat) and q_chosen > 0.0):
+        return STEP_NON_FINITE, 0, 0.0, 0.0
 
-    # Commit: weights (renormalised so the largest log-weight is 0; w̄ is unchanged by this) and
-    # the regret accumulators [Σ(ŷ-y)², Σ Σ_p w̄_p ℓ_p, steps, spare, Σ(f_p-y)² (N), Σ ℓ_p (N)].
+    # Commit: log w_p ← log w_p - η ℓ_p, renormalised so the largest is 0 (w̄ is unchanged by that),
+    # and the regret accumulators [Σ(ŷ-y)², Σ Σ_p w̄_p ℓ_p, steps, -, Σ(f_p-y)² (N), Σ ℓ_p (N)].
     mx = -np.inf
     for p in range(n_kernels):
         logw[p] -= eta * loss[p]
@@ -164,9 +173,7 @@ def pofmkl_step(
     acc[0] += e * e
     acc[1] += mixed
     acc[2] += 1.0
-    out[0] = yhat
-    out[1] = q_chosen
-    return STEP_OK, n_sel
+    return STEP_OK, n_sel, yhat, q_chosen
 
 
 @numba.njit(cache=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from river import base
@@ -45,8 +45,7 @@ class NonFiniteError(ValueError):
     """A step would have produced a non-finite value; nothing was changed or uploaded."""
 
 
-@dataclass(frozen=True)
-class KernelUpdate:
+class KernelUpdate(NamedTuple):
     """A client's upload for one step: `Δ_p` for the kernels it selected.
 
     >>> u = KernelUpdate(np.array([3]), np.zeros((1, 4)))
@@ -99,23 +98,24 @@ class POFMKLClient:
         self.eta, self.lam, self.xi, self.bin_size = float(eta), float(lam), float(xi), int(bin_size)
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         n, dim = bank.n_kernels, bank.dim
-        self.theta = np.zeros((n, dim)) if theta is None else theta
+        self.theta = np.zeros((n, dim))
+        self._theta_sq = np.zeros(n)
         self.global_version = 0
+        if theta is not None:
+            self.set_global(theta, 0)
         self.logw = np.zeros(n)
         # [Σ(ŷ-y)², Σ_t Σ_p w̄_p ℓ_p, steps, unused, Σ(f_p-y)² per kernel, Σ ℓ_p per kernel]
         self.acc = np.zeros(4 + 2 * n)
         self._uniforms = np.empty(0)
         self._upos = 0
-        # scratch buffers reused by every step (the step allocates nothing it keeps)
-        self._angles = np.empty(n * bank.n_features)
-        self._z = np.empty((n, dim))
-        self._f = np.empty(n)
-        self._wbar = np.empty(n)
-        self._loss = np.empty(n)
-        self._order = np.empty(n, dtype=np.int64)
+        self._order = np.arange(n, dtype=np.int64)  # kept between steps: warm start of the sort
         self._sel = np.empty(self.bin_size, dtype=np.int64)
         self._delta = np.empty((self.bin_size, dim))
-        self._out = np.empty(2)
+        self._z = np.empty((n, dim))
+        self._scratch = np.empty(n * bank.n_features + 3 * n)
+        # the arguments of every step after (x, y, u, θ, ‖θ‖²), bound once: the step allocates nothing
+        self._args = (self.logw, self.acc, np.array([self.eta, self.lam, self.xi]), self.bin_size,
+                      self._scratch, self._z, self._order, self._sel, self._delta)
 
     # -- global parameters -------------------------------------------------------------------
     def set_global(self, theta: np.ndarray, version: int) -> None:
@@ -126,6 +126,7 @@ class POFMKLClient:
         if not np.all(np.isfinite(theta)):
             raise NonFiniteError("global theta contains a non-finite value")
         self.theta = theta
+        self._theta_sq = np.einsum("pi,pi->p", theta, theta)
         self.global_version = int(version)
 
     # -- the step ----------------------------------------------------------------------------
@@ -140,15 +141,12 @@ class POFMKLClient:
         if self._upos == self._uniforms.shape[0]:
             self._uniforms = self.rng.random(_UNIFORM_BLOCK)
             self._upos = 0
-        status, n_sel = pofmkl_step(
-            self.bank._wt, x, float(y), self.theta, self.logw, self.eta, self.lam, self.xi,
-            self.bin_size, self._uniforms[self._upos], self.acc, self._angles, self._z, self._f,
-            self._wbar, self._loss, self._order, self._sel, self._delta, self._out,
-        )
+        status, n_sel, yhat, _ = pofmkl_step(self.bank._wt, x, y, self._uniforms[self._upos],
+                                             self.theta, self._theta_sq, *self._args)
         if status != STEP_OK:
             self._raise(status, x, y)
         self._upos += 1  # the draw is consumed only by a step that happened
-        return float(self._out[0]), KernelUpdate(self._sel[:n_sel].copy(), self._delta[:n_sel].copy())
+        return yhat, KernelUpdate(self._sel[:n_sel].copy(), self._delta[:n_sel].copy())
 
     def _raise(self, status: int, x: np.ndarray, y: float) -> None:
         if status == STEP_BAD_INPUT:
@@ -163,8 +161,11 @@ class POFMKLClient:
     def predict(self, x: np.ndarray) -> float:
         """`ŷ = Σ_p w̄_p θ_pᵀ z_p(x)` (eq. 6) without learning."""
         x = self.bank.check_input(x)
-        return float(pofmkl_predict(self.bank._wt, x, self.theta, self.logw, self._angles,
-                                    self._z, self._f, self._wbar))
+        nd = self.bank._wt.shape[1]
+        n = self.bank.n_kernels
+        sc = self._scratch
+        return float(pofmkl_predict(self.bank._wt, x, self.theta, self.logw, sc[:nd],
+                                    self._z, sc[nd : nd + n], sc[nd + n : nd + 2 * n]))
 
     # -- introspection -----------------------------------------------------------------------
     @property
