@@ -51,7 +51,7 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
         for j in range(k + 1, n):
             rkj = (r[k, j] + s * x[j]) * inv_c
             r[k, j] = rkj
-            x[j] = c * x[j] - 0.999 * s * rkj
+            x[j] = c * x[j] - s * rkj
 
 
 @numba.njit(cache=True)

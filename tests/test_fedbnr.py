@@ -1,0 +1,618 @@
+"""Online FedBNR against plain numpy transcriptions of ALGORITHMS.md section 3."""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import math
+import pickle
+
+import numpy as np
+import pytest
+from river import checks, proba
+
+import streamfed.learners.fedbnr as fedbnr_module
+from streamfed import stats as stats_module
+from streamfed.features import KernelSpec, RFFBank, RFFMap
+from streamfed.learners.fedbnr import (
+    FedBNRClient,
+    FedBNRRegressor,
+    FedBNRServer,
+    GlobalModel,
+    Upload,
+    fit_hyperparameters,
+    log_evidence,
+    spectral_log_evidence,
+)
+from streamfed.stats import SufficientStats
+
+# ----------------------------------------------------------------------------- oracles
+
+
+def oracle_posterior(phi: np.ndarray, y: np.ndarray, sigma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """A = σ⁻²ΦᵀΦ + λ⁻²I, m = σ⁻²A⁻¹Φᵀy, covariance A⁻¹."""
+    f = phi.shape[1]
+    a = phi.T @ phi / sigma**2 + np.eye(f) / lam**2
+    cov = np.linalg.inv(a)
+    return cov @ phi.T @ y / sigma**2, cov
+
+
+def oracle_predictive(phi: np.ndarray, y: np.ndarray, phi_star: np.ndarray, sigma: float,
+                      lam: float) -> tuple[float, float]:
+    m, cov = oracle_posterior(phi, y, sigma, lam)
+    return float(phi_star @ m), float(sigma**2 + phi_star @ cov @ phi_star)
+
+
+def oracle_log_evidence(phi: np.ndarray, y: np.ndarray, sigma: float, lam: float) -> float:
+    """log N(y; 0, λ²ΦΦᵀ + σ²I), the n×n Gaussian."""
+    n = len(y)
+    k = lam**2 * phi @ phi.T + sigma**2 * np.eye(n)
+    _, logdet = np.linalg.slogdet(k)
+    return float(-0.5 * (n * np.log(2 * np.pi) + logdet + y @ np.linalg.solve(k, y)))
+
+
+def oracle_ridge_loss(phi: np.ndarray, y: np.ndarray, sigma: float, lam: float) -> float:
+    """min_w Σ(y - φᵀw)² + (σ²/λ²)‖w‖², by solving for w and evaluating the objective."""
+    reg = sigma**2 / lam**2
+    w = np.linalg.solve(phi.T @ phi + reg * np.eye(phi.shape[1]), phi.T @ y)
+    return float(((y - phi @ w) ** 2).sum() + reg * w @ w)
+
+
+class TanhMap:
+    """A feature map independent of the RFF code: tanh of random projections plus a bias."""
+
+    def __init__(self, n_inputs: int, dim: int, seed: int = 0, name: str = "tanh") -> None:
+        rng = np.random.default_rng(seed)
+        self.w = rng.standard_normal((dim - 1, n_inputs))
+        self.c = rng.standard_normal(dim - 1)
+        self.dim = dim
+        self.version = f"{name}-{seed}-{dim}"
+
+    def transform_one(self, x: np.ndarray) -> np.ndarray:
+        return np.append(np.tanh(self.w @ x + self.c) / math.sqrt(self.dim), 1.0)
+
+    def transform_many(self, xs: np.ndarray) -> np.ndarray:
+        return np.stack([self.transform_one(x) for x in xs])
+
+
+def make_data(n: int, d: int = 2, seed: int = 0, noise: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, (n, d))
+    y = np.sin(x.sum(axis=1)) + noise * rng.standard_normal(n)
+    return x, y
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / max(np.linalg.norm(b), 1e-300))
+
+
+def snapshot(client: FedBNRClient) -> bytes:
+    return pickle.dumps({k: v for k, v in client.__dict__.items() if k not in ("_features", "_cache")})
+
+
+# ----------------------------------------------------------------------------- feature map
+
+
+def test_default_feature_map_is_gaussian_rff_plus_bias() -> None:
+    client = FedBNRClient(n_inputs=3, n_features=10, bandwidth=0.7, seed=5)
+    ref = RFFMap(RFFBank([KernelSpec("gaussian", 0.7)], 10, 3, 5), bias=True)
+    x = np.array([0.3, -1.0, 2.0])
+    assert client.dim == ref.dim == 21
+    assert client.kernel_version == ref.version
+    assert np.array_equal(client.features(x)[0], ref.transform_one(x))
+    assert np.allclose(client.features_many(np.stack([x, -x]))[:, 0], ref.transform_many(np.stack([x, -x])))
+
+
+# ----------------------------------------------------------------------------- client posterior
+
+
+@pytest.mark.parametrize("sigma,lam", [(0.1, 1.0), (0.7, 0.3)])
+def test_prequential_predictions_and_metrics_match_oracle(sigma: float, lam: float) -> None:
+    fmap = TanhMap(2, 9, seed=1)
+    client = FedBNRClient(fmap, sigma=sigma, lam=lam)
+    x, y = make_data(60, seed=2)
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    means, variances = [], []
+    for t in range(len(y)):
+        mu, var = client.predict(x[t])
+        om, ov = oracle_predictive(phi[:t], y[:t], phi[t], sigma, lam)
+        assert mu == pytest.approx(om, rel=1e-9, abs=1e-12)
+        assert var == pytest.approx(ov, rel=1e-9)
+        means.append(om)
+        variances.append(ov)
+        client.learn(x[t], y[t])
+    means_a, vars_a = np.array(means), np.array(variances)
+    r = y - means_a
+    assert client.metrics.count == 60
+    assert client.metrics.mse == pytest.approx(np.mean(r**2), rel=1e-9)
+    assert client.metrics.coverage95 == np.mean(np.abs(r) <= 1.959963984540054 * np.sqrt(vars_a))
+    nlpd = np.mean(0.5 * np.log(2 * np.pi * vars_a) + r**2 / (2 * vars_a))
+    assert client.metrics.mean_nlpd == pytest.approx(nlpd, rel=1e-9)
+    m, cov = client.posterior()
+    om, ocov = oracle_posterior(phi, y, sigma, lam)
+    assert rel(m, om) < 1e-9 and rel(cov, ocov) < 1e-9
+
+
+def test_learn_many_equals_learn_loop() -> None:
+    x, y = make_data(80, d=3, seed=3)
+    a = FedBNRClient(n_inputs=3, n_features=8, bandwidth=(0.5, 2.0), sigma=0.3)
+    b = FedBNRClient(n_inputs=3, n_features=8, bandwidth=(0.5, 2.0), sigma=0.3)
+    loop = []
+    for xi, yi in zip(x, y, strict=True):
+        loop.append(a.predict(xi))
+        a.learn(xi, yi)
+    means, variances = b.learn_many(x, y)
+    assert np.allclose(means, [m for m, _ in loop], rtol=1e-12, atol=1e-12)
+    assert np.allclose(variances, [v for _, v in loop], rtol=1e-12)
+    assert np.allclose(a._ra, b._ra, rtol=1e-12, atol=1e-13)
+    assert a.own_stats() == b.own_stats() or rel(a.own_stats().S, b.own_stats().S) < 1e-14
+    assert a.metrics.count == b.metrics.count == 80
+    assert a.metrics.mse == pytest.approx(b.metrics.mse, rel=1e-12)
+
+
+def test_learn_features_path_matches_learn() -> None:
+    x, y = make_data(30, seed=4)
+    a = FedBNRClient(n_inputs=2, n_features=6)
+    b = FedBNRClient(n_inputs=2, n_features=6)
+    for xi, yi in zip(x, y, strict=True):
+        a.learn(xi, yi)
+        b.learn_features(b.features(xi), yi)
+    assert np.allclose(a._ra, b._ra, rtol=1e-13, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- evidence
+
+
+@pytest.mark.parametrize("sigma,lam", [(0.2, 1.0), (1.5, 0.2), (0.05, 4.0)])
+def test_log_evidence_equals_n_by_n_gaussian(sigma: float, lam: float) -> None:
+    fmap = TanhMap(2, 7, seed=3)
+    x, y = make_data(25, seed=5)
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    expected = oracle_log_evidence(phi, y, sigma, lam)
+    st = SufficientStats.from_samples(phi, y)
+    assert log_evidence(st, sigma, lam) == pytest.approx(expected, rel=1e-9)
+    e, u = np.linalg.eigh(st.S)
+    spec = spectral_log_evidence(e, (u.T @ st.b) ** 2, st.n, st.q, np.log(sigma), np.log(lam))
+    assert float(spec) == pytest.approx(expected, rel=1e-8)
+    client = FedBNRClient(fmap, sigma=sigma, lam=lam)
+    client.learn_many(x, y)
+    assert float(client.log_evidence()[0]) == pytest.approx(expected, rel=1e-9)
+
+
+def test_fit_hyperparameters_finds_the_evidence_maximum() -> None:
+    fmap = TanhMap(2, 11, seed=4)
+    x, y = make_data(70, seed=6, noise=0.2)
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    st = SufficientStats.from_samples(phi, y)
+    sigma, lam, value = fit_hyperparameters(st.S, st.b, st.n, st.q)
+    at_fit = oracle_log_evidence(phi, y, sigma, lam)
+    assert value == pytest.approx(at_fit, rel=1e-8)
+    # Brute force with the n×n oracle on an independent grid: nothing is better than the fit.
+    best = max(oracle_log_evidence(phi, y, s, lm) for s in np.geomspace(0.02, 2.0, 40)
+               for lm in np.geomspace(0.05, 50.0, 40))
+    assert at_fit >= best - 1e-6
+    # And the fit is a local maximum in every direction.
+    for ds, dl in [(1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)]:
+        assert oracle_log_evidence(phi, y, sigma * ds, lam * dl) <= at_fit + 1e-9
+
+
+# ----------------------------------------------------------------------------- uploads and server
+
+
+def test_upload_respects_privacy_floor_and_carries_exact_deltas() -> None:
+    fmap = TanhMap(2, 5, seed=0)
+    client = FedBNRClient(fmap, min_upload=10, client_id="a")
+    x, y = make_data(25, seed=7)
+    client.learn_many(x[:9], y[:9])
+    assert client.make_upload() is None and client.n_pending == 9
+    client.learn(x[9], y[9])
+    up = client.make_upload()
+    assert up is not None and up.client == "a" and up.seq == 1 and up.base_version == 0
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    assert rel(up.stats.S[0], phi[:10].T @ phi[:10]) < 1e-13
+    assert rel(up.stats.b[0], phi[:10].T @ y[:10]) < 1e-13
+    assert up.stats.n == 10 and up.stats.q == pytest.approx(y[:10] @ y[:10], rel=1e-13)
+    assert np.array_equal(up.stats.S[0], up.stats.S[0].T)
+    assert client.n_pending == 0 and client.make_upload() is None
+    client.learn_many(x[10:25], y[10:25])
+    up2 = client.make_upload()
+    assert up2 is not None and up2.seq == 2 and up2.stats.n == 15
+    assert [u.seq for u in client.unacked] == [1, 2]
+    msg = up2.to_message()
+    assert msg["S_upper"].shape == (1, 15) and msg["b"].shape == (1, 5)
+    assert Upload.from_message(msg) == up2
+
+
+def _uploads(n_clients: int, per_client: int, seed: int, fmap: TanhMap) -> tuple[list[Upload], np.ndarray,
+                                                                                      np.ndarray]:
+    x, y = make_data(n_clients * per_client, seed=seed)
+    ups = []
+    for c in range(n_clients):
+        cl = FedBNRClient(fmap, min_upload=4, client_id=f"c{c}")
+        for start in range(c * per_client, (c + 1) * per_client, 8):
+            cl.learn_many(x[start:start + 8], y[start:start + 8])
+            ups.append(cl.make_upload())
+    return ups, x, y
+
+
+def test_server_sums_each_upload_once_in_any_order() -> None:
+    fmap = TanhMap(2, 6, seed=1)
+    ups, x, y = _uploads(3, 32, seed=8, fmap=fmap)
+    rng = np.random.default_rng(0)
+    order = list(rng.permutation(len(ups))) + list(rng.integers(0, len(ups), 10))  # with duplicates
+    server = FedBNRServer(6, kernel_version=fmap.version, min_samples=4, fit_hyperparameters=False)
+    seen = set()
+    for i in order:
+        up = ups[i]
+        fresh = (up.client, up.seq) not in seen
+        assert server.apply(up) is fresh
+        seen.add((up.client, up.seq))
+    assert server.waiting() == {}
+    assert server.included == {"c0": 4, "c1": 4, "c2": 4}
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    assert rel(server.stats.S[0], phi.T @ phi) < 1e-12
+    assert server.stats.n == 96
+    g = server.publish()
+    assert g.version == 1 and g.included == server.included
+    g2 = GlobalModel.from_message(g.to_message())
+    assert g2.stats == g.stats and g2.included == g.included and np.array_equal(g2.sigma, g.sigma)
+
+
+def test_out_of_order_upload_waits_for_the_gap() -> None:
+    fmap = TanhMap(2, 4, seed=2)
+    ups, _, _ = _uploads(1, 24, seed=9, fmap=fmap)
+    server = FedBNRServer(4, kernel_version=fmap.version, min_samples=4, fit_hyperparameters=False)
+    assert server.apply(ups[2]) and server.apply(ups[1])
+    assert server.waiting() == {"c0": [2, 3]} and server.stats.n == 0 and server.included == {}
+    assert server.publish().included == {}
+    assert server.apply(ups[0])
+    assert server.included == {"c0": 3} and server.stats.n == 24 and server.waiting() == {}
+
+
+def test_server_rejects_bad_uploads_without_changing_state() -> None:
+    fmap = TanhMap(2, 4, seed=2)
+    ups, _, _ = _uploads(1, 8, seed=10, fmap=fmap)
+    good = ups[0]
+    server = FedBNRServer(4, kernel_version=fmap.version, min_samples=4)
+    before = pickle.dumps(server.__dict__)
+    wrong_version = Upload("c0", 1, 0, SufficientStats(good.stats.S, good.stats.b, 8, 1.0, "other"))
+    wrong_shape = Upload("c0", 1, 0, SufficientStats.zeros(5, (1,), fmap.version))
+    bad = good.stats.copy()
+    bad.S[0, 1, 1] = np.inf
+    non_finite = Upload("c0", 1, 0, bad)
+    small = good.stats.copy()
+    small.n = 3.0
+    too_few = Upload("c0", 1, 0, small)
+    seq0 = Upload("c0", 0, 0, good.stats)
+    for up in (wrong_version, wrong_shape, non_finite, too_few, seq0):
+        with pytest.raises(ValueError):
+            server.apply(up)
+    assert pickle.dumps(server.__dict__) == before
+
+
+# ----------------------------------------------------------------------------- global → client
+
+
+def test_no_double_counting_when_a_global_contains_some_uploads() -> None:
+    fmap = TanhMap(2, 7, seed=5)
+    sigma, lam = 0.3, 0.8
+    x, y = make_data(150, seed=11)
+    a = FedBNRClient(fmap, min_upload=10, client_id="a", sigma=sigma, lam=lam)
+    b = FedBNRClient(fmap, min_upload=10, client_id="b", sigma=sigma, lam=lam)
+    server = FedBNRServer(7, kernel_version=fmap.version, min_samples=10, sigma=sigma, lam=lam,
+                          fit_hyperparameters=False)
+    a_ups = []
+    for k in range(3):
+        a.learn_many(x[10 * k:10 * k + 10], y[10 * k:10 * k + 10])
+        a_ups.append(a.make_upload())
+    a.learn_many(x[30:35], y[30:35])  # pending, below the floor
+    b.learn_many(x[100:150], y[100:150])
+    server.apply(b.make_upload())
+    server.apply(a_ups[0])
+    server.apply(a_ups[1])
+    assert a.apply_global(server.publish())
+    assert [u.seq for u in a.unacked] == [3]
+    a_idx = np.r_[0:35, 100:150]
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    ws = a.working_stats()
+    assert ws.n == 85
+    assert rel(ws.S[0], phi[a_idx].T @ phi[a_idx]) < 1e-12
+    m, cov = a.posterior()
+    om, ocov = oracle_posterior(phi[a_idx], y[a_idx], sigma, lam)
+    assert rel(m, om) < 1e-9 and rel(cov, ocov) < 1e-9
+    mu, var = a.predict(x[60])
+    assert (mu, var) == pytest.approx(oracle_predictive(phi[a_idx], y[a_idx], phi[60], sigma, lam), rel=1e-9)
+    # Upload 3 arrives (and again, duplicated): the posterior does not move.
+    server.apply(a_ups[2])
+    assert not server.apply(a_ups[2])
+    assert a.apply_global(server.publish())
+    assert a.unacked == [] and a.working_stats().n == 85
+    assert rel(a.posterior()[0], om) < 1e-9
+    # A stale global changes nothing.
+    before = snapshot(a)
+    old = GlobalModel(1, fmap.version, 0, SufficientStats.zeros(7, (1,), fmap.version), np.ones(1), np.ones(1),
+                      np.zeros(1), {})
+    assert not a.apply_global(old)
+    assert snapshot(a) == before
+
+
+def test_global_of_another_kernel_version_is_rejected() -> None:
+    client = FedBNRClient(TanhMap(2, 4, seed=1))
+    g = GlobalModel(1, "other", 0, SufficientStats.zeros(4, (1,), "other"), np.ones(1), np.ones(1),
+                    np.zeros(1), {})
+    with pytest.raises(ValueError, match="kernel version"):
+        client.apply_global(g)
+
+
+def test_restarted_client_continues_sequence_numbers() -> None:
+    fmap = TanhMap(2, 4, seed=1)
+    g = GlobalModel(3, fmap.version, 0, SufficientStats.zeros(4, (1,), fmap.version), np.ones(1), np.ones(1),
+                    np.zeros(1), {"a": 7})
+    client = FedBNRClient(fmap, client_id="a", min_upload=1)
+    client.apply_global(g)
+    client.learn(np.zeros(2), 1.0)
+    up = client.make_upload()
+    assert up is not None and up.seq == 8 and up.base_version == 3
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("x,y", [
+    (np.array([np.nan, 0.0]), 1.0),
+    (np.array([0.0, np.inf]), 1.0),
+    (np.array([0.0, 0.0, 0.0]), 1.0),
+    (np.array([[0.0, 0.0]]), 1.0),
+    (np.array([0.0, 0.0]), np.nan),
+    (np.array([0.0, 0.0]), math.inf),
+    (np.array([0.0, 0.0]), 1e200),  # y² overflows
+    (np.array([0.0, 0.0]), "abc"),
+])
+def test_bad_input_raises_and_leaves_state_unchanged(x: np.ndarray, y: object) -> None:
+    client = FedBNRClient(n_inputs=2, n_features=5, min_upload=2)
+    xs, ys = make_data(10, seed=12)
+    client.learn_many(xs, ys)
+    before = snapshot(client)
+    with pytest.raises(ValueError):
+        client.learn(x, y)  # type: ignore[arg-type]
+    assert snapshot(client) == before
+    bad_xs = np.vstack([xs[:3], np.atleast_2d(x)[:, :2]]) if x.size >= 2 else xs[:3, :1]
+    bad_ys = np.r_[ys[:3], y] if isinstance(y, float) else np.r_[ys[:3], np.nan]
+    if np.all(np.isfinite(bad_xs)) and np.all(np.isfinite(bad_ys * bad_ys)) and bad_xs.shape[1] == 2:
+        bad_ys[-1] = np.nan
+    with pytest.raises(ValueError):
+        client.learn_many(bad_xs, bad_ys)
+    assert snapshot(client) == before
+
+
+def test_non_finite_statistics_never_reach_an_upload() -> None:
+    client = FedBNRClient(n_inputs=2, n_features=4, min_upload=2)
+    xs, ys = make_data(4, seed=13)
+    client.learn_many(xs, ys)
+    client._s_pend[0, 0, 1] = np.nan  # e.g. memory corruption: must raise, not publish
+    with pytest.raises(ValueError, match="non-finite"):
+        client.make_upload()
+    assert client.n_pending == 4 and client.next_seq == 1 and client.unacked == []
+
+
+# ----------------------------------------------------------------------------- kernel dictionary
+
+
+def test_dictionary_mode_is_a_bayesian_model_average() -> None:
+    maps = [TanhMap(2, 6, seed=s, name=f"m{s}") for s in (1, 2, 3)]
+    sigma, lam = 0.2, 1.0
+    client = FedBNRClient(maps, sigma=sigma, lam=lam)
+    x, y = make_data(40, seed=14)
+    client.learn_many(x, y)
+    xs = np.array([0.3, -0.4])
+    ev = np.array([oracle_log_evidence(np.stack([m.transform_one(xi) for xi in x]), y, sigma, lam) for m in maps])
+    assert np.allclose(client.log_evidence(), ev, rtol=1e-9)
+    w = np.exp(ev - ev.max())
+    w /= w.sum()
+    assert np.allclose(client.kernel_weights(), w, rtol=1e-8, atol=1e-300)
+    assert client.best_kernel == int(np.argmax(ev))
+    preds = [oracle_predictive(np.stack([m.transform_one(xi) for xi in x]), y, m.transform_one(xs), sigma, lam)
+             for m in maps]
+    means_k, vars_k = client.predict_kernels(xs)
+    assert np.allclose(means_k, [p[0] for p in preds], rtol=1e-9)
+    assert np.allclose(vars_k, [p[1] for p in preds], rtol=1e-9)
+    mu = float(w @ means_k)
+    var = float(w @ (vars_k + means_k**2) - mu**2)
+    assert client.predict(xs) == pytest.approx((mu, var), rel=1e-9)
+
+
+def test_dictionary_server_fits_each_kernel_and_reports_the_best() -> None:
+    x, y = make_data(200, d=2, seed=15, noise=0.1)
+    client = FedBNRClient(n_inputs=2, n_features=10, bandwidth=(0.05, 1.0, 50.0), min_upload=32)
+    client.learn_many(x, y)
+    server = FedBNRServer.for_client(client)
+    server.apply(client.make_upload())
+    g = server.publish()
+    phis = client.features_many(x)
+    for k in range(3):
+        assert g.log_evidence[k] == pytest.approx(oracle_log_evidence(phis[:, k], y, g.sigma[k], g.lam[k]),
+                                                  rel=1e-8)
+    # sin(x1 + x2) on [-2, 2]²: bandwidth 1 explains it; 0.05 (noise-like features) and 50 (almost linear) do not.
+    assert g.best_kernel == 1
+    client.apply_global(g)
+    assert client.best_kernel == 1 and client.kernel_weights()[1] > 0.99
+
+
+# ----------------------------------------------------------------------------- forgetting
+
+
+def test_forgetting_matches_the_documented_recursion() -> None:
+    fmap = TanhMap(2, 5, seed=6)
+    gamma, sigma, lam = 0.9, 0.3, 0.7
+    client = FedBNRClient(fmap, sigma=sigma, lam=lam, forgetting=gamma)
+    x, y = make_data(40, seed=16)
+    f = fmap.dim
+    a = np.eye(f) / lam**2
+    h = np.zeros(f)
+    for t in range(len(y)):
+        phi = fmap.transform_one(x[t])
+        mu, var = client.predict(x[t])
+        cov = np.linalg.inv(a)
+        assert mu == pytest.approx(phi @ cov @ h, rel=1e-9, abs=1e-12)
+        assert var == pytest.approx(sigma**2 + phi @ cov @ phi, rel=1e-9)
+        client.learn(x[t], y[t])
+        # Documented: M ← γM, prior refresh F(1-γ)λ⁻² on coordinate t mod F, then the sample.
+        a = gamma * a
+        a[t % f, t % f] += f * (1 - gamma) / lam**2
+        a += np.outer(phi, phi) / sigma**2
+        h = gamma * h + phi * y[t] / sigma**2
+    # The pending (uploaded) statistics stay exact and undecayed.
+    phis = np.stack([fmap.transform_one(xi) for xi in x])
+    assert rel(client.own_stats().S[0], phis.T @ phis) < 1e-13
+    # learn_many follows the same recursion.
+    other = FedBNRClient(fmap, sigma=sigma, lam=lam, forgetting=gamma)
+    other.learn_many(x, y)
+    assert np.allclose(other._ra, client._ra, rtol=1e-10, atol=1e-12)
+    assert np.allclose(other._pdiag, client._pdiag, rtol=1e-12)
+    assert other.working_stats().n == pytest.approx(client.working_stats().n, rel=1e-12)
+
+
+def test_forgetting_with_a_global_adds_other_clients_once() -> None:
+    fmap = TanhMap(2, 5, seed=7)
+    gamma, sigma, lam = 0.95, 0.3, 0.7
+    x, y = make_data(100, seed=17)
+    a = FedBNRClient(fmap, sigma=sigma, lam=lam, forgetting=gamma, min_upload=20, client_id="a")
+    b = FedBNRClient(fmap, sigma=sigma, lam=lam, min_upload=20, client_id="b")
+    server = FedBNRServer(5, kernel_version=fmap.version, min_samples=20, sigma=sigma, lam=lam,
+                          fit_hyperparameters=False)
+    a.learn_many(x[:40], y[:40])
+    server.apply(a.make_upload())
+    b.learn_many(x[50:100], y[50:100])
+    server.apply(b.make_upload())
+    a.apply_global(server.publish())
+    a.learn_many(x[40:50], y[40:50])
+    phis = np.stack([fmap.transform_one(xi) for xi in x])
+    wts = gamma ** np.arange(49, -1, -1.0)  # own samples 0..49, weight γ^(49-t)
+    expected = (phis[:50] * wts[:, None]).T @ phis[:50] + gamma**10 * phis[50:].T @ phis[50:]
+    assert rel(a.working_stats().S[0], expected) < 1e-8
+    b_exp = phis[:50].T @ (wts * y[:50]) + gamma**10 * phis[50:].T @ y[50:]
+    assert rel(a.working_stats().b[0], b_exp) < 1e-8
+
+
+def test_forgetting_tracks_an_abrupt_drift() -> None:
+    rng = np.random.default_rng(18)
+    x = rng.uniform(-1, 1, (1200, 1))
+    y = np.where(np.arange(1200) < 600, 1.0, -1.0) * np.sin(3 * x[:, 0]) + 0.05 * rng.standard_normal(1200)
+    errs = {}
+    for g in (1.0, 0.98):
+        c = FedBNRClient(n_inputs=1, n_features=10, bandwidth=0.5, sigma=0.05, lam=1.0, forgetting=g)
+        means, _ = c.learn_many(x, y)
+        errs[g] = float(np.mean((means[700:] - y[700:]) ** 2))
+    assert errs[0.98] < 0.2 * errs[1.0]
+
+
+# ----------------------------------------------------------------------------- regret
+
+
+def test_regret_against_best_ridge_in_hindsight() -> None:
+    fmap = TanhMap(2, 6, seed=8)
+    sigma, lam = 0.2, 0.9
+    client = FedBNRClient(fmap, sigma=sigma, lam=lam, min_upload=16)
+    x, y = make_data(70, seed=19)
+    phis = np.stack([fmap.transform_one(xi) for xi in x])
+    loss = 0.0
+    for t in range(70):
+        mu, _ = oracle_predictive(phis[:t], y[:t], phis[t], sigma, lam)
+        loss += (y[t] - mu) ** 2
+        client.learn(x[t], y[t])
+        if t % 20 == 19:
+            client.make_upload()  # regret counts uploaded and pending samples alike
+    r = client.regret()
+    ridge = oracle_ridge_loss(phis, y, sigma, lam)
+    assert r["n"] == 70
+    assert r["loss"] == pytest.approx(loss, rel=1e-9)
+    assert r["ridge_loss"] == pytest.approx(ridge, rel=1e-9)
+    assert r["regret"] == pytest.approx(loss - ridge, rel=1e-8)
+
+
+# ----------------------------------------------------------------------------- River
+
+
+@pytest.mark.parametrize("params", list(FedBNRRegressor._unit_test_params()))
+def test_river_check_estimator(params: dict) -> None:
+    checks.check_estimator(FedBNRRegressor(**params))
+
+
+def test_river_regressor_maps_sorted_keys_and_returns_gaussian() -> None:
+    x, y = make_data(50, d=2, seed=20)
+    model = FedBNRRegressor(n_features=6, sync_every=1000)  # no sync: plain client
+    ref = FedBNRClient(n_inputs=2, n_features=6)
+    for xi, yi in zip(x, y, strict=True):
+        model.learn_one({"zeta": xi[1], "alpha": xi[0]}, yi)  # sorted: alpha, zeta
+        ref.learn(xi, yi)
+    dist = model.predict_one({"alpha": 0.2, "zeta": -0.3, "unknown": 5.0}, with_dist=True)
+    mu, var = ref.predict(np.array([0.2, -0.3]))
+    assert isinstance(dist, proba.Gaussian)
+    assert dist.mu == pytest.approx(mu, rel=1e-12) and dist.sigma == pytest.approx(math.sqrt(var), rel=1e-12)
+    assert model.predict_one({"alpha": 0.2}) == pytest.approx(ref.predict(np.array([0.2, 0.0]))[0], rel=1e-12)
+
+
+def test_river_regressor_syncs_and_fits_hyperparameters() -> None:
+    x, y = make_data(200, d=2, seed=21, noise=0.05)
+    model = FedBNRRegressor(n_features=20, sync_every=32)
+    for xi, yi in zip(x, y, strict=True):
+        model.learn_one({"a": xi[0], "b": xi[1]}, yi)
+    assert model.server is not None and model.client is not None
+    assert model.server.stats.n == 192 and model.client.n_pending == 8
+    assert model.client.global_version == 6
+    assert 0.02 < model.client.sigma[0] < 0.15  # fitted noise level near the true 0.05
+
+
+def test_river_learn_many_equals_learn_one_loop() -> None:
+    x, y = make_data(100, d=3, seed=22)
+    a = FedBNRRegressor(n_features=8, sync_every=16, bandwidth=(0.5, 2.0))
+    b = FedBNRRegressor(n_features=8, sync_every=16, bandwidth=(0.5, 2.0))
+    for xi, yi in zip(x, y, strict=True):
+        a.learn_one(dict(enumerate(xi)), yi)
+    b.learn_many(x[:37], y[:37])
+    b.learn_many(x[37:], y[37:])
+    assert a.client is not None and b.client is not None
+    assert a.client.global_version == b.client.global_version == 6
+    assert np.allclose(a.client._ra, b.client._ra, rtol=1e-9, atol=1e-11)
+    assert np.allclose(b.predict_many(x[:5]), [a.predict_one(dict(enumerate(xi))) for xi in x[:5]], rtol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [{"a": math.nan, "b": 1.0}, {"a": None, "b": 1.0}, {"a": "x", "b": 1.0}])
+def test_river_bad_input_raises_and_leaves_state_unchanged(bad: dict) -> None:
+    model = FedBNRRegressor(n_features=4)
+    with pytest.raises(ValueError):
+        model.learn_one(bad, 1.0)
+    assert model.client is None
+    model.learn_one({"a": 0.1, "b": 0.2}, 1.0)
+    before = pickle.dumps(model)
+    with pytest.raises(ValueError):
+        model.learn_one(bad, 1.0)
+    with pytest.raises(ValueError):
+        model.learn_one({"a": 0.1, "b": 0.2}, math.nan)
+    with pytest.raises(ValueError):
+        model.learn_many(np.array([[0.1, 0.2], [np.nan, 0.0]]), np.array([1.0, 2.0]))
+    with pytest.raises(ValueError):
+        model.learn_many(np.zeros((2, 3)), np.zeros(2))
+    assert pickle.dumps(model) == before
+
+
+def test_river_predict_before_learning_is_the_prior() -> None:
+    model = FedBNRRegressor(sigma=0.5, lam=2.0)
+    dist = model.predict_one({"a": 1.0}, with_dist=True)
+    assert dist.mu == 0.0 and dist.sigma == pytest.approx(math.sqrt(0.25 + 2 * 4.0))
+    model.learn_one({"a": 1.0}, 0.0)
+    # With one sample at y=0 the mean stays 0 and the variance is the oracle's.
+    client = copy.deepcopy(model.client)
+    assert client is not None
+    phi = client.features(np.array([1.0]))[0]
+    _, ov = oracle_predictive(phi[None], np.zeros(1), phi, 0.5, 2.0)
+    assert model.predict_one({"a": 1.0}, with_dist=True).sigma == pytest.approx(math.sqrt(ov), rel=1e-10)
+
+
+# ----------------------------------------------------------------------------- docs
+
+
+@pytest.mark.parametrize("module", [fedbnr_module, stats_module])
+def test_docstring_examples(module: object) -> None:
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)  # type: ignore[arg-type]
+    assert result.attempted > 0 and result.failed == 0
