@@ -68,6 +68,17 @@ __all__ = [
 Z95 = 1.959963984540054  # central 95% interval of a standard normal: ±Z95
 
 
+def _all_finite_squares(v: np.ndarray) -> bool:
+    """Every `v²` finite (so a target cannot overflow `q`), without an overflow warning."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.all(np.isfinite(v * v)))
+
+
+def _all_finite_products(a: np.ndarray, b: np.ndarray) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.all(np.isfinite(a * b)))
+
+
 def _check_positive(name: str, value: float) -> float:
     value = float(value)
     if not (math.isfinite(value) and value > 0):
@@ -518,6 +529,8 @@ class FedBNRClient:
         xs = np.asarray(xs, dtype=np.float64)
         if xs.ndim != 2 or not np.all(np.isfinite(xs)):
             raise ValueError(f"inputs must be a finite (T, d) array, got shape {xs.shape}")
+        if xs.shape[0] == 0:
+            return np.empty((0, self.n_kernels, self.dim))
         phis = self._features.transform_many(xs)
         if phis.shape != (xs.shape[0], self.n_kernels, self.dim) or not np.all(np.isfinite(phis)):
             raise ValueError("the feature map produced non-finite or wrongly shaped features")
@@ -614,7 +627,7 @@ class FedBNRClient:
         self.metrics.update(mu, var, y)
 
     def _learn_checked(self, phi: np.ndarray, y: float) -> None:
-        if not np.all(np.isfinite(phi * y)):
+        if not _all_finite_products(phi, np.float64(y)):
             raise ValueError("features times target overflow")
         g = self.forgetting
         kern.learn_one(self._ra, self._s_pend, self._b_pend, phi, y, 1.0 / self.sigma, math.sqrt(g),
@@ -654,7 +667,7 @@ class FedBNRClient:
         xs = np.asarray(xs, dtype=np.float64)
         if xs.ndim != 2 or ys.shape != (xs.shape[0],):
             raise ValueError(f"expected xs (T, d) and ys (T,), got {xs.shape} and {ys.shape}")
-        if not np.all(np.isfinite(ys * ys)):
+        if not _all_finite_squares(ys):
             raise ValueError("targets must be finite")
         return self.learn_features_many(self.features_many(xs), ys)
 
@@ -664,8 +677,8 @@ class FedBNRClient:
         ys = np.ascontiguousarray(ys, dtype=np.float64)
         t = ys.shape[0]
         phis = phis.reshape(t, self.n_kernels, self.dim)
-        if not (np.all(np.isfinite(phis)) and np.all(np.isfinite(ys * ys))
-                and np.all(np.isfinite(phis * ys[:, None, None]))):
+        if not (np.all(np.isfinite(phis)) and _all_finite_squares(ys)
+                and _all_finite_products(phis, ys[:, None, None])):
             raise ValueError("features and targets must be finite")
         means = np.empty(t)
         variances = np.empty(t)
@@ -1094,14 +1107,14 @@ class FedBNRRegressor(base.Regressor):
             arr = np.asarray(xs[keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
             ys_arr = np.asarray(ys, dtype=np.float64)
             if arr.ndim != 2 or ys_arr.shape != (arr.shape[0],) or not np.all(np.isfinite(arr)) \
-                    or not np.all(np.isfinite(ys_arr * ys_arr)):
+                    or not _all_finite_squares(ys_arr):
                 raise ValueError(f"expected finite xs (T, d) and ys (T,), got {arr.shape} and {ys_arr.shape}")
             self._build(keys)
         assert self.client is not None
         arr = self._matrix(xs)
         ys_arr = np.asarray(ys, dtype=np.float64)
         phis = self.client.features_many(arr)  # validates everything before any state changes
-        if ys_arr.shape != (arr.shape[0],) or not np.all(np.isfinite(ys_arr * ys_arr)):
+        if ys_arr.shape != (arr.shape[0],) or not _all_finite_squares(ys_arr):
             raise ValueError(f"expected finite targets of shape ({arr.shape[0]},), got {ys_arr.shape}")
         start = 0
         while start < arr.shape[0]:
