@@ -184,3 +184,45 @@ def apply_kernel_deltas(theta: np.ndarray, sel: np.ndarray, delta: np.ndarray, s
         p = sel[s]
         for i in range(dim):
             theta[p, i] -= scale * delta[s, i]
+
+
+@numba.njit(cache=True)
+def accumulate_checked(total: np.ndarray, kernels: np.ndarray, delta: np.ndarray) -> int:
+    """`total[k_s] += delta[s]` after checking indices (in range, distinct) and finiteness.
+
+    Returns 0 on success, 1 for a bad or repeated kernel index, 2 for a non-finite value; on failure
+    `total` is untouched.
+    """
+    n = total.shape[0]
+    m = kernels.shape[0]
+    for s in range(m):
+        k = kernels[s]
+        if k < 0 or k >= n:
+            return 1
+        for r in range(s):
+            if kernels[r] == k:
+                return 1
+    chk = 0.0
+    for s in range(m):
+        for i in range(delta.shape[1]):
+            chk += delta[s, i]
+    if not np.isfinite(chk):
+        return 2
+    for s in range(m):
+        k = kernels[s]
+        for i in range(delta.shape[1]):
+            total[k, i] += delta[s, i]
+    return 0
+
+
+@numba.njit(cache=True)
+def row_sq_norms(theta: np.ndarray, out: np.ndarray) -> bool:
+    """`out[p] = ‖θ_p‖²`; returns False if θ has a non-finite value."""
+    chk = 0.0
+    for p in range(theta.shape[0]):
+        acc = 0.0
+        for i in range(theta.shape[1]):
+            acc += theta[p, i] * theta[p, i]
+            chk += theta[p, i]
+        out[p] = acc
+    return np.isfinite(chk)

@@ -25,17 +25,21 @@ from ._pofmkl_kernels import (
     STEP_BAD_INPUT,
     STEP_BAD_LABEL,
     STEP_OK,
-    apply_kernel_deltas,
+    accumulate_checked,
     pofmkl_predict,
     pofmkl_step,
+    row_sq_norms,
 )
 
 __all__ = [
+    "GlobalTheta",
     "KernelUpdate",
     "NonFiniteError",
     "POFMKLClient",
     "POFMKLRegressor",
     "POFMKLServer",
+    "merge_updates",
+    "run_lockstep",
 ]
 
 _UNIFORM_BLOCK = 256
@@ -61,6 +65,30 @@ class KernelUpdate(NamedTuple):
     def n_numbers(self) -> int:
         """Model numbers carried (the `M·2D` of the paper; indices are not counted)."""
         return int(self.delta.size)
+
+
+class GlobalTheta(NamedTuple):
+    """A validated global `θ` with its row norms `‖θ_p‖²`, computed once per round for all clients.
+    Build it with :meth:`of`, which checks finiteness.
+
+    >>> g = GlobalTheta.of(np.ones((2, 3)))
+    >>> g.theta_sq.tolist()
+    [3.0, 3.0]
+    """
+
+    theta: np.ndarray
+    theta_sq: np.ndarray
+
+    @classmethod
+    def of(cls, theta: np.ndarray) -> GlobalTheta:
+        theta = np.array(theta, dtype=np.float64, order="C")  # a private copy, then frozen
+        if theta.ndim != 2:
+            raise ValueError(f"global theta must be 2-D (N, 2D), got shape {theta.shape}")
+        sq = np.empty(theta.shape[0])
+        if not row_sq_norms(theta, sq):
+            raise NonFiniteError("global theta contains a non-finite value")
+        theta.setflags(write=False)  # shared by every client: nobody may modify it
+        return cls(theta, sq)
 
 
 class POFMKLClient:
@@ -118,15 +146,13 @@ class POFMKLClient:
                       self._scratch, self._z, self._order, self._sel, self._delta)
 
     # -- global parameters -------------------------------------------------------------------
-    def set_global(self, theta: np.ndarray, version: int) -> None:
+    def set_global(self, theta: np.ndarray | GlobalTheta, version: int) -> None:
         """Use a new global `θ` (shape `(N, 2D)`, finite) from now on."""
-        theta = np.asarray(theta, dtype=np.float64)
-        if theta.shape != self.theta.shape:
-            raise ValueError(f"global theta has shape {theta.shape}, expected {self.theta.shape}")
-        if not np.all(np.isfinite(theta)):
-            raise NonFiniteError("global theta contains a non-finite value")
-        self.theta = theta
-        self._theta_sq = np.einsum("pi,pi->p", theta, theta)
+        g = theta if isinstance(theta, GlobalTheta) else GlobalTheta.of(theta)
+        if g.theta.shape != self.theta.shape:
+            raise ValueError(f"global theta has shape {g.theta.shape}, expected {self.theta.shape}")
+        self.theta = g.theta
+        self._theta_sq = g.theta_sq
         self.global_version = int(version)
 
     # -- the step ----------------------------------------------------------------------------
@@ -223,20 +249,22 @@ class POFMKLServer:
     def __init__(self, n_kernels: int, dim: int) -> None:
         self.theta = np.zeros((n_kernels, dim))
         self.version = 0
+        self._global: GlobalTheta | None = None
+        self._global_version = -1
         self._sum = np.zeros((n_kernels, dim))
         self._reporting = 0
 
     def add(self, update: KernelUpdate) -> None:
         """Add one client's update to the round in progress (validated: shapes, indices, finiteness)."""
         k, d = update.kernels, update.delta
-        n, dim = self.theta.shape
+        dim = self.theta.shape[1]
         if d.ndim != 2 or d.shape[1] != dim or k.shape != (d.shape[0],):
             raise ValueError(f"update shapes {k.shape}, {d.shape} do not match theta {self.theta.shape}")
-        if k.size and (k.min() < 0 or k.max() >= n or np.unique(k).size != k.size):
+        status = accumulate_checked(self._sum, k.astype(np.int64, copy=False), d)
+        if status == 1:
             raise ValueError(f"update names invalid or repeated kernels: {k.tolist()}")
-        if not np.all(np.isfinite(d)):
+        if status == 2:
             raise NonFiniteError("update contains a non-finite value")
-        apply_kernel_deltas(self._sum, k.astype(np.int64, copy=False), d, -1.0)
         self._reporting += 1
 
     def finish_round(self) -> int:
@@ -252,6 +280,13 @@ class POFMKLServer:
         self._reporting = 0
         self.version += 1
         return self.version
+
+    def global_params(self) -> GlobalTheta:
+        """What is broadcast: the current `θ` (a fresh read-only array each round) and its norms."""
+        if self._global is None or self._global_version != self.version:
+            self._global = GlobalTheta.of(self.theta)
+            self._global_version = self.version
+        return self._global
 
     def apply_round(self, updates: Iterable[KernelUpdate]) -> int:
         """Add every update of one round and finish it."""
@@ -369,6 +404,23 @@ class POFMKLRegressor(base.Regressor):
         xv = self._vector(x) if self._keys else np.zeros(1)
         self.n_missing, self.n_unknown = missing, unknown  # predicting does not count
         return self._client.predict(xv)
+
+
+def merge_updates(updates: Sequence[KernelUpdate]) -> KernelUpdate:
+    """One update equal to the sum of several (same kernel → deltas added), e.g. a client's uploads
+    inside one aggregation window. Kernels come out sorted.
+
+    >>> a = KernelUpdate(np.array([2]), np.ones((1, 2)))
+    >>> b = KernelUpdate(np.array([0, 2]), np.full((2, 2), 2.0))
+    >>> m = merge_updates([a, b])
+    >>> m.kernels.tolist(), m.delta.tolist(), m.n_samples
+    ([0, 2], [[2.0, 2.0], [3.0, 3.0]], 2)
+    """
+    kernels = np.unique(np.concatenate([u.kernels for u in updates]))
+    delta = np.zeros((kernels.size, updates[0].delta.shape[1]))
+    for u in updates:
+        delta[np.searchsorted(kernels, u.kernels)] += u.delta
+    return KernelUpdate(kernels, delta, sum(u.n_samples for u in updates))
 
 
 def _as_float(name: object, v: object) -> float:
