@@ -18,6 +18,13 @@ all at once, so one rank-one Cholesky update of `Rₐ` (O(F²)) maintains everyt
 
 This is the square-root (QR) form of recursive least squares; it never forms `A⁻¹`, which is why it
 is more stable than Sherman–Morrison on the inverse.
+
+The pending (to-be-uploaded) scatter is not updated sample by sample: rows are staged in a small
+buffer and folded into `S_pend` `B` at a time (:func:`flush`), which turns `B` memory-bound rank-one
+passes over the `F²/2` triangle into one compute-bound pass (same sums, different rounding order).
+
+Kernels use `fastmath` without the no-NaN/no-Inf assumptions (reassociation and FMA contraction only),
+so results agree with a plain evaluation to rounding, and the finiteness checks upstream stay valid.
 """
 
 from __future__ import annotations
@@ -25,8 +32,55 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..features import rff_transform_into
+
+_FAST = {"reassoc", "contract", "arcp", "nsz"}  # not "nnan"/"ninf": NaN and Inf must stay visible
+
 
 @numba.njit(cache=True)
+def all_finite(a: np.ndarray) -> bool:
+    """Every entry of a 1-d array finite (numpy's `all(isfinite)` costs microseconds per call)."""
+    for i in range(a.shape[0]):
+        if not np.isfinite(a[i]):
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def all_finite_scaled(a: np.ndarray, y: float) -> bool:
+    """Every `a_i` and `a_i * y` finite (what a sample adds to `b`)."""
+    for i in range(a.shape[0]):
+        if not (np.isfinite(a[i]) and np.isfinite(a[i] * y)):
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def rff_bias_features(wt: np.ndarray, x: np.ndarray, angles: np.ndarray, out: np.ndarray) -> bool:
+    """Default feature map in one call: Gaussian RFF of every kernel into `out[:, :-1]`, the bias
+    feature 1 into `out[:, -1]`; `False` (and `out` meaningless) if `x` or a feature is not finite."""
+    if not all_finite(x):
+        return False
+    f = out.shape[1]
+    rff_transform_into(wt, x, angles, out[:, : f - 1])
+    for k in range(out.shape[0]):
+        out[k, f - 1] = 1.0
+        if not all_finite(out[k]):
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def same_vector(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape[0] != b.shape[0]:
+        return False
+    for i in range(a.shape[0]):
+        if a[i] != b[i]:
+            return False
+    return True
+
+
+@numba.njit(cache=True, fastmath=_FAST)
 def chol_update(r: np.ndarray, x: np.ndarray) -> None:
     """Rank-one update in place: on return `rᵀr` equals the old `rᵀr + x xᵀ` (`r` upper, `x` is destroyed).
 
@@ -45,16 +99,18 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
         r[k, k] = rnew
         if k + 1 == n:
             break  # last row has no off-diagonal part (and r_kk may be 0 there: the ρ entry)
-        c = rnew / rkk
-        s = xk / rkk
+        inv_rkk = 1.0 / rkk
+        c = rnew * inv_rkk
+        s = xk * inv_rkk
         inv_c = rkk / rnew
+        rk = r[k]
         for j in range(k + 1, n):
-            rkj = (r[k, j] + s * x[j]) * inv_c
-            r[k, j] = rkj
+            rkj = (rk[j] + s * x[j]) * inv_c
+            rk[j] = rkj
             x[j] = c * x[j] - s * rkj
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FAST)
 def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
     organised by rows of `R` so the inner loop is contiguous)."""
@@ -63,11 +119,12 @@ def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     for k in range(n):
         vk = out[k] / r[k, k]
         out[k] = vk
+        rk = r[k]
         for j in range(k + 1, n):
-            out[j] -= r[k, j] * vk
+            out[j] -= rk[j] * vk
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FAST)
 def predict_one(ra: np.ndarray, phi: np.ndarray, work: np.ndarray) -> tuple[float, float]:
     """`(φᵀA⁻¹h, φᵀA⁻¹φ)` from the augmented factor `ra` (`(F+1, F+1)`) of one feature map."""
     f = phi.shape[0]
@@ -78,6 +135,18 @@ def predict_one(ra: np.ndarray, phi: np.ndarray, work: np.ndarray) -> tuple[floa
         mean += work[i] * ra[i, f]
         quad += work[i] * work[i]
     return mean, quad
+
+
+@numba.njit(cache=True)
+def predict_rff(
+    wt: np.ndarray, x: np.ndarray, angles: np.ndarray, phi: np.ndarray, ra: np.ndarray, sigma: np.ndarray,
+    logw: np.ndarray, work: np.ndarray, means: np.ndarray, variances: np.ndarray,
+) -> tuple[bool, float, float]:
+    """:func:`rff_bias_features` into `phi`, then :func:`predict_mixture`, in one call (hot path)."""
+    if not rff_bias_features(wt, x, angles, phi):
+        return False, 0.0, 0.0
+    mu, var = predict_mixture(ra, phi, sigma, logw, work, means, variances)
+    return True, mu, var
 
 
 @numba.njit(cache=True)
@@ -124,26 +193,56 @@ def predict_mixture(
     return mu, max(second - mu * mu, 0.0)
 
 
-@numba.njit(cache=True)
-def learn_one(
-    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, phi: np.ndarray, y: float,
-    inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray, refresh_index: int, work: np.ndarray,
-) -> None:
-    """Add one sample to every kernel's pending statistics and working factor.
+@numba.njit(cache=True, fastmath=_FAST)
+def flush(s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int) -> None:
+    """Fold `count` staged rows into the pending statistics: upper triangle of
+    `S_pend[k] += Σ_t φ_t φ_tᵀ` and `b_pend[k] += Σ_t φ_t y_t`. `buf` is laid out `(K, F, B)` so each
+    entry is a contiguous dot product over the staged rows."""
+    n_kernels, f = buf.shape[0], buf.shape[1]
+    for k in range(n_kernels):
+        bk = buf[k]
+        sp = s_pend[k]
+        for i in range(f):
+            bi = bk[i]
+            acc_b = 0.0
+            for t in range(count):
+                acc_b += bi[t] * buf_y[t]
+            b_pend[k, i] += acc_b
+            for j in range(i, f):
+                bj = bk[j]
+                acc = 0.0
+                for t in range(count):
+                    acc += bi[t] * bj[t]
+                sp[i, j] += acc
 
-    Pending statistics: upper triangle of `S_pend += φφᵀ` and `b_pend += φy` (exact, undecayed: they
-    are what gets uploaded). Working factor: with forgetting (`sqrt_gamma < 1`) first `Rₐ ← √γ Rₐ`
-    (so `M ← γM`) and the prior refresh `A += refresh_k² e_j e_jᵀ` for `j = refresh_index`, then the
-    sample `M += σ⁻²[φ; y][φ; y]ᵀ`.
+
+@numba.njit(cache=True, fastmath=_FAST)
+def learn_one(
+    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
+    phi: np.ndarray, y: float, inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray,
+    refresh_index: int, work: np.ndarray,
+) -> int:
+    """Add one sample to every kernel's pending statistics and working factor; returns the new number
+    of staged rows, or -1 (and changes nothing) if some `φ_i y` is not finite.
+
+    Pending statistics (exact, undecayed: they are what gets uploaded): the row is staged in `buf`
+    (`count` rows already there) and the buffer is flushed into `S_pend, b_pend` when full. Working
+    factor: with forgetting (`sqrt_gamma < 1`) first `Rₐ ← √γ Rₐ` (so `M ← γM`) and the prior refresh
+    `A += refresh_k² e_j e_jᵀ` for `j = refresh_index`, then the sample `M += σ⁻²[φ; y][φ; y]ᵀ`.
     """
     n_kernels, f = phi.shape
     for k in range(n_kernels):
-        sp = s_pend[k]
+        if not all_finite_scaled(phi[k], y):
+            return -1
+    if count == buf.shape[2]:
+        flush(s_pend, b_pend, buf, buf_y, count)
+        count = 0
+    buf_y[count] = y
+    for k in range(n_kernels):
         for i in range(f):
-            pi = phi[k, i]
-            b_pend[k, i] += pi * y
-            for j in range(i, f):
-                sp[i, j] += pi * phi[k, j]
+            buf[k, i, count] = phi[k, i]
+    count += 1
+    for k in range(n_kernels):
         rk = ra[k]
         if sqrt_gamma != 1.0:
             for i in range(f + 1):
@@ -158,14 +257,15 @@ def learn_one(
             work[i] = phi[k, i] * s
         work[f] = y * s
         chol_update(rk, work)
+    return count
 
 
 @numba.njit(cache=True)
 def learn_batch(
-    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, phis: np.ndarray, ys: np.ndarray,
-    sigma: np.ndarray, lam: np.ndarray, n_work: float, sqrt_gamma: float, refresh: np.ndarray,
-    refresh_start: int, work: np.ndarray, out_mean: np.ndarray, out_var: np.ndarray,
-) -> None:
+    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
+    phis: np.ndarray, ys: np.ndarray, sigma: np.ndarray, lam: np.ndarray, n_work: float, sqrt_gamma: float,
+    refresh: np.ndarray, refresh_start: int, work: np.ndarray, out_mean: np.ndarray, out_var: np.ndarray,
+) -> int:
     """Prequential loop over `T` samples: predict each (Bayesian model average, log weights = each
     kernel's working evidence), record the prediction, then learn it (as :func:`learn_one`).
 
@@ -186,7 +286,9 @@ def learn_batch(
         mu, var = predict_mixture(ra, phis[t], sigma, logw, work, means, variances)
         out_mean[t] = mu
         out_var[t] = var
-        learn_one(ra, s_pend, b_pend, phis[t], ys[t], inv_sigma, sqrt_gamma, refresh, j, work)
+        count = learn_one(ra, s_pend, b_pend, buf, buf_y, count, phis[t], ys[t], inv_sigma, sqrt_gamma,
+                          refresh, j, work)
         n_work = gamma * n_work + 1.0
         if sqrt_gamma != 1.0:
             j = (j + 1) % f
+    return count

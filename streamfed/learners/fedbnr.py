@@ -66,6 +66,7 @@ __all__ = [
 ]
 
 Z95 = 1.959963984540054  # central 95% interval of a standard normal: ±Z95
+_STAGE = 32  # pending rows folded into the scatter at once
 
 
 def _all_finite_squares(v: np.ndarray) -> bool:
@@ -357,11 +358,13 @@ class _DefaultFeatures:
         return self.bank.dim + 1
 
     def transform(self, x: np.ndarray) -> np.ndarray:
-        x = self.bank.check_input(x)
-        self.bank.transform_into(x, self._z)
+        """`(K, F)` features of a contiguous float64 vector; `ValueError` for a wrong length or a
+        non-finite value (one numba call: this is the per-sample hot path)."""
+        if x.shape[0] != self.bank.n_inputs:
+            raise ValueError(f"expected an input of shape ({self.bank.n_inputs},), got {x.shape}")
         out = np.empty((self.bank.n_kernels, self.dim))
-        out[:, :-1] = self._z
-        out[:, -1] = 1.0
+        if not kern.rff_bias_features(self.bank._wt, x, self.bank._angles, out):
+            raise ValueError("input contains a non-finite value")
         return out
 
     def transform_many(self, xs: np.ndarray) -> np.ndarray:
@@ -468,6 +471,10 @@ class FedBNRClient:
         # Pending statistics (upper triangle of S only; kept exact, undecayed: they are uploaded).
         self._s_pend = np.zeros((kk, f, f))
         self._b_pend = np.zeros((kk, f))
+        # Rows staged for the pending scatter, folded in _STAGE at a time (see _fedbnr_kernels.flush).
+        self._stage = np.zeros((kk, f, _STAGE))
+        self._stage_y = np.zeros(_STAGE)
+        self._staged = 0
         self._n_pend = 0
         self._q_pend = 0.0
         # Working posterior: augmented upper factor per kernel, and the working n (for the evidence).
@@ -515,12 +522,15 @@ class FedBNRClient:
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """`φ(x)` for every kernel, shape `(K, F)` (validated: a `ValueError` for bad input)."""
-        x = np.asarray(x, dtype=np.float64)
-        if x.ndim != 1 or not np.all(np.isfinite(x)):
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        if x.ndim != 1 or not kern.all_finite(x):
             raise ValueError(f"input must be a finite 1-d vector, got shape {x.shape}"
                              + ("" if x.ndim != 1 else " with a non-finite value"))
         phi = self._features.transform(x)
-        if phi.shape != (self.n_kernels, self.dim) or not np.all(np.isfinite(phi)):
+        if isinstance(self._features, _DefaultFeatures):
+            return phi  # shape and finiteness checked inside
+        phi = np.ascontiguousarray(phi, dtype=np.float64)
+        if phi.shape != (self.n_kernels, self.dim) or not kern.all_finite(phi.reshape(-1)):
             raise ValueError("the feature map produced a non-finite or wrongly shaped feature vector")
         return phi
 
@@ -563,15 +573,26 @@ class FedBNRClient:
 
     def predict_features(self, phi: np.ndarray) -> tuple[float, float]:
         """Predictive `(mean, variance)` for features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
-        phi = np.ascontiguousarray(phi, dtype=np.float64).reshape(self.n_kernels, self.dim)
+        if phi.ndim != 2 or not phi.flags.c_contiguous or phi.dtype != np.float64:
+            phi = np.ascontiguousarray(phi, dtype=np.float64).reshape(self.n_kernels, self.dim)
         return kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
                                     self._means, self._vars)
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
         """Predictive `(mean, variance)` at `x`: `N(φᵀm, σ² + φᵀA⁻¹φ)` (moment-matched over kernels)."""
-        x = np.array(x, dtype=np.float64)
-        phi = self.features(x)
-        mu, var = self.predict_features(phi)
+        x = np.array(x, dtype=np.float64)  # our own copy: it is cached
+        feats = self._features
+        if isinstance(feats, _DefaultFeatures) and x.ndim == 1 and x.shape[0] == feats.bank.n_inputs:
+            # Hot path: features and predictive in one numba call.
+            phi = np.empty((self.n_kernels, self.dim))
+            ok, mu, var = kern.predict_rff(feats.bank._wt, x, feats.bank._angles, phi, self._ra, self.sigma,
+                                           self._log_weights(), self._work, self._means, self._vars)
+            if not ok:
+                raise ValueError("input contains a non-finite value")
+        else:
+            phi = self.features(x)
+            mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
+                                           self._means, self._vars)
         self._cache = (x, phi, mu, var)  # learn(x, y) right after predict(x) reuses this
         return mu, var
 
@@ -606,12 +627,13 @@ class FedBNRClient:
         """Predict `x` (prequential metrics), then add `(x, y)`: `O(F²)` per kernel."""
         y = self._check_target(y)
         cache = self._cache
-        x = np.asarray(x, dtype=np.float64)
-        if cache is not None and cache[0].shape == x.shape and np.array_equal(cache[0], x):
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        if cache is not None and x.ndim == 1 and kern.same_vector(cache[0], x):
             _, phi, mu, var = cache
         else:
             phi = self.features(x)
-            mu, var = self.predict_features(phi)
+            mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
+                                           self._means, self._vars)
         self._learn_checked(phi, y)
         self.metrics.update(mu, var, y)
 
@@ -619,7 +641,7 @@ class FedBNRClient:
         """:meth:`learn` for precomputed features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
         y = self._check_target(y)
         phi = np.array(phi, dtype=np.float64)
-        if phi.size != self.n_kernels * self.dim or not np.all(np.isfinite(phi)):
+        if phi.size != self.n_kernels * self.dim or not kern.all_finite(phi.reshape(-1)):
             raise ValueError(f"features must be finite with {self.n_kernels}x{self.dim} values")
         phi = phi.reshape(self.n_kernels, self.dim)
         mu, var = self.predict_features(phi)
@@ -627,16 +649,35 @@ class FedBNRClient:
         self.metrics.update(mu, var, y)
 
     def _learn_checked(self, phi: np.ndarray, y: float) -> None:
-        if not _all_finite_products(phi, np.float64(y)):
+        staged = kern.learn_one(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
+                                self._staged, phi, y, self._inv_sigma, self._sqrt_gamma, self._refresh,
+                                self._refresh_j, self._work)
+        if staged < 0:  # checked before anything was touched
             raise ValueError("features times target overflow")
+        self._staged = staged
         g = self.forgetting
-        kern.learn_one(self._ra, self._s_pend, self._b_pend, phi, y, 1.0 / self.sigma, math.sqrt(g),
-                       self._refresh_vector(), self._refresh_j, self._work)
-        self._after_learn(np.array([y]))
+        y2 = y * y
+        self._n_pend += 1
+        self._q_pend += y2
+        if g == 1.0:
+            self._n_work += 1.0
+            self._q_work += y2
+        else:
+            self._n_work = g * self._n_work + 1.0
+            self._q_work = g * self._q_work + y2
+            self._pdiag *= g
+            self._pdiag[:, self._refresh_j] += self.dim * (1.0 - g)
+            self._refresh_j = (self._refresh_j + 1) % self.dim
+        self._cache = None
+        self._logw_dirty = True
 
-    def _refresh_vector(self) -> np.ndarray:
+    def _set_hyper(self, sigma: np.ndarray, lam: np.ndarray) -> None:
+        self.sigma = np.array(sigma, dtype=np.float64)
+        self.lam = np.array(lam, dtype=np.float64)
+        self._inv_sigma = 1.0 / self.sigma
+        self._sqrt_gamma = math.sqrt(self.forgetting)
         # √(F(1-γ)) / λ_k: the rank-one refresh that returns the prior precision lost to forgetting.
-        return np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
+        self._refresh = np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
 
     def _after_learn(self, ys: np.ndarray) -> None:
         # Bookkeeping that mirrors what the numba kernels did to the factor for these targets.
@@ -682,15 +723,22 @@ class FedBNRClient:
             raise ValueError("features and targets must be finite")
         means = np.empty(t)
         variances = np.empty(t)
-        kern.learn_batch(self._ra, self._s_pend, self._b_pend, phis, ys, self.sigma, self.lam, self._n_work,
-                         math.sqrt(self.forgetting), self._refresh_vector(), self._refresh_j, self._work,
-                         means, variances)
+        self._staged = kern.learn_batch(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
+                                        self._staged, phis, ys, self.sigma, self.lam, self._n_work,
+                                        self._sqrt_gamma, self._refresh, self._refresh_j, self._work,
+                                        means, variances)
         self._after_learn(ys)
         self.metrics.update_many(means, variances, ys)
         return means, variances
 
     # ------------------------------------------------------------------ federation
+    def _flush(self) -> None:
+        if self._staged:
+            kern.flush(self._s_pend, self._b_pend, self._stage, self._stage_y, self._staged)
+            self._staged = 0
+
     def _pending_stats(self) -> SufficientStats:
+        self._flush()
         s_upper = pack_upper(self._s_pend)  # only the upper triangle was accumulated
         return SufficientStats(unpack_upper(s_upper, self.dim), self._b_pend, float(self._n_pend),
                                self._q_pend, self.kernel_version, self.epoch)
@@ -770,8 +818,7 @@ class FedBNRClient:
         if not np.all(np.isfinite(ra)):
             raise ValueError("refactorisation produced a non-finite factor")
         self._ra = ra
-        self.sigma = np.array(sigma, dtype=np.float64)
-        self.lam = np.array(lam, dtype=np.float64)
+        self._set_hyper(sigma, lam)
         self._pdiag = np.array(pdiag, dtype=np.float64)
         self._cache = None
         self._logw_dirty = True
