@@ -54,10 +54,11 @@ def stream(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def per_sample_us(fn, n: int) -> float:
+def per_sample_us(fn, n: int):
+    """(mean µs per sample, result) of running `fn` over a stream of `n` samples."""
     t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) / n * 1e6
+    out = fn()
+    return (time.perf_counter() - t0) / n * 1e6, out
 
 
 def bench_stream(d: int, n_feat: int, n: int, repeats: int, bandwidth: float) -> dict:
@@ -99,12 +100,13 @@ def bench_stream(d: int, n_feat: int, n: int, repeats: int, bandwidth: float) ->
 
     ours, ours_river, theirs = [], [], []
     last: dict = {}
-    for _ in range(repeats):
-        holder: dict = {}
-        ours.append(per_sample_us(lambda: holder.__setitem__("ours", run_ours()), n))
-        ours_river.append(per_sample_us(lambda: holder.__setitem__("reg", run_ours_river()), n))
-        theirs.append(per_sample_us(lambda: holder.__setitem__("river", run_river()), n))
-        last = holder
+    for _ in range(repeats):  # interleaved, so machine load affects all three alike
+        us, last["ours"] = per_sample_us(run_ours, n)
+        ours.append(us)
+        us, _ = per_sample_us(run_ours_river, n)
+        ours_river.append(us)
+        us, last["river"] = per_sample_us(run_river, n)
+        theirs.append(us)
     m_ours, _ = last["ours"].posterior()
     rv = last["river"]
     rv._ensure_m()
