@@ -1,0 +1,55 @@
+"""Shared pytest fixtures.
+
+Keep this file small and generic: one section per external service or concern, each fixture a thin
+wrapper around an importable helper module (`tests/brokers.py` for Mosquitto), so that tests and
+scripts can use the helpers without pytest. Add new sections below the existing ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests import brokers
+
+# --------------------------------------------------------------------------- Mosquitto (real broker)
+
+
+def _start(flavour: str, **kw: object) -> brokers.Broker:
+    try:
+        return brokers.start_mosquitto(flavour, **kw)  # type: ignore[arg-type]
+    except brokers.MosquittoUnavailable as e:
+        # Deliberately a failure, not a skip: the integration tests are part of CI.
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def mosquitto_dev() -> Iterator[brokers.Broker]:
+    """A development-flavour broker (loopback, anonymous, persistence) shared by the session.
+    Tests sharing it use their own topics and client ids."""
+    with _start("dev") as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def mosquitto_prod() -> Iterator[brokers.Broker]:
+    """A production-flavour broker (TLS only, password file, the shipped ACL) shared by the session.
+    Users `aggregator`, `viewer`, `a1`, `a2` with random passwords (`broker.users`)."""
+    with _start("prod") as broker:
+        yield broker
+
+
+@pytest.fixture
+def mosquitto_factory() -> Iterator[Callable[..., brokers.Broker]]:
+    """Start private brokers (`factory("dev")`, `factory("prod", users=[...])`); all stopped after the test."""
+    started: list[brokers.Broker] = []
+
+    def factory(flavour: str = "dev", **kw: object) -> brokers.Broker:
+        broker = _start(flavour, **kw)
+        started.append(broker)
+        return broker
+
+    yield factory
+    for broker in started:
+        broker.close()
