@@ -31,7 +31,7 @@ def replay(
     schedule: Annotated[str, typer.Option(help="step, every:K or async:WINDOW:MAX_DELAY")] = "step",
     n_kernels: Annotated[int, typer.Option(help="Gaussian kernels in the dictionary (N)")] = 16,
     n_features: Annotated[int, typer.Option(help="random features per kernel (D)")] = 100,
-    eta: Annotated[float, typer.Option(help="learning rate η")] = 0.05,
+    eta: Annotated[float, typer.Option(help="learning rate η")] = 0.005,
     lam: Annotated[float, typer.Option(help="regularisation λ")] = 1e-4,
     xi: Annotated[float, typer.Option(help="exploration rate ξ")] = 0.1,
     bin_size: Annotated[int, typer.Option(help="kernels uploaded per step (M)")] = 1,

@@ -107,7 +107,7 @@ class AlgorithmConfig:
     bandwidth_low: float = 0.05
     bandwidth_high: float = 5.0
     kernels: tuple[str, ...] | None = None
-    eta: float = 0.05
+    eta: float = 0.005
     lam: float = 1e-4
     xi: float = 0.1
     bin_size: int = 1

@@ -70,7 +70,7 @@ class _GradientClient:
     upload_all = True  # upload Δ for every kernel (else only for the one chosen by `_chosen`)
     upload_losses = False
 
-    def __init__(self, bank: RFFBank, eta: float = 0.05, lam: float = 1e-4) -> None:
+    def __init__(self, bank: RFFBank, eta: float = 0.005, lam: float = 1e-4) -> None:
         if not (eta > 0 and math.isfinite(eta)) or not (lam >= 0 and math.isfinite(lam)):
             raise ValueError(f"eta must be > 0 and lam >= 0 (finite), got {eta!r}, {lam!r}")
         self.bank, self.eta, self.lam = bank, float(eta), float(lam)
@@ -148,7 +148,7 @@ class OFSKLClient(_GradientClient):
     16
     """
 
-    def __init__(self, bank: RFFBank, eta: float = 0.05, lam: float = 1e-4) -> None:
+    def __init__(self, bank: RFFBank, eta: float = 0.005, lam: float = 1e-4) -> None:
         if bank.n_kernels != 1:
             raise ValueError("OFSKL learns one kernel: pass a bank with a single kernel")
         super().__init__(bank, eta, lam)
@@ -181,7 +181,7 @@ class VMKOFLClient(_GradientClient):
 
     upload_losses = True
 
-    def __init__(self, bank: RFFBank, eta: float = 0.05, lam: float = 1e-4) -> None:
+    def __init__(self, bank: RFFBank, eta: float = 0.005, lam: float = 1e-4) -> None:
         super().__init__(bank, eta, lam)
         self._vbar = np.full(bank.n_kernels, 1.0 / bank.n_kernels)
 
@@ -209,7 +209,7 @@ class EMKOFLClient(VMKOFLClient):
 
     upload_all = False
 
-    def __init__(self, bank: RFFBank, eta: float = 0.05, lam: float = 1e-4) -> None:
+    def __init__(self, bank: RFFBank, eta: float = 0.005, lam: float = 1e-4) -> None:
         super().__init__(bank, eta, lam)
         self.chosen = 0
 
@@ -236,7 +236,7 @@ class KOFLServer(POFMKLServer):
     [0.0, -0.2]
     """
 
-    def __init__(self, n_kernels: int, dim: int, eta: float = 0.05, sample: bool = False,
+    def __init__(self, n_kernels: int, dim: int, eta: float = 0.005, sample: bool = False,
                  rng: np.random.Generator | int | None = None) -> None:
         super().__init__(n_kernels, dim)
         self.eta, self.sample = float(eta), sample

@@ -94,6 +94,10 @@ class GlobalTheta(NamedTuple):
 class POFMKLClient:
     """Client half of POF-MKL: personal log-weights plus a read-only view of the global `θ`.
 
+    Default `η = 0.005` (the paper's `η ∝ 1/√T` for `T ≈ 35,000`). Stability: the selected kernel's
+    step is `2η/q_J` with `‖z‖ = 1`, so `η < q_min = ξ/B` keeps it contractive even when a client is
+    its own server; federated averaging divides it by `|C_t|` on top.
+
     `rng` is the injected random source of the bin draws (one uniform per step, drawn in blocks from
     `rng.random`), so a test can replay identical draws in an independent implementation.
 
@@ -107,7 +111,7 @@ class POFMKLClient:
     def __init__(
         self,
         bank: RFFBank,
-        eta: float = 0.05,
+        eta: float = 0.005,
         lam: float = 1e-4,
         xi: float = 0.1,
         bin_size: int = 1,
@@ -330,7 +334,7 @@ class POFMKLRegressor(base.Regressor):
         n_kernels: int = 8,
         n_features: int = 50,
         kernels: tuple[str, ...] | None = None,
-        eta: float = 0.05,
+        eta: float = 0.005,
         lam: float = 1e-4,
         xi: float = 0.1,
         bin_size: int = 1,
