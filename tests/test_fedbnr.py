@@ -619,3 +619,70 @@ def test_river_predict_before_learning_is_the_prior() -> None:
 def test_docstring_examples(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------- personalisation
+
+
+def _two_client_setup(alpha: float | str, sigma: float = 0.3, lam: float = 0.8):
+    fmap = TanhMap(2, 6, seed=9)
+    x, y = make_data(120, seed=23)
+    y[60:] += 0.5 * x[60:, 0]  # the other client's data follow a different function
+    me = FedBNRClient(fmap, sigma=sigma, lam=lam, min_upload=10, client_id="me", others_weight=alpha)
+    other = FedBNRClient(fmap, sigma=sigma, lam=lam, min_upload=10, client_id="other")
+    server = FedBNRServer(6, kernel_version=fmap.version, min_samples=10, sigma=sigma, lam=lam,
+                          fit_hyperparameters=False)
+    me.learn_many(x[:30], y[:30])
+    server.apply(me.make_upload())
+    me.learn_many(x[30:50], y[30:50])
+    me.make_upload()  # not in the global
+    me.learn_many(x[50:60], y[50:60])  # pending
+    other.learn_many(x[60:], y[60:])
+    server.apply(other.make_upload())
+    me.apply_global(server.publish())
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    return me, phi, y
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0])
+def test_others_weight_is_a_power_prior_on_the_other_clients(alpha: float) -> None:
+    sigma, lam = 0.3, 0.8
+    me, phi, y = _two_client_setup(alpha, sigma, lam)
+    own, oth = slice(0, 60), slice(60, 120)
+    a = (phi[own].T @ phi[own] + alpha * phi[oth].T @ phi[oth]) / sigma**2 + np.eye(6) / lam**2
+    h = (phi[own].T @ y[own] + alpha * phi[oth].T @ y[oth]) / sigma**2
+    m, cov = me.posterior()
+    assert rel(cov, np.linalg.inv(a)) < 1e-9 and rel(m, np.linalg.solve(a, h)) < 1e-9
+    assert me.working_stats().n == pytest.approx(60 + 60 * alpha)
+
+
+def test_auto_others_weight_maximises_the_evidence_of_own_data() -> None:
+    sigma, lam = 0.3, 0.8
+    me, phi, y = _two_client_setup("auto", sigma, lam)
+    own, oth = slice(0, 60), slice(60, 120)
+
+    def oracle_score(alpha: float) -> float:
+        # L_others^α is a Gaussian likelihood with noise σ²/α (constants cancel in the ratio), so
+        # log p(y_own | power prior) = log N([y_o; y_own]) - log N(y_o), both n×n Gaussians.
+        if alpha == 0.0:
+            return oracle_log_evidence(phi[own], y[own], sigma, lam)
+        p = np.vstack([phi[oth], phi[own]])
+        yy = np.r_[y[oth], y[own]]
+        noise = np.r_[np.full(60, sigma**2 / alpha), np.full(60, sigma**2)]
+        k = lam**2 * p @ p.T + np.diag(noise)
+        ko = lam**2 * phi[oth] @ phi[oth].T + sigma**2 / alpha * np.eye(60)
+        joint = -0.5 * (np.linalg.slogdet(2 * np.pi * k)[1] + yy @ np.linalg.solve(k, yy))
+        marg = -0.5 * (np.linalg.slogdet(2 * np.pi * ko)[1] + y[oth] @ np.linalg.solve(ko, y[oth]))
+        return float(joint - marg)
+
+    scores = [oracle_score(a) for a in fedbnr_module.OTHERS_WEIGHT_GRID]
+    expected = fedbnr_module.OTHERS_WEIGHT_GRID[int(np.argmax(scores))]
+    assert me.others_weight == expected
+    assert 0.0 < expected < 1.0  # the data are built so neither extreme wins
+    own_st = me.own_stats()
+    others = SufficientStats.from_samples(phi[oth], y[oth], kernel_version=own_st.kernel_version)
+    others = SufficientStats(others.S[None], others.b[None], others.n, others.q, own_st.kernel_version)
+    for a_, sc in zip(fedbnr_module.OTHERS_WEIGHT_GRID, scores, strict=True):
+        prior = others.scaled(a_)
+        got = float(log_evidence(prior + own_st, sigma, lam)[0] - log_evidence(prior, sigma, lam)[0])
+        assert got == pytest.approx(sc, rel=1e-8, abs=1e-8)

@@ -35,6 +35,14 @@ sample, is given back as one extra rank-one update `F(1-γ)λ⁻² e_j e_jᵀ` o
 (cyclic refresh, still `O(F²)`): the prior stays diagonal, equal to `λ⁻²I` on average, each entry
 oscillating within a factor `γ^F` over a cycle. With forgetting, "evidence" (used for the dictionary
 weights) is that of the decayed statistics, a heuristic.
+
+Personalisation (optional, client side): with `others_weight = α < 1` a client tempers the *other*
+clients' statistics in its working posterior, `p(w) ∝ N(0, λ²I) · L_own(w) · L_others(w)^α` (a power
+prior): `S_work = S_own + α (S_global - S_own∩global)`, likewise `b, n, q`. `α = 1` (default) is exact
+FedBNR — the centralised posterior; `α = 0` is local-only. `others_weight="auto"` picks α from
+:data:`OTHERS_WEIGHT_GRID` at every new global by maximising the evidence of the client's own data
+under that prior, `log Z(α·others + own) - log Z(α·others)` (empirical Bayes). Uploads and the global
+are never tempered, so the server's sums stay exact.
 """
 
 from __future__ import annotations
@@ -67,6 +75,8 @@ __all__ = [
 
 Z95 = 1.959963984540054  # central 95% interval of a standard normal: ±Z95
 _STAGE = 32  # pending rows folded into the scatter at once
+#: Candidate power-prior weights of the other clients' statistics for `others_weight="auto"`.
+OTHERS_WEIGHT_GRID: tuple[float, ...] = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
 def _all_finite_squares(v: np.ndarray) -> bool:
@@ -204,7 +214,8 @@ def log_evidence(stats: SufficientStats, sigma: float | np.ndarray, lam: float |
         s2, l2 = sig[k] ** 2, lam_[k] ** 2
         a = s_mat[k] / s2 + np.eye(f) / l2
         chol = np.linalg.cholesky(a)
-        u = np.linalg.solve(chol, b[k] / s2)
+        u = np.empty(f)
+        kern.solve_rt(np.ascontiguousarray(chol.T), b[k] / s2, u, f)  # u = L⁻¹ σ⁻² b
         logdet = 2.0 * np.log(np.diag(chol)).sum() + f * np.log(l2)
         out[k] = (-0.5 * stats.n * np.log(2 * np.pi * s2) - 0.5 * logdet - 0.5 * (stats.q / s2 - u @ u))
     return out.reshape(stats.batch_shape) if stats.batch_shape else out[0]
@@ -440,6 +451,7 @@ class FedBNRClient:
         lam: float = 1.0,
         min_upload: int = 32,
         forgetting: float = 1.0,
+        others_weight: float | str = 1.0,
         client_id: str = "client",
     ) -> None:
         if feature_map is None:
@@ -459,6 +471,11 @@ class FedBNRClient:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         if int(min_upload) < 1:
             raise ValueError(f"min_upload must be >= 1, got {min_upload!r}")
+        self.auto_weight = others_weight == "auto"
+        if not self.auto_weight and not (0.0 <= float(others_weight) <= 1.0):
+            raise ValueError(f"others_weight must be in [0, 1] or 'auto', got {others_weight!r}")
+        # α of the power prior on the other clients' statistics (see the module docstring).
+        self.others_weight = 1.0 if self.auto_weight else float(others_weight)
         self.client_id = str(client_id)
         self.min_upload = int(min_upload)
         self.forgetting = float(forgetting)
@@ -775,13 +792,35 @@ class FedBNRClient:
         s, b = self._stats_from_factor()
         return SufficientStats(s, b, self._n_work, self._q_work, self.kernel_version, self.epoch)
 
+    def _zero_stats(self) -> SufficientStats:
+        return SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+
     def _exact_work_stats(self) -> SufficientStats:
         total = self._pending_stats()
-        if self._global is not None:
-            total += self._global.stats
+        not_in = self._zero_stats()
         for up in self._unacked.values():
-            total += up.stats
+            not_in += up.stats
+        total += not_in
+        if self._global is not None:
+            own_in = self._own_uploaded - not_in
+            total += (self._global.stats - own_in).scaled(self.others_weight) + own_in
         return total
+
+    def choose_others_weight(self, others: SufficientStats, own: SufficientStats, sigma: np.ndarray,
+                             lam: np.ndarray) -> float:
+        """The α of :data:`OTHERS_WEIGHT_GRID` maximising the evidence of this client's own data under the
+        power prior `N(0, λ²I) × L_others^α`: `log Z(α·others + own) - log Z(α·others)`, with the
+        kernels' evidences combined as an equal-prior mixture. `O(F³)` per grid point and kernel."""
+        best, best_score = self.others_weight, -np.inf
+        for alpha in OTHERS_WEIGHT_GRID:
+            prior = others.scaled(alpha)
+            scores = (np.atleast_1d(log_evidence(prior + own, sigma, lam))
+                      - np.atleast_1d(log_evidence(prior, sigma, lam)))
+            top = float(scores.max())
+            score = top + math.log(float(np.exp(scores - top).sum()))
+            if score > best_score:
+                best, best_score = alpha, score
+        return float(best)
 
     def _stats_from_factor(self) -> tuple[np.ndarray, np.ndarray]:
         f = self.dim
@@ -845,12 +884,21 @@ class FedBNRClient:
             return False
         inc = int(g.included.get(self.client_id, 0))
         newly_in = [s for s in self._unacked if s <= inc]
+        not_in = self._zero_stats()
+        for seq, up in self._unacked.items():
+            if seq > inc:
+                not_in += up.stats
+        alpha = self.others_weight
+        if self.auto_weight:
+            own_all = self.own_stats()
+            alpha = self.choose_others_weight(g.stats - (self._own_uploaded - not_in), own_all, sigma, lam)
         if self.forgetting == 1.0:
             # Exact: global + own uploads the global does not contain + pending.
-            total = self._pending_stats() + g.stats
-            for seq, up in self._unacked.items():
-                if seq > inc:
-                    total += up.stats
+            total = self._pending_stats() + g.stats + not_in
+            if alpha != 1.0:
+                # Tempered: α × (global - own part of it) + own part of it.
+                own_in = self._own_uploaded - not_in
+                total -= (g.stats - own_in).scaled(1.0 - alpha)
             self._rebuild(total.S, total.b, total.q, sigma, lam, self._pdiag)
             self._n_work, self._q_work = total.n, total.q
         else:
@@ -860,9 +908,11 @@ class FedBNRClient:
             delta = g.stats.copy() if self._global is None else g.stats - self._global.stats
             for seq in newly_in:
                 delta -= self._unacked[seq].stats
+            delta = delta.scaled(alpha)
             self._rebuild(s + delta.S, b + delta.b, self._q_work + delta.q, sigma, lam, self._pdiag)
             self._n_work += delta.n
             self._q_work += delta.q
+        self.others_weight = alpha
         for seq in newly_in:
             del self._unacked[seq]
         # A client that restarted must not reuse sequence numbers the server has already summed.
@@ -988,20 +1038,21 @@ class FedBNRServer:
         """Sequence numbers received out of order and not summed yet, per client."""
         return {c: sorted(w) for c, w in self._buffer.items() if w}
 
-    def refit(self) -> None:
-        """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums."""
+    def refit(self) -> bool:
+        """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums (and keep the
+        maximised evidence). `False` when there is nothing to fit yet."""
         st = self.stats
         if st.n <= 0 or st.q <= 0:
-            return
+            return False
         for k in range(self.n_kernels):
-            sig, lam, _ = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
-            self.sigma[k], self.lam[k] = sig, lam
+            sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
+            self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
+        return True
 
     def publish(self) -> GlobalModel:
         """A new :class:`GlobalModel` (version + 1), hyperparameters refitted first when enabled."""
-        if self.fit:
-            self.refit()
-        if self.stats.n > 0:
+        fitted = self.fit and self.refit()
+        if self.stats.n > 0 and not fitted:
             self.log_evidence = np.atleast_1d(log_evidence(self.stats, self.sigma, self.lam))
         self.version += 1
         return GlobalModel(self.version, self.kernel_version, self.epoch, self.stats.copy(),
