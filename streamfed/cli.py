@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +14,11 @@ from rich.table import Table
 app = typer.Typer(help="streamfed: online streaming federated learning (POF-MKL, FedBNR) over MQTT.",
                   no_args_is_help=True, add_completion=False)
 console = Console()
+
+
+@app.callback()
+def _root() -> None:
+    """streamfed: online streaming federated learning (POF-MKL, FedBNR) over MQTT."""
 
 
 @app.command()
@@ -75,7 +79,13 @@ def replay(
     ds = {"name": dataset, "normalisation": fleet.normalisation, "split": fleet.split,
           "clients": len(fleet.streams), "samples": samples, "steps": steps}
     summary = summarise(results, cfg, sched, ds)
-    command = "streamfed " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    opts = [f"--dataset {dataset}", *(f"-a {a}" for a in algorithms), f"--seeds {seeds}",
+            f"--normalisation {normalisation}", f"--split {split}", f"--schedule {schedule}",
+            f"--n-kernels {n_kernels}", f"--n-features {n_features}", f"--eta {eta}", f"--lam {lam}",
+            f"--xi {xi}", f"--bin-size {bin_size}", f"--out {shlex.quote(str(out))}"]
+    if steps is not None:
+        opts.append(f"--steps {steps}")
+    command = "streamfed replay " + " ".join(opts)
     written = write_report(results, summary, out, command=command, plots=plots)
     table = Table(title="replay results")
     for col in ("algorithm", "MSE", "± std", "avg R/T", "uploaded/step", "wall s"):
