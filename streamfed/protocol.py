@@ -219,8 +219,9 @@ def encode(msg: Message, expect: FleetConfig | ProtocolSchema | None = None, *,
     With `expect`, the result is also checked exactly as a receiver would (:func:`decode`), so a sender
     finds its own mistakes before the broker carries them; `ProtocolError` if it would be rejected.
     """
+    env = _envelope(msg)
     try:
-        payload = msgpack.packb(_envelope(msg), use_bin_type=True)
+        payload = msgpack.packb(env, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:  # unpackable meta, ints beyond 64 bits, ...
         raise _fail(Reason.BAD_SCHEMA, f"cannot encode: {e}") from None
     if expect is not None:
