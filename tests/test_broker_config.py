@@ -1,0 +1,355 @@
+"""The shipped Mosquitto configurations, against a real broker (see tests/brokers.py).
+
+Dev flavour: MQTT v5 QoS 1 round trip, v3.1.1 accepted, persistent sessions (and why they need a
+session expiry interval), persistence across a broker restart. Prod flavour: TLS with the generated
+CA, password authentication, and the ACL — checked by a privileged subscriber that must *never* see
+a forbidden message (aiomqtt's `publish()` does not surface MQTT v5 PUBACK reason codes, so the
+PUBACK code is checked separately with paho)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiomqtt
+import numpy as np
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.client import topic_matches_sub
+from paho.mqtt.enums import CallbackAPIVersion
+
+from streamfed import topics
+from streamfed.config import BrokerConfig, FleetConfig
+from streamfed.protocol import decode, encode, pofmkl_update_message, status_message
+from tests.brokers import BROKER_CONFIG, Broker
+
+T = TypeVar("T")
+_ids = itertools.count()
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 20.0) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def unique(prefix: str) -> str:
+    """Fresh fleet/client names, so tests sharing a session broker never see each other's messages."""
+    return f"{prefix}{next(_ids)}"
+
+
+async def receive_until(client: aiomqtt.Client, done: Callable[[aiomqtt.Message], bool],
+                        timeout: float = 5.0) -> list[aiomqtt.Message]:
+    """Every message up to and including the first one for which `done` is true."""
+    got: list[aiomqtt.Message] = []
+    async with asyncio.timeout(timeout):
+        async for m in client.messages:
+            got.append(m)
+            if done(m):
+                return got
+    raise AssertionError("unreachable")
+
+
+def connect(cfg: BrokerConfig, client_id: str | None = None, **kw: Any) -> aiomqtt.Client:
+    return aiomqtt.Client(**(cfg.aiomqtt_kwargs(client_id, persistent=kw.pop("persistent", False)) | kw))
+
+
+# =========================================================================== the files themselves
+
+
+def _directives(path: Path) -> list[tuple[str, str]]:
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.strip().partition(" ")
+            out.append((key, value.strip()))
+    return out
+
+
+def test_dev_conf_is_loopback_anonymous_and_persistent() -> None:
+    d = _directives(BROKER_CONFIG / "mosquitto" / "dev.conf")
+    assert [v for k, v in d if k == "listener"] == ["1883 127.0.0.1"]
+    assert ("allow_anonymous", "true") in d and ("persistence", "true") in d
+
+
+def test_prod_conf_is_tls_only_authenticated_and_persistent() -> None:
+    d = dict(_directives(BROKER_CONFIG / "mosquitto" / "prod.conf"))
+    assert d["allow_anonymous"] == "false" and d["persistence"] == "true"
+    assert [v for k, v in _directives(BROKER_CONFIG / "mosquitto" / "prod.conf") if k == "listener"] == ["8883"]
+    for key in ("password_file", "acl_file", "cafile", "certfile", "keyfile"):
+        assert d[key].startswith("/etc/mosquitto/streamfed/")
+
+
+def _acl_allows(user: str, access: str, topic: str) -> bool:
+    """A small model of Mosquitto's ACL file semantics (patterns for all, topics per user)."""
+    current, allowed = None, False
+    for key, value in _directives(BROKER_CONFIG / "mosquitto" / "acl"):
+        if key == "user":
+            current = value
+            continue
+        acc, _, filt = value.partition(" ")
+        if key == "pattern":
+            filt = filt.replace("%u", user)
+        elif key != "topic" or current != user:
+            continue
+        if acc in (access, "readwrite") and topic_matches_sub(filt, topic):
+            allowed = True
+    return allowed
+
+
+def test_acl_grants_each_agent_only_its_own_topics() -> None:
+    own = [topics.updates_topic("f", "a1"), topics.predictions_topic("f", "a1"), topics.status_topic("f", "a1")]
+    assert all(_acl_allows("a1", "write", t) for t in own)
+    assert _acl_allows("a1", "read", topics.global_topic("f"))
+    assert _acl_allows("a1", "read", topics.acks_topic("f", "a1"))
+    assert not _acl_allows("a1", "write", topics.updates_topic("f", "a2"))
+    assert not _acl_allows("a1", "write", topics.global_topic("f"))
+    assert not _acl_allows("a1", "write", topics.acks_topic("f", "a1"))
+    assert not _acl_allows("a1", "read", topics.acks_topic("f", "a2"))
+    assert not _acl_allows("a1", "read", topics.updates_topic("f", "a2"))
+    assert _acl_allows("aggregator", "read", topics.updates_topic("f", "a2"))
+    assert _acl_allows("aggregator", "write", topics.global_topic("f"))
+    assert _acl_allows("aggregator", "write", topics.acks_topic("f", "a2"))
+
+
+# =========================================================================== dev broker
+
+
+def test_v5_client_publishes_qos1_and_receives(mosquitto_dev: Broker) -> None:
+    fleet = unique("dev")
+    cfg = FleetConfig(fleet=fleet, algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
+    msg = pofmkl_update_message(fleet, "a1", 1, np.array([2, 0]), np.ones((2, 4)), global_version=0,
+                                kernel_version="k", created=1.0)
+
+    async def scenario() -> None:
+        broker = mosquitto_dev.broker_config()
+        async with connect(broker, unique("agg")) as agg, connect(broker, "a1") as agent:
+            codes = await agg.subscribe(topics.shared_filter("aggregators", fleet), qos=1)
+            assert [int(c.value) for c in codes] == [1]  # granted QoS 1
+            await agent.publish(topics.updates_topic(fleet, "a1"), encode(msg, cfg), qos=1)
+            [m] = await receive_until(agg, lambda m: True)
+        parsed = topics.parse_topic(m.topic.value)
+        assert m.qos == 1 and parsed.client == "a1"
+        assert decode(m.payload, cfg, client=parsed.client, kinds=cfg.protocol_schema.kinds_on(parsed.channel)) == msg
+
+    run(scenario())
+
+
+def test_v311_clients_are_accepted(mosquitto_dev: Broker) -> None:
+    topic = f"streamfed/v1/{unique('v3')}/status/a1"
+
+    async def scenario() -> None:
+        broker = mosquitto_dev.broker_config(protocol="3.1.1")
+        async with connect(broker, unique("c")) as c:
+            await c.subscribe(topic, qos=1)
+            await c.publish(topic, b"x", qos=1)
+            assert [m.payload for m in await receive_until(c, lambda m: True)] == [b"x"]
+
+    run(scenario())
+
+
+def _offline_delivery(broker: Broker, session_expiry: int, restart: bool = False) -> list[bytes]:
+    """Subscribe with a fixed client id and `clean_start=False`, disconnect, let three QoS 1 messages be
+    published (optionally restart the broker), reconnect and return what arrives before a sentinel."""
+    client_id, topic = unique("persistent"), f"streamfed/v1/{unique('p')}/acks/a1"
+    cfg = broker.broker_config(session_expiry=session_expiry)
+
+    async def scenario() -> list[bytes]:
+        async with connect(cfg, client_id, persistent=True) as c:
+            await c.subscribe(topic, qos=1)
+        async with connect(cfg, unique("pub")) as pub:
+            for i in range(3):
+                await pub.publish(topic, f"m{i}".encode(), qos=1)
+        if restart:
+            await asyncio.to_thread(broker.restart)
+        async with connect(cfg, client_id, persistent=True) as c:
+            await c.subscribe(topic, qos=1)  # harmless if the session kept it; needed if it did not
+            async with connect(cfg, unique("pub")) as pub:
+                await pub.publish(topic, b"sentinel", qos=1)
+            got = await receive_until(c, lambda m: m.payload == b"sentinel")
+        return [bytes(m.payload) for m in got[:-1]]  # type: ignore[arg-type]
+
+    return run(scenario())
+
+
+def test_persistent_session_receives_what_was_published_while_offline(mosquitto_dev: Broker) -> None:
+    assert _offline_delivery(mosquitto_dev, session_expiry=300) == [b"m0", b"m1", b"m2"]
+
+
+def test_v5_session_without_expiry_interval_is_dropped_at_disconnect(mosquitto_dev: Broker) -> None:
+    # The pitfall: clean_start=False alone does not keep a v5 session (expiry 0 = end with the connection).
+    assert _offline_delivery(mosquitto_dev, session_expiry=0) == []
+
+
+def test_sessions_and_retained_globals_survive_a_broker_restart(
+        mosquitto_factory: Callable[..., Broker]) -> None:
+    broker = mosquitto_factory("dev")
+    assert _offline_delivery(broker, session_expiry=300, restart=True) == [b"m0", b"m1", b"m2"]
+    topic = topics.global_topic(unique("r"))
+
+    async def publish_retained() -> None:
+        async with connect(broker.broker_config(), unique("agg")) as c:
+            await c.publish(topic, b"theta-v7", qos=1, retain=True)
+
+    async def read_retained() -> list[bytes]:
+        async with connect(broker.broker_config(), unique("agent")) as c:
+            await c.subscribe(topic, qos=1)
+            return [bytes(m.payload) for m in await receive_until(c, lambda m: True)]  # type: ignore[arg-type]
+
+    run(publish_retained())
+    broker.restart()
+    assert run(read_retained()) == [b"theta-v7"]
+
+
+# =========================================================================== prod broker
+
+
+@pytest.mark.parametrize("username, password", [("a1", "wrong"), ("nobody", "x"), (None, None)],
+                         ids=["wrong-password", "unknown-user", "anonymous"])
+def test_prod_refuses_bad_credentials(mosquitto_prod: Broker, username: str | None, password: str | None) -> None:
+    async def scenario() -> None:
+        async with connect(mosquitto_prod.broker_config(username, password=password), unique("x")):
+            pass
+
+    with pytest.raises(aiomqtt.MqttCodeError) as e:
+        run(scenario())
+    rc = e.value.rc
+    assert getattr(rc, "value", rc) in (134, 135)  # v5: bad user name or password / not authorized
+
+
+def test_prod_tls_needs_the_generated_ca(mosquitto_prod: Broker) -> None:
+    async def with_config(cfg: BrokerConfig) -> None:
+        # Plain MQTT to a TLS port gets no answer at all: bound the wait for the CONNACK.
+        async with connect(cfg, unique("t"), timeout=2.0) as c:
+            await c.publish(topics.status_topic(unique("tls"), "a1"), b"", qos=1)
+
+    run(with_config(mosquitto_prod.broker_config("a1")))  # TLS with the test CA: fine
+    with pytest.raises(aiomqtt.MqttError):  # system CAs do not know the test CA
+        run(with_config(mosquitto_prod.broker_config("a1").model_copy(update={"tls_ca": None, "tls": True})))
+    with pytest.raises(aiomqtt.MqttError):  # plain MQTT on the TLS port
+        run(with_config(BrokerConfig(port=mosquitto_prod.tls_port, username="a1",
+                                     password=mosquitto_prod.users["a1"])))
+
+
+def _forbidden_never_arrives(broker: Broker, watcher: str, watch: list[str], forbidden: str,
+                             sentinel: str) -> list[str]:
+    """`watcher` subscribes to `watch`; agent a1 publishes to `forbidden`, then to its own `sentinel`
+    topic. Messages of one publisher are delivered in order, so once the sentinel is in, the forbidden
+    one would have been too. Returns the topics the watcher received."""
+
+    async def scenario() -> list[str]:
+        async with connect(broker.broker_config(watcher), unique("w")) as w:
+            for t in watch:
+                await w.subscribe(t, qos=1)
+            async with connect(broker.broker_config("a1"), "a1") as a1:
+                await a1.publish(forbidden, b"spoofed", qos=1)  # no error: PUBACK codes are not surfaced
+                await a1.publish(sentinel, b"sentinel", qos=1)
+            got = await receive_until(w, lambda m: m.payload == b"sentinel")
+        return [m.topic.value for m in got]
+
+    return run(scenario())
+
+
+def test_agent_cannot_publish_another_agents_update(mosquitto_prod: Broker) -> None:
+    got = _forbidden_never_arrives(mosquitto_prod, "aggregator", [topics.shared_filter("aggregators", "f")],
+                                   topics.updates_topic("f", "a2"), topics.updates_topic("f", "a1"))
+    assert got == [topics.updates_topic("f", "a1")]
+
+
+def test_agent_cannot_publish_the_global(mosquitto_prod: Broker) -> None:
+    got = _forbidden_never_arrives(mosquitto_prod, "viewer",
+                                   [topics.global_topic("f"), topics.predictions_topic("f", "a1")],
+                                   topics.global_topic("f"), topics.predictions_topic("f", "a1"))
+    assert got == [topics.predictions_topic("f", "a1")]
+
+
+def test_agent_cannot_acknowledge_itself(mosquitto_prod: Broker) -> None:
+    got = _forbidden_never_arrives(mosquitto_prod, "aggregator", [topics.topic_filter("updates", "f")],
+                                   topics.acks_topic("f", "a1"), topics.updates_topic("f", "a1"))
+    assert got == [topics.updates_topic("f", "a1")]
+
+
+def test_denied_publish_gets_not_authorized_puback_in_v5(mosquitto_prod: Broker) -> None:
+    """What aiomqtt hides: Mosquitto answers a denied QoS 1 publish with PUBACK reason 0x87."""
+    codes: dict[int, int] = {}
+    done = threading.Event()
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=unique("a1-"), protocol=paho.MQTTv5)
+    c.username_pw_set("a1", mosquitto_prod.users["a1"])
+    c.tls_set(ca_certs=str(mosquitto_prod.ca))
+
+    def on_publish(client: paho.Client, userdata: object, mid: int, rc: Any, props: object) -> None:
+        codes[mid] = int(rc.value)
+        if len(codes) == 3:
+            done.set()
+
+    c.on_publish = on_publish
+    c.connect(mosquitto_prod.host, mosquitto_prod.tls_port)
+    c.loop_start()
+    try:
+        mids = [c.publish(t, b"x", qos=1).mid for t in (topics.updates_topic("f", "a2"), topics.global_topic("f"),
+                                                        topics.updates_topic("f", "a1"))]
+        assert done.wait(5)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    # 0x87 not authorized; 0x10 "no matching subscribers" is a success code
+    assert [codes[m] for m in mids] == [0x87, 0x87, 0x10]
+
+
+def test_agent_cannot_read_other_agents_traffic(mosquitto_prod: Broker) -> None:
+    fleet = unique("r")
+
+    async def scenario() -> list[str]:
+        async with connect(mosquitto_prod.broker_config("a1"), "a1") as a1:
+            # Mosquitto grants wildcard subscriptions and filters each delivery by the ACL.
+            await a1.subscribe(topics.topic_filter("acks", fleet), qos=1)
+            await a1.subscribe(topics.topic_filter("updates", fleet), qos=1)
+            async with connect(mosquitto_prod.broker_config("aggregator"), "aggregator") as agg:
+                await agg.publish(topics.acks_topic(fleet, "a2"), b"for a2", qos=1)
+                await agg.publish(topics.acks_topic(fleet, "a1"), b"sentinel", qos=1)
+            async with connect(mosquitto_prod.broker_config("a2"), "a2") as a2:
+                await a2.publish(topics.updates_topic(fleet, "a2"), b"a2's update", qos=1)
+            got = await receive_until(a1, lambda m: m.payload == b"sentinel")
+        return [m.topic.value for m in got]
+
+    assert run(scenario()) == [topics.acks_topic(fleet, "a1")]
+
+
+def test_last_will_marks_an_agent_offline(mosquitto_prod: Broker) -> None:
+    fleet = unique("lw")
+    status = topics.status_topic(fleet, "a2")
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="a2", protocol=paho.MQTTv5)
+    c.username_pw_set("a2", mosquitto_prod.users["a2"])
+    c.tls_set(ca_certs=str(mosquitto_prod.ca))
+    c.will_set(status, encode(status_message(fleet, "a2", "offline", created=1.0)), qos=1, retain=True)
+    c.connect(mosquitto_prod.host, mosquitto_prod.tls_port)
+    for _ in range(50):  # drive the handshake by hand: no loop thread to notice the socket vanish
+        c.loop(0.05)
+        if c.is_connected():
+            break
+    assert c.is_connected()
+    c.socket().close()  # the connection drops without a DISCONNECT packet: the broker sends the will
+
+    async def read_status() -> list[str]:
+        async with connect(mosquitto_prod.broker_config("viewer"), unique("v")) as v:
+            await v.subscribe(status, qos=1)
+            [m] = await receive_until(v, lambda m: True)
+        assert m.retain
+        return [decode(m.payload, FleetConfig(fleet=fleet, algorithm="pofmkl", n_inputs=1)).meta["state"]]
+
+    assert run(read_status()) == ["offline"]
+
+
+def test_scripts_refuse_bad_names(tmp_path: Path) -> None:
+    import subprocess
+
+    res = subprocess.run(["bash", str(BROKER_CONFIG / "scripts" / "make-users.sh"), "-f", str(tmp_path / "p"),
+                          "a/b:x"], capture_output=True, text=True)
+    assert res.returncode == 2 and "invalid user name" in res.stderr
+    res = subprocess.run(["bash", str(BROKER_CONFIG / "scripts" / "make-users.sh"), "-f", str(tmp_path / "p"),
+                          "a1"], capture_output=True, text=True)
+    assert res.returncode == 0 and re.fullmatch(r"a1 \S{16,}\n", res.stdout)  # generated password shown once
+    assert (tmp_path / "p").read_text().startswith("a1:$7$")  # only the hash is stored
