@@ -55,7 +55,11 @@ _STARTED: list[Broker] = []
 
 
 class MosquittoUnavailable(RuntimeError):
-    """The `mosquitto` binary (or a script's tool) is missing."""
+    """The `mosquitto` binary (or a script's tool) is missing; the message says how to install it.
+
+    >>> "scripts/setup.sh" in str(MosquittoUnavailable(INSTALL_HINT))
+    True
+    """
 
 
 def find_mosquitto() -> str:
@@ -106,7 +110,15 @@ def render_conf(template: str, listeners: Mapping[str, str], settings: Mapping[s
 
 @dataclass
 class Broker:
-    """A running Mosquitto: where it listens, its credentials, and how to stop or restart it."""
+    """A running Mosquitto: where it listens, its credentials, and how to stop or restart it.
+
+    >>> with start_mosquitto("dev") as broker:
+    ...     cfg = broker.broker_config()
+    ...     (cfg.host, cfg.port == broker.port, broker.proc.poll())
+    ('127.0.0.1', True, None)
+    >>> broker.proc is None and not broker.workdir.exists()
+    True
+    """
 
     flavour: Literal["dev", "prod"]
     workdir: Path

@@ -353,3 +353,12 @@ def test_scripts_refuse_bad_names(tmp_path: Path) -> None:
                           "a1"], capture_output=True, text=True)
     assert res.returncode == 0 and re.fullmatch(r"a1 \S{16,}\n", res.stdout)  # generated password shown once
     assert (tmp_path / "p").read_text().startswith("a1:$7$")  # only the hash is stored
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from tests import brokers
+
+    result = doctest.testmod(brokers, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
