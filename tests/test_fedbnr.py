@@ -134,6 +134,20 @@ def test_prequential_predictions_and_metrics_match_oracle(sigma: float, lam: flo
     assert rel(m, om) < 1e-9 and rel(cov, ocov) < 1e-9
 
 
+def test_client_predict_one_returns_river_gaussian() -> None:
+    fmap = TanhMap(2, 5, seed=3)
+    client = FedBNRClient(fmap, sigma=0.4, lam=2.0)
+    x, y = make_data(20, seed=30)
+    for xi, yi in zip(x, y, strict=True):
+        client.learn_one(xi, yi)
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    om, ov = oracle_predictive(phi, y, fmap.transform_one(x[0]), 0.4, 2.0)
+    dist = client.predict_one(x[0], with_dist=True)
+    assert isinstance(dist, proba.Gaussian)
+    assert dist.mu == pytest.approx(om, rel=1e-9) and dist.sigma**2 == pytest.approx(ov, rel=1e-9)
+    assert client.predict_one(x[0]) == pytest.approx(om, rel=1e-9)
+
+
 def test_learn_many_equals_learn_loop() -> None:
     x, y = make_data(80, d=3, seed=3)
     a = FedBNRClient(n_inputs=3, n_features=8, bandwidth=(0.5, 2.0), sigma=0.3)

@@ -613,6 +613,16 @@ class FedBNRClient:
         self._cache = (x, phi, mu, var)  # learn(x, y) right after predict(x) reuses this
         return mu, var
 
+    def predict_one(self, x: np.ndarray, with_dist: bool = False) -> float | proba.Gaussian:
+        """River-style: the predictive mean, or with `with_dist` the predictive `river.proba.Gaussian`
+        `N(φᵀm, σ² + φᵀA⁻¹φ)`."""
+        mu, var = self.predict(x)
+        return proba.Gaussian._from_state(n=1, m=mu, var=var, ddof=0) if with_dist else mu
+
+    def learn_one(self, x: np.ndarray, y: float) -> None:
+        """Alias of :meth:`learn` (River naming)."""
+        self.learn(x, y)
+
     def predict_kernels(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each kernel's own predictive `(means (K,), variances (K,))`."""
         self.predict_features(self.features(x))
