@@ -28,7 +28,7 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -395,14 +395,10 @@ class FleetConfig(BaseModel):
         return 2 * self.n_features + extra
 
     # ---------------------------------------------------------------- wire schemas
-    @cached_property
+    @property
     def protocol_schema(self) -> ProtocolSchema:
-        """All message kinds of this fleet (computed once per configuration object)."""
-        schemas = SCHEMA_BUILDERS[self.algorithm](self) + common_schemas(self)
-        kinds = {s.kind: s for s in schemas}
-        if len(kinds) != len(schemas):
-            raise ValueError("two schema builders define the same kind")
-        return ProtocolSchema(self.fleet, kinds, self.seq_window)
+        """All message kinds of this fleet (computed once per distinct configuration)."""
+        return _protocol_schema(self)
 
     def message_schema(self, kind: str) -> MessageSchema:
         """The schema of one kind (`KeyError` for a kind this fleet does not exchange)."""
@@ -426,6 +422,17 @@ class FleetConfig(BaseModel):
     def global_kind(self) -> str:
         """The kind of this fleet's global model."""
         return self.protocol_schema.kinds_on(Channel.GLOBAL)[0]
+
+
+@lru_cache(maxsize=64)
+def _protocol_schema(cfg: FleetConfig) -> ProtocolSchema:
+    # Keyed by value (the model is frozen and hashable), not stored on the instance: `model_copy`
+    # copies an instance's __dict__, so a cached attribute would survive a changed copy.
+    schemas = SCHEMA_BUILDERS[cfg.algorithm](cfg) + common_schemas(cfg)
+    kinds = {s.kind: s for s in schemas}
+    if len(kinds) != len(schemas):
+        raise ValueError("two schema builders define the same kind")
+    return ProtocolSchema(cfg.fleet, kinds, cfg.seq_window)
 
 
 class BrokerConfig(BaseModel):

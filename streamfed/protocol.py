@@ -276,7 +276,7 @@ def decode(
     (the kinds accepted on this topic, else `unknown_kind`). Raises :class:`ProtocolError`, and only it.
 
     >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_kernels=1, n_features=1)
-    >>> decode(b"\\xc1", cfg)
+    >>> decode(b"\\xc1", cfg)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     streamfed.protocol.ProtocolError: not_msgpack: ...

@@ -124,12 +124,14 @@ def test_fedbnr_schema_from_configuration() -> None:
     assert set(BNR.array_shapes("fedbnr.global")) == {"S_upper", "b", "n", "q", "sigma", "lam", "log_evidence"}
     assert BNR.message_schema("fedbnr.global").max_included == 50
     assert "var" in BNR.array_shapes("prediction")
-    nobias = BNR.model_copy(update={"fedbnr_bias": False})
-    assert FleetConfig.model_validate(nobias.model_dump()).feature_dim == 2
+    assert BNR.message_schema("fedbnr.update").arrays[1].shape == (2, 3)
+    nobias = BNR.model_copy(update={"fedbnr_bias": False})  # schemas follow the copy, not the original
+    assert nobias.feature_dim == 2 and nobias.array_shapes("fedbnr.update")["b"] == ("float64", (2, 2))
 
 
 def test_protocol_schema_is_cached_per_configuration() -> None:
     assert POF.protocol_schema is POF.protocol_schema
+    assert POF.protocol_schema is FleetConfig.model_validate(POF.model_dump()).protocol_schema
 
 
 @pytest.mark.parametrize("cfg", [POF, BNR], ids=["pofmkl", "fedbnr"])
