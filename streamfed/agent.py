@@ -139,6 +139,9 @@ class AgentCore:
         self.counters = AgentCounters()
         self.global_version = 0
         self.global_received_at: float | None = None
+        # Set by the transport when its outgoing buffer is full: learning goes on, but updates stay in
+        # the learner (POF-MKL error feedback, FedBNR pending statistics) instead of becoming messages.
+        self.hold_uploads = False
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -214,7 +217,7 @@ class AgentCore:
             else:
                 mean, var = self.learner.predict(reading.x)
                 self.learner.learn(reading.x, y)
-                up = self.learner.make_upload()
+                up = None if self.hold_uploads else self.learner.make_upload()
                 if up is not None:
                     msgs = [self._stats_message(up)]
         except NonFiniteError:
@@ -232,7 +235,7 @@ class AgentCore:
             return [self._update_message(update)]
         assert self.ef is not None
         self.ef.add(update)
-        if self.steps % self.upload_every != self.upload_every - 1:
+        if self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1:
             return []
         taken = self.ef.take()
         return [] if taken is None else [self._update_message(taken)]

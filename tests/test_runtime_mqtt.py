@@ -1,0 +1,130 @@
+"""Agents and aggregator over a real Mosquitto (started by the fixtures on a free loopback port)."""
+
+import asyncio
+import contextlib
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from streamfed.agent import AgentCore
+from streamfed.aggregator import AggregatorCore
+from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.datasets import load_beijing
+from streamfed.features import RFFBank
+from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.protocol import decode
+from streamfed.replay import AlgorithmConfig
+from streamfed.runtime.agent import AgentService
+from streamfed.runtime.aggregator import AggregatorService
+from streamfed.sources import array_source
+from streamfed.topics import Channel, topic_filter
+
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def streams():
+    return load_beijing(normalisation="paper", split="station", steps=STEPS).streams[:4]
+
+
+async def run_fleet(agents, aggregator, timeout=60.0):
+    agg_task = asyncio.create_task(aggregator.run())
+    await asyncio.wait_for(aggregator.connected.wait(), 10)
+    tasks = [asyncio.create_task(a.run()) for a in agents]
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+    finally:
+        aggregator.stop()
+        for a in agents:
+            a.stop()
+        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+            await asyncio.wait_for(agg_task, 5)
+
+
+def test_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, streams):
+    cfg = FleetConfig(fleet="lockstep", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20,
+                      bin_size=2, seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2))
+    broker = mosquitto_dev.broker_config()
+    names = [s.name for s in streams]
+
+    async def main():
+        agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="lockstep"), broker)
+        agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), broker, array_source(s.X, s.y), linger=0.3)
+                  for i, (n, s) in enumerate(zip(names, streams, strict=True))]
+        await run_fleet(agents, agg)
+        return agg, agents
+
+    agg, agents = asyncio.run(main())
+    bank = RFFBank(AlgorithmConfig(n_kernels=4).specs(), 20, 10, seed=3)
+    ref = [POFMKLClient(bank, 0.05, 1e-4, 0.2, 2, rng=np.random.default_rng([3, c])) for c in range(4)]
+    srv = POFMKLServer(4, bank.dim)
+    run_lockstep(ref, srv, [s.X for s in streams], [s.y for s in streams])
+    assert agg.core.version == STEPS
+    assert np.max(np.abs(agg.core.server.theta - srv.theta)) <= 1e-12
+    for a, r in zip(agents, ref, strict=True):
+        assert a.core.learner.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-12)
+        assert a.core.global_version == STEPS  # the last global reached every agent
+    assert agg.core.rejected == {}
+
+
+def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
+    cfg = FleetConfig(fleet="bnr", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
+                      kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=10, fit_hyperparameters=False))
+    broker = mosquitto_dev.broker_config()
+    names = [s.name for s in streams[:3]]
+
+    async def main():
+        agg = AggregatorService(AggregatorCore(cfg, clients=names, window=0.05), broker)
+        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), linger=0.5)
+                  for i, (n, s) in enumerate(zip(names, streams[:3], strict=True))]
+        await run_fleet(agents, agg)
+        return agg, agents
+
+    agg, agents = asyncio.run(main())
+    phi = np.concatenate([agents[0].core.learner.features_many(s.X) for s in streams[:3]]).reshape(3 * STEPS, -1)
+    y = np.concatenate([s.y for s in streams[:3]])
+    st = agg.core.server.stats
+    assert st.n == 3 * STEPS  # 60 = 6 uploads of 10 per agent, all summed once
+    np.testing.assert_allclose(st.S[0], phi.T @ phi, rtol=1e-10, atol=1e-10)
+    # the centralised posterior mean, by numpy.linalg, equals the global one
+    sigma, lam = agg.core.server.sigma[0], agg.core.server.lam[0]
+    A = phi.T @ phi / sigma**2 + np.eye(phi.shape[1]) / lam**2
+    m_central = np.linalg.solve(A, phi.T @ y) / sigma**2
+    m_global = np.linalg.solve(st.S[0] / sigma**2 + np.eye(phi.shape[1]) / lam**2, st.b[0]) / sigma**2
+    np.testing.assert_allclose(m_global, m_central, rtol=1e-8, atol=1e-10)
+    for a in agents:  # each agent installed the final global with all its own uploads included
+        assert a.core.learner.global_version == agg.core.version
+
+
+def test_subscriber_receives_every_prediction(mosquitto_dev, streams):
+    cfg = FleetConfig(fleet="preds", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+    broker = mosquitto_dev.broker_config()
+    names = [s.name for s in streams[:2]]
+
+    async def main():
+        got = []
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs("viewer-preds")) as sub:
+            await sub.subscribe(topic_filter(Channel.PREDICTIONS, cfg.fleet), qos=1)
+            agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05), broker)
+            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y))
+                      for i, (n, s) in enumerate(zip(names, streams[:2], strict=True))]
+            await run_fleet(agents, agg)
+
+            async def collect():
+                async for m in sub.messages:
+                    got.append((m.topic.value, decode(m.payload, cfg, kinds=("prediction",))))
+                    if len(got) == 2 * STEPS:
+                        return
+            await asyncio.wait_for(collect(), 10)
+        return got
+
+    got = asyncio.run(main())
+    assert len(got) == 2 * STEPS
+    for topic, msg in got:
+        assert topic == f"streamfed/v1/preds/predictions/{msg.client}"
+        assert msg.arrays["mean"].shape == (1,) and np.isfinite(msg.arrays["mean"][0])
+        assert msg.global_version >= 0 and msg.meta["latency_s"] >= 0 and msg.meta["reading"]
+    for c in names:
+        seqs = [m.seq for _, m in got if m.client == c]
+        assert seqs == list(range(1, STEPS + 1))
