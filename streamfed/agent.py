@@ -29,6 +29,7 @@ from .config import MAX_META_STR, FleetConfig
 from .fleet import kernel_version, make_learner
 from .learners.fedbnr import GlobalModel
 from .learners.pofmkl import KernelUpdate, NonFiniteError, POFMKLClient
+from .metrics import AgentStats
 from .protocol import (
     Message,
     fedbnr_global_fields,
@@ -120,7 +121,8 @@ class AgentCore:
     """
 
     def __init__(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async",
-                 upload_every: int = 1, join_capacity: int = 10_000) -> None:
+                 upload_every: int = 1, join_capacity: int = 10_000, stats: AgentStats | None = None,
+                 stats_every: int = 16) -> None:
         self.cfg = cfg
         self.client_id = client_id
         self.index = index
@@ -142,6 +144,11 @@ class AgentCore:
         # Set by the transport when its outgoing buffer is full: learning goes on, but updates stay in
         # the learner (POF-MKL error feedback, FedBNR pending statistics) instead of becoming messages.
         self.hold_uploads = False
+        # Prometheus-facing numbers (read at scrape time); learner-side ones refreshed every
+        # `stats_every` samples (FedBNR's regret costs O(K·F³): refreshed per upload instead).
+        self.stats = stats or AgentStats(client_id, fleet=cfg.fleet, algorithm=cfg.algorithm)
+        self.stats_every = max(1, int(stats_every))
+        self.stats.update_from_learner(self.learner, regret=self.pofmkl)
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -157,7 +164,7 @@ class AgentCore:
         if reading.y is None:
             mean, var = self._predict(reading.x)
             if self.join.add(reading) is not None:  # the oldest unlabelled reading was dropped
-                self.counters.skip(SkipReason.LABEL_EVICTED)
+                self.on_skip(Skip(SkipReason.LABEL_EVICTED))
             self.counters.samples += 1
             return self._prediction(reading, mean, var, now), []
         return self._learn(reading, reading.y, now)
@@ -166,13 +173,14 @@ class AgentCore:
         """A delayed label: learn from the reading it names (unknown → skipped and counted)."""
         reading = self.join.match(label)
         if reading is None:
-            self.counters.skip(SkipReason.UNKNOWN_READING)
+            self.on_skip(Skip(SkipReason.UNKNOWN_READING))
             return []
         _, msgs = self._learn(reading, label.y, time.time() if now is None else now, predicted=True)
         return msgs
 
     def on_skip(self, skip: Skip) -> None:
         self.counters.skip(skip.reason)
+        self.stats.skip(skip.reason)
 
     def on_global(self, msg: Message, now: float | None = None) -> bool:
         """Install a decoded global if it is newer than the one in use. Returns whether it was."""
@@ -188,9 +196,11 @@ class AgentCore:
                     return False
         except ValueError:  # non-finite / wrong shape: keep the model we have
             self.counters.rejected_globals += 1
+            self.stats.saw_version(msg.global_version)
             return False
         self.global_version = msg.global_version
         self.global_received_at = time.time() if now is None else now
+        self.stats.global_received(msg.global_version)
         return True
 
     # ------------------------------------------------------------------ the work
@@ -221,13 +231,18 @@ class AgentCore:
                 if up is not None:
                     msgs = [self._stats_message(up)]
         except NonFiniteError:
-            self.counters.skip(SkipReason.NON_FINITE)
+            self.on_skip(Skip(SkipReason.NON_FINITE))
             return None, []
         self.steps += 1
         self.counters.learned += 1
         if not predicted:
             self.counters.samples += 1
         self.counters.sq_loss += (mean - y) ** 2
+        self.stats.observe_prediction(y, mean, max(0.0, time.time() - now), var)
+        if self.pofmkl and self.steps % self.stats_every == 0:
+            self.stats.update_from_learner(self.learner)
+        elif not self.pofmkl and msgs:
+            self.stats.update_from_learner(self.learner)
         return (None if predicted else self._prediction(reading, mean, var, now)), msgs
 
     def _pofmkl_uploads(self, update: KernelUpdate) -> list[Message]:
@@ -245,6 +260,7 @@ class AgentCore:
         out = []
         while self.ef is not None and (taken := self.ef.take()) is not None:
             out.append(self._update_message(taken))
+        self.stats.update_from_learner(self.learner)
         return out
 
     def _update_message(self, update: KernelUpdate) -> Message:

@@ -29,6 +29,7 @@ from .config import FleetConfig
 from .fleet import kernel_version, make_server
 from .learners.fedbnr import Upload
 from .learners.pofmkl import KernelUpdate, merge_updates
+from .metrics import AggregatorStats
 from .protocol import (
     Message,
     ProtocolError,
@@ -54,8 +55,12 @@ class AggregatorCounters:
     last_round_at: float = 0.0
     aggregation_seconds: list[float] = field(default_factory=list)  # recent, bounded
 
+    stats: AggregatorStats | None = None
+
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        if self.stats is not None:
+            self.stats.rejected(reason)
 
 
 class AggregatorCore:
@@ -78,7 +83,7 @@ class AggregatorCore:
 
     def __init__(self, cfg: FleetConfig, clients: Sequence[str] | None = None, mode: Mode = "lockstep",
                  quorum: int | None = None, round_timeout: float = 5.0, window: float = 0.5,
-                 sender: str = "aggregator") -> None:
+                 sender: str = "aggregator", stats: AggregatorStats | None = None) -> None:
         self.cfg = cfg
         self.pofmkl = cfg.algorithm == "pofmkl"
         self.mode: Mode = mode if self.pofmkl else "async"
@@ -95,6 +100,8 @@ class AggregatorCore:
         self.kernel_version = kernel_version(cfg)
         self.tracker = SeqTracker(cfg.seq_window)
         self.counters = AggregatorCounters()
+        self.stats = stats or AggregatorStats(cfg.fleet)
+        self.counters.stats = self.stats
         self._round: dict[int, dict[str, KernelUpdate]] = defaultdict(dict)  # lock-step: round → client → upd
         self._round_started: float | None = None
         self._heard: dict[str, list[KernelUpdate]] = defaultdict(list)  # async POF-MKL window
@@ -139,12 +146,14 @@ class AggregatorCore:
             self.counters.reject("invalid_update")
             return []
         self.counters.accepted += 1
+        self.stats.accepted(msg.client)
         return out
 
     def on_status(self, client: str, state: str, now: float | None = None) -> list[Message]:
         """An agent went offline (or came back): adjust who a lock-step round waits for."""
         if client not in self.order:
             return []
+        self.stats.heard(client)
         if state == "offline":
             self.expected.discard(client)
         else:
@@ -245,6 +254,7 @@ class AggregatorCore:
         self.counters.last_round_at = now
         lat = self.counters.aggregation_seconds
         lat.append(time.perf_counter() - t0)
+        self.stats.round_completed(self.version, lat[-1])
         if len(lat) > 4096:
             del lat[:2048]
         out = [self.global_message()]

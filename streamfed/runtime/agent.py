@@ -148,6 +148,7 @@ class AgentService:
                 if queue is self.updates:
                     self.core.counters.updates += 1
                     self.core.counters.bytes_uploaded += len(payload)
+                    self.core.stats.uploaded(len(payload))
                 else:
                     self.latencies.append(max(0.0, time.time() - msg.created + float(msg.meta.get("latency_s", 0.0))))
             if self._finished() or self._stop.is_set():
