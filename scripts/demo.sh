@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the main job on the embedded defaults: the Beijing fleet replay.
+# Set up (idempotent) and run the main job: a demo fleet on the embedded defaults (no configuration).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/streamfed replay --out out/demo "$@"
+exec .venv/bin/streamfed demo "$@"

@@ -97,6 +97,25 @@ def replay(
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
+@app.command()
+def demo(
+    duration: Annotated[float, typer.Option(help="seconds to run")] = 30.0,
+    agents: Annotated[int, typer.Option(help="agents (one per Beijing station, at most 12)")] = 12,
+    rate: Annotated[float, typer.Option(help="samples per second per agent")] = 100.0,
+    algorithm: Annotated[str, typer.Option(help="pofmkl or fedbnr")] = "pofmkl",
+    metrics_port: Annotated[int, typer.Option(help="Prometheus endpoint port (0: a free one)")] = 0,
+) -> None:
+    """A whole fleet on this machine: broker, aggregator and agents on the Beijing streams, live."""
+    import asyncio
+
+    from .demo import DemoOptions, run_demo
+
+    if algorithm not in ("pofmkl", "fedbnr"):
+        raise typer.BadParameter("algorithm must be pofmkl or fedbnr")
+    asyncio.run(run_demo(DemoOptions(duration=duration, agents=min(max(agents, 1), 12), rate=rate,
+                                     algorithm=algorithm, metrics_port=metrics_port), console))
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

@@ -47,7 +47,7 @@ class AgentService:
 
     def __init__(self, core: AgentCore, broker: BrokerConfig, source: AsyncIterator[Any] | None = None,
                  sensor_features: list[str] | None = None, prediction_buffer: int = 1000,
-                 update_buffer: int = 64, linger: float = 0.0) -> None:
+                 update_buffer: int = 64, linger: float = 0.0, max_inflight: int = 32) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -58,6 +58,7 @@ class AgentService:
         self.predictions: deque[Message] = deque(maxlen=prediction_buffer)
         self.updates: deque[Message] = deque()
         self.update_buffer = update_buffer
+        self.max_inflight = max_inflight
         self.dropped_predictions = 0
         self.linger = linger  # seconds to stay connected after the source ends (to receive a last global)
         self._work = asyncio.Event()
@@ -135,26 +136,44 @@ class AgentService:
 
     # ------------------------------------------------------------------ sending
     async def _send(self, client: aiomqtt.Client) -> None:
-        while True:
-            while self.updates or self.predictions:
-                # updates first: they carry the learning; each leaves the buffer only once published
-                queue = self.updates if self.updates else self.predictions
-                msg = queue[0]
-                payload = encode(msg)
-                topic = (updates_topic if queue is self.updates else predictions_topic)(self.fleet, self.client_id)
-                await client.publish(topic, payload, qos=1)
-                if queue and queue[0] is msg:
-                    queue.popleft()
-                if queue is self.updates:
-                    self.core.counters.updates += 1
-                    self.core.counters.bytes_uploaded += len(payload)
-                    self.core.stats.uploaded(len(payload))
-                else:
-                    self.latencies.append(max(0.0, time.time() - msg.created + float(msg.meta.get("latency_s", 0.0))))
-            if self._finished() or self._stop.is_set():
-                return
-            self._work.clear()
-            await self._work.wait()
+        """Publish buffered messages, updates first, with up to `max_inflight` QoS 1 publishes awaiting
+        their PUBACK at once (one at a time would cap an agent at one message per round trip). A message
+        leaves its buffer only when acknowledged; on a lost connection the unacknowledged ones go back
+        to the front, in order, and are sent again (the aggregator drops duplicates by seq)."""
+        inflight: dict[asyncio.Task[None], tuple[deque[Message], Message, int]] = {}
+        try:
+            while True:
+                while (self.updates or self.predictions) and len(inflight) < self.max_inflight:
+                    queue = self.updates if self.updates else self.predictions
+                    msg = queue.popleft()
+                    payload = encode(msg)
+                    topic = (updates_topic if queue is self.updates else predictions_topic)(self.fleet, self.client_id)
+                    task = asyncio.create_task(client.publish(topic, payload, qos=1))
+                    inflight[task] = (queue, msg, len(payload))
+                if inflight:
+                    done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        queue, msg, nbytes = inflight.pop(task)
+                        task.result()  # raises MqttError on a lost connection
+                        self._sent(queue is self.updates, msg, nbytes)
+                    continue
+                if self._finished() or self._stop.is_set():
+                    return
+                self._work.clear()
+                await self._work.wait()
+        finally:
+            for task, (queue, msg, _) in sorted(inflight.items(), key=lambda kv: -kv[1][1].seq):
+                task.cancel()
+                queue.appendleft(msg)  # back to the front, lowest seq first
+
+    def _sent(self, is_update: bool, msg: Message, nbytes: int) -> None:
+        if is_update:
+            self.core.counters.updates += 1
+            self.core.counters.bytes_uploaded += nbytes
+            self.core.stats.uploaded(nbytes)
+            self.core.hold_uploads = len(self.updates) >= self.update_buffer
+        else:
+            self.latencies.append(max(0.0, time.time() - msg.created + float(msg.meta.get("latency_s", 0.0))))
 
     def _queue(self, pred: Prediction | None, msgs: list[Message]) -> None:
         if pred is not None:
