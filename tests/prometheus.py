@@ -57,7 +57,11 @@ T = TypeVar("T")
 
 
 class PrometheusUnavailable(RuntimeError):
-    """The `prometheus` or `promtool` binary is missing."""
+    """The `prometheus` or `promtool` binary is missing; the message says how to install it.
+
+    >>> "scripts/setup.sh" in str(PrometheusUnavailable(INSTALL_HINT))
+    True
+    """
 
 
 def _which(name: str) -> str:
@@ -126,12 +130,21 @@ def scrape_config(jobs: Mapping[str, Sequence[str]], *, interval: str = "1s",
 
 
 class PrometheusError(RuntimeError):
-    """The HTTP API answered with an error."""
+    """The HTTP API answered with an error (e.g. a PromQL syntax error).
+
+    >>> str(PrometheusError("GET /api/v1/query: bad_data: parse error"))
+    'GET /api/v1/query: bad_data: parse error'
+    """
 
 
 @dataclass
 class Prometheus:
-    """A running Prometheus: its URL, HTTP API helpers, and how to stop it."""
+    """A running Prometheus (made by :func:`start_prometheus`): its URL, HTTP API helpers, and how to
+    stop it.
+
+    >>> Prometheus(Path("/tmp/w"), Path("/tmp/w/prometheus.yml"), port=9090).url
+    'http://127.0.0.1:9090'
+    """
 
     workdir: Path
     config: Path

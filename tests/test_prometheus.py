@@ -9,6 +9,7 @@ failure (`bash scripts/setup.sh` installs them), never a skip.
 
 from __future__ import annotations
 
+import doctest
 import json
 import math
 import re
@@ -45,9 +46,15 @@ PER_AGENT = re.compile(r"(?<!fleet:)streamfed_agent_")
 GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "1s", "$__range": "1m"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _tools() -> None:
+@pytest.fixture(scope="module")
+def tools() -> None:
+    """`prometheus` and `promtool` are installed — else every test using them fails, saying how to fix it."""
     prom.require(lambda msg: pytest.fail(msg, pytrace=False))
+
+
+def test_helper_doctests() -> None:
+    result = doctest.testmod(prom, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 4 and result.failed == 0
 
 
 # --------------------------------------------------------------------------- promtool on the shipped files
@@ -59,21 +66,21 @@ def check(res: Any) -> str:
     return out
 
 
-def test_promtool_check_config() -> None:
+def test_promtool_check_config(tools: None) -> None:
     out = check(prom.promtool("check", "config", str(prom.PROMETHEUS_CONFIG / "prometheus.yml")))
     assert "1 rule files found" in out and "WARNING" not in out, out
 
 
-def test_promtool_check_rules() -> None:
+def test_promtool_check_rules(tools: None) -> None:
     out = check(prom.promtool("check", "rules", str(RULES)))
     assert "6 rules found" in out
 
 
-def test_promtool_test_rules() -> None:
+def test_promtool_test_rules(tools: None) -> None:
     check(prom.promtool("test", "rules", str(prom.PROMETHEUS_CONFIG / "tests" / "streamfed.rules.test.yml")))
 
 
-def test_promtool_check_metrics_on_real_exposition() -> None:
+def test_promtool_check_metrics_on_real_exposition(tools: None) -> None:
     fleet = Fleet.build()
     fleet.run_rounds(60)
     big = StreamfedCollector([AgentStats(f"a{i}", fleet="big") for i in range(60)])  # no per-client histograms
@@ -254,7 +261,7 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[Live]:
+def live(tools: None) -> Iterator[Live]:
     fleet = Fleet.build()
     fleet.run_rounds(50)
     agents_srv, agents_port = serve_metrics(make_registry(fleet.agent_collector))
