@@ -285,7 +285,7 @@ class AgentStats:
         self.window.add(e2)
         if var is not None:
             self.interval_total += 1
-            if var >= 0.0 and e2 <= Z95 * Z95 * var:  # |e| <= z·sd without a sqrt
+            if var >= 0.0 and abs(e) <= Z95 * math.sqrt(var):  # as FedBNR's own PrequentialMetrics
                 self.interval_hits += 1
         if latency_s is not None:
             self.latency.observe(latency_s)
