@@ -14,7 +14,7 @@ fi
 
 # Debian packages used by the tests (real broker / real Prometheus). Installed only when missing.
 need=()
-for pkg in ${STREAMFED_APT_PACKAGES:-mosquitto mosquitto-clients prometheus}; do
+for pkg in ${STREAMFED_APT_PACKAGES:-mosquitto mosquitto-clients openssl prometheus}; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

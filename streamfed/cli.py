@@ -116,6 +116,127 @@ def demo(
                                      algorithm=algorithm, metrics_port=metrics_port), console))
 
 
+def _serve_metrics(stats: list, port: int | None, host: str = "127.0.0.1") -> object | None:
+    if port is None:
+        return None
+    from .metrics import AggregatorStats, StreamfedCollector, make_registry, serve_metrics
+
+    agents = [s for s in stats if not isinstance(s, AggregatorStats)]
+    aggs = [s for s in stats if isinstance(s, AggregatorStats)]
+    server, bound = serve_metrics(make_registry(StreamfedCollector(agents, aggs)), host=host, port=port)
+    console.print(f"metrics on http://{host}:{bound}/metrics")
+    return server
+
+
+@app.command()
+def aggregator(
+    config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
+    clients: Annotated[str | None, typer.Option(help="comma-separated client ids, in fleet order")] = None,
+    mode: Annotated[str, typer.Option(help="lockstep or async (POF-MKL); FedBNR is always async")] = "async",
+    window: Annotated[float, typer.Option(help="async aggregation window, seconds")] = 0.5,
+    quorum: Annotated[int | None, typer.Option(help="lock-step: close a round with this many after a timeout")] = None,
+    round_timeout: Annotated[float, typer.Option(help="lock-step round timeout, seconds")] = 5.0,
+    shared_group: Annotated[str | None, typer.Option(help="MQTT v5 shared-subscription group")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+) -> None:
+    """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
+    import asyncio
+
+    from .aggregator import AggregatorCore
+    from .config import load_config
+    from .runtime.aggregator import AggregatorService
+
+    cfg = load_config(config)
+    ids = [c.strip() for c in clients.split(",")] if clients else None
+    core = AggregatorCore(cfg.fleet, clients=ids, mode=mode, quorum=quorum, round_timeout=round_timeout,  # type: ignore[arg-type]
+                          window=window)
+    server = _serve_metrics([core.stats], metrics_port)
+    console.print(f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
+                  f"{cfg.broker.host}:{cfg.broker.port}")
+    try:
+        asyncio.run(AggregatorService(core, cfg.broker, shared_group=shared_group).run())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.close()  # type: ignore[attr-defined]
+
+
+@app.command()
+def agent(
+    config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
+    client: Annotated[str, typer.Option(help="this agent's client id")],
+    index: Annotated[int, typer.Option(help="this client's position in the fleet (seeds its draws)")] = 0,
+    source: Annotated[str, typer.Option(
+        help="mqtt (JSON readings on the sensor topic), csv:PATH, jsonl (stdin) or river:DATASET")] = "mqtt",
+    features: Annotated[str | None, typer.Option(help="comma-separated input names, in order")] = None,
+    target: Annotated[str | None, typer.Option(help="CSV: the label column")] = None,
+    rate: Annotated[float | None, typer.Option(help="CSV/River replay: samples per second")] = None,
+    mode: Annotated[str, typer.Option(help="async or lockstep (POF-MKL)")] = "async",
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+) -> None:
+    """Run one edge agent: predict, learn, publish predictions and bounded updates."""
+    import asyncio
+
+    from . import sources
+    from .agent import AgentCore
+    from .config import load_config
+    from .runtime.agent import AgentService
+
+    cfg = load_config(config)
+    names = [f.strip() for f in features.split(",")] if features else None
+    if names is not None and len(names) != cfg.fleet.n_inputs:
+        raise typer.BadParameter(f"{len(names)} features for a fleet with n_inputs={cfg.fleet.n_inputs}")
+    src = None
+    if source.startswith("csv:"):
+        if not (names and target):
+            raise typer.BadParameter("a CSV source needs --features and --target")
+        src = sources.csv_source(source[4:], target, names, rate_hz=rate)
+    elif source == "jsonl":
+        src = sources.jsonl_source(features=names or [f"x{i}" for i in range(cfg.fleet.n_inputs)])
+    elif source.startswith("river:"):
+        from river import datasets
+
+        src = sources.river_source(getattr(datasets, source[6:])(), rate_hz=rate, features=names)
+    elif source != "mqtt":
+        raise typer.BadParameter(f"unknown source {source!r}")
+    core = AgentCore(cfg.fleet, client, index, mode=mode)  # type: ignore[arg-type]
+    svc = AgentService(core, cfg.broker, src,
+                       sensor_features=(names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None)
+    server = _serve_metrics([core.stats], metrics_port)
+    console.print(f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
+                  f"{cfg.broker.host}:{cfg.broker.port}, source {source}")
+    try:
+        asyncio.run(svc.run())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.close()  # type: ignore[attr-defined]
+
+
+@app.command()
+def subscribe(
+    fleet: Annotated[str, typer.Option(help="fleet name")],
+    config: Annotated[Path | None, typer.Option(help="configuration file (for the broker section)")] = None,
+    host: Annotated[str, typer.Option(help="broker host (without --config)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="broker port (without --config)")] = 1883,
+    count: Annotated[int | None, typer.Option(help="exit after this many predictions")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON line per prediction")] = False,
+) -> None:
+    """A live view of a fleet's predictions (or JSON lines with --json)."""
+    import asyncio
+
+    from .config import BrokerConfig, load_config
+    from .subscribe import watch
+
+    broker = load_config(config).broker if config else BrokerConfig(host=host, port=port)
+    try:
+        asyncio.run(watch(fleet, broker, console, count=count, as_json=as_json))
+    except KeyboardInterrupt:
+        pass
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

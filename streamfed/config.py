@@ -279,11 +279,11 @@ class POFMKLParams(BaseModel):
     """POF-MKL hyperparameters (ALGORITHMS.md §2); defaults match `POFMKLClient`.
 
     >>> POFMKLParams().eta
-    0.05
+    0.005
     """
 
     model_config = _STRICT
-    eta: float = Field(0.05, gt=0, allow_inf_nan=False)
+    eta: float = Field(0.005, gt=0, allow_inf_nan=False)
     lam: float = Field(1e-4, ge=0, allow_inf_nan=False)
     xi: float = Field(0.1, ge=0, le=1)
 
