@@ -334,21 +334,18 @@ class AgentStats:
         :class:`~streamfed.learners.pofmkl.POFMKLClient` and
         :class:`~streamfed.learners.fedbnr.FedBNRClient` both work:
 
-        * steps, cumulative loss, best kernel in hindsight and regret — POF-MKL: `n_steps`,
-          `cumulative_loss`, `min(kernel_losses)`, `regret`; FedBNR: `regret()` (skipped when
-          `regret=False`: it costs O(K·F³)), or `metrics` for steps and loss;
+        * steps, cumulative loss, best kernel in hindsight and regret, from one consistent read —
+          POF-MKL: `n_steps`, `cumulative_loss`, `min(kernel_losses)`, `regret` (O(N)); FedBNR:
+          `regret()`, which costs O(K·F³) and is skipped when `regret=False` (the previous values
+          stay; the running MSE comes from :meth:`observe_prediction` anyway);
         * kernel weights with their names (`bank.kernel_names` or `kernel_names`);
         * the global version in use (a change is recorded as received now).
         """
         r = getattr(learner, "regret", None)
         if callable(r):  # FedBNR: a dict of n, loss, ridge_loss, regret
-            if regret:
+            if regret:  # all four from one read, so that R/T pairs R with its own T
                 d = r()
                 self.set_learner_losses(int(d["n"]), d["loss"], d["ridge_loss"], d["regret"])
-            else:
-                m = getattr(learner, "metrics", None)
-                if m is not None:
-                    self.learner_steps, self.learner_loss = int(m.count), float(m.sq_loss)
         elif r is not None:  # POF-MKL: properties
             self.set_learner_losses(_attr(learner, "n_steps"), _attr(learner, "cumulative_loss"),
                                     float(min(_attr(learner, "kernel_losses"))), float(r))
@@ -468,6 +465,10 @@ class AggregatorStats:
             self.global_version = int(version)
         if duration_s is not None:
             self.aggregation.observe(duration_s)
+
+    def set_global_version(self, version: int) -> None:
+        """The newest global is `version` without a round here (e.g. restored from a retained message)."""
+        self.global_version = int(version)
 
     def active_clients(self, now: float | None = None) -> int:
         """Clients heard within the last `active_window_s` seconds."""
