@@ -125,6 +125,7 @@ def main() -> None:
     ap.add_argument("--hours", type=int, default=None, help="stop after this many hours (quick runs)")
     ap.add_argument("--seed", type=int, default=0, help="random-feature seed")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--append", action="store_true", help="append to --out instead of overwriting it")
     args = ap.parse_args()
 
     t_load = time.perf_counter()
@@ -145,7 +146,10 @@ def main() -> None:
 
     argv = " ".join(sys.argv[1:])
     lines = [
-        "## Online FedBNR on the Beijing air-quality streams",
+        "### Online FedBNR on the Beijing air-quality streams: "
+        + ("exact FedBNR" if args.others_weight == 1.0 else f"others_weight = {args.others_weight}")
+        + (f", forgetting {args.forgetting:g}" if args.forgetting != 1.0 else "")
+        + (f", first {args.hours} h" if args.hours is not None else ""),
         "",
         f"Command: `.venv/bin/python examples/fedbnr_beijing.py{(' ' + argv) if argv else ''}`",
         "",
@@ -190,7 +194,8 @@ def main() -> None:
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        with args.out.open("a" if args.append else "w") as fh:
+            fh.write(text + "\n")
 
 
 if __name__ == "__main__":

@@ -467,6 +467,9 @@ class FedBNRClient:
             if not maps:
                 raise ValueError("a kernel dictionary needs at least one feature map")
             self._features = _MapList(maps)
+        # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
+        self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
+            self._features.bank._wt, self._features.bank._angles, self._features.bank.n_inputs)
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         if int(min_upload) < 1:
@@ -598,12 +601,13 @@ class FedBNRClient:
     def predict(self, x: np.ndarray) -> tuple[float, float]:
         """Predictive `(mean, variance)` at `x`: `N(φᵀm, σ² + φᵀA⁻¹φ)` (moment-matched over kernels)."""
         x = np.array(x, dtype=np.float64)  # our own copy: it is cached
-        feats = self._features
-        if isinstance(feats, _DefaultFeatures) and x.ndim == 1 and x.shape[0] == feats.bank.n_inputs:
+        fast = self._fast
+        if fast is not None and x.ndim == 1 and x.shape[0] == fast[2]:
             # Hot path: features and predictive in one numba call.
             phi = np.empty((self.n_kernels, self.dim))
-            ok, mu, var = kern.predict_rff(feats.bank._wt, x, feats.bank._angles, phi, self._ra, self.sigma,
-                                           self._log_weights(), self._work, self._means, self._vars)
+            lw = self._logw if not self._logw_dirty else self._log_weights()
+            ok, mu, var = kern.predict_rff(fast[0], x, fast[1], phi, self._ra, self.sigma, lw, self._work,
+                                           self._means, self._vars)
             if not ok:
                 raise ValueError("input contains a non-finite value")
         else:
@@ -652,7 +656,7 @@ class FedBNRClient:
 
     def learn(self, x: np.ndarray, y: float) -> None:
         """Predict `x` (prequential metrics), then add `(x, y)`: `O(F²)` per kernel."""
-        y = self._check_target(y)
+        y = self._check_target(y)  # a Python float from here on: numpy scalar arithmetic is slow
         cache = self._cache
         x = np.ascontiguousarray(x, dtype=np.float64)
         if cache is not None and x.ndim == 1 and kern.same_vector(cache[0], x):
@@ -662,7 +666,13 @@ class FedBNRClient:
             mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
                                            self._means, self._vars)
         self._learn_checked(phi, y)
-        self.metrics.update(mu, var, y)
+        # PrequentialMetrics.update, inlined (per-sample hot path).
+        m = self.metrics
+        r = y - mu
+        m.count += 1
+        m.sq_loss += r * r
+        m.covered += abs(r) <= Z95 * math.sqrt(var)
+        m.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
 
     def learn_features(self, phi: np.ndarray, y: float) -> None:
         """:meth:`learn` for precomputed features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
