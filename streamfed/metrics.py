@@ -95,11 +95,17 @@ AGGREGATION_BUCKETS: tuple[float, ...] = (
     1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Reason series created at zero up front: rate()/increase() cannot see the first increment of a
 # series that appears with value 1, so an alert on "rejections > 0" would miss a lone first one.
-DEFAULT_SKIP_REASONS: tuple[str, ...] = ("bad_input", "non_finite")
+# Kept literal (this module imports nothing of the runtime); tests/test_metrics.py checks that they
+# cover streamfed.sources.SkipReason and streamfed.protocol.Reason.
+DEFAULT_SKIP_REASONS: tuple[str, ...] = (
+    "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "unknown_reading",
+    "label_evicted", "duplicate",
+)
 DEFAULT_REJECT_REASONS: tuple[str, ...] = (
     "too_large", "not_msgpack", "bad_schema", "unknown_kind", "wrong_fleet", "bad_client", "bad_array",
     "wrong_shape", "wrong_dtype", "non_finite", "bad_index", "bad_seq", "stale_seq", "wrong_kernel_version",
-)  # the values of streamfed.protocol.Reason (kept literal: this module imports nothing of the runtime)
+    "unknown_client", "invalid_update", "late",  # the aggregator's own, beyond the codec's
+)
 
 _INF = math.inf
 
@@ -231,7 +237,7 @@ class AgentStats:
     >>> s.observe_prediction(0.0, 0.1, var=1.0)     # Bayesian learners pass the predictive variance
     >>> s.interval_hits, s.interval_total, s.coverage
     (1, 1, 1.0)
-    >>> s.skip("bad_input"); s.uploaded(2048); s.skipped["bad_input"], s.upload_bytes
+    >>> s.skip("malformed"); s.uploaded(2048); s.skipped["malformed"], s.upload_bytes
     (1, 2048)
     """
 
@@ -292,6 +298,7 @@ class AgentStats:
 
     def skip(self, reason: str, n: int = 1) -> None:
         """Count `n` samples dropped before scoring (bad input, non-finite result, ...)."""
+        reason = str(getattr(reason, "value", reason))  # an Enum member counts under its value
         self.skipped[reason] = self.skipped.get(reason, 0) + n
 
     def uploaded(self, nbytes: int, messages: int = 1) -> None:
@@ -451,6 +458,7 @@ class AggregatorStats:
 
     def rejected(self, reason: str, n: int = 1) -> None:
         """`n` updates were rejected for `reason` (e.g. a :class:`streamfed.protocol.Reason` value)."""
+        reason = str(getattr(reason, "value", reason))  # an Enum member counts under its value
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + n
 
     def heard(self, client: str) -> None:

@@ -21,6 +21,8 @@ from streamfed.features import RFFBank, gaussian_dictionary
 from streamfed.learners.fedbnr import FedBNRClient
 from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer
 from streamfed.metrics import (
+    DEFAULT_REJECT_REASONS,
+    DEFAULT_SKIP_REASONS,
     PREDICTION_BUCKETS,
     Z95,
     AgentStats,
@@ -31,6 +33,8 @@ from streamfed.metrics import (
     make_registry,
     serve_metrics,
 )
+from streamfed.protocol import Reason
+from streamfed.sources import SkipReason
 
 
 def test_doctests() -> None:
@@ -119,13 +123,15 @@ def test_observe_prediction_against_recomputation() -> None:
 
 
 def test_skips_and_non_finite_predictions() -> None:
-    s = AgentStats("a")
-    assert s.skipped == {"bad_input": 0, "non_finite": 0}  # known reasons exist at zero from the start
-    s.skip("bad_input")
+    s = AgentStats("a", skip_reasons=("malformed", "non_finite"))
+    assert s.skipped == {"malformed": 0, "non_finite": 0}  # known reasons exist at zero from the start
+    s.skip("malformed")
     s.skip("sensor_gap", 3)
+    s.skip(Reason.NON_FINITE)  # an enum member counts under its value
     s.observe_prediction(1.0, math.nan)
     s.observe_prediction(1e200, -1e200)  # the squared error overflows
-    assert s.skipped == {"bad_input": 1, "non_finite": 2, "sensor_gap": 3}
+    assert s.skipped == {"malformed": 1, "non_finite": 3, "sensor_gap": 3}
+    assert all(type(k) is str for k in s.skipped)
     assert s.samples == 0 and s.sq_error_sum == 0.0 and math.isnan(s.mse) and math.isnan(s.coverage)
 
 
@@ -226,6 +232,15 @@ def test_from_learner_needs_a_client_id() -> None:
         AgentStats.from_learner(POFMKLClient(bank, rng=0))
 
 
+def test_default_reasons_cover_the_runtime_s() -> None:
+    # pre-created at zero so that rate() sees a first skip or rejection (see the module's comment)
+    skip_reasons = {v for k, v in vars(SkipReason).items() if k.isupper()}
+    assert skip_reasons and skip_reasons <= set(DEFAULT_SKIP_REASONS)
+    assert {r.value for r in Reason} <= set(DEFAULT_REJECT_REASONS)
+    assert set(AgentStats("a").skipped) == set(DEFAULT_SKIP_REASONS)
+    assert set(AggregatorStats().rejected_by_reason) == set(DEFAULT_REJECT_REASONS)
+
+
 # --------------------------------------------------------------------------- aggregator stats
 
 
@@ -260,7 +275,7 @@ def test_collector_exposes_the_stats_values() -> None:
     agent = AgentStats("c1", fleet="f", algorithm="pofmkl", clock=lambda: t[0], window=2)
     agent.observe_prediction(1.0, 0.0, 0.0002)
     agent.observe_prediction(0.0, 0.5, 0.003, var=1.0)
-    agent.skip("bad_input")
+    agent.skip("malformed")
     agent.uploaded(128)
     agent.set_learner_losses(2, 1.25, 1.0)
     agent.set_kernel_weights([0.25, 0.75], ["gaussian:1.0", "laplacian:2.0"])
@@ -276,7 +291,7 @@ def test_collector_exposes_the_stats_values() -> None:
     expected = {
         ("streamfed_agent_info", lab(fleet="f", client="c1", algorithm="pofmkl")): 1.0,
         ("streamfed_agent_samples_total", a): 2.0,
-        ("streamfed_agent_samples_skipped_total", lab(fleet="f", client="c1", reason="bad_input")): 1.0,
+        ("streamfed_agent_samples_skipped_total", lab(fleet="f", client="c1", reason="malformed")): 1.0,
         ("streamfed_agent_samples_skipped_total", lab(fleet="f", client="c1", reason="non_finite")): 0.0,
         ("streamfed_agent_learner_steps_total", a): 2.0,
         ("streamfed_agent_cumulative_loss", a): 1.25,

@@ -241,7 +241,7 @@ class Fleet:
         if self.t % 40 == 7:
             self.aggregator.rejected("stale_seq")
         if self.t % 90 == 13:
-            self.agents[self.t % 3].skip("bad_input")
+            self.agents[self.t % 3].skip("malformed")
         self.t += 1
 
     def finish(self) -> None:
