@@ -97,11 +97,13 @@ def bench_stream(d: int, n_feat: int, n: int, repeats: int, bandwidth: float) ->
             m.learn_one(dicts_phi[i], y[i])
         return m
 
-    # Warm-up (numba compilation, caches) on a short prefix.
+    # Warm-up: loads every numba kernel from the cache (or compiles it) and touches the data.
     c = FedBNRClient(n_inputs=d, n_features=n_feat, bandwidth=bandwidth, sigma=sigma, lam=1.0)
-    for i in range(5):
+    for i in range(min(n, 100)):
         c.predict(x[i])
         c.learn(x[i], y[i])
+    run_ours_river()
+    run_river()
 
     ours, ours_river, theirs = [], [], []
     last: dict = {}
@@ -181,7 +183,9 @@ def main() -> None:
         f"median of {args.repeats} runs of the mean per-sample time).",
         "",
         f"Machine: {cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"numpy {np.__version__}, numba {numba.__version__}, river {river.__version__}.",
+        f"numpy {np.__version__}, numba {numba.__version__}, river {river.__version__}; "
+        f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}; load average at the end "
+        f"{', '.join(f'{v:.2f}' for v in os.getloadavg())} (the machine was shared with other jobs).",
         "",
         "Each step is prequential: predict with the predictive variance, then learn. FedBNR times include "
         "computing the Gaussian random features (D = (F-1)/2 frequencies + bias) from the raw input; "
