@@ -886,7 +886,8 @@ class FedBNRClient:
         """Install a global (one refactorisation). Returns `False` (and changes nothing) for a global not
         newer than the installed one. The working posterior becomes `global + own uploads not contained
         in it + pending` (with forgetting: the current decayed posterior plus the other clients'
-        statistics that are new in this global)."""
+        statistics that are new in this global; with `others_weight = α < 1`, the other clients' part
+        counts α times — α re-chosen here when `"auto"`). `σ, λ` are taken from the global."""
         if g.kernel_version != self.kernel_version or g.epoch != self.epoch:
             raise ValueError(f"global is for kernel version {g.kernel_version!r}/epoch {g.epoch}, "
                              f"this client uses {self.kernel_version!r}/epoch {self.epoch}")
