@@ -39,7 +39,6 @@ from .protocol import (
     fedbnr_global_message,
     pofmkl_global_message,
     stats_fields,
-    to_kernel_update,
 )
 
 __all__ = ["AggregatorCore"]
@@ -99,6 +98,8 @@ class AggregatorCore:
         self.server = make_server(cfg)
         self.kernel_version = kernel_version(cfg)
         self.tracker = SeqTracker(cfg.seq_window)
+        self.schema = cfg.protocol_schema  # resolved once: decode runs for every payload
+        self._update_kinds = (cfg.update_kind,)
         self.counters = AggregatorCounters()
         self.stats = stats or AggregatorStats(cfg.fleet)
         self.counters.stats = self.stats
@@ -130,8 +131,8 @@ class AggregatorCore:
         """Validate and take in one update payload; returns messages to publish (globals, acks)."""
         now = time.time() if now is None else now
         try:
-            msg = decode(payload, self.cfg, kernel_version=self.kernel_version, client=topic_client,
-                         kinds=(self.cfg.update_kind,))
+            msg = decode(payload, self.schema, kernel_version=self.kernel_version, client=topic_client,
+                         kinds=self._update_kinds)
             if self.clients and msg.client not in self.order:
                 self.counters.reject("unknown_client")
                 return []
@@ -171,7 +172,8 @@ class AggregatorCore:
 
     # ------------------------------------------------------------------ POF-MKL
     def _take_pofmkl(self, msg: Message, now: float) -> list[Message]:
-        update = to_kernel_update(msg)
+        # the decoded read-only views are enough: the server only reads an update (no copy per message)
+        update = KernelUpdate(msg.arrays["kernels"], msg.arrays["delta"], msg.n_samples)
         if self.mode == "lockstep":
             r = msg.seq
             if r <= self.version:  # its round is closed (it was left out after a timeout)

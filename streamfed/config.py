@@ -171,7 +171,7 @@ class MessageSchema:
     def array_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.arrays)
 
-    @property
+    @cached_property  # read for every decoded payload; the schema is immutable
     def max_bytes(self) -> int:
         """Upper bound of an encoded message of this kind, with 10 % + 1 KiB headroom."""
         data = sum(a.max_nbytes(self.dims) + _ARRAY_OVERHEAD + 8 * len(a.shape) for a in self.arrays)
