@@ -110,7 +110,7 @@ class Skip:
     detail: str = ""
 
 
-_ID_INT_LIMIT = 10 ** (MAX_ID_LEN - 1)
+_ID_INT_LIMIT = 10**MAX_ID_LEN
 _MISSING = object()  # a feature with no value (absent, JSON null, an NA cell)
 
 
