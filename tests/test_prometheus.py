@@ -292,11 +292,12 @@ def live(tools: None) -> Iterator[Live]:
         feeder.join()
         fleet.finish()
         stopped_at = time.time()
-        # one scrape of each target after the last update, and one rule evaluation after that
-        p.wait_for(lambda: min(p.values("timestamp(up)").values()) > stopped_at + 0.1 and
-                   min(p.values("timestamp(client:streamfed_agent_regret_per_sample:ratio)").values())
-                   > max(p.values("timestamp(up)").values()),
-                   timeout=15, what="a scrape and a rule evaluation after the fleet stopped")
+        # a scrape of each target after the last update (then every scrape reads the final values) ...
+        scraped = p.wait_for(lambda: (ts := p.values("timestamp(up)").values()) and min(ts) > stopped_at + 0.05
+                             and max(ts), timeout=15, what="a scrape of both targets after the fleet stopped")
+        # ... and a rule evaluation after that scrape was stored (a scrape is stamped when it starts)
+        p.wait_for(lambda: min(p.values("timestamp(client:streamfed_agent_regret_per_sample:ratio)").values())
+                   > scraped + 0.3, timeout=15, what="a rule evaluation after that scrape")
         yield Live(fleet, p, servers, stopped_at)
     finally:
         stop.set()
