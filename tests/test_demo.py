@@ -1,0 +1,50 @@
+"""`streamfed demo` end to end: embedded Mosquitto, aggregator, agents, metrics endpoint, summary."""
+
+import asyncio
+import io
+import urllib.request
+
+from rich.console import Console
+
+from streamfed import demo as demo_mod
+from streamfed.broker import dev_config
+from streamfed.demo import DemoOptions, run_demo
+
+
+def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch):
+    scraped = {}
+    real_serve = demo_mod.serve_metrics
+
+    def serve_and_remember(registry, host, port):  # scrape the endpoint while the fleet runs
+        server, bound = real_serve(registry, host=host, port=port)
+        scraped["url"] = server.url
+        return server, bound
+
+    monkeypatch.setattr(demo_mod, "serve_metrics", serve_and_remember)
+    out = io.StringIO()
+    console = Console(file=out, width=120)
+
+    async def main():
+        task = asyncio.create_task(run_demo(DemoOptions(duration=4.0, agents=3, rate=100.0), console))
+        while "url" not in scraped:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(scraped["url"], timeout=5).read().decode())
+        return await task, body
+
+    summary, body = asyncio.run(main())
+    text = out.getvalue()
+    assert summary["broker"] == "mosquitto" and "Mosquitto" in text
+    assert summary["agents"] == 3 and summary["samples"] > 300  # ~100 samples/s per agent for ~4 s
+    assert summary["updates_accepted"] > 0 and summary["updates_rejected"] == 0
+    assert summary["global_version"] > 0
+    assert "summary" in text and "metrics" in text
+    assert 'streamfed_agent_regret{client="Aotizhongxin",fleet="demo"}' in body
+    assert "streamfed_aggregator_global_version" in body
+
+
+def test_dev_config_moves_the_listener_and_drops_persistence():
+    conf = dev_config(12345)
+    assert "listener 12345 127.0.0.1" in conf
+    assert "persistence false" in conf and "persistence_location" not in conf
+    assert "listener 1883" not in conf
