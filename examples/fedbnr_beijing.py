@@ -52,6 +52,7 @@ def run(fleet, federated: bool, args) -> dict:
     clients = [FedBNRClient(n_inputs=fleet.n_inputs, n_features=args.n_features, bandwidth=bws,
                             seed=args.seed, min_upload=args.min_upload, forgetting=args.forgetting,
                             others_weight=args.others_weight if federated else 1.0,
+                            local_hyperparameters=args.local_hyperparameters,
                             client_id=name) for name in names]
     if federated:
         shared = FedBNRServer.for_client(clients[0])
@@ -120,6 +121,8 @@ def main() -> None:
     ap.add_argument("--others-weight", type=lambda v: v if v == "auto" else float(v), default=1.0,
                     help="federated only: power-prior weight α of the other stations' statistics "
                          "(1 = exact FedBNR, 'auto' = chosen by each station's evidence)")
+    ap.add_argument("--local-hyperparameters", action="store_true",
+                    help="each station refits σ, λ by evidence on its own working statistics (both modes)")
     ap.add_argument("--min-upload", type=int, default=32, help="privacy floor: samples per upload")
     ap.add_argument("--round-hours", type=int, default=32, help="hours per lock-step round")
     ap.add_argument("--hours", type=int, default=None, help="stop after this many hours (quick runs)")
@@ -149,6 +152,7 @@ def main() -> None:
         "### Online FedBNR on the Beijing air-quality streams: "
         + ("exact FedBNR" if args.others_weight == 1.0 else f"others_weight = {args.others_weight}")
         + (f", forgetting {args.forgetting:g}" if args.forgetting != 1.0 else "")
+        + (", local σ/λ" if args.local_hyperparameters else "")
         + (f", first {args.hours} h" if args.hours is not None else ""),
         "",
         f"Command: `.venv/bin/python examples/fedbnr_beijing.py{(' ' + argv) if argv else ''}`",
@@ -160,7 +164,8 @@ def main() -> None:
         f"bandwidths {', '.join(f'{b:g}' for b in args.bandwidth)}"
         + (" (dictionary, Bayesian model average by evidence)" if len(args.bandwidth) > 1 else "")
         + f"; forgetting γ = {args.forgetting:g}; uploads of ≥ {args.min_upload} samples; lock-step rounds "
-        f"of {args.round_hours} h; σ, λ refitted by evidence at every broadcast.",
+        f"of {args.round_hours} h; σ, λ refitted by evidence at every broadcast"
+        + (" and by each station on its working statistics." if args.local_hyperparameters else "."),
         "",
         "Prequential metrics in standardised units (predict, then learn). Federated: one server sums all "
         "stations; local-only: same learner and schedule, a private server per station.",

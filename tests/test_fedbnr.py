@@ -700,3 +700,26 @@ def test_auto_others_weight_maximises_the_evidence_of_own_data() -> None:
         prior = others.scaled(a_)
         got = float(log_evidence(prior + own_st, sigma, lam)[0] - log_evidence(prior, sigma, lam)[0])
         assert got == pytest.approx(sc, rel=1e-8, abs=1e-8)
+
+
+def test_local_hyperparameters_are_fitted_on_the_working_statistics() -> None:
+    fmap = TanhMap(2, 6, seed=10)
+    x, y = make_data(150, seed=24, noise=0.3)
+    me = FedBNRClient(fmap, min_upload=10, client_id="me", others_weight=0.2, local_hyperparameters=True)
+    other = FedBNRClient(fmap, min_upload=10, client_id="other")
+    server = FedBNRServer(6, kernel_version=fmap.version, min_samples=10)
+    me.learn_many(x[:50], y[:50])
+    server.apply(me.make_upload())
+    other.learn_many(x[50:], 3.0 * y[50:])  # another noise level: the global's σ is not this client's
+    server.apply(other.make_upload())
+    g = server.publish()
+    me.apply_global(g)
+    phi = np.stack([fmap.transform_one(xi) for xi in x])
+    ws = SufficientStats.from_samples(phi[:50], y[:50]) + SufficientStats.from_samples(
+        phi[50:], 3.0 * y[50:]).scaled(0.2)
+    sigma, lam, _ = fit_hyperparameters(ws.S, ws.b, ws.n, ws.q)
+    assert me.sigma[0] == pytest.approx(sigma, rel=1e-6) and me.lam[0] == pytest.approx(lam, rel=1e-6)
+    assert abs(me.sigma[0] - g.sigma[0]) > 0.05
+    m, _ = me.posterior()
+    a = ws.S / sigma**2 + np.eye(6) / lam**2
+    assert rel(m, np.linalg.solve(a, ws.b / sigma**2)) < 1e-6

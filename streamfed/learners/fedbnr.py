@@ -452,6 +452,7 @@ class FedBNRClient:
         min_upload: int = 32,
         forgetting: float = 1.0,
         others_weight: float | str = 1.0,
+        local_hyperparameters: bool = False,
         client_id: str = "client",
     ) -> None:
         if feature_map is None:
@@ -479,6 +480,8 @@ class FedBNRClient:
             raise ValueError(f"others_weight must be in [0, 1] or 'auto', got {others_weight!r}")
         # α of the power prior on the other clients' statistics (see the module docstring).
         self.others_weight = 1.0 if self.auto_weight else float(others_weight)
+        # Refit σ, λ on this client's working statistics at every global instead of taking the global's.
+        self.local_hyperparameters = bool(local_hyperparameters)
         self.client_id = str(client_id)
         self.min_upload = int(min_upload)
         self.forgetting = float(forgetting)
@@ -826,6 +829,19 @@ class FedBNRClient:
             total += (self._global.stats - own_in).scaled(self.others_weight) + own_in
         return total
 
+    def _fit_local(self, s_mat: np.ndarray, b: np.ndarray, n: float, q: float, sigma: np.ndarray,
+                   lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Type-II ML of `σ_k, λ_k` on the working statistics (decayed ones with forgetting: then the
+        evidence is a heuristic, the prior there being only `λ⁻²I` on average). Falls back to the given
+        values while there is nothing to fit."""
+        if not (n > 1.0 and q > 0.0):
+            return sigma, lam
+        out_s, out_l = np.array(sigma, dtype=np.float64), np.array(lam, dtype=np.float64)
+        for k in range(self.n_kernels):
+            sym = np.triu(s_mat[k]) + np.triu(s_mat[k], 1).T  # S may carry rounding asymmetry
+            out_s[k], out_l[k], _ = fit_hyperparameters(sym, b[k], n, q)
+        return out_s, out_l
+
     def choose_others_weight(self, others: SufficientStats, own: SufficientStats, sigma: np.ndarray,
                              lam: np.ndarray) -> float:
         """The α of :data:`OTHERS_WEIGHT_GRID` maximising the evidence of this client's own data under the
@@ -920,6 +936,8 @@ class FedBNRClient:
                 # Tempered: α × (global - own part of it) + own part of it.
                 own_in = self._own_uploaded - not_in
                 total -= (g.stats - own_in).scaled(1.0 - alpha)
+            if self.local_hyperparameters:
+                sigma, lam = self._fit_local(total.S, total.b, total.n, total.q, sigma, lam)
             self._rebuild(total.S, total.b, total.q, sigma, lam, self._pdiag)
             self._n_work, self._q_work = total.n, total.q
         else:
@@ -930,6 +948,9 @@ class FedBNRClient:
             for seq in newly_in:
                 delta -= self._unacked[seq].stats
             delta = delta.scaled(alpha)
+            if self.local_hyperparameters:
+                sigma, lam = self._fit_local(s + delta.S, b + delta.b, self._n_work + delta.n,
+                                             self._q_work + delta.q, sigma, lam)
             self._rebuild(s + delta.S, b + delta.b, self._q_work + delta.q, sigma, lam, self._pdiag)
             self._n_work += delta.n
             self._q_work += delta.q
