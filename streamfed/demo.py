@@ -13,6 +13,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -45,6 +46,21 @@ class DemoOptions:
     window: float = 0.2  # aggregation window (s)
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    out_dir: str = "out/demo"
+
+
+def _prometheus_config(out_dir: str, port: int) -> Path:
+    """A Prometheus config scraping this demo's endpoint every 5 s, with the shipped rules if present."""
+    path = Path(out_dir) / "prometheus.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rules = Path(__file__).resolve().parents[1] / "broker_config" / "prometheus" / "rules" / "streamfed.rules.yml"
+    lines = ["global:", "  scrape_interval: 5s", "  evaluation_interval: 5s"]
+    if rules.exists():
+        lines += ["rule_files:", f"  - {rules}"]
+    lines += ["scrape_configs:", "  - job_name: streamfed-demo", "    static_configs:",
+              f"      - targets: ['127.0.0.1:{port}']"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _fmt(v: float | None, spec: str = ".4f") -> str:
@@ -88,9 +104,10 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
               for i, s in enumerate(streams)]
     collector = StreamfedCollector([a.core.stats for a in agents], [agg.core.stats])
     server, port = serve_metrics(make_registry(collector), host=opts.metrics_host, port=opts.metrics_port)
-    console.print(f"[bold]metrics[/]: {server.url}  — scrape it with Prometheus, e.g. a job in prometheus.yml:\n"
-                  f"  - job_name: streamfed-demo\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
-                  f"  (or: prometheus --config.file=broker_config/prometheus/prometheus.yml, target 127.0.0.1:{port})")
+    prom = _prometheus_config(opts.out_dir, port)
+    console.print(f"[bold]metrics[/]: {server.url}\n  scrape them with: prometheus --config.file={prom} "
+                  "--storage.tsdb.path=out/demo/prometheus-data --web.listen-address=127.0.0.1:9090\n"
+                  "  (recording rules and alerts: broker_config/prometheus/; dashboard: broker_config/grafana/)")
     console.print(f"[bold]fleet[/]: {len(agents)} agents ({cfg.algorithm}, N={cfg.n_kernels}, D={cfg.n_features}, "
                   f"M={cfg.bin_size}) at {opts.rate:g} samples/s each, for {opts.duration:g} s; "
                   f"predictions on streamfed/v1/demo/predictions/+")

@@ -2,6 +2,7 @@
 
 import asyncio
 import io
+import subprocess
 import urllib.request
 
 from rich.console import Console
@@ -11,7 +12,7 @@ from streamfed.broker import dev_config
 from streamfed.demo import DemoOptions, run_demo
 
 
-def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch):
+def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch, tmp_path):
     scraped = {}
     real_serve = demo_mod.serve_metrics
 
@@ -25,7 +26,8 @@ def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch):
     console = Console(file=out, width=120)
 
     async def main():
-        task = asyncio.create_task(run_demo(DemoOptions(duration=4.0, agents=3, rate=100.0), console))
+        opts = DemoOptions(duration=4.0, agents=3, rate=100.0, out_dir=str(tmp_path))
+        task = asyncio.create_task(run_demo(opts, console))
         while "url" not in scraped:
             await asyncio.sleep(0.05)
         await asyncio.sleep(2.0)
@@ -41,6 +43,10 @@ def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch):
     assert "summary" in text and "metrics" in text
     assert 'streamfed_agent_regret{client="Aotizhongxin",fleet="demo"}' in body
     assert "streamfed_aggregator_global_version" in body
+    check = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr  # the printed Prometheus command would work
+    prom = (tmp_path / "prometheus.yml").read_text()
+    assert scraped["url"].split("//")[1].split("/")[0] in prom and f"--config.file={tmp_path}" in text.replace("\n", "")
 
 
 def test_dev_config_moves_the_listener_and_drops_persistence():
