@@ -43,7 +43,8 @@ def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch, tmp_path):
     assert "summary" in text and "metrics" in text
     assert 'streamfed_agent_regret{client="Aotizhongxin",fleet="demo"}' in body
     assert "streamfed_aggregator_global_version" in body
-    check = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
+    cmd = ["promtool", "check", "config", str(tmp_path / "prometheus.yml")]
+    check = subprocess.run(cmd, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr  # the printed Prometheus command would work
     prom = (tmp_path / "prometheus.yml").read_text()
     assert scraped["url"].split("//")[1].split("/")[0] in prom and f"--config.file={tmp_path}" in text.replace("\n", "")
