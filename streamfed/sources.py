@@ -262,6 +262,14 @@ class ReadingParser:
             self._remember(key)
         return Reading(key, arr, t, label)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Agents pickle their parser into their state file (streamfed.persistence): a file written before
+        # a field existed still loads, with that field's default.
+        defaults: dict[str, Any] = {"check_order": True, "last_ts": -math.inf, "dedup_window": 10_000, "_seq": 0}
+        self.__dict__.update(defaults | state)
+        if "_recent" not in state:
+            self._recent, self._recent_set = deque(), set()
+
     def _remember(self, key: str) -> None:
         if self.dedup_window == 0:
             return

@@ -403,3 +403,96 @@ def test_sensor_adapter_cli_publishes_to_the_broker(mosquitto_dev):
     assert [m.get("id") or "L:" + m["label_for"] for m in got] == [
         "cli-0", "cli-1", "cli-2", "L:cli-0", "cli-3", "L:cli-1", "L:cli-2", "L:cli-3"]
     assert all(list(m["x"]) == list(BEIJING_INPUTS) for m in got if "x" in m)
+
+
+# =========================================================================== device life cycle
+# Expected behaviour that streamfed/agent.py and streamfed/runtime/agent.py do not have yet. Each test is
+# `xfail(strict=True)`: it runs, and the day the bug is fixed it XPASSes, which fails the suite until
+# the marker is removed.
+
+
+@pytest.mark.xfail(strict=True, reason="agent.py: a restarted agent numbers its updates from 1 again and the "
+                   "aggregator rejects them as stale_seq (AgentCore.on_global ignores the global's `included`)")
+def test_a_restarted_agent_continues_its_update_sequence():
+    import numpy as np
+
+    from streamfed.protocol import encode
+    from streamfed.sources import Reading
+
+    cfg = FleetConfig(fleet="restart", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=4)
+    agg = AggregatorCore(cfg, mode="async", window=0.0)
+    rng = np.random.default_rng(0)
+    before = AgentCore(cfg, "a1", 0)
+    for i in range(5):
+        for m in before.on_reading(Reading(f"r{i}", rng.random(2), float(i), 0.5))[1]:
+            agg.on_update("a1", encode(m), now=float(i))
+    glob = decode(encode(agg.tick(now=10.0)[0]), cfg, kinds=(cfg.global_kind,))
+    assert glob.included == {"a1": 5}
+    after = AgentCore(cfg, "a1", 0)  # systemd restarted the process; the retained global comes first
+    assert after.on_global(glob)
+    for m in after.on_reading(Reading("s0", rng.random(2), 0.0, 0.5))[1]:
+        agg.on_update("a1", encode(m), now=20.0)
+    assert agg.rejected == {}  # today: {'stale_seq': 1}, and every update until seq 6 is lost
+
+
+@pytest.mark.xfail(strict=True, reason="runtime/agent.py: AgentService accepts sensor_features of the wrong "
+                   "length; the first reading then stops its receiver (the learner raises ValueError)")
+def test_agent_service_refuses_sensor_features_that_do_not_fit_the_fleet():
+    cfg = FleetConfig(fleet="edge-mismatch", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
+    with pytest.raises(ValueError):
+        AgentService(AgentCore(cfg, "m1", 0), BrokerConfig(), sensor_features=["u", "v"])
+
+
+@pytest.mark.xfail(strict=True, reason="runtime/agent.py: `_take` guards a labelled reading against a lock-step "
+                   "agent's wait but not a delayed label; AgentCore raises RuntimeError and the receiver stops")
+def test_a_lockstep_agent_survives_a_delayed_label_while_it_waits_for_its_round(mosquitto_dev):
+    cfg = FleetConfig(fleet="edge-lockstep", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
+    broker = mosquitto_dev.broker_config()
+    core = AgentCore(cfg, "l1", 0, mode="lockstep")
+    svc = AgentService(core, broker, sensor_features=["a", "b"])
+    topic = sensor_topic(cfg.fleet, "l1")
+
+    async def main():
+        task = asyncio.create_task(svc.run())
+        try:
+            await asyncio.wait_for(svc.connected.wait(), 10)
+            async with aiomqtt.Client(**broker.aiomqtt_kwargs("edge-lockstep.sensor")) as pub:
+                for payload in ({"id": "r1", "x": [1, 2], "y": 0.5},  # learned: now waits for global 1
+                                {"id": "r2", "x": [1, 2]},  # predicted, waits for its label
+                                {"label_for": "r2", "y": 0.3},  # no aggregator: global 1 never comes
+                                b"{not json"):
+                    await pub.publish(topic, adapter._payload(payload), qos=1)
+            await until(lambda: "malformed" in core.counters.skipped or task.done(), 2, "the malformed message")
+        finally:
+            svc.stop()  # a lock-step agent would wait up to 30 s for its round's global: cut that short
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 1)
+
+    asyncio.run(main())
+    # the label is skipped (like a labelled reading: `lockstep_busy`) or kept, never fatal
+    assert core.counters.skipped.get("malformed") == 1
+    assert core.counters.learned == 1 and core.counters.samples == 2
+
+
+@pytest.mark.xfail(strict=True, reason="runtime/agent.py: a cancelled agent (Ctrl-C of `streamfed agent`) "
+                   "disconnects cleanly, so the broker discards its last will and its status stays 'online'")
+def test_a_cancelled_agent_is_marked_offline(mosquitto_dev):
+    cfg = FleetConfig(fleet="edge-cancel", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
+    broker = mosquitto_dev.broker_config()
+
+    async def main():
+        svc = AgentService(AgentCore(cfg, "c1", 0), broker, sensor_features=["u", "v", "w"])
+        task = asyncio.create_task(svc.run())
+        await asyncio.wait_for(svc.connected.wait(), 10)
+        task.cancel()  # what asyncio.run does to the main task on Ctrl-C
+        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+            await asyncio.wait_for(task, 5)
+        await asyncio.sleep(0.2)
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs("edge-cancel.reader")) as reader:
+            from streamfed.topics import status_topic
+
+            await reader.subscribe(status_topic(cfg.fleet, "c1"), qos=1)
+            retained = await asyncio.wait_for(anext(aiter(reader.messages)), 5)
+        return decode(retained.payload, cfg, kinds=("status",)).meta["state"]
+
+    assert asyncio.run(main()) == "offline"

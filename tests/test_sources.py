@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import math
+import pickle
 import time
 from fractions import Fraction
 
@@ -195,6 +196,22 @@ def test_duplicates_are_skipped_within_the_window():
     assert len(ids) == 5
     off = ReadingParser(FEATURES, dedup_window=0)
     assert all(isinstance(off.parse({"id": "same", "x": X}), Reading) for _ in range(3))
+
+
+def test_parser_state_survives_pickling():
+    """Agents keep their parser in their state file: order and duplicate memory resume after a restart."""
+    p = ReadingParser(FEATURES, dedup_window=100)
+    assert isinstance(p.parse({"id": "a", "ts": 10, "x": X}), Reading)
+    q = pickle.loads(pickle.dumps(p))
+    assert reason({"id": "a", "ts": 11, "x": X}, q) == SkipReason.DUPLICATE
+    assert reason({"id": "b", "ts": 9, "x": X}, q) == SkipReason.OUT_OF_ORDER
+    assert isinstance(q.parse({"id": "b", "ts": 12, "x": X}), Reading)
+    # a parser pickled before duplicate detection existed loads with an empty memory
+    old = ReadingParser.__new__(ReadingParser)
+    old.__setstate__({"features": tuple(FEATURES), "check_order": True, "last_ts": 10.0, "_seq": 1})
+    assert isinstance(old.parse({"id": "a", "ts": 11, "x": X}), Reading)
+    assert reason({"id": "a", "ts": 12, "x": X}, old) == SkipReason.DUPLICATE
+    assert reason({"id": "c", "ts": 1, "x": X}, old) == SkipReason.OUT_OF_ORDER
 
 
 def test_schema_and_limits():
