@@ -496,3 +496,19 @@ def test_a_cancelled_agent_is_marked_offline(mosquitto_dev):
         return decode(retained.payload, cfg, kinds=("status",)).meta["state"]
 
     assert asyncio.run(main()) == "offline"
+
+
+def test_readme_sensor_examples_parse():
+    """The message examples of edge/README.md are what the agent accepts (the docs cannot drift)."""
+    from streamfed.sources import Label, Reading, ReadingParser
+
+    text = (EDGE / "README.md").read_text()
+    block = text.split("## 5. The sensor message format", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    lines = [ln for ln in block.splitlines() if ln.strip()]
+    p = ReadingParser(list(BEIJING_INPUTS))
+    parsed = [p.parse(ln) for ln in lines]
+    assert [type(x) for x in parsed] == [Reading, Reading, Label]
+    assert parsed[2].id == parsed[0].id and parsed[1].y == 0.31
+    # and the subscribe example line has the fields `streamfed subscribe --json` prints
+    row = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"client"')))
+    assert set(row) == {"client", "seq", "mean", "var", "global_version", "reading", "latency_s", "created"}
