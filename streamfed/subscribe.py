@@ -86,8 +86,8 @@ async def watch(fleet: str, broker: BrokerConfig, console: Console, count: int |
                     continue
                 row = _row(msg)
                 seen += 1
-                if as_json:
-                    console.print_json(json.dumps(row)) if console.is_terminal else print(json.dumps(row), flush=True)
+                if as_json:  # one JSON object per line, terminal or not (for pipes and jq)
+                    print(json.dumps(row), flush=True)
                 else:
                     latest[msg.client] = row
                     counts[msg.client] = counts.get(msg.client, 0) + 1
