@@ -15,13 +15,20 @@ Modes (POF-MKL):
 
 FedBNR is order-free: the agent learns every sample, and publishes the delta statistics whenever at
 least `min_upload` samples are pending (the privacy floor).
+
+Exactly-once effect over at-least-once delivery: every update message stays in :attr:`AgentCore.outbox`
+until a global that *includes* it (its `included` map; lock-step: any global of a later round) has been
+installed. Until then the shell may send it again (after a reconnect, when an `ack` says it is missing,
+after a restart): the aggregator drops what it already has by `(client, seq)`. :meth:`AgentCore.snapshot`
+/ :meth:`AgentCore.restore` carry everything a restarted agent needs to resume exactly where it was.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -32,6 +39,9 @@ from .learners.pofmkl import KernelUpdate, NonFiniteError, POFMKLClient
 from .metrics import AgentStats
 from .protocol import (
     Message,
+    ProtocolError,
+    decode,
+    encode,
     fedbnr_global_fields,
     global_theta,
     pofmkl_update_message,
@@ -40,9 +50,10 @@ from .protocol import (
 )
 from .sources import Label, LabelJoin, Reading, Skip, SkipReason
 
-__all__ = ["AgentCore", "ErrorFeedback", "Prediction"]
+__all__ = ["AGENT_STATE_FORMAT", "AgentCore", "ErrorFeedback", "GlobalResult", "Prediction"]
 
 Mode = Literal["lockstep", "async"]
+AGENT_STATE_FORMAT = 1  # layout of AgentCore.snapshot(); restore() refuses any other
 
 
 class ErrorFeedback:
@@ -103,10 +114,29 @@ class AgentCounters:
     updates: int = 0
     bytes_uploaded: int = 0
     rejected_globals: int = 0
+    rejected_globals_by: dict[str, int] = field(default_factory=dict)  # reason → count
+    ignored_globals: int = 0  # valid but not newer than the one in use (a redelivery)
+    resent: int = 0  # update messages queued again (not yet included in a global)
     sq_loss: float = 0.0
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def reject_global(self, reason: str) -> None:
+        self.rejected_globals += 1
+        self.rejected_globals_by[reason] = self.rejected_globals_by.get(reason, 0) + 1
+
+
+class GlobalResult(NamedTuple):
+    """What became of a global payload: `installed`, or the rejection `reason` and its `detail`.
+
+    >>> GlobalResult(False, "non_finite", "theta").installed
+    False
+    """
+
+    installed: bool
+    reason: str | None = None
+    detail: str = ""
 
 
 class AgentCore:
@@ -136,11 +166,14 @@ class AgentCore:
         self.ef = ErrorFeedback(cfg.n_kernels, 2 * cfg.n_features, cfg.bin_size) if self.pofmkl else None
         self.join = LabelJoin(join_capacity)
         self.seq = 0  # last update seq published
+        # seq → update message not yet included in an installed global (to resend until it is)
+        self.outbox: dict[int, Message] = {}
         self.pred_seq = 0
         self.steps = 0  # samples learned
         self.counters = AgentCounters()
         self.global_version = 0
         self.global_received_at: float | None = None
+        self._global_problem: tuple[str, str] | None = None
         # Set by the transport when its outgoing buffer is full: learning goes on, but updates stay in
         # the learner (POF-MKL error feedback, FedBNR pending statistics) instead of becoming messages.
         self.hold_uploads = False
@@ -185,6 +218,7 @@ class AgentCore:
     def on_global(self, msg: Message, now: float | None = None) -> bool:
         """Install a decoded global if it is newer than the one in use. Returns whether it was."""
         if msg.global_version <= self.global_version:
+            self.counters.ignored_globals += 1
             return False
         try:
             if self.pofmkl:
@@ -193,15 +227,92 @@ class AgentCore:
             else:
                 g = GlobalModel.from_message(fedbnr_global_fields(msg))
                 if not self.learner.apply_global(g):
+                    self.counters.ignored_globals += 1
                     return False
-        except ValueError:  # non-finite / wrong shape: keep the model we have
-            self.counters.rejected_globals += 1
+        except ValueError as e:  # non-finite / wrong shape / not positive definite: keep the model we have
+            reason = "non_finite" if isinstance(e, NonFiniteError) or "finite" in str(e) else "invalid_global"
+            self.counters.reject_global(reason)
+            self._global_problem = (reason, str(e)[:200])
             self.stats.saw_version(msg.global_version)
             return False
         self.global_version = msg.global_version
         self.global_received_at = time.time() if now is None else now
         self.stats.global_received(msg.global_version)
+        self._prune_outbox(msg)
         return True
+
+    def on_global_payload(self, payload: bytes, now: float | None = None) -> GlobalResult:
+        """Decode (strictly) and install a global payload; every rejection is counted by reason."""
+        try:
+            msg = decode(payload, self.cfg, kernel_version=self.kernel_version, kinds=(self.cfg.global_kind,))
+        except ProtocolError as e:
+            self.counters.reject_global(e.reason.value)
+            return GlobalResult(False, e.reason.value, e.detail)
+        self._global_problem = None
+        if self.on_global(msg, now):
+            return GlobalResult(True)
+        if self._global_problem is not None:
+            return GlobalResult(False, *self._global_problem)
+        return GlobalResult(False)
+
+    def _prune_outbox(self, msg: Message) -> None:
+        """Forget updates the installed global contains (lock-step: every update of a closed round —
+        a round closed without an update, after a timeout, will never take it)."""
+        done = msg.global_version if self.mode == "lockstep" else int(msg.included.get(self.client_id, 0))
+        for s in [s for s in self.outbox if s <= done]:
+            del self.outbox[s]
+
+    def on_ack(self, msg: Message) -> list[Message]:
+        """An `ack` from the aggregator: the updates above its `included` mark, to send again (the
+        aggregator lost them in a crash, or they are missing; it drops any duplicate)."""
+        mark = int(msg.included.get(self.client_id, 0))
+        return [m for s, m in sorted(self.outbox.items()) if s > mark]
+
+    def unacknowledged(self) -> list[Message]:
+        """Every update not yet included in an installed global, in seq order."""
+        return [self.outbox[s] for s in sorted(self.outbox)]
+
+    # ------------------------------------------------------------------ durable state
+    def snapshot(self) -> dict[str, Any]:
+        """Everything needed to resume exactly here (see :meth:`restore`): the learner (its weights,
+        accumulators, random generator and position in its block of draws, global θ / statistics and
+        unacked uploads), the error-feedback residual, sequence counters, counters, the label join and
+        the outbox (encoded). Cheap enough to take per update message."""
+        return {
+            "format": AGENT_STATE_FORMAT,
+            "fleet_config": self.cfg.model_dump(mode="json"),
+            "client": self.client_id, "index": self.index, "mode": self.mode,
+            "learner": self.learner, "ef": self.ef, "join": self.join,
+            "seq": self.seq, "pred_seq": self.pred_seq, "steps": self.steps,
+            "global_version": self.global_version, "counters": self.counters,
+            "outbox": [encode(self.outbox[s]) for s in sorted(self.outbox)],
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume from a :meth:`snapshot`. `ValueError` if it belongs to another format, fleet
+        configuration, client or mode (nothing is changed then)."""
+        if state.get("format") != AGENT_STATE_FORMAT:
+            raise ValueError(f"agent state format {state.get('format')!r}, expected {AGENT_STATE_FORMAT}")
+        if state.get("fleet_config") != self.cfg.model_dump(mode="json"):
+            raise ValueError("agent state was written for a different fleet configuration")
+        mine = (self.client_id, self.index, self.mode)
+        theirs = (state.get("client"), state.get("index"), state.get("mode"))
+        if theirs != mine:
+            raise ValueError(f"agent state is for (client, index, mode) {theirs}, this agent is {mine}")
+        learner = state["learner"]
+        if type(learner) is not type(self.learner):
+            raise ValueError(f"agent state holds a {type(learner).__name__}, expected {type(self.learner).__name__}")
+        outbox = {}
+        for payload in state["outbox"]:
+            m = decode(payload, self.cfg, kernel_version=self.kernel_version, client=self.client_id,
+                       kinds=(self.cfg.update_kind,))
+            outbox[m.seq] = m
+        self.learner, self.ef, self.join = learner, state["ef"], state["join"]
+        self.seq, self.pred_seq, self.steps = int(state["seq"]), int(state["pred_seq"]), int(state["steps"])
+        self.global_version = int(state["global_version"])
+        self.counters = state["counters"]
+        self.outbox = outbox
+        self.stats.update_from_learner(self.learner, regret=self.pofmkl)
 
     # ------------------------------------------------------------------ the work
     def _predict(self, x: np.ndarray) -> tuple[float, float | None]:
@@ -265,16 +376,20 @@ class AgentCore:
 
     def _update_message(self, update: KernelUpdate) -> Message:
         self.seq += 1
-        return pofmkl_update_message(self.cfg.fleet, self.client_id, self.seq, update.kernels, update.delta,
-                                     global_version=self.global_version, kernel_version=self.kernel_version,
-                                     n_samples=update.n_samples)
+        msg = pofmkl_update_message(self.cfg.fleet, self.client_id, self.seq, update.kernels, update.delta,
+                                    global_version=self.global_version, kernel_version=self.kernel_version,
+                                    n_samples=update.n_samples)
+        self.outbox[msg.seq] = msg
+        return msg
 
     def _stats_message(self, up: Any) -> Message:
         fields = up.to_message()
         self.seq = up.seq
-        return stats_update_message(self.cfg.fleet, self.client_id, up.seq, fields["S_upper"], fields["b"],
-                                    fields["n"], fields["q"], global_version=up.base_version,
-                                    kernel_version=self.kernel_version, epoch=int(fields.get("epoch", 0)))
+        msg = stats_update_message(self.cfg.fleet, self.client_id, up.seq, fields["S_upper"], fields["b"],
+                                   fields["n"], fields["q"], global_version=up.base_version,
+                                   kernel_version=self.kernel_version, epoch=int(fields.get("epoch", 0)))
+        self.outbox[msg.seq] = msg
+        return msg
 
     def prediction_message(self, pred: Prediction) -> Message:
         """The `prediction` message of one reading (`meta`: the reading id and the latency so far)."""

@@ -14,21 +14,36 @@ FedBNR
 
 Every rejection has a reason (a :class:`~streamfed.protocol.Reason` value, or ``invalid_update`` /
 ``unknown_client`` / ``late``) counted in :attr:`AggregatorCore.rejected`; nothing rejected reaches
-the model.
+the model, and :meth:`AggregatorCore.on_update` never raises. Beyond the codec's checks (schema,
+shapes, dtypes, finiteness, indices, sequence numbers) an update is validated *before* anything is
+changed: every value is bounded by `max_abs` (so sums of accepted updates can never overflow to a
+non-finite global), and FedBNR statistics must be statistics of some samples — `n` a positive whole
+number, `[[S, b], [bᵀ, q]]` positive semi-definite and `tr S_k <= n·max‖φ‖²` (features are bounded) —
+so one hostile upload cannot make the global posterior improper for everyone.
+
+Durability: the shell sets :attr:`AggregatorCore.checkpoint` (a callable); it is called with the new
+state *before* any global reflecting it is returned for publishing, so a published global is always
+on disk. :meth:`AggregatorCore.snapshot` / :meth:`AggregatorCore.restore` carry the server state
+(θ and version, or the summed statistics with σ, λ, version, `included` and out-of-order uploads),
+pending lock-step rounds or the open window, the :class:`~streamfed.protocol.SeqTracker` and counters.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from .config import FleetConfig
-from .fleet import kernel_version, make_server
+from .fleet import kernel_version, make_learner, make_server
 from .learners.fedbnr import Upload
-from .learners.pofmkl import KernelUpdate, merge_updates
+from .learners.pofmkl import KernelUpdate, NonFiniteError, merge_updates
 from .metrics import AggregatorStats
 from .protocol import (
     Message,
@@ -41,9 +56,12 @@ from .protocol import (
     stats_fields,
 )
 
-__all__ = ["AggregatorCore"]
+__all__ = ["AGGREGATOR_STATE_FORMAT", "AggregatorCore"]
 
+log = logging.getLogger("streamfed.aggregator")
 Mode = Literal["lockstep", "async"]
+AGGREGATOR_STATE_FORMAT = 1  # layout of AggregatorCore.snapshot(); restore() refuses any other
+_MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
 
 
 @dataclass
@@ -51,6 +69,8 @@ class AggregatorCounters:
     accepted: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     rounds: int = 0
+    gaps: int = 0  # updates that skipped over seqs not received yet (the acks list them as missing)
+    given_up: int = 0  # seqs abandoned because a client ran more than the sequence window ahead
     last_round_at: float = 0.0
     aggregation_seconds: list[float] = field(default_factory=list)  # recent, bounded
 
@@ -82,7 +102,9 @@ class AggregatorCore:
 
     def __init__(self, cfg: FleetConfig, clients: Sequence[str] | None = None, mode: Mode = "lockstep",
                  quorum: int | None = None, round_timeout: float = 5.0, window: float = 0.5,
-                 sender: str = "aggregator", stats: AggregatorStats | None = None) -> None:
+                 sender: str = "aggregator", stats: AggregatorStats | None = None,
+                 offline: Literal["drop", "wait"] = "drop", max_abs: float = 1e150,
+                 check_stats: bool = True) -> None:
         self.cfg = cfg
         self.pofmkl = cfg.algorithm == "pofmkl"
         self.mode: Mode = mode if self.pofmkl else "async"
@@ -92,6 +114,23 @@ class AggregatorCore:
         self.order = {c: i for i, c in enumerate(self.clients)}
         self.expected = set(self.clients)
         self.quorum = quorum
+        # "drop": a lock-step round stops waiting for a client that went offline (its last will, or the
+        # end of its stream); "wait": it waits for the client to come back (strict lock-step: the
+        # result then equals the reference protocol even across agent crashes).
+        if offline not in ("drop", "wait"):
+            raise ValueError(f"offline must be 'drop' or 'wait', got {offline!r}")
+        self.offline = offline
+        if not max_abs > 0:
+            raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
+        self.max_abs = float(max_abs)
+        # FedBNR statistics must be statistics of samples: off only for clients that add DP noise or
+        # secure-aggregation masks to their deltas (ALGORITHMS.md §3), which make single deltas improper.
+        self.check_stats = check_stats
+        self._phi_sq = 0.0
+        if not self.pofmkl:
+            probe = make_learner(cfg, "probe", 0)
+            self._phi_sq = float(np.max(np.sum(probe.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)))
+        self.checkpoint: Callable[[AggregatorCore], None] | None = None
         self.round_timeout = round_timeout
         self.window = window
         self.sender = sender
@@ -140,15 +179,22 @@ class AggregatorCore:
         except ProtocolError as e:
             self.counters.reject(e.reason.value)
             return []
-        self.last_seen[msg.client] = now
         try:
-            out = self._take_pofmkl(msg, now) if self.pofmkl else self._take_stats(msg, now)
-        except ValueError:  # well-formed but unusable (e.g. below the privacy floor)
+            # validated in full before anything changes: a rejected update leaves no trace
+            item = self._check_pofmkl(msg) if self.pofmkl else self._check_stats(msg)
+        except ValueError as e:  # well-formed but unusable (out of range, improper, below the privacy floor)
             self.counters.reject("invalid_update")
+            log.debug("update from %r seq %d rejected: %s", msg.client, msg.seq, e)
             return []
+        if self.pofmkl and self.mode == "lockstep" and msg.seq <= self.version:
+            self.counters.reject("late")  # its round is closed (it was left out after a timeout)
+            return []
+        self.last_seen[msg.client] = now
+        self._note_seq(msg.client, msg.seq)
+        out = self._take_pofmkl(msg.client, msg.seq, item, now) if self.pofmkl else self._take_stats(item, now)
         self.counters.accepted += 1
         self.stats.accepted(msg.client)
-        return out
+        return self._commit(out)
 
     def on_status(self, client: str, state: str, now: float | None = None) -> list[Message]:
         """An agent went offline (or came back): adjust who a lock-step round waits for."""
@@ -156,36 +202,63 @@ class AggregatorCore:
             return []
         self.stats.heard(client)
         if state == "offline":
-            self.expected.discard(client)
+            if self.offline == "drop":
+                self.expected.discard(client)
         else:
             self.expected.add(client)
-        return self._close_ready_rounds(time.time() if now is None else now)
+        if self.mode != "lockstep":
+            return []
+        return self._commit(self._close_ready_rounds(time.time() if now is None else now))
 
     def tick(self, now: float | None = None) -> list[Message]:
         """Close what a clock closes: lock-step rounds past their timeout (with a quorum), windows."""
         now = time.time() if now is None else now
         if self.mode == "lockstep":
-            return self._close_ready_rounds(now)
+            return self._commit(self._close_ready_rounds(now))
         if self._window_started is None or now - self._window_started < self.window:
             return []
-        return self._close_window(now)
+        return self._commit(self._close_window(now))
+
+    def hello(self) -> list[Message]:
+        """Acks for every known client, sent when the shell (re)connects: each says which seqs this
+        aggregator holds (`included`: all up to it) so an agent sends again whatever came after —
+        updates lost in a crash before they were checkpointed, or queued nowhere."""
+        out = []
+        for c in sorted(set(self.clients) | set(self.tracker.clients)):
+            missing = self.tracker.missing(c)[: self.cfg.seq_window]
+            out.append(ack_message(self.cfg.fleet, c, self.tracker.mark(c), missing, seq=self.version,
+                                   global_version=self.version))
+        return out
+
+    def _commit(self, out: list[Message]) -> list[Message]:
+        """Write-ahead: the state behind a new global is checkpointed before the global is handed out."""
+        if self.checkpoint is not None and any(m.kind != "ack" for m in out):
+            self.checkpoint(self)
+        return out
+
+    def _note_seq(self, client: str, seq: int) -> None:
+        check = self.tracker.record(client, seq)
+        if check.new_gap is not None:
+            self.counters.gaps += 1
+            log.info("client %r: seqs %d..%d missing (got %d)", client, *check.new_gap, seq)
+        if check.dropped is not None:
+            self.counters.given_up += check.dropped[1] - check.dropped[0] + 1
 
     # ------------------------------------------------------------------ POF-MKL
-    def _take_pofmkl(self, msg: Message, now: float) -> list[Message]:
+    def _check_pofmkl(self, msg: Message) -> KernelUpdate:
         # the decoded read-only views are enough: the server only reads an update (no copy per message)
-        update = KernelUpdate(msg.arrays["kernels"], msg.arrays["delta"], msg.n_samples)
+        delta = msg.arrays["delta"]
+        if delta.size and (delta.max() > self.max_abs or delta.min() < -self.max_abs):
+            raise ValueError(f"a delta value is beyond ±{self.max_abs:g}")
+        return KernelUpdate(msg.arrays["kernels"], delta, msg.n_samples)
+
+    def _take_pofmkl(self, client: str, seq: int, update: KernelUpdate, now: float) -> list[Message]:
         if self.mode == "lockstep":
-            r = msg.seq
-            if r <= self.version:  # its round is closed (it was left out after a timeout)
-                self.counters.reject("late")
-                return []
-            self.tracker.record(msg.client, msg.seq)
-            self._round[r][msg.client] = update
+            self._round[seq][client] = update
             if self._round_started is None:
                 self._round_started = now
             return self._close_ready_rounds(now)
-        self.tracker.record(msg.client, msg.seq)
-        self._heard[msg.client].append(update)
+        self._heard[client].append(update)
         if self._window_started is None:
             self._window_started = now
         return []
@@ -201,10 +274,10 @@ class AggregatorCore:
             if not (complete or timed_out):
                 return out
             t0 = time.perf_counter()
-            for c in sorted(got, key=self.order.__getitem__):  # the fleet's order: same sums as the replay
-                self.server.add(got[c])
+            clients = sorted(got, key=self.order.__getitem__)  # the fleet's order: same sums as the replay
+            self._aggregate([got[c] for c in clients])
+            for c in clients:
                 self._applied[c] = max(self._applied.get(c, 0), r)
-            self.server.finish_round()
             del self._round[r]
             self._round_started = now if self._round.get(r + 1) else None
             out += self._published(now, t0)
@@ -214,11 +287,10 @@ class AggregatorCore:
         out: list[Message] = []
         if self.pofmkl and self._heard:
             clients = sorted(self._heard, key=lambda c: self.order.get(c, len(self.order)))
+            self._aggregate([merge_updates(self._heard[c]) for c in clients])
             for c in clients:
-                self.server.add(merge_updates(self._heard[c]))
                 self._applied[c] = self.tracker.mark(c)
             self._heard.clear()
-            self.server.finish_round()
             out = self._published(now, t0)
         elif not self.pofmkl and self._dirty:
             self.server.publish()
@@ -227,11 +299,53 @@ class AggregatorCore:
         self._window_started = None
         return out
 
+    def _aggregate(self, updates: list[KernelUpdate]) -> None:
+        """One round: θ ← θ - ΣΔ/|C|. Updates were validated (indices, shapes, |Δ| <= max_abs), so this
+        cannot fail; should θ still overflow, the round is applied empty (θ kept, version + 1) rather than
+        left to block the fleet or publish a non-finite global."""
+        try:
+            for u in updates:
+                self.server.add(u)
+            self.server.finish_round()
+        except (NonFiniteError, ValueError) as e:
+            log.error("round %d discarded (%s): its %d updates are dropped", self.version + 1, e, len(updates))
+            self.counters.reject("invalid_update")
+            self.server.finish_round()  # finish_round reset the partial sums; this one adds nothing
+
     # ------------------------------------------------------------------ FedBNR
-    def _take_stats(self, msg: Message, now: float) -> list[Message]:
+    def _check_stats(self, msg: Message) -> Upload:
         up = Upload.from_message(stats_fields(msg))
+        st = up.stats
+        n, q = float(st.n), float(st.q)
+        if not (1.0 <= n <= _MAX_WHOLE and n == math.floor(n)):
+            raise ValueError(f"n = {n!r} is not a count of samples")
+        bound = self.max_abs
+        if (abs(q) > bound or st.S.max() > bound or st.S.min() < -bound
+                or (st.b.size and (st.b.max() > bound or st.b.min() < -bound))):
+            raise ValueError(f"a statistic is beyond ±{bound:g}")
+        if self.check_stats:
+            f = st.dim
+            trace = np.trace(st.S, axis1=-2, axis2=-1)
+            if np.any(trace > n * self._phi_sq * (1.0 + 1e-9) + 1e-9):
+                raise ValueError("tr S exceeds n·max‖φ‖²: not the scatter of n feature vectors")
+            # Σ [φ; y][φ; y]ᵀ is positive semi-definite; jitter far above rounding, far below any signal
+            aug = np.empty(st.S.shape[:-2] + (f + 1, f + 1))
+            aug[..., :f, :f] = st.S
+            aug[..., :f, f] = st.b
+            aug[..., f, :f] = st.b
+            aug[..., f, f] = q
+            jitter = 1e-9 * np.maximum(trace + abs(q), 1.0)
+            aug[..., np.arange(f + 1), np.arange(f + 1)] += jitter[..., None]
+            np.linalg.cholesky(aug)  # LinAlgError (a ValueError) when not positive semi-definite
+        # the server's own checks (kernel version/epoch, shapes, privacy floor, seq >= 1), without applying
+        self.server._validate(up)
+        waiting = self.server.waiting().get(up.client, [])
+        if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
+            raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
+        return up
+
+    def _take_stats(self, up: Upload, now: float) -> list[Message]:
         if self.server.apply(up):
-            self.tracker.record(msg.client, msg.seq)
             self._dirty = True
         if self._window_started is None:
             self._window_started = now
@@ -268,5 +382,57 @@ class AggregatorCore:
         return out
 
     def state(self) -> dict[str, Any]:
+        missing = {c: m for c in self.tracker.clients if (m := self.tracker.missing(c))}
         return {"version": self.version, "accepted": self.counters.accepted, "rejected": self.rejected,
-                "rounds": self.counters.rounds}
+                "rounds": self.counters.rounds, "gaps": self.counters.gaps, "missing": missing}
+
+    # ------------------------------------------------------------------ durable state
+    def snapshot(self) -> dict[str, Any]:
+        """Everything needed to resume exactly here (:meth:`restore`); taken before each new global."""
+        def plain(u: KernelUpdate) -> tuple[np.ndarray, np.ndarray, int]:
+            return np.array(u.kernels, dtype=np.int64), np.array(u.delta, dtype=np.float64), int(u.n_samples)
+
+        c = self.counters
+        return {
+            "format": AGGREGATOR_STATE_FORMAT,
+            "fleet_config": self.cfg.model_dump(mode="json"),
+            "mode": self.mode, "clients": list(self.clients),
+            "server": self.server,
+            "tracker": self.tracker.to_dict(),
+            "round": {r: {cl: plain(u) for cl, u in got.items()} for r, got in self._round.items()},
+            "heard": {cl: [plain(u) for u in ups] for cl, ups in self._heard.items()},
+            "dirty": self._dirty, "applied": dict(self._applied), "expected": sorted(self.expected),
+            "counters": {"accepted": c.accepted, "rejected": dict(c.rejected), "rounds": c.rounds, "gaps": c.gaps,
+                         "given_up": c.given_up},
+        }
+
+    def restore(self, state: Mapping[str, Any], now: float | None = None) -> None:
+        """Resume from a :meth:`snapshot`. `ValueError` if it belongs to another format, fleet
+        configuration, mode or client list (nothing is changed then). Pending rounds and an open window
+        restart their clocks at `now`."""
+        if state.get("format") != AGGREGATOR_STATE_FORMAT:
+            raise ValueError(f"aggregator state format {state.get('format')!r}, expected {AGGREGATOR_STATE_FORMAT}")
+        if state.get("fleet_config") != self.cfg.model_dump(mode="json"):
+            raise ValueError("aggregator state was written for a different fleet configuration")
+        if (state.get("mode"), list(state.get("clients", []))) != (self.mode, self.clients):
+            raise ValueError(f"aggregator state is for mode {state.get('mode')!r} and clients {state.get('clients')}, "
+                             f"this aggregator runs {self.mode!r} with {self.clients}")
+        server = state["server"]
+        if type(server) is not type(self.server):
+            raise ValueError(f"aggregator state holds a {type(server).__name__}, expected {type(self.server).__name__}")
+        tracker = SeqTracker.from_dict(state["tracker"])
+        now = time.time() if now is None else now
+        self.server, self.tracker = server, tracker
+        self._round = defaultdict(dict, {int(r): {cl: KernelUpdate(*u) for cl, u in got.items()}
+                                         for r, got in state["round"].items()})
+        self._heard = defaultdict(list, {cl: [KernelUpdate(*u) for u in ups] for cl, ups in state["heard"].items()})
+        self._dirty = bool(state["dirty"])
+        self._applied = {str(k): int(v) for k, v in state["applied"].items()}
+        self.expected = set(state["expected"])
+        counters = state["counters"]
+        self.counters.accepted, self.counters.rounds = int(counters["accepted"]), int(counters["rounds"])
+        self.counters.rejected = dict(counters["rejected"])
+        self.counters.gaps, self.counters.given_up = int(counters["gaps"]), int(counters["given_up"])
+        self._round_started = now if self._round else None
+        self._window_started = now if (self._heard or self._dirty) else None
+        self.stats.set_global_version(self.version)

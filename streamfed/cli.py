@@ -138,25 +138,38 @@ def aggregator(
     round_timeout: Annotated[float, typer.Option(help="lock-step round timeout, seconds")] = 5.0,
     shared_group: Annotated[str | None, typer.Option(help="MQTT v5 shared-subscription group")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="persist the global state here; resume from it")] = None,
+    wait_offline: Annotated[bool, typer.Option(help="lock-step: rounds wait for clients that went offline")] = False,
 ) -> None:
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
     import asyncio
 
     from .aggregator import AggregatorCore
     from .config import load_config
+    from .persistence import StateError
+    from .runtime.agent import BrokerRefused
     from .runtime.aggregator import AggregatorService
 
     cfg = load_config(config)
     ids = [c.strip() for c in clients.split(",")] if clients else None
     core = AggregatorCore(cfg.fleet, clients=ids, mode=mode, quorum=quorum, round_timeout=round_timeout,  # type: ignore[arg-type]
-                          window=window)
-    server = _serve_metrics([core.stats], metrics_port)
-    console.print(f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
-                  f"{cfg.broker.host}:{cfg.broker.port}")
+                          window=window, offline="wait" if wait_offline else "drop")
     try:
-        asyncio.run(AggregatorService(core, cfg.broker, shared_group=shared_group).run())
+        svc = AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir)
+    except StateError as e:
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
+    server = _serve_metrics([core.stats], metrics_port)
+    resumed = f", global v{core.version} resumed" if svc.restored else ""
+    console.print(f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
+                  f"{cfg.broker.host}:{cfg.broker.port}{resumed}")
+    try:
+        asyncio.run(svc.run())
     except KeyboardInterrupt:
         pass
+    except BrokerRefused as e:
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
     finally:
         if server is not None:
             server.close()  # type: ignore[attr-defined]
@@ -174,6 +187,7 @@ def agent(
     rate: Annotated[float | None, typer.Option(help="CSV/River replay: samples per second")] = None,
     mode: Annotated[str, typer.Option(help="async or lockstep (POF-MKL)")] = "async",
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="persist learner, outbox and source position here")] = None,
 ) -> None:
     """Run one edge agent: predict, learn, publish predictions and bounded updates."""
     import asyncio
@@ -181,7 +195,8 @@ def agent(
     from . import sources
     from .agent import AgentCore
     from .config import load_config
-    from .runtime.agent import AgentService
+    from .persistence import StateError
+    from .runtime.agent import AgentService, BrokerRefused
 
     cfg = load_config(config)
     names = [f.strip() for f in features.split(",")] if features else None
@@ -201,15 +216,23 @@ def agent(
     elif source != "mqtt":
         raise typer.BadParameter(f"unknown source {source!r}")
     core = AgentCore(cfg.fleet, client, index, mode=mode)  # type: ignore[arg-type]
-    svc = AgentService(core, cfg.broker, src,
-                       sensor_features=(names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None)
+    sensor = (names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None
+    try:
+        svc = AgentService(core, cfg.broker, src, state_dir=state_dir, sensor_features=sensor)
+    except StateError as e:
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
     server = _serve_metrics([core.stats], metrics_port)
     console.print(f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
-                  f"{cfg.broker.host}:{cfg.broker.port}, source {source}")
+                  f"{cfg.broker.host}:{cfg.broker.port}, source {source}"
+                  + (f", resumed at item {svc.source_pos}" if svc.restored else ""))
     try:
         asyncio.run(svc.run())
     except KeyboardInterrupt:
         pass
+    except BrokerRefused as e:
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
     finally:
         if server is not None:
             server.close()  # type: ignore[attr-defined]

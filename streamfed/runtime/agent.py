@@ -3,6 +3,10 @@
 Connection: MQTT v5 by default (v3.1.1 accepted), QoS 1 throughout, a persistent session (fixed
 client id ``<fleet>.<client>``, ``clean_start=False``, ``SessionExpiryInterval > 0``), a retained
 status topic with an ``offline`` last will, and reconnection with exponential backoff (0.1 s … 10 s).
+A connection the broker *refuses* (bad user name or password, not authorised, banned, a refused
+subscription, a TLS certificate that does not verify) is logged with the MQTT reason and counted in
+:attr:`AgentService.refusals`; after `max_refusals` such refusals in a row `run()` raises
+:class:`BrokerRefused` instead of retrying forever.
 
 Outgoing buffer (bounded; memory never grows without bound):
 
@@ -11,7 +15,22 @@ Outgoing buffer (bounded; memory never grows without bound):
 * updates are **never dropped**: at most `update_buffer` messages wait; while that is full the agent
   stops taking updates out of the learner — POF-MKL (async) keeps accumulating them in its
   error-feedback buffer (fixed size `N·2D`), FedBNR keeps its pending statistics (fixed size `K·F²`),
-  a lock-step POF-MKL agent has at most one update in flight by construction.
+  a lock-step POF-MKL agent has at most one update in flight by construction. The same holds while
+  `outbox_limit` updates are sent but not yet included in a global.
+
+Delivery: an update stays in the core's outbox until a global that includes it is installed; it is sent
+again when an `ack` from the aggregator shows it does not hold it (the aggregator acks every client
+when it (re)connects, and clients with gaps after each global), and when it has waited `resend_after`
+seconds. The aggregator drops duplicates, so the effect is exactly once. When its source ends the agent
+stays up to `drain` seconds for its updates to be included.
+
+Durability (`state_dir`): the core's snapshot (learner, error feedback, sequence numbers, outbox), the
+number of source items consumed and the sensor parser's state go to ``<state_dir>/agent-<fleet>-<client>.state``
+(:mod:`streamfed.persistence`), **before** any update computed from them is published (write-ahead), at
+the latest `checkpoint_interval` seconds after it was computed, at the end of the source and on stop. A
+restarted agent resumes there: the source continues after the last item the state covers (items
+learned after it are learned again, identically), and the outbox is sent again. Predictions are not
+held back: after a crash a reading may be predicted twice (same reading id).
 """
 
 from __future__ import annotations
@@ -19,56 +38,236 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
 
 from ..agent import AgentCore, Prediction
 from ..config import BrokerConfig
+from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode, encode, status_message
 from ..sources import Label, Reading, ReadingParser, Skip
 from ..topics import acks_topic, global_topic, predictions_topic, sensor_topic, status_topic, updates_topic
 
-__all__ = ["AgentService"]
+__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "check_subscription", "refusal_reason"]
 
 log = logging.getLogger("streamfed.agent")
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 10.0
+_WAKE = 0.25  # the sender re-checks resend timers and the drain deadline at least this often
+
+# CONNACK reasons that retrying cannot fix (MQTT v5 reason codes; v3.1.1 return codes 1, 2, 4, 5)
+_FATAL_V5 = {0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C}
+_FATAL_V3 = {1, 2, 4, 5}
+
+
+class BrokerRefused(RuntimeError):
+    """The broker refused this client (`reason`, e.g. ``"Bad user name or password"``) `count` times in
+    a row: retrying will not help until the configuration changes.
+
+    >>> str(BrokerRefused("Not authorized", 3))
+    'the broker refused the connection 3 times: Not authorized'
+    """
+
+    def __init__(self, reason: str, count: int) -> None:
+        self.reason = reason
+        self.count = count
+        super().__init__(f"the broker refused the connection {count} times: {reason}")
+
+
+def refusal_reason(error: BaseException) -> tuple[str, bool] | None:
+    """`(reason, fatal)` when `error` is the broker (or TLS) refusing this client, None for a plain
+    lost connection. `fatal`: retrying cannot help (credentials, authorisation, certificates).
+
+    >>> from aiomqtt.exceptions import MqttConnectError
+    >>> refusal_reason(MqttConnectError(4))
+    ('Bad username or password', True)
+    >>> refusal_reason(aiomqtt.MqttError("Disconnected during message iteration")) is None
+    True
+    """
+    if isinstance(error, aiomqtt.MqttCodeError) and isinstance(error, aiomqtt.exceptions.MqttConnectError):
+        rc = error.rc
+        value = getattr(rc, "value", rc)
+        if isinstance(rc, int) and not hasattr(rc, "getName"):
+            text = aiomqtt.exceptions._CONNECT_RC_STRINGS.get(rc, f"return code {rc}")
+            return text, rc in _FATAL_V3
+        return str(rc), value in _FATAL_V5
+    if isinstance(error, BrokerRefused):
+        return error.reason, True
+    text = str(error)
+    if isinstance(error.__cause__, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+        return f"TLS: {text[:200]}", True
+    return None
+
+
+def check_subscription(topic: str, result: Any) -> None:
+    """Raise :class:`BrokerRefused` if the SUBACK of `topic` refused it (a reason code >= 0x80): an ACL
+    that does not let this user read a topic it needs is a configuration error, not a transient one."""
+    codes = list(result) if isinstance(result, list | tuple) else [result]
+    for code in codes:
+        value = getattr(code, "value", code)
+        if isinstance(value, int) and value >= 0x80:
+            raise BrokerRefused(f"subscription to {topic!r} refused: {code}", 1)
+
+
+class PubackWatch:
+    """Records the publishes a broker refused (an MQTT v5 PUBACK reason code >= 0x80, e.g. 0x87 when the
+    ACL does not let this user write a topic) — aiomqtt's `publish()` returns normally for those, so an
+    agent posing as another client would otherwise lose every update silently. :meth:`check` raises
+    :class:`BrokerRefused` for the first one. Hooks aiomqtt's paho client; without one it records nothing.
+
+    >>> PubackWatch(object()).refused
+    []
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.refused: list[tuple[str, str]] = []
+        self._topics: dict[int, str] = {}
+        paho = getattr(client, "_client", None)
+        if paho is None or not callable(getattr(paho, "on_publish", None)):
+            return
+        publish, on_publish = paho.publish, paho.on_publish
+
+        def publish_hook(topic: str, *args: Any, **kwargs: Any) -> Any:
+            info = publish(topic, *args, **kwargs)
+            self._topics[info.mid] = topic
+            return info
+
+        def on_publish_hook(c: Any, userdata: Any, mid: int, reason_code: Any, properties: Any = None) -> None:
+            topic = self._topics.pop(mid, "?")  # paho may acknowledge before publish() returns
+            if getattr(reason_code, "is_failure", False):
+                self.refused.append((topic, str(reason_code)))
+            on_publish(c, userdata, mid, reason_code, properties)
+
+        paho.publish = publish_hook
+        paho.on_publish = on_publish_hook
+
+    def check(self) -> None:
+        if self.refused:
+            topic, reason = self.refused[0]
+            raise BrokerRefused(f"publish to {topic!r} refused: {reason}", 1)
 
 
 class AgentService:
     """Runs one agent against a broker until its source ends (or `stop()`).
 
-    `source` is an async iterator of :class:`Reading`/:class:`Label`/:class:`Skip`; with
-    `sensor_features` instead, the agent subscribes to its sensor topic and parses JSON readings there.
+    `source` is an async iterator of :class:`Reading`/:class:`Label`/:class:`Skip`, or a callable
+    `source(position)` returning one that starts at item `position` (so a restarted agent need not
+    replay what it has learned); with `sensor_features` instead, the agent subscribes to its sensor
+    topic and parses JSON readings there. `state_dir`: see the module docstring.
+
+    >>> from streamfed.config import FleetConfig
+    >>> core = AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "a1", 0)
+    >>> svc = AgentService(core, BrokerConfig(), sensor_features=["x0", "x1"])
+    >>> svc.source_pos, svc.store is None
+    (0, True)
     """
 
-    def __init__(self, core: AgentCore, broker: BrokerConfig, source: AsyncIterator[Any] | None = None,
+    def __init__(self, core: AgentCore, broker: BrokerConfig,
+                 source: AsyncIterator[Any] | Callable[[int], AsyncIterator[Any]] | None = None,
                  sensor_features: list[str] | None = None, prediction_buffer: int = 1000,
-                 update_buffer: int = 64, linger: float = 0.0, max_inflight: int = 32) -> None:
+                 update_buffer: int = 64, linger: float = 0.0, max_inflight: int = 32,
+                 state_dir: str | os.PathLike[str] | None = None, checkpoint_interval: float = 0.0,
+                 resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
+                 max_refusals: int = 3) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
         self.broker = broker
-        self.source = source
         self.parser = ReadingParser(sensor_features) if sensor_features is not None else None
         self.fleet, self.client_id = core.cfg.fleet, core.client_id
         self.predictions: deque[Message] = deque(maxlen=prediction_buffer)
         self.updates: deque[Message] = deque()
         self.update_buffer = update_buffer
+        self.outbox_limit = max(1, int(outbox_limit))
         self.max_inflight = max_inflight
         self.dropped_predictions = 0
         self.linger = linger  # seconds to stay connected after the source ends (to receive a last global)
+        self.resend_after = resend_after
+        # lock-step: as long as `_last_global` waits for the last round; async: a few windows
+        self.drain = drain if drain is not None else (30.0 if core.mode == "lockstep" else 5.0)
+        self.max_refusals = max(1, int(max_refusals))
+        self.refusals: dict[str, int] = {}
+        self.rejected_acks = 0
         self._work = asyncio.Event()
         self._global_event = asyncio.Event()
         self._stop = asyncio.Event()
         self._source_done = asyncio.Event()
+        self._source_done_at: float | None = None
         self.connected = asyncio.Event()
         self.reconnects = 0
         self.latencies: deque[float] = deque(maxlen=10_000)  # sample arrival → prediction published
         self.on_prediction = None  # optional callback(Prediction) for live views
+        self._sent_at: dict[int, float] = {}  # update seq → when it was last handed to the broker
+        self._inflight: set[int] = set()
+        self._receiver_error_logged = False
+        # ---- durable state
+        self.source_pos = 0  # items taken from `source` (a restart continues after them)
+        self.checkpoint_interval = checkpoint_interval
+        self._fresh: list[Message] = []  # updates computed since the last checkpoint: not sendable yet
+        self._dirty = False
+        self._last_checkpoint = 0.0
+        self.checkpoints = 0
+        self.store: StateStore | None = None
+        self.restored = False
+        if state_dir is not None:
+            self.store = StateStore(Path(state_dir) / f"agent-{self.fleet}-{self.client_id}.state", kind="agent")
+            self._restore()
+        self.source = source(self.source_pos) if callable(source) and not hasattr(source, "__anext__") else source
+        self._skip_items = self.source_pos if self.source is source else 0  # a plain iterator starts at 0
+
+    # ------------------------------------------------------------------ durable state
+    def _restore(self) -> None:
+        assert self.store is not None
+        try:
+            state = self.store.load()
+            if state is None:
+                return
+            self.core.restore(state["core"])
+        except StateError:
+            self.store.close()
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            self.store.close()
+            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
+        self.source_pos = int(state["source_pos"])
+        if self.parser is not None and state.get("parser") is not None:
+            self.parser = state["parser"]
+        self.updates.extend(self.core.unacknowledged())  # sent again: the aggregator drops what it has
+        self.restored = True
+        log.info("agent %s: resumed from %s at source item %d, %d samples learned, %d updates to send",
+                 self.client_id, self.store.path, self.source_pos, self.core.counters.learned, len(self.updates))
+
+    def checkpoint(self) -> None:
+        """Write the state now; updates computed before it become sendable."""
+        if self.store is None:
+            return
+        self.store.save({"core": self.core.snapshot(), "source_pos": self.source_pos, "parser": self.parser,
+                         "saved_at": time.time()})
+        self.checkpoints += 1
+        self._last_checkpoint = time.monotonic()
+        self._dirty = False
+        if self._fresh:
+            self.updates.extend(self._fresh)
+            self._fresh.clear()
+            self._work.set()
+
+    def _maybe_checkpoint(self) -> None:
+        if self._fresh and time.monotonic() - self._last_checkpoint >= self.checkpoint_interval:
+            self.checkpoint()
+
+    async def _checkpointer(self) -> None:
+        """Checkpoints what the write-ahead rule left waiting (interval > 0), and progress without updates."""
+        period = self.checkpoint_interval if self.checkpoint_interval > 0 else 1.0
+        while True:
+            await asyncio.sleep(period)
+            if self._fresh or self._dirty:
+                self.checkpoint()
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -77,7 +276,9 @@ class AgentService:
 
     async def run(self) -> None:
         feeder = asyncio.create_task(self._feed(), name=f"feed-{self.client_id}")
+        saver = asyncio.create_task(self._checkpointer()) if self.store is not None else None
         backoff = _BACKOFF_MIN
+        refused = 0
         try:
             while not self._stop.is_set():
                 try:
@@ -85,36 +286,65 @@ class AgentService:
                     backoff = _BACKOFF_MIN
                     if self._finished():
                         break
-                except aiomqtt.MqttError as e:
+                except (aiomqtt.MqttError, BrokerRefused) as e:
                     self.connected.clear()
                     self.reconnects += 1
-                    log.warning("agent %s: connection lost (%s); retrying in %.1fs", self.client_id, e, backoff)
+                    refusal = refusal_reason(e)
+                    if refusal is not None:
+                        reason, fatal = refusal
+                        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+                        refused = refused + 1 if fatal else 0
+                        log.error("agent %s: the broker refused the connection: %s (%d in a row)",
+                                  self.client_id, reason, refused)
+                        if refused >= self.max_refusals:
+                            raise BrokerRefused(reason, refused) from e
+                    else:
+                        refused = 0
+                        log.warning("agent %s: connection lost (%s); retrying in %.1fs", self.client_id, e, backoff)
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
         finally:
-            feeder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await feeder
+            for task in (feeder, saver):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            if self.store is not None:
+                if self._fresh or self._dirty:
+                    self.checkpoint()
+                self.store.close()
 
     def _finished(self) -> bool:
-        return self._source_done.is_set() and not self.updates and not self.predictions
+        if not self._source_done.is_set() or self.updates or self.predictions or self._fresh:
+            return False
+        if not self.core.outbox or self._stop.is_set():
+            return True
+        assert self._source_done_at is not None
+        if time.monotonic() - self._source_done_at >= self.drain:
+            log.warning("agent %s: leaving with %d updates not yet included in a global (seqs %s)",
+                        self.client_id, len(self.core.outbox), sorted(self.core.outbox)[:10])
+            return True
+        return False
 
     async def _session(self) -> None:
         offline = encode(status_message(self.fleet, self.client_id, "offline"))
         kw = self.broker.aiomqtt_kwargs(f"{self.fleet}.{self.client_id}", persistent=True)
         will = aiomqtt.Will(status_topic(self.fleet, self.client_id), offline, qos=1, retain=True)
         async with aiomqtt.Client(**kw, will=will) as client:
-            await client.subscribe(global_topic(self.fleet), qos=1)
-            await client.subscribe(acks_topic(self.fleet, self.client_id), qos=1)
+            watch = PubackWatch(client)
+            topics = [global_topic(self.fleet), acks_topic(self.fleet, self.client_id)]
             if self.parser is not None:
-                await client.subscribe(sensor_topic(self.fleet, self.client_id, self.core.cfg.sensor_topic), qos=1)
+                topics.append(sensor_topic(self.fleet, self.client_id, self.core.cfg.sensor_topic))
+            for topic in topics:
+                check_subscription(topic, await client.subscribe(topic, qos=1))
             await client.publish(status_topic(self.fleet, self.client_id),
                                  encode(status_message(self.fleet, self.client_id, "online")), qos=1, retain=True)
+            watch.check()
             self.connected.set()
             receiver = asyncio.create_task(self._receive(client))
             try:
-                await self._send(client)
+                await self._send(client, receiver, watch)
                 if self._finished():
                     await self._last_global()
                     await client.publish(status_topic(self.fleet, self.client_id), offline, qos=1, retain=True)
@@ -135,7 +365,8 @@ class AgentService:
             await asyncio.sleep(self.linger)
 
     # ------------------------------------------------------------------ sending
-    async def _send(self, client: aiomqtt.Client) -> None:
+    async def _send(self, client: aiomqtt.Client, receiver: asyncio.Task[None] | None = None,
+                    watch: PubackWatch | None = None) -> None:
         """Publish buffered messages, updates first, with up to `max_inflight` QoS 1 publishes awaiting
         their PUBACK at once (one at a time would cap an agent at one message per round trip). A message
         leaves its buffer only when acknowledged; on a lost connection the unacknowledged ones go back
@@ -143,6 +374,8 @@ class AgentService:
         inflight: dict[asyncio.Task[None], tuple[deque[Message], Message, int]] = {}
         try:
             while True:
+                if receiver is not None and receiver.done() and self._receiver_failed(receiver):
+                    return
                 while (self.updates or self.predictions) and len(inflight) < self.max_inflight:
                     queue = self.updates if self.updates else self.predictions
                     msg = queue.popleft()
@@ -150,30 +383,85 @@ class AgentService:
                     topic = (updates_topic if queue is self.updates else predictions_topic)(self.fleet, self.client_id)
                     task = asyncio.create_task(client.publish(topic, payload, qos=1))
                     inflight[task] = (queue, msg, len(payload))
+                    if queue is self.updates:
+                        self._inflight.add(msg.seq)
                 if inflight:
                     done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
                         queue, msg, nbytes = inflight.pop(task)
                         task.result()  # raises MqttError on a lost connection
+                        if watch is not None and watch.refused:
+                            queue.appendleft(msg)  # not delivered: it stays ours
+                            watch.check()
                         self._sent(queue is self.updates, msg, nbytes)
                     continue
                 if self._finished() or self._stop.is_set():
                     return
+                self._resend_overdue()
+                if self.updates or self.predictions:
+                    continue
                 self._work.clear()
-                await self._work.wait()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._work.wait(), _WAKE)
         finally:
             for task, (queue, msg, _) in sorted(inflight.items(), key=lambda kv: -kv[1][1].seq):
                 task.cancel()
                 queue.appendleft(msg)  # back to the front, lowest seq first
+            self._inflight.clear()
+
+    def _receiver_failed(self, receiver: asyncio.Task[None]) -> bool:
+        """A receiver that ended: the connection is gone (raise, to reconnect), or it died of a bug —
+        say so once, loudly (it is not restarted: the message that killed it could kill it again)."""
+        exc = None if receiver.cancelled() else receiver.exception()
+        if isinstance(exc, aiomqtt.MqttError):
+            raise exc
+        if exc is not None and not self._receiver_error_logged:
+            self._receiver_error_logged = True
+            log.error("agent %s: the receiver stopped on an error; no globals, acks or sensor readings are "
+                      "taken any more", self.client_id, exc_info=exc)
+        return False
 
     def _sent(self, is_update: bool, msg: Message, nbytes: int) -> None:
         if is_update:
+            self._inflight.discard(msg.seq)
+            self._sent_at[msg.seq] = time.monotonic()
             self.core.counters.updates += 1
             self.core.counters.bytes_uploaded += nbytes
             self.core.stats.uploaded(nbytes)
-            self.core.hold_uploads = len(self.updates) >= self.update_buffer
+            self._sync_hold()
         else:
             self.latencies.append(max(0.0, time.time() - msg.created + float(msg.meta.get("latency_s", 0.0))))
+
+    def _sync_hold(self) -> None:
+        self.core.hold_uploads = (len(self.updates) + len(self._fresh) >= self.update_buffer
+                                  or len(self.core.outbox) >= self.outbox_limit)
+
+    def _backpressure(self) -> bool:
+        """The broker is not taking updates as fast as they come: stop reading the source for a while."""
+        return len(self.updates) >= self.update_buffer
+
+    def resend(self, msgs: list[Message]) -> int:
+        """Queue updates again unless they are waiting or in flight already; returns how many were."""
+        waiting = {m.seq for m in self.updates} | self._inflight | {m.seq for m in self._fresh}
+        again = [m for m in msgs if m.seq not in waiting and m.seq in self.core.outbox]
+        if again:
+            self.updates.extendleft(reversed(again))  # the oldest first, ahead of newer ones
+            self.core.counters.resent += len(again)
+            self._work.set()
+        return len(again)
+
+    def _resend_overdue(self) -> None:
+        if not self.core.outbox:
+            self._sent_at.clear()
+            return
+        now = time.monotonic()
+        for seq in [s for s in self._sent_at if s not in self.core.outbox]:
+            del self._sent_at[seq]
+        overdue = [self.core.outbox[s] for s in sorted(self._sent_at)
+                   if now - self._sent_at[s] >= self.resend_after]
+        if overdue and (n := self.resend(overdue)):
+            log.info("agent %s: %d updates not included after %.0fs, sent again", self.client_id, n,
+                     self.resend_after)
 
     def _queue(self, pred: Prediction | None, msgs: list[Message]) -> None:
         if pred is not None:
@@ -182,8 +470,12 @@ class AgentService:
             self.predictions.append(self.core.prediction_message(pred))
             if self.on_prediction is not None:
                 self.on_prediction(pred)
-        self.updates.extend(msgs)
-        self.core.hold_uploads = len(self.updates) >= self.update_buffer
+        if msgs:
+            if self.store is None:
+                self.updates.extend(msgs)
+            else:
+                self._fresh.extend(msgs)  # write-ahead: sendable once a checkpoint covers them
+        self._sync_hold()
         self._work.set()
 
     # ------------------------------------------------------------------ receiving
@@ -194,19 +486,30 @@ class AgentService:
             topic = message.topic.value
             payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
             if topic == gtopic:
-                try:
-                    msg = decode(payload, self.core.cfg, kernel_version=self.core.kernel_version,
-                                 kinds=(self.core.cfg.global_kind,))
-                except ProtocolError as e:
-                    self.core.counters.rejected_globals += 1
-                    log.warning("agent %s: global rejected: %s", self.client_id, e)
-                    continue
-                if self.core.on_global(msg):
+                result = self.core.on_global_payload(bytes(payload))
+                if result.installed:
+                    self._dirty = True  # the outbox shrank, the learner changed
                     self._global_event.set()
+                    self._sync_hold()
+                    self._work.set()
+                elif result.reason is not None:
+                    log.warning("agent %s: global rejected (%s): %s", self.client_id, result.reason, result.detail)
             elif topic == atopic:
-                continue  # the global's `included` map carries the same information for now
+                self._ack(bytes(payload))
             elif self.parser is not None:
                 self._take(self.parser.parse(payload))
+
+    def _ack(self, payload: bytes) -> None:
+        try:
+            msg = decode(payload, self.core.cfg, client=self.client_id, kinds=("ack",))
+        except ProtocolError as e:
+            self.rejected_acks += 1
+            log.warning("agent %s: ack rejected: %s", self.client_id, e)
+            return
+        n = self.resend(self.core.on_ack(msg))
+        if n:
+            log.info("agent %s: the aggregator holds seqs up to %d; %d updates sent again", self.client_id,
+                     msg.included.get(self.client_id, 0), n)
 
     # ------------------------------------------------------------------ the stream
     async def _feed(self) -> None:
@@ -215,11 +518,18 @@ class AgentService:
                 async for item in self.source:
                     if self._stop.is_set():
                         break
+                    if self._skip_items:  # a restarted agent with a plain iterator: learned already
+                        self._skip_items -= 1
+                        continue
                     await self._take_async(item)
                 self._queue(None, self.core.flush())
+                self._dirty = True
+                if self.store is not None:
+                    self.checkpoint()
             else:
                 await self._stop.wait()
         finally:
+            self._source_done_at = time.monotonic()
             self._source_done.set()
             self._work.set()
 
@@ -230,11 +540,13 @@ class AgentService:
                 if self.core.global_version >= need:
                     break
                 await self._global_event.wait()
-            while self.core.hold_uploads and not self._stop.is_set():  # back-pressure from the broker
+            while self._backpressure() and not self._stop.is_set():  # back-pressure from the broker
                 await asyncio.sleep(0.01)
-        self._take(item)
+        self._take(item, from_source=True)
 
-    def _take(self, item: Any) -> None:
+    def _take(self, item: Any, from_source: bool = False) -> None:
+        if from_source:
+            self.source_pos += 1
         if isinstance(item, Reading):
             if item.y is not None and self.core.waiting_for is not None:
                 self.core.on_skip(Skip("lockstep_busy"))  # MQTT-fed lock-step agent got ahead of its round
@@ -245,3 +557,5 @@ class AgentService:
             self._queue(None, self.core.on_label(item))
         elif isinstance(item, Skip):
             self.core.on_skip(item)
+        self._dirty = True
+        self._maybe_checkpoint()

@@ -3,7 +3,17 @@
 A persistent QoS 1 session (fixed id ``<fleet>.aggregator``, ``clean_start=False``,
 ``SessionExpiryInterval > 0``) subscribed to every client's update and status topics; each global
 is published retained with QoS 1 (a late or reconnecting agent gets the newest at once). A ticker
-closes timed-out rounds and asynchronous windows. Reconnects with backoff.
+closes timed-out rounds and asynchronous windows. Reconnects with backoff; a connection the broker
+refuses is logged with its MQTT reason, counted in :attr:`AggregatorService.refusals`, and after
+`max_refusals` refusals in a row `run()` raises :class:`~streamfed.runtime.agent.BrokerRefused`.
+
+On every (re)connect it publishes the current global and an `ack` to every known client saying which
+sequence numbers it holds, so agents send again whatever it does not (lost in a crash, say).
+
+Durability (`state_dir`): the core's state goes to ``<state_dir>/aggregator-<fleet>.state``
+(:mod:`streamfed.persistence`) atomically **before** each global that reflects it is published, and on
+stop; a restarted aggregator resumes from it (version, θ or statistics, pending rounds or window,
+sequence tracker). Updates it had taken in but not checkpointed are sent again by their agents.
 
 `shared_group` subscribes through an MQTT v5 shared subscription (``$share/<group>/…``) so several
 aggregator processes can split the update stream.
@@ -14,14 +24,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+from pathlib import Path
 
 import aiomqtt
 
 from ..aggregator import AggregatorCore
 from ..config import BrokerConfig
+from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode, encode
 from ..topics import Channel, acks_topic, global_topic, shared_filter, topic_filter, try_parse_topic
+from .agent import BrokerRefused, PubackWatch, check_subscription, refusal_reason
 
 __all__ = ["AggregatorService"]
 
@@ -29,10 +43,18 @@ log = logging.getLogger("streamfed.aggregator")
 
 
 class AggregatorService:
-    """Runs one fleet's aggregator against a broker until `stop()`."""
+    """Runs one fleet's aggregator against a broker until `stop()`.
+
+    >>> from streamfed.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
+    >>> svc = AggregatorService(AggregatorCore(cfg, mode="async"), BrokerConfig())
+    >>> svc.client_id, svc.store is None
+    ('f.aggregator', True)
+    """
 
     def __init__(self, core: AggregatorCore, broker: BrokerConfig, tick: float = 0.05,
-                 shared_group: str | None = None, client_id: str | None = None) -> None:
+                 shared_group: str | None = None, client_id: str | None = None,
+                 state_dir: str | os.PathLike[str] | None = None, max_refusals: int = 3) -> None:
         self.core = core
         self.broker = broker
         self.tick = tick
@@ -44,23 +66,74 @@ class AggregatorService:
         self.published = 0
         self.ingested = 0
         self.reconnects = 0
+        self.max_refusals = max(1, int(max_refusals))
+        self.refusals: dict[str, int] = {}
+        self.store: StateStore | None = None
+        self._watch: PubackWatch | None = None
+        self.restored = False
+        if state_dir is not None:
+            self.store = StateStore(Path(state_dir) / f"aggregator-{self.fleet}.state", kind="aggregator")
+            self._restore()
+            core.checkpoint = self._save
 
+    # ------------------------------------------------------------------ durable state
+    def _restore(self) -> None:
+        assert self.store is not None
+        try:
+            state = self.store.load()
+            if state is None:
+                return
+            self.core.restore(state["core"])
+        except StateError:
+            self.store.close()
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            self.store.close()
+            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
+        self.restored = True
+        log.info("aggregator %s: resumed from %s at global version %d", self.fleet, self.store.path,
+                 self.core.version)
+
+    def _save(self, core: AggregatorCore) -> None:
+        assert self.store is not None
+        # An OSError here propagates and stops the service: a global that is not on disk is never published.
+        self.store.save({"core": core.snapshot(), "saved_at": time.time()})
+
+    # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> None:
         backoff = 0.1
-        while not self._stop.is_set():
-            try:
-                await self._session()
-                backoff = 0.1
-            except aiomqtt.MqttError as e:
-                self.connected.clear()
-                self.reconnects += 1
-                log.warning("aggregator: connection lost (%s); retrying in %.1fs", e, backoff)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), backoff)
-                backoff = min(backoff * 2, 10.0)
+        refused = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self._session()
+                    backoff = 0.1
+                except (aiomqtt.MqttError, BrokerRefused) as e:
+                    self.connected.clear()
+                    self.reconnects += 1
+                    refusal = refusal_reason(e)
+                    if refusal is not None:
+                        reason, fatal = refusal
+                        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+                        refused = refused + 1 if fatal else 0
+                        log.error("aggregator %s: the broker refused the connection: %s (%d in a row)",
+                                  self.fleet, reason, refused)
+                        if refused >= self.max_refusals:
+                            raise BrokerRefused(reason, refused) from e
+                    else:
+                        refused = 0
+                        log.warning("aggregator: connection lost (%s); retrying in %.1fs", e, backoff)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), backoff)
+                    backoff = min(backoff * 2, 10.0)
+        finally:
+            if self.store is not None:
+                with contextlib.suppress(OSError):
+                    self._save(self.core)
+                self.store.close()
 
     async def _publish(self, client: aiomqtt.Client, msgs: list[Message]) -> None:
         for m in msgs:
@@ -68,16 +141,20 @@ class AggregatorService:
                 await client.publish(acks_topic(self.fleet, m.client), encode(m), qos=1)
             else:
                 await client.publish(global_topic(self.fleet), encode(m), qos=1, retain=True)
+            if self._watch is not None:
+                self._watch.check()  # e.g. this user may not write the global topic
             self.published += 1
 
     async def _session(self) -> None:
         kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)
         async with aiomqtt.Client(**kw, max_queued_incoming_messages=0) as client:
+            self._watch = PubackWatch(client)
             upd = (shared_filter(self.shared_group, self.fleet) if self.shared_group
                    else topic_filter(Channel.UPDATES, self.fleet))
-            await client.subscribe(upd, qos=1)
-            await client.subscribe(topic_filter(Channel.STATUS, self.fleet), qos=1)
-            await self._publish(client, [self.core.global_message()])  # the current global, retained
+            for topic in (upd, topic_filter(Channel.STATUS, self.fleet)):
+                check_subscription(topic, await client.subscribe(topic, qos=1))
+            # the current global, retained, then what we hold per client (agents resend the rest)
+            await self._publish(client, [self.core.global_message(), *self.core.hello()])
             self.connected.set()
             ticker = asyncio.create_task(self._ticker(client))
             receiver = asyncio.create_task(self._receive(client))
@@ -111,6 +188,8 @@ class AggregatorService:
             elif parsed.channel == Channel.STATUS:
                 try:
                     st = decode(payload, self.core.cfg, client=parsed.client, kinds=("status",))
-                except ProtocolError:
+                except ProtocolError as e:
+                    self.core.counters.reject("bad_status")
+                    log.debug("status on %s rejected: %s", message.topic.value, e)
                     continue
                 await self._publish(client, self.core.on_status(parsed.client, str(st.meta.get("state"))))
