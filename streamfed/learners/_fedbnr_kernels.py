@@ -103,11 +103,13 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
         c = rnew * inv_rkk
         s = xk * inv_rkk
         inv_c = rkk / rnew
-        rk = r[k]
-        for j in range(k + 1, n):
-            rkj = (rk[j] + s * x[j]) * inv_c
+        # Slices indexed from 0: LLVM then vectorises the loop (with `range(k + 1, n)` it did not).
+        rk = r[k, k + 1:]
+        xt = x[k + 1:]
+        for j in range(n - k - 1):
+            rkj = (rk[j] + s * xt[j]) * inv_c
             rk[j] = rkj
-            x[j] = c * x[j] - s * rkj
+            xt[j] = c * xt[j] - s * rkj
 
 
 @numba.njit(cache=True, fastmath=_FAST)
@@ -119,9 +121,10 @@ def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     for k in range(n):
         vk = out[k] / r[k, k]
         out[k] = vk
-        rk = r[k]
-        for j in range(k + 1, n):
-            out[j] -= rk[j] * vk
+        rk = r[k, k + 1:n]  # 0-based slices vectorise, see chol_update
+        ot = out[k + 1:n]
+        for j in range(n - k - 1):
+            ot[j] -= rk[j] * vk
 
 
 @numba.njit(cache=True, fastmath=_FAST)
@@ -208,12 +211,13 @@ def flush(s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.nda
             for t in range(count):
                 acc_b += bi[t] * buf_y[t]
             b_pend[k, i] += acc_b
+            spi = sp[i]
             for j in range(i, f):
                 bj = bk[j]
                 acc = 0.0
                 for t in range(count):
                     acc += bi[t] * bj[t]
-                sp[i, j] += acc
+                spi[j] += acc
 
 
 @numba.njit(cache=True, fastmath=_FAST)
@@ -246,8 +250,9 @@ def learn_one(
         rk = ra[k]
         if sqrt_gamma != 1.0:
             for i in range(f + 1):
-                for j in range(i, f + 1):
-                    rk[i, j] *= sqrt_gamma
+                row = rk[i, i:]
+                for j in range(f + 1 - i):
+                    row[j] *= sqrt_gamma
             for i in range(f + 1):
                 work[i] = 0.0
             work[refresh_index] = refresh[k]
