@@ -603,7 +603,8 @@ class FedBNRClient:
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
         """Predictive `(mean, variance)` at `x`: `N(φᵀm, σ² + φᵀA⁻¹φ)` (moment-matched over kernels)."""
-        x = np.array(x, dtype=np.float64)  # our own copy: it is cached
+        # Our own copy (it is cached); `.copy()` is the cheap path for the common float64 vector.
+        x = x.copy() if type(x) is np.ndarray and x.dtype == np.float64 else np.array(x, dtype=np.float64)
         fast = self._fast
         if fast is not None and x.ndim == 1 and x.shape[0] == fast[2]:
             # Hot path: features and predictive in one numba call.
