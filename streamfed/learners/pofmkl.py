@@ -26,8 +26,9 @@ from ._pofmkl_kernels import (
     STEP_BAD_LABEL,
     STEP_OK,
     accumulate_checked,
+    packed_layout,
     pofmkl_predict,
-    pofmkl_step,
+    pofmkl_step_packed,
     row_sq_norms,
 )
 
@@ -130,24 +131,40 @@ class POFMKLClient:
         self.eta, self.lam, self.xi, self.bin_size = float(eta), float(lam), float(xi), int(bin_size)
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         n, dim = bank.n_kernels, bank.dim
-        self.theta = np.zeros((n, dim))
-        self._theta_sq = np.zeros(n)
         self.global_version = 0
-        if theta is not None:
-            self.set_global(theta, 0)
-        self.logw = np.zeros(n)
-        # [Σ(ŷ-y)², Σ_t Σ_p w̄_p ℓ_p, steps, unused, Σ(f_p-y)² per kernel, Σ ℓ_p per kernel]
-        self.acc = np.zeros(4 + 2 * n)
         self._uniforms = np.empty(0)
         self._upos = 0
         self._order = np.arange(n, dtype=np.int64)  # kept between steps: warm start of the sort
-        self._sel = np.empty(self.bin_size, dtype=np.int64)
-        self._delta = np.empty((self.bin_size, dim))
-        self._z = np.empty((n, dim))
-        self._scratch = np.empty(n * bank.n_features + 3 * n)
-        # the arguments of every step after (x, y, u, θ, ‖θ‖²), bound once: the step allocates nothing
-        self._args = (self.logw, self.acc, np.array([self.eta, self.lam, self.xi]), self.bin_size,
-                      self._scratch, self._z, self._order, self._sel, self._delta)
+        # All float state in one buffer (θ, ‖θ‖², log w, loss accumulators, hyperparameters, scratch);
+        # the attributes below are views of it. The step allocates nothing it keeps but the upload.
+        self._layout = packed_layout(n, dim, n * bank.n_features)
+        self._state = np.zeros(self._layout["z"][1])
+        self._bind_views()
+        self._state[slice(*self._layout["hyper"])] = (self.eta, self.lam, self.xi)
+        if theta is not None:
+            self.set_global(theta, 0)
+
+    def _bind_views(self) -> None:
+        n, dim = self.bank.n_kernels, self.bank.dim
+        lay, st = self._layout, self._state
+        self.theta = st[slice(*lay["theta"])].reshape(n, dim)
+        self._theta_sq = st[slice(*lay["theta_sq"])]
+        self.logw = st[slice(*lay["logw"])]
+        # [Σ(ŷ-y)², Σ_t Σ_p w̄_p ℓ_p, steps, unused, Σ(f_p-y)² per kernel, Σ ℓ_p per kernel]
+        self.acc = st[slice(*lay["acc"])]
+        self._scratch = st[slice(*lay["scratch"])]
+        self._z = st[slice(*lay["z"])].reshape(n, dim)
+
+    def __getstate__(self) -> dict:
+        # the views are rebuilt on load: pickling them would copy each and cut them off the buffer
+        state = dict(self.__dict__)
+        for k in ("theta", "_theta_sq", "logw", "acc", "_scratch", "_z"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._bind_views()
 
     # -- global parameters -------------------------------------------------------------------
     def set_global(self, theta: np.ndarray | GlobalTheta, version: int) -> None:
@@ -155,8 +172,8 @@ class POFMKLClient:
         g = theta if isinstance(theta, GlobalTheta) else GlobalTheta.of(theta)
         if g.theta.shape != self.theta.shape:
             raise ValueError(f"global theta has shape {g.theta.shape}, expected {self.theta.shape}")
-        self.theta = g.theta
-        self._theta_sq = g.theta_sq
+        self.theta[:] = g.theta
+        self._theta_sq[:] = g.theta_sq
         self.global_version = int(version)
 
     # -- the step ----------------------------------------------------------------------------
@@ -171,12 +188,13 @@ class POFMKLClient:
         if self._upos == self._uniforms.shape[0]:
             self._uniforms = self.rng.random(_UNIFORM_BLOCK)
             self._upos = 0
-        status, n_sel, yhat, _ = pofmkl_step(self.bank._wt, x, y, self._uniforms[self._upos],
-                                             self.theta, self._theta_sq, *self._args)
+        status, n_sel, yhat, sel, delta = pofmkl_step_packed(
+            self.bank._wt, x, y, self._uniforms[self._upos], self._state, self._order, self.bank.n_kernels,
+            self.bank.dim, self.bin_size)
         if status != STEP_OK:
             self._raise(status, x, y)
         self._upos += 1  # the draw is consumed only by a step that happened
-        return yhat, KernelUpdate(self._sel[:n_sel].copy(), self._delta[:n_sel].copy())
+        return yhat, KernelUpdate(sel, delta)
 
     def _raise(self, status: int, x: np.ndarray, y: float) -> None:
         if status == STEP_BAD_INPUT:
