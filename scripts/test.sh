@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# One BLAS thread: the learners' small dense solves only slow down when two threads fight for 2 cores.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 exec .venv/bin/python -m pytest "$@"
