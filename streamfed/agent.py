@@ -223,6 +223,9 @@ class AgentCore:
         try:
             if self.pofmkl:
                 theta, version = global_theta(msg)
+                # finite entries are not enough: ‖θ_p‖² enters every loss, and must not overflow either
+                if not np.isfinite(np.einsum("pi,pi->p", theta, theta)).all():
+                    raise NonFiniteError("global theta: a squared row norm overflows")
                 self.learner.set_global(theta, version)
             else:
                 g = GlobalModel.from_message(fedbnr_global_fields(msg))

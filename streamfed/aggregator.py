@@ -16,10 +16,11 @@ Every rejection has a reason (a :class:`~streamfed.protocol.Reason` value, or ``
 ``unknown_client`` / ``late``) counted in :attr:`AggregatorCore.rejected`; nothing rejected reaches
 the model, and :meth:`AggregatorCore.on_update` never raises. Beyond the codec's checks (schema,
 shapes, dtypes, finiteness, indices, sequence numbers) an update is validated *before* anything is
-changed: every value is bounded by `max_abs` (so sums of accepted updates can never overflow to a
-non-finite global), and FedBNR statistics must be statistics of some samples — `n` a positive whole
-number, `[[S, b], [bᵀ, q]]` positive semi-definite and `tr S_k <= n·max‖φ‖²` (features are bounded) —
-so one hostile upload cannot make the global posterior improper for everyone.
+changed: every value is bounded by `max_abs` (1e100: a θ built from accepted updates cannot reach values
+whose squared norms overflow in any feasible number of rounds, so every global is usable), and FedBNR
+statistics must be statistics of some samples — `n` a positive whole number, `[[S, b], [bᵀ, q]]`
+positive semi-definite and `tr S_k <= n·max‖φ‖²` (features are bounded) — so one hostile upload cannot
+make the global posterior improper for everyone.
 
 Durability: the shell sets :attr:`AggregatorCore.checkpoint` (a callable); it is called with the new
 state *before* any global reflecting it is returned for publishing, so a published global is always
@@ -70,7 +71,6 @@ class AggregatorCounters:
     rejected: dict[str, int] = field(default_factory=dict)
     rounds: int = 0
     gaps: int = 0  # updates that skipped over seqs not received yet (the acks list them as missing)
-    given_up: int = 0  # seqs abandoned because a client ran more than the sequence window ahead
     last_round_at: float = 0.0
     aggregation_seconds: list[float] = field(default_factory=list)  # recent, bounded
 
@@ -103,7 +103,7 @@ class AggregatorCore:
     def __init__(self, cfg: FleetConfig, clients: Sequence[str] | None = None, mode: Mode = "lockstep",
                  quorum: int | None = None, round_timeout: float = 5.0, window: float = 0.5,
                  sender: str = "aggregator", stats: AggregatorStats | None = None,
-                 offline: Literal["drop", "wait"] = "drop", max_abs: float = 1e150,
+                 offline: Literal["drop", "wait"] = "drop", max_abs: float = 1e100,
                  check_stats: bool = True) -> None:
         self.cfg = cfg
         self.pofmkl = cfg.algorithm == "pofmkl"
@@ -175,9 +175,17 @@ class AggregatorCore:
             if self.clients and msg.client not in self.order:
                 self.counters.reject("unknown_client")
                 return []
-            self.tracker.check(msg.client, msg.seq)
+            seq_check = self.tracker.check(msg.client, msg.seq)
         except ProtocolError as e:
             self.counters.reject(e.reason.value)
+            return []
+        if seq_check.dropped is not None:
+            # More than a window ahead: taking it would give up the seqs in between for good (and a FedBNR
+            # server would wait for them forever). An honest agent never gets there: it holds its uploads
+            # while a window's worth is outstanding, and sends missing ones again.
+            self.counters.reject("invalid_update")
+            log.debug("update from %r seq %d is more than %d ahead of %d", msg.client, msg.seq,
+                      self.tracker.window, self.tracker.mark(msg.client))
             return []
         try:
             # validated in full before anything changes: a rejected update leaves no trace
@@ -241,8 +249,6 @@ class AggregatorCore:
         if check.new_gap is not None:
             self.counters.gaps += 1
             log.info("client %r: seqs %d..%d missing (got %d)", client, *check.new_gap, seq)
-        if check.dropped is not None:
-            self.counters.given_up += check.dropped[1] - check.dropped[0] + 1
 
     # ------------------------------------------------------------------ POF-MKL
     def _check_pofmkl(self, msg: Message) -> KernelUpdate:
@@ -402,8 +408,7 @@ class AggregatorCore:
             "round": {r: {cl: plain(u) for cl, u in got.items()} for r, got in self._round.items()},
             "heard": {cl: [plain(u) for u in ups] for cl, ups in self._heard.items()},
             "dirty": self._dirty, "applied": dict(self._applied), "expected": sorted(self.expected),
-            "counters": {"accepted": c.accepted, "rejected": dict(c.rejected), "rounds": c.rounds, "gaps": c.gaps,
-                         "given_up": c.given_up},
+            "counters": {"accepted": c.accepted, "rejected": dict(c.rejected), "rounds": c.rounds, "gaps": c.gaps},
         }
 
     def restore(self, state: Mapping[str, Any], now: float | None = None) -> None:
@@ -432,7 +437,7 @@ class AggregatorCore:
         counters = state["counters"]
         self.counters.accepted, self.counters.rounds = int(counters["accepted"]), int(counters["rounds"])
         self.counters.rejected = dict(counters["rejected"])
-        self.counters.gaps, self.counters.given_up = int(counters["gaps"]), int(counters["given_up"])
+        self.counters.gaps = int(counters["gaps"])
         self._round_started = now if self._round else None
         self._window_started = now if (self._heard or self._dirty) else None
         self.stats.set_global_version(self.version)
