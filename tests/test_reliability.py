@@ -532,11 +532,14 @@ def test_fleet_survives_crashes_and_a_broker_restart(mosquitto_factory, tmp_path
         agg.kill()
         v_pof, v_bnr = version(), version(bnr_state)
         t0 = agg.start()
+        t_ready = wait_until(lambda: "resumed from" in agg.log.read_text() and time.monotonic(), 60,
+                             "the aggregator to load its state", procs) - t0
         wait_until(lambda: version() > v_pof, 60, "a global after the aggregator restart", procs)
         t_pof = time.monotonic() - t0
         wait_until(lambda: version(bnr_state) > v_bnr, 60, "a FedBNR global after the restart", procs)
         report["faults"].append({"fault": "aggregator SIGKILL + restart", "at_version": {"pofmkl": v_pof,
-                                 "fedbnr": v_bnr}, "recovery_s": {"pofmkl": t_pof, "fedbnr": time.monotonic() - t0}})
+                                 "fedbnr": v_bnr}, "state_loaded_s": t_ready,
+                                 "recovery_s": {"pofmkl": t_pof, "fedbnr": time.monotonic() - t0}})
         # 2. the broker restarts (SIGTERM, persistence reloaded) under everyone
         wait_until(lambda: version() >= 60, 60, "POF-MKL round 60", procs)
         v_pof, v_bnr = version(), version(bnr_state)
@@ -552,11 +555,13 @@ def test_fleet_survives_crashes_and_a_broker_restart(mosquitto_factory, tmp_path
         steps_at_kill = agent_steps(names[1])
         v_pof = version()
         t0 = victim.start()
+        t_ready = wait_until(lambda: "resumed from" in victim.log.read_text() and time.monotonic(), 60,
+                             "the agent to load its state", procs) - t0
         wait_until(lambda: agent_steps(names[1]) > steps_at_kill, 60, "the restarted agent's next sample", procs)
         t_agent = time.monotonic() - t0
         wait_until(lambda: version() > v_pof + 1, 60, "globals after the agent restart", procs)
         report["faults"].append({"fault": "agent SIGKILL + restart", "at_version": {"pofmkl": v_pof},
-                                 "agent_steps_at_kill": steps_at_kill,
+                                 "agent_steps_at_kill": steps_at_kill, "state_loaded_s": t_ready,
                                  "recovery_s": {"next_sample": t_agent, "pofmkl": time.monotonic() - t0}})
         # the streams end; every agent leaves once its updates are in a global it has installed
         for a in agents:

@@ -42,9 +42,9 @@ import os
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiomqtt
 
@@ -55,11 +55,17 @@ from ..protocol import Message, ProtocolError, decode, encode, status_message
 from ..sources import Label, Reading, ReadingParser, Skip
 from ..topics import acks_topic, global_topic, predictions_topic, sensor_topic, status_topic, updates_topic
 
-__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "check_subscription", "refusal_reason"]
+__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "check_subscription", "refusal_reason", "until_lost"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("streamfed.agent")
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 10.0
 _WAKE = 0.25  # the sender re-checks resend timers and the drain deadline at least this often
+# Waiting for a PUBACK/SUBACK. The CONNACK wait is `connect_timeout` instead: a connection accepted by a
+# broker that is shutting down is never answered, and waiting aiomqtt's 10 s default for it would add
+# 10 s to the recovery from every broker restart.
+OP_TIMEOUT = 10.0
 
 # CONNACK reasons that retrying cannot fix (MQTT v5 reason codes; v3.1.1 return codes 1, 2, 4, 5)
 _FATAL_V5 = {0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C}
@@ -113,6 +119,32 @@ def check_subscription(topic: str, result: Any) -> None:
         value = getattr(code, "value", code)
         if isinstance(value, int) and value >= 0x80:
             raise BrokerRefused(f"subscription to {topic!r} refused: {code}", 1)
+
+
+async def until_lost(aw: Awaitable[T], receiver: asyncio.Task[Any]) -> T:
+    """Await `aw` (a publish or subscribe) unless the connection is lost first, which the `receiver` task
+    (iterating `client.messages`) learns at once: aiomqtt lets a PUBACK/SUBACK wait run to its timeout
+    when the connection drops. Raises that `MqttError` then. A receiver that stopped for another reason
+    says nothing about the connection, and is not waited on.
+
+    >>> async def demo():
+    ...     receiver = asyncio.create_task(asyncio.sleep(3600))
+    ...     value = await until_lost(asyncio.sleep(0, "ok"), receiver)
+    ...     receiver.cancel()
+    ...     return value
+    >>> asyncio.run(demo())
+    'ok'
+    """
+    task = asyncio.ensure_future(aw)
+    if not receiver.done():
+        await asyncio.wait({task, receiver}, return_when=asyncio.FIRST_COMPLETED)
+    exc = receiver.exception() if receiver.done() and not receiver.cancelled() else None
+    if not task.done() and isinstance(exc, aiomqtt.MqttError):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+            await task
+        raise exc
+    return await task
 
 
 class PubackWatch:
@@ -174,7 +206,7 @@ class AgentService:
                  update_buffer: int = 64, linger: float = 0.0, max_inflight: int = 32,
                  state_dir: str | os.PathLike[str] | None = None, checkpoint_interval: float = 0.0,
                  resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
-                 max_refusals: int = 3) -> None:
+                 max_refusals: int = 3, connect_timeout: float = 5.0) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -192,6 +224,7 @@ class AgentService:
         # lock-step: as long as `_last_global` waits for the last round; async: a few windows
         self.drain = drain if drain is not None else (30.0 if core.mode == "lockstep" else 5.0)
         self.max_refusals = max(1, int(max_refusals))
+        self.connect_timeout = connect_timeout
         self.refusals: dict[str, int] = {}
         self.rejected_acks = 0
         self._work = asyncio.Event()
@@ -331,26 +364,30 @@ class AgentService:
         offline = encode(status_message(self.fleet, self.client_id, "offline"))
         kw = self.broker.aiomqtt_kwargs(f"{self.fleet}.{self.client_id}", persistent=True)
         will = aiomqtt.Will(status_topic(self.fleet, self.client_id), offline, qos=1, retain=True)
-        async with aiomqtt.Client(**kw, will=will) as client:
+        async with aiomqtt.Client(**kw, will=will, timeout=self.connect_timeout) as client:
             watch = PubackWatch(client)
-            topics = [global_topic(self.fleet), acks_topic(self.fleet, self.client_id)]
-            if self.parser is not None:
-                topics.append(sensor_topic(self.fleet, self.client_id, self.core.cfg.sensor_topic))
-            for topic in topics:
-                check_subscription(topic, await client.subscribe(topic, qos=1))
-            await client.publish(status_topic(self.fleet, self.client_id),
-                                 encode(status_message(self.fleet, self.client_id, "online")), qos=1, retain=True)
-            watch.check()
-            self.connected.set()
-            receiver = asyncio.create_task(self._receive(client))
+            receiver = asyncio.create_task(self._receive(client))  # first: it notices a lost connection
             try:
+                topics = [global_topic(self.fleet), acks_topic(self.fleet, self.client_id)]
+                if self.parser is not None:
+                    topics.append(sensor_topic(self.fleet, self.client_id, self.core.cfg.sensor_topic))
+                for topic in topics:
+                    check_subscription(topic, await until_lost(
+                        client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
+                await until_lost(client.publish(
+                    status_topic(self.fleet, self.client_id), encode(status_message(self.fleet, self.client_id,
+                                                                                    "online")),
+                    qos=1, retain=True, timeout=OP_TIMEOUT), receiver)
+                watch.check()
+                self.connected.set()
                 await self._send(client, receiver, watch)
                 if self._finished():
                     await self._last_global()
-                    await client.publish(status_topic(self.fleet, self.client_id), offline, qos=1, retain=True)
+                    await until_lost(client.publish(status_topic(self.fleet, self.client_id), offline, qos=1,
+                                                    retain=True, timeout=OP_TIMEOUT), receiver)
             finally:
                 receiver.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                     await receiver
 
     async def _last_global(self) -> None:
@@ -381,13 +418,15 @@ class AgentService:
                     msg = queue.popleft()
                     payload = encode(msg)
                     topic = (updates_topic if queue is self.updates else predictions_topic)(self.fleet, self.client_id)
-                    task = asyncio.create_task(client.publish(topic, payload, qos=1))
+                    task = asyncio.create_task(client.publish(topic, payload, qos=1, timeout=OP_TIMEOUT))
                     inflight[task] = (queue, msg, len(payload))
                     if queue is self.updates:
                         self._inflight.add(msg.seq)
                 if inflight:
-                    done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
+                    # the receiver too: aiomqtt leaves PUBACK waits running to their timeout on a lost connection
+                    watching = {receiver} if receiver is not None and not receiver.done() else set()
+                    done, _ = await asyncio.wait(inflight.keys() | watching, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done - watching:
                         queue, msg, nbytes = inflight.pop(task)
                         task.result()  # raises MqttError on a lost connection
                         if watch is not None and watch.refused:

@@ -35,7 +35,7 @@ from ..config import BrokerConfig
 from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode, encode
 from ..topics import Channel, acks_topic, global_topic, shared_filter, topic_filter, try_parse_topic
-from .agent import BrokerRefused, PubackWatch, check_subscription, refusal_reason
+from .agent import OP_TIMEOUT, BrokerRefused, PubackWatch, check_subscription, refusal_reason, until_lost
 
 __all__ = ["AggregatorService"]
 
@@ -54,7 +54,8 @@ class AggregatorService:
 
     def __init__(self, core: AggregatorCore, broker: BrokerConfig, tick: float = 0.05,
                  shared_group: str | None = None, client_id: str | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, max_refusals: int = 3) -> None:
+                 state_dir: str | os.PathLike[str] | None = None, max_refusals: int = 3,
+                 connect_timeout: float = 5.0) -> None:
         self.core = core
         self.broker = broker
         self.tick = tick
@@ -67,6 +68,7 @@ class AggregatorService:
         self.ingested = 0
         self.reconnects = 0
         self.max_refusals = max(1, int(max_refusals))
+        self.connect_timeout = connect_timeout  # see streamfed.runtime.agent.OP_TIMEOUT
         self.refusals: dict[str, int] = {}
         self.store: StateStore | None = None
         self._watch: PubackWatch | None = None
@@ -135,47 +137,57 @@ class AggregatorService:
                     self._save(self.core)
                 self.store.close()
 
-    async def _publish(self, client: aiomqtt.Client, msgs: list[Message]) -> None:
-        for m in msgs:
+    async def _publisher(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
+        """Publishes what the core returns, in order. Apart from the receiver, so that the receiver keeps
+        reading (and notices a lost connection at once) while a publish waits for its PUBACK."""
+        while True:
+            m = await outbox.get()
             if m.kind == "ack":
-                await client.publish(acks_topic(self.fleet, m.client), encode(m), qos=1)
+                await client.publish(acks_topic(self.fleet, m.client), encode(m), qos=1, timeout=OP_TIMEOUT)
             else:
-                await client.publish(global_topic(self.fleet), encode(m), qos=1, retain=True)
+                await client.publish(global_topic(self.fleet), encode(m), qos=1, retain=True, timeout=OP_TIMEOUT)
             if self._watch is not None:
                 self._watch.check()  # e.g. this user may not write the global topic
             self.published += 1
 
     async def _session(self) -> None:
         kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)
-        async with aiomqtt.Client(**kw, max_queued_incoming_messages=0) as client:
+        async with aiomqtt.Client(**kw, max_queued_incoming_messages=0, timeout=self.connect_timeout) as client:
             self._watch = PubackWatch(client)
-            upd = (shared_filter(self.shared_group, self.fleet) if self.shared_group
-                   else topic_filter(Channel.UPDATES, self.fleet))
-            for topic in (upd, topic_filter(Channel.STATUS, self.fleet)):
-                check_subscription(topic, await client.subscribe(topic, qos=1))
-            # the current global, retained, then what we hold per client (agents resend the rest)
-            await self._publish(client, [self.core.global_message(), *self.core.hello()])
-            self.connected.set()
-            ticker = asyncio.create_task(self._ticker(client))
-            receiver = asyncio.create_task(self._receive(client))
-            stopper = asyncio.create_task(self._stop.wait())
+            outbox: asyncio.Queue[Message] = asyncio.Queue()
+            receiver = asyncio.create_task(self._receive(client, outbox))
+            tasks = [receiver]
             try:
-                done, _ = await asyncio.wait({ticker, receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                upd = (shared_filter(self.shared_group, self.fleet) if self.shared_group
+                       else topic_filter(Channel.UPDATES, self.fleet))
+                for topic in (upd, topic_filter(Channel.STATUS, self.fleet)):
+                    check_subscription(topic, await until_lost(
+                        client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
+                # the current global, retained, then what we hold per client (agents resend the rest)
+                for m in [self.core.global_message(), *self.core.hello()]:
+                    outbox.put_nowait(m)
+                tasks += [asyncio.create_task(self._publisher(client, outbox)),
+                          asyncio.create_task(self._ticker(outbox))]
+                self.connected.set()
+                stopper = asyncio.create_task(self._stop.wait())
+                tasks.append(stopper)
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
                     if t is not stopper and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
             finally:
-                for t in (ticker, receiver, stopper):
+                for t in tasks:
                     t.cancel()
                     with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                         await t
 
-    async def _ticker(self, client: aiomqtt.Client) -> None:
+    async def _ticker(self, outbox: asyncio.Queue[Message]) -> None:
         while True:
             await asyncio.sleep(self.tick)
-            await self._publish(client, self.core.tick(time.time()))
+            for m in self.core.tick(time.time()):
+                outbox.put_nowait(m)
 
-    async def _receive(self, client: aiomqtt.Client) -> None:
+    async def _receive(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
         async for message in client.messages:
             parsed = try_parse_topic(message.topic.value)
             if isinstance(parsed, str) or parsed.fleet != self.fleet or parsed.client is None:
@@ -184,7 +196,7 @@ class AggregatorService:
             payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
             if parsed.channel == Channel.UPDATES:
                 self.ingested += 1
-                await self._publish(client, self.core.on_update(parsed.client, bytes(payload)))
+                out = self.core.on_update(parsed.client, bytes(payload))
             elif parsed.channel == Channel.STATUS:
                 try:
                     st = decode(payload, self.core.cfg, client=parsed.client, kinds=("status",))
@@ -192,4 +204,8 @@ class AggregatorService:
                     self.core.counters.reject("bad_status")
                     log.debug("status on %s rejected: %s", message.topic.value, e)
                     continue
-                await self._publish(client, self.core.on_status(parsed.client, str(st.meta.get("state"))))
+                out = self.core.on_status(parsed.client, str(st.meta.get("state")))
+            else:
+                continue
+            for m in out:
+                outbox.put_nowait(m)

@@ -98,7 +98,7 @@ async def run_aggregators(broker: BrokerConfig, state_dir: Path | None, fleets: 
     """Every fleet's aggregator, until SIGTERM/SIGINT."""
     services = [AggregatorService(AggregatorCore(f.config, clients=f.clients, mode=f.mode,  # type: ignore[arg-type]
                                                  window=f.window, offline=f.offline),  # type: ignore[arg-type]
-                                  broker, state_dir=state_dir) for f in fleets]
+                                  broker, state_dir=state_dir, connect_timeout=2.0) for f in fleets]
     _stop_on_signals(services)
     for s in services:
         log.info("aggregator %s: version %d (%s)", s.fleet, s.core.version, "resumed" if s.restored else "new")
@@ -114,7 +114,7 @@ async def run_agents(broker: BrokerConfig, state_dir: Path | None, fleets: Seque
         data = np.load(f.streams[client])
         core = AgentCore(f.config, client, f.clients.index(client), mode=f.mode)  # type: ignore[arg-type]
         svc = AgentService(core, broker, array_source_from(data["X"], data["y"], f.rate), state_dir=state_dir,
-                           drain=f.drain, resend_after=5.0)
+                           drain=f.drain, resend_after=5.0, connect_timeout=2.0)
         log.info("agent %s/%s: %s at source item %d", f.config.fleet, client,
                  "resumed" if svc.restored else "new", svc.source_pos)
         services.append(svc)
