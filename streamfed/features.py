@@ -112,7 +112,8 @@ def rff_transform_into(wt: np.ndarray, x: np.ndarray, angles: np.ndarray, out: n
     """All kernels' features of one sample.
 
     `wt` is the frequency tensor laid out `(d, N*D)` (so the inner loop runs over contiguous
-    frequencies and vectorises), `angles` a scratch `(N*D,)`, `out` the `(N, 2D)` result.
+    frequencies and vectorises), `angles` a scratch of `2·N*D` (angles, then cosines), `out` the
+    `(N, 2D)` result.
     """
     d, nd = wt.shape
     n_kernels = out.shape[0]
@@ -125,26 +126,37 @@ def rff_transform_into(wt: np.ndarray, x: np.ndarray, angles: np.ndarray, out: n
             angles[j] += wt[k, j] * xk
     scale = 1.0 / np.sqrt(n_feat)
     big = False
-    for p in range(n_kernels):
-        base = p * n_feat
-        for j in range(n_feat):
-            s, c = sincos(angles[base + j])
-            out[p, j] = scale * s
-            out[p, n_feat + j] = scale * c
     for j in range(nd):
         big |= abs(angles[j]) > SINCOS_FAST_LIMIT
-    if big:  # rare: heavy-tailed (Cauchy, Student-t) frequencies; redo those few with libm
-        for j in range(nd):
-            if abs(angles[j]) > SINCOS_FAST_LIMIT:
-                p, i = divmod(j, n_feat)
-                out[p, i] = scale * np.sin(angles[j])
-                out[p, n_feat + i] = scale * np.cos(angles[j])
+    if big:  # rare: heavy-tailed (Cauchy, Student-t) frequencies; libm for the large angles
+        for p in range(n_kernels):
+            for i in range(n_feat):
+                a = angles[p * n_feat + i]
+                if abs(a) > SINCOS_FAST_LIMIT:
+                    sv, cv = np.sin(a), np.cos(a)
+                else:
+                    sv, cv = sincos(a)
+                out[p, i] = scale * sv
+                out[p, n_feat + i] = scale * cv
+        return
+    # One long loop over all N*D angles (vectorises far better than N short ones): sines overwrite
+    # the angles, cosines go to the second half of the scratch; then both are copied into the rows.
+    cosines = angles[nd : 2 * nd]
+    for j in range(nd):
+        sv, cv = sincos(angles[j])
+        angles[j] = scale * sv
+        cosines[j] = scale * cv
+    for p in range(n_kernels):
+        base = p * n_feat
+        for i in range(n_feat):
+            out[p, i] = angles[base + i]
+            out[p, n_feat + i] = cosines[base + i]
 
 
 @numba.njit(cache=True)
 def rff_transform_many(wt: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
     """`rff_transform_into` for each row of `xs` (`(T, d)` → `out` `(T, N, 2D)`)."""
-    angles = np.empty(wt.shape[1])
+    angles = np.empty(2 * wt.shape[1])
     for t in range(xs.shape[0]):
         rff_transform_into(wt, xs[t], angles, out[t])
 
@@ -218,7 +230,7 @@ class RFFBank:
         n, dd, d = freqs.shape
         self.n_kernels, self.n_features, self.n_inputs = n, dd, d
         self._wt = np.ascontiguousarray(freqs.reshape(n * dd, d).T)
-        self._angles = np.empty(n * dd)
+        self._angles = np.empty(2 * n * dd)  # angles, then cosines (see rff_transform_into)
         self.version = hashlib.sha256(freqs.tobytes()).hexdigest()[:16]
 
     @property

@@ -24,7 +24,7 @@ def kernel_gradients(
     eta: float,
     lam: float,
     only: int,  # -1: Δ for every kernel; p >= 0: Δ for kernel p only (written to delta[0])
-    angles: np.ndarray,  # scratch (N*D,)
+    angles: np.ndarray,  # scratch (2*N*D,)
     z: np.ndarray,  # out (N, 2D)
     f: np.ndarray,  # out (N,)
     loss: np.ndarray,  # out (N,)

@@ -25,7 +25,7 @@ def pofmkl_predict(
     x: np.ndarray,  # (d,)
     theta: np.ndarray,  # (N, 2D) global parameters
     logw: np.ndarray,  # (N,) personal log-weights
-    angles: np.ndarray,  # scratch (N*D,)
+    angles: np.ndarray,  # scratch (2*N*D,)
     z: np.ndarray,  # out (N, 2D) features
     f: np.ndarray,  # out (N,) per-kernel predictions
     wbar: np.ndarray,  # out (N,) normalised weights
@@ -78,7 +78,7 @@ def pofmkl_step(
     acc: np.ndarray,  # (4 + 2N,) loss accumulators (updated on success), layout in pofmkl.py
     hyper: np.ndarray,  # [η, λ, ξ]
     bin_size: int,  # M
-    scratch: np.ndarray,  # (N*D + 3N,) floats: angles, f, w̄, ℓ
+    scratch: np.ndarray,  # (2*N*D + 3N,) floats: angles and cosines, f, w̄, ℓ
     z: np.ndarray,  # scratch (N, 2D) features
     order: np.ndarray,  # (N,) int64 kernel order, kept between steps (warm start for the sort)
     sel: np.ndarray,  # out (M,) int64: selected kernels
@@ -87,7 +87,7 @@ def pofmkl_step(
     """Steps 1-4 for one sample. Returns `(status, number of selected kernels, ŷ, q_J)`."""
     n_kernels, dim = z.shape
     eta, lam, xi = hyper[0], hyper[1], hyper[2]
-    nd = wt.shape[1]
+    nd = 2 * wt.shape[1]  # the feature map's scratch: angles, then cosines
     angles = scratch[:nd]
     f = scratch[nd : nd + n_kernels]
     wbar = scratch[nd + n_kernels : nd + 2 * n_kernels]
@@ -195,7 +195,7 @@ def pofmkl_step_packed(wt: np.ndarray, x: np.ndarray, y: float, u: float, state:
                        n_kernels: int, dim: int, bin_size: int) -> tuple[int, int, float, np.ndarray, np.ndarray]:
     """:func:`pofmkl_step` on the views of one state buffer (layout: :func:`packed_layout`); returns
     `(status, n_sel, ŷ, selected kernels, their Δ)` with the last two freshly allocated (the upload)."""
-    n, nd = n_kernels, wt.shape[1]
+    n, nd = n_kernels, 2 * wt.shape[1]  # the scratch holds angles and cosines
     o = 0
     theta = state[o : o + n * dim].reshape((n, dim))
     o += n * dim

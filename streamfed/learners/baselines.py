@@ -78,7 +78,7 @@ class _GradientClient:
         self.theta = np.zeros((n, dim))
         self._theta_sq = np.zeros(n)
         self.global_version = 0
-        self._angles = np.empty(n * bank.n_features)
+        self._angles = np.empty(2 * n * bank.n_features)  # angles, then cosines
         self._z = np.empty((n, dim))
         self._f = np.empty(n)
         self._loss = np.empty(n)

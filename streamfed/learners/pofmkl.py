@@ -137,7 +137,7 @@ class POFMKLClient:
         self._order = np.arange(n, dtype=np.int64)  # kept between steps: warm start of the sort
         # All float state in one buffer (θ, ‖θ‖², log w, loss accumulators, hyperparameters, scratch);
         # the attributes below are views of it. The step allocates nothing it keeps but the upload.
-        self._layout = packed_layout(n, dim, n * bank.n_features)
+        self._layout = packed_layout(n, dim, 2 * n * bank.n_features)
         self._state = np.zeros(self._layout["z"][1])
         self._bind_views()
         self._state[slice(*self._layout["hyper"])] = (self.eta, self.lam, self.xi)
@@ -209,7 +209,7 @@ class POFMKLClient:
     def predict(self, x: np.ndarray) -> float:
         """`ŷ = Σ_p w̄_p θ_pᵀ z_p(x)` (eq. 6) without learning."""
         x = self.bank.check_input(x)
-        nd = self.bank._wt.shape[1]
+        nd = 2 * self.bank._wt.shape[1]
         n = self.bank.n_kernels
         sc = self._scratch
         return float(pofmkl_predict(self.bank._wt, x, self.theta, self.logw, sc[:nd],
