@@ -118,6 +118,9 @@ def rff_transform_into(wt: np.ndarray, x: np.ndarray, angles: np.ndarray, out: n
     d, nd = wt.shape
     n_kernels = out.shape[0]
     n_feat = out.shape[1] // 2
+    # numba does not check bounds: a short scratch or output would be silent memory corruption
+    if angles.shape[0] < 2 * nd or x.shape[0] < d or n_kernels * n_feat != nd:
+        raise ValueError("rff_transform_into: scratch must hold 2*N*D values, x d values, out (N, 2D)")
     for j in range(nd):
         angles[j] = 0.0
     for k in range(d):  # angles = V x, accumulated one input coordinate at a time

@@ -124,3 +124,14 @@ def test_rffmap_bias_and_dictionary():
     fb = RFFMap(fm.bank, bias=True)
     assert fb.dim == 13 and fb.transform_one(x)[-1] == 1.0
     np.testing.assert_array_equal(fb.transform_many(x[None])[0], fb.transform_one(x))
+
+
+def test_kernel_refuses_a_short_scratch_instead_of_corrupting_memory():
+    from streamfed.features import rff_transform_into
+
+    bank = RFFBank(SPECS, 4, 3, seed=0)
+    out = np.empty((len(SPECS), 8))
+    with pytest.raises(ValueError, match="scratch"):
+        rff_transform_into(bank._wt, np.zeros(3), np.empty(len(SPECS) * 4), out)  # needs 2·N·D
+    with pytest.raises(ValueError, match="scratch"):
+        rff_transform_into(bank._wt, np.zeros(2), np.empty(2 * len(SPECS) * 4), out)  # x too short
