@@ -33,7 +33,7 @@ import numpy as np
 from ..agent import AgentCore
 from ..aggregator import AggregatorCore
 from ..config import BrokerConfig, FleetConfig
-from ..sources import Reading, paced
+from ..sources import Reading
 from .agent import AgentService, BrokerRefused
 from .aggregator import AggregatorService
 
@@ -78,12 +78,17 @@ def load_spec(path: str | Path) -> tuple[BrokerConfig, Path | None, list[FleetSp
 
 
 def array_source_from(X: np.ndarray, y: np.ndarray, rate: float | None) -> Callable[[int], AsyncIterator[Reading]]:
-    """A resumable source: `source(pos)` yields readings `pos, pos + 1, …` (ids `s<i>`), paced at `rate`."""
+    """A resumable source: `source(pos)` yields readings `pos, pos + 1, …` (ids `s<i>`), one every
+    `1/rate` seconds at most — also after a stall (no burst to catch up, unlike `sources.paced`: a
+    sensor that was blocked does not produce its backlog at once, and a test can rely on the pace)."""
     X = np.ascontiguousarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    period = 1.0 / rate if rate else 0.0
 
-    def source(pos: int) -> AsyncIterator[Reading]:
-        return paced((Reading(f"s{i}", X[i], float(i), float(y[i])) for i in range(pos, len(y))), rate)
+    async def source(pos: int) -> AsyncIterator[Reading]:
+        for i in range(pos, len(y)):
+            await asyncio.sleep(period)
+            yield Reading(f"s{i}", X[i], float(i), float(y[i]))
 
     return source
 
