@@ -210,7 +210,8 @@ def structured(fl: Fleet, seed: int) -> tuple[str, bytes, str]:
     rng = np.random.default_rng(seed)
     cfg = fl.cfg
     ks = cfg.message_schema(cfg.update_kind)
-    client = str(rng.choice(HONEST + ["intruder", "h0 ", "../h1", ""]))
+    r = rng.random()  # mostly honest names, so that most envelopes get past the name checks
+    client = str(rng.choice(HONEST)) if r < 0.75 else "intruder" if r < 0.87 else str(rng.choice(["h0 ", "../h1", ""]))
     mark = fl.agg.tracker.mark(client) if client in HONEST else 0
     seq = int(rng.choice([mark, max(mark - 1, 0), mark + 1, mark + 2, mark + 40, mark + 10_000, 2**63 - 1]))
     kind = "envelope"
@@ -238,7 +239,7 @@ def structured(fl: Fleet, seed: int) -> tuple[str, bytes, str]:
         env["kind"], kind = str(rng.choice([cfg.global_kind, "ack", "status", "nope"])), "kind"
     elif r < 0.16:
         env["seq"], kind = [-1, 2**64 - 1, 1.5, "7", None][int(rng.integers(0, 5))], "seq"
-    topic_client = client if rng.random() < 0.9 else str(rng.choice(HONEST))
+    topic_client = client if rng.random() < 0.95 else str(rng.choice(HONEST))
     return topic_client, msgpack.packb(env, use_bin_type=True), kind
 
 
