@@ -423,6 +423,11 @@ def test_refused_connections_surface_with_the_mqtt_reason(mosquitto_prod):
                             sensor_features=[f"x{i}" for i in range(10)])
     err, _ = asyncio.run(run(impostor))
     assert err.reason == "publish to 'streamfed/v1/acl-refused/status/a2' refused: Not authorized"
+    # a broker certificate that does not verify (the system CAs do not know the test CA)
+    untrusted = wrong.model_copy(update={"tls_ca": None, "tls": True, "password": None, "username": None})
+    agent = AgentService(AgentCore(cfg, "a1", 0), untrusted, sensor_features=[f"x{i}" for i in range(10)])
+    err, _ = asyncio.run(run(agent))
+    assert err.reason.startswith("TLS: ") and "CERTIFICATE_VERIFY_FAILED" in err.reason
     # and the CLI says so and exits with status 2 instead of retrying forever
     conf = Path(wrong.tls_ca).parent.parent / "refused.toml"
     conf.write_text(f'[fleet]\nfleet = "acl-refused"\nalgorithm = "pofmkl"\nn_inputs = 10\n[broker]\n'
