@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/run_all.py            # all (≈ 10 min on 2 cores)
     .venv/bin/python benchmarks/run_all.py pofmkl     # only some: pofmkl, replay, fedbnr, runtime
+    .venv/bin/python benchmarks/run_all.py --assemble # only rebuild docs/benchmarks.md from results/
 
 Each script also runs alone and prints its section; results/*.md keep the last section of each.
 """
@@ -35,7 +36,9 @@ Load average when this file was written: {load}.
 
 
 def main() -> None:
-    chosen = sys.argv[1:] or list(BENCHES)
+    args = sys.argv[1:]
+    assemble_only = "--assemble" in args  # rebuild docs/benchmarks.md from results/*.md without running
+    chosen = [] if assemble_only else ([a for a in args if a in BENCHES] or list(BENCHES))
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
     for name in chosen:
