@@ -242,6 +242,10 @@ class AgentCore:
         self.global_received_at = time.time() if now is None else now
         self.stats.global_received(msg.global_version)
         self._prune_outbox(msg)
+        inc = msg.included.get(self.client_id, 0)
+        if self.mode == "async" and self.pofmkl and inc > self.seq:
+            # a restarted agent without its state must not reuse sequence numbers already applied
+            self.seq = inc
         return True
 
     def on_global_payload(self, payload: bytes, now: float | None = None) -> GlobalResult:

@@ -411,8 +411,6 @@ def test_sensor_adapter_cli_publishes_to_the_broker(mosquitto_dev):
 # the marker is removed.
 
 
-@pytest.mark.xfail(strict=True, reason="agent.py: a restarted agent numbers its updates from 1 again and the "
-                   "aggregator rejects them as stale_seq (AgentCore.on_global ignores the global's `included`)")
 def test_a_restarted_agent_continues_its_update_sequence():
     import numpy as np
 
@@ -432,19 +430,15 @@ def test_a_restarted_agent_continues_its_update_sequence():
     assert after.on_global(glob)
     for m in after.on_reading(Reading("s0", rng.random(2), 0.0, 0.5))[1]:
         agg.on_update("a1", encode(m), now=20.0)
-    assert agg.rejected == {}  # today: {'stale_seq': 1}, and every update until seq 6 is lost
+    assert agg.rejected == {}  # (was {'stale_seq': 1}, and every update until seq 6 lost)
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/agent.py: AgentService accepts sensor_features of the wrong "
-                   "length; the first reading then stops its receiver (the learner raises ValueError)")
 def test_agent_service_refuses_sensor_features_that_do_not_fit_the_fleet():
     cfg = FleetConfig(fleet="edge-mismatch", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
     with pytest.raises(ValueError):
         AgentService(AgentCore(cfg, "m1", 0), BrokerConfig(), sensor_features=["u", "v"])
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/agent.py: `_take` guards a labelled reading against a lock-step "
-                   "agent's wait but not a delayed label; AgentCore raises RuntimeError and the receiver stops")
 def test_a_lockstep_agent_survives_a_delayed_label_while_it_waits_for_its_round(mosquitto_dev):
     cfg = FleetConfig(fleet="edge-lockstep", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     broker = mosquitto_dev.broker_config()

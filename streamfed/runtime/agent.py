@@ -211,6 +211,8 @@ class AgentService:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
         self.broker = broker
+        if sensor_features is not None and len(sensor_features) != core.cfg.n_inputs:
+            raise ValueError(f"{len(sensor_features)} sensor features for a fleet with n_inputs={core.cfg.n_inputs}")
         self.parser = ReadingParser(sensor_features) if sensor_features is not None else None
         self.fleet, self.client_id = core.cfg.fleet, core.client_id
         self.predictions: deque[Message] = deque(maxlen=prediction_buffer)
@@ -593,6 +595,9 @@ class AgentService:
             pred, msgs = self.core.on_reading(item)
             self._queue(pred, msgs)
         elif isinstance(item, Label):
+            if self.core.waiting_for is not None:  # as a labelled reading: a lock-step agent learns in its round
+                self.core.on_skip(Skip("lockstep_busy"))
+                return
             self._queue(None, self.core.on_label(item))
         elif isinstance(item, Skip):
             self.core.on_skip(item)
