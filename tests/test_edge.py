@@ -406,9 +406,7 @@ def test_sensor_adapter_cli_publishes_to_the_broker(mosquitto_dev):
 
 
 # =========================================================================== device life cycle
-# Expected behaviour that streamfed/agent.py and streamfed/runtime/agent.py do not have yet. Each test is
-# `xfail(strict=True)`: it runs, and the day the bug is fixed it XPASSes, which fails the suite until
-# the marker is removed.
+# Restarts, misconfiguration, delayed labels in lock-step, Ctrl-C: what a device's agent meets.
 
 
 def test_a_restarted_agent_continues_its_update_sequence():
@@ -468,8 +466,6 @@ def test_a_lockstep_agent_survives_a_delayed_label_while_it_waits_for_its_round(
     assert core.counters.learned == 1 and core.counters.samples == 2
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/agent.py: a cancelled agent (Ctrl-C of `streamfed agent`) "
-                   "disconnects cleanly, so the broker discards its last will and its status stays 'online'")
 def test_a_cancelled_agent_is_marked_offline(mosquitto_dev):
     cfg = FleetConfig(fleet="edge-cancel", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
     broker = mosquitto_dev.broker_config()

@@ -387,6 +387,13 @@ class AgentService:
                     await self._last_global()
                     await until_lost(client.publish(status_topic(self.fleet, self.client_id), offline, qos=1,
                                                     retain=True, timeout=OP_TIMEOUT), receiver)
+            except asyncio.CancelledError:
+                # Cancelled (Ctrl-C): the clean DISCONNECT that follows makes the broker discard the last
+                # will, so say "offline" ourselves first (bounded: the process is on its way out).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.publish(status_topic(self.fleet, self.client_id), offline,
+                                                          qos=1, retain=True), 1.0)
+                raise
             finally:
                 receiver.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
