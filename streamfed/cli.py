@@ -116,6 +116,24 @@ def demo(
                                      algorithm=algorithm, metrics_port=metrics_port), console))
 
 
+def _run_service(svc: object, server: object | None) -> None:
+    """Run an agent or aggregator service until it ends or Ctrl-C; exit 2 when the broker refuses it."""
+    import asyncio
+
+    from .runtime.agent import BrokerRefused
+
+    try:
+        asyncio.run(svc.run())  # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        pass
+    except BrokerRefused as e:
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
+    finally:
+        if server is not None:
+            server.close()  # type: ignore[attr-defined]
+
+
 def _serve_metrics(stats: list, port: int | None, host: str = "127.0.0.1") -> object | None:
     if port is None:
         return None
@@ -142,12 +160,9 @@ def aggregator(
     wait_offline: Annotated[bool, typer.Option(help="lock-step: rounds wait for clients that went offline")] = False,
 ) -> None:
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
-    import asyncio
-
     from .aggregator import AggregatorCore
     from .config import load_config
     from .persistence import StateError
-    from .runtime.agent import BrokerRefused
     from .runtime.aggregator import AggregatorService
 
     cfg = load_config(config)
@@ -163,16 +178,7 @@ def aggregator(
     resumed = f", global v{core.version} resumed" if svc.restored else ""
     console.print(f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
                   f"{cfg.broker.host}:{cfg.broker.port}{resumed}")
-    try:
-        asyncio.run(svc.run())
-    except KeyboardInterrupt:
-        pass
-    except BrokerRefused as e:
-        console.print(f"[red]error[/]: {e}")
-        raise typer.Exit(2) from None
-    finally:
-        if server is not None:
-            server.close()  # type: ignore[attr-defined]
+    _run_service(svc, server)
 
 
 @app.command()
@@ -190,13 +196,11 @@ def agent(
     state_dir: Annotated[Path | None, typer.Option(help="persist learner, outbox and source position here")] = None,
 ) -> None:
     """Run one edge agent: predict, learn, publish predictions and bounded updates."""
-    import asyncio
-
     from . import sources
     from .agent import AgentCore
     from .config import load_config
     from .persistence import StateError
-    from .runtime.agent import AgentService, BrokerRefused
+    from .runtime.agent import AgentService
 
     cfg = load_config(config)
     names = [f.strip() for f in features.split(",")] if features else None
@@ -226,16 +230,7 @@ def agent(
     console.print(f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
                   f"{cfg.broker.host}:{cfg.broker.port}, source {source}"
                   + (f", resumed at item {svc.source_pos}" if svc.restored else ""))
-    try:
-        asyncio.run(svc.run())
-    except KeyboardInterrupt:
-        pass
-    except BrokerRefused as e:
-        console.print(f"[red]error[/]: {e}")
-        raise typer.Exit(2) from None
-    finally:
-        if server is not None:
-            server.close()  # type: ignore[attr-defined]
+    _run_service(svc, server)
 
 
 @app.command()
