@@ -186,11 +186,12 @@ def _payload(msg: Message) -> bytes:
 
 async def publish_messages(broker: BrokerConfig, topic: str, messages: Iterable[Message], *,
                            rate: float | None = None, client_id: str | None = None,
-                           max_retry_delay: float = 10.0) -> int:
+                           max_retry_delay: float = 10.0, stop: asyncio.Event | None = None) -> int:
     """Publish messages (mappings as JSON; bytes and str as given) with QoS 1, in order; returns the
     number acknowledged. `rate` paces readings (messages with an `id`) to that many per second; labels
     go out as soon as they are due. A lost connection is retried with backoff up to `max_retry_delay`
-    seconds, resending the message whose PUBACK had not arrived."""
+    seconds, resending the message whose PUBACK had not arrived. Setting `stop` ends it after the message
+    in flight (cancelling also works, but a cancellation can be lost inside a timed wait on Python 3.11)."""
     period = 1.0 / rate if rate and rate > 0 else 0.0
     loop = asyncio.get_running_loop()
     next_t = loop.time()
@@ -203,6 +204,8 @@ async def publish_messages(broker: BrokerConfig, topic: str, messages: Iterable[
             async with aiomqtt.Client(**broker.aiomqtt_kwargs(client_id)) as client:
                 backoff = 0.1
                 while True:
+                    if stop is not None and stop.is_set():
+                        return sent
                     if current is None:
                         msg = next(it, None)
                         if msg is None:

@@ -322,6 +322,7 @@ def test_subscribe_cli_prints_prediction_json_lines(mosquitto_dev):
         agent = AgentService(core, broker, sensor_features=["x0", "x1", "x2"])
         agent_task = asyncio.create_task(agent.run())
         publisher = None
+        stop = asyncio.Event()
         # a daemon thread: a CLI that never returns fails the test below instead of hanging the run
         cli = threading.Thread(target=lambda: results.append(CliRunner().invoke(app, args)), daemon=True)
         try:
@@ -330,11 +331,10 @@ def test_subscribe_cli_prints_prediction_json_lines(mosquitto_dev):
             # predictions are not retained: keep the readings coming until the subscriber has its k
             msgs = adapter.sensor_messages(adapter.simulated_samples(3), delay_labels=0, id_prefix="sub")
             publisher = asyncio.create_task(adapter.publish_messages(
-                broker, sensor_topic(fleet, client), msgs, rate=40, client_id=f"{fleet}.sensor"))
+                broker, sensor_topic(fleet, client), msgs, rate=40, client_id=f"{fleet}.sensor", stop=stop))
             await until(lambda: not cli.is_alive(), 20, "`streamfed subscribe --count` to exit")
         finally:
-            if publisher is not None:
-                publisher.cancel()
+            stop.set()  # not cancel(): a cancellation lost in a timed wait (3.11) would hang the test
             agent.stop()
             for t in (publisher, agent_task):
                 if t is not None:
