@@ -97,7 +97,8 @@ async def agent_latency(broker, cfg, seconds: float) -> dict:
     rng = np.random.default_rng(1)
     n = int(100 * seconds)
     X, y = rng.uniform(-1, 1, (n, cfg.n_inputs)), rng.uniform(0, 1, n)
-    svc = AgentService(AgentCore(cfg, "lat", 0, mode="async"), broker, array_source(X, y, rate_hz=100.0))
+    svc = AgentService(AgentCore(cfg, "lat", 0, mode="async"), broker, array_source(X, y, rate_hz=100.0),
+                       drain=0.0)  # no aggregator here: nobody will include its updates
     await svc.run()
     agent = np.array(svc.latencies) * 1e3
     # the transport's floor: QoS 1 publish of a prediction-sized payload, one at a time, same rate
