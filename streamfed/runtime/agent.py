@@ -111,6 +111,39 @@ def refusal_reason(error: BaseException) -> tuple[str, bool] | None:
     return None
 
 
+async def reconnect_loop(session: Callable[[], Awaitable[None]], *, name: str, stop: asyncio.Event,
+                         refusals: dict[str, int], max_refusals: int, on_lost: Callable[[], None],
+                         finished: Callable[[], bool] = lambda: False, logger: logging.Logger = log) -> None:
+    """Run `session()` until `stop` is set (or `finished()` after a clean session), reconnecting with
+    exponential backoff (0.1 s … 10 s). A refusal is counted in `refusals` by reason and logged; after
+    `max_refusals` fatal ones in a row :class:`BrokerRefused` is raised (retrying cannot help). Shared by
+    the agent and aggregator services."""
+    backoff = _BACKOFF_MIN
+    refused = 0
+    while not stop.is_set():
+        try:
+            await session()
+            backoff = _BACKOFF_MIN
+            if finished():
+                return
+        except (aiomqtt.MqttError, BrokerRefused) as e:
+            on_lost()
+            refusal = refusal_reason(e)
+            if refusal is not None:
+                reason, fatal = refusal
+                refusals[reason] = refusals.get(reason, 0) + 1
+                refused = refused + 1 if fatal else 0
+                logger.error("%s: the broker refused the connection: %s (%d in a row)", name, reason, refused)
+                if refused >= max_refusals:
+                    raise BrokerRefused(reason, refused) from e
+            else:
+                refused = 0
+                logger.warning("%s: connection lost (%s); retrying in %.1fs", name, e, backoff)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+
 def check_subscription(topic: str, result: Any) -> None:
     """Raise :class:`BrokerRefused` if the SUBACK of `topic` refused it (a reason code >= 0x80): an ACL
     that does not let this user read a topic it needs is a configuration error, not a transient one."""
@@ -309,36 +342,17 @@ class AgentService:
         self._stop.set()
         self._work.set()
 
+    def _lost(self) -> None:
+        self.connected.clear()
+        self.reconnects += 1
+
     async def run(self) -> None:
         feeder = asyncio.create_task(self._feed(), name=f"feed-{self.client_id}")
         saver = asyncio.create_task(self._checkpointer()) if self.store is not None else None
-        backoff = _BACKOFF_MIN
-        refused = 0
         try:
-            while not self._stop.is_set():
-                try:
-                    await self._session()
-                    backoff = _BACKOFF_MIN
-                    if self._finished():
-                        break
-                except (aiomqtt.MqttError, BrokerRefused) as e:
-                    self.connected.clear()
-                    self.reconnects += 1
-                    refusal = refusal_reason(e)
-                    if refusal is not None:
-                        reason, fatal = refusal
-                        self.refusals[reason] = self.refusals.get(reason, 0) + 1
-                        refused = refused + 1 if fatal else 0
-                        log.error("agent %s: the broker refused the connection: %s (%d in a row)",
-                                  self.client_id, reason, refused)
-                        if refused >= self.max_refusals:
-                            raise BrokerRefused(reason, refused) from e
-                    else:
-                        refused = 0
-                        log.warning("agent %s: connection lost (%s); retrying in %.1fs", self.client_id, e, backoff)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), backoff)
-                    backoff = min(backoff * 2, _BACKOFF_MAX)
+            await reconnect_loop(self._session, name=f"agent {self.client_id}", stop=self._stop,
+                                 refusals=self.refusals, max_refusals=self.max_refusals, on_lost=self._lost,
+                                 finished=self._finished)
         finally:
             for task in (feeder, saver):
                 if task is not None:

@@ -35,7 +35,7 @@ from ..config import BrokerConfig
 from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode, encode
 from ..topics import Channel, acks_topic, global_topic, shared_filter, topic_filter, try_parse_topic
-from .agent import OP_TIMEOUT, BrokerRefused, PubackWatch, check_subscription, refusal_reason, until_lost
+from .agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
 
 __all__ = ["AggregatorService"]
 
@@ -105,32 +105,15 @@ class AggregatorService:
     def stop(self) -> None:
         self._stop.set()
 
+    def _lost(self) -> None:
+        self.connected.clear()
+        self.reconnects += 1
+
     async def run(self) -> None:
-        backoff = 0.1
-        refused = 0
         try:
-            while not self._stop.is_set():
-                try:
-                    await self._session()
-                    backoff = 0.1
-                except (aiomqtt.MqttError, BrokerRefused) as e:
-                    self.connected.clear()
-                    self.reconnects += 1
-                    refusal = refusal_reason(e)
-                    if refusal is not None:
-                        reason, fatal = refusal
-                        self.refusals[reason] = self.refusals.get(reason, 0) + 1
-                        refused = refused + 1 if fatal else 0
-                        log.error("aggregator %s: the broker refused the connection: %s (%d in a row)",
-                                  self.fleet, reason, refused)
-                        if refused >= self.max_refusals:
-                            raise BrokerRefused(reason, refused) from e
-                    else:
-                        refused = 0
-                        log.warning("aggregator: connection lost (%s); retrying in %.1fs", e, backoff)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), backoff)
-                    backoff = min(backoff * 2, 10.0)
+            await reconnect_loop(self._session, name=f"aggregator {self.fleet}", stop=self._stop,
+                                 refusals=self.refusals, max_refusals=self.max_refusals, on_lost=self._lost,
+                                 logger=log)
         finally:
             if self.store is not None:
                 with contextlib.suppress(OSError):
