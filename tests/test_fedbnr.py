@@ -175,6 +175,81 @@ def test_learn_features_path_matches_learn() -> None:
     assert np.allclose(a._ra, b._ra, rtol=1e-13, atol=1e-14)
 
 
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"bandwidth": (0.5, 2.0)},  # a dictionary: Bayesian model average with evidence weights
+    {"forgetting": 0.97},  # decay and cyclic prior refresh
+    {"bandwidth": (0.5, 2.0), "forgetting": 0.9, "sigma": 0.3, "lam": 2.0},
+])
+def test_learn_predict_equals_predict_then_learn(kwargs: dict) -> None:
+    x, y = make_data(90, d=3, seed=40)
+    a = FedBNRClient(n_inputs=3, n_features=7, min_upload=16, **kwargs)
+    b = FedBNRClient(n_inputs=3, n_features=7, min_upload=16, **kwargs)
+    c = FedBNRClient(n_inputs=3, n_features=7, min_upload=16, **kwargs)
+    server = FedBNRServer.for_client(a)
+    for t, (xi, yi) in enumerate(zip(x, y.tolist(), strict=True)):
+        two = a.predict(xi)
+        a.learn(xi, yi)
+        assert b.learn_predict(xi, yi) == two  # bit for bit: the same kernels in the same order
+        c.learn(xi, yi)  # learn without a preceding predict takes the fused path too
+        if t % 30 == 29:  # a global in between: refactorisation of every view of the packed state
+            for cl in (a, b, c):
+                up = cl.make_upload()
+                assert up is not None
+            server.apply(up)
+            g = server.publish()
+            for cl in (a, b, c):
+                cl.apply_global(g)
+    for other in (b, c):
+        assert np.array_equal(a._ra, other._ra) and np.array_equal(a._pdiag, other._pdiag)
+        assert (a._n_work, a._q_work, a._refresh_j) == (other._n_work, other._q_work, other._refresh_j)
+        assert a.own_stats() == other.own_stats()
+        assert a.metrics == other.metrics
+
+
+def test_learn_predict_with_a_user_feature_map_and_numpy_target() -> None:
+    fmap = TanhMap(2, 9, seed=1)
+    a, b = FedBNRClient(fmap, sigma=0.5), FedBNRClient(fmap, sigma=0.5)
+    x, y = make_data(20, seed=41)
+    for xi, yi in zip(x, y, strict=True):  # yi is a numpy float64
+        assert b.learn_predict(xi, yi) == a.predict(xi)
+        a.learn(xi, yi)
+    assert np.array_equal(a._ra, b._ra)
+
+
+@pytest.mark.parametrize("x,y", [
+    (np.array([np.nan, 0.0]), 1.0),
+    (np.array([0.0, 0.0, 0.0]), 1.0),
+    (np.array([0.0, 0.0]), math.nan),
+    (np.array([0.0, 0.0]), 1e200),
+    (np.array([0.0, 0.0]), "abc"),
+])
+def test_learn_predict_bad_input_changes_nothing(x: np.ndarray, y: object) -> None:
+    client = FedBNRClient(n_inputs=2, n_features=5, min_upload=2)
+    xs, ys = make_data(10, seed=12)
+    client.learn_many(xs, ys)
+    before = snapshot(client)
+    with pytest.raises(ValueError):
+        client.learn_predict(x, y)  # type: ignore[arg-type]
+    assert snapshot(client) == before
+
+
+def test_pickled_client_keeps_its_views_on_the_packed_buffer() -> None:
+    x, y = make_data(60, d=2, seed=42)
+    a = FedBNRClient(n_inputs=2, n_features=6, forgetting=0.98, bandwidth=(0.5, 1.5))
+    a.learn_many(x[:30], y[:30])
+    b = pickle.loads(pickle.dumps(a))
+    d = copy.deepcopy(a)
+    for other in (b, d):
+        for attr in FedBNRClient._VIEWS:
+            assert np.shares_memory(getattr(other, attr), other._buf), attr
+    for xi, yi in zip(x[30:], y[30:].tolist(), strict=True):
+        for cl in (a, b, d):
+            cl.learn_predict(xi, yi)
+    assert np.array_equal(a._ra, b._ra) and np.array_equal(a._ra, d._ra)
+    assert a.metrics == b.metrics == d.metrics
+
+
 # ----------------------------------------------------------------------------- evidence
 
 

@@ -297,3 +297,134 @@ def learn_batch(
         if sqrt_gamma != 1.0:
             j = (j + 1) % f
     return count
+
+
+# ============================================================================ packed client state
+#
+# The client's per-sample state lives in ONE float64 buffer so a prequential step is one numba call
+# with three arguments (numba's dispatcher costs ~0.1 µs per array argument). Layout: a header of
+# `HEADER` slots (sizes, offsets of each block, running scalars), then the blocks. The Python class
+# (`FedBNRClient`) holds numpy views of the blocks; `packed_layout` is the single source of the layout.
+
+HEADER = 48
+# header slots: sizes
+H_K, H_F, H_B, H_D, H_ND = 0, 1, 2, 3, 4
+# header slots: running scalars
+H_N_WORK, H_Q_WORK, H_STAGED, H_N_PEND, H_Q_PEND, H_REFRESH_J, H_GAMMA, H_SQRT_GAMMA, H_DIRTY = (
+    24, 25, 26, 27, 28, 29, 30, 31, 32)
+# order of the blocks (their offsets are header slots 5, 6, ...)
+BLOCKS = ("ra", "s_pend", "b_pend", "stage", "stage_y", "work", "phi", "means", "vars", "logw", "sigma",
+          "inv_sigma", "lam", "refresh", "pdiag", "wt", "angles")
+_H_OFF = 5
+
+
+def packed_layout(k: int, f: int, b: int, d: int, nd: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """`({block: (start, stop)}, total size)` of the packed buffer for `K` kernels of `F` features,
+    `B` staged rows and (default RFF map) `d` inputs and `N·D` frequencies (`d = nd = 0` otherwise)."""
+    sizes = {"ra": k * (f + 1) * (f + 1), "s_pend": k * f * f, "b_pend": k * f, "stage": k * f * b,
+             "stage_y": b, "work": f + 1, "phi": k * f, "means": k, "vars": k, "logw": k, "sigma": k,
+             "inv_sigma": k, "lam": k, "refresh": k, "pdiag": k * f, "wt": d * nd, "angles": 2 * nd}
+    assert _H_OFF + len(BLOCKS) <= H_N_WORK
+    out, pos = {}, HEADER
+    for name in BLOCKS:
+        out[name] = (pos, pos + sizes[name])
+        pos += sizes[name]
+    return out, pos
+
+
+def write_header(buf: np.ndarray, layout: dict[str, tuple[int, int]], k: int, f: int, b: int, d: int,
+                 nd: int) -> None:
+    buf[H_K], buf[H_F], buf[H_B], buf[H_D], buf[H_ND] = k, f, b, d, nd
+    for i, name in enumerate(BLOCKS):
+        buf[_H_OFF + i] = layout[name][0]
+
+
+@numba.njit(cache=True, inline="always")
+def _block(buf: np.ndarray, i: int, size: int) -> np.ndarray:
+    start = int(buf[_H_OFF + i])
+    return buf[start:start + size]
+
+
+@numba.njit(cache=True)
+def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[bool, float, float]:
+    """Features of `x` (default RFF + bias map) into the `phi` block and the predictive, from the
+    packed state; refreshes the kernels' log weights first when they are stale. `(ok, mean, var)`."""
+    k, f, d, nd = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND])
+    if x.shape[0] != d:
+        return False, 0.0, 0.0
+    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
+    work = _block(buf, 5, f + 1)
+    phi = _block(buf, 6, k * f).reshape((k, f))
+    means = _block(buf, 7, k)
+    variances = _block(buf, 8, k)
+    logw = _block(buf, 9, k)
+    sigma = _block(buf, 10, k)
+    lam = _block(buf, 12, k)
+    wt = _block(buf, 15, d * nd).reshape((d, nd))
+    angles = _block(buf, 16, 2 * nd)
+    if not rff_bias_features(wt, x, angles, phi):
+        return False, 0.0, 0.0
+    if k > 1 and buf[H_DIRTY] != 0.0:
+        for j in range(k):
+            logw[j] = log_evidence_from_factor(ra[j], buf[H_N_WORK], sigma[j], lam[j])
+        buf[H_DIRTY] = 0.0
+    mu, var = predict_mixture(ra, phi, sigma, logw, work, means, variances)
+    return True, mu, var
+
+
+@numba.njit(cache=True)
+def packed_learn(buf: np.ndarray, y: float) -> bool:
+    """Learn the sample whose features are in the `phi` block (as :func:`learn_one`) and do the
+    bookkeeping of the running scalars (pending and working `n, q`, the prior diagonal under
+    forgetting, the refresh index). `False` (nothing changed) if `y²` or some `φ_i y` is not finite."""
+    k, f, b = int(buf[H_K]), int(buf[H_F]), int(buf[H_B])
+    y2 = y * y
+    if not np.isfinite(y2):
+        return False
+    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
+    s_pend = _block(buf, 1, k * f * f).reshape((k, f, f))
+    b_pend = _block(buf, 2, k * f).reshape((k, f))
+    stage = _block(buf, 3, k * f * b).reshape((k, f, b))
+    stage_y = _block(buf, 4, b)
+    work = _block(buf, 5, f + 1)
+    phi = _block(buf, 6, k * f).reshape((k, f))
+    inv_sigma = _block(buf, 11, k)
+    refresh = _block(buf, 13, k)
+    pdiag = _block(buf, 14, k * f).reshape((k, f))
+    j = int(buf[H_REFRESH_J])
+    sqrt_gamma = buf[H_SQRT_GAMMA]
+    staged = learn_one(ra, s_pend, b_pend, stage, stage_y, int(buf[H_STAGED]), phi, y, inv_sigma,
+                       sqrt_gamma, refresh, j, work)
+    if staged < 0:
+        return False
+    buf[H_STAGED] = staged
+    buf[H_N_PEND] += 1.0
+    buf[H_Q_PEND] += y2
+    g = buf[H_GAMMA]
+    if g == 1.0:
+        buf[H_N_WORK] += 1.0
+        buf[H_Q_WORK] += y2
+    else:
+        buf[H_N_WORK] = g * buf[H_N_WORK] + 1.0
+        buf[H_Q_WORK] = g * buf[H_Q_WORK] + y2
+        for kk in range(k):
+            for i in range(f):
+                pdiag[kk, i] *= g
+            pdiag[kk, j] += f * (1.0 - g)
+        buf[H_REFRESH_J] = (j + 1) % f
+    buf[H_DIRTY] = 1.0
+    return True
+
+
+@numba.njit(cache=True)
+def packed_step(buf: np.ndarray, x: np.ndarray, y: float) -> tuple[int, float, float]:
+    """One prequential step in one call: features of `x`, predictive (returned), then learn `(x, y)`.
+    Status 0 ok, 1 bad input `x`, 2 non-finite `y²` or `φy` (nothing learned in either case)."""
+    if not np.isfinite(y * y):
+        return 2, 0.0, 0.0
+    ok, mu, var = packed_predict(buf, x)
+    if not ok:
+        return 1, 0.0, 0.0
+    if not packed_learn(buf, y):
+        return 2, mu, var
+    return 0, mu, var

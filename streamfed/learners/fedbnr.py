@@ -489,35 +489,76 @@ class FedBNRClient:
         self.epoch = 0
         kk, f = self._features.n_kernels, self._features.dim
         self.n_kernels, self.dim = kk, f
-        self.sigma = np.full(kk, _check_positive("sigma", sigma))
-        self.lam = np.full(kk, _check_positive("lam", lam))
-        # Pending statistics (upper triangle of S only; kept exact, undecayed: they are uploaded).
-        self._s_pend = np.zeros((kk, f, f))
-        self._b_pend = np.zeros((kk, f))
-        # Rows staged for the pending scatter, folded in _STAGE at a time (see _fedbnr_kernels.flush).
-        self._stage = np.zeros((kk, f, _STAGE))
-        self._stage_y = np.zeros(_STAGE)
-        self._staged = 0
-        self._n_pend = 0
-        self._q_pend = 0.0
-        # Working posterior: augmented upper factor per kernel, and the working n (for the evidence).
-        self._ra = np.zeros((kk, f + 1, f + 1))
-        self._n_work = 0.0
-        self._q_work = 0.0
-        self._pdiag = np.ones((kk, f))  # prior precision / λ⁻², per coordinate (≠ 1 only with forgetting)
-        self._refresh_j = 0
+        sigma0, lam0 = _check_positive("sigma", sigma), _check_positive("lam", lam)
+        # All per-sample state in one packed float64 buffer (see _fedbnr_kernels.packed_layout): the
+        # prequential step is then one numba call with three arguments. The attributes below are views.
+        d, nd = (0, 0) if self._fast is None else self._fast[0].shape
+        self._layout, size = kern.packed_layout(kk, f, _STAGE, d, nd)
+        self._buf = np.zeros(size)
+        kern.write_header(self._buf, self._layout, kk, f, _STAGE, d, nd)
+        self._bind_views()
+        if self._fast is not None:
+            self._wt[...] = self._fast[0]  # a copy of the (constant) frequencies, for the packed kernels
+        self._pdiag[...] = 1.0  # prior precision / λ⁻², per coordinate (≠ 1 only with forgetting)
+        self.sigma[:] = sigma0
+        self.lam[:] = lam0
+        # Pending statistics: upper triangle of S only, kept exact and undecayed (they are uploaded);
+        # rows are staged and folded into the scatter _STAGE at a time (see _fedbnr_kernels.flush).
+        # Working posterior: augmented upper factor per kernel (`_ra`), and the working n, q.
         self._unacked: dict[int, Upload] = {}
         self._own_uploaded = SufficientStats.zeros(f, (kk,), self.kernel_version, self.epoch)
         self._global: GlobalModel | None = None
         self._next_seq = 1
-        self._work = np.empty(f + 1)
-        self._means = np.empty(kk)
-        self._vars = np.empty(kk)
-        self._logw = np.zeros(kk)
-        self._logw_dirty = False
         self._cache: tuple[np.ndarray, np.ndarray, float, float] | None = None
         self.metrics = PrequentialMetrics()
         self._rebuild(np.zeros((kk, f, f)), np.zeros((kk, f)), 0.0, self.sigma, self.lam, self._pdiag)
+
+    # ------------------------------------------------------------------ packed state
+    _VIEWS = {"_ra": "ra", "_s_pend": "s_pend", "_b_pend": "b_pend", "_stage": "stage", "_stage_y": "stage_y",
+              "_work": "work", "_phi": "phi", "_means": "means", "_vars": "vars", "_logw": "logw",
+              "sigma": "sigma", "_inv_sigma": "inv_sigma", "lam": "lam", "_refresh": "refresh",
+              "_pdiag": "pdiag", "_wt": "wt"}
+
+    def _bind_views(self) -> None:
+        kk, f = self.n_kernels, self.dim
+        shapes = {"ra": (kk, f + 1, f + 1), "s_pend": (kk, f, f), "b_pend": (kk, f), "stage": (kk, f, _STAGE),
+                  "phi": (kk, f), "pdiag": (kk, f)}
+        if self._fast is not None:
+            shapes["wt"] = self._fast[0].shape
+        for attr, block in self._VIEWS.items():
+            view = self._buf[slice(*self._layout[block])]
+            self.__dict__[attr] = view.reshape(shapes[block]) if block in shapes else view
+
+    def __getstate__(self) -> dict:
+        # The views are rebuilt on load: pickled, each would be copied and cut off the buffer.
+        state = dict(self.__dict__)
+        for attr in self._VIEWS:
+            state.pop(attr, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._bind_views()
+
+    def _header_property(slot: int, kind: type = float) -> property:  # type: ignore[misc]  # noqa: N805
+        def get(self: FedBNRClient) -> Any:
+            return kind(self._buf[slot])
+
+        def put(self: FedBNRClient, value: Any) -> None:
+            self._buf[slot] = value
+
+        return property(get, put)
+
+    # Running scalars, stored in the packed buffer's header.
+    _n_work = _header_property(kern.H_N_WORK)
+    _q_work = _header_property(kern.H_Q_WORK)
+    _staged = _header_property(kern.H_STAGED, int)
+    _n_pend = _header_property(kern.H_N_PEND, int)
+    _q_pend = _header_property(kern.H_Q_PEND)
+    _refresh_j = _header_property(kern.H_REFRESH_J, int)
+    _sqrt_gamma = _header_property(kern.H_SQRT_GAMMA)
+    _logw_dirty = _header_property(kern.H_DIRTY, bool)
+    del _header_property
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -601,24 +642,58 @@ class FedBNRClient:
         return kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
                                     self._means, self._vars)
 
+    def _fast_input(self, x: Any) -> np.ndarray | None:
+        """`x` itself when the packed numba path can take it (default map, float64 vector of the right
+        length), else `None`."""
+        if (self._fast is not None and type(x) is np.ndarray and x.dtype == np.float64 and x.ndim == 1
+                and x.shape[0] == self._fast[2]):
+            return x
+        return None
+
     def predict(self, x: np.ndarray) -> tuple[float, float]:
         """Predictive `(mean, variance)` at `x`: `N(φᵀm, σ² + φᵀA⁻¹φ)` (moment-matched over kernels)."""
-        # Our own copy (it is cached); `.copy()` is the cheap path for the common float64 vector.
-        x = x.copy() if type(x) is np.ndarray and x.dtype == np.float64 else np.array(x, dtype=np.float64)
-        fast = self._fast
-        if fast is not None and x.ndim == 1 and x.shape[0] == fast[2]:
-            # Hot path: features and predictive in one numba call.
-            phi = np.empty((self.n_kernels, self.dim))
-            lw = self._logw if not self._logw_dirty else self._log_weights()
-            ok, mu, var = kern.predict_rff(fast[0], x, fast[1], phi, self._ra, self.sigma, lw, self._work,
-                                           self._means, self._vars)
+        xf = self._fast_input(x)
+        if xf is not None:
+            # Hot path: features and predictive in one numba call on the packed state.
+            ok, mu, var = kern.packed_predict(self._buf, xf)
             if not ok:
                 raise ValueError("input contains a non-finite value")
+            x = xf.copy()  # our own copy (it is cached: the caller may change x before learn)
         else:
+            x = np.array(x, dtype=np.float64)
             phi = self.features(x)
             mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
                                            self._means, self._vars)
-        self._cache = (x, phi, mu, var)  # learn(x, y) right after predict(x) reuses this
+            self._phi[...] = phi
+        # learn(x, y) right after predict(x) reuses this; while it is set, `_phi` holds φ(x).
+        self._cache = (x, mu, var)
+        return mu, var
+
+    def learn_predict(self, x: np.ndarray, y: float) -> tuple[float, float]:
+        """One prequential step: the predictive `(mean, variance)` at `x` made *before* learning, then
+        learn `(x, y)` — the same as :meth:`predict` then :meth:`learn`, in one numba call on the default
+        RFF map (the per-sample hot path). Bad input raises `ValueError` and changes nothing."""
+        if type(y) is not float:
+            y = self._check_target(y)
+        xf = self._fast_input(x)
+        if xf is None:
+            mu, var = self.predict(x)
+            self.learn(x, y)
+            return mu, var
+        status, mu, var = kern.packed_step(self._buf, xf, y)
+        if status:
+            self._cache = None
+            raise ValueError("input contains a non-finite value" if status == 1 else
+                             f"target must be finite (and |y| < 1e154), got {y!r}, or features times "
+                             f"target overflow")
+        self._cache = None
+        # PrequentialMetrics.update, inlined (per-sample hot path).
+        m = self.metrics
+        r = y - mu
+        m.count += 1
+        m.sq_loss += r * r
+        m.covered += abs(r) <= Z95 * math.sqrt(var)
+        m.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
         return mu, var
 
     def predict_one(self, x: np.ndarray, with_dist: bool = False) -> float | proba.Gaussian:
@@ -662,21 +737,14 @@ class FedBNRClient:
         """Predict `x` (prequential metrics), then add `(x, y)`: `O(F²)` per kernel."""
         y = self._check_target(y)  # a Python float from here on: numpy scalar arithmetic is slow
         cache = self._cache
-        x = np.ascontiguousarray(x, dtype=np.float64)
-        if cache is not None and x.ndim == 1 and kern.same_vector(cache[0], x):
-            _, phi, mu, var = cache
-        else:
-            phi = self.features(x)
-            mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
-                                           self._means, self._vars)
-        self._learn_checked(phi, y)
-        # PrequentialMetrics.update, inlined (per-sample hot path).
-        m = self.metrics
-        r = y - mu
-        m.count += 1
-        m.sq_loss += r * r
-        m.covered += abs(r) <= Z95 * math.sqrt(var)
-        m.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
+        if cache is not None:
+            x = np.ascontiguousarray(x, dtype=np.float64)
+            if x.ndim == 1 and kern.same_vector(cache[0], x):
+                _, mu, var = cache  # φ(x) is in _phi
+                self._learn_checked(None, y)
+                self.metrics.update(mu, var, y)
+                return
+        self.learn_predict(x, y)
 
     def learn_features(self, phi: np.ndarray, y: float) -> None:
         """:meth:`learn` for precomputed features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
@@ -689,36 +757,22 @@ class FedBNRClient:
         self._learn_checked(phi, y)
         self.metrics.update(mu, var, y)
 
-    def _learn_checked(self, phi: np.ndarray, y: float) -> None:
-        staged = kern.learn_one(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
-                                self._staged, phi, y, self._inv_sigma, self._sqrt_gamma, self._refresh,
-                                self._refresh_j, self._work)
-        if staged < 0:  # checked before anything was touched
-            raise ValueError("features times target overflow")
-        self._staged = staged
-        g = self.forgetting
-        y2 = y * y
-        self._n_pend += 1
-        self._q_pend += y2
-        if g == 1.0:
-            self._n_work += 1.0
-            self._q_work += y2
-        else:
-            self._n_work = g * self._n_work + 1.0
-            self._q_work = g * self._q_work + y2
-            self._pdiag *= g
-            self._pdiag[:, self._refresh_j] += self.dim * (1.0 - g)
-            self._refresh_j = (self._refresh_j + 1) % self.dim
+    def _learn_checked(self, phi: np.ndarray | None, y: float) -> None:
+        """Learn features `phi` (`None`: those already in `_phi`) with target `y` (a checked float)."""
+        if phi is not None:
+            self._phi[...] = phi
         self._cache = None
-        self._logw_dirty = True
+        if not kern.packed_learn(self._buf, y):  # checked before anything was touched
+            raise ValueError("features times target overflow")
 
     def _set_hyper(self, sigma: np.ndarray, lam: np.ndarray) -> None:
-        self.sigma = np.array(sigma, dtype=np.float64)
-        self.lam = np.array(lam, dtype=np.float64)
-        self._inv_sigma = 1.0 / self.sigma
+        self.sigma[:] = np.asarray(sigma, dtype=np.float64)  # in place: views of the packed buffer
+        self.lam[:] = np.asarray(lam, dtype=np.float64)
+        self._inv_sigma[:] = 1.0 / self.sigma
         self._sqrt_gamma = math.sqrt(self.forgetting)
+        self._buf[kern.H_GAMMA] = self.forgetting
         # √(F(1-γ)) / λ_k: the rank-one refresh that returns the prior precision lost to forgetting.
-        self._refresh = np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
+        self._refresh[:] = np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
 
     def _after_learn(self, ys: np.ndarray) -> None:
         # Bookkeeping that mirrors what the numba kernels did to the factor for these targets.
@@ -893,9 +947,9 @@ class FedBNRClient:
             ra[k, f, f] = math.sqrt(max(rho2, 0.0))  # ≥ 0 mathematically; clip rounding
         if not np.all(np.isfinite(ra)):
             raise ValueError("refactorisation produced a non-finite factor")
-        self._ra = ra
+        self._ra[...] = ra
         self._set_hyper(sigma, lam)
-        self._pdiag = np.array(pdiag, dtype=np.float64)
+        self._pdiag[...] = np.array(pdiag, dtype=np.float64)
         self._cache = None
         self._logw_dirty = True
 
