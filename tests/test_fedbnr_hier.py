@@ -1,0 +1,280 @@
+"""Hierarchical FedBNR (shared w + personal δ_k) against brute-force joint Gaussian inference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamfed.learners.fedbnr import FedBNRClient, log_evidence
+from streamfed.learners.fedbnr_hier import (
+    FedBNRHierClient,
+    FedBNRHierServer,
+    HierGlobal,
+    HierUpload,
+    _Spectra,
+    fit_hierarchical,
+    hierarchical_log_evidence,
+    marginal_contribution,
+)
+from streamfed.stats import SufficientStats
+
+SIG, LAM, TAU = 0.4, 1.3, 0.6
+
+
+def data(n: int, seed: int, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, (n, 2))
+    return x, np.sin(x.sum(axis=1)) + shift + 0.2 * rng.standard_normal(n)
+
+
+def make_clients(k: int, gamma: float = 1.0, **kw) -> list[FedBNRHierClient]:
+    return [FedBNRHierClient(n_inputs=2, n_features=2, bandwidth=1.5, sigma=SIG, lam=LAM, tau=TAU,
+                             forgetting=gamma, min_upload=1, client_id=f"c{i}", **kw) for i in range(k)]
+
+
+def brute_force(phis: list[np.ndarray], ys: list[np.ndarray], weights: list[np.ndarray], sigma: float,
+                lam: float, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior mean and covariance of θ = [w, δ_1, …, δ_K] by dense Gaussian algebra (a weight ω on a
+    sample is a noise variance σ²/ω)."""
+    k, f = len(phis), phis[0].shape[1]
+    rows, targets, prec_noise = [], [], []
+    for c, (p, y, om) in enumerate(zip(phis, ys, weights, strict=True)):
+        x = np.zeros((p.shape[0], (k + 1) * f))
+        x[:, :f] = p
+        x[:, (c + 1) * f:(c + 2) * f] = p
+        rows.append(x)
+        targets.append(y)
+        prec_noise.append(om / sigma**2)
+    x, y, wn = np.vstack(rows), np.concatenate(targets), np.concatenate(prec_noise)
+    prior = np.r_[np.full(f, lam**-2), np.full(k * f, tau**-2)]
+    prec = np.diag(prior) + x.T @ (wn[:, None] * x)
+    cov = np.linalg.inv(prec)
+    return cov @ (x.T @ (wn * y)), cov
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+# ----------------------------------------------------------------------------- maths
+
+
+def test_marginal_contribution_is_the_likelihood_with_delta_integrated_out() -> None:
+    rng = np.random.default_rng(1)
+    phi, y = rng.standard_normal((7, 3)), rng.standard_normal(7)
+    p, r, log_z = marginal_contribution(SufficientStats.from_samples(phi, y), SIG, TAU)
+    c = SIG**2 * np.eye(7) + TAU**2 * phi @ phi.T
+    assert rel(p, phi.T @ np.linalg.solve(c, phi)) < 1e-12
+    assert rel(r, phi.T @ np.linalg.solve(c, y)) < 1e-12
+    direct = -0.5 * (7 * math.log(2 * math.pi) + np.linalg.slogdet(c)[1] + y @ np.linalg.solve(c, y))
+    assert log_z == pytest.approx(direct, rel=1e-12)
+
+
+def test_evidence_equals_the_joint_gaussian_density_of_all_targets() -> None:
+    rng = np.random.default_rng(2)
+    phis = [rng.standard_normal((n, 3)) for n in (4, 6, 5)]
+    ys = [rng.standard_normal(p.shape[0]) for p in phis]
+    stats = [SufficientStats.from_samples(p, y) for p, y in zip(phis, ys, strict=True)]
+    lev, a, h = hierarchical_log_evidence(stats, SIG, LAM, TAU)
+    x = np.vstack(phis)
+    blocks = np.zeros((x.shape[0], x.shape[0]))
+    start = 0
+    for p in phis:
+        blocks[start:start + p.shape[0], start:start + p.shape[0]] = p @ p.T
+        start += p.shape[0]
+    cov = SIG**2 * np.eye(x.shape[0]) + LAM**2 * x @ x.T + TAU**2 * blocks
+    y = np.concatenate(ys)
+    direct = -0.5 * (y.size * math.log(2 * math.pi) + np.linalg.slogdet(cov)[1] + y @ np.linalg.solve(cov, y))
+    assert lev == pytest.approx(direct, rel=1e-11)
+    # and the spectral form used by the fit agrees
+    assert _Spectra(stats).log_evidence(math.log(SIG), math.log(LAM), math.log(TAU)) == pytest.approx(lev, rel=1e-10)
+
+
+def test_one_client_is_bayesian_linear_regression_with_prior_variance_lam2_plus_tau2() -> None:
+    rng = np.random.default_rng(3)
+    phi, y = rng.standard_normal((20, 4)), rng.standard_normal(20)
+    st_ = SufficientStats.from_samples(phi, y)
+    lev, _, _ = hierarchical_log_evidence([st_], SIG, LAM, TAU)
+    assert lev == pytest.approx(float(log_evidence(st_, SIG, math.hypot(LAM, TAU))), rel=1e-11)
+
+
+# ----------------------------------------------------------------------------- learner vs brute force
+
+
+def run_fleet(gamma: float, n_extra: int = 3) -> tuple[list[FedBNRHierClient], HierGlobal, list, list, list, float]:
+    """Three clients with different offsets, two uploads each (client 0 also has pending samples when
+    the global arrives); returns everything needed for the brute-force comparison."""
+    clients = make_clients(3, gamma)
+    server = FedBNRHierServer.for_client(clients[0], fit_hyperparameters=False)
+    phis, ys, ts = [], [], []
+    for c, cl in enumerate(clients):
+        x, y = data(14, seed=10 + c, shift=0.5 * c)
+        t = np.sort(np.random.default_rng(c).choice(np.arange(1, 30), 14, replace=False)).astype(float)
+        cl.learn_many(x[:6], y[:6], t[:6])
+        server.apply(cl.make_upload())
+        cl.learn_many(x[6:11], y[6:11], t[6:11])
+        server.apply(cl.make_upload())
+        n_own = 11
+        if c == 0:  # learned after its last upload: in its own posterior, not in the global
+            cl.learn_many(x[11:11 + n_extra], y[11:11 + n_extra], t[11:11 + n_extra])
+            n_own += n_extra
+        phis.append(cl.features_many(x[:n_own]))
+        ys.append(y[:n_own])
+        ts.append(t[:n_own])
+    g = server.publish(time=30.0)
+    for cl in clients:
+        assert cl.apply_global(g)
+    return clients, g, phis, ys, ts, 30.0
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.93])
+def test_shared_posterior_is_the_exact_marginal_posterior_of_w(gamma: float) -> None:
+    clients, g, phis, ys, ts, t_end = run_fleet(gamma, n_extra=0)
+    weights = [gamma ** (t_end - t) for t in ts]
+    mean, cov = brute_force(phis, ys, weights, SIG, LAM, TAU)
+    f = clients[0].dim
+    a_inv = np.linalg.inv(g.A)
+    assert rel(a_inv @ g.h, mean[:f]) < 1e-9
+    assert rel(a_inv, cov[:f, :f]) < 1e-9
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.93])
+def test_client_posterior_is_the_exact_posterior_of_w_plus_its_delta(gamma: float) -> None:
+    clients, g, phis, ys, ts, t_end = run_fleet(gamma, n_extra=3)
+    # The server holds client 0's first 11 samples only; the other 3 are client 0's own pending data.
+    f = clients[0].dim
+    for c, cl in enumerate(clients):
+        weights = [gamma ** (t_end - t) for t in ts]
+        if c != 0:  # what client c's posterior is conditioned on: others' uploaded data + its own data
+            phis_c = [p[:11] if j == 0 else p for j, p in enumerate(phis)]
+            ys_c = [y[:11] if j == 0 else y for j, y in enumerate(ys)]
+            w_c = [w[:11] if j == 0 else w for j, w in enumerate(weights)]
+        else:
+            phis_c, ys_c, w_c = phis, ys, weights
+        mean, cov = brute_force(phis_c, ys_c, w_c, SIG, LAM, TAU)
+        sel = np.zeros((f, 4 * f))
+        sel[:, :f] = np.eye(f)
+        sel[:, (c + 1) * f:(c + 2) * f] = np.eye(f)
+        m_v, c_v = sel @ mean, sel @ cov @ sel.T
+        m, cv = cl.posterior()
+        assert rel(m, m_v) < 1e-8, c
+        assert rel(cv, c_v) < 1e-8, c
+        # and the predictive is N(φᵀm, σ² + φᵀCφ)
+        xq = np.array([[0.3, -0.7], [1.0, 1.0]])
+        pq = cl.features_many(xq)
+        mu, var = cl.predict_many(xq)
+        assert np.allclose(mu, pq @ m_v, rtol=1e-8, atol=1e-10)
+        assert np.allclose(var, SIG**2 + np.einsum("ti,ij,tj->t", pq, c_v, pq), rtol=1e-8)
+
+
+def test_samples_after_a_global_are_exact_rank_one_updates_without_forgetting() -> None:
+    clients, g, phis, ys, _, _ = run_fleet(1.0, n_extra=0)
+    cl = clients[1]
+    x, y = data(5, seed=99, shift=0.5)
+    means, _ = cl.learn_many(x, y, np.arange(31.0, 36.0))
+    phis_c = [p for p in phis]
+    ys_c = [yy for yy in ys]
+    phis_c[1] = np.vstack([phis[1], cl.features_many(x)])
+    ys_c[1] = np.r_[ys[1], y]
+    mean, cov = brute_force(phis_c, ys_c, [np.ones(len(yy)) for yy in ys_c], SIG, LAM, TAU)
+    f = cl.dim
+    m_v = mean[:f] + mean[2 * f:3 * f]
+    assert rel(cl.posterior()[0], m_v) < 1e-8
+
+
+def test_one_client_without_forgetting_equals_fedbnr_with_the_combined_prior() -> None:
+    x, y = data(50, seed=7)
+    hier = make_clients(1)[0]
+    flat = FedBNRClient(n_inputs=2, n_features=2, bandwidth=1.5, sigma=SIG, lam=math.hypot(LAM, TAU))
+    m1, v1 = hier.learn_many(x, y)
+    m2, v2 = flat.learn_many(x, y)
+    assert np.allclose(m1, m2, rtol=1e-9, atol=1e-12) and np.allclose(v1, v2, rtol=1e-9)
+
+
+# ----------------------------------------------------------------------------- server properties
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_shared_posterior_is_independent_of_partition_and_order(draw: st.DataObject) -> None:
+    gamma = draw.draw(st.sampled_from([1.0, 0.9]))
+    n = 12
+    uploads, reference = [], None
+    for c in range(3):
+        x, y = data(n, seed=20 + c, shift=c)
+        t = np.arange(1.0, n + 1)
+        cuts = sorted(draw.draw(st.sets(st.integers(1, n - 1), max_size=4)))
+        cl = make_clients(1, gamma)[0]
+        cl.client_id = f"c{c}"
+        for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):
+            cl.learn_many(x[lo:hi], y[lo:hi], t[lo:hi])
+            uploads.append(cl.make_upload())
+    order = draw.draw(st.permutations(range(len(uploads))))
+    server = FedBNRHierServer(uploads[0].stats.dim, uploads[0].stats.kernel_version, forgetting=gamma,
+                              sigma=SIG, lam=LAM, tau=TAU, fit_hyperparameters=False, min_samples=1)
+    for i in order:
+        server.apply(uploads[i])
+    g = server.publish(time=float(n))
+    # reference: each client's statistics in one piece
+    ref = FedBNRHierServer(uploads[0].stats.dim, uploads[0].stats.kernel_version, forgetting=gamma,
+                           sigma=SIG, lam=LAM, tau=TAU, fit_hyperparameters=False, min_samples=1)
+    for c in range(3):
+        x, y = data(n, seed=20 + c, shift=c)
+        cl = make_clients(1, gamma)[0]
+        cl.client_id = f"c{c}"
+        cl.learn_many(x, y, np.arange(1.0, n + 1))
+        ref.apply(cl.make_upload())
+    reference = ref.publish(time=float(n))
+    assert rel(g.A, reference.A) < 1e-12 and rel(g.h, reference.h) < 1e-12
+    assert g.log_evidence == pytest.approx(reference.log_evidence, rel=1e-10)
+
+
+def test_duplicates_and_gaps() -> None:
+    cl = make_clients(1)[0]
+    server = FedBNRHierServer.for_client(cl, fit_hyperparameters=False)
+    x, y = data(6, seed=5)
+    ups = []
+    for i in range(3):
+        cl.learn_many(x[2 * i:2 * i + 2], y[2 * i:2 * i + 2])
+        ups.append(cl.make_upload())
+    assert server.apply(ups[2]) and server.included == {}
+    assert server.apply(ups[0]) and server.included == {"c0": 1}
+    assert server.apply(ups[1]) and server.included == {"c0": 3}
+    assert not server.apply(ups[1])
+    total = SufficientStats.from_samples(cl.features_many(x), y, cl.kernel_version)
+    assert rel(server.clients["c0"][0].S, total.S) < 1e-14
+    with pytest.raises(ValueError):
+        server.apply(HierUpload("c0", 4, 1.0, 0, ups[0].stats))  # below the privacy floor
+
+
+def test_fit_maximises_the_evidence_and_tells_similar_from_different_clients() -> None:
+    def fleet_stats(spread: float) -> list[SufficientStats]:
+        out = []
+        for c in range(4):
+            cl = make_clients(1)[0]
+            x, y = data(150, seed=40 + c)
+            y = y + spread * np.sin(3 * x[:, 0] + c)  # client-specific part
+            out.append(SufficientStats.from_samples(cl.features_many(x), y))
+        return out
+
+    same, diff = fleet_stats(0.0), fleet_stats(1.0)
+    s, lam, tau, lev = fit_hierarchical(diff)
+    assert lev == pytest.approx(hierarchical_log_evidence(diff, s, lam, tau)[0], rel=1e-8)
+    for d in np.vstack([np.eye(3), -np.eye(3)]) * 0.05:
+        s2, l2, t2 = np.exp(np.log([s, lam, tau]) + d)
+        assert hierarchical_log_evidence(diff, s2, l2, t2)[0] <= lev + 1e-6
+    tau_same = fit_hierarchical(same)[2]
+    assert tau > 3 * tau_same  # different clients: a larger personal part
+
+
+def test_bad_inputs_are_refused() -> None:
+    cl = make_clients(1)[0]
+    with pytest.raises(ValueError):
+        cl.learn_many(np.array([[np.nan, 0.0]]), np.array([1.0]))
+    with pytest.raises(ValueError):
+        cl.learn_many(np.zeros((2, 2)), np.array([1.0, 2.0]), np.array([2.0, 1.0]))  # time going back
+    assert cl.n_pending == 0
