@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -230,6 +231,11 @@ def encode(msg: Message, expect: FleetConfig | ProtocolSchema | None = None, *,
 
 
 # =========================================================================== decoding
+#
+# Decoding runs for every payload an aggregator takes in, so what can be worked out once per schema is:
+# a plan per ProtocolSchema (per kind: array checks with their numpy dtypes, fixed shapes and dimension
+# bounds resolved) replaces walking the schema's dataclasses per message. The checks themselves, their
+# order and their reasons are those the module docstring states; only their bookkeeping is cached.
 
 
 def _schema_of(expect: FleetConfig | ProtocolSchema) -> ProtocolSchema:
@@ -242,23 +248,107 @@ def _is_int(v: object) -> bool:
 
 def _counter(env: Mapping[str, Any], key: str, reason: Reason) -> int:
     v = env[key]
-    if not _is_int(v) or not 0 <= v <= _INT64_MAX:
+    if type(v) is not int or not 0 <= v <= _INT64_MAX:
         raise _fail(reason, f"{key} must be an integer in [0, 2^63), got {v!r}")
     return v
 
 
-def _unpack(payload: bytes, schema: ProtocolSchema) -> Any:
-    max_included = max((s.max_included for s in schema.kinds.values()), default=0)
+class _ArrayPlan:
+    """One :class:`ArraySpec`, resolved for checking: numpy dtype, axes with their bounds."""
+
+    __slots__ = ("spec", "name", "dtype", "np_dtype", "itemsize", "axes", "fixed_shape", "fixed_nbytes",
+                 "finite", "value_checks")
+
+    def __init__(self, spec: ArraySpec, ks: MessageSchema) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.dtype = spec.dtype
+        self.np_dtype = np.dtype(WIRE_DTYPES[spec.dtype])
+        self.itemsize = spec.itemsize
+        # an int: that length exactly; (dim name, lo, hi): a variable axis within its bounds
+        self.axes: tuple[int | tuple[str, int, int], ...] = tuple(
+            d if isinstance(d, int) else (d, *ks.dims[d]) for d in spec.shape)
+        fixed = all(isinstance(d, int) for d in spec.shape)
+        self.fixed_shape = list(spec.shape) if fixed else None
+        self.fixed_nbytes = math.prod(spec.shape) * self.itemsize if fixed else -1
+        self.finite = spec.finite and self.np_dtype.kind == "f"
+        self.value_checks = (spec.index_bound is not None or spec.distinct or spec.nonnegative
+                             or spec.positive)
+
+
+class _KindPlan:
+    __slots__ = ("ks", "max_bytes", "arrays", "array_names")
+
+    def __init__(self, ks: MessageSchema) -> None:
+        self.ks = ks
+        self.max_bytes = ks.max_bytes
+        self.arrays = tuple(_ArrayPlan(a, ks) for a in ks.arrays)  # schema order: deterministic first error
+        self.array_names = frozenset(ks.array_names)
+
+
+class _SchemaPlan:
+    __slots__ = ("max_bytes", "kinds", "max_map_len")
+
+    def __init__(self, schema: ProtocolSchema) -> None:
+        self.max_bytes = schema.max_bytes
+        self.kinds = {k: _KindPlan(s) for k, s in schema.kinds.items()}
+        max_included = max((s.max_included for s in schema.kinds.values()), default=0)
+        self.max_map_len = max(max_included, MAX_META_ITEMS, 64) + 16
+
+
+_PLANS: weakref.WeakKeyDictionary[ProtocolSchema, _SchemaPlan] = weakref.WeakKeyDictionary()
+
+
+def _plan_of(schema: ProtocolSchema) -> _SchemaPlan:
+    plan = _PLANS.get(schema)
+    if plan is None:
+        plan = _PLANS[schema] = _SchemaPlan(schema)
+    return plan
+
+
+# Names already found valid (name_problem is pure): a fleet's few hundred client names are checked once,
+# not per message. Bounded: cleared when full.
+_VALID_NAMES: dict[str, None] = {}
+_VALID_NAMES_MAX = 8192
+
+
+def _name_problem(name: object) -> str | None:
+    if type(name) is str and name in _VALID_NAMES:
+        return None
+    problem = name_problem(name)
+    if problem is None:
+        if len(_VALID_NAMES) >= _VALID_NAMES_MAX:
+            _VALID_NAMES.clear()
+        _VALID_NAMES[name] = None  # type: ignore[index]
+    return problem
+
+
+def _unpack(payload: bytes, plan: _SchemaPlan) -> Any:
     try:
         # Explicit limits: a hostile payload cannot make the unpacker allocate beyond the payload's
         # own size; ext types (incl. msgpack timestamps) are refused by max_ext_len=0.
         return msgpack.unpackb(
             payload, raw=False, strict_map_key=True, use_list=True,
             max_bin_len=len(payload), max_str_len=4096, max_array_len=_MAX_NDIM + 8,
-            max_map_len=max(max_included, MAX_META_ITEMS, 64) + 16, max_ext_len=0,
+            max_map_len=plan.max_map_len, max_ext_len=0,
         )
     except Exception as e:  # the C unpacker raises several unrelated types (ValueError, UnicodeError, ...)
         raise _fail(Reason.NOT_MSGPACK, f"{type(e).__name__}: {e}"[:200]) from None
+
+
+_new = object.__new__
+
+
+def _message(fleet: str, client: str, kind: str, seq: int, global_version: int, kernel_version: str,
+             n_samples: int, created: float, arrays: dict[str, np.ndarray], meta: dict[str, MetaValue],
+             included: dict[str, int], epoch: int) -> Message:
+    """A :class:`Message` from values `decode` has checked: the frozen dataclass's `__init__` sets its 13
+    fields one `object.__setattr__` at a time; this fills the same `__dict__` in one go."""
+    m = _new(Message)
+    m.__dict__.update(fleet=fleet, client=client, kind=kind, seq=seq, global_version=global_version,
+                      kernel_version=kernel_version, n_samples=n_samples, created=created, arrays=arrays,
+                      meta=meta, included=included, epoch=epoch, schema=SCHEMA_VERSION)
+    return m
 
 
 def decode(
@@ -282,17 +372,23 @@ def decode(
     streamfed.protocol.ProtocolError: not_msgpack: ...
     """
     schema = _schema_of(expect)
-    if not isinstance(payload, bytes | bytearray | memoryview):
+    plan = _plan_of(schema)
+    if type(payload) is bytes:
+        size = len(payload)
+    elif isinstance(payload, bytes | bytearray | memoryview):
+        size = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
+    else:
         raise _fail(Reason.NOT_MSGPACK, f"payload is {type(payload).__name__}, not bytes")
-    size = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
-    if size > schema.max_bytes:
-        raise _fail(Reason.TOO_LARGE, f"{size} bytes > limit {schema.max_bytes}")
-    env = _unpack(bytes(payload), schema)
+    if size > plan.max_bytes:
+        raise _fail(Reason.TOO_LARGE, f"{size} bytes > limit {plan.max_bytes}")
+    # bytes(): a copy of a bytearray or memoryview (the decoded arrays are views of it, and nobody
+    # else may change them); the same object when it is bytes already
+    env = _unpack(bytes(payload), plan)
 
-    if not isinstance(env, dict):
+    if type(env) is not dict:
         raise _fail(Reason.BAD_SCHEMA, f"envelope is a {type(env).__name__}, not a map")
-    keys = set(env)
-    if keys != _ENVELOPE_KEYS:
+    if env.keys() != _ENVELOPE_KEYS:
+        keys = set(env)
         missing, extra = sorted(_ENVELOPE_KEYS - keys), sorted(map(str, keys - _ENVELOPE_KEYS))
         raise _fail(Reason.BAD_SCHEMA, f"envelope keys: missing {missing}, unexpected {extra}")
     if env["schema"] != SCHEMA_VERSION or not _is_int(env["schema"]):
@@ -303,16 +399,19 @@ def decode(
         raise _fail(Reason.WRONG_FLEET, f"fleet {fleet!r}, expected {schema.fleet!r}")
 
     kind = env["kind"]
-    if not isinstance(kind, str) or kind not in schema.kinds:
+    kp = plan.kinds.get(kind) if type(kind) is str else None
+    if kp is None:
         raise _fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not exchanged by fleet {schema.fleet!r}")
-    if kinds is not None and kind not in set(kinds):
-        raise _fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not accepted on this topic")
-    ks = schema.kinds[kind]
-    if size > ks.max_bytes:
-        raise _fail(Reason.TOO_LARGE, f"{size} bytes > limit {ks.max_bytes} of kind {kind!r}")
+    if kinds is not None:
+        if not isinstance(kinds, tuple | list | set | frozenset):
+            kinds = set(kinds)
+        if kind not in kinds:
+            raise _fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not accepted on this topic")
+    if size > kp.max_bytes:
+        raise _fail(Reason.TOO_LARGE, f"{size} bytes > limit {kp.max_bytes} of kind {kind!r}")
 
     sender = env["client"]
-    problem = name_problem(sender)
+    problem = _name_problem(sender)
     if problem is not None:
         raise _fail(Reason.BAD_CLIENT, f"client name {problem}")
     if client is not None and sender != client:
@@ -333,11 +432,16 @@ def decode(
     if kernel_version is not None and kv != kernel_version:
         raise _fail(Reason.WRONG_KERNEL_VERSION, f"kernel version {kv!r}, expected {kernel_version!r}")
 
-    meta = _check_meta(env["meta"], ks)
-    included = _check_included(env["included"], ks)
-    arrays = _check_arrays(env["arrays"], ks)
-    return Message(fleet, sender, kind, seq, global_version, kv, n_samples, created, arrays, meta,
-                   included, epoch)
+    ks = kp.ks
+    meta = env["meta"]
+    if meta or ks.meta or type(meta) is not dict:
+        meta = _check_meta(meta, ks)
+    included = env["included"]
+    if included or type(included) is not dict:
+        included = _check_included(included, ks)
+    arrays = _check_arrays(env["arrays"], kp)
+    return _message(fleet, sender, kind, seq, global_version, kv, n_samples, created, arrays, meta,
+                    included, epoch)
 
 
 def _check_meta(meta: Any, ks: MessageSchema) -> dict[str, MetaValue]:
@@ -385,61 +489,71 @@ def _check_included(included: Any, ks: MessageSchema) -> dict[str, int]:
     return included
 
 
-def _check_arrays(arrays: Any, ks: MessageSchema) -> dict[str, np.ndarray]:
+def _check_arrays(arrays: Any, kp: _KindPlan) -> dict[str, np.ndarray]:
     if not isinstance(arrays, dict):
         raise _fail(Reason.BAD_ARRAY, "arrays must be a map")
-    names = set(ks.array_names)
-    if set(arrays) != names:
-        missing, extra = sorted(names - set(arrays)), sorted(map(str, set(arrays) - names))
-        raise _fail(Reason.BAD_ARRAY, f"kind {ks.kind!r}: missing arrays {missing}, unexpected {extra}")
+    if arrays.keys() != kp.array_names:
+        names, got = kp.array_names, set(arrays)
+        missing, extra = sorted(names - got), sorted(map(str, got - names))
+        raise _fail(Reason.BAD_ARRAY, f"kind {kp.ks.kind!r}: missing arrays {missing}, unexpected {extra}")
     dims: dict[str, int] = {}
-    out: dict[str, np.ndarray] = {}
-    for spec in ks.arrays:  # schema order: deterministic first error
-        out[spec.name] = _check_array(arrays[spec.name], spec, ks, dims)
-    return out
+    return {ap.name: _check_array(arrays[ap.name], ap, dims) for ap in kp.arrays}  # schema order
 
 
-def _check_array(entry: Any, spec: ArraySpec, ks: MessageSchema, dims: dict[str, int]) -> np.ndarray:
-    name = spec.name
-    if not isinstance(entry, dict) or set(entry) != _ARRAY_KEYS:
+def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray:
+    name = ap.name
+    if not isinstance(entry, dict) or entry.keys() != _ARRAY_KEYS:
         raise _fail(Reason.BAD_ARRAY, f"array {name!r} must be a map with keys {sorted(_ARRAY_KEYS)}")
-    if entry["dtype"] != spec.dtype:
-        raise _fail(Reason.WRONG_DTYPE, f"array {name!r} has dtype {entry['dtype']!r:.40}, expected {spec.dtype!r}")
+    if entry["dtype"] != ap.dtype:
+        raise _fail(Reason.WRONG_DTYPE, f"array {name!r} has dtype {entry['dtype']!r:.40}, expected {ap.dtype!r}")
     shape = entry["shape"]
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if type(shape) is not list:
         raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
-    if len(shape) != len(spec.shape):
-        raise _fail(Reason.WRONG_SHAPE, f"array {name!r} has {len(shape)} axes, expected {len(spec.shape)}")
-    for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
-        if isinstance(want, int):
-            if got != want:
-                raise _fail(Reason.WRONG_SHAPE, f"array {name!r} has shape {tuple(shape)}, expected "
-                                                f"{spec.shape} (axis {axis})")
-            continue
-        lo, hi = ks.dims[want]
-        if not lo <= got <= hi:
-            raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: axis {axis} ({want}) has length {got}, "
-                                            f"allowed {lo}..{hi}")
-        if dims.setdefault(want, got) != got:
-            raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: {want} = {got} disagrees with {dims[want]} "
-                                            "of an earlier array")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
+    if len(shape) != len(ap.axes):
+        raise _fail(Reason.WRONG_SHAPE, f"array {name!r} has {len(shape)} axes, expected {len(ap.axes)}")
+    if shape != ap.fixed_shape:  # (a fixed shape that matches needs no walk)
+        for axis, (got, want) in enumerate(zip(shape, ap.axes, strict=True)):
+            if type(want) is int:
+                if got != want:
+                    raise _fail(Reason.WRONG_SHAPE, f"array {name!r} has shape {tuple(shape)}, expected "
+                                                    f"{ap.spec.shape} (axis {axis})")
+                continue
+            dim, lo, hi = want
+            if not lo <= got <= hi:
+                raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: axis {axis} ({dim}) has length {got}, "
+                                                f"allowed {lo}..{hi}")
+            if dims.setdefault(dim, got) != got:
+                raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: {dim} = {got} disagrees with {dims[dim]} "
+                                                "of an earlier array")
+        expected = math.prod(shape) * ap.itemsize
+    else:
+        expected = ap.fixed_nbytes
     data = entry["data"]
     if not isinstance(data, bytes):
         raise _fail(Reason.BAD_ARRAY, f"array {name!r}: data must be binary")
-    expected = math.prod(shape) * spec.itemsize
     if len(data) != expected:
         raise _fail(Reason.BAD_ARRAY, f"array {name!r}: {len(data)} data bytes, shape needs {expected}")
-    arr = np.frombuffer(data, dtype=WIRE_DTYPES[spec.dtype]).reshape(shape)  # read-only view
-    _check_values(arr, spec)
+    arr = np.frombuffer(data, dtype=ap.np_dtype).reshape(shape)  # read-only view
+    if ap.finite and not np.isfinite(arr).all():
+        raise _fail(Reason.NON_FINITE, f"array {name!r} contains a non-finite value")
+    if ap.value_checks and arr.size:
+        _check_constraints(arr, ap.spec)
     return arr
 
 
 def _check_values(arr: np.ndarray, spec: ArraySpec) -> None:
-    name = spec.name
     if arr.dtype.kind == "f" and spec.finite and not np.isfinite(arr).all():
-        raise _fail(Reason.NON_FINITE, f"array {name!r} contains a non-finite value")
-    if arr.size == 0:
-        return
+        raise _fail(Reason.NON_FINITE, f"array {spec.name!r} contains a non-finite value")
+    if arr.size:
+        _check_constraints(arr, spec)
+
+
+def _check_constraints(arr: np.ndarray, spec: ArraySpec) -> None:
+    """Index range, distinctness, sign (`arr` is not empty)."""
+    name = spec.name
     if spec.index_bound is not None or spec.distinct:
         # index arrays are short (at most M kernels): plain Python beats numpy's per-call overhead
         values = arr.ravel().tolist() if arr.size <= 256 else None
@@ -559,7 +673,14 @@ class SeqTracker:
 
     def record(self, client: str, seq: int) -> SeqCheck:
         """Check `seq` and remember it as applied."""
-        result = self.check(client, seq)
+        return self.commit(client, seq, self.check(client, seq))
+
+    def commit(self, client: str, seq: int, result: SeqCheck) -> SeqCheck:
+        """Remember `seq` as applied, `result` being what :meth:`check` said of it just now (nothing
+        recorded for `client` since): :meth:`record` without checking twice."""
+        if result.in_order and client not in self._above:  # the common case: the next one, no gaps
+            self._mark[client] = seq
+            return result
         mark = self.mark(client)
         above = self._above.setdefault(client, set())
         if result.dropped is not None:

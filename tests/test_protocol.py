@@ -81,6 +81,9 @@ def _message_for(draw: st.DrawFn, cfg: FleetConfig, ks: MessageSchema) -> Messag
         elif a.distinct:
             arrays[a.name] = np.array(draw(st.lists(u63, min_size=shape[0], max_size=shape[0], unique=True)),
                                       dtype=np.int64)
+        elif a.dtype.startswith(("int", "uint")):
+            lo = 1 if a.positive else 0 if (a.nonnegative or a.dtype.startswith("uint")) else -(2**31)
+            arrays[a.name] = draw(hnp.arrays(np.dtype(a.dtype), shape, elements=st.integers(lo, 2**31)))
         else:
             lo = 0.0 if (a.nonnegative or a.positive) else None
             elems = st.floats(min_value=lo, allow_nan=False, allow_infinity=False, exclude_min=a.positive)
@@ -144,10 +147,12 @@ def test_byte_limits_hold_for_the_largest_possible_messages(cfg: FleetConfig) ->
                 arrays[a.name] = np.arange(shape[0], dtype=np.int64)
             elif a.distinct:
                 arrays[a.name] = np.arange(2**63 - 1 - shape[0], 2**63 - 1, dtype=np.int64)
+            elif a.dtype.startswith(("int", "uint")):
+                arrays[a.name] = np.full(shape, np.iinfo(a.dtype).max, dtype=a.dtype)
             else:
                 arrays[a.name] = np.full(shape, 1.0)
         meta: dict[str, Any] = {f"{i:032d}": "x" * MAX_META_STR for i in range(MAX_META_ITEMS - len(ks.meta))}
-        meta.update({s.name: s.choices[0] for s in ks.meta if s.choices})
+        meta.update({s.name: s.choices[0] if s.choices else 2**63 - 1 for s in ks.meta})
         included = {f"{i:064d}": 2**63 - 1 for i in range(ks.max_included)}
         msg = Message(cfg.fleet, "c" * 64, ks.kind, 2**63 - 1, 2**63 - 1, "k" * MAX_KERNEL_VERSION_LEN,
                       2**63 - 1, 1e300, arrays, meta, included, 2**63 - 1)
@@ -294,6 +299,38 @@ def test_encoding_is_vectorised() -> None:
     per_round_trip = (time.perf_counter() - t0) / 5
     assert np.array_equal(back.arrays["theta"], theta)
     assert per_round_trip < 0.25, per_round_trip  # a per-element loop would take seconds
+
+
+
+def test_mutable_payloads_decode_like_bytes_and_are_copied() -> None:
+    msg = pofmkl_update_message("f", "a1", 1, np.array([0, 2]), np.ones((2, 4)), global_version=0,
+                                kernel_version="k", created=0.0)
+    payload = encode(msg, POF)
+    for mutable in (bytearray(payload), memoryview(bytearray(payload))):
+        back = decode(mutable, POF)
+        assert back == msg
+        raw = mutable if isinstance(mutable, bytearray) else mutable.obj
+        raw[-8:] = b"\xff" * 8  # the sender's buffer changes after decoding: the message does not
+        assert back.arrays["delta"].tolist() == np.ones((2, 4)).tolist()
+
+
+def test_each_configuration_is_checked_against_its_own_schema() -> None:
+    """The decoder caches its checks per schema: two fleets of the same name and different sizes,
+    alternated, each keep their own shapes, limits and kernel bounds."""
+    small = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
+    large = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=8, n_features=5, bin_size=2)
+    for_small = encode(pofmkl_update_message("f", "a1", 1, np.array([2]), np.ones((1, 4)), global_version=0,
+                                             kernel_version="k", created=0.0))
+    for_large = encode(pofmkl_update_message("f", "a1", 1, np.array([7]), np.ones((1, 10)), global_version=0,
+                                             kernel_version="k", created=0.0))
+    for _ in range(2):
+        assert decode(for_small, small).arrays["delta"].shape == (1, 4)
+        assert decode(for_large, large).arrays["delta"].shape == (1, 10)
+        with pytest.raises(ProtocolError) as e:
+            decode(for_large, small)
+        assert e.value.reason in (Reason.WRONG_SHAPE, Reason.BAD_INDEX)
+        with pytest.raises(ProtocolError, match="wrong_shape"):
+            decode(for_small, large)
 
 
 # =========================================================================== rejections
@@ -487,9 +524,11 @@ def _random_message(cfg: FleetConfig, ks: MessageSchema, rng: np.random.Generato
             arrays[a.name] = rng.permutation(a.index_bound)[: shape[0]].astype(np.int64)
         elif a.distinct:
             arrays[a.name] = rng.choice(1000, shape[0], replace=False).astype(np.int64)
+        elif a.dtype.startswith(("int", "uint")):
+            arrays[a.name] = rng.integers(1, 100, shape).astype(a.dtype)
         else:
             arrays[a.name] = np.abs(rng.standard_normal(shape)) + 0.1
-    meta = {s.name: s.choices[0] for s in ks.meta if s.choices} | {"note": "x", "k": 1, "t": 0.5}
+    meta = {s.name: (s.choices[0] if s.choices else 1) for s in ks.meta} | {"note": "x", "k": 1, "t": 0.5}
     included = {f"c{i}": int(rng.integers(0, 100)) for i in range(min(ks.max_included, 2))}
     return Message(cfg.fleet, f"a{rng.integers(9)}", ks.kind, int(rng.integers(0, 10**6)), 3, "kv1", 1,
                    1.0e9, arrays, meta, included, 0)
@@ -628,6 +667,33 @@ def test_seq_tracker_against_a_reference_model(window: int, seqs: list[int]) -> 
         assert t.mark("c") == floor
         assert t.missing("c") == [x for x in range(floor + 1, max(applied | {floor})) if x not in applied]
         t = SeqTracker.from_dict(t.to_dict())  # persistence round trip at every step
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 12), st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 40)), max_size=80))
+def test_seq_tracker_commit_after_check_equals_record(window: int, seqs: list[tuple[str, int]]) -> None:
+    by_record, by_commit = SeqTracker(window=window), SeqTracker(window=window)
+    for c, s in seqs:
+        try:
+            expected = by_record.record(c, s)
+        except ProtocolError as e:
+            with pytest.raises(ProtocolError, match=e.reason.value):
+                by_commit.check(c, s)
+            continue
+        assert by_commit.commit(c, s, by_commit.check(c, s)) == expected
+        assert by_commit.to_dict() == by_record.to_dict()
+
+
+def test_invalid_client_names_are_refused_every_time() -> None:
+    """Valid names are remembered (checked once per client, not per message); invalid ones never are."""
+    good = encode(status_message("f", "a1", "online", created=0.0))
+    bad = good.replace(b"\xa2a1", b"\xa2a+")
+    for _ in range(3):
+        assert decode(good, POF, client="a1").client == "a1"
+        with pytest.raises(ProtocolError, match="bad_client"):
+            decode(bad, POF)
+    assert protocol_module._name_problem("a+") is not None and "a+" not in protocol_module._VALID_NAMES
 
 
 # =========================================================================== learner conversions

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import time
 
 import aiomqtt
 import numpy as np
@@ -128,3 +129,58 @@ def test_subscriber_receives_every_prediction(mosquitto_dev, streams):
     for c in names:
         seqs = [m.seq for _, m in got if m.client == c]
         assert seqs == list(range(1, STEPS + 1))
+
+
+def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
+    """Updates waiting in the aggregator's persistent session arrive in one burst, and the receiver
+    takes them in batches: every one is handled, in order — valid ones, duplicates, garbage and
+    updates of unknown clients counted exactly as a core fed the same sequence directly counts them,
+    and the same global θ."""
+    from streamfed.protocol import encode, pofmkl_update_message
+    from streamfed.topics import updates_topic
+
+    cfg = FleetConfig(fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
+    names = [f"c{i}" for i in range(8)]
+    rng = np.random.default_rng(11)
+    ref = AggregatorCore(cfg, clients=names, mode="async", window=60.0)
+    stream = []
+    for s in range(1, 41):
+        for c in [*names, "stranger"]:
+            k = np.sort(rng.choice(cfg.n_kernels, 2, replace=False))
+            payload = encode(pofmkl_update_message(cfg.fleet, c, s, k, rng.standard_normal((2, 16)),
+                                                   global_version=0, kernel_version=ref.kernel_version))
+            stream.append((c, payload))
+            if rng.random() < 0.1:
+                stream.append((c, payload))  # a duplicate
+            if rng.random() < 0.05:
+                stream.append((c, payload[:-3]))  # truncated
+    broker = mosquitto_dev.broker_config()
+    sid = "burst.aggregator"
+
+    async def main():
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:  # the session
+            await c.subscribe(topic_filter(Channel.UPDATES, cfg.fleet), qos=1)
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs("burst-pub"), max_inflight_messages=100) as p:
+            for c, payload in stream:  # one at a time: the broker keeps the order
+                await p.publish(updates_topic(cfg.fleet, c), payload, qos=1)
+        agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=60.0), broker,
+                                client_id=sid)
+        task = asyncio.create_task(agg.run())
+        try:
+            async with asyncio.timeout(30):
+                while agg.ingested < len(stream):
+                    await asyncio.sleep(0.01)
+        finally:
+            agg.stop()
+            await asyncio.wait_for(task, 10)
+        return agg
+
+    agg = asyncio.run(main())
+    for c, payload in stream:
+        ref.on_update(c, payload, now=0.0)
+    assert agg.ingested == len(stream)
+    assert agg.core.counters.accepted == ref.counters.accepted == 40 * len(names)
+    assert agg.core.rejected == ref.rejected and set(ref.rejected) == {"stale_seq", "unknown_client", "not_msgpack"}
+    later = time.time() + 3600  # past both windows
+    assert [m.kind for m in ref.tick(now=later)] == [m.kind for m in agg.core.tick(now=later)] == ["pofmkl.global"]
+    assert agg.core.server.theta.tobytes() == ref.server.theta.tobytes()

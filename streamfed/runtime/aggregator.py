@@ -34,12 +34,22 @@ from ..aggregator import AggregatorCore
 from ..config import BrokerConfig
 from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode, encode
-from ..topics import Channel, acks_topic, global_topic, shared_filter, topic_filter, try_parse_topic
+from ..topics import (
+    Channel,
+    ParsedTopic,
+    acks_topic,
+    global_topic,
+    shared_filter,
+    topic_filter,
+    try_parse_topic,
+)
 from .agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
 
 __all__ = ["AggregatorService"]
 
 log = logging.getLogger("streamfed.aggregator")
+_BATCH = 256  # queued messages taken per receive step
+_TOPIC_CACHE = 4096  # parsed topics remembered (one per client and channel)
 
 
 class AggregatorService:
@@ -73,6 +83,7 @@ class AggregatorService:
         self.store: StateStore | None = None
         self._watch: PubackWatch | None = None
         self.restored = False
+        self._topics: dict[str, ParsedTopic | str] = {}  # topic → try_parse_topic's answer
         if state_dir is not None:
             self.store = StateStore(Path(state_dir) / f"aggregator-{self.fleet}.state", kind="aggregator")
             self._restore()
@@ -171,24 +182,46 @@ class AggregatorService:
                 outbox.put_nowait(m)
 
     async def _receive(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
+        # aiomqtt hands out one message per `async for` step, at the price of a task and an
+        # `asyncio.wait` each; the messages already waiting behind it are taken in the same step
+        # (at most `_BATCH`, so the ticker and publisher still get their turn). Same order, same handling.
+        queue = getattr(client, "_queue", None)  # aiomqtt < 3: the incoming queue `messages` reads
+        drain = getattr(queue, "get_nowait", None)
         async for message in client.messages:
-            parsed = try_parse_topic(message.topic.value)
-            if isinstance(parsed, str) or parsed.fleet != self.fleet or parsed.client is None:
-                self.core.counters.reject("bad_topic")
+            self._take(message, outbox)
+            if drain is None:
                 continue
-            payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
-            if parsed.channel == Channel.UPDATES:
-                self.ingested += 1
-                out = self.core.on_update(parsed.client, bytes(payload))
-            elif parsed.channel == Channel.STATUS:
+            for _ in range(_BATCH):
                 try:
-                    st = decode(payload, self.core.cfg, client=parsed.client, kinds=("status",))
-                except ProtocolError as e:
-                    self.core.counters.reject("bad_status")
-                    log.debug("status on %s rejected: %s", message.topic.value, e)
-                    continue
-                out = self.core.on_status(parsed.client, str(st.meta.get("state")))
-            else:
-                continue
-            for m in out:
-                outbox.put_nowait(m)
+                    message = drain()
+                except asyncio.QueueEmpty:
+                    break
+                self._take(message, outbox)
+
+    def _take(self, message: aiomqtt.Message, outbox: asyncio.Queue[Message]) -> None:
+        topic = message.topic.value
+        parsed = self._topics.get(topic)
+        if parsed is None:
+            parsed = try_parse_topic(topic)
+            if len(self._topics) >= _TOPIC_CACHE:
+                self._topics.clear()
+            self._topics[topic] = parsed
+        if isinstance(parsed, str) or parsed.fleet != self.fleet or parsed.client is None:
+            self.core.counters.reject("bad_topic")
+            return
+        payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
+        if parsed.channel == Channel.UPDATES:
+            self.ingested += 1
+            out = self.core.on_update(parsed.client, bytes(payload))
+        elif parsed.channel == Channel.STATUS:
+            try:
+                st = decode(payload, self.core.cfg, client=parsed.client, kinds=("status",))
+            except ProtocolError as e:
+                self.core.counters.reject("bad_status")
+                log.debug("status on %s rejected: %s", topic, e)
+                return
+            out = self.core.on_status(parsed.client, str(st.meta.get("state")))
+        else:
+            return
+        for m in out:
+            outbox.put_nowait(m)
