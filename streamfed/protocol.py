@@ -850,13 +850,13 @@ def ack_message(fleet: str, client: str, included_seq: int, missing: Iterable[in
 
 def prediction_message(fleet: str, client: str, seq: int, mean: np.ndarray, var: np.ndarray | None = None,
                        *, global_version: int = 0, kernel_version: str = "",
-                       created: float | None = None) -> Message:
+                       created: float | None = None, meta: Mapping[str, MetaValue] | None = None) -> Message:
     """A `prediction` of one or more samples (`var` only for Bayesian learners)."""
     arrays = {"mean": np.atleast_1d(np.asarray(mean, dtype=np.float64))}
     if var is not None:
         arrays["var"] = np.atleast_1d(np.asarray(var, dtype=np.float64))
     return Message(fleet, client, "prediction", seq, global_version, kernel_version,
-                   int(arrays["mean"].shape[0]), _now(created), arrays)
+                   int(arrays["mean"].shape[0]), _now(created), arrays, dict(meta or {}))
 
 
 def _expect_kind(msg: Message, kind: str) -> None:

@@ -191,3 +191,45 @@ def test_async_window_sums_each_clients_updates_like_merge_updates():
         assert core.version == 1 and core.counters.accepted == len(payloads)
         assert core.server.theta.tobytes() == srv.theta.tobytes()
         assert core.included() == {c: 12 for c in clients}
+
+
+@pytest.mark.parametrize("algorithm", ["pofmkl", "fedbnr"])
+def test_begin_then_finish_reading_is_on_reading(fleet, algorithm):
+    """The split the MQTT agent uses (prediction first, then learning and the update) gives the same
+    predictions, messages and state as on_reading; warming up changes nothing either."""
+    s = fleet.streams[0]
+    if algorithm == "pofmkl":
+        cfg = pof_cfg()
+    else:
+        cfg = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
+                          kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=4, fit_hyperparameters=False))
+    whole, split = AgentCore(cfg, "a", 0, mode="async"), AgentCore(cfg, "a", 0, mode="async")
+    split.warm_up()
+    for t in range(40):
+        y = None if t % 5 == 4 else float(s.y[t])  # some readings come without their label
+        r = Reading(f"{t}", s.X[t], float(t), y)
+        p1, m1 = whole.on_reading(r, now=0.0)
+        p2, pending = split.begin_reading(r, now=0.0)
+        assert split.counters.learned == t - t // 5  # nothing of this sample learned or counted yet
+        m2 = split.finish_reading(pending)
+        assert (p1.mean, p1.var, p1.reading_id) == (p2.mean, p2.var, p2.reading_id)
+        assert [m.kind for m in m1] == [m.kind for m in m2]
+        assert all(a.arrays.keys() == b.arrays.keys() and a.seq == b.seq for a, b in zip(m1, m2, strict=True))
+        assert all(np.array_equal(a.arrays[k], b.arrays[k]) for a, b in zip(m1, m2, strict=True) for k in a.arrays)
+    assert whole.counters.sq_loss == split.counters.sq_loss and whole.steps == split.steps
+    assert whole.regret == split.regret
+
+
+def test_an_update_names_the_global_its_step_saw(fleet):
+    """A global installed between a step and its update message (the agent publishes the prediction in
+    between) does not relabel the update: it was computed against the older one."""
+    from streamfed.protocol import pofmkl_global_message
+
+    cfg = pof_cfg()
+    s = fleet.streams[0]
+    agent = AgentCore(cfg, "a", 0, mode="async")
+    _, pending = agent.begin_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
+    newer = pofmkl_global_message(cfg.fleet, "aggregator", np.zeros((4, 40)), 5, kernel_version=agent.kernel_version)
+    assert agent.on_global(decode(encode(newer, cfg), cfg))
+    (msg,) = agent.finish_reading(pending)
+    assert agent.global_version == 5 and msg.global_version == 0

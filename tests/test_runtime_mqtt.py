@@ -98,8 +98,9 @@ def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
         assert a.core.learner.global_version == agg.core.version
 
 
-def test_subscriber_receives_every_prediction(mosquitto_dev, streams):
-    cfg = FleetConfig(fleet="preds", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+@pytest.mark.parametrize("qos", [0, 1])
+def test_subscriber_receives_every_prediction(mosquitto_dev, streams, qos):
+    cfg = FleetConfig(fleet=f"preds{qos}", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams[:2]]
 
@@ -108,7 +109,7 @@ def test_subscriber_receives_every_prediction(mosquitto_dev, streams):
         async with aiomqtt.Client(**broker.aiomqtt_kwargs("viewer-preds")) as sub:
             await sub.subscribe(topic_filter(Channel.PREDICTIONS, cfg.fleet), qos=1)
             agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05), broker)
-            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y))
+            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), prediction_qos=qos)
                       for i, (n, s) in enumerate(zip(names, streams[:2], strict=True))]
             await run_fleet(agents, agg)
 
@@ -123,7 +124,7 @@ def test_subscriber_receives_every_prediction(mosquitto_dev, streams):
     got = asyncio.run(main())
     assert len(got) == 2 * STEPS
     for topic, msg in got:
-        assert topic == f"streamfed/v1/preds/predictions/{msg.client}"
+        assert topic == f"streamfed/v1/{cfg.fleet}/predictions/{msg.client}"
         assert msg.arrays["mean"].shape == (1,) and np.isfinite(msg.arrays["mean"][0])
         assert msg.global_version >= 0 and msg.meta["latency_s"] >= 0 and msg.meta["reading"]
     for c in names:
@@ -184,3 +185,31 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     later = time.time() + 3600  # past both windows
     assert [m.kind for m in ref.tick(now=later)] == [m.kind for m in agg.core.tick(now=later)] == ["pofmkl.global"]
     assert agg.core.server.theta.tobytes() == ref.server.theta.tobytes()
+
+
+def test_prediction_is_published_before_the_sample_is_learned(mosquitto_dev, streams):
+    """Live predictions go out (QoS 0, written to the socket) before their sample's update exists:
+    at each publish the agent has learned, and built updates for, only the samples before it."""
+    cfg = FleetConfig(fleet="first", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+    broker = mosquitto_dev.broker_config()
+    s = streams[0]
+
+    class Watched(AgentService):
+        def _emit(self, pred):
+            live = self._client is not None and not self.predictions
+            seen.append((live, self.core.counters.learned, self.core.seq, self.core.steps))
+            super()._emit(pred)
+
+    seen: list[tuple[bool, int, int, int]] = []
+
+    async def main():
+        agent = Watched(AgentCore(cfg, "a", 0, mode="async"), broker, array_source(s.X, s.y, rate_hz=200.0),
+                        drain=0.0)
+        await agent.run()
+        return agent
+
+    agent = asyncio.run(main())
+    assert [x[1:] for x in seen] == [(t, t, t) for t in range(STEPS)]
+    live = sum(x[0] for x in seen)
+    assert live >= STEPS - 5  # all but the first few (before the connection) went straight out
+    assert len(agent.latencies) == STEPS and agent.dropped_predictions == 0

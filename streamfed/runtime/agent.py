@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import ssl
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiomqtt
+import paho.mqtt.client as mqtt
 
 from ..agent import AgentCore, Prediction
 from ..config import BrokerConfig
@@ -60,6 +62,7 @@ __all__ = ["AgentService", "BrokerRefused", "PubackWatch", "check_subscription",
 T = TypeVar("T")
 
 log = logging.getLogger("streamfed.agent")
+_STOP = object()  # ends the feeder's wait for sensor items
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 10.0
 _WAKE = 0.25  # the sender re-checks resend timers and the drain deadline at least this often
 # Waiting for a PUBACK/SUBACK. The CONNACK wait is `connect_timeout` instead: a connection accepted by a
@@ -239,7 +242,8 @@ class AgentService:
                  update_buffer: int = 64, linger: float = 0.0, max_inflight: int = 32,
                  state_dir: str | os.PathLike[str] | None = None, checkpoint_interval: float = 0.0,
                  resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
-                 max_refusals: int = 3, connect_timeout: float = 5.0) -> None:
+                 max_refusals: int = 3, connect_timeout: float = 5.0, prediction_qos: int = 0,
+                 gc_freeze: bool = True) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -249,6 +253,14 @@ class AgentService:
         self.parser = ReadingParser(sensor_features) if sensor_features is not None else None
         self.fleet, self.client_id = core.cfg.fleet, core.client_id
         self.predictions: deque[Message] = deque(maxlen=prediction_buffer)
+        if prediction_qos not in (0, 1):
+            raise ValueError(f"prediction_qos must be 0 or 1, got {prediction_qos!r}")
+        self.prediction_qos = prediction_qos
+        self.gc_freeze = gc_freeze
+        self._client: aiomqtt.Client | None = None  # while a session is up: live predictions go straight out
+        self._pred_inflight = 0  # buffered predictions the sender is publishing
+        self._writing: deque[tuple[Any, Message, int]] = deque()  # QoS 0 predictions paho has partly written
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # sensor-topic items, for the feeder
         self.updates: deque[Message] = deque()
         self.update_buffer = update_buffer
         self.outbox_limit = max(1, int(outbox_limit))
@@ -341,12 +353,19 @@ class AgentService:
     def stop(self) -> None:
         self._stop.set()
         self._work.set()
+        self._inbox.put_nowait(_STOP)
 
     def _lost(self) -> None:
         self.connected.clear()
         self.reconnects += 1
 
     async def run(self) -> None:
+        self.core.warm_up()
+        if self.gc_freeze:
+            # Everything alive now (modules, numba dispatchers, the learner) leaves the collector's view:
+            # the full collections that would walk it again and again stop pausing the sample path.
+            gc.collect()
+            gc.freeze()
         feeder = asyncio.create_task(self._feed(), name=f"feed-{self.client_id}")
         saver = asyncio.create_task(self._checkpointer()) if self.store is not None else None
         try:
@@ -396,6 +415,7 @@ class AgentService:
                     qos=1, retain=True, timeout=OP_TIMEOUT), receiver)
                 watch.check()
                 self.connected.set()
+                self._client = client
                 await self._send(client, receiver, watch)
                 if self._finished():
                     await self._last_global()
@@ -409,6 +429,10 @@ class AgentService:
                                                           qos=1, retain=True), 1.0)
                 raise
             finally:
+                self._client = None
+                self._check_written()
+                self.dropped_predictions += len(self._writing)  # QoS 0, cut off mid-write: lost
+                self._writing.clear()
                 receiver.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                     await receiver
@@ -440,23 +464,29 @@ class AgentService:
                     queue = self.updates if self.updates else self.predictions
                     msg = queue.popleft()
                     payload = encode(msg)
-                    topic = (updates_topic if queue is self.updates else predictions_topic)(self.fleet, self.client_id)
-                    task = asyncio.create_task(client.publish(topic, payload, qos=1, timeout=OP_TIMEOUT))
-                    inflight[task] = (queue, msg, len(payload))
                     if queue is self.updates:
+                        topic, qos = updates_topic(self.fleet, self.client_id), 1
                         self._inflight.add(msg.seq)
+                    else:
+                        topic, qos = predictions_topic(self.fleet, self.client_id), self.prediction_qos
+                        self._pred_inflight += 1
+                    task = asyncio.create_task(client.publish(topic, payload, qos=qos, timeout=OP_TIMEOUT))
+                    inflight[task] = (queue, msg, len(payload))
                 if inflight:
                     # the receiver too: aiomqtt leaves PUBACK waits running to their timeout on a lost connection
                     watching = {receiver} if receiver is not None and not receiver.done() else set()
                     done, _ = await asyncio.wait(inflight.keys() | watching, return_when=asyncio.FIRST_COMPLETED)
                     for task in done - watching:
                         queue, msg, nbytes = inflight.pop(task)
+                        if queue is self.predictions:
+                            self._pred_inflight -= 1
                         task.result()  # raises MqttError on a lost connection
                         if watch is not None and watch.refused:
                             queue.appendleft(msg)  # not delivered: it stays ours
                             watch.check()
                         self._sent(queue is self.updates, msg, nbytes)
                     continue
+                self._check_written()
                 if self._finished() or self._stop.is_set():
                     return
                 self._resend_overdue()
@@ -470,6 +500,7 @@ class AgentService:
                 task.cancel()
                 queue.appendleft(msg)  # back to the front, lowest seq first
             self._inflight.clear()
+            self._pred_inflight = 0
 
     def _receiver_failed(self, receiver: asyncio.Task[None]) -> bool:
         """A receiver that ended: the connection is gone (raise, to reconnect), or it died of a bug —
@@ -525,11 +556,50 @@ class AgentService:
             log.info("agent %s: %d updates not included after %.0fs, sent again", self.client_id, n,
                      self.resend_after)
 
+    def _buffer_prediction(self, msg: Message) -> None:
+        if len(self.predictions) == self.predictions.maxlen:
+            self.dropped_predictions += 1  # deque(maxlen) drops the oldest on append
+        self.predictions.append(msg)
+        self._work.set()
+
+    def _emit(self, pred: Prediction) -> None:
+        """Publish a prediction now. At QoS 0 it is written to the socket before this returns: paho
+        queues the packet and `loop_write()` (paho's call for an external event loop, the one aiomqtt's
+        socket writer makes) sends it — aiomqtt alone would first register that writer, two event-loop
+        turns later. If the socket takes only part of it, aiomqtt's writer sends the rest and the
+        prediction counts as published when that is seen. Older predictions still waiting, no
+        connection, or QoS 1: it joins the ring buffer the sender drains (in order, oldest dropped when
+        full)."""
+        msg = self.core.prediction_message(pred)
+        if self.on_prediction is not None:
+            self.on_prediction(pred)
+        client = self._client
+        paho = getattr(client, "_client", None)
+        if (paho is None or self.prediction_qos != 0 or self.predictions or self._pred_inflight
+                or not paho.is_connected()):
+            self._buffer_prediction(msg)
+            return
+        payload = encode(msg)
+        info = paho.publish(predictions_topic(self.fleet, self.client_id), payload, 0, False)
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:  # the connection just went: sent after the reconnect
+            self._buffer_prediction(msg)
+            return
+        paho.loop_write()
+        self._check_written()
+        if info.is_published():
+            self._sent(False, msg, len(payload))
+        else:
+            self._writing.append((info, msg, len(payload)))
+
+    def _check_written(self) -> None:
+        """Predictions whose last bytes aiomqtt's socket writer sent since: published now."""
+        while self._writing and self._writing[0][0].is_published():
+            _, msg, nbytes = self._writing.popleft()
+            self._sent(False, msg, nbytes)
+
     def _queue(self, pred: Prediction | None, msgs: list[Message]) -> None:
         if pred is not None:
-            if len(self.predictions) == self.predictions.maxlen:
-                self.dropped_predictions += 1  # deque(maxlen) drops the oldest on append
-            self.predictions.append(self.core.prediction_message(pred))
+            self._buffer_prediction(self.core.prediction_message(pred))
             if self.on_prediction is not None:
                 self.on_prediction(pred)
         if msgs:
@@ -559,7 +629,7 @@ class AgentService:
             elif topic == atopic:
                 self._ack(bytes(payload))
             elif self.parser is not None:
-                self._take(self.parser.parse(payload))
+                self._inbox.put_nowait(self.parser.parse(payload))  # the feeder predicts, publishes, learns
 
     def _ack(self, payload: bytes) -> None:
         try:
@@ -589,7 +659,11 @@ class AgentService:
                 if self.store is not None:
                     self.checkpoint()
             else:
-                await self._stop.wait()
+                while not self._stop.is_set():
+                    item = await self._inbox.get()
+                    if item is _STOP:
+                        break
+                    await self._take_now(item)
         finally:
             self._source_done_at = time.monotonic()
             self._source_done.set()
@@ -604,7 +678,25 @@ class AgentService:
                 await self._global_event.wait()
             while self._backpressure() and not self._stop.is_set():  # back-pressure from the broker
                 await asyncio.sleep(0.01)
-        self._take(item, from_source=True)
+        await self._take_now(item, from_source=True)
+
+    async def _take_now(self, item: Any, from_source: bool = False) -> None:
+        """A reading's prediction is published before anything else is done with it: the core predicts
+        (POF-MKL: its fused predict-and-update step), the prediction goes out, and only then is the
+        sample learned (FedBNR), the update taken and built, the state checkpointed."""
+        if not isinstance(item, Reading) or (item.y is not None and self.core.waiting_for is not None):
+            self._take(item, from_source)
+            return
+        if from_source:
+            self.source_pos += 1
+        pred, pending = self.core.begin_reading(item)
+        try:
+            if pred is not None:
+                self._emit(pred)
+        finally:  # a POF-MKL step taken must reach the error feedback whatever happened
+            self._queue(None, self.core.finish_reading(pending))
+            self._dirty = True
+            self._maybe_checkpoint()
 
     def _take(self, item: Any, from_source: bool = False) -> None:
         if from_source:
