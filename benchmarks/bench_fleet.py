@@ -1,0 +1,83 @@
+"""Many agents: a load test of simulated agents against Mosquitto and one real aggregator process.
+
+    .venv/bin/python benchmarks/bench_fleet.py [--out benchmarks/results/fleet.md]
+        [--agents 1000] [--seconds 60] [--rate 1] [--window 1] [--processes 1] [--quick]
+
+The machinery is `streamfed.loadtest` (its docstring says what runs and what is compared): real
+`AgentService`s sharing event loops, one MQTT connection each, a private Mosquitto with no connection
+limit, the `streamfed aggregator` command with async POF-MKL windows. Every figure is set beside what
+was offered (samples and updates expected) or what it is judged against (the window). `--quick`:
+50 agents for 10 s. Several `--agents` values may be given (run one after another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from streamfed.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.loadtest import LoadTestOptions, run_loadtest, summary_lines  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--agents", type=int, nargs="+", default=[1000])
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--rate", type=float, default=1.0)
+    ap.add_argument("--window", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--processes", type=int, default=1)
+    args = ap.parse_args()
+    agents, seconds = ([50], 10.0) if args.quick else (args.agents, args.seconds)
+    runs = []
+    for n in agents:
+        for w in args.window:
+            opts = LoadTestOptions(agents=n, seconds=seconds, rate=args.rate, window=w, processes=args.processes)
+            r = run_loadtest(opts)
+            print("\n".join(summary_lines(r)), flush=True)
+            runs.append(r)
+    mib = 2**20
+    lines = [
+        "## Many agents: load test against Mosquitto and one aggregator process",
+        "",
+        "Command: `.venv/bin/python benchmarks/bench_fleet.py " + " ".join(sys.argv[1:]).replace(" --out", "", 0)
+        + "` (library: `streamfed/loadtest.py`). Agents are real `AgentService`s (one MQTT v5 connection and "
+        "persistent session each, QoS 1) sharing one event loop per agent process; async POF-MKL "
+        f"(N = {runs[0]['options']['n_kernels']}, D = {runs[0]['options']['n_features']}, M = "
+        f"{runs[0]['options']['bin_size']}, d = {runs[0]['options']['n_inputs']}), one update and one prediction "
+        "per sample; the aggregator is the `streamfed aggregator` command; a private Mosquitto 2.0 "
+        "(no connection limit, descriptor limit raised). Lost = published seqs missing from the last global's "
+        "`included` map; lag = update created → first global including it seen by a monitor subscriber. "
+        f"Machine: {machine()} — shared with other jobs; load average at the end {load_average()}.",
+        "",
+        "| agents × rate, s | window s | samples learned / offered | samples/s | updates/s | accepted | lost | "
+        "rejected | resent | lag p50 / p99 / max s | aggregator CPU, RSS MiB | agent process CPU s, RSS MiB | "
+        "sample lateness p50 / p99 s | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        o, lag, agg = r["options"], r["lag_s"], r["aggregator"]
+        ap_cpu = sum(p["cpu_s"] for p in r["agent_processes"])
+        ap_rss = sum(p["maxrss_bytes"] for p in r["agent_processes"]) / mib
+        late = r["agent_processes"][0]["lateness_s"] or [float("nan")] * 3
+        lines.append(
+            f"| {r['agents']} × {o['rate']:g}/s, {o['seconds']:g} | {r['window_s']:g} | {r['samples_learned']:,} / "
+            f"{r['samples_expected']:,} | {r['samples_per_s']:.0f} | {r['updates_per_s']:.0f} | "
+            f"{r['updates_accepted']:,.0f} | "
+            f"{r['updates_lost']} | {sum(r['updates_rejected'].values()) if r['updates_rejected'] else 0} | "
+            f"{r['resent']} | "
+            f"{lag['p50']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f} | {agg['cpu_fraction_steady']:.2f}, "
+            f"{agg['hwm_bytes'] / mib:.0f} | {ap_cpu:.0f}, {ap_rss:.0f} | {late[0]:.3f} / {late[1]:.3f} | "
+            f"{r['loadavg'][0]:.2f} |")
+    lines += ["", "Per run, in words:", ""]
+    for r in runs:
+        lines += ["- " + "; ".join(summary_lines(r))]
+    write_section(args.out, lines, {"runs": runs}, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

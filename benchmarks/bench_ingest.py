@@ -1,0 +1,177 @@
+"""Aggregator ingest vs Mosquitto's own C client (`mosquitto_sub`) and a bare aiomqtt subscriber.
+
+    .venv/bin/python benchmarks/bench_ingest.py [--out benchmarks/results/ingest.md] [--quick]
+
+The method of `bench_runtime.py` (duplicated here in a few lines, so that file can change freely):
+K POF-MKL updates (N = 16, D = 100, M = 2) from 50 clients wait in a receiver's persistent session
+(subscribe, disconnect, publish the stream with QoS 1); the receiver then connects and drains them,
+timed from before it connects to the K-th message. Receivers, interleaved in every repeat, each with
+its own session holding the same stream:
+
+* `mosquitto_sub -C K` (Mosquitto's C client, QoS 1, persistent v5 session; output to /dev/null) —
+  the ceiling of the broker path: what the broker delivers to one fast consumer (includes starting
+  the process, ~ms);
+* a bare aiomqtt subscriber (receives, does nothing) — the Python MQTT client's own ceiling;
+* the streamfed aggregator (`AggregatorService`: strict decode, dedupe, validation, aggregation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiomqtt
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from streamfed.aggregator import AggregatorCore  # noqa: E402
+from streamfed.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.broker import EmbeddedBroker  # noqa: E402
+from streamfed.config import FleetConfig  # noqa: E402
+from streamfed.fleet import kernel_version  # noqa: E402
+from streamfed.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
+from streamfed.topics import Channel, topic_filter, updates_topic  # noqa: E402
+
+N_CLIENTS = 50
+logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt warns per pipelined publish
+
+
+def updates(cfg: FleetConfig, per_client: int) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(0)
+    kv = kernel_version(cfg)
+    out = []
+    for s in range(1, per_client + 1):
+        for c in range(N_CLIENTS):
+            k = np.sort(rng.choice(cfg.n_kernels, cfg.bin_size, replace=False))
+            delta = rng.standard_normal((cfg.bin_size, 2 * cfg.n_features))
+            msg = pofmkl_update_message(cfg.fleet, f"c{c}", s, k, delta,
+                                        global_version=0, kernel_version=kv)
+            out.append((f"c{c}", encode(msg)))
+    return out
+
+
+async def fill(broker, cfg, payloads, sid: str) -> None:
+    """Create the receiver's persistent session (subscribe, disconnect), then publish the stream."""
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:
+        await c.subscribe(topic_filter(Channel.UPDATES, cfg.fleet), qos=1)
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs("bench-pub"), max_inflight_messages=100) as p:
+        for i in range(0, len(payloads), 100):
+            await asyncio.gather(*(p.publish(updates_topic(cfg.fleet, c), pl, qos=1) for c, pl in payloads[i:i + 100]))
+
+
+async def bare(broker, cfg, payloads, run: int) -> float:
+    sid = f"bare-{run}"
+    await fill(broker, cfg, payloads, sid)
+    n = 0
+    t0 = time.perf_counter()
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:
+        async for _ in c.messages:
+            n += 1
+            if n == len(payloads):
+                break
+        return n / (time.perf_counter() - t0)
+
+
+async def c_client(broker, cfg, payloads, run: int, binary: str) -> float:
+    sid = f"csub-{run}"
+    await fill(broker, cfg, payloads, sid)
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        binary, "-h", broker.host, "-p", str(broker.port), "-i", sid, "-c", "-x", "3600", "-V", "mqttv5",
+        "-q", "1", "-t", topic_filter(Channel.UPDATES, cfg.fleet), "-C", str(len(payloads)), "-W", "120",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"mosquitto_sub exited {proc.returncode}: {err.decode()[:500]}")
+    return len(payloads) / dt
+
+
+async def aggregator(broker, cfg, payloads, run: int) -> tuple[float, dict]:
+    sid = f"{cfg.fleet}.agg-{run}"
+    await fill(broker, cfg, payloads, sid)
+    core = AggregatorCore(cfg, clients=[f"c{c}" for c in range(N_CLIENTS)], mode="async", window=0.2)
+    svc = AggregatorService(core, broker, client_id=sid)
+    t0 = time.perf_counter()
+    task = asyncio.create_task(svc.run())
+    while svc.ingested < len(payloads):
+        await asyncio.sleep(0.002)
+    rate = len(payloads) / (time.perf_counter() - t0)
+    svc.stop()
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(task, 5)
+    return rate, {"accepted": core.counters.accepted, "rejected": core.rejected}
+
+
+async def run(repeats: int, per_client: int) -> dict:
+    binary = shutil.which("mosquitto_sub")
+    if binary is None:
+        raise SystemExit("mosquitto_sub not found (apt-get install mosquitto-clients)")
+    eb = await EmbeddedBroker().start()
+    try:
+        broker = eb.config
+        cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
+        payloads = updates(cfg, per_client)
+        await aggregator(broker, cfg, payloads[:200], 999)  # warm-up (numba, imports)
+        rates: dict[str, list[float]] = {"mosquitto_sub": [], "bare": [], "aggregator": []}
+        for r in range(repeats):
+            rates["mosquitto_sub"].append(await c_client(broker, cfg, payloads, r, binary))
+            rates["bare"].append(await bare(broker, cfg, payloads, r))
+            a, info = await aggregator(broker, cfg, payloads, r)
+            rates["aggregator"].append(a)
+            assert info["accepted"] == len(payloads) and not info["rejected"], info
+        help_text = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout.splitlines()
+        version = next((line.split(" running")[0] for line in help_text if "version" in line), "mosquitto_sub")
+    finally:
+        await eb.stop()
+    return {"messages": len(payloads), "bytes_each": len(payloads[0][1]), "repeats": repeats,
+            "broker": eb.description.split(",")[0], "mosquitto_sub": version,
+            "runs": rates, "median": {k: statistics.median(v) for k, v in rates.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    res = asyncio.run(run(1 if args.quick else args.repeats, 10 if args.quick else 100))
+    m = res["median"]
+    c = m["mosquitto_sub"]
+    res["ratio_to_mosquitto_sub"] = {k: v / c for k, v in m.items()}
+    lines = [
+        "## Aggregator ingest vs the broker's ceiling (`mosquitto_sub`)",
+        "",
+        "Command: `.venv/bin/python benchmarks/bench_ingest.py`. "
+        f"{res['broker']}; {res['messages']} queued POF-MKL updates (N = 16, D = 100, M = 2, "
+        f"{res['bytes_each']} bytes each) from {N_CLIENTS} clients drained from a persistent session by each "
+        f"receiver in turn; median of {res['repeats']} interleaved repeats ({res['mosquitto_sub']}). "
+        f"Machine: {machine()}; load average at the end {load_average()}.",
+        "",
+        "| receiver | messages / s | ratio to mosquitto_sub | all runs |",
+        "|---|---|---|---|",
+        f"| `mosquitto_sub -C {res['messages']}` (C client, output discarded) | {c:,.0f} | 1.00 | "
+        f"{', '.join(f'{v:,.0f}' for v in res['runs']['mosquitto_sub'])} |",
+        f"| bare aiomqtt subscriber (no work) | {m['bare']:,.0f} | {m['bare'] / c:.2f} | "
+        f"{', '.join(f'{v:,.0f}' for v in res['runs']['bare'])} |",
+        f"| streamfed aggregator (decode, validate, dedupe, aggregate) | {m['aggregator']:,.0f} | "
+        f"{m['aggregator'] / c:.2f} | {', '.join(f'{v:,.0f}' for v in res['runs']['aggregator'])} |",
+        "",
+        f"The aggregator reaches {m['aggregator'] / m['bare']:.2f} of the bare Python subscriber; the gap between the "
+        "bare subscriber and `mosquitto_sub` is the Python MQTT client (paho under aiomqtt) itself.",
+    ]
+    write_section(args.out, lines, res, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Memory: resident set of an agent process (with and without `import torch`) and state per agent.
+
+    .venv/bin/python benchmarks/bench_memory.py [--out benchmarks/results/memory.md] [--quick]
+
+1. Resident set (VmRSS, and the peak VmHWM, from /proc/self/status) of a **fresh Python process**
+   that imports the agent runtime (`streamfed.runtime.agent`: numpy, numba, aiomqtt, the learners),
+   builds one `AgentCore`, learns 2,000 samples and installs a global — the work of an edge agent —
+   for a POF-MKL and a FedBNR agent, each with and without a preceding `import torch` (the torch
+   2.13.0 CPU wheel). Peers in the same run: a bare interpreter and one that imports numpy. Each
+   configuration runs `repeats` times, interleaved; medians. (numba's compiled functions come from
+   its on-disk cache, warmed by a first discarded round.)
+2. State per simulated agent, in one process: the pickled snapshot an agent checkpoints
+   (`AgentCore.snapshot()`), the numpy bytes reachable from its learner, and the resident-set growth
+   per agent when 200 of them are built and fed (everything: learner, error feedback, label join,
+   metrics, Python objects), for several sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streamfed.bench import load_average, machine, write_section  # noqa: E402
+
+CHILD = r"""
+import json, sys
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+torch_first, kind = sys.argv[1] == "1", sys.argv[2]
+if torch_first:
+    import torch  # noqa: F401
+stages = {}
+if kind in ("pofmkl", "fedbnr"):
+    import numpy as np
+    import streamfed.runtime.agent  # noqa: F401  (the agent runtime: aiomqtt, protocol, learners)
+    from streamfed.agent import AgentCore
+    from streamfed.aggregator import AggregatorCore
+    from streamfed.config import FleetConfig
+    from streamfed.protocol import encode
+    from streamfed.sources import Reading
+    stages["imports"] = rss()
+    if kind == "pofmkl":
+        cfg = FleetConfig(fleet="m", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
+    else:
+        cfg = FleetConfig(fleet="m", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=200,
+                          kernels=["gaussian:1.0"], fedbnr={"fit_hyperparameters": False})
+    core = AgentCore(cfg, "a1", 0)
+    stages["core"] = rss()
+    # steady state: the fleet loop in-process (every update to an aggregator core, a global back every
+    # 50 samples), so the outbox and the unacknowledged uploads stay as short as with a live aggregator
+    agg = AggregatorCore(cfg, clients=["a1"], mode="async", window=0.0)
+    rng = np.random.default_rng(0)
+    for i in range(2000):
+        _, msgs = core.on_reading(Reading(f"r{i}", rng.uniform(-1, 1, 10), 0.0, float(rng.normal())))
+        for m in msgs:
+            agg.on_update("a1", encode(m))
+        if i % 50 == 49:
+            agg.tick(now=1e12)
+            core.on_global_payload(encode(agg.global_message()))
+    stages["learned"] = rss()
+    assert len(core.outbox) <= 50, len(core.outbox)
+elif kind == "numpy":
+    import numpy  # noqa: F401
+out = {"stages": stages}
+for line in open("/proc/self/status"):
+    if line.startswith(("VmRSS:", "VmHWM:")):
+        out[line.split(":")[0]] = int(line.split()[1]) * 1024
+print(json.dumps(out))
+"""
+
+PROCS = [("bare interpreter", False, "bare"), ("import numpy", False, "numpy"),
+         ("POF-MKL agent (N = 16, D = 100, M = 2)", False, "pofmkl"),
+         ("POF-MKL agent + import torch", True, "pofmkl"),
+         ("FedBNR agent (K = 1, F = 401)", False, "fedbnr"),
+         ("FedBNR agent + import torch", True, "fedbnr"),
+         ("import torch alone", True, "bare")]
+
+
+def child(torch_first: bool, kind: str) -> dict[str, int]:
+    res = subprocess.run([sys.executable, "-c", CHILD, "1" if torch_first else "0", kind], capture_output=True,
+                         text=True, cwd=ROOT, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def rss_per_process(repeats: int) -> list[dict]:
+    for _, t, k in PROCS:  # warm numba's cache and the page cache; discarded
+        child(t, k)
+    got: dict[int, list[dict[str, int]]] = {i: [] for i in range(len(PROCS))}
+    for _ in range(repeats):
+        for i, (_, t, k) in enumerate(PROCS):
+            got[i].append(child(t, k))
+    return [{"process": label, "torch": t, "kind": k,
+             "rss_bytes": float(np.median([g["VmRSS"] for g in got[i]])),
+             "hwm_bytes": float(np.median([g["VmHWM"] for g in got[i]])),
+             "stages": {s: float(np.median([g["stages"][s] for g in got[i]])) for s in got[i][0]["stages"]}}
+            for i, (label, t, k) in enumerate(PROCS)]
+
+
+def _ndarray_bytes(obj, seen: set[int], depth: int = 0) -> int:
+    if id(obj) in seen or depth > 6:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        base = obj
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        if id(base) in seen and base is not obj:
+            return 0
+        seen.add(id(base))
+        return int(base.nbytes)
+    if isinstance(obj, dict):
+        return sum(_ndarray_bytes(v, seen, depth + 1) for v in obj.values())
+    if isinstance(obj, list | tuple | set):
+        return sum(_ndarray_bytes(v, seen, depth + 1) for v in obj)
+    total = 0
+    d = getattr(obj, "__dict__", None)
+    if d:
+        total += _ndarray_bytes(d, seen, depth + 1)
+    for s in getattr(type(obj), "__slots__", ()):
+        if hasattr(obj, s):
+            total += _ndarray_bytes(getattr(obj, s), seen, depth + 1)
+    return total
+
+
+def _rss() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def state_per_agent(sizes: list[dict], n_agents: int, steps: int) -> list[dict]:
+    from streamfed.agent import AgentCore
+    from streamfed.config import FleetConfig
+    from streamfed.sources import Reading
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for size in sizes:
+        cfg = FleetConfig(fleet="m", n_inputs=10, **size)
+        xs, ys = rng.uniform(-1, 1, (steps, 10)), rng.normal(size=steps)
+        AgentCore(cfg, "warm", 0).on_reading(Reading("w", xs[0], 0.0, 0.0))
+        before = _rss()
+        cores = []
+        for a in range(n_agents):
+            core = AgentCore(cfg, f"a{a}", a)
+            for i in range(steps):
+                core.on_reading(Reading(f"r{i}", xs[i], 0.0, float(ys[i])))
+            core.outbox.clear()  # as if every update had been included (the outbox is transient)
+            cores.append(core)
+        grown = (_rss() - before) / n_agents
+        snap = pickle.dumps(cores[0].snapshot(), protocol=pickle.HIGHEST_PROTOCOL)
+        learner = pickle.dumps(cores[0].learner, protocol=pickle.HIGHEST_PROTOCOL)
+        label = (f"POF-MKL N = {cfg.n_kernels}, D = {cfg.n_features}" if cfg.algorithm == "pofmkl"
+                 else f"FedBNR K = {cfg.n_kernels}, F = {cfg.feature_dim}")
+        rows.append({"agent": label, **size, "snapshot_pickle_bytes": len(snap), "learner_pickle_bytes": len(learner),
+                     "learner_ndarray_bytes": _ndarray_bytes(cores[0].learner, set()),
+                     "ef_bytes": int(cores[0].ef.residual.nbytes) if cores[0].ef is not None else 0,
+                     "rss_per_agent_bytes": grown, "agents_built": n_agents})
+        del cores
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    repeats = 1 if args.quick else args.repeats
+    procs = rss_per_process(repeats)
+    sizes = [{"algorithm": "pofmkl", "n_kernels": 8, "n_features": 50},
+             {"algorithm": "pofmkl", "n_kernels": 16, "n_features": 100, "bin_size": 2},
+             {"algorithm": "pofmkl", "n_kernels": 64, "n_features": 100, "bin_size": 4},
+             {"algorithm": "fedbnr", "n_kernels": 1, "n_features": 50, "kernels": ["gaussian:1.0"]},
+             {"algorithm": "fedbnr", "n_kernels": 1, "n_features": 200, "kernels": ["gaussian:1.0"]},
+             {"algorithm": "fedbnr", "n_kernels": 4, "n_features": 50}]
+    if args.quick:
+        sizes = [sizes[0], sizes[3]]
+    state = state_per_agent(sizes, 20 if args.quick else 200, 100)
+    mib = 2**20
+    base = next(p for p in procs if p["kind"] == "bare" and not p["torch"])["rss_bytes"]
+    agent_rss = {(p["kind"], p["torch"]): p["rss_bytes"] for p in procs}
+    target = max(agent_rss[("pofmkl", False)], agent_rss[("fedbnr", False)]) / mib
+    lines = [
+        "## Memory: agent process resident set, state per agent",
+        "",
+        "Command: `.venv/bin/python benchmarks/bench_memory.py`. Fresh processes, each measured at its end "
+        "from /proc/self/status; the agent ones import the agent runtime, build an `AgentCore` and learn "
+        "2,000 samples (d = 10) in the fleet's steady state (each update handed to an in-process aggregator "
+        "core, a global installed every 50 samples; FedBNR without the evidence fit). Resident set after each "
+        f"stage in the last columns. Median of {repeats} interleaved runs. "
+        f"Machine: {machine()}; load average at the end {load_average()}.",
+        "",
+        "| process | VmRSS MiB | VmHWM (peak) MiB | above the bare interpreter MiB | after imports | "
+        "after AgentCore() | after 2,000 samples |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in procs:
+        lines.append(f"| {p['process']} | {p['rss_bytes'] / mib:.1f} | {p['hwm_bytes'] / mib:.1f} | "
+                     f"{(p['rss_bytes'] - base) / mib:.1f} | "
+                     + " | ".join(f"{p['stages'][k] / mib:.1f}" if k in p["stages"] else "–"
+                                  for k in ("imports", "core", "learned")) + " |")
+    torch_cost = (agent_rss[("pofmkl", True)] - agent_rss[("pofmkl", False)]) / mib
+    lines += ["", f"**Target (agent RSS without torch ≤ 150 MB): {'met' if target * mib <= 150e6 else 'not met'}** "
+              f"— {target:.0f} MiB for the larger of the two agents. `import torch` adds {torch_cost:.0f} MiB to "
+              "an agent (streamfed never imports it).", "",
+              "State per simulated agent (after 100 samples; the outbox emptied as after inclusion): the "
+              "checkpointed snapshot, the learner alone, its numpy arrays, and the resident-set growth per "
+              f"agent over {state[0]['agents_built']} agents built in one process:", "",
+              "| agent | snapshot pickle KiB | learner pickle KiB | learner numpy KiB | RSS per agent KiB |",
+              "|---|---|---|---|---|"]
+    for r in state:
+        lines.append(f"| {r['agent']} | {r['snapshot_pickle_bytes'] / 1024:.1f} | "
+                     f"{r['learner_pickle_bytes'] / 1024:.1f} | "
+                     f"{r['learner_ndarray_bytes'] / 1024:.1f} | {r['rss_per_agent_bytes'] / 1024:.1f} |")
+    write_section(args.out, lines, {"processes": procs, "state": state, "target_met": target * mib <= 150e6},
+                  quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
