@@ -39,6 +39,12 @@ import numpy as np
 
 from streamfed.datasets import load_beijing
 from streamfed.learners.fedbnr import FedBNRClient, FedBNRServer
+from streamfed.learners.fedbnr_hier import (
+    FedBNRHierClient,
+    FedBNRHierMixClient,
+    FedBNRHierMixServer,
+    FedBNRHierServer,
+)
 
 
 def hour_index(stream_time: np.ndarray, t0: np.datetime64) -> np.ndarray:
@@ -94,6 +100,61 @@ def run(fleet, federated: bool, args) -> dict:
             "n": pos, "rounds": rounds}
 
 
+def run_hier(fleet, federated: bool, args) -> dict:
+    """As :func:`run`, with the hierarchical learner (`--hierarchical`): shared `w` + personal `δ_k`.
+    The clock is the hour index (forgetting is per hour); every global is published at the last hour
+    of its round. Local-only: a private server per station (one-client model: BLR with prior variance
+    λ² + τ², fitted by its own evidence)."""
+    if len(args.bandwidth) != 1:
+        raise SystemExit("--hierarchical takes one --bandwidth")
+    kw = dict(n_inputs=fleet.n_inputs, n_features=args.n_features, bandwidth=args.bandwidth[0], seed=args.seed,
+              min_upload=args.min_upload, forgetting=args.forgetting)
+    if args.tau_grid:
+        clients = [FedBNRHierMixClient(args.tau_grid, client_id=name, **kw) for name in fleet.names]
+        server_cls = FedBNRHierMixServer
+    else:
+        clients = [FedBNRHierClient(client_id=name, **kw) for name in fleet.names]
+        server_cls = FedBNRHierServer
+    if federated:
+        shared = server_cls.for_client(clients[0])
+        servers = [shared] * len(clients)
+    else:
+        servers = [server_cls.for_client(c) for c in clients]
+    t0 = min(s.time[0] for s in fleet.streams)
+    hours = [hour_index(s.time, t0) for s in fleet.streams]
+    last_hour = max(int(h[-1]) for h in hours) + 1
+    if args.hours is not None:
+        last_hour = min(last_hour, args.hours)
+    means = [np.full(len(s), np.nan) for s in fleet.streams]
+    variances = [np.full(len(s), np.nan) for s in fleet.streams]
+    pos = [0] * len(clients)
+    rounds = 0
+    for start in range(0, last_hour, args.round_hours):
+        stop = start + args.round_hours
+        for c, (client, s) in enumerate(zip(clients, fleet.streams, strict=True)):
+            end = int(np.searchsorted(hours[c], stop, side="left"))
+            if end > pos[c]:
+                m, v = client.learn_many(s.X[pos[c]:end], s.y[pos[c]:end], hours[c][pos[c]:end].astype(float))
+                means[c][pos[c]:end], variances[c][pos[c]:end] = m, v
+                pos[c] = end
+        touched = set()
+        for c, client in enumerate(clients):
+            up = client.make_upload()
+            if up is not None:
+                servers[c].apply(up)
+                touched.add(id(servers[c]))
+        if touched:
+            rounds += 1
+            globals_ = {id(srv): srv.publish(time=float(stop - 1))
+                        for srv in {id(s): s for s in servers}.values() if id(srv) in touched}
+            for c, client in enumerate(clients):
+                g = globals_.get(id(servers[c]))
+                if g is not None:
+                    client.apply_global(g)
+    return {"means": means, "variances": variances, "clients": clients, "servers": servers,
+            "n": pos, "rounds": rounds}
+
+
 def summarise(fleet, res: dict) -> list[dict]:
     rows = []
     for c, s in enumerate(fleet.streams):
@@ -107,7 +168,8 @@ def summarise(fleet, res: dict) -> list[dict]:
             "mse": float(np.mean(r * r)),
             "coverage": float(np.mean(np.abs(r) <= 1.959963984540054 * np.sqrt(v))),
             "nlpd": float(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * r * r / v)),
-            "regret_per_sample": res["clients"][c].regret()["regret_per_sample"],
+            "regret_per_sample": (res["clients"][c].regret()["regret_per_sample"]
+                                  if hasattr(res["clients"][c], "regret") else float("nan")),
         })
     return rows
 
@@ -123,6 +185,11 @@ def main() -> None:
                          "(1 = exact FedBNR, 'auto' = chosen by each station's evidence)")
     ap.add_argument("--local-hyperparameters", action="store_true",
                     help="each station refits σ, λ by evidence on its own working statistics (both modes)")
+    ap.add_argument("--hierarchical", action="store_true",
+                    help="hierarchical FedBNR (shared w + personal δ_k, σ, λ, τ by the exact evidence; "
+                         "forgetting per hour on both levels); local-only: same learner, private servers")
+    ap.add_argument("--tau-grid", type=float, nargs="+", default=None,
+                    help="with --hierarchical: one model per personal scale τ, averaged by prequential evidence")
     ap.add_argument("--min-upload", type=int, default=32, help="privacy floor: samples per upload")
     ap.add_argument("--round-hours", type=int, default=32, help="hours per lock-step round")
     ap.add_argument("--hours", type=int, default=None, help="stop after this many hours (quick runs)")
@@ -138,19 +205,40 @@ def main() -> None:
     timings = {}
     for mode in ("federated", "local-only"):
         t0 = time.perf_counter()
-        res = run(fleet, mode == "federated", args)
+        res = (run_hier if args.hierarchical else run)(fleet, mode == "federated", args)
         timings[mode] = time.perf_counter() - t0
         results[mode] = (res, summarise(fleet, res))
     fed, loc = results["federated"][1], results["local-only"][1]
     wins = sum(f["mse"] < lo["mse"] for f, lo in zip(fed, loc, strict=True))
     in_band = sum(0.90 <= f["coverage"] <= 0.98 for f in fed)
     g_server = results["federated"][0]["servers"][0]
-    names = results["federated"][0]["clients"][0].kernel_names
+    if args.hierarchical and args.tau_grid:
+        subs = g_server.servers
+        w_fed = np.mean([c.weights() for c in results["federated"][0]["clients"]], axis=0)
+        w_loc = np.mean([c.weights() for c in results["local-only"][0]["clients"]], axis=0)
+        final = ("Final shared models: " + "; ".join(f"τ = {s.tau:g}: σ = {s.sigma:.3f}, λ = {s.lam:.3f}"
+                                                     for s in subs)
+                 + "; final model weights (mean over stations) federated "
+                 + ", ".join(f"{w:.2f}" for w in w_fed) + ", local-only " + ", ".join(f"{w:.2f}" for w in w_loc))
+    elif args.hierarchical:
+        loc_servers = results["local-only"][0]["servers"]
+        final = (f"Final shared model: σ = {g_server.sigma:.3f}, λ = {g_server.lam:.3f}, τ = {g_server.tau:.3f} "
+                 f"(evidence {g_server.log_evidence:.1f}); local-only σ {min(s.sigma for s in loc_servers):.3f}–"
+                 f"{max(s.sigma for s in loc_servers):.3f}, √(λ²+τ²) "
+                 f"{min(np.hypot(s.lam, s.tau) for s in loc_servers):.3f}–"
+                 f"{max(np.hypot(s.lam, s.tau) for s in loc_servers):.3f}")
+    else:
+        names = results["federated"][0]["clients"][0].kernel_names
+        final = (f"Final global: σ = {', '.join(f'{v:.3f}' for v in g_server.sigma)}, λ = "
+                 f"{', '.join(f'{v:.3f}' for v in g_server.lam)} per kernel; evidence-best kernel "
+                 f"`{names[int(np.argmax(g_server.log_evidence))]}`")
 
     argv = " ".join(sys.argv[1:])
     lines = [
         "### Online FedBNR on the Beijing air-quality streams: "
-        + ("exact FedBNR" if args.others_weight == 1.0 else f"others_weight = {args.others_weight}")
+        + ((f"hierarchical, τ grid {', '.join(f'{t:g}' for t in args.tau_grid)} averaged by prequential evidence"
+            if args.tau_grid else "hierarchical (shared + personal)") if args.hierarchical else
+           "exact FedBNR" if args.others_weight == 1.0 else f"others_weight = {args.others_weight}")
         + (f", forgetting {args.forgetting:g}" if args.forgetting != 1.0 else "")
         + (", local σ/λ" if args.local_hyperparameters else "")
         + (f", first {args.hours} h" if args.hours is not None else ""),
@@ -164,8 +252,15 @@ def main() -> None:
         f"bandwidths {', '.join(f'{b:g}' for b in args.bandwidth)}"
         + (" (dictionary, Bayesian model average by evidence)" if len(args.bandwidth) > 1 else "")
         + f"; forgetting γ = {args.forgetting:g}; uploads of ≥ {args.min_upload} samples; lock-step rounds "
-        f"of {args.round_hours} h; σ, λ refitted by evidence at every broadcast"
-        + (" and by each station on its working statistics." if args.local_hyperparameters else "."),
+        f"of {args.round_hours} h; "
+        + (("one hierarchical model per τ of the grid, its σ, λ refitted by the exact evidence at that τ at "
+            "every broadcast; each station averages the models with weights ∝ exp(its own discounted "
+            "prequential log predictive density per model, discount γ per hour)"
+            if args.tau_grid else "σ, λ, τ refitted by the exact hierarchical evidence of the (time-weighted) "
+            "statistics at every broadcast")
+           + "; forgetting per hour on all statistics, shared and personal." if args.hierarchical else
+           "σ, λ refitted by evidence at every broadcast"
+           + (" and by each station on its working statistics." if args.local_hyperparameters else ".")),
         "",
         "Prequential metrics in standardised units (predict, then learn). Federated: one server sums all "
         "stations; local-only: same learner and schedule, a private server per station.",
@@ -188,9 +283,7 @@ def main() -> None:
         f"Federated MSE below local-only on **{wins} of 12** stations (target ≥ 10); federated 95% "
         f"coverage within [0.90, 0.98] on **{in_band} of 12** stations.",
         "",
-        f"Final global: σ = {', '.join(f'{v:.3f}' for v in g_server.sigma)}, λ = "
-        f"{', '.join(f'{v:.3f}' for v in g_server.lam)} per kernel; evidence-best kernel "
-        f"`{names[int(np.argmax(g_server.log_evidence))]}`; {results['federated'][0]['rounds']} broadcasts. "
+        f"{final}; {results['federated'][0]['rounds']} broadcasts. "
         f"Wall time: federated {timings['federated']:.1f} s, local-only {timings['local-only']:.1f} s "
         f"(data loading {t_load:.1f} s).",
         "",

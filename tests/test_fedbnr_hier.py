@@ -278,3 +278,52 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError):
         cl.learn_many(np.zeros((2, 2)), np.array([1.0, 2.0]), np.array([2.0, 1.0]))  # time going back
     assert cl.n_pending == 0
+
+
+# ----------------------------------------------------------------------------- τ dictionary
+
+
+def test_tau_mixture_of_one_model_is_that_model_and_weights_follow_prequential_evidence() -> None:
+    from streamfed.learners.fedbnr_hier import FedBNRHierMixClient, FedBNRHierMixServer
+
+    kw = dict(n_inputs=2, n_features=2, bandwidth=1.5, sigma=SIG, lam=LAM, min_upload=1, forgetting=0.95)
+    mixes = [FedBNRHierMixClient((0.05, 0.6, 3.0), client_id=f"c{i}", **kw) for i in range(2)]
+    singles = [[FedBNRHierClient(tau=t, client_id=f"c{i}", **kw) for t in (0.05, 0.6, 3.0)] for i in range(2)]
+    server = FedBNRHierMixServer.for_client(mixes[0], fit_hyperparameters=False)
+    ref = [FedBNRHierServer.for_client(s, fit_hyperparameters=False) for s in singles[0]]
+    score = np.zeros(3)  # client 0's discounted prequential log evidence per model, recomputed here
+    last_t = None
+    for r in range(3):
+        for i in range(2):
+            x, y = data(10, seed=60 + 10 * r + i, shift=i)
+            t = np.arange(10.0 * r + 1, 10.0 * r + 11)
+            mean, var = mixes[i].learn_many(x, y, t)
+            preds = [s.learn_many(x, y, t) for s in singles[i]]
+            if i == 0:
+                for k in range(10):
+                    if last_t is not None:
+                        score *= 0.95 ** (t[k] - last_t)
+                    last_t = t[k]
+                    w_k = np.exp(score - score.max())
+                    w_k /= w_k.sum()
+                    assert mean[k] == pytest.approx(sum(w_k[j] * preds[j][0][k] for j in range(3)), rel=1e-9)
+                    score += [-0.5 * (np.log(2 * np.pi * p[1][k]) + (y[k] - p[0][k]) ** 2 / p[1][k])
+                              for p in preds]
+            server.apply(mixes[i].make_upload())
+            for j, s in enumerate(singles[i]):
+                ref[j].apply(s.make_upload())
+            # mixture of the single models' predictions with discounted prequential log scores
+            assert np.all(np.isfinite(mean)) and np.all(var > 0)
+            lo = min(p[0].min() for p in preds)
+            hi = max(p[0].max() for p in preds)
+            assert np.all(mean >= lo - 1e-12) and np.all(mean <= hi + 1e-12)
+        gs = server.publish(time=10.0 * r + 10)
+        gr = [s.publish(time=10.0 * r + 10) for s in ref]
+        for i in range(2):
+            mixes[i].apply_global(gs)
+            for s, g in zip(singles[i], gr, strict=True):
+                s.apply_global(g)
+        for i in range(2):
+            for m, s in zip(mixes[i].models, singles[i], strict=True):
+                assert np.array_equal(m.posterior()[0], s.posterior()[0])
+    assert np.allclose(mixes[0].log_score, score, rtol=1e-10)

@@ -45,6 +45,13 @@ Between globals (a round), the whole working precision decays by `γ` per time u
 included, which is right for the other clients' data in it (it ages like data) and a heuristic for
 the structural part (`λ, τ`); the next global makes it exact again.
 
+**τ by prequential evidence** (:class:`FedBNRHierMixClient` / :class:`FedBNRHierMixServer`): under drift
+the static evidence of the time-weighted window measures how alike the clients are *within* the window,
+not how fast each drifts; on the Beijing streams it picks a nearly pooled model (`τ ≪ λ`). The mixture
+runs one model per `τ` of a fixed grid (each with `σ, λ` by the exact evidence at that `τ`) and averages
+them per client with weights from each model's discounted prequential log predictive density — the
+marginal likelihood of the sequential model (dynamic model averaging).
+
 Local-only baseline: the same learner with a private server per client. With one client the model is
 Bayesian linear regression with prior variance `λ² + τ²` (`λ`, `τ` not separately identifiable), so the
 server fits `(σ, √(λ²+τ²))` by the evidence and splits the prior variance evenly.
@@ -80,6 +87,9 @@ __all__ = [
     "hierarchical_log_evidence",
     "FedBNRHierClient",
     "FedBNRHierServer",
+    "FedBNRHierMixClient",
+    "FedBNRHierMixServer",
+    "fit_hierarchical",
 ]
 
 
@@ -173,7 +183,7 @@ class _Spectra:
 
 def fit_hierarchical(
     client_stats: Sequence[SufficientStats], start: tuple[float, float, float] | None = None,
-    *, max_evals: int = 300,
+    *, max_evals: int = 300, fixed_tau: float | None = None,
 ) -> tuple[float, float, float, float]:
     """Type-II ML `(σ, λ, τ, log p(y))` of the hierarchical model (Nelder-Mead on the logs, from `start`
     or from the pooled FedBNR fit; search box relative to the data scale as in `fit_hyperparameters`)."""
@@ -181,26 +191,34 @@ def fit_hierarchical(
     for st in client_stats[1:]:
         total += st
     sig0, lam0, _ = fit_hyperparameters(_sym(total.S), total.b, total.n, total.q)
-    if len(client_stats) == 1:  # λ, τ not identifiable: split the prior variance evenly
-        half = lam0 / math.sqrt(2.0)
-        return sig0, half, half, float(spectral_log_evidence(
-            *_one_spectrum(total), total.n, total.q, np.log(sig0), np.log(lam0)))
+    if len(client_stats) == 1:  # λ, τ not identifiable: split the prior variance λ² + τ² evenly
+        lam, tau = lam0 / math.sqrt(2.0), lam0 / math.sqrt(2.0)
+        if fixed_tau is not None:
+            tau = float(fixed_tau)
+            lam = math.sqrt(max(lam0**2 - tau**2, 1e-6 * lam0**2))
+        return sig0, lam, tau, float(spectral_log_evidence(
+            *_one_spectrum(total), total.n, total.q, np.log(sig0), np.log(math.hypot(lam, tau))))
     spectra = _Spectra(client_stats)
     y_scale = math.sqrt(total.q / total.n)
     f_scale = math.sqrt(max(float(np.trace(total.S)) / total.n, 1e-300))
     lo = [math.log(y_scale * 1e-4), math.log(y_scale / f_scale * 1e-4), math.log(y_scale / f_scale * 1e-5)]
     hi = [math.log(y_scale * 10.0), math.log(y_scale / f_scale * 1e3), math.log(y_scale / f_scale * 1e3)]
     x0 = np.log(start) if start is not None else np.log([sig0, lam0, lam0 / 3.0])
+    if fixed_tau is not None:
+        x0, lo, hi = x0[:2], lo[:2], hi[:2]
     x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
+    log_tau = None if fixed_tau is None else math.log(fixed_tau)
 
     def neg(theta: np.ndarray) -> float:
-        v = spectra.log_evidence(*theta)
+        v = spectra.log_evidence(*theta) if log_tau is None else spectra.log_evidence(theta[0], theta[1], log_tau)
         return -v if math.isfinite(v) else 1e300
 
+    m = len(x0)
     res = optimize.minimize(neg, x0, method="Nelder-Mead", bounds=list(zip(lo, hi, strict=True)),
                             options={"xatol": 1e-3, "fatol": 1e-4, "maxfev": max_evals,
-                                     "initial_simplex": x0 + np.vstack([np.zeros(3), 0.2 * np.eye(3)])})
-    sig, lam, tau = (math.exp(v) for v in res.x)
+                                     "initial_simplex": x0 + np.vstack([np.zeros(m), 0.2 * np.eye(m)])})
+    sig, lam = math.exp(res.x[0]), math.exp(res.x[1])
+    tau = math.exp(res.x[2]) if fixed_tau is None else float(fixed_tau)
     return sig, lam, tau, -float(res.fun)
 
 
@@ -619,9 +637,11 @@ class FedBNRHierServer:
         lam: float = 1.0,
         tau: float = 1.0,
         fit_hyperparameters: bool = True,
+        fit_tau: bool = True,
         min_samples: int = 32,
         max_buffered: int = 256,
     ) -> None:
+        self.fit_tau = bool(fit_tau)
         self.dim = int(dim)
         self.kernel_version = kernel_version
         self.epoch = int(epoch)
@@ -706,7 +726,8 @@ class FedBNRHierServer:
         usable = [st for st in stats if st.n > 0]
         if self.fit and usable and sum(st.q for st in usable) > 0:
             start = (self.sigma, self.lam, self.tau) if self._fitted else None
-            self.sigma, self.lam, self.tau, self.log_evidence = fit_hierarchical(usable, start)
+            self.sigma, self.lam, self.tau, self.log_evidence = fit_hierarchical(
+                usable, start, fixed_tau=None if self.fit_tau else self.tau)
             self._fitted = True
         if usable:
             lev, a, h = hierarchical_log_evidence(usable, self.sigma, self.lam, self.tau)
@@ -716,3 +737,114 @@ class FedBNRHierServer:
         self.version += 1
         return HierGlobal(self.version, self.kernel_version or "", self.epoch, t, self.forgetting, self.sigma,
                           self.lam, self.tau, a, h, float(self.log_evidence), dict(self.included))
+
+
+# ============================================================================ τ dictionary
+
+
+class FedBNRHierMixServer:
+    """One hierarchical model per personal scale `τ_j` of a fixed grid (each with its own `σ_j, λ_j`
+    fitted by the exact evidence at that `τ_j`), all fed the same uploads. `publish` returns one
+    :class:`HierGlobal` per `τ_j` (for :class:`FedBNRHierMixClient`)."""
+
+    def __init__(self, dim: int, kernel_version: str | None = "", epoch: int = 0, *,
+                 tau_grid: Sequence[float], **kwargs: Any) -> None:
+        if not tau_grid:
+            raise ValueError("tau_grid needs at least one value")
+        self.tau_grid = tuple(float(t) for t in tau_grid)
+        kwargs.pop("tau", None)
+        self.servers = [FedBNRHierServer(dim, kernel_version, epoch, tau=t, fit_tau=False, **kwargs)
+                        for t in self.tau_grid]
+
+    @classmethod
+    def for_client(cls, client: FedBNRHierMixClient, **kwargs: Any) -> FedBNRHierMixServer:
+        sub = client.models[0]
+        kwargs.setdefault("min_samples", sub.min_upload)
+        kwargs.setdefault("forgetting", sub.forgetting)
+        kwargs.setdefault("sigma", sub.sigma)
+        kwargs.setdefault("lam", sub.lam)
+        return cls(sub.dim, sub.kernel_version, sub.epoch, tau_grid=client.tau_grid, **kwargs)
+
+    @property
+    def included(self) -> dict[str, int]:
+        return self.servers[0].included
+
+    def apply(self, up: HierUpload) -> bool:
+        out = [s.apply(up) for s in self.servers]
+        return out[0]
+
+    def publish(self, time: float | None = None) -> list[HierGlobal]:
+        return [s.publish(time) for s in self.servers]
+
+
+class FedBNRHierMixClient:
+    """Hierarchical FedBNR over a fixed grid of personal scales `τ_j`, combined by Bayesian model
+    averaging with weights from each model's *prequential* evidence on this client's own stream,
+    `log p_j(y_1..y_t) = Σ_s log p_j(y_s | y_<s)` (the marginal likelihood of a sequential model is the
+    product of its one-step-ahead predictive densities), discounted by the same forgetting `γ` per time
+    unit as the statistics (dynamic model averaging) — so the personal/shared balance is chosen by
+    evidence of the drifting model, not by the static-window evidence. The prediction is the moment-
+    matched mixture. Every sample enters each model once; one upload serves all models.
+    """
+
+    def __init__(self, tau_grid: Sequence[float], **kwargs: Any) -> None:
+        if not tau_grid:
+            raise ValueError("tau_grid needs at least one value")
+        self.tau_grid = tuple(float(t) for t in tau_grid)
+        kwargs.pop("tau", None)
+        self.models = [FedBNRHierClient(tau=t, **kwargs) for t in self.tau_grid]
+        self.log_score = np.zeros(len(self.models))  # discounted prequential log evidence per model
+        self.metrics = PrequentialMetrics()
+
+    @property
+    def client_id(self) -> str:
+        return self.models[0].client_id
+
+    @property
+    def kernel_version(self) -> str:
+        return self.models[0].kernel_version
+
+    @property
+    def n_pending(self) -> int:
+        return self.models[0].n_pending
+
+    def weights(self) -> np.ndarray:
+        w = np.exp(self.log_score - self.log_score.max())
+        return w / w.sum()
+
+    def learn_many(self, xs: np.ndarray, ys: np.ndarray, times: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        ys = np.asarray(ys, dtype=np.float64)
+        t_before = self.models[0].time
+        preds = [m.learn_many(xs, ys, times) for m in self.models]
+        mu = np.stack([p[0] for p in preds])  # (J, T)
+        var = np.stack([p[1] for p in preds])
+        lp = -0.5 * (np.log(2 * np.pi * var) + (ys - mu) ** 2 / var)
+        if times is None:
+            start = t_before if math.isfinite(t_before) else 0.0
+            times = start + np.arange(1, ys.shape[0] + 1, dtype=np.float64)
+        times = np.asarray(times, dtype=np.float64)
+        g = self.models[0].forgetting
+        means, variances = np.empty(ys.shape[0]), np.empty(ys.shape[0])
+        prev = t_before
+        for t in range(ys.shape[0]):
+            if g != 1.0 and math.isfinite(prev) and times[t] > prev:
+                self.log_score *= g ** (times[t] - prev)
+            prev = times[t]
+            w = self.weights()
+            means[t] = w @ mu[:, t]
+            variances[t] = w @ (var[:, t] + mu[:, t] ** 2) - means[t] ** 2
+            self.log_score += lp[:, t]
+        variances = np.maximum(variances, 1e-300)
+        self.metrics.update_many(means, variances, ys)
+        return means, variances
+
+    def make_upload(self) -> HierUpload | None:
+        ups = [m.make_upload() for m in self.models]  # identical statistics; each model tracks its own
+        return ups[0]
+
+    def apply_global(self, gs: Sequence[HierGlobal]) -> bool:
+        if len(gs) != len(self.models):
+            raise ValueError(f"expected {len(self.models)} globals, one per τ, got {len(gs)}")
+        out = [m.apply_global(g) for m, g in zip(self.models, gs, strict=True)]
+        return out[0]
