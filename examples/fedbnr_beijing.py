@@ -109,6 +109,13 @@ def run_hier(fleet, federated: bool, args) -> dict:
         raise SystemExit("--hierarchical takes one --bandwidth")
     kw = dict(n_inputs=fleet.n_inputs, n_features=args.n_features, bandwidth=args.bandwidth[0], seed=args.seed,
               min_upload=args.min_upload, forgetting=args.forgetting)
+    if args.shared_forgetting is not None:
+        # Two memories: the shared level (uploads, server, evidence of σ, λ, τ) forgets with the shared
+        # factor, each station's own data with --forgetting; each station fits its own σ by the evidence
+        # of its own data under its prior (local-only too: there the prior is N(0, (λ² + τ²)I)).
+        kw["fit_sigma"] = True
+        if federated:
+            kw.update(forgetting=args.shared_forgetting, own_forgetting=args.forgetting)
     if args.tau_grid:
         clients = [FedBNRHierMixClient(args.tau_grid, client_id=name, **kw) for name in fleet.names]
         server_cls = FedBNRHierMixServer
@@ -188,6 +195,9 @@ def main() -> None:
     ap.add_argument("--hierarchical", action="store_true",
                     help="hierarchical FedBNR (shared w + personal δ_k, σ, λ, τ by the exact evidence; "
                          "forgetting per hour on both levels); local-only: same learner, private servers")
+    ap.add_argument("--shared-forgetting", type=float, default=None,
+                    help="with --hierarchical: forgetting of the shared level (uploads, server, σ/λ/τ fit); "
+                         "--forgetting then applies to each station's own data, and stations fit their σ")
     ap.add_argument("--tau-grid", type=float, nargs="+", default=None,
                     help="with --hierarchical: one model per personal scale τ, averaged by prequential evidence")
     ap.add_argument("--min-upload", type=int, default=32, help="privacy floor: samples per upload")
@@ -237,7 +247,9 @@ def main() -> None:
     lines = [
         "### Online FedBNR on the Beijing air-quality streams: "
         + ((f"hierarchical, τ grid {', '.join(f'{t:g}' for t in args.tau_grid)} averaged by prequential evidence"
-            if args.tau_grid else "hierarchical (shared + personal)") if args.hierarchical else
+            if args.tau_grid else "hierarchical (shared + personal)")
+           + (f", shared memory γ_s = {args.shared_forgetting:g}" if args.shared_forgetting is not None else "")
+           if args.hierarchical else
            "exact FedBNR" if args.others_weight == 1.0 else f"others_weight = {args.others_weight}")
         + (f", forgetting {args.forgetting:g}" if args.forgetting != 1.0 else "")
         + (", local σ/λ" if args.local_hyperparameters else "")
@@ -258,7 +270,12 @@ def main() -> None:
             "prequential log predictive density per model, discount γ per hour)"
             if args.tau_grid else "σ, λ, τ refitted by the exact hierarchical evidence of the (time-weighted) "
             "statistics at every broadcast")
-           + "; forgetting per hour on all statistics, shared and personal." if args.hierarchical else
+           + ("; forgetting per hour on all statistics, shared and personal." if args.shared_forgetting is None
+              else f"; two memories: the shared level (uploads, server, its σ, λ, τ fit) forgets with "
+                   f"γ_s = {args.shared_forgetting:g} per hour, each station's own data with γ = {args.forgetting:g}, "
+                   f"and each station fits its σ by the evidence of its own data under its prior (local-only "
+                   f"too, with γ = {args.forgetting:g} everywhere).")
+           if args.hierarchical else
            "σ, λ refitted by evidence at every broadcast"
            + (" and by each station on its working statistics." if args.local_hyperparameters else ".")),
         "",

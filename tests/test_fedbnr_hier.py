@@ -327,3 +327,73 @@ def test_tau_mixture_of_one_model_is_that_model_and_weights_follow_prequential_e
             for m, s in zip(mixes[i].models, singles[i], strict=True):
                 assert np.array_equal(m.posterior()[0], s.posterior()[0])
     assert np.allclose(mixes[0].log_score, score, rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------- two memories
+
+
+def test_client_with_its_own_memory_is_exact_under_the_shared_memory_cavity() -> None:
+    """Shared level weighted with γ_s (uploads, server), own data with γ_p in the client's posterior:
+    at a global the client's posterior of w + δ_k is the brute-force posterior with the other clients'
+    samples weighted γ_s^(T-t) and its own γ_p^(T-t)."""
+    gs, gp, t_end = 0.97, 0.9, 30.0
+    clients = make_clients(3, gs, own_forgetting=gp)
+    server = FedBNRHierServer.for_client(clients[0], fit_hyperparameters=False)
+    phis, ys, ts = [], [], []
+    for c, cl in enumerate(clients):
+        x, y = data(12, seed=70 + c, shift=0.5 * c)
+        t = np.sort(np.random.default_rng(c).choice(np.arange(1, 30), 12, replace=False)).astype(float)
+        cl.learn_many(x[:7], y[:7], t[:7])
+        server.apply(cl.make_upload())
+        cl.learn_many(x[7:], y[7:], t[7:])
+        server.apply(cl.make_upload())
+        phis.append(cl.features_many(x))
+        ys.append(y)
+        ts.append(t)
+    g = server.publish(time=t_end)
+    f = clients[0].dim
+    for c, cl in enumerate(clients):
+        cl.apply_global(g)
+        weights = [(gp if j == c else gs) ** (t_end - t) for j, t in enumerate(ts)]
+        mean, cov = brute_force(phis, ys, weights, SIG, LAM, TAU)
+        sel = np.zeros((f, 4 * f))
+        sel[:, :f] = np.eye(f)
+        sel[:, (c + 1) * f:(c + 2) * f] = np.eye(f)
+        m, cv = cl.posterior()
+        assert rel(m, sel @ mean) < 1e-8
+        assert rel(cv, sel @ cov @ sel.T) < 1e-8
+
+
+def test_own_sigma_maximises_the_evidence_of_own_data_under_the_cavity_prior() -> None:
+    clients = make_clients(2, fit_sigma=True)
+    server = FedBNRHierServer.for_client(clients[0], fit_hyperparameters=False)
+    xs = []
+    for c, cl in enumerate(clients):
+        x, y = data(40, seed=80 + c, shift=c)
+        y = y + 0.5 * np.random.default_rng(c).standard_normal(40)  # noisier than σ = 0.4
+        cl.learn_many(x, y)
+        server.apply(cl.make_upload())
+        xs.append((x, y))
+    g = server.publish()
+    cl = clients[1]
+    cl.apply_global(g)
+    prec, shift, _ = cl._prior
+    mu0, cov0 = np.linalg.solve(prec, shift), np.linalg.inv(prec)
+    phi = cl.features_many(xs[1][0])
+    y = xs[1][1]
+
+    def log_density(sigma: float) -> float:
+        c = sigma**2 * np.eye(len(y)) + phi @ cov0 @ phi.T
+        r = y - phi @ mu0
+        return -0.5 * (np.linalg.slogdet(2 * np.pi * c)[1] + r @ np.linalg.solve(c, r))
+
+    assert cl.sigma > SIG  # it noticed the extra noise
+    best = log_density(cl.sigma)
+    assert best >= log_density(cl.sigma * 1.02) - 1e-9 and best >= log_density(cl.sigma / 1.02) - 1e-9
+    # and the working posterior uses it: prediction equals the Gaussian conditional with this σ
+    xq = np.array([[0.2, 0.1]])
+    pq = cl.features_many(xq)[0]
+    k = phi @ cov0 @ phi.T + cl.sigma**2 * np.eye(len(y))
+    kq = phi @ cov0 @ pq
+    mean = pq @ mu0 + kq @ np.linalg.solve(k, y - phi @ mu0)
+    assert cl.predict(xq[0])[0] == pytest.approx(mean, rel=1e-8)

@@ -301,14 +301,16 @@ class HierGlobal:
 
 @numba.njit(cache=True)
 def _hier_learn_batch(
-    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, acc: np.ndarray, phis: np.ndarray, ys: np.ndarray,
-    times: np.ndarray, gamma: float, sigma: float, work: np.ndarray, out_mean: np.ndarray,
-    out_var: np.ndarray,
+    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, s_own: np.ndarray, b_own: np.ndarray,
+    acc: np.ndarray, phis: np.ndarray, ys: np.ndarray, times: np.ndarray, gamma: float, gamma_own: float,
+    sigma: float, work: np.ndarray, out_mean: np.ndarray, out_var: np.ndarray,
 ) -> None:
-    """Prequential loop: for each row, decay everything to its time (`γ^Δt`), predict, then learn.
+    """Prequential loop: for each row, decay to its time, predict, then learn.
 
-    `acc = [time, n_pend, q_pend]` (running scalars, updated in place); `s_pend` holds the upper
-    triangle of the pending (time-weighted) scatter.
+    `acc = [time, n_pend, q_pend, n_own, q_own]` (running scalars, updated in place). `s_pend, b_pend`
+    (upper triangle of the scatter): pending statistics weighted with `γ` (uploaded); `s_own, b_own`: all
+    own statistics weighted with `γ_own` (the working posterior's memory); the working factor `ra`
+    decays with `γ_own`.
     """
     f = phis.shape[1]
     inv_sigma = 1.0 / sigma
@@ -317,11 +319,6 @@ def _hier_learn_batch(
         if dt > 0.0:
             if gamma != 1.0 and math.isfinite(acc[0]):  # (no decay before the first sample)
                 g = gamma**dt
-                sg = math.sqrt(g)
-                for i in range(f + 1):
-                    row = ra[i, i:]
-                    for j in range(f + 1 - i):
-                        row[j] *= sg
                 for i in range(f):
                     row = s_pend[i, i:]
                     for j in range(f - i):
@@ -329,6 +326,20 @@ def _hier_learn_batch(
                     b_pend[i] *= g
                 acc[1] *= g
                 acc[2] *= g
+            if gamma_own != 1.0 and math.isfinite(acc[0]):
+                g = gamma_own**dt
+                sg = math.sqrt(g)
+                for i in range(f + 1):
+                    row = ra[i, i:]
+                    for j in range(f + 1 - i):
+                        row[j] *= sg
+                for i in range(f):
+                    row = s_own[i, i:]
+                    for j in range(f - i):
+                        row[j] *= g
+                    b_own[i] *= g
+                acc[3] *= g
+                acc[4] *= g
             acc[0] = times[t]
         phi = phis[t]
         y = ys[t]
@@ -343,12 +354,17 @@ def _hier_learn_batch(
         for i in range(f):
             pi = phi[i]
             row = s_pend[i, i:]
+            row_own = s_own[i, i:]
             tail = phi[i:]
             for j in range(f - i):
                 row[j] += pi * tail[j]
+                row_own[j] += pi * tail[j]
             b_pend[i] += pi * y
+            b_own[i] += pi * y
         acc[1] += 1.0
         acc[2] += y * y
+        acc[3] += 1.0
+        acc[4] += y * y
         for i in range(f):
             work[i] = phi[i] * inv_sigma
         work[f] = y * inv_sigma
@@ -393,6 +409,8 @@ class FedBNRHierClient:
         lam: float = 1.0,
         tau: float = 1.0,
         forgetting: float = 1.0,
+        own_forgetting: float | None = None,
+        fit_sigma: bool = False,
         min_upload: int = 32,
         client_id: str = "client",
     ) -> None:
@@ -412,13 +430,19 @@ class FedBNRHierClient:
         self.epoch = 0
         self.client_id = str(client_id)
         self.forgetting = float(forgetting)
+        self.own_forgetting = self.forgetting if own_forgetting is None else float(own_forgetting)
+        if not (0.0 < self.own_forgetting <= 1.0):
+            raise ValueError(f"own_forgetting must be in (0, 1], got {own_forgetting!r}")
+        self.fit_sigma = bool(fit_sigma)
         self.min_upload = int(min_upload)
         self.sigma = _check_positive("sigma", sigma)
         self.lam = _check_positive("lam", lam)
         self.tau = _check_positive("tau", tau)
         self._s_pend = np.zeros((f, f))  # upper triangle
         self._b_pend = np.zeros(f)
-        self._acc = np.array([-math.inf, 0.0, 0.0])  # [time, n_pend, q_pend]
+        self._s_own = np.zeros((f, f))  # upper triangle: all own samples, weighted with own_forgetting
+        self._b_own = np.zeros(f)
+        self._acc = np.array([-math.inf, 0.0, 0.0, 0.0, 0.0])  # [time, n_pend, q_pend, n_own, q_own]
         self._count_pend = 0
         self._own_in = self._zero()  # own statistics contained in the installed global, at _t_in
         self._t_in = -math.inf
@@ -467,6 +491,38 @@ class FedBNRHierClient:
             total += self._decay(up.stats, up.time, t)
         return total
 
+    def working_own_stats(self) -> SufficientStats:
+        """All own statistics weighted with `own_forgetting` (what the working posterior holds)."""
+        s = np.triu(self._s_own) + np.triu(self._s_own, 1).T
+        return SufficientStats(s, self._b_own, self._acc[3], self._acc[4], self.kernel_version, self.epoch)
+
+    def _fit_own_sigma(self) -> float:
+        """`σ` maximising the evidence of the own (own-forgetting-weighted) statistics under the installed
+        prior `N(μ₀, Λ₀⁻¹)`: `y ~ N(Φμ₀, σ²I + ΦΛ₀⁻¹Φᵀ)`, from the statistics alone (`O(F³)` per point)."""
+        own = self.working_own_stats()
+        if not (own.n > 1.0 and own.q > 0.0):
+            return self.sigma
+        prec, shift, _ = self._prior
+        mu0 = np.linalg.solve(prec, shift)
+        b_res = own.b - own.S @ mu0  # statistics of the residuals y - φᵀμ₀
+        q_res = max(own.q - 2.0 * own.b @ mu0 + mu0 @ own.S @ mu0, 1e-300)
+        logdet_prec = 2.0 * np.log(np.diag(np.linalg.cholesky(prec))).sum()
+
+        def neg(log_sigma: float) -> float:
+            s2 = math.exp(2.0 * log_sigma)
+            try:
+                chol = np.linalg.cholesky(prec + own.S / s2)
+            except np.linalg.LinAlgError:
+                return 1e300
+            u = np.linalg.solve(chol, b_res / s2)
+            logdet = 2.0 * np.log(np.diag(chol)).sum() - logdet_prec
+            return 0.5 * (own.n * math.log(2 * math.pi * s2) + logdet + q_res / s2 - u @ u)
+
+        scale = math.sqrt(own.q / own.n)
+        res = optimize.minimize_scalar(neg, bounds=(math.log(1e-3 * scale), math.log(10.0 * scale)),
+                                       method="bounded", options={"xatol": 1e-4})
+        return math.exp(float(res.x))
+
     def features_many(self, xs: np.ndarray) -> np.ndarray:
         xs = np.asarray(xs, dtype=np.float64)
         if xs.ndim != 2 or not np.all(np.isfinite(xs)):
@@ -481,7 +537,7 @@ class FedBNRHierClient:
         """Refactorise `M = [[Λ₀ + σ⁻²S, h₀ + σ⁻²b], [., c₀ + σ⁻²q]]` from the prior and all own statistics."""
         f = self.dim
         prec, shift, const = self._prior
-        own = self.own_stats()
+        own = self.working_own_stats()
         s2 = self.sigma**2
         m = np.empty((f + 1, f + 1))
         m[:f, :f] = prec + own.S / s2
@@ -536,8 +592,8 @@ class FedBNRHierClient:
         if not ok or (times.size and (np.any(np.diff(times) < 0) or times[0] < self.time)):
             raise ValueError("targets must be finite and times finite, non-decreasing and not in the past")
         means, variances = np.empty(ys.shape[0]), np.empty(ys.shape[0])
-        _hier_learn_batch(self._ra, self._s_pend, self._b_pend, self._acc, phis, ys, times, self.forgetting,
-                          self.sigma, self._work, means, variances)
+        _hier_learn_batch(self._ra, self._s_pend, self._b_pend, self._s_own, self._b_own, self._acc, phis, ys,
+                          times, self.forgetting, self.own_forgetting, self.sigma, self._work, means, variances)
         self._count_pend += ys.shape[0]
         self.metrics.update_many(means, variances, ys)
         return means, variances
@@ -559,7 +615,7 @@ class FedBNRHierClient:
         self._next_seq += 1
         self._s_pend[...] = 0.0
         self._b_pend[...] = 0.0
-        self._acc[1:] = 0.0
+        self._acc[1:3] = 0.0
         self._count_pend = 0
         return up
 
@@ -603,8 +659,15 @@ class FedBNRHierClient:
                 decay = self.forgetting ** (g.time - self.time)
                 self._s_pend *= decay
                 self._b_pend *= decay
-                self._acc[1:] *= decay
+                self._acc[1:3] *= decay
+            if self.own_forgetting != 1.0 and math.isfinite(self.time):
+                decay = self.own_forgetting ** (g.time - self.time)
+                self._s_own *= decay
+                self._b_own *= decay
+                self._acc[3:5] *= decay
             self._acc[0] = g.time
+        if self.fit_sigma:
+            self.sigma = self._fit_own_sigma()
         self._rebuild()
         self._next_seq = max(self._next_seq, inc + 1)
         self._global = g
