@@ -40,6 +40,7 @@ import contextlib
 import gc
 import logging
 import os
+import socket
 import ssl
 import time
 from collections import deque
@@ -57,7 +58,8 @@ from ..protocol import Message, ProtocolError, decode, encode, status_message
 from ..sources import Label, Reading, ReadingParser, Skip
 from ..topics import acks_topic, global_topic, predictions_topic, sensor_topic, status_topic, updates_topic
 
-__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "check_subscription", "refusal_reason", "until_lost"]
+__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "check_subscription", "no_delay", "refusal_reason",
+           "until_lost"]
 
 T = TypeVar("T")
 
@@ -181,6 +183,26 @@ async def until_lost(aw: Awaitable[T], receiver: asyncio.Task[Any]) -> T:
             await task
         raise exc
     return await task
+
+
+def _drop_idle_writer(paho: Any) -> None:
+    sock = paho.socket()
+    if sock is not None and not paho.want_write():
+        asyncio.get_running_loop().remove_writer(sock.fileno())
+
+
+def no_delay(client: Any) -> bool:
+    """Turn Nagle's algorithm off on an aiomqtt client's socket (paho leaves it on): a small packet —
+    a prediction — is sent at once instead of waiting for the broker to acknowledge the previous one,
+    which with delayed ACKs costs up to ~40 ms. Returns whether it could be set."""
+    sock = getattr(getattr(client, "_client", None), "socket", lambda: None)()
+    if sock is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):  # not TCP (a unix socket, websockets through a proxy object)
+        return False
+    return True
 
 
 class PubackWatch:
@@ -414,6 +436,10 @@ class AgentService:
                                                                                     "online")),
                     qos=1, retain=True, timeout=OP_TIMEOUT), receiver)
                 watch.check()
+                if self.prediction_qos == 0:
+                    # Live QoS 0 predictions leave at once. (At QoS 1 it stays on: two PUBACKs back to back
+                    # would meet the broker's own Nagle — Mosquitto's `set_tcp_nodelay` is off by default.)
+                    no_delay(client)
                 self.connected.set()
                 self._client = client
                 await self._send(client, receiver, watch)
@@ -585,6 +611,10 @@ class AgentService:
             self._buffer_prediction(msg)
             return
         paho.loop_write()
+        if not paho.want_write():
+            # aiomqtt adds its socket writer a loop turn late (call_soon_threadsafe) but removes it at once:
+            # the writer it is about to add would find nothing to write and fire on every turn — take it off
+            asyncio.get_running_loop().call_soon(_drop_idle_writer, paho)
         self._check_written()
         if info.is_published():
             self._sent(False, msg, len(payload))
