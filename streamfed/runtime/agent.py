@@ -185,10 +185,21 @@ async def until_lost(aw: Awaitable[T], receiver: asyncio.Task[Any]) -> T:
     return await task
 
 
-def _drop_idle_writer(paho: Any) -> None:
-    sock = paho.socket()
-    if sock is not None and not paho.want_write():
-        asyncio.get_running_loop().remove_writer(sock.fileno())
+def _publish_now(paho: mqtt.Client, topic: str, payload: bytes) -> mqtt.MQTTMessageInfo:
+    """A QoS 0 publish written to the socket before this returns. Without a socket-writer callback paho
+    writes a queued packet itself (`loop_write()`, its call for external event loops); with aiomqtt's it
+    would only ask aiomqtt to add a socket writer, which happens a loop turn later (and the packet goes
+    out one turn after that). So the callback is left out for this one call; should the socket take only
+    part of the packet, it is called afterwards and aiomqtt's writer sends the rest."""
+    register = paho.on_socket_register_write
+    paho.on_socket_register_write = None
+    try:
+        info = paho.publish(topic, payload, 0, False)
+    finally:
+        paho.on_socket_register_write = register
+    if paho.want_write() and register is not None and (sock := paho.socket()) is not None:
+        register(paho, paho.user_data_get(), sock)  # paho marked the writer as wanted while it had none
+    return info
 
 
 def no_delay(client: Any) -> bool:
@@ -589,11 +600,9 @@ class AgentService:
         self._work.set()
 
     def _emit(self, pred: Prediction) -> None:
-        """Publish a prediction now. At QoS 0 it is written to the socket before this returns: paho
-        queues the packet and `loop_write()` (paho's call for an external event loop, the one aiomqtt's
-        socket writer makes) sends it — aiomqtt alone would first register that writer, two event-loop
-        turns later. If the socket takes only part of it, aiomqtt's writer sends the rest and the
-        prediction counts as published when that is seen. Older predictions still waiting, no
+        """Publish a prediction now. At QoS 0 it is written to the socket before this returns
+        (:func:`_publish_now`); if the socket takes only part of it, aiomqtt's writer sends the rest and
+        the prediction counts as published when that is seen. Older predictions still waiting, no
         connection, or QoS 1: it joins the ring buffer the sender drains (in order, oldest dropped when
         full)."""
         msg = self.core.prediction_message(pred)
@@ -606,15 +615,10 @@ class AgentService:
             self._buffer_prediction(msg)
             return
         payload = encode(msg)
-        info = paho.publish(predictions_topic(self.fleet, self.client_id), payload, 0, False)
+        info = _publish_now(paho, predictions_topic(self.fleet, self.client_id), payload)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:  # the connection just went: sent after the reconnect
             self._buffer_prediction(msg)
             return
-        paho.loop_write()
-        if not paho.want_write():
-            # aiomqtt adds its socket writer a loop turn late (call_soon_threadsafe) but removes it at once:
-            # the writer it is about to add would find nothing to write and fire on every turn — take it off
-            asyncio.get_running_loop().call_soon(_drop_idle_writer, paho)
         self._check_written()
         if info.is_published():
             self._sent(False, msg, len(payload))
