@@ -107,6 +107,8 @@ def run_hier(fleet, federated: bool, args) -> dict:
     λ² + τ², fitted by its own evidence)."""
     if len(args.bandwidth) != 1:
         raise SystemExit("--hierarchical takes one --bandwidth")
+    if args.tau is not None and args.tau_grid:
+        raise SystemExit("--tau and --tau-grid exclude each other")
     kw = dict(n_inputs=fleet.n_inputs, n_features=args.n_features, bandwidth=args.bandwidth[0], seed=args.seed,
               min_upload=args.min_upload, forgetting=args.forgetting)
     if args.shared_forgetting is not None:
@@ -122,11 +124,12 @@ def run_hier(fleet, federated: bool, args) -> dict:
     else:
         clients = [FedBNRHierClient(client_id=name, **kw) for name in fleet.names]
         server_cls = FedBNRHierServer
+    server_kw = {} if args.tau is None else {"tau": args.tau, "fit_tau": False}
     if federated:
-        shared = server_cls.for_client(clients[0])
+        shared = server_cls.for_client(clients[0], **server_kw)
         servers = [shared] * len(clients)
     else:
-        servers = [server_cls.for_client(c) for c in clients]
+        servers = [server_cls.for_client(c, **server_kw) for c in clients]
     t0 = min(s.time[0] for s in fleet.streams)
     hours = [hour_index(s.time, t0) for s in fleet.streams]
     last_hour = max(int(h[-1]) for h in hours) + 1
@@ -162,16 +165,18 @@ def run_hier(fleet, federated: bool, args) -> dict:
             "n": pos, "rounds": rounds}
 
 
-def summarise(fleet, res: dict) -> list[dict]:
+def summarise(fleet, res: dict, from_hour: int = 0) -> list[dict]:
     rows = []
+    t0 = min(s.time[0] for s in fleet.streams)
     for c, s in enumerate(fleet.streams):
         n = res["n"][c]
-        y = s.y[:n]
-        m = res["means"][c][:n]
-        v = res["variances"][c][:n]
+        keep = hour_index(s.time[:n], t0) >= from_hour
+        y = s.y[:n][keep]
+        m = res["means"][c][:n][keep]
+        v = res["variances"][c][:n][keep]
         r = y - m
         rows.append({
-            "station": s.name, "n": n,
+            "station": s.name, "n": int(keep.sum()),
             "mse": float(np.mean(r * r)),
             "coverage": float(np.mean(np.abs(r) <= 1.959963984540054 * np.sqrt(v))),
             "nlpd": float(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * r * r / v)),
@@ -198,6 +203,11 @@ def main() -> None:
     ap.add_argument("--shared-forgetting", type=float, default=None,
                     help="with --hierarchical: forgetting of the shared level (uploads, server, σ/λ/τ fit); "
                          "--forgetting then applies to each station's own data, and stations fit their σ")
+    ap.add_argument("--tau", type=float, default=None,
+                    help="with --hierarchical: a fixed τ (σ, λ still by evidence); local-only: prior variance "
+                         "max(λ²+τ² by evidence, τ²)")
+    ap.add_argument("--score-from-hour", type=int, default=0,
+                    help="metrics over hours >= this only (e.g. after a validation segment)")
     ap.add_argument("--tau-grid", type=float, nargs="+", default=None,
                     help="with --hierarchical: one model per personal scale τ, averaged by prequential evidence")
     ap.add_argument("--min-upload", type=int, default=32, help="privacy floor: samples per upload")
@@ -217,7 +227,7 @@ def main() -> None:
         t0 = time.perf_counter()
         res = (run_hier if args.hierarchical else run)(fleet, mode == "federated", args)
         timings[mode] = time.perf_counter() - t0
-        results[mode] = (res, summarise(fleet, res))
+        results[mode] = (res, summarise(fleet, res, args.score_from_hour))
     fed, loc = results["federated"][1], results["local-only"][1]
     wins = sum(f["mse"] < lo["mse"] for f, lo in zip(fed, loc, strict=True))
     in_band = sum(0.90 <= f["coverage"] <= 0.98 for f in fed)
@@ -249,11 +259,13 @@ def main() -> None:
         + ((f"hierarchical, τ grid {', '.join(f'{t:g}' for t in args.tau_grid)} averaged by prequential evidence"
             if args.tau_grid else "hierarchical (shared + personal)")
            + (f", shared memory γ_s = {args.shared_forgetting:g}" if args.shared_forgetting is not None else "")
+           + (f", fixed τ = {args.tau:g}" if args.tau is not None else "")
            if args.hierarchical else
            "exact FedBNR" if args.others_weight == 1.0 else f"others_weight = {args.others_weight}")
         + (f", forgetting {args.forgetting:g}" if args.forgetting != 1.0 else "")
         + (", local σ/λ" if args.local_hyperparameters else "")
-        + (f", first {args.hours} h" if args.hours is not None else ""),
+        + (f", first {args.hours} h" if args.hours is not None else "")
+        + (f", scored from hour {args.score_from_hour}" if args.score_from_hour else ""),
         "",
         f"Command: `.venv/bin/python examples/fedbnr_beijing.py{(' ' + argv) if argv else ''}`",
         "",
@@ -268,8 +280,11 @@ def main() -> None:
         + (("one hierarchical model per τ of the grid, its σ, λ refitted by the exact evidence at that τ at "
             "every broadcast; each station averages the models with weights ∝ exp(its own discounted "
             "prequential log predictive density per model, discount γ per hour)"
-            if args.tau_grid else "σ, λ, τ refitted by the exact hierarchical evidence of the (time-weighted) "
-            "statistics at every broadcast")
+            if args.tau_grid else
+            f"τ fixed at {args.tau:g}, σ, λ refitted by the exact hierarchical evidence at that τ at every broadcast"
+            if args.tau is not None else
+            "σ, λ, τ refitted by the exact hierarchical evidence of the (time-weighted) statistics at every "
+            "broadcast")
            + ("; forgetting per hour on all statistics, shared and personal." if args.shared_forgetting is None
               else f"; two memories: the shared level (uploads, server, its σ, λ, τ fit) forgets with "
                    f"γ_s = {args.shared_forgetting:g} per hour, each station's own data with γ = {args.forgetting:g}, "

@@ -798,3 +798,21 @@ def test_local_hyperparameters_are_fitted_on_the_working_statistics() -> None:
     m, _ = me.posterior()
     a = ws.S / sigma**2 + np.eye(6) / lam**2
     assert rel(m, np.linalg.solve(a, ws.b / sigma**2)) < 1e-6
+
+
+def test_state_pickled_before_the_packed_buffer_still_loads() -> None:
+    x, y = make_data(50, d=2, seed=43)
+    a = FedBNRClient(n_inputs=2, n_features=5, forgetting=0.97, bandwidth=(0.7, 2.0), min_upload=8)
+    a.learn_many(x[:25], y[:25])
+    # the earlier layout: every array its own attribute (copies), scalars as plain attributes, no buffer
+    old = {k: v for k, v in a.__getstate__().items() if k not in ("_buf", "_layout")}
+    for attr in FedBNRClient._VIEWS:
+        if attr != "_wt":
+            old[attr] = np.array(getattr(a, attr))
+    for attr in FedBNRClient._SCALARS:
+        old[attr] = getattr(a, attr)
+    b = FedBNRClient.__new__(FedBNRClient)
+    b.__setstate__(old)
+    for xi, yi in zip(x[25:], y[25:].tolist(), strict=True):
+        assert a.learn_predict(xi, yi) == b.learn_predict(xi, yi)
+    assert np.array_equal(a._ra, b._ra) and a.own_stats() == b.own_stats()

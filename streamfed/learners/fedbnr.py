@@ -537,8 +537,38 @@ class FedBNRClient:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        if "_buf" not in state:  # pickled before the packed buffer (separate arrays and scalars)
+            state = self._migrate_state(state)
         self.__dict__.update(state)
         self._bind_views()
+
+    _SCALARS = {"_n_work": kern.H_N_WORK, "_q_work": kern.H_Q_WORK, "_staged": kern.H_STAGED,
+                "_n_pend": kern.H_N_PEND, "_q_pend": kern.H_Q_PEND, "_refresh_j": kern.H_REFRESH_J,
+                "_sqrt_gamma": kern.H_SQRT_GAMMA, "_logw_dirty": kern.H_DIRTY}
+
+    @classmethod
+    def _migrate_state(cls, state: dict) -> dict:
+        """A state of the earlier layout (each array and scalar its own attribute) in the packed layout."""
+        state = dict(state)
+        kk, f = int(state["n_kernels"]), int(state["dim"])
+        fast = state.get("_fast")
+        d, nd = (0, 0) if fast is None else fast[0].shape
+        layout, size = kern.packed_layout(kk, f, _STAGE, d, nd)
+        buf = np.zeros(size)
+        kern.write_header(buf, layout, kk, f, _STAGE, d, nd)
+        for attr, block in cls._VIEWS.items():
+            if attr == "_wt":
+                value = None if fast is None else fast[0]
+            else:
+                value = state.pop(attr, None)
+            if value is not None:
+                buf[slice(*layout[block])] = np.asarray(value, dtype=np.float64).reshape(-1)
+        for attr, slot in cls._SCALARS.items():
+            buf[slot] = float(state.pop(attr, 0.0))
+        buf[kern.H_GAMMA] = float(state["forgetting"])
+        state.pop("_inv_sigma", None)
+        state["_layout"], state["_buf"] = layout, buf
+        return state
 
     def _header_property(slot: int, kind: type = float) -> property:  # type: ignore[misc]  # noqa: N805
         def get(self: FedBNRClient) -> Any:
