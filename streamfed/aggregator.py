@@ -33,6 +33,7 @@ pending lock-step rounds or the open window, the :class:`~streamfed.protocol.Seq
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -55,6 +56,7 @@ from .protocol import (
     SeqTracker,
     ack_message,
     decode,
+    encode,
     fedbnr_global_message,
     pofmkl_global_message,
     stats_fields,
@@ -412,6 +414,18 @@ class AggregatorCore:
         if self.window <= 0:
             return self._close_window(now)
         return []
+
+    def warm_up(self) -> None:
+        """One aggregation on a throw-away copy of the server (numba dispatch and cache loading happen
+        here, not in the first window of a live run) and one global encoded. Changes nothing here."""
+        twin = copy.deepcopy(self.server)
+        if self.pofmkl:
+            dim = 2 * self.cfg.n_features
+            acc = _WindowSum(dim)
+            acc.add(KernelUpdate(np.zeros(1, dtype=np.int64), np.zeros((1, dim))))
+            twin.add(acc.merged())
+            twin.finish_round()
+        encode(self.global_message())
 
     # ------------------------------------------------------------------ output
     def global_message(self) -> Message:

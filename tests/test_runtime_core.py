@@ -233,3 +233,16 @@ def test_an_update_names_the_global_its_step_saw(fleet):
     assert agent.on_global(decode(encode(newer, cfg), cfg))
     (msg,) = agent.finish_reading(pending)
     assert agent.global_version == 5 and msg.global_version == 0
+
+
+def test_aggregator_warm_up_changes_nothing():
+    cfg = pof_cfg()
+    agg, ref = (AggregatorCore(cfg, clients=["a", "b"], mode="async") for _ in range(2))
+    agg.warm_up()
+    assert agg.version == 0 and not agg.server.theta.any() and not agg._heard
+    payloads = _async_updates(cfg, ["a", "b"], per_client=3, seed=1)
+    for core in (agg, ref):
+        for c, p in payloads:
+            core.on_update(c, p, now=0.0)
+        core.tick(now=100.0)
+    assert agg.server.theta.tobytes() == ref.server.theta.tobytes() and agg.version == ref.version == 1

@@ -121,6 +121,7 @@ class AggregatorService:
         self.reconnects += 1
 
     async def run(self) -> None:
+        self.core.warm_up()
         try:
             await reconnect_loop(self._session, name=f"aggregator {self.fleet}", stop=self._stop,
                                  refusals=self.refusals, max_refusals=self.max_refusals, on_lost=self._lost,
