@@ -241,7 +241,7 @@ def test_duplicates_and_gaps() -> None:
     for i in range(3):
         cl.learn_many(x[2 * i:2 * i + 2], y[2 * i:2 * i + 2])
         ups.append(cl.make_upload())
-    assert server.apply(ups[2]) and server.included == {}
+    assert server.apply(ups[2]) and server.included == {} and server.waiting() == {"c0": [3]}
     assert server.apply(ups[0]) and server.included == {"c0": 1}
     assert server.apply(ups[1]) and server.included == {"c0": 3}
     assert not server.apply(ups[1])

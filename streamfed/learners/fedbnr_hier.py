@@ -776,6 +776,10 @@ class FedBNRHierServer:
             del self._buffer[up.client]
         return True
 
+    def waiting(self) -> dict[str, list[int]]:
+        """Sequence numbers received out of order and not summed yet, per client."""
+        return {c: sorted(w) for c, w in self._buffer.items() if w}
+
     def stats_at(self, time: float) -> dict[str, SufficientStats]:
         """Each client's statistics time-weighted to `time`."""
         g = self.forgetting
