@@ -1,17 +1,27 @@
 """The agent's asyncio/MQTT shell around :class:`streamfed.agent.AgentCore`.
 
-Connection: MQTT v5 by default (v3.1.1 accepted), QoS 1 throughout, a persistent session (fixed
-client id ``<fleet>.<client>``, ``clean_start=False``, ``SessionExpiryInterval > 0``), a retained
+Connection: MQTT v5 by default (v3.1.1 accepted), QoS 1 for updates, status and subscriptions, a
+persistent session (fixed client id ``<fleet>.<client>``, ``clean_start=False``,
+``SessionExpiryInterval > 0``), a retained
 status topic with an ``offline`` last will, and reconnection with exponential backoff (0.1 s … 10 s).
 A connection the broker *refuses* (bad user name or password, not authorised, banned, a refused
 subscription, a TLS certificate that does not verify) is logged with the MQTT reason and counted in
 :attr:`AgentService.refusals`; after `max_refusals` such refusals in a row `run()` raises
 :class:`BrokerRefused` instead of retrying forever.
 
+Predictions are a live stream: by default (`prediction_qos=0`) each is published at QoS 0 the moment
+it exists — written to the socket (Nagle off) before its sample is learned (FedBNR) or its update taken
+from the error feedback, built, encoded or sent; the agent's :attr:`AgentService.latencies` run from the
+sample's arrival to that write. With `prediction_qos=1` they go through the sender like updates and the
+latency runs to the PUBACK. Before the stream starts the agent warms its learner up on a copy and
+freezes the garbage collector's view of everything alive (`gc_freeze`), so neither compilation nor full
+collections land in the sample path.
+
 Outgoing buffer (bounded; memory never grows without bound):
 
-* predictions wait in a ring of `prediction_buffer` entries — when it is full the **oldest
-  prediction is dropped** and counted (`dropped_predictions`): a late prediction is worth little;
+* predictions that cannot go out at once (no connection, older ones still waiting, QoS 1) wait in a
+  ring of `prediction_buffer` entries — when it is full the **oldest prediction is dropped** and
+  counted (`dropped_predictions`): a late prediction is worth little;
 * updates are **never dropped**: at most `update_buffer` messages wait; while that is full the agent
   stops taking updates out of the learner — POF-MKL (async) keeps accumulating them in its
   error-feedback buffer (fixed size `N·2D`), FedBNR keeps its pending statistics (fixed size `K·F²`),
