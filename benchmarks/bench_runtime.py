@@ -3,12 +3,18 @@
     .venv/bin/python benchmarks/bench_runtime.py [--out benchmarks/results/runtime.md]
 
 1. Aggregator ingest: K POF-MKL updates (M = 2, D = 100, N = 16) wait in a persistent session's queue;
-   a receiver then connects and drains them. Side by side in the same run: a bare aiomqtt subscriber
-   (receives, does nothing) and the streamfed aggregator (strict decode, seq dedupe, validation,
-   aggregation into θ). Reported: messages/s of each and their ratio (median of repeats).
-2. Agent latency: one agent at 100 samples/s; time from a sample's arrival to its prediction being
-   acknowledged by the broker (QoS 1 PUBACK). Peer in the same run: a bare aiomqtt QoS 1 publish of a
-   prediction-sized payload (the transport's own floor).
+   a receiver then connects and drains them. Interleaved in the same run, repeat by repeat (which one
+   goes first alternates): a bare aiomqtt subscriber (receives, does nothing) and the streamfed
+   aggregator (strict decode, seq dedupe, validation, aggregation into θ). Reported per receiver: the
+   median messages/s and process CPU µs per message; the figure is the median of the per-repeat ratios
+   aggregator / bare. For reference, also a bare subscriber that drains aiomqtt's queue in batches the
+   way the aggregator's receiver does.
+2. Agent latency: one agent at 100 samples/s. Its predictions go out at QoS 0 (the default: a live
+   stream, the oldest dropped when the buffer is full); "published" is the prediction written to the
+   TCP socket (paho's on_publish for QoS 0, what the agent records), and, measured by a subscriber in
+   another process, received through Mosquitto. The agent with `prediction_qos=1` (sample → PUBACK)
+   for comparison. Peers in the same run: bare aiomqtt QoS 0 (→ written) and QoS 1 (→ PUBACK)
+   publishes of a prediction-sized payload, one every 10 ms (the transport's own floor).
 """
 
 from __future__ import annotations
@@ -16,10 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import logging
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import aiomqtt
@@ -27,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamfed import broker as broker_module  # noqa: E402
 from streamfed.agent import AgentCore  # noqa: E402
 from streamfed.aggregator import AggregatorCore  # noqa: E402
 from streamfed.broker import EmbeddedBroker  # noqa: E402
@@ -35,7 +47,7 @@ from streamfed.fleet import kernel_version  # noqa: E402
 from streamfed.protocol import encode, pofmkl_update_message  # noqa: E402
 from streamfed.runtime.agent import AgentService  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
-from streamfed.sources import array_source  # noqa: E402
+from streamfed.sources import Reading, array_source  # noqa: E402
 from streamfed.topics import Channel, topic_filter, updates_topic  # noqa: E402
 
 K_CLIENTS, K_SEQ = 50, 100  # 5,000 queued updates (Mosquitto dev.conf queues up to 10,000)
@@ -64,95 +76,220 @@ async def _fill(broker, cfg, payloads, session_id: str, shared: bool = False) ->
             await asyncio.gather(*(p.publish(updates_topic(cfg.fleet, c), pl, qos=1) for c, pl in payloads[i:i + 100]))
 
 
-async def bare_rate(broker, cfg, payloads, run: int) -> float:
-    sid = f"bare-{run}"
+async def bare_rate(broker, cfg, payloads, run: int, drain: bool = False) -> tuple[float, float]:
+    """(messages/s, CPU µs per message) of a subscriber that does nothing with what it receives."""
+    sid = f"bare-{run}-{drain}"
     await _fill(broker, cfg, payloads, sid)
     n = 0
-    t0 = time.perf_counter()  # both receivers are timed from before they connect
+    t0, c0 = time.perf_counter(), time.process_time()  # every receiver is timed from before it connects
     async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:
         async for _ in c.messages:
             n += 1
+            while drain and n < len(payloads):  # what the aggregator's receiver does (aiomqtt < 3)
+                try:
+                    c._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                n += 1
             if n == len(payloads):
                 break
-        return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0), (time.process_time() - c0) / n * 1e6
 
 
-async def aggregator_rate(broker, cfg, payloads, run: int) -> tuple[float, dict]:
+async def aggregator_rate(broker, cfg, payloads, run: int) -> tuple[float, float, dict]:
     sid = f"{cfg.fleet}.agg-{run}"
     await _fill(broker, cfg, payloads, sid)
     core = AggregatorCore(cfg, clients=[f"c{c}" for c in range(K_CLIENTS)], mode="async", window=0.2)
     svc = AggregatorService(core, broker, client_id=sid)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     task = asyncio.create_task(svc.run())
     while svc.ingested < len(payloads):
         await asyncio.sleep(0.002)
-    rate = len(payloads) / (time.perf_counter() - t0)
+    rate, cpu = len(payloads) / (time.perf_counter() - t0), (time.process_time() - c0) / len(payloads) * 1e6
     svc.stop()
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(task, 5)
-    return rate, {"accepted": core.counters.accepted, "rejected": core.rejected}
+    return rate, cpu, {"accepted": core.counters.accepted, "rejected": core.rejected}
 
 
-async def agent_latency(broker, cfg, seconds: float) -> dict:
+# A subscriber in its own process (its work must not share the agent's event loop or GIL): for every
+# prediction, receive time minus the sample's arrival (`created - latency_s`, both the agent's clock).
+_SUBSCRIBER = r"""
+import asyncio, json, sys, time
+import aiomqtt, msgpack
+async def main(host, port, topic, n):
+    out = []
+    async with aiomqtt.Client(host, port, identifier="bench-lat-viewer") as c:
+        await c.subscribe(topic, qos=0)
+        print("ready", flush=True)
+        async def take():
+            async for m in c.messages:
+                t = time.time()
+                env = msgpack.unpackb(m.payload)
+                out.append((t - (env["created"] - env["meta"]["latency_s"])) * 1e3)
+                if len(out) == n:
+                    return
+        try:
+            await asyncio.wait_for(take(), n / 100 + 30)
+        except asyncio.TimeoutError:
+            pass
+    print(json.dumps(out), flush=True)
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))
+"""
+
+
+def _pct(values) -> dict:
+    a = np.asarray(values, dtype=float)
+    return {"n": int(a.size), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+            "max": float(a.max())}
+
+
+async def agent_latency(broker, cfg, seconds: float, prediction_qos: int = 0) -> dict:
     rng = np.random.default_rng(1)
     n = int(100 * seconds)
     X, y = rng.uniform(-1, 1, (n, cfg.n_inputs)), rng.uniform(0, 1, n)
-    svc = AgentService(AgentCore(cfg, "lat", 0, mode="async"), broker, array_source(X, y, rate_hz=100.0),
-                       drain=0.0)  # no aggregator here: nobody will include its updates
+    viewer = None
+    if prediction_qos == 0:
+        viewer = subprocess.Popen([sys.executable, "-c", _SUBSCRIBER, broker.host, str(broker.port),
+                                   f"streamfed/v1/{cfg.fleet}/predictions/lat", str(n)],
+                                  stdout=subprocess.PIPE, text=True)
+        assert viewer.stdout is not None and viewer.stdout.readline().strip() == "ready"
+    async def once_connected():  # steady state: samples taken while the agent connects would wait for it
+        await svc.connected.wait()
+        async for item in array_source(X, y, rate_hz=100.0):
+            yield item
+
+    svc = AgentService(AgentCore(cfg, "lat", 0, mode="async"), broker, once_connected(),
+                       drain=0.0, prediction_qos=prediction_qos)  # no aggregator: nobody includes its updates
     await svc.run()
-    agent = np.array(svc.latencies) * 1e3
-    # the transport's floor: QoS 1 publish of a prediction-sized payload, one at a time, same rate
-    payload = encode(svc.core.prediction_message(type("P", (), {"reading_id": "r", "mean": 0.1, "var": None,
-                                                                 "global_version": 0, "latency_s": 0.0})()))
-    bare = []
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs("bare-lat")) as c:
+    out = {"agent": _pct(np.array(svc.latencies) * 1e3), "dropped": svc.dropped_predictions}
+    if viewer is not None:
+        got, _ = await asyncio.to_thread(viewer.communicate, timeout=60)
+        out["viewer"] = _pct(json.loads(got.strip().splitlines()[-1]))
+    return out
+
+
+async def bare_latency(broker, n: int, payload: bytes, qos: int) -> dict:
+    """The transport's floor: a prediction-sized payload published one at a time every 10 ms by plain
+    aiomqtt; QoS 0 returns once paho wrote it, QoS 1 at the PUBACK."""
+    out = []
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"bare-lat-{qos}")) as c:
         for _ in range(n):
             t0 = time.perf_counter()
-            await c.publish("bench/lat", payload, qos=1)
-            bare.append((time.perf_counter() - t0) * 1e3)
+            await c.publish("bench/lat", payload, qos=qos)
+            out.append((time.perf_counter() - t0) * 1e3)
             await asyncio.sleep(0.01)
-    bare = np.array(bare)
-    return {"n": agent.size, "agent_p50": float(np.percentile(agent, 50)), "agent_p99": float(np.percentile(agent, 99)),
-            "bare_p50": float(np.percentile(bare, 50)), "bare_p99": float(np.percentile(bare, 99))}
+    return _pct(out)
+
+
+async def nodelay_broker() -> EmbeddedBroker:
+    """The same development broker with `set_tcp_nodelay true` (Mosquitto leaves Nagle's algorithm on
+    by default: a subscriber that never sends waits for delayed ACKs, up to ~40 ms per message)."""
+    dev_config = broker_module.dev_config
+    broker_module.dev_config = lambda port: dev_config(port) + "set_tcp_nodelay true\n"
+    try:
+        return await EmbeddedBroker().start()
+    finally:
+        broker_module.dev_config = dev_config
+
+
+def _load() -> str:
+    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 async def main(out: Path | None, repeats: int, seconds: float) -> None:
+    logging.getLogger("aiomqtt").setLevel(logging.ERROR)  # the filler's "pending publish calls" warnings
+    load_before = _load()
     eb = await EmbeddedBroker().start()
     try:
         broker = eb.config
         cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
         payloads = updates(cfg)
-        bare, agg = [], []
+        bare, agg, drained, ratios = [], [], [], []
         for r in range(repeats):
-            bare.append(await bare_rate(broker, cfg, payloads, r))
-            a, info = await aggregator_rate(broker, cfg, payloads, r)
-            agg.append(a)
-            assert info["accepted"] == len(payloads) and not info["rejected"], info
-        lat = await agent_latency(broker, FleetConfig(fleet="lat", algorithm="pofmkl", n_inputs=10, n_kernels=16,
-                                                      n_features=100, bin_size=2), seconds)
+            async def agg_run(r=r):
+                a, cpu, info = await aggregator_rate(broker, cfg, payloads, r)
+                assert info["accepted"] == len(payloads) and not info["rejected"], info
+                return a, cpu
+            if r % 2 == 0:  # alternate who goes first: slow drifts in the machine's load hit both alike
+                b_run, a_run = await bare_rate(broker, cfg, payloads, r), await agg_run()
+            else:
+                a_run, b_run = await agg_run(), await bare_rate(broker, cfg, payloads, r)
+            bare.append(b_run)
+            agg.append(a_run)
+            ratios.append(a_run[0] / b_run[0])
+            drained.append(await bare_rate(broker, cfg, payloads, r, drain=True))
+        lcfg = FleetConfig(fleet="lat", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
+        lat0 = await agent_latency(broker, lcfg, seconds, prediction_qos=0)
+        lat1 = await agent_latency(broker, lcfg, seconds, prediction_qos=1)
+        core = AgentCore(lcfg, "lat", 0)
+        payload = encode(core.prediction_message(core.on_reading(Reading("s0", np.zeros(10), 0.0, 0.5))[0]))
+        floor = {qos: await bare_latency(broker, int(100 * seconds), payload, qos) for qos in (0, 1)}
     finally:
         await eb.stop()
-    b, a = statistics.median(bare), statistics.median(agg)
+    ebn = await nodelay_broker()
+    try:
+        latn = await agent_latency(ebn.config, lcfg, seconds, prediction_qos=0)
+    finally:
+        await ebn.stop()
+    load_after = _load()
+
+    def med(runs, i):
+        return statistics.median(x[i] for x in runs)
+
+    b, a, d, ratio = med(bare, 0), med(agg, 0), med(drained, 0), statistics.median(ratios)
+    n_lat = lat0["agent"]["n"]
+
+    def row(name, p):
+        return f"| {name} | {p['p50']:.2f} | {p['p99']:.2f} | {p['max']:.2f} |"
+
     lines = [
         "## MQTT runtime: aggregator ingest and agent latency",
         "",
-        "Command: `.venv/bin/python benchmarks/bench_runtime.py`. Mosquitto on loopback "
-        f"({eb.description.split(',')[0]}); {len(payloads)} POF-MKL updates (N = 16, D = 100, M = 2, "
-        f"{len(payloads[0][1])} bytes each) from {K_CLIENTS} clients; median of {repeats} runs. "
-        f"Machine: {platform.machine()}, 2 cores, Python {platform.python_version()}.",
+        "Command: `.venv/bin/python benchmarks/bench_runtime.py --out benchmarks/results/runtime.md`. Mosquitto "
+        f"on loopback ({eb.description.split(',')[0]}). Machine: {platform.machine()}, {os.cpu_count()} cores "
+        f"shared with other jobs (load average 1/5/15 min: {load_before} before, {load_after} after), "
+        f"Python {platform.python_version()}, aiomqtt {metadata.version('aiomqtt')}, "
+        f"paho-mqtt {metadata.version('paho-mqtt')}.",
         "",
-        "| receiver | messages / s | ratio to bare |",
-        "|---|---|---|",
-        f"| bare aiomqtt subscriber (no work) | {b:,.0f} | 1.00 |",
-        f"| streamfed aggregator (decode, validate, dedupe, aggregate) | {a:,.0f} | {a / b:.2f} |",
+        f"### Aggregator ingest: {len(payloads)} POF-MKL updates (N = 16, D = 100, M = 2, {len(payloads[0][1])} "
+        f"bytes each) from {K_CLIENTS} clients, queued in a persistent session, then drained",
         "",
-        f"Agent at 100 samples/s for {seconds:g} s ({lat['n']} samples), sample arrival → prediction PUBACK:",
+        f"{repeats} repeats, the bare subscriber and the aggregator interleaved (alternating which goes first); "
+        "messages/s and CPU are medians, the ratio is the median of the per-repeat ratios "
+        f"({', '.join(f'{x:.2f}' for x in ratios)}). CPU: this process's CPU time per message (the broker is "
+        "another process).",
         "",
-        "| path | p50 ms | p99 ms |",
-        "|---|---|---|",
-        f"| streamfed agent (predict + learn + publish prediction and update) | {lat['agent_p50']:.2f} | "
-        f"{lat['agent_p99']:.2f} |",
-        f"| bare aiomqtt QoS 1 publish of the same payload | {lat['bare_p50']:.2f} | {lat['bare_p99']:.2f} |",
+        "| receiver | messages / s | CPU µs / message | ratio to bare |",
+        "|---|---|---|---|",
+        f"| bare aiomqtt subscriber (`async for` over `messages`, no work) | {b:,.0f} | {med(bare, 1):.0f} | 1.00 |",
+        f"| streamfed aggregator (strict decode, validation, seq dedupe, async-window aggregation into θ; "
+        f"takes already-queued messages in batches) | {a:,.0f} | {med(agg, 1):.0f} | **{ratio:.2f}** |",
+        f"| for reference: bare subscriber draining the queue in batches like the aggregator | {d:,.0f} | "
+        f"{med(drained, 1):.0f} | {d / b:.2f} |",
+        "",
+        f"### Agent latency: one POF-MKL agent (N = 16, D = 100) at 100 samples/s for {seconds:g} s "
+        f"({n_lat} samples)",
+        "",
+        "The source starts once the agent is connected. "
+        "From the sample's arrival (the agent takes it from its source) to the prediction *published*: with "
+        "QoS 0 (the default for predictions; updates stay QoS 1) that is the prediction written to the TCP "
+        "socket, before the sample is learned (FedBNR) or its update taken, built, encoded or sent; the "
+        "subscriber rows add Mosquitto and a subscriber in another process (its receive time minus the "
+        "sample's arrival, both on this machine's clock). With QoS 0 predictions the agent turns Nagle's "
+        "algorithm off on its socket; Mosquitto's dev config leaves it on on its side (last two rows: the same "
+        "config plus `set_tcp_nodelay true`). "
+        f"Predictions dropped: {lat0['dropped']} / {lat1['dropped']} / {latn['dropped']} (the three agent runs).",
+        "",
+        "| path | p50 ms | p99 ms | max ms |",
+        "|---|---|---|---|",
+        row("**streamfed agent, QoS 0: sample → prediction written to the socket**", lat0["agent"]),
+        row("… received by a loopback subscriber (via Mosquitto, dev config)", lat0["viewer"]),
+        row("streamfed agent with `prediction_qos=1`: sample → PUBACK (dev config)", lat1["agent"]),
+        row("bare aiomqtt QoS 0 publish of the same payload, every 10 ms (→ written)", floor[0]),
+        row("bare aiomqtt QoS 1 publish of the same payload, every 10 ms (→ PUBACK)", floor[1]),
+        row("streamfed agent, QoS 0 → written (Mosquitto with `set_tcp_nodelay true`)", latn["agent"]),
+        row("… received by a loopback subscriber (Mosquitto with `set_tcp_nodelay true`)", latn["viewer"]),
     ]
     text = "\n".join(lines) + "\n"
     print(text)
@@ -163,7 +300,7 @@ async def main(out: Path | None, repeats: int, seconds: float) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
     asyncio.run(main(args.out, args.repeats, args.seconds))
