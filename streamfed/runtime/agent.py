@@ -200,7 +200,13 @@ def _publish_now(paho: mqtt.Client, topic: str, payload: bytes) -> mqtt.MQTTMess
     writes a queued packet itself (`loop_write()`, its call for external event loops); with aiomqtt's it
     would only ask aiomqtt to add a socket writer, which happens a loop turn later (and the packet goes
     out one turn after that). So the callback is left out for this one call; should the socket take only
-    part of the packet, it is called afterwards and aiomqtt's writer sends the rest."""
+    part of the packet, it is called afterwards and aiomqtt's writer sends the rest.
+
+    Only when paho has nothing else waiting: aiomqtt adds its writer a turn late but removes it at once,
+    so writing a packet whose writer is still to be added would leave that writer behind, idle and
+    firing on every turn. Otherwise the prediction queues behind the others, the usual way."""
+    if paho.want_write():
+        return paho.publish(topic, payload, 0, False)
     register = paho.on_socket_register_write
     paho.on_socket_register_write = None
     try:
