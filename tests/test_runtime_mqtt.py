@@ -226,3 +226,33 @@ def test_prediction_is_published_before_the_sample_is_learned(mosquitto_dev, str
     assert len(agent.latencies) == STEPS and agent.dropped_predictions == 0
     assert nodelay and all(nodelay)
     assert len(writes) < 10 * STEPS, len(writes)  # a few per message, not one per loop turn
+
+
+def test_qos1_predictions_leave_ahead_of_their_samples_updates(mosquitto_dev, streams):
+    """With prediction_qos=1 predictions go through the sender with the updates, oldest first: a
+    subscriber sees each sample's prediction before that sample's update."""
+    cfg = FleetConfig(fleet="order1", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+    broker = mosquitto_dev.broker_config()
+    s = streams[0]
+
+    async def main():
+        got = []
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs("viewer-order1")) as sub:
+            await sub.subscribe(f"streamfed/v1/{cfg.fleet}/#", qos=1)
+            agent = AgentService(AgentCore(cfg, "a", 0, mode="async"), broker, array_source(s.X, s.y, rate_hz=100.0),
+                                 drain=0.0, prediction_qos=1)
+            await agent.run()
+
+            async def collect():
+                async for m in sub.messages:
+                    kind = m.topic.value.split("/")[3]
+                    if kind in ("predictions", "updates"):
+                        got.append((kind, decode(m.payload, cfg).seq))
+                    if len(got) == 2 * STEPS:
+                        return
+            await asyncio.wait_for(collect(), 10)
+        return got
+
+    got = asyncio.run(main())
+    where = {item: i for i, item in enumerate(got)}
+    assert all(where[("predictions", t)] < where[("updates", t)] for t in range(1, STEPS + 1))

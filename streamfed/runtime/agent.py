@@ -504,7 +504,7 @@ class AgentService:
     # ------------------------------------------------------------------ sending
     async def _send(self, client: aiomqtt.Client, receiver: asyncio.Task[None] | None = None,
                     watch: PubackWatch | None = None) -> None:
-        """Publish buffered messages, updates first, with up to `max_inflight` QoS 1 publishes awaiting
+        """Publish buffered messages, oldest first, with up to `max_inflight` QoS 1 publishes awaiting
         their PUBACK at once (one at a time would cap an agent at one message per round trip). A message
         leaves its buffer only when acknowledged; on a lost connection the unacknowledged ones go back
         to the front, in order, and are sent again (the aggregator drops duplicates by seq)."""
@@ -514,7 +514,9 @@ class AgentService:
                 if receiver is not None and receiver.done() and self._receiver_failed(receiver):
                     return
                 while (self.updates or self.predictions) and len(inflight) < self.max_inflight:
-                    queue = self.updates if self.updates else self.predictions
+                    # oldest first: a sample's prediction (made before its update) goes out ahead of it
+                    ups, preds = self.updates, self.predictions
+                    queue = ups if ups and (not preds or ups[0].created <= preds[0].created) else preds
                     msg = queue.popleft()
                     payload = encode(msg)
                     if queue is self.updates:
