@@ -31,15 +31,26 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1.0)
     ap.add_argument("--window", type=float, nargs="+", default=[1.0])
     ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--runs", default=None,
+                    help="several configurations, e.g. 1000:1:1,1000:5:2 (agents:window:processes)")
     args = ap.parse_args()
     agents, seconds = ([50], 10.0) if args.quick else (args.agents, args.seconds)
-    runs = []
-    for n in agents:
-        for w in args.window:
-            opts = LoadTestOptions(agents=n, seconds=seconds, rate=args.rate, window=w, processes=args.processes)
+    configs = [(n, w, args.processes) for n in agents for w in args.window]
+    if args.runs and not args.quick:
+        configs = [(int(a), float(w), int(p)) for a, w, p in (r.split(":") for r in args.runs.split(","))]
+    runs, failed = [], []
+    for n, w, procs in configs:
+        opts = LoadTestOptions(agents=n, seconds=seconds, rate=args.rate, window=w, processes=procs)
+        try:
             r = run_loadtest(opts)
-            print("\n".join(summary_lines(r)), flush=True)
-            runs.append(r)
+        except RuntimeError as e:  # e.g. agents far behind: reported, the other runs go on
+            failed.append({"options": vars(opts), "error": str(e)[:300]})
+            print(f"run {n}:{w}:{procs} failed: {e}", flush=True)
+            continue
+        print("\n".join(summary_lines(r)), flush=True)
+        runs.append(r)
+    if not runs:
+        raise SystemExit(f"every run failed: {failed}")
     mib = 2**20
     lines = [
         "## Many agents: load test against Mosquitto and one aggregator process",
@@ -54,7 +65,8 @@ def main() -> None:
         "`included` map; lag = update created → first global including it seen by a monitor subscriber. "
         f"Machine: {machine()} — shared with other jobs; load average at the end {load_average()}.",
         "",
-        "| agents × rate, s | window s | samples learned / offered | samples/s | updates/s | accepted | lost | "
+        "| agents × rate, s (processes) | window s | samples learned / offered | samples/s | updates/s | "
+        "accepted | lost | "
         "rejected | resent | lag p50 / p99 / max s | aggregator CPU, RSS MiB | agent process CPU s, RSS MiB | "
         "sample lateness p50 / p99 s | load avg |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -65,8 +77,10 @@ def main() -> None:
         ap_rss = sum(p["maxrss_bytes"] for p in r["agent_processes"]) / mib
         late = r["agent_processes"][0]["lateness_s"] or [float("nan")] * 3
         lines.append(
-            f"| {r['agents']} × {o['rate']:g}/s, {o['seconds']:g} | {r['window_s']:g} | {r['samples_learned']:,} / "
-            f"{r['samples_expected']:,} | {r['samples_per_s']:.0f} | {r['updates_per_s']:.0f} | "
+            f"| {r['agents']} × {o['rate']:g}/s, {o['seconds']:g} ({o['processes']}) | {r['window_s']:g} | "
+            f"{r['samples_learned']:,} / "
+            f"{r['samples_expected']:,} | {r['samples_per_s']:.0f} (over {r.get('sampling_s', o['seconds']):.0f} s) | "
+            f"{r['updates_per_s']:.0f} | "
             f"{r['updates_accepted']:,.0f} | "
             f"{r['updates_lost']} | {sum(r['updates_rejected'].values()) if r['updates_rejected'] else 0} | "
             f"{r['resent']} | "
@@ -76,7 +90,11 @@ def main() -> None:
     lines += ["", "Per run, in words:", ""]
     for r in runs:
         lines += ["- " + "; ".join(summary_lines(r))]
-    write_section(args.out, lines, {"runs": runs}, quick=args.quick)
+    for f in failed:
+        o = f["options"]
+        lines += [f"- {o['agents']} agents, window {o['window']:g} s, {o['processes']} process(es): did not finish "
+                  f"({f['error'].splitlines()[0]})"]
+    write_section(args.out, lines, {"runs": runs, "failed": failed}, quick=args.quick)
 
 
 if __name__ == "__main__":

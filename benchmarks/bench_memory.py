@@ -141,6 +141,16 @@ def _rss() -> int:
 
 
 def state_per_agent(sizes: list[dict], n_agents: int, steps: int) -> list[dict]:
+    """One fresh process per size (memory freed by a previous size would be reused and hide the growth)."""
+    rows = []
+    for size in sizes:
+        res = subprocess.run([sys.executable, __file__, "--state", json.dumps(size), "--state-agents", str(n_agents),
+                              "--state-steps", str(steps)], capture_output=True, text=True, cwd=ROOT, check=True)
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def _state_rows(sizes: list[dict], n_agents: int, steps: int) -> list[dict]:
     from streamfed.agent import AgentCore
     from streamfed.config import FleetConfig
     from streamfed.sources import Reading
@@ -177,7 +187,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--state", help=argparse.SUPPRESS)  # internal: one size's state, as JSON, in this process
+    ap.add_argument("--state-agents", type=int, default=200, help=argparse.SUPPRESS)
+    ap.add_argument("--state-steps", type=int, default=100, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.state:
+        print(json.dumps(_state_rows([json.loads(args.state)], args.state_agents, args.state_steps)[0]))
+        return
     repeats = 1 if args.quick else args.repeats
     procs = rss_per_process(repeats)
     sizes = [{"algorithm": "pofmkl", "n_kernels": 8, "n_features": 50},
@@ -218,7 +234,9 @@ def main() -> None:
               "an agent (streamfed never imports it).", "",
               "State per simulated agent (after 100 samples; the outbox emptied as after inclusion): the "
               "checkpointed snapshot, the learner alone, its numpy arrays, and the resident-set growth per "
-              f"agent over {state[0]['agents_built']} agents built in one process:", "",
+              f"agent over {state[0]['agents_built']} agents built in one fresh process per size (POF-MKL: most "
+              "of it is the random frequencies, N·D·d numbers twice — as given and transposed — which agents "
+              "of one process could share):", "",
               "| agent | snapshot pickle KiB | learner pickle KiB | learner numpy KiB | RSS per agent KiB |",
               "|---|---|---|---|---|"]
     for r in state:
