@@ -624,8 +624,11 @@ class AgentService:
         connection, or QoS 1: it joins the ring buffer the sender drains (in order, oldest dropped when
         full)."""
         msg = self.core.prediction_message(pred)
-        if self.on_prediction is not None:
+        self._publish_prediction(msg)
+        if self.on_prediction is not None:  # a live view: after the publish, whatever it costs
             self.on_prediction(pred)
+
+    def _publish_prediction(self, msg: Message) -> None:
         client = self._client
         paho = getattr(client, "_client", None)
         if (paho is None or self.prediction_qos != 0 or self.predictions or self._pred_inflight
