@@ -125,7 +125,20 @@ def run_hier(fleet, federated: bool, args) -> dict:
         clients = [FedBNRHierClient(client_id=name, **kw) for name in fleet.names]
         server_cls = FedBNRHierServer
     server_kw = {} if args.tau is None else {"tau": args.tau, "fit_tau": False}
-    if federated:
+    private: list = []  # --with-local-models: each station's own private models, next to the shared ones
+    if federated and args.with_local_models:
+        if not args.tau_grid:
+            raise SystemExit("--with-local-models needs --tau-grid")
+        grid = tuple(args.tau_grid)
+        clients = [FedBNRHierMixClient(grid + grid, client_id=name, **kw) for name in fleet.names]
+        sub = clients[0].models[0]
+        shared = FedBNRHierMixServer(sub.dim, sub.kernel_version, tau_grid=grid, min_samples=sub.min_upload,
+                                     forgetting=sub.forgetting)
+        servers = [shared] * len(clients)
+        private = [FedBNRHierMixServer(sub.dim, sub.kernel_version, tau_grid=grid, min_samples=sub.min_upload,
+                                       forgetting=sub.forgetting) for _ in clients]
+        last_private: list = [None] * len(clients)
+    elif federated:
         shared = server_cls.for_client(clients[0], **server_kw)
         servers = [shared] * len(clients)
     else:
@@ -153,6 +166,9 @@ def run_hier(fleet, federated: bool, args) -> dict:
             if up is not None:
                 servers[c].apply(up)
                 touched.add(id(servers[c]))
+                if private:
+                    private[c].apply(up)
+                    last_private[c] = private[c].publish(time=float(stop - 1))
         if touched:
             rounds += 1
             globals_ = {id(srv): srv.publish(time=float(stop - 1))
@@ -160,6 +176,11 @@ def run_hier(fleet, federated: bool, args) -> dict:
             for c, client in enumerate(clients):
                 g = globals_.get(id(servers[c]))
                 if g is not None:
+                    if private:
+                        if last_private[c] is None:  # no own upload yet: the private models keep their prior
+                            client.apply_global(list(g) + [None] * len(g))
+                            continue
+                        g = list(g) + list(last_private[c])
                     client.apply_global(g)
     return {"means": means, "variances": variances, "clients": clients, "servers": servers,
             "n": pos, "rounds": rounds}
@@ -208,6 +229,9 @@ def main() -> None:
                          "max(λ²+τ² by evidence, τ²)")
     ap.add_argument("--score-from-hour", type=int, default=0,
                     help="metrics over hours >= this only (e.g. after a validation segment)")
+    ap.add_argument("--with-local-models", action="store_true",
+                    help="with --tau-grid, federated only: each station also runs the local-only models (private "
+                         "server of its own) and averages shared and private models by prequential evidence")
     ap.add_argument("--tau-grid", type=float, nargs="+", default=None,
                     help="with --hierarchical: one model per personal scale τ, averaged by prequential evidence")
     ap.add_argument("--min-upload", type=int, default=32, help="privacy floor: samples per upload")
@@ -260,6 +284,7 @@ def main() -> None:
             if args.tau_grid else "hierarchical (shared + personal)")
            + (f", shared memory γ_s = {args.shared_forgetting:g}" if args.shared_forgetting is not None else "")
            + (f", fixed τ = {args.tau:g}" if args.tau is not None else "")
+           + (", federated stations also average their local-only models" if args.with_local_models else "")
            if args.hierarchical else
            "exact FedBNR" if args.others_weight == 1.0 else f"others_weight = {args.others_weight}")
         + (f", forgetting {args.forgetting:g}" if args.forgetting != 1.0 else "")

@@ -327,6 +327,9 @@ def test_tau_mixture_of_one_model_is_that_model_and_weights_follow_prequential_e
             for m, s in zip(mixes[i].models, singles[i], strict=True):
                 assert np.array_equal(m.posterior()[0], s.posterior()[0])
     assert np.allclose(mixes[0].log_score, score, rtol=1e-10)
+    before = [m.posterior()[0] for m in mixes[0].models]
+    assert mixes[0].apply_global([None, None, None]) is False  # None: that model keeps what it has
+    assert all(np.array_equal(b, m.posterior()[0]) for b, m in zip(before, mixes[0].models, strict=True))
 
 
 # ----------------------------------------------------------------------------- two memories

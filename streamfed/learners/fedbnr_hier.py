@@ -910,8 +910,9 @@ class FedBNRHierMixClient:
         ups = [m.make_upload() for m in self.models]  # identical statistics; each model tracks its own
         return ups[0]
 
-    def apply_global(self, gs: Sequence[HierGlobal]) -> bool:
+    def apply_global(self, gs: Sequence[HierGlobal | None]) -> bool:
+        """Install one global per model (`None`: that model keeps what it has)."""
         if len(gs) != len(self.models):
             raise ValueError(f"expected {len(self.models)} globals, one per τ, got {len(gs)}")
-        out = [m.apply_global(g) for m, g in zip(self.models, gs, strict=True)]
-        return out[0]
+        out = [m.apply_global(g) for m, g in zip(self.models, gs, strict=True) if g is not None]
+        return bool(out) and out[0]
