@@ -82,7 +82,7 @@ def main() -> None:
             f"{r['samples_expected']:,} | {r['samples_per_s']:.0f} (over {r.get('sampling_s', o['seconds']):.0f} s) | "
             f"{r['updates_per_s']:.0f} | "
             f"{r['updates_accepted']:,.0f} | "
-            f"{r['updates_lost']} | {sum(r['updates_rejected'].values()) if r['updates_rejected'] else 0} | "
+            f"{r['updates_lost']} | {sum(r['updates_rejected'].values()) if r['updates_rejected'] else 0:.0f} | "
             f"{r['resent']} | "
             f"{lag['p50']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f} | {agg['cpu_fraction_steady']:.2f}, "
             f"{agg['hwm_bytes'] / mib:.0f} | {ap_cpu:.0f}, {ap_rss:.0f} | {late[0]:.3f} / {late[1]:.3f} | "
