@@ -207,11 +207,17 @@ def _publish_now(paho: mqtt.Client, topic: str, payload: bytes) -> mqtt.MQTTMess
     firing on every turn. Otherwise the prediction queues behind the others, the usual way."""
     if paho.want_write():
         return paho.publish(topic, payload, 0, False)
-    register = paho.on_socket_register_write
+    register, on_publish = paho.on_socket_register_write, paho.on_publish
     paho.on_socket_register_write = None
+    # Written here and now, it needs no "published" callback: QoS 0 has no PUBACK for PubackWatch to check
+    # and no aiomqtt future waits for it; paho would build a reason code and v5 properties for it (the
+    # largest part of a prediction's publishing cost). The class's publish also skips PubackWatch's
+    # per-instance hook, which would remember the topic until that callback.
+    paho.on_publish = None
     try:
-        info = paho.publish(topic, payload, 0, False)
+        info = mqtt.Client.publish(paho, topic, payload, 0, False)
     finally:
+        paho.on_publish = on_publish
         paho.on_socket_register_write = register
     if paho.want_write() and register is not None and (sock := paho.socket()) is not None:
         register(paho, paho.user_data_get(), sock)  # paho marked the writer as wanted while it had none
@@ -310,6 +316,7 @@ class AgentService:
         self._pred_inflight = 0  # buffered predictions the sender is publishing
         self._writing: deque[tuple[Any, Message, int]] = deque()  # QoS 0 predictions paho has partly written
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # sensor-topic items, for the feeder
+        self._predictions_topic = predictions_topic(self.fleet, self.client_id)
         self.updates: deque[Message] = deque()
         self.update_buffer = update_buffer
         self.outbox_limit = max(1, int(outbox_limit))
@@ -636,7 +643,7 @@ class AgentService:
             self._buffer_prediction(msg)
             return
         payload = encode(msg)
-        info = _publish_now(paho, predictions_topic(self.fleet, self.client_id), payload)
+        info = _publish_now(paho, self._predictions_topic, payload)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:  # the connection just went: sent after the reconnect
             self._buffer_prediction(msg)
             return
