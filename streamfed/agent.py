@@ -36,7 +36,7 @@ import numpy as np
 from .config import MAX_META_STR, FleetConfig
 from .fleet import kernel_version, make_learner
 from .learners.fedbnr import GlobalModel
-from .learners.pofmkl import KernelUpdate, NonFiniteError, POFMKLClient
+from .learners.pofmkl import GlobalTheta, KernelUpdate, NonFiniteError, POFMKLClient
 from .metrics import AgentStats
 from .protocol import (
     Message,
@@ -468,16 +468,21 @@ class AgentCore:
         """Run the per-sample path once on a throw-away copy of the learner (numba dispatch and cache
         loading, the codec), so that the first real sample does not pay for it. Changes nothing here."""
         twin = copy.deepcopy(self.learner)
-        x = np.zeros(self.cfg.n_inputs)
+        # numba specialises on writability: sensor readings arrive writable, dataset rows read-only
+        writable = np.zeros(self.cfg.n_inputs)
+        readonly = np.zeros(self.cfg.n_inputs)
+        readonly.flags.writeable = False
         try:
-            if self.pofmkl:
-                twin.predict(x)
-                _, update = twin.step(x, 0.0)
-                encode(pofmkl_update_message(self.cfg.fleet, self.client_id, 1, update.kernels, update.delta,
-                                             global_version=0, kernel_version=self.kernel_version))
-            else:
-                twin.predict(x)
-                twin.learn(x, 0.0)
+            for x in (writable, readonly):
+                if self.pofmkl:
+                    twin.predict(x)
+                    _, update = twin.step(x, 0.0)
+                    encode(pofmkl_update_message(self.cfg.fleet, self.client_id, 1, update.kernels, update.delta,
+                                                 global_version=0, kernel_version=self.kernel_version))
+                    twin.set_global(GlobalTheta.of(twin.theta), 1)  # what installing a global runs
+                else:
+                    twin.predict(x)
+                    twin.learn(x, 0.0)
             encode(prediction_message(self.cfg.fleet, self.client_id, 1, np.zeros(1), global_version=0,
                                       kernel_version=self.kernel_version, meta={"reading": "w", "latency_s": 0.0}))
         except ValueError:  # an input the learner refuses: nothing to warm then

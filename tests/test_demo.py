@@ -28,7 +28,8 @@ def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch, tmp_path):
     async def main():
         opts = DemoOptions(duration=4.0, agents=3, rate=100.0, out_dir=str(tmp_path))
         task = asyncio.create_task(run_demo(opts, console))
-        while "url" not in scraped:
+        # scrape while the fleet runs: after the learners are compiled (cold numba cache: seconds)
+        while "url" not in scraped or "ready" not in out.getvalue():
             await asyncio.sleep(0.05)
         await asyncio.sleep(2.0)
         body = await asyncio.to_thread(lambda: urllib.request.urlopen(scraped["url"], timeout=5).read().decode())

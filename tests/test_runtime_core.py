@@ -246,3 +246,50 @@ def test_aggregator_warm_up_changes_nothing():
             core.on_update(c, p, now=0.0)
         core.tick(now=100.0)
     assert agg.server.theta.tobytes() == ref.server.theta.tobytes() and agg.version == ref.version == 1
+
+
+def _compiled_signatures() -> dict[str, int]:
+    """Every numba dispatcher in streamfed and how many specialisations it has compiled or loaded."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("streamfed"):
+            for attr, obj in vars(mod).items():
+                if isinstance(obj, CPUDispatcher):
+                    out[f"{name}.{attr}"] = len(obj.signatures)
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["pofmkl", "fedbnr"])
+def test_warm_up_compiles_everything_the_stream_runs(algorithm, fleet):
+    """After `warm_up`, real samples (dataset rows are read-only arrays, sensor readings writable) and an
+    installed global compile nothing: a cold start must not stall the first seconds of a live stream."""
+    if algorithm == "pofmkl":
+        cfg = pof_cfg()
+    else:
+        cfg = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=20, seed=3,
+                          fedbnr=FedBNRParams(min_upload=4))
+    agent = AgentCore(cfg, "a", 0, mode="async")
+    agg = AggregatorCore(cfg, clients=["a"], mode="async", window=0.0)
+    agent.warm_up()
+    agg.warm_up()
+    before = _compiled_signatures()
+    X = fleet.streams[0].X
+    assert not X.flags.writeable  # what the datasets hand out
+    msgs = []
+    for i in range(8):
+        x = X[i] if i % 2 else np.array(X[i])  # read-only, then writable
+        _, out = agent.on_reading(Reading(f"r{i}", x, float(i), float(fleet.streams[0].y[i])), now=float(i))
+        msgs += out
+    msgs += agent.flush()
+    assert msgs, "the agent produced no update to aggregate"
+    globals_ = [g for m in msgs for g in agg.on_update("a", encode(m, cfg), now=100.0)] + agg.tick(now=200.0)
+    assert any(g.kind.endswith(".global") for g in globals_)
+    for g in globals_:
+        if g.kind.endswith(".global"):
+            assert agent.on_global(decode(encode(g, cfg), cfg.protocol_schema), now=300.0)
+    after = _compiled_signatures()
+    assert {k: v for k, v in after.items() if v != before.get(k, 0)} == {}
