@@ -2,8 +2,12 @@
 
 Written to be read against the equations: each block is labelled with the step it implements.
 The step is transactional: every result goes to scratch buffers first and the persistent state
-(log-weights, loss accumulators) is written only after everything has been checked finite, so a bad
-sample never corrupts the model.
+(log-weights, loss accumulators, the draw counter) is written only after everything has been checked
+finite, so a bad sample never corrupts the model.
+
+Features are kept flat (see :func:`streamfed.features.rff_sincos_flat`): kernel `p`'s features are
+`z_p = [S[pD : pD+D], C[pD : pD+D]]` with `S`, `C` the scaled sines and cosines of all `N·D` angles,
+so `θ_pᵀ z_p = θ_p[:D]·S_p + θ_p[D:]·C_p` and no `(N, 2D)` copy of the features is ever made.
 """
 
 from __future__ import annotations
@@ -11,33 +15,47 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..features import rff_transform_into
+from ..features import rff_sincos_flat
 
 STEP_OK = 0
 STEP_BAD_INPUT = 1
 STEP_BAD_LABEL = 2
 STEP_NON_FINITE = 3
+STEP_NEED_DRAWS = 4  # the block of uniform draws is used up: refill it and call again
+STEP_BAD_SHAPE = 5  # x does not have d values
+
+N_DRAWS = 256  # uniforms per block (drawn with one `rng.random(N_DRAWS)`)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath={"reassoc"})
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """`aᵀb`. `reassoc` (and nothing else) lets LLVM sum in SIMD lanes: only the rounding of the sum
+    changes (same error bound as any summation order), no NaN/Inf/sign assumption is made."""
+    acc = 0.0
+    for i in range(a.shape[0]):
+        acc += a[i] * b[i]
+    return acc
+
+
+@numba.njit(cache=True, error_model="numpy")
 def pofmkl_predict(
-    wt: np.ndarray,  # (d, N*D) frequencies, see features.rff_transform_into
+    wt: np.ndarray,  # (d, N*D) frequencies, see features.rff_sincos_flat
     x: np.ndarray,  # (d,)
     theta: np.ndarray,  # (N, 2D) global parameters
     logw: np.ndarray,  # (N,) personal log-weights
-    angles: np.ndarray,  # scratch (2*N*D,)
-    z: np.ndarray,  # out (N, 2D) features
+    sines: np.ndarray,  # out (N*D,) scaled sines, flat
+    cosines: np.ndarray,  # out (N*D,) scaled cosines, flat
     f: np.ndarray,  # out (N,) per-kernel predictions
     wbar: np.ndarray,  # out (N,) normalised weights
+    angle_bound: float,  # max_j Σ_k |V_jk| (RFFBank.angle_bound), or inf
 ) -> float:
     """Step 1 (eq. 6): features, per-kernel predictions `f_p = θ_pᵀ z_p(x)`, `ŷ = Σ w̄_p f_p`."""
-    rff_transform_into(wt, x, angles, z)
-    n_kernels, dim = z.shape
-    for p in range(n_kernels):
-        acc = 0.0
-        for i in range(dim):
-            acc += theta[p, i] * z[p, i]
-        f[p] = acc
+    n_kernels = theta.shape[0]
+    n_feat = theta.shape[1] // 2
+    rff_sincos_flat(wt, x, 1.0 / np.sqrt(n_feat), angle_bound, sines, cosines)
+    for p in range(n_kernels):  # f_p = θ_pᵀ z_p = θ_p[:D]·sin(V_p x)/√D + θ_p[D:]·cos(V_p x)/√D
+        b = p * n_feat
+        f[p] = _dot(theta[p, :n_feat], sines[b : b + n_feat]) + _dot(theta[p, n_feat:], cosines[b : b + n_feat])
     # w̄ = w / Σ w computed from log-weights: subtract the max so exp never overflows or all-underflows
     m = logw.max()
     tot = 0.0
@@ -66,9 +84,9 @@ def _sort_by_weight(logw: np.ndarray, order: np.ndarray) -> None:
         order[j + 1] = p
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def pofmkl_step(
-    wt: np.ndarray,  # (d, N*D) frequencies, see features.rff_transform_into
+    wt: np.ndarray,  # (d, N*D) frequencies, see features.rff_sincos_flat
     x: np.ndarray,  # (d,)
     y: float,
     u: float,  # uniform draw in [0, 1) for the bin choice
@@ -76,22 +94,25 @@ def pofmkl_step(
     theta_sq: np.ndarray,  # (N,) ‖θ_p‖², cached with θ
     logw: np.ndarray,  # (N,) personal log-weights (updated on success)
     acc: np.ndarray,  # (4 + 2N,) loss accumulators (updated on success), layout in pofmkl.py
-    hyper: np.ndarray,  # [η, λ, ξ]
+    hyper: np.ndarray,  # [η, λ, ξ, max_j Σ_k |V_jk|]
     bin_size: int,  # M
-    scratch: np.ndarray,  # (2*N*D + 3N,) floats: angles and cosines, f, w̄, ℓ
-    z: np.ndarray,  # scratch (N, 2D) features
+    scratch: np.ndarray,  # (2*N*D + 3N,) floats: sines, cosines, f, w̄, ℓ
     order: np.ndarray,  # (N,) int64 kernel order, kept between steps (warm start for the sort)
     sel: np.ndarray,  # out (M,) int64: selected kernels
     delta: np.ndarray,  # out (M, 2D): their updates Δ
 ) -> tuple[int, int, float, float]:
     """Steps 1-4 for one sample. Returns `(status, number of selected kernels, ŷ, q_J)`."""
-    n_kernels, dim = z.shape
+    n_kernels, dim = theta.shape
+    n_feat = dim // 2
+    nd = n_kernels * n_feat
     eta, lam, xi = hyper[0], hyper[1], hyper[2]
-    nd = 2 * wt.shape[1]  # the feature map's scratch: angles, then cosines
-    angles = scratch[:nd]
-    f = scratch[nd : nd + n_kernels]
-    wbar = scratch[nd + n_kernels : nd + 2 * n_kernels]
-    loss = scratch[nd + 2 * n_kernels : nd + 3 * n_kernels]
+    sines = scratch[:nd]
+    cosines = scratch[nd : 2 * nd]
+    f = scratch[2 * nd : 2 * nd + n_kernels]
+    wbar = scratch[2 * nd + n_kernels : 2 * nd + 2 * n_kernels]
+    loss = scratch[2 * nd + 2 * n_kernels : 2 * nd + 3 * n_kernels]
+    if x.shape[0] != wt.shape[0]:
+        return STEP_BAD_SHAPE, 0, 0.0, 0.0
     chk = 0.0
     for k in range(x.shape[0]):
         chk += x[k]
@@ -101,16 +122,16 @@ def pofmkl_step(
         return STEP_BAD_LABEL, 0, 0.0, 0.0
 
     # Step 1 (eq. 6): predict with the weights before this step's update.
-    yhat = pofmkl_predict(wt, x, theta, logw, angles, z, f, wbar)
+    yhat = pofmkl_predict(wt, x, theta, logw, sines, cosines, f, wbar, hyper[3])
 
     # Step 2 (eq. 8): sort kernels by weight, decreasing (ties by index), cut into B = ⌈N/M⌉ bins,
     # q_j = (1-ξ) u_j + ξ/B with u_j the bin's weight mass; draw J by inverse CDF of `u`.
     # With ξ = 1 every bin has probability 1/B, so no sort is needed: bins follow index order.
     if xi < 1.0:
         _sort_by_weight(logw, order)
-        ordered = order
     else:
-        ordered = np.arange(n_kernels)
+        for p in range(n_kernels):
+            order[p] = p
     n_bins = (n_kernels + bin_size - 1) // bin_size
     cum = 0.0
     chosen = -1
@@ -120,7 +141,7 @@ def pofmkl_step(
     for j in range(n_bins):
         mass = 0.0
         for r in range(j * bin_size, min((j + 1) * bin_size, n_kernels)):
-            mass += wbar[ordered[r]]
+            mass += wbar[order[r]]
         q = (1.0 - xi) * mass + xi / n_bins
         if q > 0.0:
             last_positive = j
@@ -141,18 +162,26 @@ def pofmkl_step(
         loss[p] = e * e + lam * theta_sq[p]
         chk += eta * loss[p]
 
-    # Step 4 (eq. 9): Δ_p = (η / q_J) (2 (f_p - y) z_p + 2 λ θ_p) for the selected bin only.
+    # Step 4 (eq. 9): Δ_p = (η / q_J) (2 (f_p - y) z_p + 2 λ θ_p) for the selected bin only,
+    # with z_p = [S_p, C_p] (module doc).
     g = eta / q_chosen
+    finite = True
     for s in range(n_sel):
-        p = ordered[first + s]
+        p = order[first + s]
         sel[s] = p
         e2 = 2.0 * (f[p] - y)
-        for i in range(dim):
-            delta[s, i] = g * (e2 * z[p, i] + 2.0 * lam * theta[p, i])
-            chk += delta[s, i]
+        b = p * n_feat
+        for i in range(n_feat):
+            v = g * (e2 * sines[b + i] + 2.0 * lam * theta[p, i])
+            delta[s, i] = v
+            finite &= abs(v) < np.inf  # False for ±inf and NaN
+        for i in range(n_feat):
+            v = g * (e2 * cosines[b + i] + 2.0 * lam * theta[p, n_feat + i])
+            delta[s, n_feat + i] = v
+            finite &= abs(v) < np.inf
 
     # Check before committing anything (a NaN or an overflow anywhere makes the sum non-finite).
-    if not (np.isfinite(chk) and np.isfinite(yhat) and q_chosen > 0.0):
+    if not (finite and np.isfinite(chk) and np.isfinite(yhat) and q_chosen > 0.0):
         return STEP_NON_FINITE, 0, 0.0, 0.0
 
     # Commit: log w_p ← log w_p - η ℓ_p, renormalised so the largest is 0 (w̄ is unchanged by that),
@@ -176,13 +205,20 @@ def pofmkl_step(
     return STEP_OK, n_sel, yhat, q_chosen
 
 
-def packed_layout(n_kernels: int, dim: int, n_angles: int) -> dict[str, tuple[int, int]]:
+# Index buffer of a client (int64): [N, D, M, order (N), selected kernels (M)].
+_I_HEADER = 3
+
+
+def packed_layout(n_kernels: int, n_feat: int, bin_size: int) -> dict[str, tuple[int, int]]:
     """Offsets `(start, stop)` of each state array inside a client's one float64 buffer.
 
-    One buffer because every array argument costs numba's dispatcher a type check on each call; with
-    ~15 arrays that was a third of a client step (see :func:`pofmkl_step_packed`)."""
-    sizes = [("theta", n_kernels * dim), ("theta_sq", n_kernels), ("logw", n_kernels), ("acc", 4 + 2 * n_kernels),
-             ("hyper", 3), ("scratch", n_angles + 3 * n_kernels), ("z", n_kernels * dim)]
+    One buffer because every array argument costs numba's dispatcher a type check on each call;
+    the step takes five arrays (frequencies, x, this buffer, the index buffer) and a float. `draws`
+    is `[number used, N_DRAWS uniforms]`; `delta` is the last step's upload (`M × 2D`)."""
+    dim = 2 * n_feat
+    sizes = [("hyper", 4), ("draws", 1 + N_DRAWS), ("theta", n_kernels * dim), ("theta_sq", n_kernels),
+             ("logw", n_kernels), ("acc", 4 + 2 * n_kernels), ("scratch", 2 * n_kernels * n_feat + 3 * n_kernels),
+             ("delta", bin_size * dim)]
     out, o = {}, 0
     for name, size in sizes:
         out[name] = (o, o + size)
@@ -190,13 +226,19 @@ def packed_layout(n_kernels: int, dim: int, n_angles: int) -> dict[str, tuple[in
     return out
 
 
-@numba.njit(cache=True)
-def pofmkl_step_packed(wt: np.ndarray, x: np.ndarray, y: float, u: float, state: np.ndarray, order: np.ndarray,
-                       n_kernels: int, dim: int, bin_size: int) -> tuple[int, int, float, np.ndarray, np.ndarray]:
-    """:func:`pofmkl_step` on the views of one state buffer (layout: :func:`packed_layout`); returns
-    `(status, n_sel, ŷ, selected kernels, their Δ)` with the last two freshly allocated (the upload)."""
-    n, nd = n_kernels, 2 * wt.shape[1]  # the scratch holds angles and cosines
+@numba.njit(cache=True, error_model="numpy")
+def pofmkl_step_packed(wt: np.ndarray, x: np.ndarray, y: float, state: np.ndarray, ints: np.ndarray
+                       ) -> tuple[int, int, float]:
+    """:func:`pofmkl_step` on the views of the two buffers of a client (float layout:
+    :func:`packed_layout`; ints: `[N, D, M, order, selected]`), consuming the next uniform draw.
+    Returns `(status, n_sel, ŷ)`; the upload is in `ints[3+N : 3+N+n_sel]` and the `delta` rows."""
+    n, n_feat, m = ints[0], ints[1], ints[2]
+    dim = 2 * n_feat
     o = 0
+    hyper = state[o : o + 4]
+    o += 4
+    draws_at = o
+    o += 1 + N_DRAWS
     theta = state[o : o + n * dim].reshape((n, dim))
     o += n * dim
     theta_sq = state[o : o + n]
@@ -205,16 +247,24 @@ def pofmkl_step_packed(wt: np.ndarray, x: np.ndarray, y: float, u: float, state:
     o += n
     acc = state[o : o + 4 + 2 * n]
     o += 4 + 2 * n
-    hyper = state[o : o + 3]
-    o += 3
-    scratch = state[o : o + nd + 3 * n]
-    o += nd + 3 * n
-    z = state[o : o + n * dim].reshape((n, dim))
-    sel = np.empty(bin_size, dtype=np.int64)
-    delta = np.empty((bin_size, dim))
-    status, n_sel, yhat, _ = pofmkl_step(wt, x, y, u, theta, theta_sq, logw, acc, hyper, bin_size, scratch, z,
-                                         order, sel, delta)
-    return status, n_sel, yhat, sel[:n_sel], delta[:n_sel]
+    scratch = state[o : o + 2 * n * n_feat + 3 * n]
+    o += 2 * n * n_feat + 3 * n
+    delta = state[o : o + m * dim].reshape((m, dim))
+    o += m * dim
+    # numba does not check bounds: buffers that do not match the frequencies would corrupt memory
+    if o != state.shape[0] or ints.shape[0] != _I_HEADER + n + m or wt.shape[1] != n * n_feat:
+        raise ValueError("pofmkl_step_packed: the buffers do not match packed_layout and the frequencies")
+    order = ints[_I_HEADER : _I_HEADER + n]
+    sel = ints[_I_HEADER + n : _I_HEADER + n + m]
+    n_used = int(state[draws_at])
+    if n_used >= N_DRAWS:
+        return STEP_NEED_DRAWS, 0, 0.0
+    u = state[draws_at + 1 + n_used]
+    status, n_sel, yhat, _ = pofmkl_step(wt, x, y, u, theta, theta_sq, logw, acc, hyper, m, scratch, order, sel,
+                                         delta)
+    if status == STEP_OK:
+        state[draws_at] = n_used + 1  # the draw is consumed only by a step that happened
+    return status, n_sel, yhat
 
 
 @numba.njit(cache=True)

@@ -22,8 +22,11 @@ from river import base
 
 from ..features import KernelSpec, RFFBank, gaussian_dictionary
 from ._pofmkl_kernels import (
+    N_DRAWS,
     STEP_BAD_INPUT,
     STEP_BAD_LABEL,
+    STEP_BAD_SHAPE,
+    STEP_NEED_DRAWS,
     STEP_OK,
     accumulate_checked,
     packed_layout,
@@ -43,7 +46,8 @@ __all__ = [
     "run_lockstep",
 ]
 
-_UNIFORM_BLOCK = 256
+_F64 = np.dtype(np.float64)
+_new_update = tuple.__new__  # KernelUpdate(k, d) without the NamedTuple's Python-level __new__
 
 
 class NonFiniteError(ValueError):
@@ -130,39 +134,50 @@ class POFMKLClient:
         self.bank = bank
         self.eta, self.lam, self.xi, self.bin_size = float(eta), float(lam), float(xi), int(bin_size)
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        n, dim = bank.n_kernels, bank.dim
+        n = bank.n_kernels
         self.global_version = 0
-        self._uniforms = np.empty(0)
-        self._upos = 0
-        self._order = np.arange(n, dtype=np.int64)  # kept between steps: warm start of the sort
-        # All float state in one buffer (θ, ‖θ‖², log w, loss accumulators, hyperparameters, scratch);
-        # the attributes below are views of it. The step allocates nothing it keeps but the upload.
-        self._layout = packed_layout(n, dim, 2 * n * bank.n_features)
-        self._state = np.zeros(self._layout["z"][1])
+        # All float state in one buffer (hyperparameters, the block of uniform draws, θ, ‖θ‖², log w,
+        # loss accumulators, scratch, the upload Δ) and the integers in another (N, D, M, the kernel
+        # order kept between steps as the sort's warm start, the selected kernels); the attributes
+        # below are views of them. A step passes numba five arguments and allocates only the upload.
+        self._layout = packed_layout(n, bank.n_features, self.bin_size)
+        self._state = np.zeros(self._layout["delta"][1])
+        self._state[slice(*self._layout["hyper"])] = (self.eta, self.lam, self.xi, bank.angle_bound)
+        self._state[self._layout["draws"][0]] = N_DRAWS  # block used up: the first step draws one
+        self._ints = np.zeros(3 + n + self.bin_size, dtype=np.int64)
+        self._ints[:3] = (n, bank.n_features, self.bin_size)
+        self._ints[3 : 3 + n] = np.arange(n)
         self._bind_views()
-        self._state[slice(*self._layout["hyper"])] = (self.eta, self.lam, self.xi)
         if theta is not None:
             self.set_global(theta, 0)
 
     def _bind_views(self) -> None:
-        n, dim = self.bank.n_kernels, self.bank.dim
+        n, dim, m = self.bank.n_kernels, self.bank.dim, self.bin_size
         lay, st = self._layout, self._state
+        self._wt = self.bank._wt
         self.theta = st[slice(*lay["theta"])].reshape(n, dim)
         self._theta_sq = st[slice(*lay["theta_sq"])]
         self.logw = st[slice(*lay["logw"])]
         # [Σ(ŷ-y)², Σ_t Σ_p w̄_p ℓ_p, steps, unused, Σ(f_p-y)² per kernel, Σ ℓ_p per kernel]
         self.acc = st[slice(*lay["acc"])]
+        self._draws = st[slice(*lay["draws"])]  # [number used, N_DRAWS uniforms]
         self._scratch = st[slice(*lay["scratch"])]
-        self._z = st[slice(*lay["z"])].reshape(n, dim)
+        self._delta = st[slice(*lay["delta"])].reshape(m, dim)
+        self._order = self._ints[3 : 3 + n]
+        self._sel = self._ints[3 + n :]
+
+    _VIEWS = ("_wt", "theta", "_theta_sq", "logw", "acc", "_draws", "_scratch", "_delta", "_order", "_sel")
 
     def __getstate__(self) -> dict:
         # the views are rebuilt on load: pickling them would copy each and cut them off the buffer
         state = dict(self.__dict__)
-        for k in ("theta", "_theta_sq", "logw", "acc", "_scratch", "_z"):
+        for k in self._VIEWS:
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
+        if "_uniforms" in state:  # written before the draws and the integers moved into the buffers
+            state = _migrate_client_state(state)
         self.__dict__.update(state)
         self._bind_views()
 
@@ -181,22 +196,25 @@ class POFMKLClient:
         """Predict `x`, learn from `y`, and return `(ŷ, the update to upload)`.
 
         `x` must be a float64 vector of length `d`. On bad input or a non-finite result a
-        `ValueError` (:class:`NonFiniteError`) is raised and no state changes.
+        `ValueError` (:class:`NonFiniteError`) is raised and no state changes. The update's arrays
+        are the caller's own (copies, never reused by the client).
         """
-        if x.dtype != np.float64 or x.shape != (self.bank.n_inputs,):
+        if x.__class__ is not np.ndarray or x.dtype is not _F64 or x.ndim != 1:
             x = self.bank.check_input(x)
-        if self._upos == self._uniforms.shape[0]:
-            self._uniforms = self.rng.random(_UNIFORM_BLOCK)
-            self._upos = 0
-        status, n_sel, yhat, sel, delta = pofmkl_step_packed(
-            self.bank._wt, x, y, self._uniforms[self._upos], self._state, self._order, self.bank.n_kernels,
-            self.bank.dim, self.bin_size)
+        status, n_sel, yhat = pofmkl_step_packed(self._wt, x, y, self._state, self._ints)
+        if status == STEP_NEED_DRAWS:  # once every N_DRAWS steps: refill the block, then the step runs
+            self._draws[1:] = self.rng.random(N_DRAWS)  # one block; the same stream as single draws
+            self._draws[0] = 0
+            status, n_sel, yhat = pofmkl_step_packed(self._wt, x, y, self._state, self._ints)
         if status != STEP_OK:
             self._raise(status, x, y)
-        self._upos += 1  # the draw is consumed only by a step that happened
-        return yhat, KernelUpdate(sel, delta)
+        if n_sel == self.bin_size:
+            return yhat, _new_update(KernelUpdate, (self._sel.copy(), self._delta.copy(), 1))
+        return yhat, _new_update(KernelUpdate, (self._sel[:n_sel].copy(), self._delta[:n_sel].copy(), 1))
 
     def _raise(self, status: int, x: np.ndarray, y: float) -> None:
+        if status == STEP_BAD_SHAPE:
+            self.bank.check_input(x)  # raises, saying why
         if status == STEP_BAD_INPUT:
             raise ValueError(f"input contains a non-finite value: {x!r}")
         if status == STEP_BAD_LABEL:
@@ -209,11 +227,11 @@ class POFMKLClient:
     def predict(self, x: np.ndarray) -> float:
         """`ŷ = Σ_p w̄_p θ_pᵀ z_p(x)` (eq. 6) without learning."""
         x = self.bank.check_input(x)
-        nd = 2 * self.bank._wt.shape[1]
+        nd = self.bank.n_kernels * self.bank.n_features
         n = self.bank.n_kernels
         sc = self._scratch
-        return float(pofmkl_predict(self.bank._wt, x, self.theta, self.logw, sc[:nd],
-                                    self._z, sc[nd : nd + n], sc[nd + n : nd + 2 * n]))
+        return float(pofmkl_predict(self._wt, x, self.theta, self.logw, sc[:nd], sc[nd : 2 * nd],
+                                    sc[2 * nd : 2 * nd + n], sc[2 * nd + n : 2 * nd + 2 * n], self.bank.angle_bound))
 
     # -- introspection -----------------------------------------------------------------------
     @property
@@ -453,6 +471,34 @@ def _as_float(name: object, v: object) -> float:
     if not math.isfinite(f):
         raise ValueError(f"feature {name!r} is not finite: {v!r}")
     return f
+
+
+def _migrate_client_state(old: dict) -> dict:
+    """A pickled :class:`POFMKLClient` from before the draws moved into the state buffer (its buffer
+    was `θ, ‖θ‖², log w, acc, hyper, scratch, z` and the draws were `_uniforms[_upos:]`), in the
+    current layout. The model, the accumulators and the remaining draws carry over exactly."""
+    state = {k: v for k, v in old.items() if k not in ("_uniforms", "_upos", "_order", "_layout", "_state")}
+    bank = old["bank"]
+    n, dim, m = bank.n_kernels, bank.dim, int(old["bin_size"])
+    buf = old["_state"]
+    lay = packed_layout(n, bank.n_features, m)
+    new = np.zeros(lay["delta"][1])
+    o = 0
+    for name, size in (("theta", n * dim), ("theta_sq", n), ("logw", n), ("acc", 4 + 2 * n), ("hyper", 3)):
+        new[lay[name][0] : lay[name][0] + size] = buf[o : o + size]
+        o += size
+    new[lay["hyper"][0] + 3] = bank.angle_bound
+    left = np.asarray(old["_uniforms"][old["_upos"] :], dtype=np.float64)
+    if left.size > N_DRAWS:
+        raise ValueError(f"cannot migrate a client state holding {left.size} pending draws")
+    d0 = lay["draws"][0]
+    new[d0] = N_DRAWS - left.size  # the remaining draws end the block, so they come next
+    new[d0 + 1 + N_DRAWS - left.size : d0 + 1 + N_DRAWS] = left
+    ints = np.zeros(3 + n + m, dtype=np.int64)
+    ints[:3] = (n, bank.n_features, m)
+    ints[3 : 3 + n] = old["_order"]
+    state.update(_layout=lay, _state=new, _ints=ints)
+    return state
 
 
 def run_lockstep(
