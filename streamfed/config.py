@@ -186,7 +186,7 @@ class ProtocolSchema:
     >>> ps = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, n_features=10,
     ...                  bin_size=2).protocol_schema
     >>> sorted(ps.kinds)
-    ['ack', 'pofmkl.global', 'pofmkl.update', 'prediction', 'status']
+    ['ack', 'partial.ack', 'pofmkl.global', 'pofmkl.partial', 'pofmkl.update', 'prediction', 'status']
     >>> ps.kinds_on("updates")
     ('pofmkl.update',)
     """
@@ -220,7 +220,22 @@ def _pofmkl_schemas(cfg: FleetConfig) -> list[MessageSchema]:
         MessageSchema("pofmkl.global", Channel.GLOBAL, (
             ArraySpec("theta", "float64", (n, dim)),
         ), max_included=cfg.max_clients),
+        # Sharded aggregation (streamfed.sharding): Σ Δ over the updates a shard took in, dense.
+        MessageSchema("pofmkl.partial", Channel.PARTIALS, (
+            ArraySpec("sum", "float64", (n, dim)),
+            *_contributor_arrays(),
+        ), _contributor_dims(cfg), meta=(MetaSpec("round"),), max_included=cfg.max_clients),
     ]
+
+
+def _contributor_arrays() -> tuple[ArraySpec, ...]:
+    # (client, seq) pairs summed into a partial: `owner[i]` indexes the sorted names of `included`.
+    return (ArraySpec("owner", "int64", ("c",), nonnegative=True),
+            ArraySpec("seqs", "int64", ("c",), nonnegative=True))
+
+
+def _contributor_dims(cfg: FleetConfig, lower: int = 1) -> dict[str, tuple[int, int]]:
+    return {"c": (lower, cfg.max_clients * 4)}
 
 
 def _fedbnr_schemas(cfg: FleetConfig) -> list[MessageSchema]:
@@ -240,6 +255,8 @@ def _fedbnr_schemas(cfg: FleetConfig) -> list[MessageSchema]:
             ArraySpec("lam", "float64", (k,), positive=True),
             ArraySpec("log_evidence", "float64", (k,)),
         ), max_included=cfg.max_clients),
+        MessageSchema("fedbnr.partial", Channel.PARTIALS, stats + _contributor_arrays(), _contributor_dims(cfg),
+                      meta=(MetaSpec("round"),), max_included=cfg.max_clients),
     ]
 
 
@@ -266,6 +283,10 @@ def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
             ArraySpec("missing", "int64", ("g",), distinct=True, nonnegative=True),
         ), {"g": (0, cfg.seq_window)}, max_included=1),
         MessageSchema("prediction", Channel.PREDICTIONS, tuple(pred), {"b": (1, cfg.max_prediction_batch)}),
+        # reducer → shard: partial `meta.partial` was applied, or refused because it repeats the
+        # (client, seq) pairs listed (already applied from another shard); the shard sends the rest again.
+        MessageSchema("partial.ack", Channel.SHARD_ACKS, _contributor_arrays(), _contributor_dims(cfg, lower=0),
+                      meta=(MetaSpec("partial"), MetaSpec("applied", (True, False))), max_included=cfg.max_clients),
     ]
 
 

@@ -71,6 +71,8 @@ class Channel(StrEnum):
     PREDICTIONS = "predictions"
     STATUS = "status"
     SENSORS = "sensors"
+    PARTIALS = "partials"  # aggregator shard → reducer: partial sums (the client level is the shard)
+    SHARD_ACKS = "shard_acks"  # reducer → one shard: which of its partials were applied
 
     @property
     def per_client(self) -> bool:

@@ -1,0 +1,260 @@
+"""Sharded aggregation (shards + reducer, pure cores through the real codec) equals the single
+aggregator: POF-MKL lock-step θ and FedBNR statistics, whatever shard each update reaches, with
+duplicate deliveries to other shards, refused partials sent again, and partials re-sent after a
+reconnect. Bad partials are counted, never applied."""
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamfed.agent import AgentCore
+from streamfed.aggregator import AggregatorCore
+from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.datasets import load_beijing
+from streamfed.protocol import Message, decode, encode
+from streamfed.sharding import ReducerCore, ShardCore, contributors_fields, contributors_of
+from streamfed.sources import Reading
+
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_beijing(normalisation="paper", split="station", steps=120)
+
+
+def pof_cfg(**kw):
+    return FleetConfig(fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
+                       seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2), **kw)
+
+
+def bnr_cfg():
+    return FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=15,
+                       kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=8, fit_hyperparameters=True))
+
+
+class ShardedFleet:
+    """A broker in miniature: `$share` hands each update to one shard (chosen by `rng`), sometimes a copy to
+    another; partials go to the reducer, acks back to their shard, globals to everyone."""
+
+    def __init__(self, cfg, names, n_shards, rng, dup_rate=0.0, mode="lockstep"):
+        self.cfg, self.rng, self.dup_rate = cfg, rng, dup_rate
+        self.shards = [ShardCore(cfg, f"s{i}", names, mode=mode) for i in range(n_shards)]
+        self.reducer = ReducerCore(cfg, names, mode=mode, window=0.0)
+        self.globals: list[Message] = []
+
+    def route_updates(self, msgs):
+        for m in msgs:
+            payload = encode(m, self.cfg)
+            first = self.rng.randrange(len(self.shards))
+            self.shards[first].on_update(m.client, payload, now=0.0)
+            if len(self.shards) > 1 and self.rng.random() < self.dup_rate:  # a resend reaching another shard
+                other = (first + 1 + self.rng.randrange(len(self.shards) - 1)) % len(self.shards)
+                self.shards[other].on_update(m.client, payload, now=0.0)
+
+    def flush(self, which=None):
+        out = []
+        for i, s in enumerate(self.shards):
+            if which is None or i in which:
+                for p in s.flush(now=0.0):
+                    out += self.to_reducer(s, p)
+        return out
+
+    def to_reducer(self, shard, partial, *, again=False):
+        out = []
+        for m in self.reducer.on_partial(shard.name, encode(partial, self.cfg), now=0.0):
+            payload = encode(m, self.cfg)
+            if m.kind == "partial.ack":
+                back = decode(payload, self.cfg, client=shard.name, kinds=("partial.ack",))
+                for p in shard.on_ack(back, now=0.0):
+                    out += self.to_reducer(shard, p)
+            elif m.kind.endswith(".global"):
+                g = decode(payload, self.cfg, kernel_version=self.reducer.kernel_version)
+                self.globals.append(g)
+                for s in self.shards:
+                    s.on_global(g)
+                out.append(g)
+        return out
+
+
+def test_contributors_roundtrip_and_validation():
+    inc, owner, seqs = contributors_fields([("b", 3), ("a", 1), ("b", 2)])
+    msg = Message("f", "s", "partial.ack", 0, included=inc, arrays={"owner": owner, "seqs": seqs})
+    assert contributors_of(msg) == [("a", 1), ("b", 2), ("b", 3)]
+    bad = [
+        Message("f", "s", "x", 0, included={"a": 1}, arrays={"owner": np.array([1]), "seqs": np.array([1])}),
+        Message("f", "s", "x", 0, included={"a": 1}, arrays={"owner": np.array([0, 0]), "seqs": np.array([1, 1])}),
+        Message("f", "s", "x", 0, included={"a": 2}, arrays={"owner": np.array([0]), "seqs": np.array([1])}),
+        Message("f", "s", "x", 0, included={"a": 1, "b": 1}, arrays={"owner": np.array([0]), "seqs": np.array([1])}),
+    ]
+    for m in bad:
+        with pytest.raises(ValueError):
+            contributors_of(m)
+
+
+def run_pofmkl(fleet, n_shards, seed, dup_rate, flush_prob):
+    streams = fleet.streams[:4]
+    cfg = pof_cfg()
+    names = [s.name for s in streams]
+    rng = random.Random(seed)
+    agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+    ref_agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+    single = AggregatorCore(cfg, clients=names, mode="lockstep")
+    sharded = ShardedFleet(cfg, names, n_shards, rng, dup_rate)
+    for t in range(STEPS):
+        msgs, ref_msgs = [], []
+        for a, r, s in zip(agents, ref_agents, streams, strict=True):
+            reading = Reading(f"{t}", s.X[t], float(t), float(s.y[t]))
+            msgs += a.on_reading(reading)[1]
+            ref_msgs += r.on_reading(reading)[1]
+        # the single aggregator
+        for m in ref_msgs:
+            for g in single.on_update(m.client, encode(m, cfg), now=0.0):
+                if g.kind.endswith(".global"):
+                    for r in ref_agents:
+                        r.on_global(decode(encode(g, cfg), cfg, kernel_version=r.kernel_version), now=0.0)
+        # the sharded path: updates spread over shards, shards flush at random moments
+        rng.shuffle(msgs)
+        got = []
+        for m in msgs:
+            sharded.route_updates([m])
+            if rng.random() < flush_prob:
+                got += sharded.flush({rng.randrange(n_shards)})
+        got += sharded.flush()
+        assert [g.global_version for g in got] == [t + 1], "one global per lock-step round"
+        for a in agents:
+            a.on_global(got[0], now=0.0)
+    return single, sharded
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_shards=st.integers(1, 4), seed=st.integers(0, 2**16), dup_rate=st.sampled_from([0.0, 0.3]),
+       flush_prob=st.sampled_from([0.0, 0.5, 1.0]))
+def test_sharded_pofmkl_lockstep_equals_single_aggregator(fleet, n_shards, seed, dup_rate, flush_prob):
+    single, sharded = run_pofmkl(fleet, n_shards, seed, dup_rate, flush_prob)
+    red = sharded.reducer
+    assert red.version == single.version == STEPS
+    scale = max(1.0, float(np.max(np.abs(single.server.theta))))
+    assert np.max(np.abs(red.server.theta - single.server.theta)) <= 1e-12 * scale
+    assert red.included() == single.included()
+    assert red.accepted == single.counters.accepted == 4 * STEPS  # every update exactly once
+    assert all(s.held == 0 for s in sharded.shards)  # every partial acknowledged
+    if dup_rate == 0:
+        assert "duplicate" not in red.rejected
+    # what agents receive is the same message, but for the sender
+    a, b = red.global_message(), single.global_message()
+    assert a.included == b.included and a.global_version == b.global_version
+
+
+def test_duplicates_across_shards_are_refused_and_the_rest_resent(fleet):
+    single, sharded = run_pofmkl(fleet, 3, seed=7, dup_rate=0.5, flush_prob=0.5)
+    red = sharded.reducer
+    assert red.rejected.get("duplicate", 0) > 0  # the test exercised the refusal path
+    assert sum(s.counters.resent for s in sharded.shards) > 0
+    assert red.accepted == 4 * STEPS
+    assert np.allclose(red.server.theta, single.server.theta, rtol=0, atol=1e-12)
+
+
+def test_partial_sent_again_after_reconnect_is_acknowledged_not_added(fleet):
+    cfg = pof_cfg()
+    names = ["a", "b"]
+    shard, red = ShardCore(cfg, "s0", names), ReducerCore(cfg, names)
+    agent = AgentCore(cfg, "a", 0, mode="lockstep")
+    s = fleet.streams[0]
+    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
+    shard.on_update("a", encode(msgs[0], cfg))
+    (p,) = shard.flush()
+    first = red.on_partial("s0", encode(p, cfg))
+    again = red.on_partial("s0", encode(shard.unacked()[0], cfg))
+    assert [m.meta["applied"] for m in first + again] == [True, True]
+    assert red.accepted == 1 and red._round[1][1] == {"a"}
+
+
+def run_fedbnr(fleet, n_shards, seed, dup_rate):
+    streams = fleet.streams[:3]
+    cfg = bnr_cfg()
+    names = [s.name for s in streams]
+    rng = random.Random(seed)
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    single = AggregatorCore(cfg, clients=names, window=0.0)
+    sharded = ShardedFleet(cfg, names, n_shards, rng, dup_rate, mode="async")
+    msgs = []
+    for t in range(120):
+        for a, s in zip(agents, streams, strict=True):
+            msgs += a.on_reading(Reading(f"{t}", s.X[t], float(t), float(s.y[t])))[1]
+    rng.shuffle(msgs)  # any arrival order
+    for m in msgs:
+        single.on_update(m.client, encode(m, cfg), now=0.0)
+        sharded.route_updates([m])
+        if rng.random() < 0.3:
+            sharded.flush({rng.randrange(n_shards)})
+    sharded.flush()
+    return single, sharded, len(msgs)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_shards=st.integers(1, 4), seed=st.integers(0, 2**16), dup_rate=st.sampled_from([0.0, 0.4]))
+def test_sharded_fedbnr_equals_single_aggregator(fleet, n_shards, seed, dup_rate):
+    single, sharded, n_msgs = run_fedbnr(fleet, n_shards, seed, dup_rate)
+    red = sharded.reducer
+    a, b = red.server, single.server
+    assert red.accepted == single.counters.accepted == n_msgs
+    assert a.stats.n == b.stats.n
+    np.testing.assert_allclose(a.stats.S, b.stats.S, rtol=1e-12, atol=1e-12 * np.abs(b.stats.S).max())
+    np.testing.assert_allclose(a.stats.b, b.stats.b, rtol=1e-12, atol=1e-12 * np.abs(b.stats.b).max())
+    assert a.stats.q == pytest.approx(b.stats.q, rel=1e-12)
+    single.server.publish()  # the single aggregator publishes when its window closes; fit σ, λ on the same sums
+    np.testing.assert_allclose(a.sigma, b.sigma, rtol=1e-6)
+    np.testing.assert_allclose(a.lam, b.lam, rtol=1e-6)
+    assert dict(a.included) == dict(b.included)
+
+
+def test_bad_partials_are_counted_and_change_nothing(fleet):
+    cfg = pof_cfg()
+    names = ["a", "b"]
+    red = ReducerCore(cfg, names)
+    theta = red.server.theta.copy()
+    inc, owner, seqs = contributors_fields([("a", 1)])
+    good = dict(fleet=cfg.fleet, client="s0", kind="pofmkl.partial", seq=1, kernel_version=red.kernel_version,
+                included=inc, meta={"round": 1})
+
+    def partial(total, **kw):
+        fields = {**good, **kw}
+        return Message(**fields, arrays={"sum": total, "owner": fields.pop("owner", owner),
+                                         "seqs": fields.pop("seqs", seqs)})
+
+    cases = {
+        "not_msgpack": b"\xc1garbage",
+        "non_finite": encode(partial(np.full((4, 40), np.nan))),
+        "wrong_shape": encode(partial(np.zeros((3, 40)))),
+        "unknown_client": encode(partial(np.zeros((4, 40)), included={"zz": 1})),
+        "invalid_partial": encode(partial(np.zeros((4, 40)), meta={"round": 2})),  # seqs say round 1
+        "wrong_kernel_version": encode(partial(np.zeros((4, 40)), kernel_version="other")),
+    }
+    for reason, payload in cases.items():
+        assert red.on_partial("s0", payload, now=0.0) == [], reason
+        assert red.rejected.get(reason, 0) >= 1, (reason, red.rejected)
+    assert red.accepted == 0 and red.version == 0 and np.array_equal(red.server.theta, theta)
+    assert not red._round
+
+
+def test_shard_rejects_like_the_aggregator(fleet):
+    """Same bad updates → same reasons at a shard and at the single aggregator."""
+    cfg = pof_cfg()
+    names = ["a", "b"]
+    shard, agg = ShardCore(cfg, "s0", names), AggregatorCore(cfg, names)
+    agent = AgentCore(cfg, "a", 0, mode="lockstep")
+    s = fleet.streams[0]
+    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
+    good = encode(msgs[0], cfg)
+    arrays = dict(msgs[0].arrays)
+    arrays["delta"] = np.full_like(arrays["delta"], np.inf)
+    nonfinite = encode(Message(**{**msgs[0].__dict__, "arrays": arrays}))
+    for payload, client in [(b"junk", "a"), (good, "b"), (nonfinite, "a"), (good, "a"), (good, "a")]:
+        shard.on_update(client, payload, now=0.0)
+        agg.on_update(client, payload, now=0.0)
+    assert shard.rejected == agg.rejected
+    assert shard.counters.accepted == agg.counters.accepted == 1
