@@ -234,6 +234,81 @@ def agent(
 
 
 @app.command()
+def shard(
+    config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
+    name: Annotated[str, typer.Option(help="this shard's name (unique in the fleet)")],
+    clients: Annotated[str | None, typer.Option(help="comma-separated client ids, in fleet order")] = None,
+    mode: Annotated[str, typer.Option(help="lockstep or async (POF-MKL); FedBNR is always async")] = "async",
+    group: Annotated[str, typer.Option(help="MQTT v5 shared-subscription group of the shards")] = "shards",
+    flush_interval: Annotated[float, typer.Option(help="seconds between partial sums sent to the reducer")] = 0.02,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+) -> None:
+    """Run one aggregator shard: take a share of the updates, validate, sum, send partials to the reducer."""
+    from .config import load_config
+    from .metrics import AggregatorStats
+    from .runtime.shard import ShardService
+    from .sharding import ShardCore
+
+    cfg = load_config(config)
+    ids = [c.strip() for c in clients.split(",")] if clients else None
+    stats = AggregatorStats(cfg.fleet.fleet)
+    core = ShardCore(cfg.fleet, name, clients=ids, mode=mode, stats=stats)  # type: ignore[arg-type]
+    svc = ShardService(core, cfg.broker, group=group, flush_interval=flush_interval)
+    server = _serve_metrics([stats], metrics_port)
+    console.print(f"shard {name!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) in group "
+                  f"{group!r} on {cfg.broker.host}:{cfg.broker.port}")
+    _run_service(svc, server)
+
+
+@app.command()
+def reducer(
+    config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
+    clients: Annotated[str | None, typer.Option(help="comma-separated client ids, in fleet order")] = None,
+    mode: Annotated[str, typer.Option(help="lockstep or async (POF-MKL); FedBNR is always async")] = "async",
+    window: Annotated[float, typer.Option(help="async aggregation window, seconds")] = 0.5,
+    shards: Annotated[str | None, typer.Option(help="comma-separated shard names to accept (default: any)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+    wait_offline: Annotated[bool, typer.Option(help="lock-step: rounds wait for clients that went offline")] = False,
+) -> None:
+    """Run the reducer of a sharded fleet: combine the shards' partial sums, publish the global."""
+    from .config import load_config
+    from .runtime.shard import ReducerService
+    from .sharding import ReducerCore
+
+    cfg = load_config(config)
+    ids = [c.strip() for c in clients.split(",")] if clients else None
+    names = [c.strip() for c in shards.split(",")] if shards else None
+    core = ReducerCore(cfg.fleet, clients=ids, mode=mode, window=window, shards=names,  # type: ignore[arg-type]
+                       offline="wait" if wait_offline else "drop")
+    svc = ReducerService(core, cfg.broker)
+    server = _serve_metrics([core.stats], metrics_port)
+    console.print(f"reducer of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
+                  f"{cfg.broker.host}:{cfg.broker.port}")
+    _run_service(svc, server)
+
+
+@app.command()
+def bench(
+    names: Annotated[list[str] | None, typer.Argument(help="benchmarks to run (default: all)")] = None,
+    quick: Annotated[bool, typer.Option(help="smoke-test sizes: figures indicative only")] = False,
+    out: Annotated[Path | None, typer.Option(help="results directory (default: benchmarks/results)")] = None,
+    assemble_only: Annotated[bool, typer.Option("--assemble", help="only rebuild docs/benchmarks.md")] = False,
+) -> None:
+    """Run benchmarks side by side with their peers; write JSON + markdown and docs/benchmarks.md."""
+    from .bench import BENCHES, DOCS, RESULTS, assemble, run_bench
+
+    if assemble_only:
+        console.print(f"wrote {assemble(out or RESULTS, DOCS if out is None else Path(out) / 'benchmarks.md')}")
+        return
+    unknown = [n for n in names or [] if n not in BENCHES]
+    if unknown:
+        raise typer.BadParameter(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
+    rc = run_bench(names or None, out or RESULTS, quick=quick)
+    if rc:
+        raise typer.Exit(rc)
+
+
+@app.command()
 def subscribe(
     fleet: Annotated[str, typer.Option(help="fleet name")],
     config: Annotated[Path | None, typer.Option(help="configuration file (for the broker section)")] = None,

@@ -51,3 +51,17 @@ def test_assemble_orders_registered_sections_first(tmp_path):
     (tmp_path / "messages.md").write_text("## messages\n")
     text = assemble(tmp_path, tmp_path / "out.md").read_text()
     assert text.index("## messages") < text.index("## flops") < text.index("## extra")
+
+
+def test_cli_bench_runs_a_quick_bench_and_refuses_unknown_names(tmp_path):
+    from typer.testing import CliRunner
+
+    from streamfed.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "messages", "--quick", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "messages.json").read_text())["meta"]["quick"] is True
+    assert (tmp_path / "benchmarks.md").read_text().startswith("# Benchmarks")
+    bad = CliRunner().invoke(app, ["bench", "no-such-bench", "--out", str(tmp_path / "x")])
+    assert bad.exit_code != 0 and "no-such-bench" in bad.output
+    assert not (tmp_path / "x").exists()

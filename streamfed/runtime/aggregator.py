@@ -21,38 +21,25 @@ aggregator processes can split the update stream.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import time
 from pathlib import Path
 
-import aiomqtt
-
 from ..aggregator import AggregatorCore
 from ..config import BrokerConfig
 from ..persistence import StateError, StateStore
-from ..protocol import Message, ProtocolError, decode, encode
-from ..topics import (
-    Channel,
-    ParsedTopic,
-    acks_topic,
-    global_topic,
-    shared_filter,
-    topic_filter,
-    try_parse_topic,
-)
-from .agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
+from ..protocol import Message, ProtocolError, decode
+from ..topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
+from .service import MqttService, Outgoing
 
 __all__ = ["AggregatorService"]
 
 log = logging.getLogger("streamfed.aggregator")
-_BATCH = 256  # queued messages taken per receive step
-_TOPIC_CACHE = 4096  # parsed topics remembered (one per client and channel)
 
 
-class AggregatorService:
+class AggregatorService(MqttService):
     """Runs one fleet's aggregator against a broker until `stop()`.
 
     >>> from streamfed.config import FleetConfig
@@ -62,28 +49,20 @@ class AggregatorService:
     ('f.aggregator', True)
     """
 
+    log = log
+
     def __init__(self, core: AggregatorCore, broker: BrokerConfig, tick: float = 0.05,
                  shared_group: str | None = None, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, max_refusals: int = 3,
                  connect_timeout: float = 5.0) -> None:
+        super().__init__(broker, client_id or f"{core.cfg.fleet}.aggregator", tick=tick, max_refusals=max_refusals,
+                         connect_timeout=connect_timeout)  # connect_timeout: see streamfed.runtime.agent.OP_TIMEOUT
         self.core = core
-        self.broker = broker
-        self.tick = tick
         self.shared_group = shared_group
         self.fleet = core.cfg.fleet
-        self.client_id = client_id or f"{self.fleet}.aggregator"
-        self._stop = asyncio.Event()
-        self.connected = asyncio.Event()
-        self.published = 0
         self.ingested = 0
-        self.reconnects = 0
-        self.max_refusals = max(1, int(max_refusals))
-        self.connect_timeout = connect_timeout  # see streamfed.runtime.agent.OP_TIMEOUT
-        self.refusals: dict[str, int] = {}
         self.store: StateStore | None = None
-        self._watch: PubackWatch | None = None
         self.restored = False
-        self._topics: dict[str, ParsedTopic | str] = {}  # topic → try_parse_topic's answer
         if state_dir is not None:
             self.store = StateStore(Path(state_dir) / f"aggregator-{self.fleet}.state", kind="aggregator")
             self._restore()
@@ -113,116 +92,47 @@ class AggregatorService:
         self.store.save({"core": core.snapshot(), "saved_at": time.time()})
 
     # ------------------------------------------------------------------ lifecycle
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _lost(self) -> None:
-        self.connected.clear()
-        self.reconnects += 1
-
     async def run(self) -> None:
         self.core.warm_up()
         try:
-            await reconnect_loop(self._session, name=f"aggregator {self.fleet}", stop=self._stop,
-                                 refusals=self.refusals, max_refusals=self.max_refusals, on_lost=self._lost,
-                                 logger=log)
+            await super().run()
         finally:
             if self.store is not None:
                 with contextlib.suppress(OSError):
                     self._save(self.core)
                 self.store.close()
 
-    async def _publisher(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
-        """Publishes what the core returns, in order. Apart from the receiver, so that the receiver keeps
-        reading (and notices a lost connection at once) while a publish waits for its PUBACK."""
-        while True:
-            m = await outbox.get()
-            if m.kind == "ack":
-                await client.publish(acks_topic(self.fleet, m.client), encode(m), qos=1, timeout=OP_TIMEOUT)
-            else:
-                await client.publish(global_topic(self.fleet), encode(m), qos=1, retain=True, timeout=OP_TIMEOUT)
-            if self._watch is not None:
-                self._watch.check()  # e.g. this user may not write the global topic
-            self.published += 1
+    # ------------------------------------------------------------------ MqttService hooks
+    def subscriptions(self) -> list[str]:
+        upd = (shared_filter(self.shared_group, self.fleet) if self.shared_group
+               else topic_filter(Channel.UPDATES, self.fleet))
+        return [upd, topic_filter(Channel.STATUS, self.fleet)]
 
-    async def _session(self) -> None:
-        kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)
-        async with aiomqtt.Client(**kw, max_queued_incoming_messages=0, timeout=self.connect_timeout) as client:
-            self._watch = PubackWatch(client)
-            outbox: asyncio.Queue[Message] = asyncio.Queue()
-            receiver = asyncio.create_task(self._receive(client, outbox))
-            tasks = [receiver]
-            try:
-                upd = (shared_filter(self.shared_group, self.fleet) if self.shared_group
-                       else topic_filter(Channel.UPDATES, self.fleet))
-                for topic in (upd, topic_filter(Channel.STATUS, self.fleet)):
-                    check_subscription(topic, await until_lost(
-                        client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
-                # the current global, retained, then what we hold per client (agents resend the rest)
-                for m in [self.core.global_message(), *self.core.hello()]:
-                    outbox.put_nowait(m)
-                tasks += [asyncio.create_task(self._publisher(client, outbox)),
-                          asyncio.create_task(self._ticker(outbox))]
-                self.connected.set()
-                stopper = asyncio.create_task(self._stop.wait())
-                tasks.append(stopper)
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if t is not stopper and t.exception() is not None:
-                        raise t.exception()  # type: ignore[misc]
-            finally:
-                for t in tasks:
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                        await t
+    def on_connect(self) -> list[Message]:
+        # the current global, retained, then what we hold per client (agents resend the rest)
+        return [self.core.global_message(), *self.core.hello()]
 
-    async def _ticker(self, outbox: asyncio.Queue[Message]) -> None:
-        while True:
-            await asyncio.sleep(self.tick)
-            for m in self.core.tick(time.time()):
-                outbox.put_nowait(m)
+    def route(self, msg: Message) -> Outgoing:
+        if msg.kind == "ack":
+            return Outgoing(acks_topic(self.fleet, msg.client))
+        return Outgoing(global_topic(self.fleet), retain=True)
 
-    async def _receive(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
-        # aiomqtt hands out one message per `async for` step, at the price of a task and an
-        # `asyncio.wait` each; the messages already waiting behind it are taken in the same step
-        # (at most `_BATCH`, so the ticker and publisher still get their turn). Same order, same handling.
-        queue = getattr(client, "_queue", None)  # aiomqtt < 3: the incoming queue `messages` reads
-        drain = getattr(queue, "get_nowait", None)
-        async for message in client.messages:
-            self._take(message, outbox)
-            if drain is None:
-                continue
-            for _ in range(_BATCH):
-                try:
-                    message = drain()
-                except asyncio.QueueEmpty:
-                    break
-                self._take(message, outbox)
+    def on_tick(self, now: float) -> list[Message]:
+        return self.core.tick(now)
 
-    def _take(self, message: aiomqtt.Message, outbox: asyncio.Queue[Message]) -> None:
-        topic = message.topic.value
-        parsed = self._topics.get(topic)
-        if parsed is None:
-            parsed = try_parse_topic(topic)
-            if len(self._topics) >= _TOPIC_CACHE:
-                self._topics.clear()
-            self._topics[topic] = parsed
+    def handle(self, parsed: ParsedTopic | str, payload: bytes) -> list[Message]:
         if isinstance(parsed, str) or parsed.fleet != self.fleet or parsed.client is None:
             self.core.counters.reject("bad_topic")
-            return
-        payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
+            return []
         if parsed.channel == Channel.UPDATES:
             self.ingested += 1
-            out = self.core.on_update(parsed.client, bytes(payload))
-        elif parsed.channel == Channel.STATUS:
+            return self.core.on_update(parsed.client, payload)
+        if parsed.channel == Channel.STATUS:
             try:
                 st = decode(payload, self.core.cfg, client=parsed.client, kinds=("status",))
             except ProtocolError as e:
                 self.core.counters.reject("bad_status")
-                log.debug("status on %s rejected: %s", topic, e)
-                return
-            out = self.core.on_status(parsed.client, str(st.meta.get("state")))
-        else:
-            return
-        for m in out:
-            outbox.put_nowait(m)
+                log.debug("status of %s rejected: %s", parsed.client, e)
+                return []
+            return self.core.on_status(parsed.client, str(st.meta.get("state")))
+        return []

@@ -1,0 +1,142 @@
+"""MQTT shells of sharded aggregation (:mod:`streamfed.sharding`): aggregator shards and the reducer.
+
+Topics (``streamfed/v1/<fleet>/…``)::
+
+    $share/<group>/…/updates/+    agents → one shard of the group (MQTT v5 shared subscription), QoS 1
+    …/partials/<shard>            shard → reducer: partial sums, QoS 1
+    …/shard_acks/<shard>          reducer → that shard: applied, or refused with the repeated pairs
+    …/global                      reducer → everyone (agents and shards), retained
+    …/acks/<client>               reducer → an agent: seqs it holds / misses (agents resend the rest)
+
+A shard validates, deduplicates and sums what the broker hands it, and publishes its partials every
+`flush_interval` seconds; it keeps each partial until the reducer acknowledges it and sends the
+unacknowledged ones again after a reconnect. The reducer closes lock-step rounds and asynchronous
+windows exactly as the single aggregator does and publishes the same global message.
+
+Durability: shards and the reducer keep their state in memory. Nothing is lost when one restarts,
+because agents keep every update until a global includes it and send it again (after `resend_after`,
+or when the reducer's ack on reconnect lists it as missing); a restarted *reducer* starts from
+version 0, though, so run it with the single aggregator's `--state-dir` durability where that matters
+(not yet available for the reducer).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import BrokerConfig
+from ..protocol import Message, ProtocolError, decode
+from ..sharding import ReducerCore, ShardCore
+from ..topics import Channel, ParsedTopic, acks_topic, channel_topic, global_topic, shared_filter, topic_filter
+from .service import MqttService, Outgoing
+
+__all__ = ["ShardService", "ReducerService"]
+
+
+class ShardService(MqttService):
+    """One aggregator shard of a fleet, sharing the update stream with the other shards of `group`.
+
+    >>> from streamfed.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
+    >>> svc = ShardService(ShardCore(cfg, "s1", mode="async"), BrokerConfig(), group="shards")
+    >>> svc.client_id, svc.subscriptions()[0]
+    ('f.shard.s1', '$share/shards/streamfed/v1/f/updates/+')
+    """
+
+    log = logging.getLogger("streamfed.shard")
+
+    def __init__(self, core: ShardCore, broker: BrokerConfig, group: str = "shards", flush_interval: float = 0.02,
+                 client_id: str | None = None, **kw: float) -> None:
+        super().__init__(broker, client_id or f"{core.cfg.fleet}.shard.{core.name}", tick=flush_interval, **kw)
+        self.core = core
+        self.fleet = core.cfg.fleet
+        self.group = group
+        self._global_kind = f"{core.cfg.algorithm}.global"
+        self._partials = channel_topic(self.fleet, Channel.PARTIALS, core.name)
+
+    def subscriptions(self) -> list[str]:
+        return [shared_filter(self.group, self.fleet), global_topic(self.fleet),
+                channel_topic(self.fleet, Channel.SHARD_ACKS, self.core.name)]
+
+    def on_connect(self) -> list[Message]:
+        return self.core.unacked()  # the reducer acknowledges again what it already has
+
+    def route(self, msg: Message) -> Outgoing:
+        return Outgoing(self._partials)
+
+    def on_tick(self, now: float) -> list[Message]:
+        return self.core.flush(now)
+
+    def handle(self, topic: ParsedTopic | str, payload: bytes) -> list[Message]:
+        if isinstance(topic, str) or topic.fleet != self.fleet:
+            self.core.reject("bad_topic")
+            return []
+        if topic.channel == Channel.UPDATES and topic.client is not None:
+            return self.core.on_update(topic.client, payload)
+        if topic.channel == Channel.GLOBAL:
+            try:
+                msg = decode(payload, self.core.schema, kernel_version=self.core.kernel_version,
+                             kinds=(self._global_kind,))
+            except ProtocolError as e:
+                self.log.warning("shard %s: global refused: %s", self.core.name, e)
+                return []
+            self.core.on_global(msg)
+            return []
+        if topic.channel == Channel.SHARD_ACKS and topic.client == self.core.name:
+            try:
+                msg = decode(payload, self.core.schema, client=self.core.name, kinds=("partial.ack",))
+            except ProtocolError as e:
+                self.log.warning("shard %s: partial ack refused: %s", self.core.name, e)
+                return []
+            return self.core.on_ack(msg)
+        return []
+
+
+class ReducerService(MqttService):
+    """Combines the shards' partials into the fleet's global (see :class:`streamfed.sharding.ReducerCore`).
+
+    >>> from streamfed.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_kernels=1, n_features=3)
+    >>> svc = ReducerService(ReducerCore(cfg), BrokerConfig())
+    >>> svc.client_id, svc.subscriptions()
+    ('f.reducer', ['streamfed/v1/f/partials/+', 'streamfed/v1/f/status/+'])
+    """
+
+    log = logging.getLogger("streamfed.reducer")
+
+    def __init__(self, core: ReducerCore, broker: BrokerConfig, tick: float = 0.05, client_id: str | None = None,
+                 **kw: float) -> None:
+        super().__init__(broker, client_id or f"{core.cfg.fleet}.reducer", tick=tick, **kw)
+        self.core = core
+        self.fleet = core.cfg.fleet
+
+    def subscriptions(self) -> list[str]:
+        return [topic_filter(Channel.PARTIALS, self.fleet), topic_filter(Channel.STATUS, self.fleet)]
+
+    def on_connect(self) -> list[Message]:
+        return [self.core.global_message(), *self.core.hello()]
+
+    def route(self, msg: Message) -> Outgoing:
+        if msg.kind == "partial.ack":
+            return Outgoing(channel_topic(self.fleet, Channel.SHARD_ACKS, msg.client))
+        if msg.kind == "ack":
+            return Outgoing(acks_topic(self.fleet, msg.client))
+        return Outgoing(global_topic(self.fleet), retain=True)
+
+    def on_tick(self, now: float) -> list[Message]:
+        return self.core.tick(now)
+
+    def handle(self, topic: ParsedTopic | str, payload: bytes) -> list[Message]:
+        if isinstance(topic, str) or topic.fleet != self.fleet or topic.client is None:
+            self.core.reject("bad_topic")
+            return []
+        if topic.channel == Channel.PARTIALS:
+            return self.core.on_partial(topic.client, payload)
+        if topic.channel == Channel.STATUS:
+            try:
+                st = decode(payload, self.core.schema, client=topic.client, kinds=("status",))
+            except ProtocolError:
+                self.core.reject("bad_status")
+                return []
+            return self.core.on_status(topic.client, str(st.meta.get("state")))
+        return []
