@@ -19,3 +19,41 @@ def test_small_load_test_loses_and_rejects_nothing(mosquitto_dev):
     assert r["included_beyond_published"] == 0
     assert r["lag_s"]["n"] == 200 and 0 < r["lag_s"]["p50"] < 10 and math.isfinite(r["lag_s"]["max"])
     assert r["aggregator"]["hwm_bytes"] > 0
+
+
+def test_agents_of_one_process_share_the_decoding_of_a_global():
+    """`install_global` (the agent service's path) decodes a payload once for every agent of the same
+    fleet in the process, and ends in the same state and counters as `AgentCore.on_global_payload`."""
+    import numpy as np
+
+    from streamfed.agent import AgentCore
+    from streamfed.aggregator import AggregatorCore
+    from streamfed.config import FleetConfig
+    from streamfed.protocol import encode
+    from streamfed.runtime.agent import SharedGlobals, install_global
+    from streamfed.sources import Reading
+
+    cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
+    agg = AggregatorCore(cfg, mode="async", window=0.0)
+    agents = [AgentCore(cfg, f"a{i}", i, mode="async") for i in range(3)]
+    reference = AgentCore(cfg, "a0", 0, mode="async")
+    for core in (*agents, reference):
+        _, msgs = core.on_reading(Reading("r", np.array([0.1, 0.2]), 0.0, 0.5))
+        for m in msgs if core is not reference else []:
+            agg.on_update(core.client_id, encode(m), now=0.0)
+    agg.tick(now=1.0)
+    assert agg.version > 0
+    payload = encode(agg.global_message())
+    bad = payload[:-3]
+    shared = SharedGlobals()
+    results = [install_global(core, payload, shared) for core in agents]
+    assert shared.hits == len(agents) - 1
+    expected = reference.on_global_payload(payload)
+    assert all(r == expected for r in results)
+    assert agents[0].global_version == reference.global_version
+    assert np.array_equal(agents[0].learner.theta, reference.learner.theta)
+    rejected = [install_global(core, bad, shared) for core in agents]
+    expected_bad = reference.on_global_payload(bad)
+    assert all(r == expected_bad and not r.installed for r in rejected)
+    assert agents[0].counters.rejected_globals_by == reference.counters.rejected_globals_by
+    assert shared.hits == 2 * (len(agents) - 1)

@@ -53,7 +53,7 @@ import os
 import socket
 import ssl
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,15 +61,15 @@ from typing import Any, TypeVar
 import aiomqtt
 import paho.mqtt.client as mqtt
 
-from ..agent import AgentCore, Prediction
-from ..config import BrokerConfig
+from ..agent import AgentCore, GlobalResult, Prediction
+from ..config import BrokerConfig, FleetConfig
 from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode, encode, status_message
 from ..sources import Label, Reading, ReadingParser, Skip
 from ..topics import acks_topic, global_topic, predictions_topic, sensor_topic, status_topic, updates_topic
 
-__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "check_subscription", "no_delay", "refusal_reason",
-           "until_lost"]
+__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "check_subscription", "no_delay",
+           "refusal_reason", "until_lost"]
 
 T = TypeVar("T")
 
@@ -274,6 +274,71 @@ class PubackWatch:
         if self.refused:
             topic, reason = self.refused[0]
             raise BrokerRefused(f"publish to {topic!r} refused: {reason}", 1)
+
+
+class SharedGlobals:
+    """Decoded global payloads, shared by the agents of one process.
+
+    Every agent of a fleet receives the same global payload, and decoding it costs O(fleet size): the
+    `included` map names every client heard, and each name is validated. One agent per process pays that
+    once per global; the many agents of a load test or a gateway process (each a subscriber of its own)
+    would pay it once per agent — O(agents²) per window, which at a thousand agents was the largest cost
+    of the whole process. Decoded messages are immutable (read-only array views), so one decode can be
+    handed to every agent whose decoding expectations (fleet configuration, kernel version) are the
+    same. A rejection (:class:`ProtocolError`) is shared too. Only the last `size` payloads are kept.
+
+    >>> cache = SharedGlobals(size=2)
+    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
+    >>> isinstance(cache.decode(b"\\xc1", cfg, None, "pofmkl.global"), ProtocolError), cache.hits
+    (True, 0)
+    >>> _ = cache.decode(b"\\xc1", cfg, None, "pofmkl.global"); cache.hits
+    1
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.hits = 0
+        self._entries: OrderedDict[bytes, tuple[FleetConfig, str | None, str, Message | ProtocolError]] = OrderedDict()
+
+    def decode(self, payload: bytes, cfg: FleetConfig, kernel_version: str | None,
+               kind: str) -> Message | ProtocolError:
+        """The decoded global (or why it is rejected), from the cache when the same payload was decoded
+        with the same expectations."""
+        entry = self._entries.get(payload)
+        if (entry is not None and entry[1] == kernel_version and entry[2] == kind
+                and (entry[0] is cfg or entry[0] == cfg)):
+            self.hits += 1
+            self._entries.move_to_end(payload)
+            return entry[3]
+        try:
+            result: Message | ProtocolError = decode(payload, cfg, kernel_version=kernel_version, kinds=(kind,))
+        except ProtocolError as e:
+            result = e
+        self._entries[payload] = (cfg, kernel_version, kind, result)
+        self._entries.move_to_end(payload)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return result
+
+
+_SHARED_GLOBALS = SharedGlobals()  # per process: the agents of one event loop (or several) share it
+
+
+def install_global(core: AgentCore, payload: bytes, shared: SharedGlobals | None = None) -> GlobalResult:
+    """:meth:`AgentCore.on_global_payload`, with the decoding shared between the agents of this process
+    (:class:`SharedGlobals`); the same counters and results."""
+    cfg = core.cfg
+    decoded = (shared or _SHARED_GLOBALS).decode(payload, cfg, core.kernel_version, cfg.global_kind)
+    if isinstance(decoded, ProtocolError):
+        core.counters.reject_global(decoded.reason.value)
+        return GlobalResult(False, decoded.reason.value, decoded.detail)
+    # AgentCore.on_global records why it refused a decoded global here (on_global_payload's own protocol)
+    core._global_problem = None
+    if core.on_global(decoded):
+        return GlobalResult(True)
+    if core._global_problem is not None:
+        return GlobalResult(False, *core._global_problem)
+    return GlobalResult(False)
 
 
 class AgentService:
@@ -555,8 +620,13 @@ class AgentService:
                 if self.updates or self.predictions:
                     continue
                 self._work.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._work.wait(), _WAKE)
+                # a timer handle rather than wait_for(), which wraps the wait in a task of its own: with a
+                # thousand agents in one loop, that was four thousand tasks a second doing nothing
+                timer = asyncio.get_running_loop().call_later(_WAKE, self._work.set)
+                try:
+                    await self._work.wait()
+                finally:
+                    timer.cancel()
         finally:
             for task, (queue, msg, _) in sorted(inflight.items(), key=lambda kv: -kv[1][1].seq):
                 task.cancel()
@@ -680,7 +750,7 @@ class AgentService:
             topic = message.topic.value
             payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
             if topic == gtopic:
-                result = self.core.on_global_payload(bytes(payload))
+                result = install_global(self.core, bytes(payload))
                 if result.installed:
                     self._dirty = True  # the outbox shrank, the learner changed
                     self._global_event.set()
