@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/run_all.py            # all (≈ 20 min on 2 cores, the 1,000-agent fleet included)
     .venv/bin/python benchmarks/run_all.py pofmkl     # only some: pofmkl, fedbnr, replay, runtime, messages,
-                                                      # flops, memory, ingest, latency, fleet
+                                                      # flops, memory, ingest, latency, fleet, sharding
     .venv/bin/python benchmarks/run_all.py --quick messages   # smoke-test sizes (figures indicative only)
     .venv/bin/python benchmarks/run_all.py --assemble # only rebuild docs/benchmarks.md from results/
 

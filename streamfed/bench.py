@@ -54,6 +54,7 @@ BENCHES: dict[str, Bench] = {
     "ingest": Bench("benchmarks/bench_ingest.py", ("--quick",), True),
     "latency": Bench("benchmarks/bench_latency.py", ("--quick",), True),
     "fleet": Bench("benchmarks/bench_fleet.py", ("--quick",), True),
+    "sharding": Bench("benchmarks/bench_sharding.py", ("--quick",), True),
 }
 
 HEADER = """# Benchmarks

@@ -240,7 +240,8 @@ def shard(
     clients: Annotated[str | None, typer.Option(help="comma-separated client ids, in fleet order")] = None,
     mode: Annotated[str, typer.Option(help="lockstep or async (POF-MKL); FedBNR is always async")] = "async",
     group: Annotated[str, typer.Option(help="MQTT v5 shared-subscription group of the shards")] = "shards",
-    flush_interval: Annotated[float, typer.Option(help="seconds between partial sums sent to the reducer")] = 0.02,
+    flush_interval: Annotated[float | None, typer.Option(
+        help="seconds between partial sums sent to the reducer (default: 0.02 lock-step, 0.1 async)")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
 ) -> None:
     """Run one aggregator shard: take a share of the updates, validate, sum, send partials to the reducer."""
@@ -253,7 +254,7 @@ def shard(
     ids = [c.strip() for c in clients.split(",")] if clients else None
     stats = AggregatorStats(cfg.fleet.fleet)
     core = ShardCore(cfg.fleet, name, clients=ids, mode=mode, stats=stats)  # type: ignore[arg-type]
-    svc = ShardService(core, cfg.broker, group=group, flush_interval=flush_interval)
+    svc = ShardService(core, cfg.broker, group=group, flush_interval=flush_interval)  # None: by mode
     server = _serve_metrics([stats], metrics_port)
     console.print(f"shard {name!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) in group "
                   f"{group!r} on {cfg.broker.host}:{cfg.broker.port}")

@@ -166,6 +166,7 @@ class ShardCore:
         self._pending: dict[int, list[Contribution]] = defaultdict(list)  # round (0: async) → not yet sent
         self._unacked: dict[int, _Partial] = {}  # partial seq → what it holds
         self._next_seq = 1
+        self._held = 0  # updates in _pending and _unacked (checked on every update: kept, not recounted)
         self.max_unacked = int(max_unacked)
         self.counters = _Counters()
 
@@ -180,7 +181,7 @@ class ShardCore:
     @property
     def held(self) -> int:
         """Updates held: pending or in partials not acknowledged yet."""
-        return sum(len(v) for v in self._pending.values()) + sum(len(p.items) for p in self._unacked.values())
+        return self._held
 
     # ------------------------------------------------------------------ inputs
     def on_update(self, topic_client: str, payload: bytes, now: float | None = None) -> list[Message]:
@@ -217,6 +218,7 @@ class ShardCore:
         self._seen[msg.client].add(msg.seq)
         rnd = msg.seq if (self.pofmkl and self.mode == "lockstep") else 0
         self._pending[rnd].append(Contribution(msg.client, msg.seq, item))
+        self._held += 1
         self.counters.accepted += 1
         self._validator.stats.accepted(msg.client)
         return []
@@ -237,6 +239,7 @@ class ShardCore:
         part = self._unacked.pop(int(msg.meta["partial"]), None)
         if part is None:
             return []
+        self._held -= len(part.items)
         if msg.meta["applied"]:
             return []
         try:
@@ -245,6 +248,7 @@ class ShardCore:
             log.warning("shard %s: malformed partial ack (%s); sending partial %d again", self.name, e, part.seq)
             dup = set()
         rest = [c for c in part.items if (c.client, c.seq) not in dup]
+        self._held += len(rest)
         self.counters.resent += 1
         return [self._send(part.round, rest, now)] if rest else []
 

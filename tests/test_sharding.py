@@ -61,6 +61,8 @@ class ShardedFleet:
             if which is None or i in which:
                 for p in s.flush(now=0.0):
                     out += self.to_reducer(s, p)
+        for s in self.shards:  # the kept count equals a recount of what the shard holds
+            assert s.held == sum(map(len, s._pending.values())) + sum(len(p.items) for p in s._unacked.values())
         return out
 
     def to_reducer(self, shard, partial, *, again=False):

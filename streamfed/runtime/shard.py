@@ -9,9 +9,10 @@ Topics (``streamfed/v1/<fleet>/…``)::
     …/acks/<client>               reducer → an agent: seqs it holds / misses (agents resend the rest)
 
 A shard validates, deduplicates and sums what the broker hands it, and publishes its partials every
-`flush_interval` seconds; it keeps each partial until the reducer acknowledges it and sends the
-unacknowledged ones again after a reconnect. The reducer closes lock-step rounds and asynchronous
-windows exactly as the single aggregator does and publishes the same global message.
+`flush_interval` seconds (20 ms in lock-step, 0.1 s for asynchronous windows); it keeps each partial
+until the reducer acknowledges it and sends the unacknowledged ones again after a reconnect. The
+reducer closes lock-step rounds and asynchronous windows exactly as the single aggregator does and
+publishes the same global message.
 
 Durability: shards and the reducer keep their state in memory. Nothing is lost when one restarts,
 because agents keep every update until a global includes it and send it again (after `resend_after`,
@@ -45,8 +46,12 @@ class ShardService(MqttService):
 
     log = logging.getLogger("streamfed.shard")
 
-    def __init__(self, core: ShardCore, broker: BrokerConfig, group: str = "shards", flush_interval: float = 0.02,
-                 client_id: str | None = None, **kw: float) -> None:
+    def __init__(self, core: ShardCore, broker: BrokerConfig, group: str = "shards",
+                 flush_interval: float | None = None, client_id: str | None = None, **kw: float) -> None:
+        if flush_interval is None:
+            # A lock-step round waits for the last partial, so flush promptly; asynchronous windows are
+            # ~0.5 s, so fewer, larger partials (each costs a publish, an ack and a reducer decode).
+            flush_interval = 0.02 if core.mode == "lockstep" else 0.1
         super().__init__(broker, client_id or f"{core.cfg.fleet}.shard.{core.name}", tick=flush_interval, **kw)
         self.core = core
         self.fleet = core.cfg.fleet

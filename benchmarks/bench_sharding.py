@@ -1,0 +1,288 @@
+"""Sharded aggregation vs one aggregator: CPU time per applied update, and throughput, on real processes.
+
+    .venv/bin/python benchmarks/bench_sharding.py [--out benchmarks/results/sharding.md] [--quick]
+
+Every configuration runs as real `streamfed` processes against one private Mosquitto:
+
+* `single`: one `streamfed aggregator` (async windows of 0.5 s);
+* `1 shard`: one `streamfed shard` + `streamfed reducer` (same window);
+* `2 shards`: two `streamfed shard` processes sharing the updates through an MQTT v5 shared subscription,
+  + `streamfed reducer`.
+
+This process publishes K pre-encoded POF-MKL updates (N = 16, D = 100, M = 2) from 50 clients with QoS 1,
+as fast as it can (pipelined), and watches the retained global until it includes every update. Before
+that, a warm-up batch (numba, imports, connections) is published and included, and the services are
+left to go idle. Measured from the first publish to the global that includes the last update: wall time,
+and each service process's CPU time (user + system, from /proc). CPU per applied update = the services'
+CPU summed / K. Configurations are interleaved within every repeat; medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiomqtt
+import msgpack
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from streamfed.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.config import BrokerConfig, FleetConfig  # noqa: E402
+from streamfed.fleet import kernel_version  # noqa: E402
+from streamfed.loadtest import MosquittoProcess, proc_stat  # noqa: E402
+from streamfed.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.topics import global_topic, updates_topic  # noqa: E402
+
+N_CLIENTS = 50
+WARM = 4  # warm-up updates per client
+WINDOW = 0.5
+CONFIGS = {"single": 0, "1 shard": 1, "2 shards": 2}  # name → shards (0: the single aggregator)
+logging.getLogger("mqtt").setLevel(logging.ERROR)
+
+
+def streamfed_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "streamfed"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "streamfed.cli"]
+
+
+def payloads(cfg: FleetConfig, first: int, last: int) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(first)
+    kv = kernel_version(cfg)
+    out = []
+    for s in range(first, last + 1):
+        for c in range(N_CLIENTS):
+            k = np.sort(rng.choice(cfg.n_kernels, cfg.bin_size, replace=False))
+            delta = rng.standard_normal((cfg.bin_size, 2 * cfg.n_features)) * 1e-3
+            out.append((f"c{c}", encode(pofmkl_update_message(cfg.fleet, f"c{c}", s, k, delta, global_version=0,
+                                                              kernel_version=kv))))
+    return out
+
+
+def write_config(path: Path, fleet: str, broker: BrokerConfig) -> None:
+    path.write_text(f"""[fleet]
+fleet = "{fleet}"
+algorithm = "pofmkl"
+n_inputs = 10
+n_kernels = 16
+n_features = 100
+bin_size = 2
+
+[broker]
+host = "{broker.host}"
+port = {broker.port}
+""")
+
+
+def start_services(name: str, cfg_path: Path, clients: str, log_dir: Path) -> dict[str, subprocess.Popen]:
+    n_shards = CONFIGS[name]
+    base = streamfed_cmd()
+    cmds: dict[str, list[str]] = {}
+    if n_shards == 0:
+        cmds["aggregator"] = [*base, "aggregator", "--config", str(cfg_path), "--clients", clients, "--mode", "async",
+                              "--window", str(WINDOW)]
+    else:
+        shards = [f"s{i}" for i in range(n_shards)]
+        cmds["reducer"] = [*base, "reducer", "--config", str(cfg_path), "--clients", clients, "--mode", "async",
+                           "--window", str(WINDOW), "--shards", ",".join(shards)]
+        for s in shards:
+            cmds[f"shard {s}"] = [*base, "shard", "--config", str(cfg_path), "--name", s, "--clients", clients,
+                                  "--mode", "async", "--group", "bench"]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    procs = {}
+    for label, cmd in cmds.items():
+        log = open(log_dir / f"{label.replace(' ', '-')}.log", "wb")  # noqa: SIM115 - closed with the process
+        procs[label] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return procs
+
+
+def stop_services(procs: dict[str, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs.values():
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def cpu_of(procs: dict[str, subprocess.Popen]) -> dict[str, float]:
+    out = {}
+    for label, p in procs.items():
+        if p.poll() is not None:
+            raise RuntimeError(f"{label} exited with {p.returncode}")
+        out[label] = proc_stat(p.pid)[0]
+    return out
+
+
+async def wait_idle(procs: dict[str, subprocess.Popen], quiet: float = 0.03, timeout: float = 60.0) -> None:
+    """Until no service used more than `quiet` CPU seconds over 0.5 s (start-up, warm-up done)."""
+    deadline = time.monotonic() + timeout
+    before = cpu_of(procs)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = cpu_of(procs)
+        if all(now[k] - before[k] <= quiet for k in now):
+            return
+        before = now
+    raise RuntimeError("the services did not go idle")
+
+
+class Watcher:
+    """Follows the retained global: the newest `included` map and when it arrived."""
+
+    def __init__(self) -> None:
+        self.included: dict[str, int] = {}
+        self.changed = asyncio.Event()
+        self.at = 0.0
+
+    async def run(self, broker: BrokerConfig, fleet: str, ready: asyncio.Event) -> None:
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"{fleet}.watch"), max_queued_incoming_messages=0) as c:
+            await c.subscribe(global_topic(fleet), qos=1)
+            ready.set()
+            async for m in c.messages:
+                env = msgpack.unpackb(bytes(m.payload), raw=False)  # type: ignore[arg-type]
+                self.included = dict(env.get("included") or {})
+                self.at = time.perf_counter()
+                self.changed.set()
+
+    async def until(self, last: int, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while not all(self.included.get(f"c{c}", 0) >= last for c in range(N_CLIENTS)):
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sum(last - self.included.get(f"c{c}", 0) for c in range(N_CLIENTS))
+                raise RuntimeError(f"{missing} updates never included")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
+        return self.at
+
+
+async def publish(broker: BrokerConfig, fleet: str, items: list[tuple[str, bytes]]) -> float:
+    """Publish with QoS 1, 100 in flight; returns the perf_counter time of the first publish."""
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"{fleet}.pub"), max_inflight_messages=100) as p:
+        t0 = time.perf_counter()
+        for i in range(0, len(items), 100):
+            await asyncio.gather(*(p.publish(updates_topic(fleet, c), pl, qos=1) for c, pl in items[i:i + 100]))
+    return t0
+
+
+async def one_run(name: str, broker: BrokerConfig, per_client: int, work: Path) -> dict:
+    fleet = f"shb{random.getrandbits(32):08x}"
+    cfg = FleetConfig(fleet=fleet, algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
+    cfg_path = work / f"{fleet}.toml"
+    write_config(cfg_path, fleet, broker)
+    warm, main = payloads(cfg, 1, WARM), payloads(cfg, WARM + 1, WARM + per_client)
+    clients = ",".join(f"c{c}" for c in range(N_CLIENTS))
+    procs = start_services(name, cfg_path, clients, work)
+    watcher, ready = Watcher(), asyncio.Event()
+    wtask = asyncio.create_task(watcher.run(broker, fleet, ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        await wait_idle(procs)  # started, connected, subscribed
+        await asyncio.sleep(1.0)
+        await publish(broker, fleet, warm)
+        await watcher.until(WARM, 60)
+        await wait_idle(procs)
+        cpu0 = cpu_of(procs)
+        t0 = await publish(broker, fleet, main)
+        t_pub = time.perf_counter() - t0
+        t1 = await watcher.until(WARM + per_client, 300)
+        cpu1 = cpu_of(procs)
+    finally:
+        wtask.cancel()
+        with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+            await wtask
+        stop_services(procs)
+    wall = t1 - t0
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    k = len(main)
+    return {"config": name, "updates": k, "wall_s": wall, "publish_s": t_pub, "updates_per_s": k / wall,
+            "cpu_s": cpu, "cpu_total_s": sum(cpu.values()), "cpu_us_per_update": 1e6 * sum(cpu.values()) / k,
+            "cores": {p: c / wall for p, c in cpu.items()}}
+
+
+async def run(repeats: int, per_client: int) -> dict:
+    mosq = MosquittoProcess()
+    runs: dict[str, list[dict]] = {n: [] for n in CONFIGS}
+    try:
+        with tempfile.TemporaryDirectory(prefix="streamfed-bench-shard-") as tmp:
+            for r in range(repeats):
+                order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
+                for name in order:
+                    res = await one_run(name, mosq.config, per_client, Path(tmp))
+                    runs[name].append(res)
+                    print(f"  repeat {r + 1}/{repeats} {name}: {res['updates_per_s']:,.0f} updates/s, "
+                          f"{res['cpu_us_per_update']:.0f} µs CPU per update", flush=True)
+    finally:
+        mosq.close()
+    med = {n: {"cpu_us_per_update": statistics.median(x["cpu_us_per_update"] for x in v),
+               "updates_per_s": statistics.median(x["updates_per_s"] for x in v),
+               "publish_per_s": statistics.median(x["updates"] / x["publish_s"] for x in v)} for n, v in runs.items()}
+    ratio = {n: med[n]["cpu_us_per_update"] / med["single"]["cpu_us_per_update"] for n in CONFIGS}
+    return {"updates": runs["single"][0]["updates"], "repeats": repeats, "window_s": WINDOW, "clients": N_CLIENTS,
+            "runs": runs, "median": med, "cpu_ratio_to_single": ratio}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--per-client", type=int, default=200)
+    args = ap.parse_args()
+    res = asyncio.run(run(1 if args.quick else args.repeats, 10 if args.quick else args.per_client))
+    med, ratio = res["median"], res["cpu_ratio_to_single"]
+    lines = [
+        "## Sharded aggregation: CPU per applied update and throughput (1 aggregator vs shards + reducer)",
+        "",
+        f"Command: `.venv/bin/python benchmarks/bench_sharding.py` (or `streamfed bench sharding`). Real `streamfed "
+        f"aggregator` / `shard` / `reducer` processes against one private Mosquitto; {res['updates']:,} POF-MKL "
+        f"updates (N = 16, D = 100, M = 2) from {res['clients']} clients published with QoS 1 as fast as one "
+        f"aiomqtt publisher can (100 in flight), async windows of {res['window_s']} s; measured from the first "
+        f"publish to the retained global that includes the last update; CPU = user + system time of the service "
+        f"processes (from /proc) over that interval. Median of {res['repeats']} interleaved repeats. "
+        f"Machine: {machine()}; load average at the end {load_average()}.",
+        "",
+        "| configuration | CPU µs per applied update | ratio to single | updates/s end to end | publisher alone "
+        "updates/s | cores used per process (last repeat) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n in CONFIGS:
+        last = res["runs"][n][-1]
+        cores = ", ".join(f"{p} {c:.2f}" for p, c in last["cores"].items())
+        lines.append(f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f} | {med[n]['updates_per_s']:,.0f} | "
+                     f"{med[n]['publish_per_s']:,.0f} | {cores} |")
+    two = ratio["2 shards"]
+    lines += [
+        "",
+        f"**Target (CPU per applied update, 2 shards + reducer within 1.15× of one aggregator): "
+        f"{'met' if two <= 1.15 else 'not met'} — {two:.2f}×.** "
+        "The shards do the per-update work (strict decode, validation, deduplication, summation) exactly once "
+        "per update, as the single aggregator does; the reducer's work is per partial (one dense N×2D sum per "
+        "shard per flush, every 0.1 s in async mode), not per update, so the overhead shrinks as the update rate grows. On this "
+        "2-core machine the broker, the publisher and the services share the two cores, so the end-to-end "
+        "throughput of 2 shards cannot exceed one shard's by much: what sharding buys here is the per-process "
+        "share of the work (the cores column), which on a machine with more cores (or across machines, with a "
+        "broker cluster) runs in parallel.",
+    ]
+    write_section(args.out, lines, res, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
