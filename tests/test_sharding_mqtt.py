@@ -27,8 +27,11 @@ def streams():
     return load_beijing(normalisation="paper", split="station", steps=STEPS).streams[:4]
 
 
-async def run_sharded(cfg, broker, names, agents, n_shards=2, mode="lockstep", window=0.05, timeout=90.0):
-    reducer = ReducerService(ReducerCore(cfg, clients=names, mode=mode, window=window), broker)
+async def run_sharded(cfg, broker, names, agents, n_shards=2, mode="lockstep", window=0.05, timeout=90.0,
+                      reducer_broker=None):
+    """`broker`: the shards' broker configuration (`reducer_broker`: the reducer's, default the same)."""
+    reducer = ReducerService(ReducerCore(cfg, clients=names, mode=mode, window=window,
+                                         shards=[f"s{i}" for i in range(n_shards)]), reducer_broker or broker)
     shards = [ShardService(ShardCore(cfg, f"s{i}", clients=names, mode=mode), broker, group="agg")
               for i in range(n_shards)]
     services = [reducer, *shards]
@@ -46,16 +49,29 @@ async def run_sharded(cfg, broker, names, agents, n_shards=2, mode="lockstep", w
     return reducer, shards
 
 
-def test_sharded_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, streams):
-    cfg = FleetConfig(fleet="sharded", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20,
-                      bin_size=2, seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2))
-    broker = mosquitto_dev.broker_config()
+LOCKSTEP = FleetConfig(fleet="sharded", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20,
+                       bin_size=2, seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2))
+
+
+@pytest.mark.parametrize("flavour", ["dev", "prod"])
+def test_sharded_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, mosquitto_factory, streams, flavour):
+    """`prod`: the shipped production configuration — TLS, passwords, the ACL (agents log in as themselves,
+    shards as `shard`, the reducer as `reducer`)."""
+    cfg = LOCKSTEP
     names = [s.name for s in streams]
+    if flavour == "dev":
+        def login(user):
+            return mosquitto_dev.broker_config()
+    else:
+        prod = mosquitto_factory("prod", users=["shard", "reducer", *names])
+
+        def login(user):
+            return prod.broker_config(user)
 
     async def main():
-        agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), broker, array_source(s.X, s.y), linger=0.3)
+        agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), login(n), array_source(s.X, s.y), linger=0.3)
                   for i, (n, s) in enumerate(zip(names, streams, strict=True))]
-        reducer, shards = await run_sharded(cfg, broker, names, agents)
+        reducer, shards = await run_sharded(cfg, login("shard"), names, agents, reducer_broker=login("reducer"))
         return reducer, shards, agents
 
     reducer, shards, agents = asyncio.run(main())
@@ -107,3 +123,19 @@ def test_sharded_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, s
     assert all(t > 0 for t in taken), taken
     for a in agents:  # each agent installed the final global, its own uploads all included
         assert a.core.learner.global_version == reducer.core.version
+
+
+def test_acl_gives_shards_and_the_reducer_only_their_topics():
+    from streamfed import topics
+    from tests.test_broker_config import _acl_allows
+
+    upd, glob = topics.updates_topic("f", "a1"), topics.global_topic("f")
+    part, sack = topics.channel_topic("f", "partials", "s0"), topics.channel_topic("f", "shard_acks", "s0")
+    assert _acl_allows("shard", "read", upd) and _acl_allows("shard", "read", glob)
+    assert _acl_allows("shard", "write", part) and _acl_allows("shard", "read", sack)
+    assert not _acl_allows("shard", "write", glob) and not _acl_allows("shard", "write", sack)
+    assert _acl_allows("reducer", "read", part) and _acl_allows("reducer", "write", glob)
+    assert _acl_allows("reducer", "write", sack) and _acl_allows("reducer", "write", topics.acks_topic("f", "a1"))
+    assert not _acl_allows("reducer", "read", upd)  # the reducer sees partial sums, never an agent's update
+    for agent in ("a1", "s0"):  # an agent (even one named like a shard) cannot forge partials or acks
+        assert not _acl_allows(agent, "write", part) and not _acl_allows(agent, "read", sack)
