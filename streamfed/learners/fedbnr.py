@@ -51,14 +51,25 @@ import hashlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from river import base, proba
+from river import base
 
 from ..features import FeatureMap, KernelSpec, RFFBank
 from ..stats import SufficientStats, pack_upper, unpack_upper
 from . import _fedbnr_kernels as kern
+
+if TYPE_CHECKING:
+    from river.proba import Gaussian
+
+
+def _gaussian(mean: float, var: float) -> Gaussian:
+    """`river.proba.Gaussian(mean, var)`. Imported here, not at module level: `river.proba` imports
+    scipy.stats (~70 MiB resident, ~0.7 s), which an agent, predicting through the array path, never needs."""
+    from river.proba import Gaussian
+
+    return Gaussian._from_state(n=1, m=mean, var=var, ddof=0)
 
 __all__ = [
     "Upload",
@@ -726,11 +737,11 @@ class FedBNRClient:
         m.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
         return mu, var
 
-    def predict_one(self, x: np.ndarray, with_dist: bool = False) -> float | proba.Gaussian:
+    def predict_one(self, x: np.ndarray, with_dist: bool = False) -> float | Gaussian:
         """River-style: the predictive mean, or with `with_dist` the predictive `river.proba.Gaussian`
         `N(φᵀm, σ² + φᵀA⁻¹φ)`."""
         mu, var = self.predict(x)
-        return proba.Gaussian._from_state(n=1, m=mu, var=var, ddof=0) if with_dist else mu
+        return _gaussian(mu, var) if with_dist else mu
 
     def learn_one(self, x: np.ndarray, y: float) -> None:
         """Alias of :meth:`learn` (River naming)."""
@@ -1303,7 +1314,7 @@ class FedBNRRegressor(base.Regressor):
         if self.client.n_pending >= int(self.sync_every):
             self._sync()
 
-    def predict_one(self, x: dict, with_dist: bool = False) -> float | proba.Gaussian:
+    def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
         if self.client is None:
             # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
             mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
@@ -1312,7 +1323,7 @@ class FedBNRRegressor(base.Regressor):
             mu, var = self.client.predict(_dict_to_vector(self._keys, x))
         if not with_dist:
             return float(mu)
-        return proba.Gaussian._from_state(n=1, m=float(mu), var=float(var), ddof=0)
+        return _gaussian(float(mu), float(var))
 
     # ------------------------------------------------------------------ array path
     def _matrix(self, xs: Any) -> np.ndarray:
