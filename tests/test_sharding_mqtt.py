@@ -139,3 +139,45 @@ def test_acl_gives_shards_and_the_reducer_only_their_topics():
     assert not _acl_allows("reducer", "read", upd)  # the reducer sees partial sums, never an agent's update
     for agent in ("a1", "s0"):  # an agent (even one named like a shard) cannot forge partials or acks
         assert not _acl_allows(agent, "write", part) and not _acl_allows(agent, "read", sack)
+
+
+def test_cli_reducer_and_shards_serve_an_async_fleet(mosquitto_dev, streams, tmp_path):
+    """`streamfed reducer` and two `streamfed shard` processes (the commands users run, from a TOML file)
+    take every update of asynchronous agents: each agent's whole outbox ends up in the global."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    broker = mosquitto_dev.broker_config()
+    cfg = FleetConfig(fleet="shardcli", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10, bin_size=1)
+    conf = tmp_path / "fleet.toml"
+    conf.write_text(f'[fleet]\nfleet = "shardcli"\nalgorithm = "pofmkl"\nn_inputs = 10\nn_kernels = 4\n'
+                    f'n_features = 10\nbin_size = 1\n\n[broker]\nhost = "{broker.host}"\nport = {broker.port}\n')
+    names = [s.name for s in streams[:2]]
+    exe = Path(sys.executable).parent / "streamfed"
+    common = ["--config", str(conf), "--clients", ",".join(names), "--mode", "async"]
+    cmds = [[str(exe), "reducer", *common, "--window", "0.1", "--shards", "s0,s1"],
+            *[[str(exe), "shard", *common, "--name", s, "--group", "cli"] for s in ("s0", "s1")]]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, OPENBLAS_NUM_THREADS="1")) for c in cmds]
+    try:
+        async def main():
+            await asyncio.sleep(3.0)  # processes starting; an update sent before a shard subscribed is resent
+            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y, rate_hz=200.0), linger=0.3,
+                                   resend_after=1.0, drain=30.0)
+                      for i, (n, s) in enumerate(zip(names, streams[:2], strict=True))]
+            await asyncio.wait_for(asyncio.gather(*(a.run() for a in agents)), 90)
+            return agents
+
+        agents = asyncio.run(main())
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        outs = [p.communicate(timeout=15)[0] for p in procs]
+    for a in agents:
+        assert a.core.outbox == {}, "every update of the agent is in a global"
+        assert a.core.global_version > 0 and a.core.stats.samples == STEPS
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert "reducer of fleet 'shardcli'" in outs[0] and "shard 's0'" in outs[1] and "shard 's1'" in outs[2]
