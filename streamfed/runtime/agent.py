@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import socket
 import ssl
@@ -76,7 +77,11 @@ T = TypeVar("T")
 log = logging.getLogger("streamfed.agent")
 _STOP = object()  # ends the feeder's wait for sensor items
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 10.0
-_WAKE = 0.25  # the sender re-checks resend timers and the drain deadline at least this often
+_WAKE = 0.25  # an idle sender with a partly written prediction looks again this often
+# An idle sender sleeps until its next deadline (a resend timer, the drain); in any case it looks again
+# this often. (A fixed short wake-up was four timers a second per agent: with a thousand agents in one
+# loop, the timer heap alone was a few per cent of the process.)
+_IDLE_MAX = 5.0
 # Waiting for a PUBACK/SUBACK. The CONNACK wait is `connect_timeout` instead: a connection accepted by a
 # broker that is shutting down is never answered, and waiting aiomqtt's 10 s default for it would add
 # 10 s to the recovery from every broker restart.
@@ -195,8 +200,23 @@ async def until_lost(aw: Awaitable[T], receiver: asyncio.Task[Any]) -> T:
     return await task
 
 
-def _publish_now(paho: mqtt.Client, topic: str, payload: bytes) -> mqtt.MQTTMessageInfo:
-    """A QoS 0 publish written to the socket before this returns. Without a socket-writer callback paho
+class _Puback:
+    """A publish's completion as the agent's sender sees it: aiomqtt's PUBACK callback calls `set()` on
+    what its table of pending publishes holds for the message id; this wakes the sender."""
+
+    __slots__ = ("done", "_wake")
+
+    def __init__(self, wake: asyncio.Event) -> None:
+        self.done = False
+        self._wake = wake
+
+    def set(self) -> None:
+        self.done = True
+        self._wake.set()
+
+
+def _publish_now(paho: mqtt.Client, topic: str, payload: bytes, qos: int = 0) -> mqtt.MQTTMessageInfo:
+    """A publish written to the socket before this returns. Without a socket-writer callback paho
     writes a queued packet itself (`loop_write()`, its call for external event loops); with aiomqtt's it
     would only ask aiomqtt to add a socket writer, which happens a loop turn later (and the packet goes
     out one turn after that). So the callback is left out for this one call; should the socket take only
@@ -204,18 +224,24 @@ def _publish_now(paho: mqtt.Client, topic: str, payload: bytes) -> mqtt.MQTTMess
 
     Only when paho has nothing else waiting: aiomqtt adds its writer a turn late but removes it at once,
     so writing a packet whose writer is still to be added would leave that writer behind, idle and
-    firing on every turn. Otherwise the prediction queues behind the others, the usual way."""
+    firing on every turn. Otherwise the message queues behind the others, the usual way.
+
+    QoS 1 goes through paho's instance `publish` (PubackWatch's hook, if any, notes the topic) and keeps
+    the "published" callback: paho calls it on the PUBACK, not on the write."""
     if paho.want_write():
-        return paho.publish(topic, payload, 0, False)
+        return paho.publish(topic, payload, qos, False)
     register, on_publish = paho.on_socket_register_write, paho.on_publish
     paho.on_socket_register_write = None
-    # Written here and now, it needs no "published" callback: QoS 0 has no PUBACK for PubackWatch to check
-    # and no aiomqtt future waits for it; paho would build a reason code and v5 properties for it (the
-    # largest part of a prediction's publishing cost). The class's publish also skips PubackWatch's
-    # per-instance hook, which would remember the topic until that callback.
-    paho.on_publish = None
     try:
-        info = mqtt.Client.publish(paho, topic, payload, 0, False)
+        if qos:
+            info = paho.publish(topic, payload, qos, False)
+        else:
+            # Written here and now, QoS 0 needs no "published" callback: there is no PUBACK for PubackWatch
+            # to check and nothing waits for it; paho would build a reason code and v5 properties for it
+            # (the largest part of a prediction's publishing cost). The class's publish also skips
+            # PubackWatch's per-instance hook, which would remember the topic until that callback.
+            paho.on_publish = None
+            info = mqtt.Client.publish(paho, topic, payload, 0, False)
     finally:
         paho.on_publish = on_publish
         paho.on_socket_register_write = register
@@ -382,6 +408,7 @@ class AgentService:
         self._writing: deque[tuple[Any, Message, int]] = deque()  # QoS 0 predictions paho has partly written
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # sensor-topic items, for the feeder
         self._predictions_topic = predictions_topic(self.fleet, self.client_id)
+        self._updates_topic = updates_topic(self.fleet, self.client_id)
         self.updates: deque[Message] = deque()
         self.update_buffer = update_buffer
         self.outbox_limit = max(1, int(outbox_limit))
@@ -405,6 +432,7 @@ class AgentService:
         self.latencies: deque[float] = deque(maxlen=10_000)  # sample arrival → prediction published
         self.on_prediction = None  # optional callback(Prediction) for live views
         self._sent_at: dict[int, float] = {}  # update seq → when it was last handed to the broker
+        self._resend_due = math.inf  # (monotonic) no resend timer expires before this
         self._inflight: set[int] = set()
         self._receiver_error_logged = False
         # ---- durable state
@@ -579,39 +607,64 @@ class AgentService:
         """Publish buffered messages, oldest first, with up to `max_inflight` QoS 1 publishes awaiting
         their PUBACK at once (one at a time would cap an agent at one message per round trip). A message
         leaves its buffer only when acknowledged; on a lost connection the unacknowledged ones go back
-        to the front, in order, and are sent again (the aggregator drops duplicates by seq)."""
-        inflight: dict[asyncio.Task[None], tuple[deque[Message], Message, int]] = {}
+        to the front, in order, and are sent again (the aggregator drops duplicates by seq).
+
+        Each message is handed to paho here and written to the socket at once when nothing else waits
+        (:func:`_publish_now`), and its PUBACK is a flag that paho's callback sets (through aiomqtt's table
+        of pending publishes) — not a task per publish around aiomqtt's `publish()`, which wraps its own
+        wait in another task and a timeout, and whose write waits for a socket writer to be added (a
+        wake-up of the loop through its self-pipe, two `epoll_ctl`s). With a thousand agents in one
+        process that machinery cost more than the messages. A PUBACK not seen within `OP_TIMEOUT`
+        seconds still ends the session, as aiomqtt's timeout did."""
+        paho: mqtt.Client = client._client
+        pending: dict[int, Any] = client._pending_publishes  # mid → what aiomqtt's on_publish calls .set() on
+        loop = asyncio.get_running_loop()
+        inflight: dict[int, tuple[_Puback, deque[Message], Message, int, float]] = {}  # by mid
+        if receiver is not None:
+            receiver.add_done_callback(lambda _: self._work.set())  # a lost connection wakes the sender
         try:
             while True:
                 if receiver is not None and receiver.done() and self._receiver_failed(receiver):
                     return
+                for mid in [mid for mid, entry in inflight.items() if entry[0].done]:
+                    _, queue, msg, nbytes, _ = inflight.pop(mid)
+                    if queue is self.predictions:
+                        self._pred_inflight -= 1
+                    if watch is not None and watch.refused:
+                        queue.appendleft(msg)  # not delivered: it stays ours
+                        watch.check()
+                    self._sent(queue is self.updates, msg, nbytes)
                 while (self.updates or self.predictions) and len(inflight) < self.max_inflight:
                     # oldest first: a sample's prediction (made before its update) goes out ahead of it
                     ups, preds = self.updates, self.predictions
                     queue = ups if ups and (not preds or ups[0].created <= preds[0].created) else preds
-                    msg = queue.popleft()
+                    msg = queue[0]
                     payload = encode(msg)
                     if queue is self.updates:
-                        topic, qos = updates_topic(self.fleet, self.client_id), 1
+                        topic, qos = self._updates_topic, 1
+                    else:
+                        topic, qos = self._predictions_topic, self.prediction_qos
+                    info = _publish_now(paho, topic, payload, qos)
+                    if info.rc != mqtt.MQTT_ERR_SUCCESS:  # the connection is gone: the message stays first
+                        raise aiomqtt.MqttCodeError(info.rc, "Could not publish message")
+                    queue.popleft()
+                    if info.is_published():  # QoS 0, written
+                        self._sent(queue is self.updates, msg, len(payload))
+                        continue
+                    done = _Puback(self._work)
+                    pending[info.mid] = done
+                    inflight[info.mid] = (done, queue, msg, len(payload), loop.time())
+                    if queue is self.updates:
                         self._inflight.add(msg.seq)
                     else:
-                        topic, qos = predictions_topic(self.fleet, self.client_id), self.prediction_qos
                         self._pred_inflight += 1
-                    task = asyncio.create_task(client.publish(topic, payload, qos=qos, timeout=OP_TIMEOUT))
-                    inflight[task] = (queue, msg, len(payload))
                 if inflight:
-                    # the receiver too: aiomqtt leaves PUBACK waits running to their timeout on a lost connection
-                    watching = {receiver} if receiver is not None and not receiver.done() else set()
-                    done, _ = await asyncio.wait(inflight.keys() | watching, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done - watching:
-                        queue, msg, nbytes = inflight.pop(task)
-                        if queue is self.predictions:
-                            self._pred_inflight -= 1
-                        task.result()  # raises MqttError on a lost connection
-                        if watch is not None and watch.refused:
-                            queue.appendleft(msg)  # not delivered: it stays ours
-                            watch.check()
-                        self._sent(queue is self.updates, msg, nbytes)
+                    if any(entry[0].done for entry in inflight.values()):
+                        continue
+                    oldest = min(entry[4] for entry in inflight.values())
+                    if loop.time() - oldest > OP_TIMEOUT:
+                        raise aiomqtt.MqttError("Operation timed out")  # as aiomqtt's publish() would
+                    await self._wait_work(OP_TIMEOUT - (loop.time() - oldest) + 0.01)  # PUBACKs wake it
                     continue
                 self._check_written()
                 if self._finished() or self._stop.is_set():
@@ -619,20 +672,27 @@ class AgentService:
                 self._resend_overdue()
                 if self.updates or self.predictions:
                     continue
-                self._work.clear()
-                # a timer handle rather than wait_for(), which wraps the wait in a task of its own: with a
-                # thousand agents in one loop, that was four thousand tasks a second doing nothing
-                timer = asyncio.get_running_loop().call_later(_WAKE, self._work.set)
-                try:
-                    await self._work.wait()
-                finally:
-                    timer.cancel()
+                await self._wait_work(self._idle_timeout())
         finally:
-            for task, (queue, msg, _) in sorted(inflight.items(), key=lambda kv: -kv[1][1].seq):
-                task.cancel()
+            for mid, (_, queue, msg, _, _) in sorted(inflight.items(), key=lambda kv: -kv[1][2].seq):
+                pending.pop(mid, None)
                 queue.appendleft(msg)  # back to the front, lowest seq first
             self._inflight.clear()
             self._pred_inflight = 0
+
+    async def _wait_work(self, timeout: float) -> None:
+        """Until there is something to do (`_work` set) or `timeout` seconds have passed. A timer handle
+        rather than wait_for(), which wraps the wait in a task of its own: with a thousand agents in one
+        loop, that was four thousand tasks a second doing nothing."""
+        if self._work.is_set():
+            self._work.clear()
+            return
+        timer = asyncio.get_running_loop().call_later(max(0.0, timeout), self._work.set)
+        try:
+            await self._work.wait()
+        finally:
+            timer.cancel()
+            self._work.clear()
 
     def _receiver_failed(self, receiver: asyncio.Task[None]) -> bool:
         """A receiver that ended: the connection is gone (raise, to reconnect), or it died of a bug —
@@ -649,7 +709,9 @@ class AgentService:
     def _sent(self, is_update: bool, msg: Message, nbytes: int) -> None:
         if is_update:
             self._inflight.discard(msg.seq)
-            self._sent_at[msg.seq] = time.monotonic()
+            now = time.monotonic()
+            self._sent_at[msg.seq] = now
+            self._resend_due = min(self._resend_due, now + self.resend_after)
             self.core.counters.updates += 1
             self.core.counters.bytes_uploaded += nbytes
             self.core.stats.uploaded(nbytes)
@@ -675,15 +737,29 @@ class AgentService:
             self._work.set()
         return len(again)
 
+    def _idle_timeout(self) -> float:
+        """How long an idle sender may sleep: until the next resend timer or the drain deadline (new
+        messages, PUBACKs, globals, acks and stop() wake it anyway)."""
+        if self._writing:
+            return _WAKE
+        due = self._resend_due
+        if self._source_done_at is not None:
+            due = min(due, self._source_done_at + self.drain)
+        return min(_IDLE_MAX, max(0.0, due - time.monotonic()))
+
     def _resend_overdue(self) -> None:
         if not self.core.outbox:
             self._sent_at.clear()
+            self._resend_due = math.inf
             return
         now = time.monotonic()
+        if now < self._resend_due:  # the scan below is per call: with many agents, it showed
+            return
         for seq in [s for s in self._sent_at if s not in self.core.outbox]:
             del self._sent_at[seq]
         overdue = [self.core.outbox[s] for s in sorted(self._sent_at)
                    if now - self._sent_at[s] >= self.resend_after]
+        self._resend_due = min(self._sent_at.values(), default=math.inf) + self.resend_after
         if overdue and (n := self.resend(overdue)):
             log.info("agent %s: %d updates not included after %.0fs, sent again", self.client_id, n,
                      self.resend_after)
