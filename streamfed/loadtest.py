@@ -22,7 +22,17 @@ What is compared: every agent's published update seqs (its last seq; an agent nu
 1, 2, …) with the `included` map of the last global (every seq up to it is in the model) — an update
 missing there is *lost*; the aggregator's rejection counters (Prometheus) — *rejected*; and per update,
 the time from its creation (queued for publishing) to the arrival at the monitor of the first global
-that includes it — the *aggregator lag*, to compare with the window.
+that includes it — the *aggregator lag*, to compare with the window. Also the lag from the broker's
+PUBACK to the agent (the broker holds the update and has passed it on), which leaves out the agent
+side, and the share of updates whose lag is below one window. An update that arrives just after a
+window closed waits a whole window, so the lag's p99 is about 0.99 window + the delivery and
+aggregation delay: below one window only while that delay stays under 1% of it.
+
+Agents' settings that depend on the test: `resend_after` is at least three windows (an update waits
+up to a window for its global; a shorter timer resends what the aggregator holds, each a `stale_seq`
+rejection), and an agent process freezes what its connections built and collects young objects less
+often (see `_run_agents`). Per agent process the result also says why connections were lost (the
+reconnect loop's messages, counted) and how much CPU the garbage collector took.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import resource
@@ -73,6 +84,13 @@ class LoadTestOptions:
     profile: str | None = None  # write a cProfile of agent process 0 here
     drain: float = 30.0  # after its last sample, an agent waits at most this long for inclusion
     seed: int = 0
+    keep: str | None = None  # copy the run's logs (agents, aggregator, Mosquitto) into this directory
+
+    def resend_timeout(self) -> float:
+        """An agent's `resend_after`: an update waits up to a window for its global, so a timer shorter
+        than that (plus delivery) resends updates the aggregator holds, each one a `stale_seq` rejection.
+        The timer is the fallback (the aggregator's acks report real gaps), so it can be generous."""
+        return max(10.0, 3.0 * self.window)
 
     def fleet_config(self, fleet: str) -> FleetConfig:
         extra: dict[str, Any] = {}
@@ -173,13 +191,14 @@ class MosquittoProcess:
 def _agent_main(spec_path: str, out_path: str) -> int:
     """One agent process: its share of the fleet on one event loop; writes per-agent results."""
     raise_nofile()
-    import logging
-
     # aiomqtt warns once per publish while more than a few await their PUBACK (pipelining: by design);
     # at a thousand agents that alone is tens of thousands of log lines
+    import aiomqtt  # noqa: F401 - first: importing it sets its "mqtt" logger to WARNING
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("mqtt").setLevel(logging.ERROR)
     logging.getLogger("aiomqtt").setLevel(logging.ERROR)
+    logging.getLogger("streamfed.agent").addHandler(_LOST_REASONS)
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("profile"):
         import cProfile
@@ -192,6 +211,22 @@ def _agent_main(spec_path: str, out_path: str) -> int:
     result = asyncio.run(_run_agents(spec))
     Path(out_path).write_text(json.dumps(result))
     return 0
+
+
+class _LostReasons(logging.Handler):
+    """Counts why connections were lost (the reconnect loop logs each with its MQTT error)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "connection lost" in record.msg and len(record.args or ()) >= 2:
+            reason = str(record.args[1])[:80]  # type: ignore[index]
+            self.counts[reason] = self.counts.get(reason, 0) + 1
+
+
+_LOST_REASONS = _LostReasons()
 
 
 async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
@@ -245,7 +280,8 @@ async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
     for name, index in spec["clients"]:
         core = AgentCore(cfg, name, index, mode="async")
         services.append(Agent(core, broker, source(index, np.random.default_rng([spec["seed"], index])),
-                              drain=float(spec["drain"]), connect_timeout=30.0, resend_after=10.0))
+                              drain=float(spec["drain"]), connect_timeout=30.0,
+                              resend_after=float(spec["resend_after"])))
     ramp = float(spec["ramp"])
     t0 = time.time()
 
@@ -253,6 +289,22 @@ async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(ramp * k / max(1, len(services)))
         await svc.run()
 
+    import gc
+
+    gc_time = [0.0, 0]  # seconds in collections, collections of the oldest generation
+    gc_by_gen = [0.0, 0.0, 0.0]
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.thread_time()
+        else:
+            took = time.thread_time() - gc_started[0]  # CPU: not time preempted
+            gc_time[0] += took
+            gc_time[1] += info["generation"] == 2
+            gc_by_gen[info["generation"]] += took
+
+    gc.callbacks.append(on_gc)
     cpu0 = time.process_time()
     tasks = [asyncio.create_task(start(k, s)) for k, s in enumerate(services)]
     connected_at = None
@@ -265,6 +317,15 @@ async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
         connected_at = time.time()
     # the schedule starts at t_start, or a second after the last connection if that came later
     start_at[0] = max(start_at[0], time.time() + 1.0)
+    gc_at_start = list(gc_time)  # collections while connecting (each agent's run() collects once) vs after
+    # A process that hosts many agents: what the connections built (clients, sockets, sessions) is alive
+    # until the end, so it leaves the collector's view as each agent's own start-up state did, and young
+    # collections run every 10,000 allocations instead of 700 — nearly all garbage here is freed by
+    # reference counting, and at a thousand agents the default thresholds cost ~15% of the process (its
+    # collections measured with gc.callbacks). Each agent's run() collects and freezes once (gc_freeze).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
     go.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     errors = [repr(r) for r in results if isinstance(r, BaseException)]
@@ -276,6 +337,11 @@ async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
         "last_sample_at": last_taken[0],
         "errors": errors[:10],
         "n_errors": len(errors),
+        "lost_reasons": dict(_LOST_REASONS.counts),
+        "gc_s": gc_time[0] - gc_at_start[0], "gc_full": gc_time[1] - gc_at_start[1],
+        "gc_connecting_s": gc_at_start[0], "gc_full_connecting": gc_at_start[1],
+        "gc_counts": [gen["collections"] for gen in gc.get_stats()], "gc_s_by_generation": gc_by_gen,
+        "gc_tracked": len(gc.get_objects()), "gc_frozen": gc.get_freeze_count(),
         "lateness": [float(np.percentile(lateness, q)) for q in (50, 99, 100)] if lateness else None,
         "prediction_latency_s": [float(np.percentile(lat, q)) for q in (50, 99)] if lat.size else None,
         "agents": {s.client_id: {
@@ -284,6 +350,7 @@ async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
             "dropped_predictions": s.dropped_predictions, "rejected_globals": s.core.counters.rejected_globals,
             "global_version": s.core.global_version,
             "created": [s.created.get(q) for q in range(1, s.core.seq + 1)],
+            "acked": [s.acked.get(q) for q in range(1, s.core.seq + 1)],
         } for s in services},
     }
 
@@ -376,7 +443,8 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
             spec = {"fleet": cfg.model_dump(mode="json"), "broker": broker.model_dump(mode="json"),
                     "clients": share,
                     "rate": opts.rate, "samples": n_samples, "t_start": t_start, "drain": opts.drain,
-                    "ramp": ramp, "seed": opts.seed, "profile": opts.profile if p == 0 else None}
+                    "ramp": ramp, "seed": opts.seed, "profile": opts.profile if p == 0 else None,
+                    "resend_after": opts.resend_timeout()}
             sp, out = workdir / f"agents{p}.json", workdir / f"agents{p}.out.json"
             sp.write_text(json.dumps(spec))
             outs.append(out)
@@ -425,8 +493,9 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
     final = globals_seen[-1][2] if globals_seen else {}
     lost = {c: a["seq"] - final.get(c, 0) for c, a in agents.items() if final.get(c, 0) < a["seq"]}
     over = {c: final[c] - a["seq"] for c, a in agents.items() if final.get(c, 0) > a["seq"]}
-    # lag: creation of an update -> arrival of the first global including it
-    lags, lag_t = [], []
+    # lag: creation of an update -> arrival of the first global including it; also from the broker's
+    # PUBACK (the broker has it and has passed it on): what is left is the aggregator's part and the fan-out
+    lags, lag_t, ack_lags = [], [], []
     prev: dict[str, int] = {}
     for t, _, inc in globals_seen:
         for c, mark in inc.items():
@@ -438,6 +507,9 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
                 if created is not None:
                     lags.append(t - created)
                     lag_t.append(created)
+                acked = a["acked"][s - 1] if "acked" in a else None
+                if acked is not None:
+                    ack_lags.append(t - acked)
         prev = inc
     lags_a = np.array(lags)
     order = np.argsort(lag_t) if lags else np.zeros(0, dtype=int)
@@ -467,6 +539,8 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
         "resent": sum(a["resent"] for a in agents.values()),
         "outbox_left": sum(len(a["outbox"]) for a in agents.values()),
         "reconnects": sum(a["reconnects"] for a in agents.values()),
+        "lost_reasons": {k: sum(r.get("lost_reasons", {}).get(k, 0) for r in results)
+                         for k in sorted({k for r in results for k in r.get("lost_reasons", {})})},
         "dropped_predictions": sum(a["dropped_predictions"] for a in agents.values()),
         "rejected_globals": sum(a["rejected_globals"] for a in agents.values()),
         "globals_seen": len(globals_seen),
@@ -474,10 +548,18 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
                   "max": float(lags_a.max()) if lags else float("nan"), "n": len(lags),
                   "p50_first_tenth": pct(lags_a[order[:tenth]], 50) if lags else float("nan"),
                   "p50_last_tenth": pct(lags_a[order[-tenth:]], 50) if lags else float("nan")},
+        "lag_from_ack_s": {"p50": pct(ack_lags, 50), "p99": pct(ack_lags, 99),
+                           "max": max(ack_lags) if ack_lags else float("nan"), "n": len(ack_lags)},
+        # the share of updates in a global within one window of their creation
+        "within_window": float((lags_a < opts.window).mean()) if lags else float("nan"),
         "window_s": opts.window,
         "aggregator": {"cpu_fraction_steady": agg_cpu, "rss_bytes_max": max((s[2] for s in samples), default=0),
                        "hwm_bytes": hwm, "cpu_s_total": cpu_end},
         "agent_processes": [{"cpu_s": r["cpu_s"], "maxrss_bytes": r["maxrss_bytes"], "errors": r["n_errors"],
+                             "gc_s": r.get("gc_s"), "gc_full": r.get("gc_full"),
+                             "gc_connecting_s": r.get("gc_connecting_s"), "gc_counts": r.get("gc_counts"),
+                             "gc_s_by_generation": r.get("gc_s_by_generation"),
+                             "gc_tracked": r.get("gc_tracked"), "gc_frozen": r.get("gc_frozen"),
                              "lateness_s": r["lateness"], "prediction_latency_s": r["prediction_latency_s"],
                              "connect_s": (r["all_connected_at"] - r["started"]) if r["all_connected_at"] else None,
                              "wall_s": r["ended"] - r["started"]} for r in results],
@@ -488,17 +570,24 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
 def run_loadtest(opts: LoadTestOptions, broker: BrokerConfig | None = None) -> dict[str, Any]:
     """Run a load test (starting a private Mosquitto unless `broker` is given); returns the summary."""
     raise_nofile()
+    load_start = list(os.getloadavg())
     workdir = Path(tempfile.mkdtemp(prefix="streamfed-load-"))
     mosq = MosquittoProcess() if broker is None else None
     try:
         b = broker or mosq.config  # type: ignore[union-attr]
         mosq_cpu0 = proc_stat(mosq.proc.pid)[0] if mosq else None
         out = asyncio.run(_run(opts, b, workdir))
+        out["loadavg_start"] = load_start
         if mosq is not None:
             cpu, rss, hwm = proc_stat(mosq.proc.pid)
             out["mosquitto"] = {"cpu_s": cpu - (mosq_cpu0 or 0.0), "rss_bytes": rss, "hwm_bytes": hwm}
         return out
     finally:
+        if opts.keep:
+            keep = Path(opts.keep)
+            keep.mkdir(parents=True, exist_ok=True)
+            for f in [*workdir.glob("*.log"), *([mosq.log] if mosq is not None and mosq.log.exists() else [])]:
+                shutil.copy(f, keep / f.name)
         if mosq is not None:
             mosq.close()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -516,8 +605,11 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"updates published {r['updates_published']} ({r['updates_per_s']:.0f}/s), "
         f"accepted {r['updates_accepted']:.0f}",
         f"lost {r['updates_lost']} (clients {r['clients_with_lost']}), rejected {r['updates_rejected'] or 0}, "
-        f"resent {r['resent']}, left in outboxes {r['outbox_left']}, reconnects {r['reconnects']}",
-        f"lag p50 {lag['p50']:.3f} s, p99 {lag['p99']:.3f} s, max {lag['max']:.3f} s (window {r['window_s']:g} s)",
+        f"resent {r['resent']}, left in outboxes {r['outbox_left']}, reconnects {r['reconnects']}"
+        + (f" ({r['lost_reasons']})" if r.get("lost_reasons") else ""),
+        f"lag p50 {lag['p50']:.3f} s, p99 {lag['p99']:.3f} s, max {lag['max']:.3f} s (window {r['window_s']:g} s; "
+        f"{100 * r.get('within_window', float('nan')):.1f}% within it); from the broker's PUBACK p50 "
+        f"{r['lag_from_ack_s']['p50']:.3f} s, p99 {r['lag_from_ack_s']['p99']:.3f} s",
         f"aggregator CPU {a['cpu_fraction_steady']:.2f} of a core, RSS max {a['rss_bytes_max'] / 2**20:.0f} MiB",
     ]
 
@@ -532,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         r.add_argument("--" + f, type=float, default=getattr(LoadTestOptions, f))
     r.add_argument("--ramp", type=float, default=None)
     r.add_argument("--profile", default=None)
+    r.add_argument("--keep", default=None, help="copy the run's logs into this directory")
     r.add_argument("--algorithm", default="pofmkl", choices=["pofmkl", "fedbnr"])
     r.add_argument("--json", type=Path)
     a = sub.add_parser("agents")
