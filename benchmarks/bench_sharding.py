@@ -14,7 +14,8 @@ as fast as it can (pipelined), and watches the retained global until it includes
 that, a warm-up batch (numba, imports, connections) is published and included, and the services are
 left to go idle. Measured from the first publish to the global that includes the last update: wall time,
 and each service process's CPU time (user + system, from /proc). CPU per applied update = the services'
-CPU summed / K. Configurations are interleaved within every repeat; medians over repeats.
+CPU summed / K. Configurations are interleaved within every repeat (alternating order); medians over repeats,
+the ratio to the single aggregator as the median of per-repeat ratios.
 """
 
 from __future__ import annotations
@@ -239,9 +240,13 @@ async def run(repeats: int, per_client: int, rate: float | None) -> dict:
     med = {n: {"cpu_us_per_update": statistics.median(x["cpu_us_per_update"] for x in v),
                "updates_per_s": statistics.median(x["updates_per_s"] for x in v),
                "publish_per_s": statistics.median(x["updates"] / x["publish_s"] for x in v)} for n, v in runs.items()}
-    ratio = {n: med[n]["cpu_us_per_update"] / med["single"]["cpu_us_per_update"] for n in CONFIGS}
+    # the ratio is the median of per-repeat ratios: runs of one repeat are adjacent in time, so a change in the
+    # machine's load between repeats (shared 2-core machine) cancels out
+    per_repeat = {n: [x["cpu_us_per_update"] / s["cpu_us_per_update"] for x, s in zip(v, runs["single"], strict=True)]
+                  for n, v in runs.items()}
+    ratio = {n: statistics.median(v) for n, v in per_repeat.items()}
     return {"updates": runs["single"][0]["updates"], "repeats": repeats, "window_s": WINDOW, "clients": N_CLIENTS,
-            "rate": rate,
+            "rate": rate, "ratio_per_repeat": per_repeat,
             "runs": runs, "median": med, "cpu_ratio_to_single": ratio}
 
 
@@ -249,7 +254,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--per-client", type=int, default=200)
     ap.add_argument("--rate", type=float, default=2000.0, help="offered updates/s (0: as fast as possible)")
     args = ap.parse_args()
@@ -266,18 +271,19 @@ def main() -> None:
            "depends on the message rate)" if res["rate"] else "as fast as one aiomqtt publisher can")
         + f" (100 in flight), async windows of {res['window_s']} s; measured from the first "
         f"publish to the retained global that includes the last update; CPU = user + system time of the service "
-        f"processes (from /proc) over that interval. Median of {res['repeats']} interleaved repeats. "
+        f"processes (from /proc) over that interval. Medians of {res['repeats']} interleaved repeats. "
         f"Machine: {machine()}; load average at the end {load_average()}.",
         "",
-        "| configuration | CPU µs per applied update | ratio to single | updates/s end to end | publisher "
-        "updates/s | cores used per process (last repeat) |",
+        "| configuration | CPU µs per applied update | ratio to single (median of per-repeat ratios; all) | "
+        "updates/s end to end | publisher updates/s | cores used per process (last repeat) |",
         "|---|---|---|---|---|---|",
     ]
     for n in CONFIGS:
         last = res["runs"][n][-1]
         cores = ", ".join(f"{p} {c:.2f}" for p, c in last["cores"].items())
-        lines.append(f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f} | {med[n]['updates_per_s']:,.0f} | "
-                     f"{med[n]['publish_per_s']:,.0f} | {cores} |")
+        spread = ", ".join(f"{r:.2f}" for r in res["ratio_per_repeat"][n])
+        lines.append(f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f} ({spread}) | "
+                     f"{med[n]['updates_per_s']:,.0f} | {med[n]['publish_per_s']:,.0f} | {cores} |")
     two = ratio["2 shards"]
     lines += [
         "",
