@@ -649,6 +649,14 @@ class SeqTracker:
     def clients(self) -> list[str]:
         return sorted(self._mark)
 
+    def has(self, client: str, seq: int) -> bool:
+        """Whether `seq` is applied (at or below the mark, or recorded above it): :meth:`check` would
+        refuse it as `stale_seq`. No exception, no validation: for seqs already known to be integers."""
+        if seq <= self._mark.get(client, self.first_seq - 1):
+            return True
+        above = self._above.get(client)
+        return above is not None and seq in above
+
     def check(self, client: str, seq: int) -> SeqCheck:
         """What :meth:`record` would report, without changing anything; `ProtocolError` (`stale_seq`)
         for a seq already applied or below the mark, (`bad_seq`) for a non-integer."""

@@ -275,7 +275,7 @@ class ShardCore:
         included, owner, seqs = contributors_fields((c.client, c.seq) for c in part.items)
         if self.pofmkl:
             total = np.zeros((self.cfg.n_kernels, 2 * self.cfg.n_features))
-            for c in sorted(part.items, key=lambda c: (self.order.get(c.client, 0), c.client, c.seq)):
+            for c in part.items:  # Σ Δ in arrival order, as the single aggregator sums
                 total[c.item.kernels] += c.item.delta  # kernels are distinct within one update
             arrays = {"sum": total}
             kind, n = "pofmkl.partial", sum(int(c.item.n_samples) for c in part.items)
@@ -422,11 +422,7 @@ class ReducerCore:
         return out
 
     def _known(self, client: str, seq: int) -> bool:
-        try:
-            self.applied.check(client, seq)
-        except ProtocolError:
-            return True
-        return False
+        return self.applied.has(client, seq)
 
     def _partial_sum(self, msg: Message) -> np.ndarray | SufficientStats:
         if self.pofmkl:
