@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -87,7 +88,8 @@ port = {broker.port}
 """)
 
 
-def start_services(name: str, cfg_path: Path, clients: str, log_dir: Path) -> dict[str, subprocess.Popen]:
+def start_services(name: str, cfg_path: Path, clients: str, log_dir: Path, flush: float | None = None
+                   ) -> dict[str, subprocess.Popen]:
     n_shards = CONFIGS[name]
     base = streamfed_cmd()
     cmds: dict[str, list[str]] = {}
@@ -100,7 +102,8 @@ def start_services(name: str, cfg_path: Path, clients: str, log_dir: Path) -> di
                            "--window", str(WINDOW), "--shards", ",".join(shards)]
         for s in shards:
             cmds[f"shard {s}"] = [*base, "shard", "--config", str(cfg_path), "--name", s, "--clients", clients,
-                                  "--mode", "async", "--group", "bench"]
+                                  "--mode", "async", "--group", "bench",
+                                  *(["--flush-interval", str(flush)] if flush else [])]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     procs = {}
     for label, cmd in cmds.items():
@@ -188,14 +191,17 @@ async def publish(broker: BrokerConfig, fleet: str, items: list[tuple[str, bytes
     return t0
 
 
-async def one_run(name: str, broker: BrokerConfig, per_client: int, work: Path, rate: float | None) -> dict:
+async def one_run(name: str, broker: BrokerConfig, per_client: int, work: Path, rate: float | None,
+                  flush: float | None = None, burst: bool = False) -> dict:
+    """One configuration: warm up, then the measured batch — paced at `rate`, or with `burst` queued at the
+    broker while the services are stopped (SIGSTOP) and drained at full speed once they continue."""
     fleet = f"shb{random.getrandbits(32):08x}"
     cfg = FleetConfig(fleet=fleet, algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
     cfg_path = work / f"{fleet}.toml"
     write_config(cfg_path, fleet, broker)
     warm, main = payloads(cfg, 1, WARM), payloads(cfg, WARM + 1, WARM + per_client)
     clients = ",".join(f"c{c}" for c in range(N_CLIENTS))
-    procs = start_services(name, cfg_path, clients, work)
+    procs = start_services(name, cfg_path, clients, work, flush)
     watcher, ready = Watcher(), asyncio.Event()
     wtask = asyncio.create_task(watcher.run(broker, fleet, ready))
     try:
@@ -205,9 +211,23 @@ async def one_run(name: str, broker: BrokerConfig, per_client: int, work: Path, 
         await publish(broker, fleet, warm)
         await watcher.until(WARM, 60)
         await wait_idle(procs)
-        cpu0 = cpu_of(procs)
-        t0 = await publish(broker, fleet, main, rate)
-        t_pub = time.perf_counter() - t0
+        if burst:
+            for p in procs.values():
+                p.send_signal(signal.SIGSTOP)
+            try:
+                t_pub0 = time.perf_counter()
+                await publish(broker, fleet, main)
+                t_pub = time.perf_counter() - t_pub0
+                await asyncio.sleep(0.5)  # the last ones reach the broker's queues
+                cpu0 = cpu_of(procs)
+                t0 = time.perf_counter()
+            finally:
+                for p in procs.values():
+                    p.send_signal(signal.SIGCONT)
+        else:
+            cpu0 = cpu_of(procs)
+            t0 = await publish(broker, fleet, main, rate)
+            t_pub = time.perf_counter() - t0
         t1 = await watcher.until(WARM + per_client, 300)
         cpu1 = cpu_of(procs)
     finally:
@@ -223,31 +243,59 @@ async def one_run(name: str, broker: BrokerConfig, per_client: int, work: Path, 
             "cores": {p: c / wall for p, c in cpu.items()}}
 
 
-async def run(repeats: int, per_client: int, rate: float | None) -> dict:
-    mosq = MosquittoProcess()
-    runs: dict[str, list[dict]] = {n: [] for n in CONFIGS}
+MODES = ("burst", "paced")
+
+
+async def run(repeats: int, per_client: int, rate: float, flush: float | None = None) -> dict:
+    # no broker-side cap on the queues: a burst of K updates waits there for stopped services
+    mosq = MosquittoProcess(extra="max_queued_messages 0")
+    runs: dict[str, dict[str, list[dict]]] = {m: {n: [] for n in CONFIGS} for m in MODES}
     try:
         with tempfile.TemporaryDirectory(prefix="streamfed-bench-shard-") as tmp:
             for r in range(repeats):
                 order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
-                for name in order:
-                    res = await one_run(name, mosq.config, per_client, Path(tmp), rate)
-                    runs[name].append(res)
-                    print(f"  repeat {r + 1}/{repeats} {name}: {res['updates_per_s']:,.0f} updates/s, "
-                          f"{res['cpu_us_per_update']:.0f} µs CPU per update", flush=True)
+                for mode in MODES:
+                    for name in order:
+                        res = await one_run(name, mosq.config, per_client, Path(tmp), rate, flush,
+                                            burst=mode == "burst")
+                        runs[mode][name].append(res)
+                        print(f"  repeat {r + 1}/{repeats} {mode} {name}: {res['updates_per_s']:,.0f} updates/s, "
+                              f"{res['cpu_us_per_update']:.0f} µs CPU per update", flush=True)
     finally:
         mosq.close()
+    out: dict = {"updates": runs["paced"]["single"][0]["updates"], "repeats": repeats, "window_s": WINDOW,
+                 "clients": N_CLIENTS, "rate": rate, "flush_interval": flush}
+    for mode in MODES:
+        out[mode] = summarise(runs[mode])
+    return out
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict:
     med = {n: {"cpu_us_per_update": statistics.median(x["cpu_us_per_update"] for x in v),
                "updates_per_s": statistics.median(x["updates_per_s"] for x in v),
-               "publish_per_s": statistics.median(x["updates"] / x["publish_s"] for x in v)} for n, v in runs.items()}
+               "publish_per_s": statistics.median(x["updates"] / x["publish_s"] for x in v),
+               "cores": {p: statistics.median(x["cores"][p] for x in v) for p in v[0]["cores"]}}
+           for n, v in runs.items()}
     # the ratio is the median of per-repeat ratios: runs of one repeat are adjacent in time, so a change in the
     # machine's load between repeats (shared 2-core machine) cancels out
     per_repeat = {n: [x["cpu_us_per_update"] / s["cpu_us_per_update"] for x, s in zip(v, runs["single"], strict=True)]
                   for n, v in runs.items()}
-    ratio = {n: statistics.median(v) for n, v in per_repeat.items()}
-    return {"updates": runs["single"][0]["updates"], "repeats": repeats, "window_s": WINDOW, "clients": N_CLIENTS,
-            "rate": rate, "ratio_per_repeat": per_repeat,
-            "runs": runs, "median": med, "cpu_ratio_to_single": ratio}
+    return {"runs": runs, "median": med, "ratio_per_repeat": per_repeat,
+            "cpu_ratio_to_single": {n: statistics.median(v) for n, v in per_repeat.items()}}
+
+
+def table(res: dict, mode: str) -> list[str]:
+    part = res[mode]
+    med, ratio = part["median"], part["cpu_ratio_to_single"]
+    rows = ["| configuration | CPU µs per applied update | ratio to single (median of per-repeat ratios; all) | "
+            "updates/s | publishing updates/s | cores used per process (medians) |",
+            "|---|---|---|---|---|---|"]
+    for n in CONFIGS:
+        cores = ", ".join(f"{p} {c:.2f}" for p, c in med[n]["cores"].items())
+        spread = ", ".join(f"{r:.2f}" for r in part["ratio_per_repeat"][n])
+        rows.append(f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f} ({spread}) | "
+                    f"{med[n]['updates_per_s']:,.0f} | {med[n]['publish_per_s']:,.0f} | {cores} |")
+    return rows
 
 
 def main() -> None:
@@ -257,46 +305,66 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--per-client", type=int, default=200)
     ap.add_argument("--rate", type=float, default=2000.0, help="offered updates/s (0: as fast as possible)")
+    ap.add_argument("--flush-interval", type=float, default=None, help="shards' flush interval (default: theirs)")
+    ap.add_argument("--render", type=Path, help="only rewrite the markdown from this JSON of an earlier run")
     args = ap.parse_args()
+    if args.render:  # rebuild the markdown from a run's JSON
+        res = json.loads(args.render.read_text())
+        write_section(args.out, render(res), res, quick=res["meta"]["quick"])
+        return
     res = asyncio.run(run(1 if args.quick else args.repeats, 10 if args.quick else args.per_client,
-                          args.rate or None))
-    med, ratio = res["median"], res["cpu_ratio_to_single"]
+                          args.rate, args.flush_interval))
+    write_section(args.out, render(res), res, quick=args.quick)
+
+
+def render(res: dict) -> list[str]:
+    burst, paced = res["burst"], res["paced"]
+    meta = res.get("meta")  # present when rendering a saved run: its own load average, not today's
+    load = ", ".join(f"{v:.2f}" for v in meta["loadavg"]) if meta else load_average()
+    where = meta["machine"] if meta else machine()
+    two, two_paced = burst["cpu_ratio_to_single"]["2 shards"], paced["cpu_ratio_to_single"]["2 shards"]
+    one, single = burst["median"]["1 shard"]["updates_per_s"], burst["median"]["single"]["updates_per_s"]
+    lo, hi = min(burst["ratio_per_repeat"]["2 shards"]), max(burst["ratio_per_repeat"]["2 shards"])
+    # a median within 0.05 of the line, with repeats on both sides of it, is not a clear pass or miss
+    verdict = ("at the threshold, not a clear pass" if abs(two - 1.15) <= 0.05 and lo < 1.15 < hi
+               else "met" if two <= 1.15 else "not met")
     lines = [
         "## Sharded aggregation: CPU per applied update and throughput (1 aggregator vs shards + reducer)",
         "",
         f"Command: `.venv/bin/python benchmarks/bench_sharding.py` (or `streamfed bench sharding`). Real `streamfed "
         f"aggregator` / `shard` / `reducer` processes against one private Mosquitto; {res['updates']:,} POF-MKL "
-        f"updates (N = 16, D = 100, M = 2) from {res['clients']} clients published with QoS 1 "
-        + (f"at {res['rate']:,.0f} updates/s (paced, the same stream for every configuration: CPU per message "
-           "depends on the message rate)" if res["rate"] else "as fast as one aiomqtt publisher can")
-        + f" (100 in flight), async windows of {res['window_s']} s; measured from the first "
-        f"publish to the retained global that includes the last update; CPU = user + system time of the service "
-        f"processes (from /proc) over that interval. Medians of {res['repeats']} interleaved repeats. "
-        f"Machine: {machine()}; load average at the end {load_average()}.",
+        f"updates (N = 16, D = 100, M = 2) from {res['clients']} clients, QoS 1, async windows of "
+        f"{res['window_s']} s, shards flushing every 0.1 s; timed to the retained global that includes the last "
+        "update; CPU = user + system time of the service processes (from /proc) over that interval. After a "
+        "warm-up batch, two ways of offering the updates, interleaved with the configurations in every repeat "
+        f"(alternating order); medians of {res['repeats']} repeats. Machine: {where}; load average at the end "
+        f"{load}.",
         "",
-        "| configuration | CPU µs per applied update | ratio to single (median of per-repeat ratios; all) | "
-        "updates/s end to end | publisher updates/s | cores used per process (last repeat) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for n in CONFIGS:
-        last = res["runs"][n][-1]
-        cores = ", ".join(f"{p} {c:.2f}" for p, c in last["cores"].items())
-        spread = ", ".join(f"{r:.2f}" for r in res["ratio_per_repeat"][n])
-        lines.append(f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f} ({spread}) | "
-                     f"{med[n]['updates_per_s']:,.0f} | {med[n]['publish_per_s']:,.0f} | {cores} |")
-    two = ratio["2 shards"]
-    lines += [
+        "**Saturated (burst)**: the services are stopped (SIGSTOP) while the updates are published, so they wait "
+        "in the broker's queues; then they continue and drain them as fast as they can — every process busy, the "
+        "regime in which throughput is decided:",
         "",
-        f"**Target (CPU per applied update, 2 shards + reducer within 1.15× of one aggregator): "
-        f"{'met' if two <= 1.15 else 'not met'} — {two:.2f}×.** "
-        "Shards do the per-update work (strict decode, validation, deduplication, summation) once per update, "
-        "as the single aggregator does; what sharding adds is per partial (a shard's dense N×2D sum, its QoS 1 "
-        "publish and acknowledgement, the reducer's decode and sum: one per shard per flush, every 0.1 s in "
-        "async mode) and a second MQTT client's fixed costs. On this 2-core machine the broker, the publisher "
-        "and every service share two cores, so end-to-end throughput cannot grow with the shards here; the "
-        "cores column shows how the work divides, which is what runs in parallel on more cores or machines.",
+        *table(res, "burst"),
+        "",
+        f"**Paced** at {res['rate']:,.0f} updates/s (below every configuration's capacity): each process handles "
+        "a trickle, so each wakes up for a message or two and CPU per message is higher the lower its own "
+        "rate — two shards each see half the stream (for reference, one aggregator alone costs ~30% more per "
+        "update at 1,000/s than at 2,000/s on this machine):",
+        "",
+        *table(res, "paced"),
+        "",
+        f"**Target (CPU per applied update, 2 shards + reducer within 1.15× of one aggregator, so that throughput "
+        f"scales with cores): {verdict} when saturated — {two:.2f}×, per-repeat ratios {lo:.2f} to {hi:.2f}** "
+        f"({two_paced:.2f}× paced at {res['rate']:,.0f}/s, where the shards' lower per-process rate costs "
+        f"batching). Throughput when saturated: 1 aggregator {single:,.0f} updates/s, 1 shard + reducer "
+        f"{one:,.0f}, 2 shards + reducer {burst['median']['2 shards']['updates_per_s']:,.0f} — on 2 cores that "
+        "also run the broker, so the cores column (how the work divides) is what grows with more cores or "
+        "machines. What sharding adds: per partial (a shard's dense N×2D sum, its QoS 1 publish and "
+        "acknowledgement, the reducer's decode and sum: one per shard per flush) and each extra process's "
+        "MQTT client; the per-update work (strict decode, validation, deduplication, summation) is done once, "
+        "by whichever shard takes the update.",
     ]
-    write_section(args.out, lines, res, quick=args.quick)
+    return lines
 
 
 if __name__ == "__main__":
