@@ -270,9 +270,11 @@ def reducer(
     shards: Annotated[str | None, typer.Option(help="comma-separated shard names to accept (default: any)")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     wait_offline: Annotated[bool, typer.Option(help="lock-step: rounds wait for clients that went offline")] = False,
+    state_dir: Annotated[Path | None, typer.Option(help="persist the global state here; resume from it")] = None,
 ) -> None:
     """Run the reducer of a sharded fleet: combine the shards' partial sums, publish the global."""
     from .config import load_config
+    from .persistence import StateError
     from .runtime.shard import ReducerService
     from .sharding import ReducerCore
 
@@ -281,10 +283,15 @@ def reducer(
     names = [c.strip() for c in shards.split(",")] if shards else None
     core = ReducerCore(cfg.fleet, clients=ids, mode=mode, window=window, shards=names,  # type: ignore[arg-type]
                        offline="wait" if wait_offline else "drop")
-    svc = ReducerService(core, cfg.broker)
+    try:
+        svc = ReducerService(core, cfg.broker, state_dir=state_dir)
+    except StateError as e:
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
     server = _serve_metrics([core.stats], metrics_port)
+    resumed = f", global v{core.version} resumed" if svc.restored else ""
     console.print(f"reducer of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
-                  f"{cfg.broker.host}:{cfg.broker.port}")
+                  f"{cfg.broker.host}:{cfg.broker.port}{resumed}")
     _run_service(svc, server)
 
 

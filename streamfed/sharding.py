@@ -29,9 +29,9 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from .stats import SufficientStats
 __all__ = ["Contribution", "ShardCore", "ReducerCore", "contributors_fields", "contributors_of"]
 
 log = logging.getLogger("streamfed.sharding")
+REDUCER_STATE_FORMAT = 1
 Mode = Literal["lockstep", "async"]
 
 
@@ -146,9 +147,10 @@ class ShardCore:
 
     def __init__(self, cfg: FleetConfig, name: str, clients: Sequence[str] | None = None,
                  mode: Mode = "lockstep", *, max_abs: float = 1e100, check_stats: bool = True,
-                 stats: AggregatorStats | None = None, max_unacked: int = 10_000) -> None:
+                 stats: AggregatorStats | None = None, max_unacked: int = 10_000, resend_after: float = 5.0) -> None:
         self.cfg = cfg
         self.name = name
+        self.resend_after = float(resend_after)  # a partial not acknowledged by then is sent again
         self.pofmkl = cfg.algorithm == "pofmkl"
         self.mode: Mode = mode if self.pofmkl else "async"
         # The single aggregator's validation, reused as is (same checks, same reasons); its server is
@@ -162,7 +164,7 @@ class ShardCore:
         self._kinds = (cfg.update_kind,)
         self.version = 0  # of the newest global seen
         self._mark: dict[str, int] = {}  # per client: every seq up to it is in the reducer's global
-        self._seen: dict[str, set[int]] = defaultdict(set)  # seqs above the mark taken by this shard
+        self._seen: dict[str, set[int]] = defaultdict(set)  # seqs this shard holds (pending or unacknowledged)
         self._pending: dict[int, list[Contribution]] = defaultdict(list)  # round (0: async) → not yet sent
         self._unacked: dict[int, _Partial] = {}  # partial seq → what it holds
         self._next_seq = 1
@@ -240,6 +242,10 @@ class ShardCore:
         if part is None:
             return []
         self._held -= len(part.items)
+        # From here the reducer is the authority on these pairs (it refuses repeats): forget them, so that an
+        # agent's resend after a reducer restart (which may have lost them) is taken in again, not dropped.
+        for c in part.items:
+            self._seen[c.client].discard(c.seq)
         if msg.meta["applied"]:
             return []
         try:
@@ -249,14 +255,25 @@ class ShardCore:
             dup = set()
         rest = [c for c in part.items if (c.client, c.seq) not in dup]
         self._held += len(rest)
+        for c in rest:
+            self._seen[c.client].add(c.seq)
         self.counters.resent += 1
         return [self._send(part.round, rest, now)] if rest else []
 
     # ------------------------------------------------------------------ outputs
     def flush(self, now: float | None = None) -> list[Message]:
-        """Everything pending as partials (one per lock-step round), kept until acknowledged."""
+        """Everything pending as partials (one per lock-step round), kept until acknowledged, and partials
+        waiting for an acknowledgement longer than `resend_after`."""
         now = time.time() if now is None else now
-        out = [self._send(r, items, now) for r, items in sorted(self._pending.items()) if items]
+        # Not acknowledged in time (the reducer restarted before taking it, say): the same partial again; the
+        # reducer acknowledges a repeat of one it has without adding it twice.
+        out = []
+        for part in self._unacked.values():
+            if now - part.sent_at >= self.resend_after:
+                part.sent_at = now
+                self.counters.resent += 1
+                out.append(self._message(part))
+        out += [self._send(r, items, now) for r, items in sorted(self._pending.items()) if items]
         self._pending.clear()
         return out
 
@@ -348,10 +365,55 @@ class ReducerCore:
         self._win_sum: np.ndarray | SufficientStats | None = None
         self._win_clients: set[str] = set()
         self._win_started: float | None = None
+        # Write-ahead durability: the shell sets it; called with this core before each new global is built.
+        self.checkpoint: Callable[[ReducerCore], None] | None = None
 
     @property
     def version(self) -> int:
         return int(self.server.version)
+
+    # ------------------------------------------------------------------ durable state
+    def snapshot(self) -> dict[str, Any]:
+        """Everything needed to resume exactly here (:meth:`restore`); taken before each new global.
+
+        What it does not hold comes back by itself: partial sums acknowledged after the last global are
+        lost with the process, and the agents send those updates again (they keep every update until a
+        global includes it, and the restarted reducer's acks say which it holds); shards hold no
+        acknowledged update, so they take the resends in again."""
+        return {
+            "format": REDUCER_STATE_FORMAT, "fleet_config": self.cfg.model_dump(mode="json"),
+            "mode": self.mode, "clients": list(self.clients), "server": self.server,
+            "applied": self.applied.to_dict(), "partials": self.partials.to_dict(),
+            "rejected": dict(self.rejected), "accepted": self.accepted, "rounds": self.rounds,
+            "round": {r: (np.array(total), sorted(who)) for r, (total, who) in self._round.items()},
+            "round_pairs": {r: sorted(p) for r, p in self._round_pairs.items()},
+            "window": None if self._win_sum is None else (self._win_sum, sorted(self._win_clients)),
+            "expected": sorted(self.expected),
+        }
+
+    def restore(self, state: Mapping[str, Any], now: float | None = None) -> None:
+        """Resume from a :meth:`snapshot`; `ValueError` (nothing changed) for another format, fleet
+        configuration, mode or client list. An open window restarts its clock at `now`."""
+        if state.get("format") != REDUCER_STATE_FORMAT:
+            raise ValueError(f"reducer state format {state.get('format')!r}, expected {REDUCER_STATE_FORMAT}")
+        if state.get("fleet_config") != self.cfg.model_dump(mode="json"):
+            raise ValueError("reducer state was written for a different fleet configuration")
+        if (state.get("mode"), list(state.get("clients", []))) != (self.mode, self.clients):
+            raise ValueError(f"reducer state is for mode {state.get('mode')!r} and clients {state.get('clients')}, "
+                             f"this reducer runs {self.mode!r} with {self.clients}")
+        if type(state["server"]) is not type(self.server):
+            raise ValueError(f"reducer state holds a {type(state['server']).__name__}")
+        applied, partials = SeqTracker.from_dict(state["applied"]), SeqTracker.from_dict(state["partials"])
+        self.server, self.applied, self.partials = state["server"], applied, partials
+        self.rejected, self.accepted = dict(state["rejected"]), int(state["accepted"])
+        self.rounds = int(state["rounds"])
+        self._round = {int(r): (np.array(total), set(who)) for r, (total, who) in state["round"].items()}
+        self._round_pairs = defaultdict(set, {int(r): {(str(c), int(q)) for c, q in p}
+                                              for r, p in state["round_pairs"].items()})
+        win = state["window"]
+        self._win_sum, self._win_clients = (None, set()) if win is None else (win[0], set(win[1]))
+        self._win_started = None if win is None else (time.time() if now is None else now)
+        self.expected = set(state["expected"])
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -487,17 +549,18 @@ class ReducerCore:
         self.server.version += 1
 
     def _close_window(self, now: float) -> list[Message]:
-        out: list[Message] = []
-        if self._win_sum is not None:
-            if self.pofmkl:
-                self._apply_theta(self._win_sum, len(self._win_clients))
-            else:
-                self.server.stats += self._win_sum
-                self.server.included = self.included()
-                self.server.publish()
-            out = self._published()
+        total, clients = self._win_sum, self._win_clients
+        # the window is emptied before the global is published (and checkpointed): applied exactly once
         self._win_sum, self._win_clients, self._win_started = None, set(), None
-        return out
+        if total is None:
+            return []
+        if self.pofmkl:
+            self._apply_theta(total, len(clients))
+        else:
+            self.server.stats += total
+            self.server.included = self.included()
+            self.server.publish()
+        return self._published()
 
     # ------------------------------------------------------------------ outputs
     def _ack(self, shard: str, seq: int, applied: bool, pairs: Iterable[tuple[str, int]] = ()) -> Message:
@@ -508,6 +571,8 @@ class ReducerCore:
 
     def _published(self) -> list[Message]:
         self.rounds += 1
+        if self.checkpoint is not None:  # write-ahead: on disk before any global reflecting it exists
+            self.checkpoint(self)
         self.stats.round_completed(self.version, 0.0)
         out = [self.global_message()]
         for c in self.applied.clients:  # tell clients with gaps which seqs are missing

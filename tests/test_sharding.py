@@ -260,3 +260,115 @@ def test_shard_rejects_like_the_aggregator(fleet):
         agg.on_update(client, payload, now=0.0)
     assert shard.rejected == agg.rejected
     assert shard.counters.accepted == agg.counters.accepted == 1
+
+
+def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
+    """A reducer rebuilt from the snapshot it wrote before a global (pickled, as the state file holds it)
+    continues exactly as one that never stopped: same θ after every later round."""
+    import pickle
+
+    streams = fleet.streams[:3]
+    cfg = pof_cfg()
+    names = [s.name for s in streams]
+    agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+    rng = random.Random(5)
+    sharded = ShardedFleet(cfg, names, 2, rng)
+    saved = []
+    sharded.reducer.checkpoint = lambda core: saved.append(pickle.dumps(core.snapshot()))
+    ref = AggregatorCore(cfg, clients=names, mode="lockstep")  # never stops
+    for t in range(30):
+        msgs = [m for a, s in zip(agents, streams, strict=True)
+                for m in a.on_reading(Reading(f"{t}", s.X[t], float(t), float(s.y[t])))[1]]
+        for m in msgs:
+            ref.on_update(m.client, encode(m, cfg), now=0.0)
+        sharded.route_updates(msgs)
+        if t == 14:
+            # Round 15: shard s0's partial reaches the reducer and is acknowledged (s0 forgets it), then the
+            # reducer crashes before the round closes: a new one from the last checkpoint (before global 14's
+            # publication) has lost s0's part. The agents resend what its acks do not list; s0 takes the
+            # resends in again, the restored reducer refuses what s1's partial already brought.
+            assert sharded.flush({0}) == [] and sharded.shards[0].held == 0
+            restored = ReducerCore(cfg, names, mode="lockstep", window=0.0)
+            restored.restore(pickle.loads(saved[-1]))
+            assert restored.version == 14 and restored.included() == {n: 14 for n in names}
+            sharded.reducer = restored
+            by_name = {a.client_id: a for a in agents}
+            resend = [m for ack in restored.hello() for m in by_name[ack.client].on_ack(ack)]
+            assert len(resend) == len(names)  # every agent's round-15 update is above the mark
+            sharded.route_updates(resend)
+        got = sharded.flush()
+        for a in agents:
+            a.on_global(got[0], now=0.0)
+    assert sharded.reducer.version == ref.version == 30
+    np.testing.assert_allclose(sharded.reducer.server.theta, ref.server.theta, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="different fleet configuration"):
+        ReducerCore(bnr_cfg(), names, mode="async").restore(pickle.loads(saved[-1]))
+
+
+def test_fedbnr_reducer_checkpoint_holds_no_applied_window(fleet):
+    """The checkpoint before a FedBNR global is taken with the window already summed into the statistics and
+    emptied: restoring it must not add that window a second time."""
+    import pickle
+
+    cfg = bnr_cfg()
+    names = [s.name for s in fleet.streams[:2]]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    shard, red = ShardCore(cfg, "s0", names), ReducerCore(cfg, names, mode="async", window=0.0)
+    saved = []
+    red.checkpoint = lambda core: saved.append(pickle.dumps(core.snapshot()))
+    for t in range(60):
+        for a, s in zip(agents, fleet.streams[:2], strict=True):
+            for m in a.on_reading(Reading(f"{t}", s.X[t], float(t), float(s.y[t])))[1]:
+                shard.on_update(m.client, encode(m, cfg))
+    for p in shard.flush(now=0.0):
+        red.on_partial("s0", encode(p, cfg), now=0.0)
+    assert saved and red.server.stats.n >= 100  # uploads of >= 8 samples: the last few still pending
+    again = ReducerCore(cfg, names, mode="async", window=0.0)
+    again.restore(pickle.loads(saved[-1]))
+    assert again.server.stats.n == red.server.stats.n and again._win_sum is None
+    np.testing.assert_array_equal(again.server.stats.S, red.server.stats.S)
+
+
+def test_shard_takes_a_resend_after_its_partial_was_applied_and_the_reducer_refuses_it(fleet):
+    """After the reducer acknowledged a partial, the shard no longer remembers its pairs: an agent's resend
+    (e.g. to a restarted reducer that lost it) is taken in again — and a reducer that does have it refuses
+    the repeat, so it is counted once."""
+    cfg = pof_cfg()
+    names = ["a", "b"]
+    shard, red = ShardCore(cfg, "s0", names, mode="async"), ReducerCore(cfg, names, mode="async", window=60.0)
+    agent = AgentCore(cfg, "a", 0)
+    s = fleet.streams[0]
+    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
+    payload = encode(msgs[0], cfg)
+
+    def deliver(parts):
+        for p in parts:
+            for ack in red.on_partial("s0", encode(p, cfg), now=0.0):
+                if ack.kind == "partial.ack":
+                    deliver(shard.on_ack(decode(encode(ack, cfg), cfg, client="s0", kinds=("partial.ack",))))
+
+    shard.on_update("a", payload, now=0.0)
+    shard.on_update("a", payload, now=0.0)  # a duplicate while held: the shard drops it itself
+    assert shard.rejected == {"stale_seq": 1}
+    deliver(shard.flush(now=0.0))
+    assert red.accepted == 1 and shard.held == 0
+    shard.on_update("a", payload, now=1.0)  # the resend: taken in again ...
+    assert shard.held == 1
+    deliver(shard.flush(now=1.0))
+    assert red.accepted == 1 and red.rejected.get("duplicate") == 1 and shard.held == 0  # ... and refused once
+
+
+def test_shard_sends_an_unacknowledged_partial_again(fleet):
+    cfg = pof_cfg()
+    shard = ShardCore(cfg, "s0", ["a"], mode="async", resend_after=5.0)
+    agent = AgentCore(cfg, "a", 0)
+    s = fleet.streams[0]
+    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
+    shard.on_update("a", encode(msgs[0], cfg), now=0.0)
+    (first,) = shard.flush(now=0.0)
+    assert shard.flush(now=4.9) == []
+    (again,) = shard.flush(now=5.0)  # no acknowledgement came: the same partial (same seq) again
+    assert again.seq == first.seq and np.array_equal(again.arrays["sum"], first.arrays["sum"])
+    red = ReducerCore(cfg, ["a"], mode="async", window=60.0)
+    acks = red.on_partial("s0", encode(first, cfg), now=0.0) + red.on_partial("s0", encode(again, cfg), now=0.0)
+    assert [a.meta["applied"] for a in acks] == [True, True] and red.accepted == 1

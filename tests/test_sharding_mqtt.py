@@ -181,3 +181,79 @@ def test_cli_reducer_and_shards_serve_an_async_fleet(mosquitto_dev, streams, tmp
         assert a.core.global_version > 0 and a.core.stats.samples == STEPS
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert "reducer of fleet 'shardcli'" in outs[0] and "shard 's0'" in outs[1] and "shard 's1'" in outs[2]
+
+
+def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, tmp_path):
+    """SIGKILL of the `streamfed reducer` process (with `--state-dir`) in the middle of a lock-step fleet, then
+    the same command again: it resumes from its write-ahead checkpoint, the agents resend what it lost, and the
+    fleet ends with the replay's θ — every update counted exactly once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import aiomqtt
+
+    from streamfed.protocol import decode
+    from streamfed.topics import global_topic
+
+    cfg = LOCKSTEP.model_copy(update={"fleet": "reducerkill"})
+    broker = mosquitto_dev.broker_config()
+    names = [s.name for s in streams]
+    conf = tmp_path / "fleet.toml"
+    conf.write_text(f'[fleet]\nfleet = "{cfg.fleet}"\nalgorithm = "pofmkl"\nn_inputs = 10\nn_kernels = 4\n'
+                    f'n_features = 20\nbin_size = 2\nseed = 3\n\n[fleet.pofmkl]\neta = 0.05\nlam = 0.0001\nxi = 0.2\n\n'
+                    f'[broker]\nhost = "{broker.host}"\nport = {broker.port}\n')
+    exe = Path(sys.executable).parent / "streamfed"
+    common = ["--config", str(conf), "--clients", ",".join(names), "--mode", "lockstep"]
+    reducer_cmd = [str(exe), "reducer", *common, "--shards", "s0,s1", "--state-dir", str(tmp_path / "state")]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+
+    def start(cmd):
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    procs = [start([str(exe), "shard", *common, "--name", s, "--group", "kill"]) for s in ("s0", "s1")]
+    reducer = [start(reducer_cmd)]  # the current reducer process
+    killed_at = []
+    try:
+        async def main():
+            await asyncio.sleep(3.0)  # processes starting; agents resend what reaches no shard
+            agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), broker, array_source(s.X, s.y),
+                                   linger=0.3, resend_after=2.0)
+                      for i, (n, s) in enumerate(zip(names, streams, strict=True))]
+
+            async def killer():
+                async with aiomqtt.Client(**broker.aiomqtt_kwargs("killer")) as c:
+                    await c.subscribe(global_topic(cfg.fleet), qos=1)
+                    async for m in c.messages:
+                        g = decode(m.payload, cfg, kinds=("pofmkl.global",))
+                        if g.global_version >= 20:
+                            reducer[0].send_signal(signal.SIGKILL)
+                            reducer[0].wait()
+                            killed_at.append(g.global_version)
+                            await asyncio.sleep(0.5)
+                            reducer[0] = start(reducer_cmd)  # the same command: resumes from --state-dir
+                            return
+
+            k = asyncio.create_task(killer())
+            await asyncio.wait_for(asyncio.gather(*(a.run() for a in agents)), 120)
+            await k
+            return agents
+
+        agents = asyncio.run(main())
+    finally:
+        for p in [*procs, reducer[0]]:
+            p.send_signal(signal.SIGINT)
+        outs = [p.communicate(timeout=15)[0] for p in [*procs, reducer[0]]]
+    assert killed_at and killed_at[0] < STEPS
+    assert "resumed" in outs[-1], outs[-1]  # the second reducer started from the state file
+    bank = RFFBank(AlgorithmConfig(n_kernels=4).specs(), 20, 10, seed=3)
+    ref = [POFMKLClient(bank, 0.05, 1e-4, 0.2, 2, rng=np.random.default_rng([3, c])) for c in range(4)]
+    srv = POFMKLServer(4, bank.dim)
+    run_lockstep(ref, srv, [s.X for s in streams], [s.y for s in streams])
+    scale = max(1.0, float(np.max(np.abs(srv.theta))))
+    for a, r in zip(agents, ref, strict=True):
+        assert a.core.global_version == STEPS
+        assert np.max(np.abs(a.core.learner.theta - srv.theta)) <= 1e-12 * scale
+        assert a.core.learner.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-10)

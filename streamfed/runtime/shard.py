@@ -14,18 +14,25 @@ until the reducer acknowledges it and sends the unacknowledged ones again after 
 reducer closes lock-step rounds and asynchronous windows exactly as the single aggregator does and
 publishes the same global message.
 
-Durability: shards and the reducer keep their state in memory. Nothing is lost when one restarts,
-because agents keep every update until a global includes it and send it again (after `resend_after`,
-or when the reducer's ack on reconnect lists it as missing); a restarted *reducer* starts from
-version 0, though, so run it with the single aggregator's `--state-dir` durability where that matters
-(not yet available for the reducer).
+Durability: the reducer with `state_dir` checkpoints its state (the global, the (client, seq) pairs and
+partials applied, open rounds and window) atomically **before** each global that reflects it is published,
+and resumes from it; what it took in after the last checkpoint is lost with it and comes back from the
+agents, which keep every update until a global includes it and send again what the restarted reducer's
+acks do not list. Shards hold only what the reducer has not acknowledged, and send a partial again when no
+acknowledgement comes within `resend_after` (5 s); a restarted shard loses what it held, and the agents
+send it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import time
+from pathlib import Path
 
 from ..config import BrokerConfig
+from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode
 from ..sharding import ReducerCore, ShardCore
 from ..topics import Channel, ParsedTopic, acks_topic, channel_topic, global_topic, shared_filter, topic_filter
@@ -110,10 +117,47 @@ class ReducerService(MqttService):
     log = logging.getLogger("streamfed.reducer")
 
     def __init__(self, core: ReducerCore, broker: BrokerConfig, tick: float = 0.05, client_id: str | None = None,
-                 **kw: float) -> None:
+                 state_dir: str | os.PathLike[str] | None = None, **kw: float) -> None:
         super().__init__(broker, client_id or f"{core.cfg.fleet}.reducer", tick=tick, **kw)
         self.core = core
         self.fleet = core.cfg.fleet
+        self.store: StateStore | None = None
+        self.restored = False
+        if state_dir is not None:
+            self.store = StateStore(Path(state_dir) / f"reducer-{self.fleet}.state", kind="reducer")
+            self._restore()
+            core.checkpoint = self._save
+
+    def _restore(self) -> None:
+        assert self.store is not None
+        try:
+            state = self.store.load()
+            if state is None:
+                return
+            self.core.restore(state["core"])
+        except StateError:
+            self.store.close()
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            self.store.close()
+            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
+        self.restored = True
+        self.log.info("reducer %s: resumed from %s at global version %d", self.fleet, self.store.path,
+                      self.core.version)
+
+    def _save(self, core: ReducerCore) -> None:
+        assert self.store is not None
+        # An OSError propagates and stops the service: a global that is not on disk is never published.
+        self.store.save({"core": core.snapshot(), "saved_at": time.time()})
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            if self.store is not None:
+                with contextlib.suppress(OSError):
+                    self._save(self.core)
+                self.store.close()
 
     def subscriptions(self) -> list[str]:
         return [topic_filter(Channel.PARTIALS, self.fleet), topic_filter(Channel.STATUS, self.fleet)]
