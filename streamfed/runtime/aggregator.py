@@ -21,15 +21,12 @@ aggregator processes can split the update stream.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import time
 from pathlib import Path
 
 from ..aggregator import AggregatorCore
 from ..config import BrokerConfig
-from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode
 from ..topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
 from .service import MqttService, Outgoing
@@ -61,46 +58,13 @@ class AggregatorService(MqttService):
         self.shared_group = shared_group
         self.fleet = core.cfg.fleet
         self.ingested = 0
-        self.store: StateStore | None = None
-        self.restored = False
         if state_dir is not None:
-            self.store = StateStore(Path(state_dir) / f"aggregator-{self.fleet}.state", kind="aggregator")
-            self._restore()
-            core.checkpoint = self._save
-
-    # ------------------------------------------------------------------ durable state
-    def _restore(self) -> None:
-        assert self.store is not None
-        try:
-            state = self.store.load()
-            if state is None:
-                return
-            self.core.restore(state["core"])
-        except StateError:
-            self.store.close()
-            raise
-        except (ValueError, KeyError, TypeError) as e:
-            self.store.close()
-            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
-        self.restored = True
-        log.info("aggregator %s: resumed from %s at global version %d", self.fleet, self.store.path,
-                 self.core.version)
-
-    def _save(self, core: AggregatorCore) -> None:
-        assert self.store is not None
-        # An OSError here propagates and stops the service: a global that is not on disk is never published.
-        self.store.save({"core": core.snapshot(), "saved_at": time.time()})
+            self.keep_state(core, Path(state_dir) / f"aggregator-{self.fleet}.state", kind="aggregator")
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         self.core.warm_up()
-        try:
-            await super().run()
-        finally:
-            if self.store is not None:
-                with contextlib.suppress(OSError):
-                    self._save(self.core)
-                self.store.close()
+        await super().run()
 
     # ------------------------------------------------------------------ MqttService hooks
     def subscriptions(self) -> list[str]:

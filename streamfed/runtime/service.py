@@ -19,11 +19,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import aiomqtt
 
 from ..config import BrokerConfig
+from ..persistence import StateError, StateStore
 from ..protocol import Message, encode
 from ..topics import ParsedTopic, try_parse_topic
 from .agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
@@ -86,6 +88,9 @@ class MqttService:
         self._stop = asyncio.Event()
         self._watch: PubackWatch | None = None
         self._topics: dict[str, ParsedTopic | str] = {}
+        self.store: StateStore | None = None  # see keep_state
+        self.restored = False
+        self._durable: Any = None
 
     # ------------------------------------------------------------------ what subclasses say
     def subscriptions(self) -> list[str]:
@@ -108,6 +113,34 @@ class MqttService:
         """Called every `tick` seconds while connected; returns what to send."""
         return []
 
+    # ------------------------------------------------------------------ durable state
+    def keep_state(self, core: Any, path: Path, kind: str) -> None:
+        """Keep `core`'s state in the state file `path` (:mod:`streamfed.persistence`): resume from it now,
+        checkpoint through `core.checkpoint` (the core calls it before handing out each new global: write-ahead),
+        and once more when the service stops. `core` has `snapshot()`, `restore(state)` and `checkpoint`.
+        Raises :class:`~streamfed.persistence.StateError` for a damaged, foreign or unusable state."""
+        self.store = StateStore(path, kind=kind)
+        try:
+            state = self.store.load()
+            if state is not None:
+                core.restore(state["core"])
+                self.restored = True
+        except StateError:
+            self.store.close()
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            self.store.close()
+            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
+        if self.restored:
+            self.log.info("%s: resumed from %s at global version %d", self.client_id, path, core.version)
+        self._durable = core
+        core.checkpoint = self._save
+
+    def _save(self, core: Any) -> None:
+        assert self.store is not None
+        # An OSError here propagates and stops the service: a global that is not on disk is never published.
+        self.store.save({"core": core.snapshot(), "saved_at": time.time()})
+
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
         self._stop.set()
@@ -117,9 +150,15 @@ class MqttService:
         self.reconnects += 1
 
     async def run(self) -> None:
-        """Serve until `stop()`, reconnecting as needed."""
-        await reconnect_loop(self._session, name=self.client_id, stop=self._stop, refusals=self.refusals,
-                             max_refusals=self.max_refusals, on_lost=self._lost, logger=self.log)
+        """Serve until `stop()`, reconnecting as needed; with a state file, save the state at the end."""
+        try:
+            await reconnect_loop(self._session, name=self.client_id, stop=self._stop, refusals=self.refusals,
+                                 max_refusals=self.max_refusals, on_lost=self._lost, logger=self.log)
+        finally:
+            if self.store is not None:
+                with contextlib.suppress(OSError):
+                    self._save(self._durable)
+                self.store.close()
 
     async def _session(self) -> None:
         kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)

@@ -25,14 +25,11 @@ send it again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import time
 from pathlib import Path
 
 from ..config import BrokerConfig
-from ..persistence import StateError, StateStore
 from ..protocol import Message, ProtocolError, decode
 from ..sharding import ReducerCore, ShardCore
 from ..topics import Channel, ParsedTopic, acks_topic, channel_topic, global_topic, shared_filter, topic_filter
@@ -121,43 +118,8 @@ class ReducerService(MqttService):
         super().__init__(broker, client_id or f"{core.cfg.fleet}.reducer", tick=tick, **kw)
         self.core = core
         self.fleet = core.cfg.fleet
-        self.store: StateStore | None = None
-        self.restored = False
         if state_dir is not None:
-            self.store = StateStore(Path(state_dir) / f"reducer-{self.fleet}.state", kind="reducer")
-            self._restore()
-            core.checkpoint = self._save
-
-    def _restore(self) -> None:
-        assert self.store is not None
-        try:
-            state = self.store.load()
-            if state is None:
-                return
-            self.core.restore(state["core"])
-        except StateError:
-            self.store.close()
-            raise
-        except (ValueError, KeyError, TypeError) as e:
-            self.store.close()
-            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
-        self.restored = True
-        self.log.info("reducer %s: resumed from %s at global version %d", self.fleet, self.store.path,
-                      self.core.version)
-
-    def _save(self, core: ReducerCore) -> None:
-        assert self.store is not None
-        # An OSError propagates and stops the service: a global that is not on disk is never published.
-        self.store.save({"core": core.snapshot(), "saved_at": time.time()})
-
-    async def run(self) -> None:
-        try:
-            await super().run()
-        finally:
-            if self.store is not None:
-                with contextlib.suppress(OSError):
-                    self._save(self.core)
-                self.store.close()
+            self.keep_state(core, Path(state_dir) / f"reducer-{self.fleet}.state", kind="reducer")
 
     def subscriptions(self) -> list[str]:
         return [topic_filter(Channel.PARTIALS, self.fleet), topic_filter(Channel.STATUS, self.fleet)]
