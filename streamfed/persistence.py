@@ -34,7 +34,7 @@ import os
 import pickle
 import struct
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,22 @@ class StateStore:
     def load(self) -> dict[str, Any] | None:
         """The saved state, or None when there is none yet; :class:`StateError` when it is damaged."""
         return read_state(self.path, self.kind)
+
+    def resume(self, restore: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+        """Load the saved state and hand it to `restore`; returns it (None when there is none yet). A damaged
+        state, or one `restore` refuses (`ValueError`, `KeyError`, `TypeError`), is a :class:`StateError`,
+        and the store is closed then (the lock released), so a failed start leaves nothing held."""
+        try:
+            state = self.load()
+            if state is not None:
+                restore(state)
+            return state
+        except StateError:
+            self.close()
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            self.close()
+            raise StateError(self.path, f"cannot resume from it: {e}") from None
 
     def save(self, state: Mapping[str, Any]) -> int:
         """Write `state` (its "kind" is set to the store's) atomically; returns the bytes written."""

@@ -64,7 +64,7 @@ import paho.mqtt.client as mqtt
 
 from ..agent import AgentCore, GlobalResult, Prediction
 from ..config import BrokerConfig, FleetConfig
-from ..persistence import StateError, StateStore
+from ..persistence import StateStore
 from ..protocol import Message, ProtocolError, decode, encode, status_message
 from ..sources import Label, Reading, ReadingParser, Skip
 from ..topics import acks_topic, global_topic, predictions_topic, sensor_topic, status_topic, updates_topic
@@ -453,17 +453,9 @@ class AgentService:
     # ------------------------------------------------------------------ durable state
     def _restore(self) -> None:
         assert self.store is not None
-        try:
-            state = self.store.load()
-            if state is None:
-                return
-            self.core.restore(state["core"])
-        except StateError:
-            self.store.close()
-            raise
-        except (ValueError, KeyError, TypeError) as e:
-            self.store.close()
-            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
+        state = self.store.resume(lambda st: self.core.restore(st["core"]))
+        if state is None:
+            return
         self.source_pos = int(state["source_pos"])
         if self.parser is not None and state.get("parser") is not None:
             self.parser = state["parser"]

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import aiomqtt
 
 from ..config import BrokerConfig
-from ..persistence import StateError, StateStore
+from ..persistence import StateStore
 from ..protocol import Message, encode
 from ..topics import ParsedTopic, try_parse_topic
 from .agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
@@ -120,17 +120,7 @@ class MqttService:
         and once more when the service stops. `core` has `snapshot()`, `restore(state)` and `checkpoint`.
         Raises :class:`~streamfed.persistence.StateError` for a damaged, foreign or unusable state."""
         self.store = StateStore(path, kind=kind)
-        try:
-            state = self.store.load()
-            if state is not None:
-                core.restore(state["core"])
-                self.restored = True
-        except StateError:
-            self.store.close()
-            raise
-        except (ValueError, KeyError, TypeError) as e:
-            self.store.close()
-            raise StateError(self.store.path, f"cannot resume from it: {e}") from None
+        self.restored = self.store.resume(lambda state: core.restore(state["core"])) is not None
         if self.restored:
             self.log.info("%s: resumed from %s at global version %d", self.client_id, path, core.version)
         self._durable = core
