@@ -46,8 +46,8 @@ import numpy as np
 
 from .config import FleetConfig
 from .fleet import kernel_version, make_learner, make_server
-from .learners.fedbnr import Upload
-from .learners.pofmkl import KernelUpdate, NonFiniteError
+from .learners.fedbnr import FedBNRServer, Upload
+from .learners.pofmkl import KernelUpdate, NonFiniteError, POFMKLServer
 from .metrics import AggregatorStats
 from .protocol import (
     Message,
@@ -62,7 +62,7 @@ from .protocol import (
     stats_fields,
 )
 
-__all__ = ["AGGREGATOR_STATE_FORMAT", "AggregatorCore"]
+__all__ = ["AGGREGATOR_STATE_FORMAT", "AggregatorCore", "global_message_for", "note_status", "roster"]
 
 log = logging.getLogger("streamfed.aggregator")
 Mode = Literal["lockstep", "async"]
@@ -135,6 +135,43 @@ class _WindowSums(dict):  # type: ignore[type-arg]
         return acc
 
 
+def roster(clients: Sequence[str] | None, mode: Mode, offline: str, pofmkl: bool
+           ) -> tuple[Mode, list[str], dict[str, int], set[str]]:
+    """`(mode, clients, their order, who a lock-step round waits for)` of an aggregating core (the single
+    aggregator, the sharded fleet's reducer). FedBNR always aggregates asynchronously; lock-step needs the
+    client list; `offline` is "drop" or "wait" (see :func:`note_status`)."""
+    mode = mode if pofmkl else "async"
+    if mode == "lockstep" and not clients:
+        raise ValueError("lock-step rounds need the list of the fleet's clients")
+    if offline not in ("drop", "wait"):
+        raise ValueError(f"offline must be 'drop' or 'wait', got {offline!r}")
+    names = list(clients or [])
+    return mode, names, {c: i for i, c in enumerate(names)}, set(names)
+
+
+def note_status(expected: set[str], offline: str, client: str, state: str) -> None:
+    """A known client's status: "drop" stops lock-step rounds waiting for a client that went offline (its last
+    will, or the end of its stream); "wait" keeps waiting for it to come back (strict lock-step: the result then
+    equals the reference protocol even across agent crashes). Back online, it is waited for again."""
+    if state != "offline":
+        expected.add(client)
+    elif offline == "drop":
+        expected.discard(client)
+
+
+def global_message_for(cfg: FleetConfig, sender: str, server: POFMKLServer | FedBNRServer, included: dict[str, int],
+                       kernel_version: str) -> Message:
+    """A fleet's global as it is published (retained on the global topic): POF-MKL's θ with the seqs included
+    per client, or FedBNR's summed statistics with σ, λ and the evidence (`included` is then the server's)."""
+    if cfg.algorithm == "pofmkl":
+        return pofmkl_global_message(cfg.fleet, sender, server.theta, int(server.version),
+                                     kernel_version=kernel_version, included=included)
+    packed = server.stats.to_packed()
+    return fedbnr_global_message(cfg.fleet, sender, server.version, packed["S_upper"], packed["b"], packed["n"],
+                                 packed["q"], server.sigma, server.lam, server.log_evidence, dict(server.included),
+                                 kernel_version=kernel_version, epoch=server.epoch)
+
+
 class AggregatorCore:
     """Transport-free aggregator of one fleet.
 
@@ -160,19 +197,9 @@ class AggregatorCore:
                  check_stats: bool = True) -> None:
         self.cfg = cfg
         self.pofmkl = cfg.algorithm == "pofmkl"
-        self.mode: Mode = mode if self.pofmkl else "async"
-        if self.mode == "lockstep" and not clients:
-            raise ValueError("lock-step rounds need the list of the fleet's clients")
-        self.clients = list(clients or [])
-        self.order = {c: i for i, c in enumerate(self.clients)}
-        self.expected = set(self.clients)
+        self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.pofmkl)
+        self.offline = offline  # see note_status
         self.quorum = quorum
-        # "drop": a lock-step round stops waiting for a client that went offline (its last will, or the
-        # end of its stream); "wait": it waits for the client to come back (strict lock-step: the
-        # result then equals the reference protocol even across agent crashes).
-        if offline not in ("drop", "wait"):
-            raise ValueError(f"offline must be 'drop' or 'wait', got {offline!r}")
-        self.offline = offline
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
         self.max_abs = float(max_abs)
@@ -264,11 +291,7 @@ class AggregatorCore:
         if client not in self.order:
             return []
         self.stats.heard(client)
-        if state == "offline":
-            if self.offline == "drop":
-                self.expected.discard(client)
-        else:
-            self.expected.add(client)
+        note_status(self.expected, self.offline, client, state)
         if self.mode != "lockstep":
             return []
         return self._commit(self._close_ready_rounds(time.time() if now is None else now))
@@ -430,14 +453,7 @@ class AggregatorCore:
     # ------------------------------------------------------------------ output
     def global_message(self) -> Message:
         """The current global as a message (retained on the global topic)."""
-        if self.pofmkl:
-            return pofmkl_global_message(self.cfg.fleet, self.sender, self.server.theta, self.version,
-                                         kernel_version=self.kernel_version, included=self.included())
-        s = self.server
-        packed = s.stats.to_packed()
-        return fedbnr_global_message(self.cfg.fleet, self.sender, s.version, packed["S_upper"], packed["b"],
-                                     packed["n"], packed["q"], s.sigma, s.lam, s.log_evidence, dict(s.included),
-                                     kernel_version=self.kernel_version, epoch=s.epoch)
+        return global_message_for(self.cfg, self.sender, self.server, self.included(), self.kernel_version)
 
     def _published(self, now: float, t0: float, already: bool = False) -> list[Message]:
         self.counters.rounds += 1

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .aggregator import AggregatorCore
+from .aggregator import AggregatorCore, global_message_for, note_status, roster
 from .config import FleetConfig
 from .fleet import kernel_version, make_server
 from .learners.fedbnr import Upload
@@ -47,8 +47,6 @@ from .protocol import (
     SeqTracker,
     ack_message,
     decode,
-    fedbnr_global_message,
-    pofmkl_global_message,
 )
 from .stats import SufficientStats
 
@@ -338,15 +336,8 @@ class ReducerCore:
                  stats: AggregatorStats | None = None, shards: Sequence[str] | None = None) -> None:
         self.cfg = cfg
         self.pofmkl = cfg.algorithm == "pofmkl"
-        self.mode: Mode = mode if self.pofmkl else "async"
-        if self.mode == "lockstep" and not clients:
-            raise ValueError("lock-step rounds need the list of the fleet's clients")
-        self.clients = list(clients or [])
-        self.order = {c: i for i, c in enumerate(self.clients)}
-        self.expected = set(self.clients)
-        if offline not in ("drop", "wait"):
-            raise ValueError(f"offline must be 'drop' or 'wait', got {offline!r}")
-        self.offline = offline
+        self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.pofmkl)
+        self.offline = offline  # see note_status
         self.window = window
         self.sender = sender
         self.shards = set(shards) if shards else None  # None: any shard name
@@ -506,11 +497,7 @@ class ReducerCore:
         """An agent went offline (or came back): who a lock-step round waits for."""
         if client not in self.order:
             return []
-        if state == "offline":
-            if self.offline == "drop":
-                self.expected.discard(client)
-        else:
-            self.expected.add(client)
+        note_status(self.expected, self.offline, client, state)
         if self.mode != "lockstep":
             return []
         return self._close_ready_rounds(time.time() if now is None else now)
@@ -584,14 +571,7 @@ class ReducerCore:
 
     def global_message(self) -> Message:
         """The current global, in the same message the single aggregator publishes."""
-        s = self.server
-        if self.pofmkl:
-            return pofmkl_global_message(self.cfg.fleet, self.sender, s.theta, self.version,
-                                         kernel_version=self.kernel_version, included=self.included())
-        packed = s.stats.to_packed()
-        return fedbnr_global_message(self.cfg.fleet, self.sender, s.version, packed["S_upper"], packed["b"],
-                                     packed["n"], packed["q"], s.sigma, s.lam, s.log_evidence, dict(s.included),
-                                     kernel_version=self.kernel_version, epoch=s.epoch)
+        return global_message_for(self.cfg, self.sender, self.server, self.included(), self.kernel_version)
 
     def hello(self) -> list[Message]:
         """On (re)connect: per known client, which seqs the reducer holds (agents resend the rest)."""
