@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -134,6 +135,26 @@ def _run_service(svc: object, server: object | None) -> None:
             server.close()  # type: ignore[attr-defined]
 
 
+def _names(value: str | None) -> list[str] | None:
+    """A comma-separated option as a list of names (None when not given)."""
+    return [v.strip() for v in value.split(",")] if value else None
+
+
+def _serve(build: Callable[[], Any], stats: list, metrics_port: int | None, describe: Callable[[Any], str]) -> None:
+    """Build a service (a damaged, foreign or locked state file is exit 2, with its reason), serve its metrics,
+    say what runs (`describe(service)`), and run it."""
+    from .persistence import StateError
+
+    try:
+        svc = build()
+    except StateError as e:
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
+    server = _serve_metrics(stats, metrics_port)
+    console.print(describe(svc))
+    _run_service(svc, server)
+
+
 def _serve_metrics(stats: list, port: int | None, host: str = "127.0.0.1") -> object | None:
     if port is None:
         return None
@@ -162,23 +183,16 @@ def aggregator(
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
     from .aggregator import AggregatorCore
     from .config import load_config
-    from .persistence import StateError
     from .runtime.aggregator import AggregatorService
 
     cfg = load_config(config)
-    ids = [c.strip() for c in clients.split(",")] if clients else None
-    core = AggregatorCore(cfg.fleet, clients=ids, mode=mode, quorum=quorum, round_timeout=round_timeout,  # type: ignore[arg-type]
-                          window=window, offline="wait" if wait_offline else "drop")
-    try:
-        svc = AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir)
-    except StateError as e:
-        console.print(f"[red]error[/]: {e}")
-        raise typer.Exit(2) from None
-    server = _serve_metrics([core.stats], metrics_port)
-    resumed = f", global v{core.version} resumed" if svc.restored else ""
-    console.print(f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
-                  f"{cfg.broker.host}:{cfg.broker.port}{resumed}")
-    _run_service(svc, server)
+    core = AggregatorCore(cfg.fleet, clients=_names(clients), mode=mode, quorum=quorum,  # type: ignore[arg-type]
+                          round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop")
+    _serve(lambda: AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir),
+           [core.stats], metrics_port,
+           lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
+                       f"{cfg.broker.host}:{cfg.broker.port}"
+                       + (f", global v{core.version} resumed" if svc.restored else ""))
 
 
 @app.command()
@@ -199,11 +213,10 @@ def agent(
     from . import sources
     from .agent import AgentCore
     from .config import load_config
-    from .persistence import StateError
     from .runtime.agent import AgentService
 
     cfg = load_config(config)
-    names = [f.strip() for f in features.split(",")] if features else None
+    names = _names(features)
     if names is not None and len(names) != cfg.fleet.n_inputs:
         raise typer.BadParameter(f"{len(names)} features for a fleet with n_inputs={cfg.fleet.n_inputs}")
     src = None
@@ -221,16 +234,11 @@ def agent(
         raise typer.BadParameter(f"unknown source {source!r}")
     core = AgentCore(cfg.fleet, client, index, mode=mode)  # type: ignore[arg-type]
     sensor = (names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None
-    try:
-        svc = AgentService(core, cfg.broker, src, state_dir=state_dir, sensor_features=sensor)
-    except StateError as e:
-        console.print(f"[red]error[/]: {e}")
-        raise typer.Exit(2) from None
-    server = _serve_metrics([core.stats], metrics_port)
-    console.print(f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
-                  f"{cfg.broker.host}:{cfg.broker.port}, source {source}"
-                  + (f", resumed at item {svc.source_pos}" if svc.restored else ""))
-    _run_service(svc, server)
+    _serve(lambda: AgentService(core, cfg.broker, src, state_dir=state_dir, sensor_features=sensor),
+           [core.stats], metrics_port,
+           lambda svc: f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
+                       f"{cfg.broker.host}:{cfg.broker.port}, source {source}"
+                       + (f", resumed at item {svc.source_pos}" if svc.restored else ""))
 
 
 @app.command()
@@ -251,14 +259,12 @@ def shard(
     from .sharding import ShardCore
 
     cfg = load_config(config)
-    ids = [c.strip() for c in clients.split(",")] if clients else None
     stats = AggregatorStats(cfg.fleet.fleet)
-    core = ShardCore(cfg.fleet, name, clients=ids, mode=mode, stats=stats)  # type: ignore[arg-type]
-    svc = ShardService(core, cfg.broker, group=group, flush_interval=flush_interval)  # None: by mode
-    server = _serve_metrics([stats], metrics_port)
-    console.print(f"shard {name!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) in group "
-                  f"{group!r} on {cfg.broker.host}:{cfg.broker.port}")
-    _run_service(svc, server)
+    core = ShardCore(cfg.fleet, name, clients=_names(clients), mode=mode, stats=stats)  # type: ignore[arg-type]
+    _serve(lambda: ShardService(core, cfg.broker, group=group, flush_interval=flush_interval),  # None: by mode
+           [stats], metrics_port,
+           lambda svc: f"shard {name!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) in "
+                       f"group {group!r} on {cfg.broker.host}:{cfg.broker.port}")
 
 
 @app.command()
@@ -274,25 +280,16 @@ def reducer(
 ) -> None:
     """Run the reducer of a sharded fleet: combine the shards' partial sums, publish the global."""
     from .config import load_config
-    from .persistence import StateError
     from .runtime.shard import ReducerService
     from .sharding import ReducerCore
 
     cfg = load_config(config)
-    ids = [c.strip() for c in clients.split(",")] if clients else None
-    names = [c.strip() for c in shards.split(",")] if shards else None
-    core = ReducerCore(cfg.fleet, clients=ids, mode=mode, window=window, shards=names,  # type: ignore[arg-type]
-                       offline="wait" if wait_offline else "drop")
-    try:
-        svc = ReducerService(core, cfg.broker, state_dir=state_dir)
-    except StateError as e:
-        console.print(f"[red]error[/]: {e}")
-        raise typer.Exit(2) from None
-    server = _serve_metrics([core.stats], metrics_port)
-    resumed = f", global v{core.version} resumed" if svc.restored else ""
-    console.print(f"reducer of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
-                  f"{cfg.broker.host}:{cfg.broker.port}{resumed}")
-    _run_service(svc, server)
+    core = ReducerCore(cfg.fleet, clients=_names(clients), mode=mode, window=window,  # type: ignore[arg-type]
+                       shards=_names(shards), offline="wait" if wait_offline else "drop")
+    _serve(lambda: ReducerService(core, cfg.broker, state_dir=state_dir), [core.stats], metrics_port,
+           lambda svc: f"reducer of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
+                       f"{cfg.broker.host}:{cfg.broker.port}"
+                       + (f", global v{core.version} resumed" if svc.restored else ""))
 
 
 @app.command()
