@@ -20,6 +20,7 @@ from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.sources import array_source
 from streamfed.topics import Channel, topic_filter
+from tests.oracles.fedbnr import assert_global_is_centralised
 
 STEPS = 60
 
@@ -83,17 +84,7 @@ def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
         return agg, agents
 
     agg, agents = asyncio.run(main())
-    phi = np.concatenate([agents[0].core.learner.features_many(s.X) for s in streams[:3]]).reshape(3 * STEPS, -1)
-    y = np.concatenate([s.y for s in streams[:3]])
-    st = agg.core.server.stats
-    assert st.n == 3 * STEPS  # 60 = 6 uploads of 10 per agent, all summed once
-    np.testing.assert_allclose(st.S[0], phi.T @ phi, rtol=1e-10, atol=1e-10)
-    # the centralised posterior mean, by numpy.linalg, equals the global one
-    sigma, lam = agg.core.server.sigma[0], agg.core.server.lam[0]
-    A = phi.T @ phi / sigma**2 + np.eye(phi.shape[1]) / lam**2
-    m_central = np.linalg.solve(A, phi.T @ y) / sigma**2
-    m_global = np.linalg.solve(st.S[0] / sigma**2 + np.eye(phi.shape[1]) / lam**2, st.b[0]) / sigma**2
-    np.testing.assert_allclose(m_global, m_central, rtol=1e-8, atol=1e-10)
+    assert_global_is_centralised(agg.core.server, agents[0].core.learner, streams[:3])  # 6 uploads of 10 per agent
     for a in agents:  # each agent installed the final global with all its own uploads included
         assert a.core.learner.global_version == agg.core.version
 

@@ -26,6 +26,14 @@ def fleet():
     return load_beijing(normalisation="paper", split="station", steps=120)
 
 
+def first_update(fleet, cfg, mode):
+    """Client "a"'s update after its first sample of station 0 (a `mode` agent)."""
+    s = fleet.streams[0]
+    _, msgs = AgentCore(cfg, "a", 0, mode=mode).on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
+    assert len(msgs) == 1
+    return msgs[0]
+
+
 def pof_cfg(**kw):
     return FleetConfig(fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
                        seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2), **kw)
@@ -164,10 +172,8 @@ def test_partial_sent_again_after_reconnect_is_acknowledged_not_added(fleet):
     cfg = pof_cfg()
     names = ["a", "b"]
     shard, red = ShardCore(cfg, "s0", names), ReducerCore(cfg, names)
-    agent = AgentCore(cfg, "a", 0, mode="lockstep")
-    s = fleet.streams[0]
-    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
-    shard.on_update("a", encode(msgs[0], cfg))
+    up = first_update(fleet, cfg, "lockstep")
+    shard.on_update("a", encode(up, cfg))
     (p,) = shard.flush()
     first = red.on_partial("s0", encode(p, cfg))
     again = red.on_partial("s0", encode(shard.unacked()[0], cfg))
@@ -248,13 +254,11 @@ def test_shard_rejects_like_the_aggregator(fleet):
     cfg = pof_cfg()
     names = ["a", "b"]
     shard, agg = ShardCore(cfg, "s0", names), AggregatorCore(cfg, names)
-    agent = AgentCore(cfg, "a", 0, mode="lockstep")
-    s = fleet.streams[0]
-    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
-    good = encode(msgs[0], cfg)
-    arrays = dict(msgs[0].arrays)
+    up = first_update(fleet, cfg, "lockstep")
+    good = encode(up, cfg)
+    arrays = dict(up.arrays)
     arrays["delta"] = np.full_like(arrays["delta"], np.inf)
-    nonfinite = encode(Message(**{**msgs[0].__dict__, "arrays": arrays}))
+    nonfinite = encode(Message(**{**up.__dict__, "arrays": arrays}))
     for payload, client in [(b"junk", "a"), (good, "b"), (nonfinite, "a"), (good, "a"), (good, "a")]:
         shard.on_update(client, payload, now=0.0)
         agg.on_update(client, payload, now=0.0)
@@ -336,10 +340,8 @@ def test_shard_takes_a_resend_after_its_partial_was_applied_and_the_reducer_refu
     cfg = pof_cfg()
     names = ["a", "b"]
     shard, red = ShardCore(cfg, "s0", names, mode="async"), ReducerCore(cfg, names, mode="async", window=60.0)
-    agent = AgentCore(cfg, "a", 0)
-    s = fleet.streams[0]
-    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
-    payload = encode(msgs[0], cfg)
+    up = first_update(fleet, cfg, "async")
+    payload = encode(up, cfg)
 
     def deliver(parts):
         for p in parts:
@@ -361,10 +363,8 @@ def test_shard_takes_a_resend_after_its_partial_was_applied_and_the_reducer_refu
 def test_shard_sends_an_unacknowledged_partial_again(fleet):
     cfg = pof_cfg()
     shard = ShardCore(cfg, "s0", ["a"], mode="async", resend_after=5.0)
-    agent = AgentCore(cfg, "a", 0)
-    s = fleet.streams[0]
-    _, msgs = agent.on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))
-    shard.on_update("a", encode(msgs[0], cfg), now=0.0)
+    up = first_update(fleet, cfg, "async")
+    shard.on_update("a", encode(up, cfg), now=0.0)
     (first,) = shard.flush(now=0.0)
     assert shard.flush(now=4.9) == []
     (again,) = shard.flush(now=5.0)  # no acknowledgement came: the same partial (same seq) again

@@ -18,6 +18,7 @@ from streamfed.runtime.agent import AgentService
 from streamfed.runtime.shard import ReducerService, ShardService
 from streamfed.sharding import ReducerCore, ShardCore
 from streamfed.sources import array_source
+from tests.oracles.fedbnr import assert_global_is_centralised
 
 STEPS = 60
 
@@ -108,17 +109,7 @@ def test_sharded_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, s
         return reducer, shards, agents
 
     reducer, shards, agents = asyncio.run(main())
-    phi = np.concatenate([agents[0].core.learner.features_many(s.X) for s in streams[:3]]).reshape(3 * STEPS, -1)
-    y = np.concatenate([s.y for s in streams[:3]])
-    st = reducer.core.server.stats
-    assert st.n == 3 * STEPS
-    np.testing.assert_allclose(st.S[0], phi.T @ phi, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(st.b[0], phi.T @ y, rtol=1e-10, atol=1e-10)
-    sigma, lam = reducer.core.server.sigma[0], reducer.core.server.lam[0]
-    A = phi.T @ phi / sigma**2 + np.eye(phi.shape[1]) / lam**2
-    m_central = np.linalg.solve(A, phi.T @ y) / sigma**2
-    m_global = np.linalg.solve(st.S[0] / sigma**2 + np.eye(phi.shape[1]) / lam**2, st.b[0]) / sigma**2
-    np.testing.assert_allclose(m_global, m_central, rtol=1e-8, atol=1e-10)
+    assert_global_is_centralised(reducer.core.server, agents[0].core.learner, streams[:3])  # 6 uploads of 10 per agent
     taken = [s.core.counters.accepted for s in shards]
     assert all(t > 0 for t in taken), taken
     for a in agents:  # each agent installed the final global, its own uploads all included
