@@ -224,14 +224,12 @@ class ShardCore:
         return []
 
     def on_global(self, msg: Message) -> None:
-        """A global from the reducer (decoded): its version and `included` marks prune what is known."""
+        """A global from the reducer (decoded): its version, and per client the mark every seq up to which is
+        in it (an update at or below the mark is refused before `_seen` is consulted)."""
         self.version = max(self.version, int(msg.global_version))
         for c, s in msg.included.items():
             if s > self._mark.get(c, 0):
                 self._mark[c] = int(s)
-                seen = self._seen.get(c)
-                if seen:
-                    seen.difference_update([x for x in seen if x <= s])
 
     def on_ack(self, msg: Message, now: float | None = None) -> list[Message]:
         """A `partial.ack`: drop an applied partial; rebuild a refused one without the repeated pairs."""
@@ -450,7 +448,7 @@ class ReducerCore:
             # its round is closed, so every pair in it is a repeat (rounds close only when complete)
             self.partials.record(shard, msg.seq)
             return [self._ack(shard, msg.seq, False, pairs)]
-        dup = [p for p in pairs if self._known(*p) or p in self._round_pairs.get(rnd, ())]
+        dup = [p for p in pairs if self.applied.has(*p) or p in self._round_pairs.get(rnd, ())]
         if dup:
             self.partials.record(shard, msg.seq)
             self.reject("duplicate")
@@ -473,9 +471,6 @@ class ReducerCore:
         if self.window <= 0:
             out += self._close_window(now)
         return out
-
-    def _known(self, client: str, seq: int) -> bool:
-        return self.applied.has(client, seq)
 
     def _partial_sum(self, msg: Message) -> np.ndarray | SufficientStats:
         if self.pofmkl:
@@ -519,7 +514,7 @@ class ReducerCore:
                 return out
             self._apply_theta(total, len(who))
             for c in who:
-                if not self._known(c, r):
+                if not self.applied.has(c, r):
                     self.applied.record(c, r)
             del self._round[r]
             self._round_pairs.pop(r, None)
