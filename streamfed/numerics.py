@@ -1,6 +1,6 @@
 """Small numba building blocks shared by the learners.
 
-`sincos` exists because the feature map spends most of its time in `sin`/`cos`: numba calls libm
+`sincos_scaled` exists because the feature map spends most of its time in `sin`/`cos`: numba calls libm
 one value at a time (~13 ns a value here). The fdlibm polynomials below are branch-free, so LLVM
 vectorises a loop over them (AVX2: four values at a time) and the random-feature map gets ~4x
 faster at the same accuracy (measured max error 2.2e-16 against libm for |a| <= 1e5).
@@ -78,12 +78,6 @@ def sincos_scaled(a: float, scale: float) -> tuple[float, float]:
     if odd == 1.0:
         return sin_scale * c, cos_scale * s
     return sin_scale * s, cos_scale * c
-
-
-@numba.njit(cache=True, inline="always")
-def sincos(a: float) -> tuple[float, float]:
-    """`(sin(a), cos(a))`, accurate for `|a| <= SINCOS_FAST_LIMIT`; callers route larger `a` to libm."""
-    return sincos_scaled(a, 1.0)
 
 
 @numba.njit(cache=True)
