@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..features import rff_transform_into
+from .._feature_kernels import rff_transform_into
 
 
 @numba.njit(cache=True)

@@ -15,16 +15,17 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..features import rff_sincos_flat
-
-STEP_OK = 0
-STEP_BAD_INPUT = 1
-STEP_BAD_LABEL = 2
-STEP_NON_FINITE = 3
-STEP_NEED_DRAWS = 4  # the block of uniform draws is used up: refill it and call again
-STEP_BAD_SHAPE = 5  # x does not have d values
-
-N_DRAWS = 256  # uniforms per block (drawn with one `rng.random(N_DRAWS)`)
+from .._feature_kernels import rff_sincos_flat
+from ._pofmkl_layout import (
+    _I_HEADER,
+    N_DRAWS,
+    STEP_BAD_INPUT,
+    STEP_BAD_LABEL,
+    STEP_BAD_SHAPE,
+    STEP_NEED_DRAWS,
+    STEP_NON_FINITE,
+    STEP_OK,
+)
 
 
 @numba.njit(cache=True, fastmath={"reassoc"})
@@ -203,27 +204,6 @@ def pofmkl_step(
     acc[1] += mixed
     acc[2] += 1.0
     return STEP_OK, n_sel, yhat, q_chosen
-
-
-# Index buffer of a client (int64): [N, D, M, order (N), selected kernels (M)].
-_I_HEADER = 3
-
-
-def packed_layout(n_kernels: int, n_feat: int, bin_size: int) -> dict[str, tuple[int, int]]:
-    """Offsets `(start, stop)` of each state array inside a client's one float64 buffer.
-
-    One buffer because every array argument costs numba's dispatcher a type check on each call;
-    the step takes five arrays (frequencies, x, this buffer, the index buffer) and a float. `draws`
-    is `[number used, N_DRAWS uniforms]`; `delta` is the last step's upload (`M × 2D`)."""
-    dim = 2 * n_feat
-    sizes = [("hyper", 4), ("draws", 1 + N_DRAWS), ("theta", n_kernels * dim), ("theta_sq", n_kernels),
-             ("logw", n_kernels), ("acc", 4 + 2 * n_kernels), ("scratch", 2 * n_kernels * n_feat + 3 * n_kernels),
-             ("delta", bin_size * dim)]
-    out, o = {}, 0
-    for name, size in sizes:
-        out[name] = (o, o + size)
-        o += size
-    return out
 
 
 @numba.njit(cache=True, error_model="numpy")

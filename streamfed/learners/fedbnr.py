@@ -56,9 +56,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from river import base
 
+from ..compiled import fedbnr as kern
 from ..features import FeatureMap, KernelSpec, RFFBank
 from ..stats import SufficientStats, pack_upper, unpack_upper
-from . import _fedbnr_kernels as kern
+from . import _fedbnr_layout as lay
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
@@ -504,9 +505,9 @@ class FedBNRClient:
         # All per-sample state in one packed float64 buffer (see _fedbnr_kernels.packed_layout): the
         # prequential step is then one numba call with three arguments. The attributes below are views.
         d, nd = (0, 0) if self._fast is None else self._fast[0].shape
-        self._layout, size = kern.packed_layout(kk, f, _STAGE, d, nd)
+        self._layout, size = lay.packed_layout(kk, f, _STAGE, d, nd)
         self._buf = np.zeros(size)
-        kern.write_header(self._buf, self._layout, kk, f, _STAGE, d, nd)
+        lay.write_header(self._buf, self._layout, kk, f, _STAGE, d, nd)
         self._bind_views()
         if self._fast is not None:
             self._wt[...] = self._fast[0]  # a copy of the (constant) frequencies, for the packed kernels
@@ -553,9 +554,9 @@ class FedBNRClient:
         self.__dict__.update(state)
         self._bind_views()
 
-    _SCALARS = {"_n_work": kern.H_N_WORK, "_q_work": kern.H_Q_WORK, "_staged": kern.H_STAGED,
-                "_n_pend": kern.H_N_PEND, "_q_pend": kern.H_Q_PEND, "_refresh_j": kern.H_REFRESH_J,
-                "_sqrt_gamma": kern.H_SQRT_GAMMA, "_logw_dirty": kern.H_DIRTY}
+    _SCALARS = {"_n_work": lay.H_N_WORK, "_q_work": lay.H_Q_WORK, "_staged": lay.H_STAGED,
+                "_n_pend": lay.H_N_PEND, "_q_pend": lay.H_Q_PEND, "_refresh_j": lay.H_REFRESH_J,
+                "_sqrt_gamma": lay.H_SQRT_GAMMA, "_logw_dirty": lay.H_DIRTY}
 
     @classmethod
     def _migrate_state(cls, state: dict) -> dict:
@@ -564,9 +565,9 @@ class FedBNRClient:
         kk, f = int(state["n_kernels"]), int(state["dim"])
         fast = state.get("_fast")
         d, nd = (0, 0) if fast is None else fast[0].shape
-        layout, size = kern.packed_layout(kk, f, _STAGE, d, nd)
+        layout, size = lay.packed_layout(kk, f, _STAGE, d, nd)
         buf = np.zeros(size)
-        kern.write_header(buf, layout, kk, f, _STAGE, d, nd)
+        lay.write_header(buf, layout, kk, f, _STAGE, d, nd)
         for attr, block in cls._VIEWS.items():
             if attr == "_wt":
                 value = None if fast is None else fast[0]
@@ -576,7 +577,7 @@ class FedBNRClient:
                 buf[slice(*layout[block])] = np.asarray(value, dtype=np.float64).reshape(-1)
         for attr, slot in cls._SCALARS.items():
             buf[slot] = float(state.pop(attr, 0.0))
-        buf[kern.H_GAMMA] = float(state["forgetting"])
+        buf[lay.H_GAMMA] = float(state["forgetting"])
         state.pop("_inv_sigma", None)
         state["_layout"], state["_buf"] = layout, buf
         return state
@@ -591,14 +592,14 @@ class FedBNRClient:
         return property(get, put)
 
     # Running scalars, stored in the packed buffer's header.
-    _n_work = _header_property(kern.H_N_WORK)
-    _q_work = _header_property(kern.H_Q_WORK)
-    _staged = _header_property(kern.H_STAGED, int)
-    _n_pend = _header_property(kern.H_N_PEND, int)
-    _q_pend = _header_property(kern.H_Q_PEND)
-    _refresh_j = _header_property(kern.H_REFRESH_J, int)
-    _sqrt_gamma = _header_property(kern.H_SQRT_GAMMA)
-    _logw_dirty = _header_property(kern.H_DIRTY, bool)
+    _n_work = _header_property(lay.H_N_WORK)
+    _q_work = _header_property(lay.H_Q_WORK)
+    _staged = _header_property(lay.H_STAGED, int)
+    _n_pend = _header_property(lay.H_N_PEND, int)
+    _q_pend = _header_property(lay.H_Q_PEND)
+    _refresh_j = _header_property(lay.H_REFRESH_J, int)
+    _sqrt_gamma = _header_property(lay.H_SQRT_GAMMA)
+    _logw_dirty = _header_property(lay.H_DIRTY, bool)
     del _header_property
 
     # ------------------------------------------------------------------ introspection
@@ -811,7 +812,7 @@ class FedBNRClient:
         self.lam[:] = np.asarray(lam, dtype=np.float64)
         self._inv_sigma[:] = 1.0 / self.sigma
         self._sqrt_gamma = math.sqrt(self.forgetting)
-        self._buf[kern.H_GAMMA] = self.forgetting
+        self._buf[lay.H_GAMMA] = self.forgetting
         # √(F(1-γ)) / λ_k: the rank-one refresh that returns the prior precision lost to forgetting.
         self._refresh[:] = np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
 

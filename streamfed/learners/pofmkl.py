@@ -20,20 +20,23 @@ from typing import NamedTuple
 import numpy as np
 from river import base
 
+from ..compiled import pofmkl as _kern
 from ..features import KernelSpec, RFFBank, gaussian_dictionary
-from ._pofmkl_kernels import (
+from ._pofmkl_layout import (
     N_DRAWS,
     STEP_BAD_INPUT,
     STEP_BAD_LABEL,
     STEP_BAD_SHAPE,
     STEP_NEED_DRAWS,
     STEP_OK,
-    accumulate_checked,
     packed_layout,
-    pofmkl_predict,
-    pofmkl_step_packed,
-    row_sq_norms,
 )
+
+# the compiled kernels (ahead-of-time build or numba JIT: see streamfed.compiled)
+accumulate_checked = _kern.accumulate_checked
+pofmkl_predict = _kern.pofmkl_predict
+pofmkl_step_packed = _kern.pofmkl_step_packed
+row_sq_norms = _kern.row_sq_norms
 
 __all__ = [
     "GlobalTheta",
