@@ -25,3 +25,7 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "warning: missing Debian packages ${need[*]} (run as root to install them)" >&2
   fi
 fi
+
+# The learners' kernels compiled ahead of time (a no-op when a build of these sources exists): agents
+# then run without numba and LLVM in memory. Without it everything still works on numba's JIT.
+.venv/bin/streamfed kernels build >/dev/null

@@ -483,6 +483,7 @@ class AgentCore:
                 else:
                     twin.predict(x)
                     twin.learn(x, 0.0)
+                    twin.own_stats()  # folds the staged rows, as every upload does
             encode(prediction_message(self.cfg.fleet, self.client_id, 1, np.zeros(1), global_version=0,
                                       kernel_version=self.kernel_version, meta={"reading": "w", "latency_s": 0.0}))
         except ValueError:  # an input the learner refuses: nothing to warm then

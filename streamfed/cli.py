@@ -314,6 +314,41 @@ def bench(
 
 
 @app.command()
+def kernels(
+    action: Annotated[str, typer.Argument(help="build, status or clean")] = "status",
+    force: Annotated[bool, typer.Option(help="build again even if a build of these sources exists")] = False,
+) -> None:
+    """Compile the learners' kernels ahead of time, so agents run without numba/LLVM in memory.
+
+    `status` says which backend a process would use; `clean` deletes builds of older sources."""
+    import os
+
+    if action not in ("build", "status", "clean"):
+        raise typer.BadParameter(f"unknown action {action!r}; choose build, status or clean")
+    if action == "build":
+        from .compiled.build import build
+
+        with console.status("compiling the kernels ahead of time (numba pycc)…"):
+            path = build(force=force)
+        console.print(f"kernels built: {path}", soft_wrap=True)
+    elif action == "clean":
+        from .compiled.build import clean
+
+        gone = clean()
+        console.print(f"deleted {len(gone)} build(s) of other sources" + "".join(f"\n  {p}" for p in gone))
+    else:
+        from .compiled import build_path
+
+        path = build_path()
+        mode = os.environ.get("STREAMFED_KERNELS", "auto")
+        state = "present" if path.is_file() else "missing (run `streamfed kernels build`)"
+        console.print(f"ahead-of-time build for these sources: {path} — {state}\nSTREAMFED_KERNELS={mode}",
+                      soft_wrap=True)
+        if not path.is_file() and mode == "aot":
+            raise typer.Exit(1)
+
+
+@app.command()
 def subscribe(
     fleet: Annotated[str, typer.Option(help="fleet name")],
     config: Annotated[Path | None, typer.Option(help="configuration file (for the broker section)")] = None,

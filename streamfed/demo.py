@@ -114,10 +114,14 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     # Compile (or load from numba's cache) the per-sample and aggregation paths once, before the clock
     # starts: on a fresh install that takes longer than a short demo, and it is process-wide, so the
     # services' own warm-ups are then instant. In a thread, so the live view stays responsive.
-    with console.status("compiling the learners (numba; cached after the first run)…"):
+    from . import compiled
+
+    how = ("ahead-of-time build" if compiled.BACKEND == "aot"
+           else "numba JIT; cached after the first run — `streamfed kernels build` compiles them once for good")
+    with console.status(f"loading the learners' kernels ({how})…"):
         warm_started = time.monotonic()
         await asyncio.to_thread(lambda: (agents[0].core.warm_up(), agg.core.warm_up()))
-    console.print(f"[bold]ready[/]: learners compiled or loaded in {time.monotonic() - warm_started:.1f} s")
+    console.print(f"[bold]ready[/]: kernels ({how}) loaded in {time.monotonic() - warm_started:.1f} s")
     started = time.monotonic()
     agg_task = asyncio.create_task(agg.run())
     try:

@@ -43,9 +43,11 @@ def build(force: bool = False, verbose: bool = False) -> Path:
     """Compile every entry into the build for the current sources; returns its path (an existing build
     is kept unless `force`). Writes to a temporary folder, then renames, so a reader never sees half a file."""
     import llvmlite.binding as ll
-    import numba  # noqa: F401 - compiling needs it
     from numba.core.errors import NumbaPendingDeprecationWarning
-    from numba.pycc import CC
+
+    with warnings.catch_warnings():  # pycc is pending deprecation (see the module's docstring)
+        warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
+        from numba.pycc import CC
 
     key = build_key()
     target = build_path(key)

@@ -1,0 +1,217 @@
+"""The ahead-of-time kernel build (`streamfed.compiled`): it computes what numba's JIT computes, its
+guards turn a wrong argument into a `TypeError` instead of a read of raw memory, a stale build is
+never loaded, and an agent that has a build runs without numba (the point: memory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamfed import compiled
+from streamfed.compiled.build import build
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def aot():
+    """The guarded functions of the build for the current sources (built here if missing)."""
+    return SimpleNamespace(**compiled.aot_namespaces(compiled.load_aot(build())))
+
+
+@pytest.fixture(scope="module")
+def jit():
+    return SimpleNamespace(**compiled.jit_namespaces())
+
+
+# A fixed workload through the learners' public API, run once per backend in a fresh process.
+WORKLOAD = r"""
+import json, sys
+import numpy as np
+from streamfed import compiled
+from streamfed.features import RFFBank, gaussian_dictionary
+from streamfed.learners.fedbnr import FedBNRClient, FedBNRServer
+from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer
+out = {"backend": compiled.BACKEND, "numba": None}
+rng = np.random.default_rng(7)
+X = rng.uniform(-2, 2, (600, 5)); y = np.sin(X.sum(axis=1)) + 0.1 * rng.standard_normal(600)
+X.flags.writeable = False  # as the datasets hand them out
+bank = RFFBank(gaussian_dictionary(6), 20, 5, seed=3)
+client = POFMKLClient(bank, 0.05, 1e-4, 0.2, 2, rng=np.random.default_rng(1))
+server = POFMKLServer(6, bank.dim)
+preds, deltas = [], []
+for t in range(600):
+    preds.append(client.predict(X[t]))
+    yhat, up = client.step(np.array(X[t]) if t % 2 else X[t], y[t])
+    preds.append(yhat)
+    deltas.append(up.delta.ravel().tolist())
+    server.apply_round([up])
+    if t % 50 == 49:
+        client.set_global(server.global_params(), t)
+out["pofmkl_preds"] = preds
+out["pofmkl_theta"] = client.theta.ravel().tolist()
+out["pofmkl_logw"] = client.logw.tolist()
+out["pofmkl_server"] = server.theta.ravel().tolist()
+out["features_many"] = bank.transform_many(X[:40]).ravel().tolist()
+for k, forgetting in ((1, 1.0), (3, 0.995)):
+    c = FedBNRClient(n_inputs=5, n_features=15, bandwidth=[0.5, 1.0, 2.0][:k], sigma=0.3, lam=1.0,
+                     forgetting=forgetting, min_upload=50)
+    means = []
+    for t in range(300):
+        means.append(list(c.predict(X[t])))
+        means.append(list(c.learn_predict(X[t], y[t])))
+    m, v = c.learn_many(np.array(X[300:450]), y[300:450])
+    up = c.make_upload()
+    srv = FedBNRServer.for_client(c)
+    srv.apply(up)
+    c.apply_global(srv.publish())
+    means.append(list(c.predict(X[500])))
+    out[f"fedbnr{k}_preds"] = means
+    out[f"fedbnr{k}_batch"] = m.tolist() + v.tolist()
+out["numba"] = "numba" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def run_workload(backend: str) -> dict:
+    env = {**os.environ, "STREAMFED_KERNELS": backend}
+    res = subprocess.run([sys.executable, "-c", WORKLOAD], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_the_build_computes_what_the_jit_computes(aot):
+    """Every learner path (POF-MKL steps, predictions, globals, the server's sums; FedBNR with one and
+    three kernels, forgetting, the batch path, uploads and globals) gives the same numbers."""
+    a, j = run_workload("aot"), run_workload("jit")
+    assert (a["backend"], j["backend"]) == ("aot", "jit")
+    assert a["numba"] is False and j["numba"] is True  # the build really ran without numba
+    for key in a:
+        if key in ("backend", "numba"):
+            continue
+        got, want = np.asarray(a[key], dtype=float), np.asarray(j[key], dtype=float)
+        assert got.shape == want.shape and got.size > 0, key
+        assert np.all(np.isfinite(got)), key
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13, err_msg=key)
+
+
+def _valid_args(entry: compiled.Entry, rng: np.random.Generator) -> list:
+    args = []
+    for code in entry.args:
+        base, nd, _ = compiled.parse_arg(code)
+        if nd == 0:
+            args.append(1.0 if base == "f8" else 1)
+        else:
+            args.append(np.zeros((2,) * nd, dtype={"f8": np.float64, "i8": np.int64, "u1": np.uint8}[base]))
+    return args
+
+
+def _corrupt(arr: np.ndarray, how: str, written: bool) -> object:
+    if how == "dtype":
+        return arr.astype(np.float32 if arr.dtype != np.float32 else np.float64)
+    if how == "ndim":
+        return arr.reshape(-1) if arr.ndim > 1 else arr.reshape(1, -1)
+    if how == "strided":
+        big = np.zeros(tuple(2 * s for s in arr.shape), dtype=arr.dtype)
+        return big[tuple(slice(None, None, 2) for _ in arr.shape)]
+    if how == "readonly":
+        ro = arr.copy()
+        ro.flags.writeable = False
+        return ro
+    if how == "list":
+        return arr.tolist()
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(i=st.integers(0, len(compiled.ENTRIES) - 1), pos=st.integers(0, 30),
+       how=st.sampled_from(["dtype", "ndim", "strided", "readonly", "list", "none"]))
+def test_a_wrong_argument_is_a_type_error_not_a_memory_read(aot, i, pos, how):
+    entry = compiled.ENTRIES[i]
+    arrays = [k for k, c in enumerate(entry.args) if compiled.parse_arg(c)[1] > 0]
+    k = arrays[pos % len(arrays)]
+    written = compiled.parse_arg(entry.args[k])[2]
+    if how == "readonly" and not written:
+        return  # reading a read-only array is fine
+    args = _valid_args(entry, np.random.default_rng(0))
+    before = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    args[k] = _corrupt(args[k], how, written)
+    with pytest.raises(TypeError, match=rf"{entry.name}: argument {k} must be"):
+        getattr(getattr(aot, entry.group), entry.name)(*args)
+    for j_, (a, b) in enumerate(zip(args, before, strict=True)):
+        if j_ != k and isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)  # nothing was written
+
+
+def test_guards_pass_scalars_and_kernel_errors_through(aot, jit):
+    """Scalars are converted (an int where a float is expected), and the kernels' own checks still
+    raise their `ValueError` (a short scratch buffer) on both backends."""
+    wt = np.ones((3, 8))
+    out = np.empty((2, 8))
+    for ns in (aot, jit):
+        with pytest.raises(ValueError, match="scratch"):
+            ns.features.rff_transform_into(wt, np.zeros(3), np.empty(4), out)
+    ra = np.eye(3)
+    assert aot.fedbnr.log_evidence_from_factor(ra, 2, 1, 1) == jit.fedbnr.log_evidence_from_factor(ra, 2.0, 1.0, 1.0)
+    with pytest.raises(TypeError):
+        aot.fedbnr.solve_rt(ra, np.ones(3), np.empty(3), "2")
+
+
+def test_a_build_is_named_by_its_sources(tmp_path, monkeypatch):
+    """Changing one byte of a kernel source names a different build, so a stale one is never loaded;
+    `STREAMFED_KERNELS=aot` without a build is a clear error, `auto` falls back to the JIT."""
+    key = compiled.build_key()
+    copy = tmp_path / "streamfed"
+    for rel in compiled.SOURCES:
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes((compiled._PKG / rel).read_bytes())
+    monkeypatch.setattr(compiled, "_PKG", copy)
+    assert compiled.build_key() == key
+    src = copy / "learners" / "_pofmkl_kernels.py"
+    src.write_text(src.read_text() + "\n# one more line\n")
+    assert compiled.build_key() != key
+    empty = tmp_path / "no-builds"
+    with pytest.raises(ImportError, match="no ahead-of-time kernel build"):
+        compiled.load_aot(empty / "x.so")
+    for mode, rc, needle in (("aot", 1, "STREAMFED_KERNELS=aot"), ("auto", 0, "jit")):
+        env = {**os.environ, "STREAMFED_KERNELS": mode, "STREAMFED_KERNEL_DIR": str(empty)}
+        res = subprocess.run([sys.executable, "-c", "import streamfed.compiled as c; print(c.BACKEND)"],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+        assert res.returncode == rc and needle in (res.stdout + res.stderr), res.stderr[-2000:]
+
+
+AGENT = r"""
+import sys
+import numpy as np
+import streamfed.runtime.agent  # noqa: F401
+from streamfed.agent import AgentCore
+from streamfed.config import FleetConfig
+from streamfed.sources import Reading
+cfg = FleetConfig(fleet="m", algorithm=sys.argv[1], n_inputs=4, n_kernels=3, n_features=16, bin_size=2)
+core = AgentCore(cfg, "a1", 0)
+core.warm_up()
+rng = np.random.default_rng(0)
+for i in range(200):
+    core.on_reading(Reading(f"r{i}", rng.uniform(-1, 1, 4), 0.0, float(rng.normal())))
+maps = open("/proc/self/maps").read()
+print("numba" in sys.modules, "llvmlite" in maps, "numba" in maps)
+"""
+
+
+@pytest.mark.parametrize("algorithm", ["pofmkl", "fedbnr"])
+def test_an_agent_with_a_build_never_loads_numba_or_llvm(aot, algorithm):
+    for mode, want in (("auto", "False False False"), ("jit", "True True True")):
+        res = subprocess.run([sys.executable, "-c", AGENT, algorithm], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "STREAMFED_KERNELS": mode}, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert res.stdout.strip().splitlines()[-1] == want, (mode, res.stdout)
