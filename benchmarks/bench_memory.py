@@ -3,12 +3,13 @@
     .venv/bin/python benchmarks/bench_memory.py [--out benchmarks/results/memory.md] [--quick]
 
 1. Resident set (VmRSS, and the peak VmHWM, from /proc/self/status) of a **fresh Python process**
-   that imports the agent runtime (`streamfed.runtime.agent`: numpy, numba, aiomqtt, the learners),
+   that imports the agent runtime (`streamfed.runtime.agent`: numpy, aiomqtt, the learners),
    builds one `AgentCore`, learns 2,000 samples and installs a global — the work of an edge agent —
-   for a POF-MKL and a FedBNR agent, each with and without a preceding `import torch` (the torch
-   2.13.0 CPU wheel). Peers in the same run: a bare interpreter and one that imports numpy. Each
-   configuration runs `repeats` times, interleaved; medians. (numba's compiled functions come from
-   its on-disk cache, warmed by a first discarded round.)
+   for a POF-MKL and a FedBNR agent: with the ahead-of-time kernel build (the default once
+   `streamfed kernels build` has run), with numba's JIT instead, and with a preceding `import torch`
+   (the torch 2.13.0 CPU wheel). Peers in the same run: a bare interpreter, `import numpy`,
+   `import numba`. Each configuration runs `repeats` times, interleaved; medians. (numba's compiled
+   functions come from its on-disk cache, warmed by a first discarded round.)
 2. State per simulated agent, in one process: the pickled snapshot an agent checkpoints
    (`AgentCore.snapshot()`), the numpy bytes reachable from its learner, and the resident-set growth
    per agent when 200 of them are built and fed (everything: learner, error feedback, label join,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -74,41 +76,51 @@ elif kind == "numpy":
     import numpy  # noqa: F401
 elif kind == "numba":
     import numba  # noqa: F401
-out = {"stages": stages}
+out = {"stages": stages, "numba_loaded": "numba" in sys.modules}
 for line in open("/proc/self/status"):
     if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:")):
         out[line.split(":")[0]] = int(line.split()[1]) * 1024
 print(json.dumps(out))
 """
 
-PROCS = [("bare interpreter", False, "bare"), ("import numpy", False, "numpy"), ("import numba", False, "numba"),
-         ("POF-MKL agent (N = 16, D = 100, M = 2)", False, "pofmkl"),
-         ("POF-MKL agent + import torch", True, "pofmkl"),
-         ("FedBNR agent (K = 1, F = 401)", False, "fedbnr"),
-         ("FedBNR agent + import torch", True, "fedbnr"),
-         ("import torch alone", True, "bare")]
+# (label, import torch first, kind, kernel backend: "aot" = the ahead-of-time build, what
+# `scripts/setup.sh` installs and agents use by default; "jit" = numba's JIT)
+PROCS = [("bare interpreter", False, "bare", "aot"), ("import numpy", False, "numpy", "aot"),
+         ("import numba", False, "numba", "aot"),
+         ("POF-MKL agent (N = 16, D = 100, M = 2)", False, "pofmkl", "aot"),
+         ("POF-MKL agent, numba JIT kernels", False, "pofmkl", "jit"),
+         ("POF-MKL agent + import torch", True, "pofmkl", "aot"),
+         ("FedBNR agent (K = 1, F = 401)", False, "fedbnr", "aot"),
+         ("FedBNR agent, numba JIT kernels", False, "fedbnr", "jit"),
+         ("FedBNR agent + import torch", True, "fedbnr", "aot"),
+         ("import torch alone", True, "bare", "aot")]
 
 
-def child(torch_first: bool, kind: str) -> dict[str, int]:
+def child(torch_first: bool, kind: str, backend: str) -> dict[str, int]:
+    env = {**os.environ, "STREAMFED_KERNELS": backend}
     res = subprocess.run([sys.executable, "-c", CHILD, "1" if torch_first else "0", kind], capture_output=True,
-                         text=True, cwd=ROOT, check=True)
+                         text=True, cwd=ROOT, check=True, env=env)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def rss_per_process(repeats: int) -> list[dict]:
-    for _, t, k in PROCS:  # warm numba's cache and the page cache; discarded
-        child(t, k)
+    from streamfed.compiled.build import build
+
+    build()  # the ahead-of-time kernels (a no-op when they exist)
+    for _, t, k, b in PROCS:  # warm numba's cache and the page cache; discarded
+        child(t, k, b)
     got: dict[int, list[dict[str, int]]] = {i: [] for i in range(len(PROCS))}
     for _ in range(repeats):
-        for i, (_, t, k) in enumerate(PROCS):
-            got[i].append(child(t, k))
-    return [{"process": label, "torch": t, "kind": k,
+        for i, (_, t, k, b) in enumerate(PROCS):
+            got[i].append(child(t, k, b))
+    return [{"process": label, "torch": t, "kind": k, "backend": b,
+             "numba_loaded": all(g["numba_loaded"] for g in got[i]),
              "rss_bytes": float(np.median([g["VmRSS"] for g in got[i]])),
              "hwm_bytes": float(np.median([g["VmHWM"] for g in got[i]])),
              "anon_bytes": float(np.median([g["RssAnon"] for g in got[i]])),
              "file_bytes": float(np.median([g["RssFile"] for g in got[i]])),
              "stages": {s: float(np.median([g["stages"][s] for g in got[i]])) for s in got[i][0]["stages"]}}
-            for i, (label, t, k) in enumerate(PROCS)]
+            for i, (label, t, k, b) in enumerate(PROCS)]
 
 
 def _ndarray_bytes(obj, seen: set[int], depth: int = 0) -> int:
@@ -211,10 +223,12 @@ def main() -> None:
     state = state_per_agent(sizes, 20 if args.quick else 200, 100)
     mib = 2**20
     base = next(p for p in procs if p["kind"] == "bare" and not p["torch"])["rss_bytes"]
-    agent_rss = {(p["kind"], p["torch"]): p["rss_bytes"] for p in procs}
-    target = max(agent_rss[("pofmkl", False)], agent_rss[("fedbnr", False)]) / mib
+    agent_rss = {(p["kind"], p["torch"], p["backend"]): p["rss_bytes"] for p in procs}
+    target = max(agent_rss[("pofmkl", False, "aot")], agent_rss[("fedbnr", False, "aot")]) / mib
+    jit_max = max(agent_rss[("pofmkl", False, "jit")], agent_rss[("fedbnr", False, "jit")]) / mib
     numba = next(p for p in procs if p["kind"] == "numba")
-    anon = max(p["anon_bytes"] for p in procs if p["kind"] in ("pofmkl", "fedbnr") and not p["torch"])
+    aot_numba_free = all(not p["numba_loaded"] for p in procs if p["kind"] in ("pofmkl", "fedbnr")
+                         and p["backend"] == "aot" and not p["torch"])
     lines = [
         "## Memory: agent process resident set, state per agent",
         "",
@@ -235,16 +249,16 @@ def main() -> None:
                      f"{(p['rss_bytes'] - base) / mib:.1f} | "
                      + " | ".join(f"{p['stages'][k] / mib:.1f}" if k in p["stages"] else "–"
                                   for k in ("imports", "core", "learned")) + " |")
-    torch_cost = (agent_rss[("pofmkl", True)] - agent_rss[("pofmkl", False)]) / mib
+    torch_cost = (agent_rss[("pofmkl", True, "aot")] - agent_rss[("pofmkl", False, "aot")]) / mib
     lines += ["", f"**Target (agent RSS without torch ≤ 150 MB): {'met' if target * mib <= 150e6 else 'not met'}** "
-              f"— {target:.0f} MiB for the larger of the two agents. `import torch` adds {torch_cost:.0f} MiB to "
-              "an agent (streamfed never imports it). Where it goes: `import numba` alone is "
-              f"{numba['rss_bytes'] / mib:.0f} MiB ({numba['file_bytes'] / mib:.0f} MiB of it file-backed: the "
-              "pages of LLVM's shared library that numba maps and touches when it starts); an agent's private "
-              f"(anonymous) memory is {anon / mib:.0f} MiB at the most. File-backed pages are clean and shared: "
-              "agents on one device share one copy, and the kernel can drop them under memory pressure, so the "
-              "private column is what each further agent process costs. Reaching 150 MB of VmRSS would mean "
-              "an agent without numba's LLVM in the process (ahead-of-time compiled kernels) — not done.", "",
+              f"— {target:.0f} MiB for the larger of the two agents, with the learners' kernels compiled ahead of "
+              "time (`streamfed kernels build`, run by `scripts/setup.sh`; the agent then "
+              f"{'never imports numba' if aot_numba_free else 'STILL IMPORTS numba'}). The same agents on numba's "
+              f"JIT: up to {jit_max:.0f} MiB — `import numba` alone is {numba['rss_bytes'] / mib:.0f} MiB "
+              f"({numba['file_bytes'] / mib:.0f} MiB of it file-backed: the pages of LLVM's shared library), and "
+              "loading compiled functions from numba's cache touches more of LLVM. Both backends run the same "
+              "numba source and give the same numbers (`tests/test_compiled.py`). `import torch` adds "
+              f"{torch_cost:.0f} MiB to an agent (streamfed never imports it).", "",
               "State per simulated agent (after 100 samples; the outbox emptied as after inclusion): the "
               "checkpointed snapshot, the learner alone, its numpy arrays, and the resident-set growth per "
               f"agent over {state[0]['agents_built']} agents built in one fresh process per size (POF-MKL: most "

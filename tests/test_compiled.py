@@ -215,3 +215,21 @@ def test_an_agent_with_a_build_never_loads_numba_or_llvm(aot, algorithm):
                              env={**os.environ, "STREAMFED_KERNELS": mode}, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         assert res.stdout.strip().splitlines()[-1] == want, (mode, res.stdout)
+
+
+def test_an_agent_runs_where_writable_memory_can_never_become_executable(aot, tmp_path):
+    """What the systemd unit's `MemoryDenyWriteExecute=yes` enforces, enforced here by the kernel itself
+    (`prctl(PR_SET_MDWE)`, Linux ≥ 6.3) before anything is imported: an agent on the build learns; on the
+    JIT it cannot even import numba (LLVM must make the code it writes executable)."""
+    mdwe = ("import ctypes, sys\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "assert libc.prctl(65, 1, 0, 0, 0) == 0, ctypes.get_errno()  # PR_SET_MDWE, REFUSE_EXEC_GAIN\n")
+    script = tmp_path / "agent_mdwe.py"
+    script.write_text(mdwe + AGENT)
+    ok = subprocess.run([sys.executable, str(script), "pofmkl"], capture_output=True, text=True, cwd=ROOT,
+                        env={**os.environ, "STREAMFED_KERNELS": "aot"}, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stdout.strip().splitlines()[-1] == "False False False"
+    jit = subprocess.run([sys.executable, str(script), "pofmkl"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "STREAMFED_KERNELS": "jit"}, timeout=300)
+    assert jit.returncode != 0 and "executable memory" in jit.stderr, jit.stderr[-3000:]

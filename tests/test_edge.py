@@ -139,10 +139,13 @@ def test_systemd_unit_keys():
                  "LockPersonality": "yes", "SystemCallArchitectures": "native", "CapabilityBoundingSet": ""}
     assert {k: s.get(k) for k in hardening} == hardening
     assert set(s["RestrictAddressFamilies"].split()) <= {"AF_INET", "AF_INET6", "AF_UNIX"}
-    assert s.get("MemoryDenyWriteExecute", "no") == "no"  # Numba's JIT writes code it then runs
-    # the read-only system must leave Numba a writable cache
-    cache = unit["Service"]["CacheDirectory"]
-    assert "NUMBA_CACHE_DIR=/var/cache/" + cache in UNIT.read_text()
+    # kernels built ahead of time at install, no JIT: so no writable-and-executable memory, and a missing
+    # build is a start-up error, not a silent JIT (tests/test_compiled.py runs an agent under that rule)
+    assert s["MemoryDenyWriteExecute"] == "yes"
+    text = UNIT.read_text()
+    assert "STREAMFED_KERNELS=aot" in text
+    kdir = next(w.split("=", 2)[2] for w in text.split() if w.startswith("Environment=STREAMFED_KERNEL_DIR="))
+    assert f"STREAMFED_KERNEL_DIR={kdir} " in (EDGE / "README.md").read_text()  # where the install builds
     assert "network-online.target" in unit["Unit"]["Wants"] and "network-online.target" in unit["Unit"]["After"]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
