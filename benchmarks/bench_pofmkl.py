@@ -10,8 +10,10 @@ perf_counter_ns), after a warm-up that also triggers numba compilation.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.oracles
 
+from streamfed import compiled  # noqa: E402
 from streamfed.features import RFFBank, gaussian_dictionary  # noqa: E402
 from streamfed.learners.pofmkl import POFMKLClient  # noqa: E402
 from tests.oracles.pofmkl import OracleClient  # noqa: E402
@@ -35,7 +38,14 @@ def time_steps(fn, n: int, clock=time.perf_counter_ns) -> np.ndarray:
 
 
 
-def bench(n_kernels: int, n_feat: int, d: int, m: int, xi: float, reps: int) -> dict:
+def other_backend(args: tuple, backend: str) -> float:
+    """The client step's median on another kernel backend (a fresh process: the backend is per process)."""
+    res = subprocess.run([sys.executable, __file__, "--fast-only", json.dumps(args)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "STREAMFED_KERNELS": backend})
+    return float(json.loads(res.stdout.strip().splitlines()[-1])["fast_median_us"])
+
+
+def bench(n_kernels: int, n_feat: int, d: int, m: int, xi: float, reps: int, fast_only: bool = False) -> dict:
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((reps, d))
     xs /= np.linalg.norm(xs, axis=1, keepdims=True)
@@ -46,6 +56,8 @@ def bench(n_kernels: int, n_feat: int, d: int, m: int, xi: float, reps: int) -> 
     for i in range(2000):  # warm-up (and numba compile)
         client.step(xs[i % reps], ys[i % reps])
     fast = time_steps(lambda i: client.step(xs[i], ys[i]), reps)
+    if fast_only:
+        return {"fast_median_us": float(np.median(fast)), "backend": compiled.BACKEND}
     oracle = OracleClient(bank.frequencies, 0.05, 1e-4, xi, m)
     theta = client.theta
     u = np.random.default_rng(2).random(reps)
@@ -66,9 +78,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=50000)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--fast-only", help=argparse.SUPPRESS)  # internal: one configuration's step, as JSON
     args = ap.parse_args()
-    rows = [bench(20, 50, 10, 1, 0.1, args.reps), bench(20, 50, 10, 4, 0.1, args.reps),
-            bench(64, 100, 16, 1, 0.1, args.reps // 2), bench(64, 100, 16, 4, 0.1, args.reps // 2)]
+    if args.fast_only:
+        print(json.dumps(bench(*json.loads(args.fast_only), fast_only=True)))
+        return
+    configs = [(20, 50, 10, 1, 0.1, args.reps), (20, 50, 10, 4, 0.1, args.reps),
+               (64, 100, 16, 1, 0.1, args.reps // 2), (64, 100, 16, 4, 0.1, args.reps // 2)]
+    other = "jit" if compiled.BACKEND == "aot" else "aot"
+    if other == "aot":
+        from streamfed.compiled.build import build
+
+        build()
+    rows = []
+    for c in configs:
+        r = bench(*c)
+        r["other_backend"], r["other_median_us"] = other, other_backend(c, other)
+        rows.append(r)
     lines = [
         "## POF-MKL client step vs the NumPy oracle",
         "",
@@ -76,17 +102,21 @@ def main() -> None:
         "produce the update (`POFMKLClient.step`), timed one by one; the oracle is the plain NumPy",
         "transcription kept in `tests/oracles/pofmkl.py`, run in the same process on the same samples.",
         "Times are `perf_counter_ns` around each single step (so they include the clock call), after a",
-        "2,000-step warm-up; the load average is printed below the table.",
+        "2,000-step warm-up; the load average is printed below the table. The kernels run from the "
+        f"{'ahead-of-time build' if compiled.BACKEND == 'aot' else 'numba JIT'} (`streamfed.compiled`); the "
+        f"column '{other}' is the same step on the {'numba JIT' if other == 'jit' else 'ahead-of-time build'}, "
+        "measured in a fresh process right after.",
         f"Machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
         f"numpy {np.__version__}; η=0.05, λ=1e-4, ξ=0.1 (so the sort runs every step).",
         "",
-        "| N | D | d | M | upload (numbers) | step median µs | step p90 µs | oracle median µs | speed-up |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| N | D | d | M | upload (numbers) | step median µs ({compiled.BACKEND}) | step p90 µs | oracle median µs "
+        f"| speed-up | step median µs ({other}) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['N']} | {r['D']} | {r['d']} | {r['M']} | {r['upload_numbers']} | "
                      f"{r['fast_median_us']:.2f} | {r['fast_p90_us']:.2f} | {r['oracle_median_us']:.1f} | "
-                     f"{r['speedup']:.0f}× |")
+                     f"{r['speedup']:.0f}× | {r['other_median_us']:.2f} |")
     lines.append("")
     lines.append("Load average (1, 5, 15 min) at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     text = "\n".join(lines) + "\n"
