@@ -9,8 +9,8 @@ for this machine's CPU (as the JIT does), which is why the CPU is part of the bu
 one to replace; the table, the guards and the backend choice in :mod:`streamfed.compiled` stay.
 
 >>> from streamfed.compiled.build import numba_signature
->>> str(numba_signature(("!f8[2]", "i8")))
-'(Array(float64, 2, \\'C\\', False, aligned=True), int64)'
+>>> [str(t) for t in numba_signature(("!f8[2]", "i8"))]
+['array(float64, 2d, C)', 'int64']
 """
 
 from __future__ import annotations
