@@ -42,6 +42,7 @@ import numpy as np
 import river
 from river.linear_model import BayesianLinearRegression
 
+from streamfed import compiled
 from streamfed.learners.fedbnr import FedBNRClient, FedBNRRegressor, FedBNRServer
 
 
@@ -202,7 +203,8 @@ def main() -> None:
         f"median of {args.repeats} runs of the mean per-sample time).",
         "",
         f"Machine: {cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"numpy {np.__version__}, numba {numba.__version__}, river {river.__version__}; "
+        f"numpy {np.__version__}, numba {numba.__version__}, river {river.__version__}; kernels: "
+        f"{'ahead-of-time build' if compiled.BACKEND == 'aot' else 'numba JIT'} (`streamfed.compiled`); "
         f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}; load average at the end "
         f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
         "",
@@ -241,7 +243,7 @@ def main() -> None:
         f"on `FedBNRClient.learn_predict(x, y)` (per-run {small['ratios'][0]:.1f}–{small['ratios'][-1]:.1f}×): one "
         "prequential step (the predictive mean and variance made before learning, then the rank-one update), "
         "bit for bit `predict(x)` then `learn(x, y)` (checked above, and by "
-        "`tests/test_fedbnr.py::test_learn_predict_equals_predict_then_learn`). It is one numba call over the "
+        "`tests/test_fedbnr.py::test_learn_predict_equals_predict_then_learn`). It is one compiled call over the "
         "client's packed state buffer (features, predictive, staging of the pending scatter, rank-one update, "
         "bookkeeping; no per-sample allocation). On a loaded machine the ratio comes out higher (14.8× at load "
         "average ~3.5 in an earlier run): River's per-sample Python work suffers more from contention than "
