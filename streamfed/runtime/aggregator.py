@@ -17,13 +17,26 @@ sequence tracker). Updates it had taken in but not checkpointed are sent again b
 
 `shared_group` subscribes through an MQTT v5 shared subscription (``$share/<group>/…``) so several
 aggregator processes can split the update stream.
+
+Asynchronous windows close on time: the first update of a window sets a timer for its end (`window` seconds
+after that update was taken in, as the core counts), so a window is not left open until the next tick of
+the 50 ms ticker; the ticker stays as the fallback (a window restored from a checkpoint, a clock step).
+
+Measurement hook (the load test, :mod:`streamfed.loadtest`): with the environment variable
+``STREAMFED_AGGREGATOR_TRACE`` set to a file path, the service notes, from timestamps it takes anyway,
+when each accepted update was applied (client, the client's mark, time), when each window was due and
+closed, and when the broker acknowledged each global; it writes them there as JSON when it stops.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 from ..aggregator import AggregatorCore
 from ..config import BrokerConfig
@@ -58,13 +71,24 @@ class AggregatorService(MqttService):
         self.shared_group = shared_group
         self.fleet = core.cfg.fleet
         self.ingested = 0
+        self._timer: asyncio.TimerHandle | None = None  # closes the open asynchronous window on time
+        path = os.environ.get("STREAMFED_AGGREGATOR_TRACE")
+        self.trace: dict[str, list[Any]] | None = (
+            {"applied": [], "closed": [], "published": []} if path else None)
+        self._trace_path = Path(path) if path else None
         if state_dir is not None:
             self.keep_state(core, Path(state_dir) / f"aggregator-{self.fleet}.state", kind="aggregator")
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         self.core.warm_up()
-        await super().run()
+        try:
+            await super().run()
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+            if self.trace is not None and self._trace_path is not None:
+                self._trace_path.write_text(json.dumps(self.trace))
 
     # ------------------------------------------------------------------ MqttService hooks
     def subscriptions(self) -> list[str]:
@@ -82,7 +106,41 @@ class AggregatorService(MqttService):
         return Outgoing(global_topic(self.fleet), retain=True)
 
     def on_tick(self, now: float) -> list[Message]:
-        return self.core.tick(now)
+        return self._close(now)
+
+    def on_published(self, msg: Message, at: float) -> None:
+        if self.trace is not None and msg.kind != "ack":
+            self.trace["published"].append((int(msg.global_version), at))
+
+    # ------------------------------------------------------------------ windows on time
+    def _window_due(self) -> float | None:
+        """When the open asynchronous window ends (the core's clock: time.time()), None without one."""
+        started = getattr(self.core, "_window_started", None)
+        if self.core.mode != "async" or started is None:
+            return None
+        return started + self.core.window
+
+    def _arm(self) -> None:
+        due = self._window_due()
+        if due is None or self._timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(loop.time() + max(0.0, due - time.time()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._outbox is None:  # not connected: the ticker closes it once the session is back
+            return
+        self.emit(self._close(time.time()))
+        if self._window_due() is not None:  # not due yet by the core's clock (the loop's clock ran ahead)
+            self._arm()
+
+    def _close(self, now: float) -> list[Message]:
+        due = self._window_due() if self.trace is not None else None
+        out = self.core.tick(now)
+        if due is not None and out:
+            self.trace["closed"].append((self.core.version, due, now))  # type: ignore[index]
+        return out
 
     def handle(self, parsed: ParsedTopic | str, payload: bytes) -> list[Message]:
         if isinstance(parsed, str) or parsed.fleet != self.fleet or parsed.client is None:
@@ -90,7 +148,17 @@ class AggregatorService(MqttService):
             return []
         if parsed.channel == Channel.UPDATES:
             self.ingested += 1
-            return self.core.on_update(parsed.client, payload)
+            now = time.time()
+            if self.trace is None:
+                out = self.core.on_update(parsed.client, payload, now)
+            else:
+                accepted = self.core.counters.accepted
+                out = self.core.on_update(parsed.client, payload, now)
+                if self.core.counters.accepted > accepted:
+                    self.trace["applied"].append((parsed.client, self.core.tracker.mark(parsed.client), now))
+            if self._timer is None:
+                self._arm()
+            return out
         if parsed.channel == Channel.STATUS:
             try:
                 st = decode(payload, self.core.cfg, client=parsed.client, kinds=("status",))

@@ -91,6 +91,7 @@ class MqttService:
         self.store: StateStore | None = None  # see keep_state
         self.restored = False
         self._durable: Any = None
+        self._outbox: asyncio.Queue[Message] | None = None  # the current session's (see emit)
 
     # ------------------------------------------------------------------ what subclasses say
     def subscriptions(self) -> list[str]:
@@ -112,6 +113,16 @@ class MqttService:
     def on_tick(self, now: float) -> list[Message]:
         """Called every `tick` seconds while connected; returns what to send."""
         return []
+
+    def on_published(self, msg: Message, at: float) -> None:
+        """Called once the broker acknowledged the publish of `msg` (its PUBACK), at time `at`."""
+
+    def emit(self, msgs: list[Message]) -> None:
+        """Send what a core returned outside :meth:`handle` and :meth:`on_tick` (from a timer, say); dropped
+        while disconnected, as a tick's would not run then."""
+        if self._outbox is not None:
+            for m in msgs:
+                self._outbox.put_nowait(m)
 
     # ------------------------------------------------------------------ durable state
     def keep_state(self, core: Any, path: Path, kind: str) -> None:
@@ -155,6 +166,7 @@ class MqttService:
         async with aiomqtt.Client(**kw, max_queued_incoming_messages=0, timeout=self.connect_timeout) as client:
             self._watch = PubackWatch(client)
             outbox: asyncio.Queue[Message] = asyncio.Queue()
+            self._outbox = outbox
             receiver = asyncio.create_task(receive_batches(client, lambda m: self._take(m, outbox)))
             tasks = [receiver]
             try:
@@ -173,6 +185,7 @@ class MqttService:
                     if t is not stopper and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
             finally:
+                self._outbox = None
                 for t in tasks:
                     t.cancel()
                     with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
@@ -188,6 +201,7 @@ class MqttService:
             if self._watch is not None:
                 self._watch.check()
             self.published += 1
+            self.on_published(m, time.time())
 
     async def _ticker(self, outbox: asyncio.Queue[Message]) -> None:
         while True:
