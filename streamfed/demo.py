@@ -151,6 +151,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
         "broker": broker.kind, "agents": len(agents), "samples": samples, "fleet_mse": mse,
         "global_version": agg.core.version, "updates_accepted": agg.core.counters.accepted,
         "updates_rejected": sum(agg.core.rejected.values()),
+        "rejected_by_reason": {str(r): n for r, n in agg.core.rejected.items() if n},
         "mean_regret_per_sample": sum((a.core.stats.regret or 0.0) / max(a.core.stats.learner_steps or 1, 1)
                                       for a in agents) / len(agents),
         "wall_s": time.monotonic() - started,
@@ -158,5 +159,16 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     console.print(f"\n[bold]summary[/]: {samples} samples learned by {len(agents)} agents in "
                   f"{summary['wall_s']:.1f}s; fleet MSE {mse:.4f} (standardised CO); mean R(T)/T "
                   f"{summary['mean_regret_per_sample']:.2e}; global v{agg.core.version} from "
-                  f"{agg.core.counters.accepted} updates, {summary['updates_rejected']} rejected.")
+                  f"{agg.core.counters.accepted} updates; " + _rejections(summary["rejected_by_reason"]) + ".")
     return summary
+
+
+def _rejections(by_reason: dict[str, int]) -> str:
+    """What the aggregator refused, in words: `stale_seq` is an agent's resend of an update already applied
+    (delivery is at least once; dropping the copy makes it exactly once), anything else is bad input."""
+    dup = by_reason.get("stale_seq", 0)
+    bad = {r: n for r, n in by_reason.items() if r != "stale_seq"}
+    text = f"{dup} resent duplicate(s) dropped" if dup else "no duplicate"
+    if bad:
+        text += ", rejected: " + ", ".join(f"{r} {n}" for r, n in bad.items())
+    return text + ("" if bad else ", nothing rejected")

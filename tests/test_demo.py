@@ -39,7 +39,11 @@ def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch, tmp_path):
     text = out.getvalue()
     assert summary["broker"] == "mosquitto" and "Mosquitto" in text
     assert summary["agents"] == 3 and summary["samples"] > 300  # ~100 samples/s per agent for ~4 s
-    assert summary["updates_accepted"] > 0 and summary["updates_rejected"] == 0
+    assert summary["updates_accepted"] > 0
+    # nothing refused but, possibly, agents' resends of updates the aggregator already applied (an agent
+    # resends what the aggregator's start-up ack does not show as included; dropping the copy is the point)
+    assert set(summary["rejected_by_reason"]) <= {"stale_seq"}, summary["rejected_by_reason"]
+    assert summary["updates_rejected"] == sum(summary["rejected_by_reason"].values())
     assert summary["global_version"] > 0
     assert "summary" in text and "metrics" in text
     assert 'streamfed_agent_regret{client="Aotizhongxin",fleet="demo"}' in body
