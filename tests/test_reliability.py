@@ -28,13 +28,14 @@ from typer.testing import CliRunner
 from streamfed.agent import AgentCore
 from streamfed.aggregator import AggregatorCore
 from streamfed.cli import app
-from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.config import BrokerConfig, FedBNRParams, FleetConfig, POFMKLParams
 from streamfed.datasets import load_beijing
 from streamfed.features import RFFBank
 from streamfed.learners.fedbnr import fit_hyperparameters
 from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer, run_lockstep
 from streamfed.persistence import StateError, StateStore, atomic_write, dumps, loads, read_state
 from streamfed.protocol import (
+    ack_message,
     decode,
     encode,
     pofmkl_global_message,
@@ -261,6 +262,30 @@ def test_restarted_agent_resends_what_no_global_includes_and_nothing_else():
         agg.on_update("a", encode(m, cfg), now=3.0)
     route(agg.tick(now=5.0), agg, [back], cfg)
     assert agg.included() == {"a": 6} and not back.outbox and agg.rejected == {"stale_seq": 2}
+
+
+def test_an_ack_resends_at_once_what_it_names_missing_or_is_old_not_what_is_on_its_way():
+    """The ack an aggregator sends when an agent comes online lists what it held *then*: updates the agent
+    sent a moment before are on their way, and resending them only makes duplicates (the demo showed
+    ~30 `stale_seq` refusals in 4 s). Those wait for their resend timer; old ones and the ones the ack
+    names missing (a real gap) go again at once."""
+    cfg = pof_cfg()
+    core = AgentCore(cfg, "a", 0, mode="async")
+    rng = np.random.default_rng(1)
+    for t in range(4):
+        core.on_reading(Reading(f"r{t}", rng.random(10), 0.0, 0.3))
+    assert sorted(core.outbox) == [1, 2, 3, 4]
+    svc = AgentService(core, BrokerConfig(), source=array_source(np.zeros((0, 10)), np.zeros(0)), ack_grace=1.0)
+    now = time.monotonic()
+    svc._sent_at = {1: now - 5.0, 2: now - 0.1, 3: now - 0.1, 4: now - 0.1}
+    ack = ack_message(cfg.fleet, "a", 0, missing=[3], seq=1)  # holds nothing; seq 3 known missing
+    svc._ack(encode(ack, cfg))
+    assert [m.seq for m in svc.updates] == [1, 3]
+    svc.updates.clear()
+    svc._sent_at = {s: now - 2.0 for s in (1, 2, 3, 4)}  # all sent long enough ago
+    svc._ack(encode(ack_message(cfg.fleet, "a", 2, seq=2), cfg))
+    assert [m.seq for m in svc.updates] == [3, 4]
+    assert core.counters.resent == 4
 
 
 def test_aggregator_checkpoints_before_it_hands_out_a_global(streams):

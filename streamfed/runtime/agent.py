@@ -30,9 +30,11 @@ Outgoing buffer (bounded; memory never grows without bound):
 
 Delivery: an update stays in the core's outbox until a global that includes it is installed; it is sent
 again when an `ack` from the aggregator shows it does not hold it (the aggregator acks every client
-when it (re)connects, and clients with gaps after each global), and when it has waited `resend_after`
-seconds. The aggregator drops duplicates, so the effect is exactly once. When its source ends the agent
-stays up to `drain` seconds for its updates to be included.
+when it (re)connects or comes online, and clients with gaps after each global) — at once if the ack
+names it missing or it was sent over `ack_grace` seconds before, else it is probably still on its way
+and its timer decides — and when it has waited `resend_after` seconds. The aggregator drops
+duplicates, so the effect is exactly once. When its source ends the agent stays up to `drain` seconds
+for its updates to be included.
 
 Durability (`state_dir`): the core's snapshot (learner, error feedback, sequence numbers, outbox), the
 number of source items consumed and the sensor parser's state go to ``<state_dir>/agent-<fleet>-<client>.state``
@@ -389,7 +391,7 @@ class AgentService:
                  state_dir: str | os.PathLike[str] | None = None, checkpoint_interval: float = 0.0,
                  resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
                  max_refusals: int = 3, connect_timeout: float = 5.0, prediction_qos: int = 0,
-                 gc_freeze: bool = True) -> None:
+                 gc_freeze: bool = True, ack_grace: float = 1.0) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -416,6 +418,10 @@ class AgentService:
         self.dropped_predictions = 0
         self.linger = linger  # seconds to stay connected after the source ends (to receive a last global)
         self.resend_after = resend_after
+        # An ack lists what the aggregator holds when it makes it; updates sent just before it arrives are
+        # most likely on their way, not lost (e.g. the ack an aggregator sends when this agent comes
+        # online): they are resent on an ack only once this old, or when the ack names them missing.
+        self.ack_grace = ack_grace
         # lock-step: as long as `_last_global` waits for the last round; async: a few windows
         self.drain = drain if drain is not None else (30.0 if core.mode == "lockstep" else 5.0)
         self.max_refusals = max(1, int(max_refusals))
@@ -838,7 +844,11 @@ class AgentService:
             self.rejected_acks += 1
             log.warning("agent %s: ack rejected: %s", self.client_id, e)
             return
-        n = self.resend(self.core.on_ack(msg))
+        now = time.monotonic()
+        missing = set(msg.arrays["missing"].tolist()) if "missing" in msg.arrays else set()
+        held = self.core.on_ack(msg)
+        n = self.resend([m for m in held if m.seq in missing
+                         or now - self._sent_at.get(m.seq, -math.inf) >= self.ack_grace])
         if n:
             log.info("agent %s: the aggregator holds seqs up to %d; %d updates sent again", self.client_id,
                      msg.included.get(self.client_id, 0), n)
