@@ -124,6 +124,12 @@ def stop_services(procs: dict[str, subprocess.Popen]) -> None:
             p.wait()
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all cores, from /proc/stat: everything but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_of(procs: dict[str, subprocess.Popen]) -> dict[str, float]:
     out = {}
     for label, p in procs.items():
@@ -191,19 +197,30 @@ async def publish(broker: BrokerConfig, fleet: str, items: list[tuple[str, bytes
     return t0
 
 
-async def one_run(name: str, broker: BrokerConfig, per_client: int, work: Path, rate: float | None,
-                  flush: float | None = None, burst: bool = False) -> dict:
-    """One configuration: warm up, then the measured batch — paced at `rate`, or with `burst` queued at the
-    broker while the services are stopped (SIGSTOP) and drained at full speed once they continue."""
+async def one_run(name: str, broker: BrokerConfig, broker_pid: int, per_client: int, work: Path,
+                  rate: float | None, flush: float | None = None, bursts: int = 0) -> dict:
+    """One configuration: warm up, then the measured batch — paced at `rate`, or (`bursts` > 0) that many
+    bursts, each queued at the broker while the services are stopped (SIGSTOP) and drained at full speed
+    once they continue; a burst's drain ends with the global that includes its last update, and the next
+    burst starts once the services are idle again. Wall and CPU time are summed over the drains (the
+    publishing of a burst is not in them). `other_cores`: CPU the rest of the machine used meanwhile (all
+    busy CPU minus the services, the broker and this process), in cores — other jobs on a shared machine."""
     fleet = f"shb{random.getrandbits(32):08x}"
     cfg = FleetConfig(fleet=fleet, algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
     cfg_path = work / f"{fleet}.toml"
     write_config(cfg_path, fleet, broker)
-    warm, main = payloads(cfg, 1, WARM), payloads(cfg, WARM + 1, WARM + per_client)
+    warm = payloads(cfg, 1, WARM)
+    batches = [payloads(cfg, WARM + b * per_client + 1, WARM + (b + 1) * per_client) for b in range(max(1, bursts))]
     clients = ",".join(f"c{c}" for c in range(N_CLIENTS))
     procs = start_services(name, cfg_path, clients, work, flush)
     watcher, ready = Watcher(), asyncio.Event()
     wtask = asyncio.create_task(watcher.run(broker, fleet, ready))
+    wall = t_pub = other = 0.0
+    cpu = {k: 0.0 for k in procs}
+
+    def others() -> float:  # busy CPU of the machine minus ours
+        return machine_busy() - sum(cpu_of(procs).values()) - proc_stat(broker_pid)[0] - time.process_time()
+
     try:
         await asyncio.wait_for(ready.wait(), 10)
         await wait_idle(procs)  # started, connected, subscribed
@@ -211,60 +228,71 @@ async def one_run(name: str, broker: BrokerConfig, per_client: int, work: Path, 
         await publish(broker, fleet, warm)
         await watcher.until(WARM, 60)
         await wait_idle(procs)
-        if burst:
-            for p in procs.values():
-                p.send_signal(signal.SIGSTOP)
-            try:
-                t_pub0 = time.perf_counter()
-                await publish(broker, fleet, main)
-                t_pub = time.perf_counter() - t_pub0
-                await asyncio.sleep(0.5)  # the last ones reach the broker's queues
-                cpu0 = cpu_of(procs)
-                t0 = time.perf_counter()
-            finally:
+        for b, batch in enumerate(batches):
+            last = WARM + (b + 1) * per_client
+            if bursts:
                 for p in procs.values():
-                    p.send_signal(signal.SIGCONT)
-        else:
-            cpu0 = cpu_of(procs)
-            t0 = await publish(broker, fleet, main, rate)
-            t_pub = time.perf_counter() - t0
-        t1 = await watcher.until(WARM + per_client, 300)
-        cpu1 = cpu_of(procs)
+                    p.send_signal(signal.SIGSTOP)
+                try:
+                    t_pub0 = time.perf_counter()
+                    await publish(broker, fleet, batch)
+                    t_pub += time.perf_counter() - t_pub0
+                    await asyncio.sleep(0.5)  # the last ones reach the broker's queues
+                    cpu0, other0 = cpu_of(procs), others()
+                    t0 = time.perf_counter()
+                finally:
+                    for p in procs.values():
+                        p.send_signal(signal.SIGCONT)
+            else:
+                cpu0, other0 = cpu_of(procs), others()
+                t0 = await publish(broker, fleet, batch, rate)
+                t_pub += time.perf_counter() - t0
+            t1 = await watcher.until(last, 300)
+            cpu1, other1 = cpu_of(procs), others()
+            wall += t1 - t0
+            other += other1 - other0
+            for k in cpu:
+                cpu[k] += cpu1[k] - cpu0[k]
+            if bursts and b + 1 < len(batches):
+                await wait_idle(procs)
     finally:
         wtask.cancel()
         with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
             await wtask
         stop_services(procs)
-    wall = t1 - t0
-    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
-    k = len(main)
-    return {"config": name, "updates": k, "wall_s": wall, "publish_s": t_pub, "updates_per_s": k / wall,
-            "cpu_s": cpu, "cpu_total_s": sum(cpu.values()), "cpu_us_per_update": 1e6 * sum(cpu.values()) / k,
-            "cores": {p: c / wall for p, c in cpu.items()}}
+    k = sum(len(b) for b in batches)
+    return {"config": name, "updates": k, "bursts": bursts, "wall_s": wall, "publish_s": t_pub,
+            "updates_per_s": k / wall, "cpu_s": cpu, "cpu_total_s": sum(cpu.values()),
+            "cpu_us_per_update": 1e6 * sum(cpu.values()) / k, "cores": {p: c / wall for p, c in cpu.items()},
+            "other_cores": other / wall, "loadavg": list(os.getloadavg())}
 
 
 MODES = ("burst", "paced")
 
 
-async def run(repeats: int, per_client: int, rate: float, flush: float | None = None) -> dict:
+async def run(repeats: int, per_client: int, rate: float, flush: float | None = None, bursts: int = 2) -> dict:
     # no broker-side cap on the queues: a burst of K updates waits there for stopped services
     mosq = MosquittoProcess(extra="max_queued_messages 0")
     runs: dict[str, dict[str, list[dict]]] = {m: {n: [] for n in CONFIGS} for m in MODES}
+    load_start = list(os.getloadavg())
     try:
         with tempfile.TemporaryDirectory(prefix="streamfed-bench-shard-") as tmp:
             for r in range(repeats):
                 order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
                 for mode in MODES:
                     for name in order:
-                        res = await one_run(name, mosq.config, per_client, Path(tmp), rate, flush,
-                                            burst=mode == "burst")
+                        res = await one_run(name, mosq.config, mosq.proc.pid, per_client, Path(tmp), rate, flush,
+                                            bursts=bursts if mode == "burst" else 0)
                         runs[mode][name].append(res)
                         print(f"  repeat {r + 1}/{repeats} {mode} {name}: {res['updates_per_s']:,.0f} updates/s, "
-                              f"{res['cpu_us_per_update']:.0f} µs CPU per update", flush=True)
+                              f"{res['cpu_us_per_update']:.0f} µs CPU per update, other jobs "
+                              f"{res['other_cores']:.2f} cores, load {res['loadavg'][0]:.2f}", flush=True)
     finally:
         mosq.close()
-    out: dict = {"updates": runs["paced"]["single"][0]["updates"], "repeats": repeats, "window_s": WINDOW,
-                 "clients": N_CLIENTS, "rate": rate, "flush_interval": flush}
+    out: dict = {"updates": runs["paced"]["single"][0]["updates"],
+                 "burst_updates": runs["burst"]["single"][0]["updates"],
+                 "bursts": bursts, "repeats": repeats, "window_s": WINDOW, "clients": N_CLIENTS, "rate": rate,
+                 "flush_interval": flush, "loadavg_start": load_start}
     for mode in MODES:
         out[mode] = summarise(runs[mode])
     return out
@@ -274,27 +302,42 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
     med = {n: {"cpu_us_per_update": statistics.median(x["cpu_us_per_update"] for x in v),
                "updates_per_s": statistics.median(x["updates_per_s"] for x in v),
                "publish_per_s": statistics.median(x["updates"] / x["publish_s"] for x in v),
-               "cores": {p: statistics.median(x["cores"][p] for x in v) for p in v[0]["cores"]}}
+               "cores": {p: statistics.median(x["cores"][p] for x in v) for p in v[0]["cores"]},
+               "other_cores": statistics.median(x.get("other_cores", float("nan")) for x in v)}
            for n, v in runs.items()}
     # the ratio is the median of per-repeat ratios: runs of one repeat are adjacent in time, so a change in the
     # machine's load between repeats (shared 2-core machine) cancels out
     per_repeat = {n: [x["cpu_us_per_update"] / s["cpu_us_per_update"] for x, s in zip(v, runs["single"], strict=True)]
                   for n, v in runs.items()}
+    # a second estimator: all CPU over all updates of every repeat, against the single aggregator's
+    single = sum(x["cpu_total_s"] for x in runs["single"]) / sum(x["updates"] for x in runs["single"])
+    pooled = {n: sum(x["cpu_total_s"] for x in v) / sum(x["updates"] for x in v) / single for n, v in runs.items()}
+    quartiles = {n: [float(q) for q in statistics.quantiles(v, n=4, method="inclusive")] if len(v) > 1 else v * 3
+                 for n, v in per_repeat.items()}
     return {"runs": runs, "median": med, "ratio_per_repeat": per_repeat,
-            "cpu_ratio_to_single": {n: statistics.median(v) for n, v in per_repeat.items()}}
+            "cpu_ratio_to_single": {n: statistics.median(v) for n, v in per_repeat.items()},
+            "cpu_ratio_quartiles": quartiles, "cpu_ratio_pooled": pooled}
 
 
 def table(res: dict, mode: str) -> list[str]:
     part = res[mode]
     med, ratio = part["median"], part["cpu_ratio_to_single"]
-    rows = ["| configuration | CPU µs per applied update | ratio to single (median of per-repeat ratios; all) | "
-            "updates/s | publishing updates/s | cores used per process (medians) |",
-            "|---|---|---|---|---|---|"]
+    quart, pooled = part.get("cpu_ratio_quartiles", {}), part.get("cpu_ratio_pooled", {})
+    rows = ["| configuration | CPU µs per applied update (median) | ratio to single: median of per-repeat ratios "
+            "[quartiles] | pooled ratio | per-repeat ratios | updates/s | publishing updates/s | "
+            "cores used per process (medians) | other jobs, cores (median) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for n in CONFIGS:
         cores = ", ".join(f"{p} {c:.2f}" for p, c in med[n]["cores"].items())
         spread = ", ".join(f"{r:.2f}" for r in part["ratio_per_repeat"][n])
-        rows.append(f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f} ({spread}) | "
-                    f"{med[n]['updates_per_s']:,.0f} | {med[n]['publish_per_s']:,.0f} | {cores} |")
+        q = quart.get(n)
+        qs = f" [{q[0]:.2f}, {q[2]:.2f}]" if q else ""
+        other = med[n].get("other_cores")
+        rows.append(f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f}{qs} | "
+                    f"{pooled[n]:.2f} | {spread} | " if n in pooled else
+                    f"| {n} | {med[n]['cpu_us_per_update']:.0f} | {ratio[n]:.2f}{qs} | – | {spread} | ")
+        rows[-1] += (f"{med[n]['updates_per_s']:,.0f} | {med[n]['publish_per_s']:,.0f} | {cores} | "
+                     + (f"{other:.2f} |" if other is not None else "– |"))
     return rows
 
 
@@ -303,7 +346,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--per-client", type=int, default=200)
+    ap.add_argument("--per-client", type=int, default=200, help="updates per client in a burst and in the paced batch")
+    ap.add_argument("--bursts", type=int, default=2,
+                    help="saturated mode: bursts per run (each drained before the next)")
     ap.add_argument("--rate", type=float, default=2000.0, help="offered updates/s (0: as fast as possible)")
     ap.add_argument("--flush-interval", type=float, default=None, help="shards' flush interval (default: theirs)")
     ap.add_argument("--render", type=Path, help="only rewrite the markdown from this JSON of an earlier run")
@@ -313,8 +358,34 @@ def main() -> None:
         write_section(args.out, render(res), res, quick=res["meta"]["quick"])
         return
     res = asyncio.run(run(1 if args.quick else args.repeats, 10 if args.quick else args.per_client,
-                          args.rate, args.flush_interval))
+                          args.rate, args.flush_interval, 1 if args.quick else args.bursts))
     write_section(args.out, render(res), res, quick=args.quick)
+
+
+# What a run does not regenerate: where the CPU goes, measured on this machine (see the text).
+NOTES = """### Where a shard's CPU goes
+
+Measured inside the real processes (saturated, 9,500 updates; `time.thread_time` around paho's `loop_read` and the
+service's message handler, `gc.callbacks`): per update, a shard spends what the single aggregator does — ~55 µs in
+paho reading the packet (one packet per socket-readable callback: the broker sends each QoS 1 message on its own),
+~35–40 µs in the service's handler (strict decode, validation, deduplication, the sum), ~1–2 µs in the garbage
+collector; the reducer ~3–4 µs per update (one decode and sum per partial, the `(client, seq)` bookkeeping, its
+ticks). The pure cores, in one process, min of 15 runs: single aggregator 23.6 µs per update (take in + window close
++ encode), shard + reducer 23.8 µs (shard 18.2 + partial 2.8 + reducer 2.0 + acks/globals at the shard 0.8) — after
+this change; before it, the partial cost 3.8 µs per update (fancy-indexed sums, Python-level checks of every pair).
+So the sharded path's own work per update is within ~1–3% of the single aggregator's, and the run agrees: 1 shard +
+reducer costs 1.00× the single aggregator per update when saturated (quartiles 0.98–1.04). The 2-shard excess
+(median 1.14×, one repeat at 1.39×) appears only when two shards and the broker, three busy processes, share two
+cores — consistent with the same work costing more CPU time when every core is contended (preemption, caches),
+not with a shard doing more (not proven: CPU time per update was not measured with cores to spare); the
+other jobs were idle throughout (the column; its small negative values are the /proc/stat tick granularity).
+Not shown here, then: a clear pass on this 2-core machine.
+
+A shard holds every update it took in until the reducer acknowledges the partial holding it,
+and in a burst those acknowledgements wait behind the queued updates in the shard's own MQTT session (the broker
+delivers a session's messages in order): a shard can hold a whole burst (10,000 updates here, its `max_unacked`
+default — a longer burst to one shard is refused as `shard_full` and left to the agents' resends), which is why a
+burst here is 10,000 updates and a run drains several.""".splitlines()
 
 
 def render(res: dict) -> list[str]:
@@ -324,37 +395,51 @@ def render(res: dict) -> list[str]:
     where = meta["machine"] if meta else machine()
     two, two_paced = burst["cpu_ratio_to_single"]["2 shards"], paced["cpu_ratio_to_single"]["2 shards"]
     one, single = burst["median"]["1 shard"]["updates_per_s"], burst["median"]["single"]["updates_per_s"]
-    lo, hi = min(burst["ratio_per_repeat"]["2 shards"]), max(burst["ratio_per_repeat"]["2 shards"])
-    # a median within 0.05 of the line, with repeats on both sides of it, is not a clear pass or miss
-    verdict = ("at the threshold, not a clear pass" if abs(two - 1.15) <= 0.05 and lo < 1.15 < hi
-               else "met" if two <= 1.15 else "not met")
+    per = burst["ratio_per_repeat"]["2 shards"]
+    lo, hi = min(per), max(per)
+    q1, _, q3 = burst["cpu_ratio_quartiles"]["2 shards"]
+    pooled = burst["cpu_ratio_pooled"]["2 shards"]
+    within = sum(r <= 1.15 for r in per)
+    # clear: three quarters of the repeats and the pooled ratio within the line; the median alone is not enough
+    verdict = ("met, a clear pass" if q3 <= 1.15 and pooled <= 1.15
+               else "met by the median, not a clear pass" if two <= 1.15 else "not met")
+    loads = [x["loadavg"][0] for m in ("burst", "paced") for v in res[m]["runs"].values() for x in v]
+    bursts = res.get("bursts", 1)
     lines = [
         "## Sharded aggregation: CPU per applied update and throughput (1 aggregator vs shards + reducer)",
         "",
-        f"Command: `.venv/bin/python benchmarks/bench_sharding.py` (or `streamfed bench sharding`). Real `streamfed "
-        f"aggregator` / `shard` / `reducer` processes against one private Mosquitto; {res['updates']:,} POF-MKL "
-        f"updates (N = 16, D = 100, M = 2) from {res['clients']} clients, QoS 1, async windows of "
-        f"{res['window_s']} s, shards flushing every 0.1 s; timed to the retained global that includes the last "
-        "update; CPU = user + system time of the service processes (from /proc) over that interval. After a "
-        "warm-up batch, two ways of offering the updates, interleaved with the configurations in every repeat "
-        f"(alternating order); medians of {res['repeats']} repeats. Machine: {where}; load average at the end "
-        f"{load}.",
+        f"Command: `.venv/bin/python benchmarks/bench_sharding.py` (or `streamfed bench sharding`; defaults: "
+        f"{res['repeats']} repeats, {bursts} bursts per saturated run). Real `streamfed "
+        f"aggregator` / `shard` / `reducer` processes against one private Mosquitto; POF-MKL updates (N = 16, "
+        f"D = 100, M = 2) from {res['clients']} clients, QoS 1, async windows of {res['window_s']} s, shards "
+        "flushing every 0.1 s; each measured interval ends at the retained global that includes the last update; "
+        "CPU = user + system time of the service processes (from /proc) over it. After a warm-up batch, two ways "
+        "of offering the updates, interleaved with the configurations in every repeat (alternating order); "
+        "medians over the repeats, the ratio to the single aggregator as the median of per-repeat ratios (runs of "
+        "a repeat are adjacent in time) with its quartiles, and, as a second estimator, the pooled ratio (all "
+        "CPU over all updates of every repeat). \"Other jobs\": CPU the rest of the machine used during the "
+        "measured intervals (all busy CPU from /proc/stat minus the services, the broker and the benchmark "
+        f"itself). Machine: {where} — shared with another engineer's builds and tests; 1-minute load average "
+        f"{res['loadavg_start'][0]:.2f} at the start, {min(loads):.2f}–{max(loads):.2f} after the runs (the "
+        f"benchmark itself keeps 1–2 cores busy), {load} at the end.",
         "",
-        "**Saturated (burst)**: the services are stopped (SIGSTOP) while the updates are published, so they wait "
-        "in the broker's queues; then they continue and drain them as fast as they can — every process busy, the "
-        "regime in which throughput is decided:",
+        f"**Saturated (burst)**: {bursts} bursts of {res['burst_updates'] // max(1, bursts):,} updates per run "
+        f"({res['burst_updates']:,} in all); for each, the services are stopped (SIGSTOP) while the updates are "
+        "published, so they wait in the broker's queues; then they continue and drain them as fast as they can "
+        "— every process busy, the regime in which throughput is decided:",
         "",
         *table(res, "burst"),
         "",
-        f"**Paced** at {res['rate']:,.0f} updates/s (below every configuration's capacity): each process handles "
-        "a trickle, so each wakes up for a message or two and CPU per message is higher the lower its own "
-        "rate — two shards each see half the stream (for reference, one aggregator alone costs ~30% more per "
-        "update at 1,000/s than at 2,000/s on this machine):",
+        f"**Paced** at {res['rate']:,.0f} updates/s ({res['updates']:,} updates per run, below every "
+        "configuration's capacity): each process handles a trickle, so each wakes up for a message or two and "
+        "CPU per message is higher the lower its own rate — two shards each see half the stream (for reference, "
+        "one aggregator alone costs ~30% more per update at 1,000/s than at 2,000/s on this machine):",
         "",
         *table(res, "paced"),
         "",
         f"**Target (CPU per applied update, 2 shards + reducer within 1.15× of one aggregator, so that throughput "
-        f"scales with cores): {verdict} when saturated — {two:.2f}×, per-repeat ratios {lo:.2f} to {hi:.2f}** "
+        f"scales with cores): {verdict} when saturated — median {two:.2f}× (quartiles {q1:.2f}–{q3:.2f}, pooled "
+        f"{pooled:.2f}×; {within} of {len(per)} repeats within 1.15×, all {lo:.2f} to {hi:.2f})** "
         f"({two_paced:.2f}× paced at {res['rate']:,.0f}/s, where the shards' lower per-process rate costs "
         f"batching). Throughput when saturated: 1 aggregator {single:,.0f} updates/s, 1 shard + reducer "
         f"{one:,.0f}, 2 shards + reducer {burst['median']['2 shards']['updates_per_s']:,.0f} — on 2 cores that "
@@ -362,7 +447,9 @@ def render(res: dict) -> list[str]:
         "machines. What sharding adds: per partial (a shard's dense N×2D sum, its QoS 1 publish and "
         "acknowledgement, the reducer's decode and sum: one per shard per flush) and each extra process's "
         "MQTT client; the per-update work (strict decode, validation, deduplication, summation) is done once, "
-        "by whichever shard takes the update.",
+        "by whichever shard takes the update, and the reducer records each `(client, seq)` pair once more.",
+        "",
+        *NOTES,
     ]
     return lines
 
