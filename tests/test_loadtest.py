@@ -19,6 +19,12 @@ def test_small_load_test_loses_and_rejects_nothing(mosquitto_dev):
     assert r["included_beyond_published"] == 0
     assert r["lag_s"]["n"] == 200 and 0 < r["lag_s"]["p50"] < 10 and math.isfinite(r["lag_s"]["max"])
     assert r["aggregator"]["hwm_bytes"] > 0
+    # consumer lag from the aggregator's trace: every update matched, windows closed on time (timer, not tick)
+    assert r["aggregator_stop_s"] is not None
+    assert r["ingest_lag_s"]["n"] == 200 and r["ingest_unmatched"] == 0
+    assert 0 <= r["ingest_lag_s"]["p50"] < r["lag_s"]["p50"]
+    assert r["windows_closed"] > 0 and 0 <= r["close_late_s"]["max"] < 0.05
+    assert r["close_to_monitor_s"]["n"] > 0 and r["close_to_published_s"]["n"] > 0
 
 
 def test_agents_of_one_process_share_the_decoding_of_a_global():
