@@ -376,7 +376,12 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2000.0, help="offered updates/s (0: as fast as possible)")
     ap.add_argument("--flush-interval", type=float, default=None, help="shards' flush interval (default: theirs)")
     ap.add_argument("--render", type=Path, help="only rewrite the markdown from this JSON of an earlier run")
+    ap.add_argument("--merge", type=Path, nargs="+", help="one report from the repeats of these runs' JSON")
     args = ap.parse_args()
+    if args.merge:
+        res = merge([json.loads(p.read_text()) for p in args.merge], [str(p) for p in args.merge])
+        write_section(args.out, render(res), res)
+        return
     if args.render:  # rebuild the markdown from a run's JSON
         res = json.loads(args.render.read_text())
         write_section(args.out, render(res), res, quick=res["meta"]["quick"])
@@ -398,18 +403,39 @@ ticks). The pure cores, in one process, min of 15 runs: single aggregator 23.6 �
 + encode), shard + reducer 23.8 µs (shard 18.2 + partial 2.8 + reducer 2.0 + acks/globals at the shard 0.8) — after
 this change; before it, the partial cost 3.8 µs per update (fancy-indexed sums, Python-level checks of every pair).
 So the sharded path's own work per update is within ~1–3% of the single aggregator's (measured with the code of
-80440af). Between runs of this benchmark the 2-shard ratio moves more than that: the run at 80440af gave a median
-1.14× (pooled 1.16×, one repeat at 1.39×) where the run above gives the figure in the table. That earlier excess was
-put down to contention (broker + two shards: three busy processes on two cores); the control row, added since, does
-not support it: one more busy process does not make the single aggregator's updates dearer. What moves between runs
-is not known; the "other jobs" column (its small negative values are the /proc/stat tick granularity) rules out
-other work on the machine.
+80440af). Between repeats and runs the 2-shard ratio moves far more than that — per repeat 0.88× to 1.47×; per
+run (median of 5) 1.14× at 80440af, then 1.05× and 1.14× for the two runs merged above. Its repeats fall in two
+groups: about 10,800 updates/s at 108–122 µs per update, or 7,400–8,400 updates/s at 120–165 µs. Which group a
+repeat lands in is not explained: the "other jobs" column rules out other work on the machine (its small negative
+values are the /proc/stat tick granularity), and the control row shows that a third busy process on the two cores
+does not, by itself, make the single aggregator's updates dearer (though it did by 1.16× in two repeats). A machine
+with a core per process would tell; this one cannot.
 
 A shard holds every update it took in until the reducer acknowledges the partial holding it,
 and in a burst those acknowledgements wait behind the queued updates in the shard's own MQTT session (the broker
 delivers a session's messages in order): a shard can hold a whole burst (10,000 updates here, its `max_unacked`
 default — a longer burst to one shard is refused as `shard_full` and left to the agents' resends), which is why a
 burst here is 10,000 updates and a run drains several.""".splitlines()
+
+
+def merge(parts: list[dict], names: list[str]) -> dict:
+    """The repeats of several runs (same benchmark, same configurations) summarised as one run; each run's own
+    2-shard figures are kept under `merged`, and the report lists them."""
+    keys = ("updates", "burst_updates", "bursts", "window_s", "clients", "rate", "flush_interval", "loadavg_start")
+    out: dict = {k: parts[0][k] for k in keys}
+    out["repeats"] = sum(p["repeats"] for p in parts)
+    out["merged"] = [{"from": n, "time": p["meta"]["time"], "repeats": p["repeats"],
+                      "median": p["burst"]["cpu_ratio_to_single"]["2 shards"],
+                      "pooled": p["burst"]["cpu_ratio_pooled"]["2 shards"],
+                      "updates_per_s": p["burst"]["median"]["2 shards"]["updates_per_s"]}
+                     for p, n in zip(parts, names, strict=True)]
+    for mode in MODES:
+        configs = list(parts[0][mode]["runs"])
+        if any(list(p[mode]["runs"]) != configs for p in parts):
+            raise ValueError("runs with different configurations cannot be merged")
+        out[mode] = summarise({n: [x for p in parts for x in p[mode]["runs"][n]] for n in configs})
+    out["meta"] = parts[-1]["meta"]
+    return out
 
 
 def control(burst: dict) -> list[str]:
@@ -468,6 +494,11 @@ def render(res: dict) -> list[str]:
         f"{res['loadavg_start'][0]:.2f} at the start, {min(loads):.2f}–{max(loads):.2f} after the runs (the "
         f"benchmark itself keeps 1–2 cores busy), {load} at the end.",
         "",
+        *([f"Merged: the {res['repeats']} repeats of {len(res['merged'])} runs made one after the other with the same "
+           "code (`--merge` of their JSON, kept in `benchmarks/results/sharding-runs/`); each run alone, 2 shards "
+           "saturated: " + "; ".join(f"median {m['median']:.2f}×, pooled {m['pooled']:.2f}×, "
+                                     f"{m['updates_per_s']:,.0f} updates/s" for m in res["merged"]) + ".", ""]
+          if res.get("merged") else []),
         f"**Saturated (burst)**: {bursts} bursts of {res['burst_updates'] // max(1, bursts):,} updates per run "
         f"({res['burst_updates']:,} in all); for each, the services are stopped (SIGSTOP) while the updates are "
         "published, so they wait in the broker's queues; then they continue and drain them as fast as they can "
