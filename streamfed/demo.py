@@ -26,6 +26,7 @@ from .broker import EmbeddedBroker
 from .config import FedBNRParams, FleetConfig, POFMKLParams
 from .datasets import load_beijing
 from .metrics import StreamfedCollector, make_registry, serve_metrics
+from .protocol import Reason
 from .runtime.agent import AgentService
 from .runtime.aggregator import AggregatorService
 from .sources import array_source
@@ -166,8 +167,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
 def _rejections(by_reason: dict[str, int]) -> str:
     """What the aggregator refused, in words: `stale_seq` is an agent's resend of an update already applied
     (delivery is at least once; dropping the copy makes it exactly once), anything else is bad input."""
-    dup = by_reason.get("stale_seq", 0)
-    bad = {r: n for r, n in by_reason.items() if r != "stale_seq"}
+    dup = by_reason.get(Reason.STALE_SEQ, 0)
+    bad = {r: n for r, n in by_reason.items() if r != Reason.STALE_SEQ}
     text = f"{dup} resent duplicate(s) dropped" if dup else "no duplicate"
     if bad:
         text += ", rejected: " + ", ".join(f"{r} {n}" for r, n in bad.items())

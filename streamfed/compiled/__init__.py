@@ -235,21 +235,20 @@ def jit_namespaces() -> dict[str, SimpleNamespace]:
     return out
 
 
-def _select() -> tuple[str, dict[str, SimpleNamespace], str]:
+def _select() -> tuple[str, dict[str, SimpleNamespace]]:
     mode = os.environ.get("STREAMFED_KERNELS", "auto").strip().lower()
     if mode not in ("auto", "aot", "jit"):
         raise ValueError(f"STREAMFED_KERNELS must be auto, aot or jit, not {mode!r}")
     if mode != "jit":
         try:
-            mod = load_aot()
-            return "aot", aot_namespaces(mod), str(mod.__file__)
+            return "aot", aot_namespaces(load_aot())
         except ImportError as exc:
             if mode == "aot":
                 raise ImportError(f"STREAMFED_KERNELS=aot: {exc}") from exc
-    return "jit", jit_namespaces(), "numba JIT"
+    return "jit", jit_namespaces()
 
 
-BACKEND, _NS, WHERE = _select()
+BACKEND, _NS = _select()
 features: SimpleNamespace = _NS["features"]
 pofmkl: SimpleNamespace = _NS["pofmkl"]
 fedbnr: SimpleNamespace = _NS["fedbnr"]
