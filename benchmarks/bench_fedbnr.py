@@ -42,8 +42,8 @@ import numpy as np
 import river
 from river.linear_model import BayesianLinearRegression
 
-from streamfed import compiled
-from streamfed.learners.fedbnr import FedBNRClient, FedBNRRegressor, FedBNRServer
+from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRRegressor, FedBNRServer
+from streamfed.core import compiled
 
 
 def cpu_name() -> str:
@@ -204,7 +204,7 @@ def main() -> None:
         "",
         f"Machine: {cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}, "
         f"numpy {np.__version__}, numba {numba.__version__}, river {river.__version__}; kernels: "
-        f"{'ahead-of-time build' if compiled.BACKEND == 'aot' else 'numba JIT'} (`streamfed.compiled`); "
+        f"{'ahead-of-time build' if compiled.BACKEND == 'aot' else 'numba JIT'} (`streamfed.core.compiled`); "
         f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}; load average at the end "
         f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
         "",

@@ -12,7 +12,7 @@ rounds, interleaved with the peak:
   whole per-sample `FedBNRClient.learn` (features, update, staging of the statistics).
 
 Flop counts (a multiply-add is 2): angles `V x` = 2·N·D·d; `sincos` (the fdlibm polynomials of
-`streamfed.numerics`, counted operation by operation) 42 per angle, the scale 2 more, so features
+`streamfed.core.numerics`, counted operation by operation) 42 per angle, the scale 2 more, so features
 cost 2·N·D·d + 44·N·D. `chol_update` on an n×n factor: 6 per off-diagonal entry of the upper
 triangle plus 8 per row, 3n² + 5n. `learn`: features + `chol_update` (n = F + 1) + the staged
 scatter (the upper triangle of φφᵀ and φy, F² + 3F per sample, amortised).
@@ -35,9 +35,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.features import RFFBank, gaussian_dictionary, rff_transform_many  # noqa: E402
-from streamfed.learners._fedbnr_kernels import chol_update  # noqa: E402
+from streamfed.algorithms.fedbnr._kernels import chol_update  # noqa: E402
+from streamfed.core.features import RFFBank, gaussian_dictionary, rff_transform_many  # noqa: E402
+from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 
 SINCOS_FLOPS = 42
 SCALE_FLOPS = 2
@@ -102,8 +102,8 @@ def main() -> None:
             state["i"] += 1
             chol_update(state["r"], x)
 
-        from streamfed.config import FleetConfig
-        from streamfed.fleet import make_learner
+        from streamfed.fleet.config import FleetConfig
+        from streamfed.fleet.factory import make_learner
 
         cfg = FleetConfig(fleet="flops", algorithm="fedbnr", n_inputs=8, n_kernels=1, n_features=(f - 1) // 2,
                           kernels=["gaussian:1.0"])

@@ -33,14 +33,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.aggregator import AggregatorCore  # noqa: E402
-from streamfed.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.broker import EmbeddedBroker  # noqa: E402
-from streamfed.config import FleetConfig  # noqa: E402
-from streamfed.fleet import kernel_version  # noqa: E402
-from streamfed.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
+from streamfed.fleet.config import FleetConfig  # noqa: E402
+from streamfed.fleet.factory import kernel_version  # noqa: E402
+from streamfed.fleet.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.topics import Channel, topic_filter, updates_topic  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
-from streamfed.topics import Channel, topic_filter, updates_topic  # noqa: E402
+from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
 
 N_CLIENTS = 50
 logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt warns per pipelined publish

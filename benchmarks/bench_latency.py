@@ -30,19 +30,19 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.agent import AgentCore, Prediction  # noqa: E402
-from streamfed.aggregator import AggregatorCore  # noqa: E402
-from streamfed.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.broker import EmbeddedBroker  # noqa: E402
-from streamfed.config import FleetConfig  # noqa: E402
-from streamfed.loadtest import MosquittoProcess  # noqa: E402
-from streamfed.protocol import encode  # noqa: E402
+from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.evaluation.loadtest import MosquittoProcess  # noqa: E402
+from streamfed.fleet.agent import AgentCore, Prediction  # noqa: E402
+from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
+from streamfed.fleet.config import FleetConfig  # noqa: E402
+from streamfed.fleet.protocol import encode  # noqa: E402
+from streamfed.fleet.sources import array_source  # noqa: E402
 from streamfed.runtime.agent import AgentService  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
-from streamfed.sources import array_source  # noqa: E402
+from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
 
 logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt warns per pipelined publish
-logging.getLogger("streamfed.agent").setLevel(logging.ERROR)  # "leaving with updates not included": expected here
+logging.getLogger("streamfed.fleet.agent").setLevel(logging.ERROR)  # "leaving with updates not included": expected here
 
 
 def pct(a: list[float] | np.ndarray) -> dict[str, float]:
@@ -59,7 +59,7 @@ def tcp_nodelay():
     """In this process only: every aiomqtt client made from a BrokerConfig sets TCP_NODELAY on its socket
     (paho does not; with Nagle a small write waits for the ACK of the previous one, which the peer delays
     up to 40 ms when it has nothing to send back)."""
-    from streamfed.config import BrokerConfig
+    from streamfed.fleet.config import BrokerConfig
 
     original = BrokerConfig.aiomqtt_kwargs
 
@@ -163,8 +163,8 @@ async def main_async(quick: bool) -> dict:
         b = eb.config
         cfg = cfg_of("probe")
         # payload sizes of the upload → global path: an update of M = 2 kernels, a global of N = 16
-        from streamfed.fleet import kernel_version
-        from streamfed.protocol import pofmkl_global_message, pofmkl_update_message
+        from streamfed.fleet.factory import kernel_version
+        from streamfed.fleet.protocol import pofmkl_global_message, pofmkl_update_message
         kv = kernel_version(cfg)
         up_b = len(encode(pofmkl_update_message("f", "a0", 1, np.array([0, 1]), np.zeros((2, 200)),
                                                 global_version=0, kernel_version=kv)))

@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streamfed.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 
 CHILD = r"""
 import json, sys
@@ -46,11 +46,11 @@ stages = {}
 if kind in ("pofmkl", "fedbnr"):
     import numpy as np
     import streamfed.runtime.agent  # noqa: F401  (the agent runtime: aiomqtt, protocol, learners)
-    from streamfed.agent import AgentCore
-    from streamfed.aggregator import AggregatorCore
-    from streamfed.config import FleetConfig
-    from streamfed.protocol import encode
-    from streamfed.sources import Reading
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.protocol import encode
+    from streamfed.fleet.sources import Reading
     stages["imports"] = rss()
     if kind == "pofmkl":
         cfg = FleetConfig(fleet="m", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
@@ -104,7 +104,7 @@ def child(torch_first: bool, kind: str, backend: str) -> dict[str, int]:
 
 
 def rss_per_process(repeats: int) -> list[dict]:
-    from streamfed.compiled.build import build
+    from streamfed.core.compiled.build import build
 
     build()  # the ahead-of-time kernels (a no-op when they exist)
     for _, t, k, b in PROCS:  # warm numba's cache and the page cache; discarded
@@ -167,9 +167,9 @@ def state_per_agent(sizes: list[dict], n_agents: int, steps: int) -> list[dict]:
 
 
 def _state_rows(sizes: list[dict], n_agents: int, steps: int) -> list[dict]:
-    from streamfed.agent import AgentCore
-    from streamfed.config import FleetConfig
-    from streamfed.sources import Reading
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
 
     rows = []
     rng = np.random.default_rng(0)

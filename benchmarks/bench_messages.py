@@ -4,7 +4,7 @@
 
 For each upload size — POF-MKL updates of M ∈ {1, 2, 8} kernels × D ∈ {50, 100, 400} (N = 16 kernels,
 so M ≤ N) and FedBNR statistics at F ∈ {101, 401} (one kernel, bias on) — the same message is
-encoded with `streamfed.protocol.encode` and decoded with `streamfed.protocol.decode(payload,
+encoded with `streamfed.fleet.protocol.encode` and decoded with `streamfed.fleet.protocol.decode(payload,
 cfg.protocol_schema, kernel_version=…, client=…, kinds=(update kind,))`, exactly as the aggregator
 does; the peer, in the same loop, is `msgpack.packb` of the same envelope (dict with the arrays' raw
 bytes already made) and `msgpack.unpackb` of the same payload. Subject and peer alternate in blocks
@@ -23,10 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.config import FedBNRParams, FleetConfig  # noqa: E402
-from streamfed.fleet import kernel_version  # noqa: E402
-from streamfed.protocol import _envelope, decode, encode, pofmkl_update_message  # noqa: E402
+from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.fleet.config import FedBNRParams, FleetConfig  # noqa: E402
+from streamfed.fleet.factory import kernel_version  # noqa: E402
+from streamfed.fleet.protocol import _envelope, decode, encode, pofmkl_update_message  # noqa: E402
 
 
 def pofmkl_case(m: int, d: int) -> tuple[FleetConfig, object]:
@@ -42,8 +42,8 @@ def fedbnr_case(f: int) -> tuple[FleetConfig, object]:
     d = (f - 1) // 2
     cfg = FleetConfig(fleet="bench", algorithm="fedbnr", n_inputs=8, n_kernels=1, n_features=d,
                       kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=32))
-    from streamfed.agent import AgentCore
-    from streamfed.sources import Reading
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.sources import Reading
 
     core = AgentCore(cfg, "c1", 0)
     rng = np.random.default_rng(0)
@@ -56,7 +56,7 @@ def fedbnr_case(f: int) -> tuple[FleetConfig, object]:
 
 def global_case(n_clients: int) -> tuple[FleetConfig, object]:
     """The global an async POF-MKL fleet of `n_clients` broadcasts (N = 8, D = 50): θ and `included`."""
-    from streamfed.protocol import pofmkl_global_message
+    from streamfed.fleet.protocol import pofmkl_global_message
 
     cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=4, n_kernels=8, n_features=50,
                       max_clients=max(10_000, n_clients))
@@ -133,7 +133,7 @@ def main() -> None:
         "## Wire messages: encode/decode with validation vs plain msgpack",
         "",
         "Command: `.venv/bin/python benchmarks/bench_messages.py`. Per upload message: "
-        "`streamfed.protocol.encode`, and `decode` against the fleet's schema with the kernel version, "
+        "`streamfed.fleet.protocol.encode`, and `decode` against the fleet's schema with the kernel version, "
         "the topic's client and the update kind (the aggregator's path: strict envelope, dtype/shape/"
         "finiteness/index checks, zero-copy array views); peer in the same loop: `msgpack.packb` of the "
         "same envelope dict (array bytes already made) and `msgpack.unpackb(payload)` (no checks). "

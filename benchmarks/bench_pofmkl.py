@@ -22,9 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.oracles
 
-from streamfed import compiled  # noqa: E402
-from streamfed.features import RFFBank, gaussian_dictionary  # noqa: E402
-from streamfed.learners.pofmkl import POFMKLClient  # noqa: E402
+from streamfed.algorithms.pofmkl.learner import POFMKLClient  # noqa: E402
+from streamfed.core import compiled  # noqa: E402
+from streamfed.core.features import RFFBank, gaussian_dictionary  # noqa: E402
 from tests.oracles.pofmkl import OracleClient  # noqa: E402
 
 
@@ -87,7 +87,7 @@ def main() -> None:
                (64, 100, 16, 1, 0.1, args.reps // 2), (64, 100, 16, 4, 0.1, args.reps // 2)]
     other = "jit" if compiled.BACKEND == "aot" else "aot"
     if other == "aot":
-        from streamfed.compiled.build import build
+        from streamfed.core.compiled.build import build
 
         build()
     rows = []
@@ -103,7 +103,7 @@ def main() -> None:
         "transcription kept in `tests/oracles/pofmkl.py`, run in the same process on the same samples.",
         "Times are `perf_counter_ns` around each single step (so they include the clock call), after a",
         "2,000-step warm-up; the load average is printed below the table. The kernels run from the "
-        f"{'ahead-of-time build' if compiled.BACKEND == 'aot' else 'numba JIT'} (`streamfed.compiled`); the "
+        f"{'ahead-of-time build' if compiled.BACKEND == 'aot' else 'numba JIT'} (`streamfed.core.compiled`); the "
         f"column '{other}' is the same step on the {'numba JIT' if other == 'jit' else 'ahead-of-time build'}, "
         "measured in a fresh process right after.",
         f"Machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "

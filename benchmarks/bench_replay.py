@@ -19,9 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.datasets import load_beijing  # noqa: E402
-from streamfed.features import RFFBank  # noqa: E402
-from streamfed.replay import AlgorithmConfig, replay  # noqa: E402
+from streamfed.core.features import RFFBank  # noqa: E402
+from streamfed.evaluation.datasets import load_beijing  # noqa: E402
+from streamfed.evaluation.replay import AlgorithmConfig, replay  # noqa: E402
 from tests.oracles.pofmkl import OracleClient, oracle_server_update  # noqa: E402
 
 

@@ -39,17 +39,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed import broker as broker_module  # noqa: E402
-from streamfed.agent import AgentCore  # noqa: E402
-from streamfed.aggregator import AggregatorCore  # noqa: E402
-from streamfed.broker import EmbeddedBroker  # noqa: E402
-from streamfed.config import FleetConfig  # noqa: E402
-from streamfed.fleet import kernel_version  # noqa: E402
-from streamfed.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.agent import AgentCore  # noqa: E402
+from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
+from streamfed.fleet.config import FleetConfig  # noqa: E402
+from streamfed.fleet.factory import kernel_version  # noqa: E402
+from streamfed.fleet.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.sources import Reading, array_source  # noqa: E402
+from streamfed.fleet.topics import Channel, topic_filter, updates_topic  # noqa: E402
+from streamfed.runtime import broker as broker_module  # noqa: E402
 from streamfed.runtime.agent import AgentService  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
-from streamfed.sources import Reading, array_source  # noqa: E402
-from streamfed.topics import Channel, topic_filter, updates_topic  # noqa: E402
+from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
 
 K_CLIENTS, K_SEQ = 50, 100  # 5,000 queued updates (Mosquitto dev.conf queues up to 10,000)
 

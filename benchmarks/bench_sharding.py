@@ -41,12 +41,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.config import BrokerConfig, FleetConfig  # noqa: E402
-from streamfed.fleet import kernel_version  # noqa: E402
-from streamfed.loadtest import MosquittoProcess, proc_stat  # noqa: E402
-from streamfed.protocol import encode, pofmkl_update_message  # noqa: E402
-from streamfed.topics import global_topic, updates_topic  # noqa: E402
+from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.evaluation.loadtest import MosquittoProcess, proc_stat  # noqa: E402
+from streamfed.fleet.config import BrokerConfig, FleetConfig  # noqa: E402
+from streamfed.fleet.factory import kernel_version  # noqa: E402
+from streamfed.fleet.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.topics import global_topic, updates_topic  # noqa: E402
 
 N_CLIENTS = 50
 WARM = 4  # warm-up updates per client

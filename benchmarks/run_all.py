@@ -8,7 +8,7 @@
 
 Each script also runs alone and prints its section; results/*.md keep the last section of each (and
 results/*.json the numbers of those that write them). The registry and the assembly live in
-`streamfed/bench.py` (also behind `streamfed bench`).
+`streamfed/evaluation/bench.py` (also behind `streamfed bench`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.bench import BENCHES, DOCS, RESULTS, assemble, run_bench  # noqa: E402
+from streamfed.evaluation.bench import BENCHES, DOCS, RESULTS, assemble, run_bench  # noqa: E402
 
 
 def main() -> int:

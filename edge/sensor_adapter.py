@@ -23,7 +23,7 @@ adapter never reuses an id the agent still remembers.
 
     python edge/sensor_adapter.py --host 127.0.0.1 --port 1883 --fleet beijing-air --client station-01 \\
         --source beijing --station Aotizhongxin --rate 2 --delay-labels 5
-    python edge/sensor_adapter.py --config /etc/streamfed/agent.toml --client station-01 --source beijing
+    python edge/sensor_adapter.py --config /etc/streamfed/fleet/agent.toml --client station-01 --source beijing
 
 With `--config` the broker section (TLS, user name, `STREAMFED_BROKER__PASSWORD`) and the fleet's name
 and sensor topic come from the agent's configuration; on a production broker the adapter logs in as
@@ -52,8 +52,8 @@ from typing import Any
 import aiomqtt
 import numpy as np
 
-from streamfed.config import BrokerConfig, load_config
-from streamfed.topics import DEFAULT_SENSOR_TEMPLATE, sensor_topic
+from streamfed.fleet.config import BrokerConfig, load_config
+from streamfed.fleet.topics import DEFAULT_SENSOR_TEMPLATE, sensor_topic
 
 __all__ = [
     "Sample",
@@ -99,7 +99,7 @@ def beijing_samples(station: str = "Aotizhongxin", normalisation: str = "paper")
     >>> list(x)[:3], 0.0 <= y <= 1.0
     (['PM2.5', 'PM10', 'SO2'], True)
     """
-    from streamfed.datasets import load_beijing
+    from streamfed.evaluation.datasets import load_beijing
 
     stream = load_beijing(normalisation=normalisation, split="station")[station]
     for row, y in zip(stream.X, stream.y, strict=True):

@@ -7,7 +7,7 @@
 Protocol (ALGORITHMS.md sections 3 and 6, deployment-faithful): 12 stations are 12 clients; target
 `CO`, inputs `PM2.5, PM10, SO2, NO2, O3, TEMP, PRES, DEWP, RAIN, WSPM`; rows with a missing value are
 skipped (counted by the loader); inputs and target are standardised online per station with past
-samples only (`streamfed.datasets.load_beijing(normalisation="online")`). Metrics are prequential
+samples only (`streamfed.evaluation.datasets.load_beijing(normalisation="online")`). Metrics are prequential
 (predict, then learn) in those standardised units.
 
 Time runs in lock-step on the hourly clock, in rounds of `--round-hours` hours: within a round each
@@ -37,14 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from streamfed.datasets import load_beijing
-from streamfed.learners.fedbnr import FedBNRClient, FedBNRServer
-from streamfed.learners.fedbnr_hier import (
+from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer
+from streamfed.algorithms.fedbnr_personal.learner import (
     FedBNRHierClient,
     FedBNRHierMixClient,
     FedBNRHierMixServer,
     FedBNRHierServer,
 )
+from streamfed.evaluation.datasets import load_beijing
 
 
 def hour_index(stream_time: np.ndarray, t0: np.datetime64) -> np.ndarray:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from streamfed.datasets import load_beijing
-from streamfed.replay import AlgorithmConfig, Schedule, replay
-from streamfed.report import markdown_table, summarise, write_report
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.evaluation.replay import AlgorithmConfig, Schedule, replay
+from streamfed.evaluation.report import markdown_table, summarise, write_report
 
 ALGORITHMS = ["pofmkl", "ofskl", "ofmkl-avg", "vm-kofl", "em-kofl", "local-only", "centralised"]
 

@@ -43,10 +43,10 @@ def replay(
     plots: Annotated[bool, typer.Option(help="write PNG plots")] = True,
 ) -> None:
     """Replay a fleet in-process (no network) and compare algorithms: results.json, results.md, plots."""
-    from .datasets import load_beijing, synthetic_fleet
-    from .replay import ALGORITHMS, AlgorithmConfig, Schedule
-    from .replay import replay as run_replay
-    from .report import summarise, write_report
+    from streamfed.evaluation.datasets import load_beijing, synthetic_fleet
+    from streamfed.evaluation.replay import ALGORITHMS, AlgorithmConfig, Schedule
+    from streamfed.evaluation.replay import replay as run_replay
+    from streamfed.evaluation.report import summarise, write_report
 
     algorithms = algorithm or ["pofmkl", "ofskl", "ofmkl-avg", "vm-kofl", "em-kofl", "local-only",
                                "centralised"]
@@ -109,7 +109,7 @@ def demo(
     """A whole fleet on this machine: broker, aggregator and agents on the Beijing streams, live."""
     import asyncio
 
-    from .demo import DemoOptions, run_demo
+    from streamfed.demo import DemoOptions, run_demo
 
     if algorithm not in ("pofmkl", "fedbnr"):
         raise typer.BadParameter("algorithm must be pofmkl or fedbnr")
@@ -121,7 +121,7 @@ def _run_service(svc: object, server: object | None) -> None:
     """Run an agent or aggregator service until it ends or Ctrl-C; exit 2 when the broker refuses it."""
     import asyncio
 
-    from .runtime.agent import BrokerRefused
+    from streamfed.runtime.agent import BrokerRefused
 
     try:
         asyncio.run(svc.run())  # type: ignore[attr-defined]
@@ -143,7 +143,7 @@ def _names(value: str | None) -> list[str] | None:
 def _serve(build: Callable[[], Any], stats: list, metrics_port: int | None, describe: Callable[[Any], str]) -> None:
     """Build a service (a damaged, foreign or locked state file is exit 2, with its reason), serve its metrics,
     say what runs (`describe(service)`), and run it."""
-    from .persistence import StateError
+    from streamfed.fleet.persistence import StateError
 
     try:
         svc = build()
@@ -158,7 +158,7 @@ def _serve(build: Callable[[], Any], stats: list, metrics_port: int | None, desc
 def _serve_metrics(stats: list, port: int | None, host: str = "127.0.0.1") -> object | None:
     if port is None:
         return None
-    from .metrics import AggregatorStats, StreamfedCollector, make_registry, serve_metrics
+    from streamfed.fleet.telemetry import AggregatorStats, StreamfedCollector, make_registry, serve_metrics
 
     agents = [s for s in stats if not isinstance(s, AggregatorStats)]
     aggs = [s for s in stats if isinstance(s, AggregatorStats)]
@@ -181,9 +181,9 @@ def aggregator(
     wait_offline: Annotated[bool, typer.Option(help="lock-step: rounds wait for clients that went offline")] = False,
 ) -> None:
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
-    from .aggregator import AggregatorCore
-    from .config import load_config
-    from .runtime.aggregator import AggregatorService
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import load_config
+    from streamfed.runtime.aggregator import AggregatorService
 
     cfg = load_config(config)
     core = AggregatorCore(cfg.fleet, clients=_names(clients), mode=mode, quorum=quorum,  # type: ignore[arg-type]
@@ -210,10 +210,10 @@ def agent(
     state_dir: Annotated[Path | None, typer.Option(help="persist learner, outbox and source position here")] = None,
 ) -> None:
     """Run one edge agent: predict, learn, publish predictions and bounded updates."""
-    from . import sources
-    from .agent import AgentCore
-    from .config import load_config
-    from .runtime.agent import AgentService
+    from streamfed.fleet import sources
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import load_config
+    from streamfed.runtime.agent import AgentService
 
     cfg = load_config(config)
     names = _names(features)
@@ -253,10 +253,10 @@ def shard(
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
 ) -> None:
     """Run one aggregator shard: take a share of the updates, validate, sum, send partials to the reducer."""
-    from .config import load_config
-    from .metrics import AggregatorStats
-    from .runtime.shard import ShardService
-    from .sharding import ShardCore
+    from streamfed.fleet.config import load_config
+    from streamfed.fleet.sharding import ShardCore
+    from streamfed.fleet.telemetry import AggregatorStats
+    from streamfed.runtime.shard import ShardService
 
     cfg = load_config(config)
     stats = AggregatorStats(cfg.fleet.fleet)
@@ -279,9 +279,9 @@ def reducer(
     state_dir: Annotated[Path | None, typer.Option(help="persist the global state here; resume from it")] = None,
 ) -> None:
     """Run the reducer of a sharded fleet: combine the shards' partial sums, publish the global."""
-    from .config import load_config
-    from .runtime.shard import ReducerService
-    from .sharding import ReducerCore
+    from streamfed.fleet.config import load_config
+    from streamfed.fleet.sharding import ReducerCore
+    from streamfed.runtime.shard import ReducerService
 
     cfg = load_config(config)
     core = ReducerCore(cfg.fleet, clients=_names(clients), mode=mode, window=window,  # type: ignore[arg-type]
@@ -300,7 +300,7 @@ def bench(
     assemble_only: Annotated[bool, typer.Option("--assemble", help="only rebuild docs/benchmarks.md")] = False,
 ) -> None:
     """Run benchmarks side by side with their peers; write JSON + markdown and docs/benchmarks.md."""
-    from .bench import BENCHES, DOCS, RESULTS, assemble, run_bench
+    from streamfed.evaluation.bench import BENCHES, DOCS, RESULTS, assemble, run_bench
 
     if assemble_only:
         console.print(f"wrote {assemble(out or RESULTS, DOCS if out is None else Path(out) / 'benchmarks.md')}")
@@ -326,18 +326,18 @@ def kernels(
     if action not in ("build", "status", "clean"):
         raise typer.BadParameter(f"unknown action {action!r}; choose build, status or clean")
     if action == "build":
-        from .compiled.build import build
+        from streamfed.core.compiled.build import build
 
         with console.status("compiling the kernels ahead of time (numba pycc)…"):
             path = build(force=force)
         console.print(f"kernels built: {path}", soft_wrap=True)
     elif action == "clean":
-        from .compiled.build import clean
+        from streamfed.core.compiled.build import clean
 
         gone = clean()
         console.print(f"deleted {len(gone)} build(s) of other sources" + "".join(f"\n  {p}" for p in gone))
     else:
-        from .compiled import build_path
+        from streamfed.core.compiled import build_path
 
         path = build_path()
         mode = os.environ.get("STREAMFED_KERNELS", "auto")
@@ -360,8 +360,8 @@ def subscribe(
     """A live view of a fleet's predictions (or JSON lines with --json)."""
     import asyncio
 
-    from .config import BrokerConfig, load_config
-    from .subscribe import watch
+    from streamfed.fleet.config import BrokerConfig, load_config
+    from streamfed.runtime.subscribe import watch
 
     broker = load_config(config).broker if config else BrokerConfig(host=host, port=port)
     try:

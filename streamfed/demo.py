@@ -20,16 +20,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .agent import AgentCore
-from .aggregator import AggregatorCore
-from .broker import EmbeddedBroker
-from .config import FedBNRParams, FleetConfig, POFMKLParams
-from .datasets import load_beijing
-from .metrics import StreamfedCollector, make_registry, serve_metrics
-from .protocol import Reason
-from .runtime.agent import AgentService
-from .runtime.aggregator import AggregatorService
-from .sources import array_source
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.protocol import Reason
+from streamfed.fleet.sources import array_source
+from streamfed.fleet.telemetry import StreamfedCollector, make_registry, serve_metrics
+from streamfed.runtime.agent import AgentService
+from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.broker import EmbeddedBroker
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -115,7 +115,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     # Compile (or load from numba's cache) the per-sample and aggregation paths once, before the clock
     # starts: on a fresh install that takes longer than a short demo, and it is process-wide, so the
     # services' own warm-ups are then instant. In a thread, so the live view stays responsive.
-    from . import compiled
+    from streamfed.core import compiled
 
     how = ("ahead-of-time build" if compiled.BACKEND == "aot"
            else "numba JIT; cached after the first run — `streamfed kernels build` compiles them once for good")

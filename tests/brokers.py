@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from streamfed.config import BrokerConfig
+from streamfed.fleet.config import BrokerConfig
 
 __all__ = [
     "REPO",

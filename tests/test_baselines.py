@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from streamfed.features import RFFBank, gaussian_dictionary
-from streamfed.learners.baselines import (
+from streamfed.algorithms.kofl.learner import (
     EMKOFLClient,
     KOFLServer,
     KOFLUpdate,
@@ -12,7 +11,8 @@ from streamfed.learners.baselines import (
     OFSKLClient,
     VMKOFLClient,
 )
-from streamfed.learners.pofmkl import POFMKLServer
+from streamfed.algorithms.pofmkl.learner import POFMKLServer
+from streamfed.core.features import RFFBank, gaussian_dictionary
 from tests.oracles.kofl import run_fleet
 from tests.test_pofmkl import make_streams
 

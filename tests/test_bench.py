@@ -1,9 +1,9 @@
-"""`streamfed.bench`: a quick benchmark end to end in a temporary directory (real scripts, real numbers)."""
+"""`streamfed.evaluation.bench`: a quick benchmark end to end in a temporary directory (real scripts, real numbers)."""
 
 import json
 import math
 
-from streamfed.bench import BENCHES, assemble, check_numbers, run_bench
+from streamfed.evaluation.bench import BENCHES, assemble, check_numbers, run_bench
 
 
 def _numbers(tree):

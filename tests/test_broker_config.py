@@ -23,9 +23,9 @@ import pytest
 from paho.mqtt.client import topic_matches_sub
 from paho.mqtt.enums import CallbackAPIVersion
 
-from streamfed import topics
-from streamfed.config import BrokerConfig, FleetConfig
-from streamfed.protocol import decode, encode, pofmkl_update_message, status_message
+from streamfed.fleet import topics
+from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.fleet.protocol import decode, encode, pofmkl_update_message, status_message
 from tests.brokers import BROKER_CONFIG, Broker
 
 T = TypeVar("T")

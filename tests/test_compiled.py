@@ -1,4 +1,4 @@
-"""The ahead-of-time kernel build (`streamfed.compiled`): it computes what numba's JIT computes, its
+"""The ahead-of-time kernel build (`streamfed.core.compiled`): it computes what numba's JIT computes, its
 guards turn a wrong argument into a `TypeError` instead of a read of raw memory, a stale build is
 never loaded, and an agent that has a build runs without numba (the point: memory)."""
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfed import compiled
-from streamfed.compiled.build import build
+from streamfed.core import compiled
+from streamfed.core.compiled.build import build
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,10 +37,10 @@ def jit():
 WORKLOAD = r"""
 import json, sys
 import numpy as np
-from streamfed import compiled
-from streamfed.features import RFFBank, gaussian_dictionary
-from streamfed.learners.fedbnr import FedBNRClient, FedBNRServer
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer
+from streamfed.core import compiled
+from streamfed.core.features import RFFBank, gaussian_dictionary
+from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 out = {"backend": compiled.BACKEND, "numba": None}
 rng = np.random.default_rng(7)
 X = rng.uniform(-2, 2, (600, 5)); y = np.sin(X.sum(axis=1)) + 0.1 * rng.standard_normal(600)
@@ -177,7 +177,7 @@ def test_a_build_is_named_by_its_sources(tmp_path, monkeypatch):
         (copy / rel).write_bytes((compiled._PKG / rel).read_bytes())
     monkeypatch.setattr(compiled, "_PKG", copy)
     assert compiled.build_key() == key
-    src = copy / "learners" / "_pofmkl_kernels.py"
+    src = copy / "algorithms" / "pofmkl" / "_kernels.py"
     src.write_text(src.read_text() + "\n# one more line\n")
     assert compiled.build_key() != key
     empty = tmp_path / "no-builds"
@@ -185,7 +185,7 @@ def test_a_build_is_named_by_its_sources(tmp_path, monkeypatch):
         compiled.load_aot(empty / "x.so")
     for mode, rc, needle in (("aot", 1, "STREAMFED_KERNELS=aot"), ("auto", 0, "jit")):
         env = {**os.environ, "STREAMFED_KERNELS": mode, "STREAMFED_KERNEL_DIR": str(empty)}
-        res = subprocess.run([sys.executable, "-c", "import streamfed.compiled as c; print(c.BACKEND)"],
+        res = subprocess.run([sys.executable, "-c", "import streamfed.core.compiled as c; print(c.BACKEND)"],
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
         assert res.returncode == rc and needle in (res.stdout + res.stderr), res.stderr[-2000:]
 
@@ -194,9 +194,9 @@ AGENT = r"""
 import sys
 import numpy as np
 import streamfed.runtime.agent  # noqa: F401
-from streamfed.agent import AgentCore
-from streamfed.config import FleetConfig
-from streamfed.sources import Reading
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.sources import Reading
 cfg = FleetConfig(fleet="m", algorithm=sys.argv[1], n_inputs=4, n_kernels=3, n_features=16, bin_size=2)
 core = AgentCore(cfg, "a1", 0)
 core.warm_up()

@@ -1,4 +1,4 @@
-"""Tests of streamfed.datasets: the Beijing loader against an independent csv-module transcription,
+"""Tests of streamfed.evaluation.datasets: the Beijing loader against an independent csv-module transcription,
 the normalisations, the client splits, the adapters and the synthetic generator."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from streamfed.datasets import (
+from streamfed.evaluation.datasets import (
     BEIJING_EXTRAS,
     BEIJING_INPUTS,
     BEIJING_ROWS,

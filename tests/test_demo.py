@@ -8,8 +8,8 @@ import urllib.request
 from rich.console import Console
 
 from streamfed import demo as demo_mod
-from streamfed.broker import dev_config
 from streamfed.demo import DemoOptions, run_demo
+from streamfed.runtime.broker import dev_config
 
 
 def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch, tmp_path):

@@ -27,15 +27,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from streamfed.agent import AgentCore
-from streamfed.aggregator import AggregatorCore
 from streamfed.cli import app
-from streamfed.config import BrokerConfig, FleetConfig, POFMKLParams, load_config
-from streamfed.datasets import BEIJING_INPUTS
-from streamfed.protocol import decode
+from streamfed.evaluation.datasets import BEIJING_INPUTS
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import BrokerConfig, FleetConfig, POFMKLParams, load_config
+from streamfed.fleet.protocol import decode
+from streamfed.fleet.topics import global_topic, predictions_topic, sensor_topic
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
-from streamfed.topics import global_topic, predictions_topic, sensor_topic
 
 REPO = Path(__file__).resolve().parent.parent
 EDGE = REPO / "edge"
@@ -156,13 +156,13 @@ def test_systemd_unit_command_line_is_accepted_by_the_cli():
                        .replace("${STREAMFED_AGENT_INDEX}", "3"))
     assert argv[0].endswith("/bin/streamfed") and argv[1] == "agent"
     joined = " ".join(argv)
-    assert "--config /etc/streamfed/agent.toml" in joined and "--client station-01" in joined
+    assert "--config /etc/streamfed/fleet/agent.toml" in joined and "--client station-01" in joined
     group = typer.main.get_command(app)
     with group.make_context("streamfed", argv[1:]) as ctx:
         sub = group.get_command(ctx, "agent")
         assert sub is not None
         params = sub.make_context("agent", argv[2:], parent=ctx).params  # parses and type-checks, runs nothing
-    assert str(params["config"]) == "/etc/streamfed/agent.toml" and params["client"] == "station-01"
+    assert str(params["config"]) == "/etc/streamfed/fleet/agent.toml" and params["client"] == "station-01"
     assert params["index"] == 3 and params["source"] == "mqtt"
     fleet = load_config(EDGE / "agent.toml", env={}).fleet
     assert params["features"].split(",") == list(BEIJING_INPUTS)[: fleet.n_inputs]
@@ -210,7 +210,7 @@ def test_sensor_adapter_doctests_and_messages():
     assert len({m["id"].split("-")[0] for m in inline}) == 1
     assert all("y" not in m for m in adapter.sensor_messages(samples, delay_labels=-1))
     # every message the adapter makes parses on the agent's side
-    from streamfed.sources import Label, Reading, ReadingParser
+    from streamfed.fleet.sources import Label, Reading, ReadingParser
 
     p = ReadingParser(["a"])
     assert [type(p.parse(adapter._payload(m))) for m in msgs] == [Reading if k == "R" else Label for k in kinds]
@@ -415,8 +415,8 @@ def test_sensor_adapter_cli_publishes_to_the_broker(mosquitto_dev):
 def test_a_restarted_agent_continues_its_update_sequence():
     import numpy as np
 
-    from streamfed.protocol import encode
-    from streamfed.sources import Reading
+    from streamfed.fleet.protocol import encode
+    from streamfed.fleet.sources import Reading
 
     cfg = FleetConfig(fleet="restart", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=4)
     agg = AggregatorCore(cfg, mode="async", window=0.0)
@@ -482,7 +482,7 @@ def test_a_cancelled_agent_is_marked_offline(mosquitto_dev):
             await asyncio.wait_for(task, 5)
         await asyncio.sleep(0.2)
         async with aiomqtt.Client(**broker.aiomqtt_kwargs("edge-cancel.reader")) as reader:
-            from streamfed.topics import status_topic
+            from streamfed.fleet.topics import status_topic
 
             await reader.subscribe(status_topic(cfg.fleet, "c1"), qos=1)
             retained = await asyncio.wait_for(anext(aiter(reader.messages)), 5)
@@ -493,7 +493,7 @@ def test_a_cancelled_agent_is_marked_offline(mosquitto_dev):
 
 def test_readme_sensor_examples_parse():
     """The message examples of edge/README.md are what the agent accepts (the docs cannot drift)."""
-    from streamfed.sources import Label, Reading, ReadingParser
+    from streamfed.fleet.sources import Label, Reading, ReadingParser
 
     text = (EDGE / "README.md").read_text()
     block = text.split("## 5. The sensor message format", 1)[1].split("```json", 1)[1].split("```", 1)[0]

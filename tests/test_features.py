@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from streamfed.features import (
+from streamfed.core.features import (
     KERNEL_KINDS,
     KernelSpec,
     RFFBank,
@@ -127,7 +127,7 @@ def test_rffmap_bias_and_dictionary():
 
 
 def test_kernel_refuses_a_short_scratch_instead_of_corrupting_memory():
-    from streamfed.compiled import features as kern  # the backend in use (build or JIT)
+    from streamfed.core.compiled import features as kern  # the backend in use (build or JIT)
 
     bank = RFFBank(SPECS, 4, 3, seed=0)
     out = np.empty((len(SPECS), 8))

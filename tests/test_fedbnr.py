@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 from river import checks, proba
 
-import streamfed.learners.fedbnr as fedbnr_module
-from streamfed import stats as stats_module
-from streamfed.features import KernelSpec, RFFBank, RFFMap
-from streamfed.learners.fedbnr import (
+import streamfed.algorithms.fedbnr.learner as fedbnr_module
+from streamfed.algorithms.fedbnr.learner import (
     FedBNRClient,
     FedBNRRegressor,
     FedBNRServer,
@@ -24,7 +22,9 @@ from streamfed.learners.fedbnr import (
     log_evidence,
     spectral_log_evidence,
 )
-from streamfed.stats import SufficientStats
+from streamfed.core import stats as stats_module
+from streamfed.core.features import KernelSpec, RFFBank, RFFMap
+from streamfed.core.stats import SufficientStats
 
 # ----------------------------------------------------------------------------- oracles
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfed.learners.fedbnr import FedBNRClient, log_evidence
-from streamfed.learners.fedbnr_hier import (
+from streamfed.algorithms.fedbnr.learner import FedBNRClient, log_evidence
+from streamfed.algorithms.fedbnr_personal.learner import (
     FedBNRHierClient,
     FedBNRHierServer,
     HierGlobal,
@@ -20,7 +20,7 @@ from streamfed.learners.fedbnr_hier import (
     hierarchical_log_evidence,
     marginal_contribution,
 )
-from streamfed.stats import SufficientStats
+from streamfed.core.stats import SufficientStats
 
 SIG, LAM, TAU = 0.4, 1.3, 0.6
 
@@ -284,7 +284,7 @@ def test_bad_inputs_are_refused() -> None:
 
 
 def test_tau_mixture_of_one_model_is_that_model_and_weights_follow_prequential_evidence() -> None:
-    from streamfed.learners.fedbnr_hier import FedBNRHierMixClient, FedBNRHierMixServer
+    from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierMixClient, FedBNRHierMixServer
 
     kw = dict(n_inputs=2, n_features=2, bandwidth=1.5, sigma=SIG, lam=LAM, min_upload=1, forgetting=0.95)
     mixes = [FedBNRHierMixClient((0.05, 0.6, 3.0), client_id=f"c{i}", **kw) for i in range(2)]

@@ -9,9 +9,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfed.learners import _fedbnr_kernels as kern
-from streamfed.learners.fedbnr import FedBNRClient, FedBNRServer, log_evidence
-from streamfed.stats import SufficientStats
+from streamfed.algorithms.fedbnr import _kernels as kern
+from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer, log_evidence
+from streamfed.core.stats import SufficientStats
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -26,12 +26,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfed.agent import AgentCore
-from streamfed.aggregator import AggregatorCore
-from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
-from streamfed.metrics import DEFAULT_REJECT_REASONS
-from streamfed.protocol import encode
-from streamfed.sources import Reading
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.protocol import encode
+from streamfed.fleet.sources import Reading
+from streamfed.fleet.telemetry import DEFAULT_REJECT_REASONS
 
 BUDGET = int(os.environ.get("STREAMFED_FUZZ_EXAMPLES", "11000"))
 COUNTS: Counter[str] = Counter()  # "<test>/<kind>/<outcome>" → messages

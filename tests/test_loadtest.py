@@ -1,9 +1,9 @@
-"""`streamfed.loadtest`, small: 20 real agent services in one process, the `streamfed aggregator` command
+"""`streamfed.evaluation.loadtest`, small: 20 real agent services in one process, the `streamfed aggregator` command
 and a real Mosquitto; every published update must be in the last global, none rejected."""
 
 import math
 
-from streamfed.loadtest import LoadTestOptions, run_loadtest
+from streamfed.evaluation.loadtest import LoadTestOptions, run_loadtest
 
 
 def test_small_load_test_loses_and_rejects_nothing(mosquitto_dev):
@@ -32,12 +32,12 @@ def test_agents_of_one_process_share_the_decoding_of_a_global():
     fleet in the process, and ends in the same state and counters as `AgentCore.on_global_payload`."""
     import numpy as np
 
-    from streamfed.agent import AgentCore
-    from streamfed.aggregator import AggregatorCore
-    from streamfed.config import FleetConfig
-    from streamfed.protocol import encode
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.protocol import encode
+    from streamfed.fleet.sources import Reading
     from streamfed.runtime.agent import SharedGlobals, install_global
-    from streamfed.sources import Reading
 
     cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     agg = AggregatorCore(cfg, mode="async", window=0.0)

@@ -1,4 +1,4 @@
-"""Stats objects and the Prometheus collector of `streamfed.metrics`, against plain recomputation."""
+"""Stats objects and the Prometheus collector of `streamfed.fleet.telemetry`, against plain recomputation."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import streamfed.metrics as metrics_module
-from streamfed.datasets.synthetic import synthetic_fleet
-from streamfed.features import RFFBank, gaussian_dictionary
-from streamfed.learners.fedbnr import FedBNRClient
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer
-from streamfed.metrics import (
+import streamfed.fleet.telemetry as metrics_module
+from streamfed.algorithms.fedbnr.learner import FedBNRClient
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+from streamfed.core.features import RFFBank, gaussian_dictionary
+from streamfed.evaluation.datasets.synthetic import synthetic_fleet
+from streamfed.fleet.protocol import Reason
+from streamfed.fleet.sources import SkipReason
+from streamfed.fleet.telemetry import (
     DEFAULT_REJECT_REASONS,
     DEFAULT_SKIP_REASONS,
     PREDICTION_BUCKETS,
@@ -33,8 +35,6 @@ from streamfed.metrics import (
     make_registry,
     serve_metrics,
 )
-from streamfed.protocol import Reason
-from streamfed.sources import SkipReason
 
 
 def test_doctests() -> None:

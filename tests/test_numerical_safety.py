@@ -5,10 +5,10 @@ import warnings
 
 import numpy as np
 
-from streamfed.datasets import load_beijing
-from streamfed.features import RFFBank
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer
-from streamfed.replay import AlgorithmConfig
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+from streamfed.core.features import RFFBank
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.evaluation.replay import AlgorithmConfig
 
 N_STEPS = 1_000_000
 

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 from river import checks
 
-from streamfed.features import KernelSpec, RFFBank, gaussian_dictionary
-from streamfed.learners._pofmkl_kernels import N_DRAWS
-from streamfed.learners.pofmkl import (
+from streamfed.algorithms.pofmkl._kernels import N_DRAWS
+from streamfed.algorithms.pofmkl.learner import (
     KernelUpdate,
     NonFiniteError,
     POFMKLClient,
@@ -14,6 +13,7 @@ from streamfed.learners.pofmkl import (
     POFMKLServer,
     run_lockstep,
 )
+from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary
 from tests.oracles.pofmkl import OracleClient, oracle_server_update
 
 

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamfed.datasets.synthetic import synthetic_fleet
-from streamfed.features import RFFBank, gaussian_dictionary
-from streamfed.learners.fedbnr import FedBNRClient
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer
-from streamfed.metrics import (
+from streamfed.algorithms.fedbnr.learner import FedBNRClient
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+from streamfed.core.features import RFFBank, gaussian_dictionary
+from streamfed.evaluation.datasets.synthetic import synthetic_fleet
+from streamfed.fleet.telemetry import (
     AgentStats,
     AggregatorStats,
     MetricsServer,

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from pydantic import ValidationError
 
-import streamfed.config as config_module
-import streamfed.protocol as protocol_module
-from streamfed.config import (
+import streamfed.fleet.config as config_module
+import streamfed.fleet.protocol as protocol_module
+from streamfed.fleet.config import (
     MAX_KERNEL_VERSION_LEN,
     MAX_META_ITEMS,
     MAX_META_STR,
@@ -33,7 +33,7 @@ from streamfed.config import (
     env_overrides,
     load_config,
 )
-from streamfed.protocol import (
+from streamfed.fleet.protocol import (
     Message,
     ProtocolError,
     Reason,
@@ -185,7 +185,7 @@ def test_fleet_config_validation() -> None:
 
 
 def test_default_kernel_dictionary_matches_the_learners() -> None:
-    from streamfed.features import gaussian_dictionary
+    from streamfed.core.features import gaussian_dictionary
 
     assert POF.kernel_specs == tuple(s.key for s in gaussian_dictionary(3))
 
@@ -700,8 +700,8 @@ def test_invalid_client_names_are_refused_every_time() -> None:
 
 
 def test_pofmkl_update_and_global_through_the_wire() -> None:
-    from streamfed.features import RFFBank
-    from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer
+    from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+    from streamfed.core.features import RFFBank
 
     bank = RFFBank(POF.kernel_specs, POF.n_features, POF.n_inputs, seed=POF.seed)
     client = POFMKLClient(bank, bin_size=POF.bin_size, rng=1)
@@ -723,7 +723,7 @@ def test_pofmkl_update_and_global_through_the_wire() -> None:
 
 
 def test_fedbnr_upload_and_global_through_the_wire() -> None:
-    from streamfed.learners.fedbnr import FedBNRClient, FedBNRServer, GlobalModel, Upload
+    from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer, GlobalModel, Upload
 
     client = FedBNRClient(n_inputs=2, n_features=1, bandwidth=[1.0, 2.0], min_upload=4, client_id="a1")
     rng = np.random.default_rng(0)

@@ -25,26 +25,26 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from streamfed.agent import AgentCore
-from streamfed.aggregator import AggregatorCore
+from streamfed.algorithms.fedbnr.learner import fit_hyperparameters
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
 from streamfed.cli import app
-from streamfed.config import BrokerConfig, FedBNRParams, FleetConfig, POFMKLParams
-from streamfed.datasets import load_beijing
-from streamfed.features import RFFBank
-from streamfed.learners.fedbnr import fit_hyperparameters
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer, run_lockstep
-from streamfed.persistence import StateError, StateStore, atomic_write, dumps, loads, read_state
-from streamfed.protocol import (
+from streamfed.core.features import RFFBank
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.evaluation.replay import AlgorithmConfig
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import BrokerConfig, FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.persistence import StateError, StateStore, atomic_write, dumps, loads, read_state
+from streamfed.fleet.protocol import (
     ack_message,
     decode,
     encode,
     pofmkl_global_message,
     pofmkl_update_message,
 )
-from streamfed.replay import AlgorithmConfig
+from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip, array_source
 from streamfed.runtime.agent import AgentService, BrokerRefused
 from streamfed.runtime.aggregator import AggregatorService
-from streamfed.sources import Label, Reading, ReadingParser, Skip, array_source
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 120

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from streamfed.datasets import synthetic_fleet
-from streamfed.features import RFFBank
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer, run_lockstep
-from streamfed.replay import ALGORITHMS, AlgorithmConfig, Schedule, build_algorithm, replay
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.core.features import RFFBank
+from streamfed.evaluation.datasets import synthetic_fleet
+from streamfed.evaluation.replay import ALGORITHMS, AlgorithmConfig, Schedule, build_algorithm, replay
 
 CFG = AlgorithmConfig(n_kernels=4, n_features=10, eta=0.05, xi=0.2, bin_size=1)
 

@@ -7,15 +7,15 @@ import pickle
 import numpy as np
 import pytest
 
-from streamfed.agent import AgentCore, ErrorFeedback
-from streamfed.aggregator import AggregatorCore
-from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
-from streamfed.datasets import load_beijing
-from streamfed.features import RFFBank
-from streamfed.learners.pofmkl import KernelUpdate, POFMKLClient, POFMKLServer, run_lockstep
-from streamfed.protocol import decode, encode
-from streamfed.replay import AlgorithmConfig, replay
-from streamfed.sources import Label, Reading, Skip, SkipReason
+from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.core.features import RFFBank
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.evaluation.replay import AlgorithmConfig, replay
+from streamfed.fleet.agent import AgentCore, ErrorFeedback
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.protocol import decode, encode
+from streamfed.fleet.sources import Label, Reading, Skip, SkipReason
 
 STEPS = 150
 
@@ -144,7 +144,7 @@ def test_bad_input_is_counted_not_learned(fleet):
 
 def _async_updates(cfg, clients, per_client, seed):
     """Encoded async updates (random kernels and deltas, some -0.0) from several clients, interleaved."""
-    from streamfed.protocol import pofmkl_update_message
+    from streamfed.fleet.protocol import pofmkl_update_message
 
     rng = np.random.default_rng(seed)
     agg = AggregatorCore(cfg, clients=clients, mode="async")
@@ -163,7 +163,7 @@ def test_async_window_sums_each_clients_updates_like_merge_updates():
     """The async aggregator sums a client's updates per kernel as they arrive; the global is the one
     merge_updates + the server give for the same window, to the last bit, also across a restart
     in the middle of the window."""
-    from streamfed.learners.pofmkl import merge_updates
+    from streamfed.algorithms.pofmkl.learner import merge_updates
 
     cfg = pof_cfg()
     clients = ["a", "b", "c", "d"]
@@ -223,7 +223,7 @@ def test_begin_then_finish_reading_is_on_reading(fleet, algorithm):
 def test_an_update_names_the_global_its_step_saw(fleet):
     """A global installed between a step and its update message (the agent publishes the prediction in
     between) does not relabel the update: it was computed against the older one."""
-    from streamfed.protocol import pofmkl_global_message
+    from streamfed.fleet.protocol import pofmkl_global_message
 
     cfg = pof_cfg()
     s = fleet.streams[0]
@@ -268,7 +268,7 @@ def test_warm_up_compiles_everything_the_stream_runs(algorithm, fleet):
     """After `warm_up`, real samples (dataset rows are read-only arrays, sensor readings writable) and an
     installed global compile nothing: a cold start must not stall the first seconds of a live stream.
     About numba's JIT: when this process runs on the ahead-of-time build, the test runs in a JIT one."""
-    from streamfed import compiled
+    from streamfed.core import compiled
 
     if compiled.BACKEND != "jit":
         import os

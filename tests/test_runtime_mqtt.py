@@ -8,18 +8,18 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from streamfed.agent import AgentCore
-from streamfed.aggregator import AggregatorCore
-from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
-from streamfed.datasets import load_beijing
-from streamfed.features import RFFBank
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer, run_lockstep
-from streamfed.protocol import decode
-from streamfed.replay import AlgorithmConfig
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.core.features import RFFBank
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.evaluation.replay import AlgorithmConfig
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.protocol import decode
+from streamfed.fleet.sources import array_source
+from streamfed.fleet.topics import Channel, topic_filter
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
-from streamfed.sources import array_source
-from streamfed.topics import Channel, topic_filter
 from tests.oracles.fedbnr import assert_global_is_centralised
 
 STEPS = 60
@@ -128,8 +128,8 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     takes them in batches: every one is handled, in order — valid ones, duplicates, garbage and
     updates of unknown clients counted exactly as a core fed the same sequence directly counts them,
     and the same global θ."""
-    from streamfed.protocol import encode, pofmkl_update_message
-    from streamfed.topics import updates_topic
+    from streamfed.fleet.protocol import encode, pofmkl_update_message
+    from streamfed.fleet.topics import updates_topic
 
     cfg = FleetConfig(fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
     names = [f"c{i}" for i in range(8)]

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfed.agent import AgentCore
-from streamfed.aggregator import AggregatorCore
-from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
-from streamfed.datasets import load_beijing
-from streamfed.protocol import Message, decode, encode
-from streamfed.sharding import ReducerCore, ShardCore, contributors_fields, contributors_of
-from streamfed.sources import Reading
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.protocol import Message, decode, encode
+from streamfed.fleet.sharding import ReducerCore, ShardCore, contributors_fields, contributors_of
+from streamfed.fleet.sources import Reading
 
 STEPS = 40
 

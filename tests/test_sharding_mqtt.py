@@ -8,16 +8,16 @@ import contextlib
 import numpy as np
 import pytest
 
-from streamfed.agent import AgentCore
-from streamfed.config import FedBNRParams, FleetConfig, POFMKLParams
-from streamfed.datasets import load_beijing
-from streamfed.features import RFFBank
-from streamfed.learners.pofmkl import POFMKLClient, POFMKLServer, run_lockstep
-from streamfed.replay import AlgorithmConfig
+from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.core.features import RFFBank
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.evaluation.replay import AlgorithmConfig
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.sharding import ReducerCore, ShardCore
+from streamfed.fleet.sources import array_source
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.shard import ReducerService, ShardService
-from streamfed.sharding import ReducerCore, ShardCore
-from streamfed.sources import array_source
 from tests.oracles.fedbnr import assert_global_is_centralised
 
 STEPS = 60
@@ -117,7 +117,7 @@ def test_sharded_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, s
 
 
 def test_acl_gives_shards_and_the_reducer_only_their_topics():
-    from streamfed import topics
+    from streamfed.fleet import topics
     from tests.test_broker_config import _acl_allows
 
     upd, glob = topics.updates_topic("f", "a1"), topics.global_topic("f")
@@ -186,8 +186,8 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
 
     import aiomqtt
 
-    from streamfed.protocol import decode
-    from streamfed.topics import global_topic
+    from streamfed.fleet.protocol import decode
+    from streamfed.fleet.topics import global_topic
 
     cfg = LOCKSTEP.model_copy(update={"fleet": "reducerkill"})
     broker = mosquitto_dev.broker_config()

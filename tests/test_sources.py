@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfed.config import MAX_META_STR
-from streamfed.sources import (
+from streamfed.fleet.config import MAX_META_STR
+from streamfed.fleet.sources import (
     MAX_ID_LEN,
     Label,
     LabelJoin,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfed.stats import SufficientStats, pack_upper, packed_dim, packed_size, unpack_upper
+from streamfed.core.stats import SufficientStats, pack_upper, packed_dim, packed_size, unpack_upper
 
 
 def _oracle(phi: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:

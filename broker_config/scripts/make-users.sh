@@ -27,7 +27,7 @@ shift $((OPTIND - 1))
 [ $# -gt 0 ] || usage 2 >&2
 command -v mosquitto_passwd >/dev/null || { echo "mosquitto_passwd not found (apt-get install mosquitto)" >&2; exit 1; }
 
-# Same alphabet as streamfed.topics.name_problem: safe as topic level, user name and file name.
+# Same alphabet as streamfed.fleet.topics.name_problem: safe as topic level, user name and file name.
 name_re='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'
 
 umask 077

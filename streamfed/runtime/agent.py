@@ -1,4 +1,4 @@
-"""The agent's asyncio/MQTT shell around :class:`streamfed.agent.AgentCore`.
+"""The agent's asyncio/MQTT shell around :class:`streamfed.fleet.agent.AgentCore`.
 
 Connection: MQTT v5 by default (v3.1.1 accepted), QoS 1 for updates, status and subscriptions, a
 persistent session (fixed client id ``<fleet>.<client>``, ``clean_start=False``,
@@ -38,7 +38,7 @@ for its updates to be included.
 
 Durability (`state_dir`): the core's snapshot (learner, error feedback, sequence numbers, outbox), the
 number of source items consumed and the sensor parser's state go to ``<state_dir>/agent-<fleet>-<client>.state``
-(:mod:`streamfed.persistence`), **before** any update computed from them is published (write-ahead), at
+(:mod:`streamfed.fleet.persistence`), **before** any update computed from them is published (write-ahead), at
 the latest `checkpoint_interval` seconds after it was computed, at the end of the source and on stop. A
 restarted agent resumes there: the source continues after the last item the state covers (items
 learned after it are learned again, identically), and the outbox is sent again. Predictions are not
@@ -64,19 +64,26 @@ from typing import Any, TypeVar
 import aiomqtt
 import paho.mqtt.client as mqtt
 
-from ..agent import AgentCore, GlobalResult, Prediction
-from ..config import BrokerConfig, FleetConfig
-from ..persistence import StateStore
-from ..protocol import Message, ProtocolError, decode, encode, status_message
-from ..sources import Label, Reading, ReadingParser, Skip
-from ..topics import acks_topic, global_topic, predictions_topic, sensor_topic, status_topic, updates_topic
+from streamfed.fleet.agent import AgentCore, GlobalResult, Prediction
+from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.fleet.persistence import StateStore
+from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, status_message
+from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip
+from streamfed.fleet.topics import (
+    acks_topic,
+    global_topic,
+    predictions_topic,
+    sensor_topic,
+    status_topic,
+    updates_topic,
+)
 
 __all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "check_subscription", "no_delay",
            "refusal_reason", "until_lost"]
 
 T = TypeVar("T")
 
-log = logging.getLogger("streamfed.agent")
+log = logging.getLogger("streamfed.fleet.agent")
 _STOP = object()  # ends the feeder's wait for sensor items
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 10.0
 _WAKE = 0.25  # an idle sender with a partly written prediction looks again this often
@@ -377,7 +384,7 @@ class AgentService:
     replay what it has learned); with `sensor_features` instead, the agent subscribes to its sensor
     topic and parses JSON readings there. `state_dir`: see the module docstring.
 
-    >>> from streamfed.config import FleetConfig
+    >>> from streamfed.fleet.config import FleetConfig
     >>> core = AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "a1", 0)
     >>> svc = AgentService(core, BrokerConfig(), sensor_features=["x0", "x1"])
     >>> svc.source_pos, svc.store is None

@@ -1,4 +1,4 @@
-"""The aggregator's asyncio/MQTT shell around :class:`streamfed.aggregator.AggregatorCore`.
+"""The aggregator's asyncio/MQTT shell around :class:`streamfed.fleet.aggregator.AggregatorCore`.
 
 A persistent QoS 1 session (fixed id ``<fleet>.aggregator``, ``clean_start=False``,
 ``SessionExpiryInterval > 0``) subscribed to every client's update and status topics; each global
@@ -11,7 +11,7 @@ On every (re)connect it publishes the current global and an `ack` to every known
 sequence numbers it holds, so agents send again whatever it does not (lost in a crash, say).
 
 Durability (`state_dir`): the core's state goes to ``<state_dir>/aggregator-<fleet>.state``
-(:mod:`streamfed.persistence`) atomically **before** each global that reflects it is published, and on
+(:mod:`streamfed.fleet.persistence`) atomically **before** each global that reflects it is published, and on
 stop; a restarted aggregator resumes from it (version, θ or statistics, pending rounds or window,
 sequence tracker). Updates it had taken in but not checkpointed are sent again by their agents.
 
@@ -22,7 +22,7 @@ Asynchronous windows close on time: the first update of a window sets a timer fo
 after that update was taken in, as the core counts), so a window is not left open until the next tick of
 the 50 ms ticker; the ticker stays as the fallback (a window restored from a checkpoint, a clock step).
 
-Measurement hook (the load test, :mod:`streamfed.loadtest`): with the environment variable
+Measurement hook (the load test, :mod:`streamfed.evaluation.loadtest`): with the environment variable
 ``STREAMFED_AGGREGATOR_TRACE`` set to a file path, the service notes, from timestamps it takes anyway,
 when each accepted update was applied (client, the client's mark, time), when each window was due and
 closed, and when the broker acknowledged each global; it writes them there as JSON when it stops.
@@ -38,21 +38,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..aggregator import AggregatorCore
-from ..config import BrokerConfig
-from ..protocol import Message, ProtocolError, decode
-from ..topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
-from .service import MqttService, Outgoing
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import BrokerConfig
+from streamfed.fleet.protocol import Message, ProtocolError, decode
+from streamfed.fleet.topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
+from streamfed.runtime.service import MqttService, Outgoing
 
 __all__ = ["AggregatorService"]
 
-log = logging.getLogger("streamfed.aggregator")
+log = logging.getLogger("streamfed.fleet.aggregator")
 
 
 class AggregatorService(MqttService):
     """Runs one fleet's aggregator against a broker until `stop()`.
 
-    >>> from streamfed.config import FleetConfig
+    >>> from streamfed.fleet.config import FleetConfig
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     >>> svc = AggregatorService(AggregatorCore(cfg, mode="async"), BrokerConfig())
     >>> svc.client_id, svc.store is None

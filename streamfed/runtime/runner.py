@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from ..agent import AgentCore
-from ..aggregator import AggregatorCore
-from ..config import BrokerConfig, FleetConfig
-from ..sources import Reading
-from .agent import AgentService, BrokerRefused
-from .aggregator import AggregatorService
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.fleet.sources import Reading
+from streamfed.runtime.agent import AgentService, BrokerRefused
+from streamfed.runtime.aggregator import AggregatorService
 
 __all__ = ["FleetSpec", "array_source_from", "load_spec", "main", "run_agents", "run_aggregators"]
 

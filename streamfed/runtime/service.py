@@ -9,7 +9,7 @@ publish (an MQTT v5 PUBACK reason code >= 0x80, e.g. an ACL) stops the service w
 :class:`~streamfed.runtime.agent.BrokerRefused`, as a refused subscription does.
 
 Subclasses say what to subscribe to, what to send on (re)connect, how to route a core's
-:class:`~streamfed.protocol.Message` to a topic, and how to handle a message.
+:class:`~streamfed.fleet.protocol.Message` to a topic, and how to handle a message.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any, NamedTuple
 
 import aiomqtt
 
-from ..config import BrokerConfig
-from ..persistence import StateStore
-from ..protocol import Message, encode
-from ..topics import ParsedTopic, try_parse_topic
-from .agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
+from streamfed.fleet.config import BrokerConfig
+from streamfed.fleet.persistence import StateStore
+from streamfed.fleet.protocol import Message, encode
+from streamfed.fleet.topics import ParsedTopic, try_parse_topic
+from streamfed.runtime.agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
 
 __all__ = ["Outgoing", "MqttService", "receive_batches"]
 
@@ -126,10 +126,10 @@ class MqttService:
 
     # ------------------------------------------------------------------ durable state
     def keep_state(self, core: Any, path: Path, kind: str) -> None:
-        """Keep `core`'s state in the state file `path` (:mod:`streamfed.persistence`): resume from it now,
+        """Keep `core`'s state in the state file `path` (:mod:`streamfed.fleet.persistence`): resume from it now,
         checkpoint through `core.checkpoint` (the core calls it before handing out each new global: write-ahead),
         and once more when the service stops. `core` has `snapshot()`, `restore(state)` and `checkpoint`.
-        Raises :class:`~streamfed.persistence.StateError` for a damaged, foreign or unusable state."""
+        Raises :class:`~streamfed.fleet.persistence.StateError` for a damaged, foreign or unusable state."""
         self.store = StateStore(path, kind=kind)
         self.restored = self.store.resume(lambda state: core.restore(state["core"])) is not None
         if self.restored:

@@ -1,4 +1,4 @@
-"""MQTT shells of sharded aggregation (:mod:`streamfed.sharding`): aggregator shards and the reducer.
+"""MQTT shells of sharded aggregation (:mod:`streamfed.fleet.sharding`): aggregator shards and the reducer.
 
 Topics (``streamfed/v1/<fleet>/…``)::
 
@@ -29,11 +29,19 @@ import logging
 import os
 from pathlib import Path
 
-from ..config import BrokerConfig
-from ..protocol import Message, ProtocolError, decode
-from ..sharding import ReducerCore, ShardCore
-from ..topics import Channel, ParsedTopic, acks_topic, channel_topic, global_topic, shared_filter, topic_filter
-from .service import MqttService, Outgoing
+from streamfed.fleet.config import BrokerConfig
+from streamfed.fleet.protocol import Message, ProtocolError, decode
+from streamfed.fleet.sharding import ReducerCore, ShardCore
+from streamfed.fleet.topics import (
+    Channel,
+    ParsedTopic,
+    acks_topic,
+    channel_topic,
+    global_topic,
+    shared_filter,
+    topic_filter,
+)
+from streamfed.runtime.service import MqttService, Outgoing
 
 __all__ = ["ShardService", "ReducerService"]
 
@@ -41,7 +49,7 @@ __all__ = ["ShardService", "ReducerService"]
 class ShardService(MqttService):
     """One aggregator shard of a fleet, sharing the update stream with the other shards of `group`.
 
-    >>> from streamfed.config import FleetConfig
+    >>> from streamfed.fleet.config import FleetConfig
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     >>> svc = ShardService(ShardCore(cfg, "s1", mode="async"), BrokerConfig(), group="shards")
     >>> svc.client_id, svc.subscriptions()[0]
@@ -102,9 +110,9 @@ class ShardService(MqttService):
 
 
 class ReducerService(MqttService):
-    """Combines the shards' partials into the fleet's global (see :class:`streamfed.sharding.ReducerCore`).
+    """Combines the shards' partials into the fleet's global (see :class:`streamfed.fleet.sharding.ReducerCore`).
 
-    >>> from streamfed.config import FleetConfig
+    >>> from streamfed.fleet.config import FleetConfig
     >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_kernels=1, n_features=3)
     >>> svc = ReducerService(ReducerCore(cfg), BrokerConfig())
     >>> svc.client_id, svc.subscriptions()

@@ -1,0 +1,411 @@
+"""Numba kernels of online FedBNR (ALGORITHMS.md section 3).
+
+The working posterior of one feature map is kept as the upper Cholesky factor of the *augmented*
+precision matrix
+
+    M = [ A   h ]      A = σ⁻² S + λ⁻² P   (P = I without forgetting)
+        [ hᵀ  c ]      h = σ⁻² b,   c = σ⁻² q
+
+    M = RₐᵀRₐ,   Rₐ = [ R  u ]      RᵀR = A,   Rᵀu = h,   ρ² = c - uᵀu
+                      [ 0  ρ ]
+
+A new sample `(φ, y)` adds `σ⁻²[φ; y][φ; y]ᵀ` to `M`, i.e. `A += σ⁻²φφᵀ`, `h += σ⁻²φy`, `c += σ⁻²y²`
+all at once, so one rank-one Cholesky update of `Rₐ` (O(F²)) maintains everything:
+
+- predictive: with `v = R⁻ᵀφ`, mean `φᵀA⁻¹h = vᵀu` and variance `σ² + φᵀA⁻¹φ = σ² + vᵀv`
+  (one triangular solve, no posterior mean vector needed);
+- evidence: `log|A| = 2 Σ log R_ii` and `σ⁻²q - σ⁻⁴bᵀA⁻¹b = c - uᵀu = ρ²`.
+
+This is the square-root (QR) form of recursive least squares; it never forms `A⁻¹`, which is why it
+is more stable than Sherman–Morrison on the inverse.
+
+The pending (to-be-uploaded) scatter is not updated sample by sample: rows are staged in a small
+buffer and folded into `S_pend` `B` at a time (:func:`flush`), which turns `B` memory-bound rank-one
+passes over the `F²/2` triangle into one compute-bound pass (same sums, different rounding order).
+
+Kernels use `fastmath` without the no-NaN/no-Inf assumptions (reassociation and FMA contraction only),
+so results agree with a plain evaluation to rounding, and the finiteness checks upstream stay valid.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from streamfed.algorithms.fedbnr._layout import (
+    _H_OFF,
+    H_B,
+    H_D,
+    H_DIRTY,
+    H_F,
+    H_GAMMA,
+    H_K,
+    H_N_PEND,
+    H_N_WORK,
+    H_ND,
+    H_Q_PEND,
+    H_Q_WORK,
+    H_REFRESH_J,
+    H_SQRT_GAMMA,
+    H_STAGED,
+)
+from streamfed.core._feature_kernels import rff_transform_into
+
+_FAST = {"reassoc", "contract", "arcp", "nsz"}  # not "nnan"/"ninf": NaN and Inf must stay visible
+
+
+@numba.njit(cache=True)
+def all_finite(a: np.ndarray) -> bool:
+    """Every entry of a 1-d array finite (numpy's `all(isfinite)` costs microseconds per call)."""
+    for i in range(a.shape[0]):
+        if not np.isfinite(a[i]):
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def all_finite_scaled(a: np.ndarray, y: float) -> bool:
+    """Every `a_i` and `a_i * y` finite (what a sample adds to `b`)."""
+    for i in range(a.shape[0]):
+        if not (np.isfinite(a[i]) and np.isfinite(a[i] * y)):
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def rff_bias_features(wt: np.ndarray, x: np.ndarray, angles: np.ndarray, out: np.ndarray) -> bool:
+    """Default feature map in one call: Gaussian RFF of every kernel into `out[:, :-1]`, the bias
+    feature 1 into `out[:, -1]`; `False` (and `out` meaningless) if `x` or a feature is not finite."""
+    if not all_finite(x):
+        return False
+    f = out.shape[1]
+    rff_transform_into(wt, x, angles, out[:, : f - 1])
+    for k in range(out.shape[0]):
+        out[k, f - 1] = 1.0
+        if not all_finite(out[k]):
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def same_vector(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape[0] != b.shape[0]:
+        return False
+    for i in range(a.shape[0]):
+        if a[i] != b[i]:
+            return False
+    return True
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def chol_update(r: np.ndarray, x: np.ndarray) -> None:
+    """Rank-one update in place: on return `rᵀr` equals the old `rᵀr + x xᵀ` (`r` upper, `x` is destroyed).
+
+    Row `k` of `r` is rotated against the remaining part of `x` by the Givens rotation that zeroes
+    `x[k]`:  `r_kk' = √(r_kk² + x_k²)`, `c = r_kk'/r_kk`, `s = x_k/r_kk`, then for `j > k`
+    `r_kj' = (r_kj + s x_j)/c` and `x_j' = c x_j - s r_kj'` (the classical LINPACK `dchud` recurrence,
+    written for the upper factor so every inner loop runs along a contiguous row).
+    """
+    n = r.shape[0]
+    for k in range(n):
+        xk = x[k]
+        if xk == 0.0:
+            continue  # the rotation is the identity: row k and x stay as they are
+        rkk = r[k, k]
+        rnew = np.sqrt(rkk * rkk + xk * xk)
+        r[k, k] = rnew
+        if k + 1 == n:
+            break  # last row has no off-diagonal part (and r_kk may be 0 there: the ρ entry)
+        inv_rkk = 1.0 / rkk
+        c = rnew * inv_rkk
+        s = xk * inv_rkk
+        inv_c = rkk / rnew
+        # Slices indexed from 0: LLVM then vectorises the loop (with `range(k + 1, n)` it did not).
+        rk = r[k, k + 1:]
+        xt = x[k + 1:]
+        for j in range(n - k - 1):
+            rkj = (rk[j] + s * xt[j]) * inv_c
+            rk[j] = rkj
+            xt[j] = c * xt[j] - s * rkj
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
+    """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
+    organised by rows of `R` so the inner loop is contiguous)."""
+    for i in range(n):
+        out[i] = rhs[i]
+    for k in range(n):
+        vk = out[k] / r[k, k]
+        out[k] = vk
+        rk = r[k, k + 1:n]  # 0-based slices vectorise, see chol_update
+        ot = out[k + 1:n]
+        for j in range(n - k - 1):
+            ot[j] -= rk[j] * vk
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def predict_one(ra: np.ndarray, phi: np.ndarray, work: np.ndarray) -> tuple[float, float]:
+    """`(φᵀA⁻¹h, φᵀA⁻¹φ)` from the augmented factor `ra` (`(F+1, F+1)`) of one feature map."""
+    f = phi.shape[0]
+    solve_rt(ra, phi, work, f)
+    mean = 0.0
+    quad = 0.0
+    for i in range(f):
+        mean += work[i] * ra[i, f]
+        quad += work[i] * work[i]
+    return mean, quad
+
+
+@numba.njit(cache=True)
+def predict_rff(
+    wt: np.ndarray, x: np.ndarray, angles: np.ndarray, phi: np.ndarray, ra: np.ndarray, sigma: np.ndarray,
+    logw: np.ndarray, work: np.ndarray, means: np.ndarray, variances: np.ndarray,
+) -> tuple[bool, float, float]:
+    """:func:`rff_bias_features` into `phi`, then :func:`predict_mixture`, in one call (hot path)."""
+    if not rff_bias_features(wt, x, angles, phi):
+        return False, 0.0, 0.0
+    mu, var = predict_mixture(ra, phi, sigma, logw, work, means, variances)
+    return True, mu, var
+
+
+@numba.njit(cache=True)
+def log_evidence_from_factor(ra: np.ndarray, n: float, sigma: float, lam: float) -> float:
+    """`log p(y)` of the statistics held in `ra` (section 3), in O(F):
+
+    `-(n/2)log(2πσ²) - ½(log|A| + F log λ²) - ½ρ²`, using `|I + λ²σ⁻²S| = λ^{2F} |A|`.
+    """
+    f = ra.shape[0] - 1
+    half_logdet = 0.0
+    for i in range(f):
+        half_logdet += np.log(ra[i, i])
+    rho = ra[f, f]
+    return (-0.5 * n * np.log(2.0 * np.pi * sigma * sigma) - half_logdet - f * np.log(lam)
+            - 0.5 * rho * rho)
+
+
+@numba.njit(cache=True)
+def predict_mixture(
+    ra: np.ndarray, phi: np.ndarray, sigma: np.ndarray, logw: np.ndarray, work: np.ndarray,
+    means: np.ndarray, variances: np.ndarray,
+) -> tuple[float, float]:
+    """Each kernel's predictive (into `means`, `variances`) and the moment-matched Bayesian model
+    average with log weights `logw` (normalised here, in the log domain)."""
+    n_kernels = ra.shape[0]
+    for k in range(n_kernels):
+        m, quad = predict_one(ra[k], phi[k], work)
+        means[k] = m
+        variances[k] = sigma[k] * sigma[k] + quad
+    if n_kernels == 1:
+        return means[0], variances[0]
+    top = -np.inf
+    for k in range(n_kernels):
+        top = max(top, logw[k])
+    total = 0.0
+    for k in range(n_kernels):
+        total += np.exp(logw[k] - top)
+    mu = 0.0
+    second = 0.0
+    for k in range(n_kernels):
+        w = np.exp(logw[k] - top) / total
+        mu += w * means[k]
+        second += w * (variances[k] + means[k] * means[k])
+    return mu, max(second - mu * mu, 0.0)
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def flush(s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int) -> None:
+    """Fold `count` staged rows into the pending statistics: upper triangle of
+    `S_pend[k] += Σ_t φ_t φ_tᵀ` and `b_pend[k] += Σ_t φ_t y_t`. `buf` is laid out `(K, F, B)` so each
+    entry is a contiguous dot product over the staged rows."""
+    n_kernels, f = buf.shape[0], buf.shape[1]
+    for k in range(n_kernels):
+        bk = buf[k]
+        sp = s_pend[k]
+        for i in range(f):
+            bi = bk[i]
+            acc_b = 0.0
+            for t in range(count):
+                acc_b += bi[t] * buf_y[t]
+            b_pend[k, i] += acc_b
+            spi = sp[i]
+            for j in range(i, f):
+                bj = bk[j]
+                acc = 0.0
+                for t in range(count):
+                    acc += bi[t] * bj[t]
+                spi[j] += acc
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def learn_one(
+    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
+    phi: np.ndarray, y: float, inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray,
+    refresh_index: int, work: np.ndarray,
+) -> int:
+    """Add one sample to every kernel's pending statistics and working factor; returns the new number
+    of staged rows, or -1 (and changes nothing) if some `φ_i y` is not finite.
+
+    Pending statistics (exact, undecayed: they are what gets uploaded): the row is staged in `buf`
+    (`count` rows already there) and the buffer is flushed into `S_pend, b_pend` when full. Working
+    factor: with forgetting (`sqrt_gamma < 1`) first `Rₐ ← √γ Rₐ` (so `M ← γM`) and the prior refresh
+    `A += refresh_k² e_j e_jᵀ` for `j = refresh_index`, then the sample `M += σ⁻²[φ; y][φ; y]ᵀ`.
+    """
+    n_kernels, f = phi.shape
+    for k in range(n_kernels):
+        if not all_finite_scaled(phi[k], y):
+            return -1
+    if count == buf.shape[2]:
+        flush(s_pend, b_pend, buf, buf_y, count)
+        count = 0
+    buf_y[count] = y
+    for k in range(n_kernels):
+        for i in range(f):
+            buf[k, i, count] = phi[k, i]
+    count += 1
+    for k in range(n_kernels):
+        rk = ra[k]
+        if sqrt_gamma != 1.0:
+            for i in range(f + 1):
+                row = rk[i, i:]
+                for j in range(f + 1 - i):
+                    row[j] *= sqrt_gamma
+            for i in range(f + 1):
+                work[i] = 0.0
+            work[refresh_index] = refresh[k]
+            chol_update(rk, work)
+        s = inv_sigma[k]
+        for i in range(f):
+            work[i] = phi[k, i] * s
+        work[f] = y * s
+        chol_update(rk, work)
+    return count
+
+
+@numba.njit(cache=True)
+def learn_batch(
+    ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
+    phis: np.ndarray, ys: np.ndarray, sigma: np.ndarray, lam: np.ndarray, n_work: float, sqrt_gamma: float,
+    refresh: np.ndarray, refresh_start: int, work: np.ndarray, out_mean: np.ndarray, out_var: np.ndarray,
+) -> int:
+    """Prequential loop over `T` samples: predict each (Bayesian model average, log weights = each
+    kernel's working evidence), record the prediction, then learn it (as :func:`learn_one`).
+
+    `n_work` is the working sample count before the first row; it advances by one per row (decayed by
+    `γ` first when forgetting, matching the Python path).
+    """
+    n_kernels, f = phis.shape[1], phis.shape[2]
+    inv_sigma = 1.0 / sigma
+    gamma = sqrt_gamma * sqrt_gamma
+    logw = np.zeros(n_kernels)
+    means = np.empty(n_kernels)
+    variances = np.empty(n_kernels)
+    j = refresh_start
+    for t in range(phis.shape[0]):
+        if n_kernels > 1:
+            for k in range(n_kernels):
+                logw[k] = log_evidence_from_factor(ra[k], n_work, sigma[k], lam[k])
+        mu, var = predict_mixture(ra, phis[t], sigma, logw, work, means, variances)
+        out_mean[t] = mu
+        out_var[t] = var
+        count = learn_one(ra, s_pend, b_pend, buf, buf_y, count, phis[t], ys[t], inv_sigma, sqrt_gamma,
+                          refresh, j, work)
+        n_work = gamma * n_work + 1.0
+        if sqrt_gamma != 1.0:
+            j = (j + 1) % f
+    return count
+
+
+# ============================================================================ packed client state
+# (layout: :mod:`._fedbnr_layout`)
+
+
+@numba.njit(cache=True, inline="always")
+def _block(buf: np.ndarray, i: int, size: int) -> np.ndarray:
+    start = int(buf[_H_OFF + i])
+    return buf[start:start + size]
+
+
+@numba.njit(cache=True)
+def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[bool, float, float]:
+    """Features of `x` (default RFF + bias map) into the `phi` block and the predictive, from the
+    packed state; refreshes the kernels' log weights first when they are stale. `(ok, mean, var)`."""
+    k, f, d, nd = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND])
+    if x.shape[0] != d:
+        return False, 0.0, 0.0
+    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
+    work = _block(buf, 5, f + 1)
+    phi = _block(buf, 6, k * f).reshape((k, f))
+    means = _block(buf, 7, k)
+    variances = _block(buf, 8, k)
+    logw = _block(buf, 9, k)
+    sigma = _block(buf, 10, k)
+    lam = _block(buf, 12, k)
+    wt = _block(buf, 15, d * nd).reshape((d, nd))
+    angles = _block(buf, 16, 2 * nd)
+    if not rff_bias_features(wt, x, angles, phi):
+        return False, 0.0, 0.0
+    if k > 1 and buf[H_DIRTY] != 0.0:
+        for j in range(k):
+            logw[j] = log_evidence_from_factor(ra[j], buf[H_N_WORK], sigma[j], lam[j])
+        buf[H_DIRTY] = 0.0
+    mu, var = predict_mixture(ra, phi, sigma, logw, work, means, variances)
+    return True, mu, var
+
+
+@numba.njit(cache=True)
+def packed_learn(buf: np.ndarray, y: float) -> bool:
+    """Learn the sample whose features are in the `phi` block (as :func:`learn_one`) and do the
+    bookkeeping of the running scalars (pending and working `n, q`, the prior diagonal under
+    forgetting, the refresh index). `False` (nothing changed) if `y²` or some `φ_i y` is not finite."""
+    k, f, b = int(buf[H_K]), int(buf[H_F]), int(buf[H_B])
+    y2 = y * y
+    if not np.isfinite(y2):
+        return False
+    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
+    s_pend = _block(buf, 1, k * f * f).reshape((k, f, f))
+    b_pend = _block(buf, 2, k * f).reshape((k, f))
+    stage = _block(buf, 3, k * f * b).reshape((k, f, b))
+    stage_y = _block(buf, 4, b)
+    work = _block(buf, 5, f + 1)
+    phi = _block(buf, 6, k * f).reshape((k, f))
+    inv_sigma = _block(buf, 11, k)
+    refresh = _block(buf, 13, k)
+    pdiag = _block(buf, 14, k * f).reshape((k, f))
+    j = int(buf[H_REFRESH_J])
+    sqrt_gamma = buf[H_SQRT_GAMMA]
+    staged = learn_one(ra, s_pend, b_pend, stage, stage_y, int(buf[H_STAGED]), phi, y, inv_sigma,
+                       sqrt_gamma, refresh, j, work)
+    if staged < 0:
+        return False
+    buf[H_STAGED] = staged
+    buf[H_N_PEND] += 1.0
+    buf[H_Q_PEND] += y2
+    g = buf[H_GAMMA]
+    if g == 1.0:
+        buf[H_N_WORK] += 1.0
+        buf[H_Q_WORK] += y2
+    else:
+        buf[H_N_WORK] = g * buf[H_N_WORK] + 1.0
+        buf[H_Q_WORK] = g * buf[H_Q_WORK] + y2
+        for kk in range(k):
+            for i in range(f):
+                pdiag[kk, i] *= g
+            pdiag[kk, j] += f * (1.0 - g)
+        buf[H_REFRESH_J] = (j + 1) % f
+    buf[H_DIRTY] = 1.0
+    return True
+
+
+@numba.njit(cache=True)
+def packed_step(buf: np.ndarray, x: np.ndarray, y: float) -> tuple[int, float, float]:
+    """One prequential step in one call: features of `x`, predictive (returned), then learn `(x, y)`.
+    Status 0 ok, 1 bad input `x`, 2 non-finite `y²` or `φy` (nothing learned in either case)."""
+    if not np.isfinite(y * y):
+        return 2, 0.0, 0.0
+    ok, mu, var = packed_predict(buf, x)
+    if not ok:
+        return 1, 0.0, 0.0
+    if not packed_learn(buf, y):
+        return 2, mu, var
+    return 0, mu, var

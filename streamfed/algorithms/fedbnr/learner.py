@@ -1,0 +1,1374 @@
+"""Online FedBNR: federated Bayesian linear regression on random features (ALGORITHMS.md section 3).
+
+Model: `y = φ(x)ᵀw + ε`, prior `w ~ N(0, λ²I)`, noise `ε ~ N(0, σ²)`. Everything the fleet needs is
+the additive statistics `(S, b, n, q)` of :mod:`streamfed.core.stats`.
+
+Pieces, from the edge inwards:
+
+- :class:`FedBNRClient` — the client half. It keeps the statistics of samples it has not uploaded yet
+  (*pending*), the uploads the server has not acknowledged yet (*unacked*) and a working posterior
+  `global + unacked + pending` as the Cholesky factor of an augmented precision matrix (see
+  :mod:`._fedbnr_kernels`), updated by one rank-one Cholesky update per sample (`O(F²)`).
+  :meth:`FedBNRClient.make_upload` turns at least `min_upload` pending samples into an :class:`Upload`
+  (delta statistics + per-client sequence number); :meth:`FedBNRClient.apply_global` installs a
+  :class:`GlobalModel` (one refactorisation) without counting twice the uploads the global already
+  contains (`GlobalModel.included[client]` is the highest sequence number summed, all lower ones
+  included too).
+- :class:`FedBNRServer` — the server half: sums uploads idempotently (a `(client, seq)` pair is
+  applied once; out-of-order ones wait for the gap to fill), fits `σ, λ` per kernel by maximising the
+  exact log evidence of the global sums (:func:`fit_hyperparameters`) and publishes versioned globals.
+- :class:`FedBNRRegressor` — River's regressor protocol over one client and a private server (the
+  "local-only" learner; the federated runtime uses the two halves directly).
+
+Kernel dictionary: with `K` feature maps of the same size `F` all statistics carry a leading `K` axis;
+each kernel has its own `σ_k, λ_k`; prediction is the Bayesian model average with weights
+`∝ exp(log p_k(y))`, each kernel's evidence of the client's working statistics (computed in the log
+domain), moment-matched to one Gaussian.
+
+Forgetting (`forgetting = γ < 1`, for drifting streams) acts on the client's *working posterior only*;
+uploads and the global stay exact sums. Before each local sample the augmented precision is multiplied
+by `γ` (factor scaled by `√γ`: `A, h, c` and the prior all decay), then the sample is added. So every
+piece of information enters the working posterior once — an own sample when observed, other clients'
+samples when a global containing them arrives — and then loses a factor `γ` per local sample. To keep
+the prior from vanishing with it, the precision it loses on average, `(1-γ)λ⁻²` per coordinate per
+sample, is given back as one extra rank-one update `F(1-γ)λ⁻² e_j e_jᵀ` on coordinate `j = t mod F`
+(cyclic refresh, still `O(F²)`): the prior stays diagonal, equal to `λ⁻²I` on average, each entry
+oscillating within a factor `γ^F` over a cycle. With forgetting, "evidence" (used for the dictionary
+weights) is that of the decayed statistics, a heuristic.
+
+Personalisation (optional, client side): with `others_weight = α < 1` a client tempers the *other*
+clients' statistics in its working posterior, `p(w) ∝ N(0, λ²I) · L_own(w) · L_others(w)^α` (a power
+prior): `S_work = S_own + α (S_global - S_own∩global)`, likewise `b, n, q`. `α = 1` (default) is exact
+FedBNR — the centralised posterior; `α = 0` is local-only. `others_weight="auto"` picks α from
+:data:`OTHERS_WEIGHT_GRID` at every new global by maximising the evidence of the client's own data
+under that prior, `log Z(α·others + own) - log Z(α·others)` (empirical Bayes). Uploads and the global
+are never tempered, so the server's sums stay exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from river import base
+
+from streamfed.algorithms.fedbnr import _layout as lay
+from streamfed.core.compiled import fedbnr as kern
+from streamfed.core.features import FeatureMap, KernelSpec, RFFBank
+from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
+
+if TYPE_CHECKING:
+    from river.proba import Gaussian
+
+
+def _gaussian(mean: float, var: float) -> Gaussian:
+    """`river.proba.Gaussian(mean, var)`. Imported here, not at module level: `river.proba` imports
+    scipy.stats (~70 MiB resident, ~0.7 s), which an agent, predicting through the array path, never needs."""
+    from river.proba import Gaussian
+
+    return Gaussian._from_state(n=1, m=mean, var=var, ddof=0)
+
+__all__ = [
+    "Upload",
+    "GlobalModel",
+    "PrequentialMetrics",
+    "FedBNRClient",
+    "FedBNRServer",
+    "FedBNRRegressor",
+    "log_evidence",
+    "spectral_log_evidence",
+    "fit_hyperparameters",
+    "ridge_loss",
+]
+
+Z95 = 1.959963984540054  # central 95% interval of a standard normal: ±Z95
+_STAGE = 32  # pending rows folded into the scatter at once
+#: Candidate power-prior weights of the other clients' statistics for `others_weight="auto"`.
+OTHERS_WEIGHT_GRID: tuple[float, ...] = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+def _all_finite_squares(v: np.ndarray) -> bool:
+    """Every `v²` finite (so a target cannot overflow `q`), without an overflow warning."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.all(np.isfinite(v * v)))
+
+
+def _all_finite_products(a: np.ndarray, b: np.ndarray) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.all(np.isfinite(a * b)))
+
+
+def _check_positive(name: str, value: float) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return value
+
+
+# ============================================================================ messages
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What a client publishes: delta statistics of at least `min_upload` samples.
+
+    `stats` has batch shape `(K,)`: `S (K, F, F)` (only its upper triangle travels, see
+    :meth:`to_message`), `b (K, F)`, `n`, `q` (scalars), tagged with the kernel version and epoch.
+
+    >>> s = SufficientStats.zeros(2, (1,), kernel_version="v")
+    >>> up = Upload("a", 1, 0, s)
+    >>> Upload.from_message(up.to_message()) == up
+    True
+    """
+
+    client: str
+    seq: int
+    base_version: int  # version of the global the client held when it made this upload
+    stats: SufficientStats
+
+    @property
+    def n_samples(self) -> float:
+        return self.stats.n
+
+    def to_message(self) -> dict[str, Any]:
+        """Plain fields and float64 arrays for a codec (`S_upper` is `(K, F(F+1)/2)`)."""
+        msg = {"client": self.client, "seq": int(self.seq), "base_version": int(self.base_version)}
+        msg.update(self.stats.to_packed())
+        return msg
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> Upload:
+        return cls(str(msg["client"]), int(msg["seq"]), int(msg["base_version"]),
+                   SufficientStats.from_packed(msg))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Upload):
+            return NotImplemented
+        same_id = (self.client, self.seq, self.base_version) == (other.client, other.seq, other.base_version)
+        return same_id and self.stats == other.stats
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class GlobalModel:
+    """What the server broadcasts: the global sums, the hyperparameters and who is included.
+
+    `stats` has batch shape `(K,)`; `sigma`, `lam`, `log_evidence` are `(K,)` (one per kernel of
+    the dictionary; `K = 1` for one feature map); `included[client]` is the highest sequence number of
+    that client summed into `stats` (every lower one is summed too).
+
+    >>> g = GlobalModel(1, "v", 0, SufficientStats.zeros(2, (1,), "v"), np.ones(1), np.ones(1),
+    ...                 np.zeros(1), {"a": 3})
+    >>> g2 = GlobalModel.from_message(g.to_message())
+    >>> g2.included, g2.best_kernel
+    ({'a': 3}, 0)
+    """
+
+    version: int
+    kernel_version: str
+    epoch: int
+    stats: SufficientStats
+    sigma: np.ndarray
+    lam: np.ndarray
+    log_evidence: np.ndarray
+    included: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def best_kernel(self) -> int:
+        """Index of the kernel with the largest evidence."""
+        return int(np.argmax(self.log_evidence))
+
+    def to_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"version": int(self.version)}
+        msg.update(self.stats.to_packed())
+        msg.update(sigma=np.asarray(self.sigma, dtype=np.float64).copy(),
+                   lam=np.asarray(self.lam, dtype=np.float64).copy(),
+                   log_evidence=np.asarray(self.log_evidence, dtype=np.float64).copy(),
+                   included={str(k): int(v) for k, v in self.included.items()})
+        return msg
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> GlobalModel:
+        stats = SufficientStats.from_packed(msg)
+        return cls(int(msg["version"]), stats.kernel_version, stats.epoch, stats,
+                   np.asarray(msg["sigma"], dtype=np.float64), np.asarray(msg["lam"], dtype=np.float64),
+                   np.asarray(msg["log_evidence"], dtype=np.float64),
+                   {str(k): int(v) for k, v in dict(msg["included"]).items()})
+
+
+# ============================================================================ evidence
+
+
+def log_evidence(stats: SufficientStats, sigma: float | np.ndarray, lam: float | np.ndarray) -> np.ndarray:
+    """Exact `log p(y)` from the sums, per kernel (Cholesky of `A`; `O(F³)`).
+
+    `-(n/2)log(2πσ²) - ½log|I + λ²σ⁻²S| - ½(σ⁻²q - σ⁻⁴bᵀA⁻¹b)` with `A = σ⁻²S + λ⁻²I`.
+
+    >>> s = SufficientStats.from_samples(np.array([[1.0], [2.0]]), np.array([0.5, 1.0]))
+    >>> direct = -0.5 * 2 * np.log(2 * np.pi) - 0.5 * np.log(np.linalg.det(np.eye(2) + [[1, 2], [2, 4]]))
+    >>> direct -= 0.5 * np.array([0.5, 1.0]) @ np.linalg.solve(np.eye(2) + [[1, 2], [2, 4]], [0.5, 1.0])
+    >>> bool(np.isclose(log_evidence(s, 1.0, 1.0), direct))
+    True
+    """
+    s_mat = stats.S.reshape((-1, stats.dim, stats.dim))
+    b = stats.b.reshape((-1, stats.dim))
+    kk = s_mat.shape[0]
+    sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (kk,))
+    lam_ = np.broadcast_to(np.asarray(lam, dtype=np.float64), (kk,))
+    out = np.empty(kk)
+    f = stats.dim
+    for k in range(kk):
+        s2, l2 = sig[k] ** 2, lam_[k] ** 2
+        a = s_mat[k] / s2 + np.eye(f) / l2
+        chol = np.linalg.cholesky(a)
+        u = np.empty(f)
+        kern.solve_rt(np.ascontiguousarray(chol.T), b[k] / s2, u, f)  # u = L⁻¹ σ⁻² b
+        logdet = 2.0 * np.log(np.diag(chol)).sum() + f * np.log(l2)
+        out[k] = (-0.5 * stats.n * np.log(2 * np.pi * s2) - 0.5 * logdet - 0.5 * (stats.q / s2 - u @ u))
+    return out.reshape(stats.batch_shape) if stats.batch_shape else out[0]
+
+
+def spectral_log_evidence(
+    eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, log_sigma: np.ndarray, log_lam: np.ndarray
+) -> np.ndarray:
+    """The same evidence in the eigenbasis of `S = U diag(e) Uᵀ` with `z = Uᵀb`: `O(F)` per point.
+
+    `log|I + λ²σ⁻²S| = Σ log(1 + λ²e_i/σ²)` and `σ⁻⁴bᵀA⁻¹b = Σ z_i² λ² / (σ²(σ² + λ²e_i))`.
+    `log_sigma`, `log_lam` broadcast against each other (e.g. a grid).
+    """
+    ls, ll = np.broadcast_arrays(np.asarray(log_sigma, dtype=np.float64),
+                                 np.asarray(log_lam, dtype=np.float64))
+    s2 = np.exp(2.0 * ls)[..., None]
+    l2 = np.exp(2.0 * ll)[..., None]
+    t = s2 + l2 * eigvals
+    logdet = np.log1p(l2 * eigvals / s2).sum(axis=-1)
+    quad = (q - (z2 * l2 / t).sum(axis=-1)) / s2[..., 0]
+    return -0.5 * n * np.log(2.0 * np.pi * s2[..., 0]) - 0.5 * logdet - 0.5 * quad
+
+
+def fit_hyperparameters(
+    s_mat: np.ndarray, b: np.ndarray, n: float, q: float, *, grid: int = 21, levels: int = 6,
+    sigma_range: tuple[float, float] = (1e-4, 10.0), lam_range: tuple[float, float] = (1e-3, 1e3),
+) -> tuple[float, float, float]:
+    """Type-II maximum likelihood: `(σ, λ, log p(y))` maximising the exact evidence of one kernel.
+
+    One eigendecomposition of `S`, then a zooming grid search over `(log σ, log λ)`: each level
+    evaluates a `grid × grid` lattice (`O(F)` per point) and shrinks the box to ±2 cells around the
+    best point. The search box is relative to the data: `σ / rms(y) ∈ sigma_range`,
+    `λ · rms‖φ‖ / rms(y) ∈ lam_range` (`λ‖φ‖` is the prior scale of `φᵀw`).
+
+    >>> rng = np.random.default_rng(0)
+    >>> phi = rng.standard_normal((400, 3)); y = phi @ [1.0, -1.0, 0.5] + 0.1 * rng.standard_normal(400)
+    >>> st = SufficientStats.from_samples(phi, y)
+    >>> sigma, lam, lev = fit_hyperparameters(st.S, st.b, st.n, st.q)
+    >>> bool(0.08 < sigma < 0.12)
+    True
+    """
+    n, q = float(n), float(q)
+    if not (n > 0 and q > 0 and math.isfinite(q)):
+        raise ValueError("the evidence needs at least one sample with a non-zero target")
+    eigvals, vecs = np.linalg.eigh(np.asarray(s_mat, dtype=np.float64))
+    eigvals = np.clip(eigvals, 0.0, None)  # rounding (or DP noise) can leave tiny negative ones
+    z2 = (vecs.T @ np.asarray(b, dtype=np.float64)) ** 2
+    y_scale = math.sqrt(q / n)
+    f_scale = math.sqrt(max(float(eigvals.sum()) / n, 1e-300))
+    lo = np.array([math.log(y_scale * sigma_range[0]), math.log(y_scale / f_scale * lam_range[0])])
+    hi = np.array([math.log(y_scale * sigma_range[1]), math.log(y_scale / f_scale * lam_range[1])])
+    box_lo, box_hi = lo.copy(), hi.copy()
+    best = (0.5 * (lo + hi), -np.inf)
+    for _ in range(levels):
+        gs = np.linspace(box_lo[0], box_hi[0], grid)
+        gl = np.linspace(box_lo[1], box_hi[1], grid)
+        vals = spectral_log_evidence(eigvals, z2, n, q, gs[:, None], gl[None, :])
+        vals = np.where(np.isfinite(vals), vals, -np.inf)
+        i, j = np.unravel_index(int(np.argmax(vals)), vals.shape)
+        if vals[i, j] >= best[1]:
+            best = (np.array([gs[i], gl[j]]), float(vals[i, j]))
+        step = (box_hi - box_lo) / (grid - 1)
+        box_lo = np.maximum(best[0] - 2 * step, lo)
+        box_hi = np.minimum(best[0] + 2 * step, hi)
+    (ls, ll), value = best
+    return math.exp(ls), math.exp(ll), value
+
+
+def ridge_loss(stats: SufficientStats, sigma: float | np.ndarray, lam: float | np.ndarray) -> np.ndarray:
+    """Loss of the best fixed ridge predictor in hindsight, per kernel:
+    `min_w Σ(y - φᵀw)² + (σ²/λ²)‖w‖² = q - bᵀ(S + (σ²/λ²)I)⁻¹b`."""
+    s_mat = stats.S.reshape((-1, stats.dim, stats.dim))
+    b = stats.b.reshape((-1, stats.dim))
+    kk = s_mat.shape[0]
+    sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (kk,))
+    lam_ = np.broadcast_to(np.asarray(lam, dtype=np.float64), (kk,))
+    out = np.array([stats.q - b[k] @ np.linalg.solve(s_mat[k] + (sig[k] / lam_[k]) ** 2 * np.eye(stats.dim),
+                                                      b[k]) for k in range(kk)])
+    return out.reshape(stats.batch_shape) if stats.batch_shape else out[0]
+
+
+# ============================================================================ metrics
+
+
+@dataclass
+class PrequentialMetrics:
+    """Running prequential (predict, then learn) metrics of a Gaussian predictive.
+
+    >>> m = PrequentialMetrics()
+    >>> m.update(0.0, 1.0, 0.5)
+    >>> m.count, m.mse, m.coverage95
+    (1, 0.25, 1.0)
+    >>> round(m.mean_nlpd, 6)
+    1.043939
+    """
+
+    count: int = 0
+    sq_loss: float = 0.0
+    covered: int = 0
+    nlpd_sum: float = 0.0
+
+    def update(self, mean: float, var: float, y: float) -> None:
+        r = y - mean
+        self.count += 1
+        self.sq_loss += r * r
+        self.covered += int(abs(r) <= Z95 * math.sqrt(var))
+        self.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
+
+    def update_many(self, mean: np.ndarray, var: np.ndarray, y: np.ndarray) -> None:
+        r = y - mean
+        self.count += int(r.shape[0])
+        self.sq_loss += float(r @ r)
+        self.covered += int(np.count_nonzero(np.abs(r) <= Z95 * np.sqrt(var)))
+        self.nlpd_sum += float((0.5 * np.log(2.0 * np.pi * var) + 0.5 * r * r / var).sum())
+
+    @property
+    def mse(self) -> float:
+        return self.sq_loss / self.count if self.count else math.nan
+
+    @property
+    def coverage95(self) -> float:
+        """Fraction of targets inside the central 95% predictive interval."""
+        return self.covered / self.count if self.count else math.nan
+
+    @property
+    def mean_nlpd(self) -> float:
+        """Mean negative log predictive density."""
+        return self.nlpd_sum / self.count if self.count else math.nan
+
+
+# ============================================================================ client
+
+
+class _DefaultFeatures:
+    """Gaussian RFF (one kernel per bandwidth) plus a bias feature, all kernels in one bank pass."""
+
+    def __init__(self, n_inputs: int, n_features: int, bandwidths: Sequence[float], seed: int) -> None:
+        specs = [KernelSpec("gaussian", float(bw)) for bw in bandwidths]
+        self.bank = RFFBank(specs, n_features, n_inputs, seed)
+        # Same string as RFFMap(bank, bias=True).version, so a hand-built single-kernel map agrees.
+        self.version = self.bank.version + "+b"
+        self.names = [f"{name}+b" for name in self.bank.kernel_names]
+        self._z = np.empty((self.bank.n_kernels, self.bank.dim))
+
+    @property
+    def n_kernels(self) -> int:
+        return self.bank.n_kernels
+
+    @property
+    def dim(self) -> int:
+        return self.bank.dim + 1
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        """`(K, F)` features of a contiguous float64 vector; `ValueError` for a wrong length or a
+        non-finite value (one numba call: this is the per-sample hot path)."""
+        if x.shape[0] != self.bank.n_inputs:
+            raise ValueError(f"expected an input of shape ({self.bank.n_inputs},), got {x.shape}")
+        out = np.empty((self.bank.n_kernels, self.dim))
+        if not kern.rff_bias_features(self.bank._wt, x, self.bank._angles, out):
+            raise ValueError("input contains a non-finite value")
+        return out
+
+    def transform_many(self, xs: np.ndarray) -> np.ndarray:
+        z = self.bank.transform_many(xs)
+        return np.concatenate([z, np.ones(z.shape[:2] + (1,))], axis=2)
+
+
+class _MapList:
+    """A user's feature map(s), stacked to `(K, F)`."""
+
+    def __init__(self, maps: Sequence[FeatureMap]) -> None:
+        self.maps = list(maps)
+        dims = {int(m.dim) for m in self.maps}
+        if len(dims) != 1:
+            raise ValueError(f"all feature maps of a dictionary must have the same dim, got {sorted(dims)}")
+        self.dim = dims.pop()
+        self.n_kernels = len(self.maps)
+        versions = [str(m.version) for m in self.maps]
+        self.version = versions[0] if len(versions) == 1 else hashlib.sha256(
+            "|".join(versions).encode()).hexdigest()[:16]
+        self.names = [str(getattr(m, "name", None) or v) for m, v in zip(self.maps, versions, strict=True)]
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((self.n_kernels, self.dim))
+        for k, m in enumerate(self.maps):
+            out[k] = m.transform_one(x)
+        return out
+
+    def transform_many(self, xs: np.ndarray) -> np.ndarray:
+        out = np.empty((xs.shape[0], self.n_kernels, self.dim))
+        for k, m in enumerate(self.maps):
+            many = getattr(m, "transform_many", None)
+            out[:, k] = many(xs) if many is not None else np.stack([m.transform_one(x) for x in xs])
+        return out
+
+
+class FedBNRClient:
+    """The client half of online FedBNR.
+
+    Give it a feature map (or a list of maps of equal size for a kernel dictionary), or let it build
+    the default Gaussian RFF + bias map from `n_inputs`, `n_features` (`D`, so `F = 2D + 1`),
+    `bandwidth` (a float, or a sequence of floats for a Gaussian bandwidth dictionary) and `seed`.
+
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(-2, 2, (200, 1)); y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(200)
+    >>> client = FedBNRClient(n_inputs=1, n_features=20, bandwidth=0.5, sigma=0.1, lam=1.0)
+    >>> for xi, yi in zip(X, y):
+    ...     client.learn(xi, yi)
+    >>> mean, var = client.predict(np.array([0.5]))
+    >>> bool(abs(mean - np.sin(1.0)) < 0.1 and 0.1**2 < var < 0.05)
+    True
+    >>> up = client.make_upload()           # 200 >= min_upload=32 pending samples
+    >>> up.seq, up.n_samples, client.n_pending
+    (1, 200.0, 0)
+    >>> server = FedBNRServer.for_client(client)
+    >>> server.apply(up), server.apply(up)  # the duplicate changes nothing
+    (True, False)
+    >>> client.apply_global(server.publish())
+    True
+    >>> bool(abs(client.predict(np.array([0.5]))[0] - mean) < 0.05)  # refitted σ, λ; same data
+    True
+    """
+
+    def __init__(
+        self,
+        feature_map: FeatureMap | Sequence[FeatureMap] | None = None,
+        *,
+        n_inputs: int | None = None,
+        n_features: int = 64,
+        bandwidth: float | Sequence[float] = 1.0,
+        seed: int = 0,
+        sigma: float = 1.0,
+        lam: float = 1.0,
+        min_upload: int = 32,
+        forgetting: float = 1.0,
+        others_weight: float | str = 1.0,
+        local_hyperparameters: bool = False,
+        client_id: str = "client",
+    ) -> None:
+        if feature_map is None:
+            if n_inputs is None:
+                raise ValueError("give a feature_map or n_inputs to build the default RFF map")
+            bws = [float(bandwidth)] if np.isscalar(bandwidth) else [float(b) for b in bandwidth]  # type: ignore[union-attr]
+            if not bws:
+                raise ValueError("a bandwidth dictionary needs at least one bandwidth")
+            self._features: _DefaultFeatures | _MapList = _DefaultFeatures(
+                int(n_inputs), int(n_features), bws, int(seed))
+        else:
+            maps = [feature_map] if isinstance(feature_map, FeatureMap) else list(feature_map)
+            if not maps:
+                raise ValueError("a kernel dictionary needs at least one feature map")
+            self._features = _MapList(maps)
+        # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
+        self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
+            self._features.bank._wt, self._features.bank._angles, self._features.bank.n_inputs)
+        if not (0.0 < float(forgetting) <= 1.0):
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
+        if int(min_upload) < 1:
+            raise ValueError(f"min_upload must be >= 1, got {min_upload!r}")
+        self.auto_weight = others_weight == "auto"
+        if not self.auto_weight and not (0.0 <= float(others_weight) <= 1.0):
+            raise ValueError(f"others_weight must be in [0, 1] or 'auto', got {others_weight!r}")
+        # α of the power prior on the other clients' statistics (see the module docstring).
+        self.others_weight = 1.0 if self.auto_weight else float(others_weight)
+        # Refit σ, λ on this client's working statistics at every global instead of taking the global's.
+        self.local_hyperparameters = bool(local_hyperparameters)
+        self.client_id = str(client_id)
+        self.min_upload = int(min_upload)
+        self.forgetting = float(forgetting)
+        self.kernel_version = self._features.version
+        self.epoch = 0
+        kk, f = self._features.n_kernels, self._features.dim
+        self.n_kernels, self.dim = kk, f
+        sigma0, lam0 = _check_positive("sigma", sigma), _check_positive("lam", lam)
+        # All per-sample state in one packed float64 buffer (see _fedbnr_kernels.packed_layout): the
+        # prequential step is then one numba call with three arguments. The attributes below are views.
+        d, nd = (0, 0) if self._fast is None else self._fast[0].shape
+        self._layout, size = lay.packed_layout(kk, f, _STAGE, d, nd)
+        self._buf = np.zeros(size)
+        lay.write_header(self._buf, self._layout, kk, f, _STAGE, d, nd)
+        self._bind_views()
+        if self._fast is not None:
+            self._wt[...] = self._fast[0]  # a copy of the (constant) frequencies, for the packed kernels
+        self._pdiag[...] = 1.0  # prior precision / λ⁻², per coordinate (≠ 1 only with forgetting)
+        self.sigma[:] = sigma0
+        self.lam[:] = lam0
+        # Pending statistics: upper triangle of S only, kept exact and undecayed (they are uploaded);
+        # rows are staged and folded into the scatter _STAGE at a time (see _fedbnr_kernels.flush).
+        # Working posterior: augmented upper factor per kernel (`_ra`), and the working n, q.
+        self._unacked: dict[int, Upload] = {}
+        self._own_uploaded = SufficientStats.zeros(f, (kk,), self.kernel_version, self.epoch)
+        self._global: GlobalModel | None = None
+        self._next_seq = 1
+        self._cache: tuple[np.ndarray, np.ndarray, float, float] | None = None
+        self.metrics = PrequentialMetrics()
+        self._rebuild(np.zeros((kk, f, f)), np.zeros((kk, f)), 0.0, self.sigma, self.lam, self._pdiag)
+
+    # ------------------------------------------------------------------ packed state
+    _VIEWS = {"_ra": "ra", "_s_pend": "s_pend", "_b_pend": "b_pend", "_stage": "stage", "_stage_y": "stage_y",
+              "_work": "work", "_phi": "phi", "_means": "means", "_vars": "vars", "_logw": "logw",
+              "sigma": "sigma", "_inv_sigma": "inv_sigma", "lam": "lam", "_refresh": "refresh",
+              "_pdiag": "pdiag", "_wt": "wt"}
+
+    def _bind_views(self) -> None:
+        kk, f = self.n_kernels, self.dim
+        shapes = {"ra": (kk, f + 1, f + 1), "s_pend": (kk, f, f), "b_pend": (kk, f), "stage": (kk, f, _STAGE),
+                  "phi": (kk, f), "pdiag": (kk, f)}
+        if self._fast is not None:
+            shapes["wt"] = self._fast[0].shape
+        for attr, block in self._VIEWS.items():
+            view = self._buf[slice(*self._layout[block])]
+            self.__dict__[attr] = view.reshape(shapes[block]) if block in shapes else view
+
+    def __getstate__(self) -> dict:
+        # The views are rebuilt on load: pickled, each would be copied and cut off the buffer.
+        state = dict(self.__dict__)
+        for attr in self._VIEWS:
+            state.pop(attr, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if "_buf" not in state:  # pickled before the packed buffer (separate arrays and scalars)
+            state = self._migrate_state(state)
+        self.__dict__.update(state)
+        self._bind_views()
+
+    _SCALARS = {"_n_work": lay.H_N_WORK, "_q_work": lay.H_Q_WORK, "_staged": lay.H_STAGED,
+                "_n_pend": lay.H_N_PEND, "_q_pend": lay.H_Q_PEND, "_refresh_j": lay.H_REFRESH_J,
+                "_sqrt_gamma": lay.H_SQRT_GAMMA, "_logw_dirty": lay.H_DIRTY}
+
+    @classmethod
+    def _migrate_state(cls, state: dict) -> dict:
+        """A state of the earlier layout (each array and scalar its own attribute) in the packed layout."""
+        state = dict(state)
+        kk, f = int(state["n_kernels"]), int(state["dim"])
+        fast = state.get("_fast")
+        d, nd = (0, 0) if fast is None else fast[0].shape
+        layout, size = lay.packed_layout(kk, f, _STAGE, d, nd)
+        buf = np.zeros(size)
+        lay.write_header(buf, layout, kk, f, _STAGE, d, nd)
+        for attr, block in cls._VIEWS.items():
+            if attr == "_wt":
+                value = None if fast is None else fast[0]
+            else:
+                value = state.pop(attr, None)
+            if value is not None:
+                buf[slice(*layout[block])] = np.asarray(value, dtype=np.float64).reshape(-1)
+        for attr, slot in cls._SCALARS.items():
+            buf[slot] = float(state.pop(attr, 0.0))
+        buf[lay.H_GAMMA] = float(state["forgetting"])
+        state.pop("_inv_sigma", None)
+        state["_layout"], state["_buf"] = layout, buf
+        return state
+
+    def _header_property(slot: int, kind: type = float) -> property:  # type: ignore[misc]  # noqa: N805
+        def get(self: FedBNRClient) -> Any:
+            return kind(self._buf[slot])
+
+        def put(self: FedBNRClient, value: Any) -> None:
+            self._buf[slot] = value
+
+        return property(get, put)
+
+    # Running scalars, stored in the packed buffer's header.
+    _n_work = _header_property(lay.H_N_WORK)
+    _q_work = _header_property(lay.H_Q_WORK)
+    _staged = _header_property(lay.H_STAGED, int)
+    _n_pend = _header_property(lay.H_N_PEND, int)
+    _q_pend = _header_property(lay.H_Q_PEND)
+    _refresh_j = _header_property(lay.H_REFRESH_J, int)
+    _sqrt_gamma = _header_property(lay.H_SQRT_GAMMA)
+    _logw_dirty = _header_property(lay.H_DIRTY, bool)
+    del _header_property
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def kernel_names(self) -> list[str]:
+        return list(self._features.names)
+
+    @property
+    def n_pending(self) -> int:
+        """Samples learned since the last upload."""
+        return self._n_pend
+
+    @property
+    def unacked(self) -> list[Upload]:
+        """Uploads not yet contained in the latest global (e.g. to resend after a reconnect)."""
+        return [self._unacked[s] for s in sorted(self._unacked)]
+
+    @property
+    def global_version(self) -> int:
+        """Version of the global installed (0: none yet)."""
+        return 0 if self._global is None else self._global.version
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """`φ(x)` for every kernel, shape `(K, F)` (validated: a `ValueError` for bad input)."""
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        if x.ndim != 1 or not kern.all_finite(x):
+            raise ValueError(f"input must be a finite 1-d vector, got shape {x.shape}"
+                             + ("" if x.ndim != 1 else " with a non-finite value"))
+        phi = self._features.transform(x)
+        if isinstance(self._features, _DefaultFeatures):
+            return phi  # shape and finiteness checked inside
+        phi = np.ascontiguousarray(phi, dtype=np.float64)
+        if phi.shape != (self.n_kernels, self.dim) or not kern.all_finite(phi.reshape(-1)):
+            raise ValueError("the feature map produced a non-finite or wrongly shaped feature vector")
+        return phi
+
+    def features_many(self, xs: np.ndarray) -> np.ndarray:
+        """`φ` of each row of `xs`: `(T, K, F)`."""
+        xs = np.asarray(xs, dtype=np.float64)
+        if xs.ndim != 2 or not np.all(np.isfinite(xs)):
+            raise ValueError(f"inputs must be a finite (T, d) array, got shape {xs.shape}")
+        if xs.shape[0] == 0:
+            return np.empty((0, self.n_kernels, self.dim))
+        phis = self._features.transform_many(xs)
+        if phis.shape != (xs.shape[0], self.n_kernels, self.dim) or not np.all(np.isfinite(phis)):
+            raise ValueError("the feature map produced non-finite or wrongly shaped features")
+        return phis
+
+    # ------------------------------------------------------------------ prediction
+    def _log_weights(self) -> np.ndarray:
+        if self.n_kernels > 1 and self._logw_dirty:
+            for k in range(self.n_kernels):
+                self._logw[k] = kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k],
+                                                              self.lam[k])
+            self._logw_dirty = False
+        return self._logw
+
+    def kernel_weights(self) -> np.ndarray:
+        """Bayesian-model-average weights of the kernels (each ∝ its working evidence)."""
+        lw = self._log_weights()
+        w = np.exp(lw - lw.max())
+        return w / w.sum()
+
+    def log_evidence(self) -> np.ndarray:
+        """Log evidence of the working statistics per kernel (`O(F)` each, from the factor)."""
+        return np.array([kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k], self.lam[k])
+                         for k in range(self.n_kernels)])
+
+    @property
+    def best_kernel(self) -> int:
+        """Index of the kernel with the largest working evidence."""
+        return int(np.argmax(self.log_evidence()))
+
+    def predict_features(self, phi: np.ndarray) -> tuple[float, float]:
+        """Predictive `(mean, variance)` for features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
+        if phi.ndim != 2 or not phi.flags.c_contiguous or phi.dtype != np.float64:
+            phi = np.ascontiguousarray(phi, dtype=np.float64).reshape(self.n_kernels, self.dim)
+        return kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
+                                    self._means, self._vars)
+
+    def _fast_input(self, x: Any) -> np.ndarray | None:
+        """`x` itself when the packed numba path can take it (default map, float64 vector of the right
+        length), else `None`."""
+        if (self._fast is not None and type(x) is np.ndarray and x.dtype == np.float64 and x.ndim == 1
+                and x.shape[0] == self._fast[2]):
+            return x
+        return None
+
+    def predict(self, x: np.ndarray) -> tuple[float, float]:
+        """Predictive `(mean, variance)` at `x`: `N(φᵀm, σ² + φᵀA⁻¹φ)` (moment-matched over kernels)."""
+        xf = self._fast_input(x)
+        if xf is not None:
+            # Hot path: features and predictive in one numba call on the packed state.
+            ok, mu, var = kern.packed_predict(self._buf, xf)
+            if not ok:
+                raise ValueError("input contains a non-finite value")
+            x = xf.copy()  # our own copy (it is cached: the caller may change x before learn)
+        else:
+            x = np.array(x, dtype=np.float64)
+            phi = self.features(x)
+            mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
+                                           self._means, self._vars)
+            self._phi[...] = phi
+        # learn(x, y) right after predict(x) reuses this; while it is set, `_phi` holds φ(x).
+        self._cache = (x, mu, var)
+        return mu, var
+
+    def learn_predict(self, x: np.ndarray, y: float) -> tuple[float, float]:
+        """One prequential step: the predictive `(mean, variance)` at `x` made *before* learning, then
+        learn `(x, y)` — the same as :meth:`predict` then :meth:`learn`, in one numba call on the default
+        RFF map (the per-sample hot path). Bad input raises `ValueError` and changes nothing."""
+        if type(y) is not float:
+            y = self._check_target(y)
+        xf = self._fast_input(x)
+        if xf is None:
+            mu, var = self.predict(x)
+            self.learn(x, y)
+            return mu, var
+        status, mu, var = kern.packed_step(self._buf, xf, y)
+        if status:
+            self._cache = None
+            raise ValueError("input contains a non-finite value" if status == 1 else
+                             f"target must be finite (and |y| < 1e154), got {y!r}, or features times "
+                             f"target overflow")
+        self._cache = None
+        # PrequentialMetrics.update, inlined (per-sample hot path).
+        m = self.metrics
+        r = y - mu
+        m.count += 1
+        m.sq_loss += r * r
+        m.covered += abs(r) <= Z95 * math.sqrt(var)
+        m.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
+        return mu, var
+
+    def predict_one(self, x: np.ndarray, with_dist: bool = False) -> float | Gaussian:
+        """River-style: the predictive mean, or with `with_dist` the predictive `river.proba.Gaussian`
+        `N(φᵀm, σ² + φᵀA⁻¹φ)`."""
+        mu, var = self.predict(x)
+        return _gaussian(mu, var) if with_dist else mu
+
+    def learn_one(self, x: np.ndarray, y: float) -> None:
+        """Alias of :meth:`learn` (River naming)."""
+        self.learn(x, y)
+
+    def predict_kernels(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each kernel's own predictive `(means (K,), variances (K,))`."""
+        self.predict_features(self.features(x))
+        return self._means.copy(), self._vars.copy()
+
+    def predict_many(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive means and variances of each row of `xs` (no learning)."""
+        phis = self.features_many(xs)
+        means = np.empty(phis.shape[0])
+        variances = np.empty(phis.shape[0])
+        lw = self._log_weights()
+        for t in range(phis.shape[0]):
+            means[t], variances[t] = kern.predict_mixture(self._ra, phis[t], self.sigma, lw, self._work,
+                                                          self._means, self._vars)
+        return means, variances
+
+    # ------------------------------------------------------------------ learning
+    @staticmethod
+    def _check_target(y: Any) -> float:
+        try:
+            y = float(y)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"target must be a number, got {y!r}") from exc
+        if not math.isfinite(y * y):  # y² enters q: reject what would overflow it too
+            raise ValueError(f"target must be finite (and |y| < 1e154), got {y!r}")
+        return y
+
+    def learn(self, x: np.ndarray, y: float) -> None:
+        """Predict `x` (prequential metrics), then add `(x, y)`: `O(F²)` per kernel."""
+        y = self._check_target(y)  # a Python float from here on: numpy scalar arithmetic is slow
+        cache = self._cache
+        if cache is not None:
+            x = np.ascontiguousarray(x, dtype=np.float64)
+            if x.ndim == 1 and kern.same_vector(cache[0], x):
+                _, mu, var = cache  # φ(x) is in _phi
+                self._learn_checked(None, y)
+                self.metrics.update(mu, var, y)
+                return
+        self.learn_predict(x, y)
+
+    def learn_features(self, phi: np.ndarray, y: float) -> None:
+        """:meth:`learn` for precomputed features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
+        y = self._check_target(y)
+        phi = np.array(phi, dtype=np.float64)
+        if phi.size != self.n_kernels * self.dim or not kern.all_finite(phi.reshape(-1)):
+            raise ValueError(f"features must be finite with {self.n_kernels}x{self.dim} values")
+        phi = phi.reshape(self.n_kernels, self.dim)
+        mu, var = self.predict_features(phi)
+        self._learn_checked(phi, y)
+        self.metrics.update(mu, var, y)
+
+    def _learn_checked(self, phi: np.ndarray | None, y: float) -> None:
+        """Learn features `phi` (`None`: those already in `_phi`) with target `y` (a checked float)."""
+        if phi is not None:
+            self._phi[...] = phi
+        self._cache = None
+        if not kern.packed_learn(self._buf, y):  # checked before anything was touched
+            raise ValueError("features times target overflow")
+
+    def _set_hyper(self, sigma: np.ndarray, lam: np.ndarray) -> None:
+        self.sigma[:] = np.asarray(sigma, dtype=np.float64)  # in place: views of the packed buffer
+        self.lam[:] = np.asarray(lam, dtype=np.float64)
+        self._inv_sigma[:] = 1.0 / self.sigma
+        self._sqrt_gamma = math.sqrt(self.forgetting)
+        self._buf[lay.H_GAMMA] = self.forgetting
+        # √(F(1-γ)) / λ_k: the rank-one refresh that returns the prior precision lost to forgetting.
+        self._refresh[:] = np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
+
+    def _after_learn(self, ys: np.ndarray) -> None:
+        # Bookkeeping that mirrors what the numba kernels did to the factor for these targets.
+        g = self.forgetting
+        t = ys.shape[0]
+        y2 = ys * ys
+        self._n_pend += t
+        self._q_pend += float(y2.sum())
+        if g == 1.0:
+            self._n_work += t
+            self._q_work += float(y2.sum())
+        else:
+            decay = g ** np.arange(t - 1, -1, -1)  # weight of row i after the last row: γ^(T-1-i)
+            self._n_work = g**t * self._n_work + float(decay.sum())
+            self._q_work = g**t * self._q_work + float(decay @ y2)
+            self._pdiag *= g**t
+            cols = (self._refresh_j + np.arange(t)) % self.dim
+            np.add.at(self._pdiag, (slice(None), cols), self.dim * (1.0 - g) * decay)
+            self._refresh_j = int((self._refresh_j + t) % self.dim)
+        self._cache = None
+        self._logw_dirty = True
+
+    def learn_many(self, xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prequential pass over rows: returns the predictive means and variances made *before* each
+        row was learned (identical to a loop of :meth:`predict` + :meth:`learn`). All rows are checked
+        before any is learned, so bad input leaves the state unchanged."""
+        ys = np.asarray(ys, dtype=np.float64)
+        xs = np.asarray(xs, dtype=np.float64)
+        if xs.ndim != 2 or ys.shape != (xs.shape[0],):
+            raise ValueError(f"expected xs (T, d) and ys (T,), got {xs.shape} and {ys.shape}")
+        if not _all_finite_squares(ys):
+            raise ValueError("targets must be finite")
+        return self.learn_features_many(self.features_many(xs), ys)
+
+    def learn_features_many(self, phis: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`learn_many` for precomputed features `(T, K, F)`."""
+        phis = np.ascontiguousarray(phis, dtype=np.float64)
+        ys = np.ascontiguousarray(ys, dtype=np.float64)
+        t = ys.shape[0]
+        phis = phis.reshape(t, self.n_kernels, self.dim)
+        if not (np.all(np.isfinite(phis)) and _all_finite_squares(ys)
+                and _all_finite_products(phis, ys[:, None, None])):
+            raise ValueError("features and targets must be finite")
+        means = np.empty(t)
+        variances = np.empty(t)
+        self._staged = kern.learn_batch(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
+                                        self._staged, phis, ys, self.sigma, self.lam, self._n_work,
+                                        self._sqrt_gamma, self._refresh, self._refresh_j, self._work,
+                                        means, variances)
+        self._after_learn(ys)
+        self.metrics.update_many(means, variances, ys)
+        return means, variances
+
+    # ------------------------------------------------------------------ federation
+    def _flush(self) -> None:
+        if self._staged:
+            kern.flush(self._s_pend, self._b_pend, self._stage, self._stage_y, self._staged)
+            self._staged = 0
+
+    def _pending_stats(self) -> SufficientStats:
+        self._flush()
+        s_upper = pack_upper(self._s_pend)  # only the upper triangle was accumulated
+        return SufficientStats(unpack_upper(s_upper, self.dim), self._b_pend, float(self._n_pend),
+                               self._q_pend, self.kernel_version, self.epoch)
+
+    def make_upload(self) -> Upload | None:
+        """The delta statistics of the pending samples as an :class:`Upload`, or `None` while fewer than
+        `min_upload` samples are pending (the privacy floor). Raises `ValueError` (and keeps the
+        samples pending) if any statistic is not finite."""
+        if self._n_pend < self.min_upload:
+            return None
+        stats = self._pending_stats().check_finite()
+        up = Upload(self.client_id, self._next_seq, self.global_version, stats)
+        self._unacked[up.seq] = up
+        self._own_uploaded += stats
+        self._next_seq += 1
+        self._s_pend[...] = 0.0
+        self._b_pend[...] = 0.0
+        self._n_pend = 0
+        self._q_pend = 0.0
+        return up
+
+    def own_stats(self) -> SufficientStats:
+        """Statistics of every sample this client has learned (uploaded or pending)."""
+        return self._own_uploaded + self._pending_stats()
+
+    def working_stats(self) -> SufficientStats:
+        """The statistics behind the working posterior.
+
+        Without forgetting: `global + unacked uploads + pending` (exact sums). With forgetting: the
+        decayed statistics recovered from the factor (`σ²(A - λ⁻²P)`, `σ²h`, `σ²c`).
+        """
+        if self.forgetting == 1.0:
+            return self._exact_work_stats()
+        s, b = self._stats_from_factor()
+        return SufficientStats(s, b, self._n_work, self._q_work, self.kernel_version, self.epoch)
+
+    def _zero_stats(self) -> SufficientStats:
+        return SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+
+    def _exact_work_stats(self) -> SufficientStats:
+        total = self._pending_stats()
+        not_in = self._zero_stats()
+        for up in self._unacked.values():
+            not_in += up.stats
+        total += not_in
+        if self._global is not None:
+            own_in = self._own_uploaded - not_in
+            total += (self._global.stats - own_in).scaled(self.others_weight) + own_in
+        return total
+
+    def _fit_local(self, s_mat: np.ndarray, b: np.ndarray, n: float, q: float, sigma: np.ndarray,
+                   lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Type-II ML of `σ_k, λ_k` on the working statistics (decayed ones with forgetting: then the
+        evidence is a heuristic, the prior there being only `λ⁻²I` on average). Falls back to the given
+        values while there is nothing to fit."""
+        if not (n > 1.0 and q > 0.0):
+            return sigma, lam
+        out_s, out_l = np.array(sigma, dtype=np.float64), np.array(lam, dtype=np.float64)
+        for k in range(self.n_kernels):
+            sym = np.triu(s_mat[k]) + np.triu(s_mat[k], 1).T  # S may carry rounding asymmetry
+            out_s[k], out_l[k], _ = fit_hyperparameters(sym, b[k], n, q)
+        return out_s, out_l
+
+    def choose_others_weight(self, others: SufficientStats, own: SufficientStats, sigma: np.ndarray,
+                             lam: np.ndarray) -> float:
+        """The α of :data:`OTHERS_WEIGHT_GRID` maximising the evidence of this client's own data under the
+        power prior `N(0, λ²I) × L_others^α`: `log Z(α·others + own) - log Z(α·others)`, with the
+        kernels' evidences combined as an equal-prior mixture. `O(F³)` per grid point and kernel."""
+        best, best_score = self.others_weight, -np.inf
+        for alpha in OTHERS_WEIGHT_GRID:
+            prior = others.scaled(alpha)
+            scores = (np.atleast_1d(log_evidence(prior + own, sigma, lam))
+                      - np.atleast_1d(log_evidence(prior, sigma, lam)))
+            top = float(scores.max())
+            score = top + math.log(float(np.exp(scores - top).sum()))
+            if score > best_score:
+                best, best_score = alpha, score
+        return float(best)
+
+    def _stats_from_factor(self) -> tuple[np.ndarray, np.ndarray]:
+        f = self.dim
+        m = np.matmul(np.swapaxes(self._ra, 1, 2), self._ra)  # M = RₐᵀRₐ
+        s2 = (self.sigma**2)[:, None]
+        prior = self._pdiag / (self.lam**2)[:, None]
+        s = m[:, :f, :f].copy()
+        s[:, np.arange(f), np.arange(f)] -= prior
+        return s * s2[:, :, None], m[:, :f, f] * s2
+
+    def _rebuild(self, s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam: np.ndarray,
+                 pdiag: np.ndarray) -> None:
+        """Refactorise the working posterior from statistics `(S (K,F,F), b (K,F), q)`: `O(F³)` per kernel,
+        all-or-nothing (a failure changes nothing)."""
+        f = self.dim
+        ra = np.zeros_like(self._ra)
+        work = np.empty(f + 1)
+        for k in range(self.n_kernels):
+            s2 = sigma[k] ** 2
+            a = s_mat[k] / s2
+            a[np.arange(f), np.arange(f)] += pdiag[k] / lam[k] ** 2
+            try:
+                chol = np.linalg.cholesky(a)
+            except np.linalg.LinAlgError as exc:
+                raise ValueError("working precision is not positive definite (corrupted or noisy statistics?)"
+                                 ) from exc
+            ra[k, :f, :f] = chol.T
+            h = np.zeros(f + 1)
+            h[:f] = b[k] / s2
+            kern.solve_rt(ra[k], h, work, f)  # u = R⁻ᵀh
+            ra[k, :f, f] = work[:f]
+            rho2 = q / s2 - work[:f] @ work[:f]
+            ra[k, f, f] = math.sqrt(max(rho2, 0.0))  # ≥ 0 mathematically; clip rounding
+        if not np.all(np.isfinite(ra)):
+            raise ValueError("refactorisation produced a non-finite factor")
+        self._ra[...] = ra
+        self._set_hyper(sigma, lam)
+        self._pdiag[...] = np.array(pdiag, dtype=np.float64)
+        self._cache = None
+        self._logw_dirty = True
+
+    def apply_global(self, g: GlobalModel) -> bool:
+        """Install a global (one refactorisation). Returns `False` (and changes nothing) for a global not
+        newer than the installed one. The working posterior becomes `global + own uploads not contained
+        in it + pending` (with forgetting: the current decayed posterior plus the other clients'
+        statistics that are new in this global; with `others_weight = α < 1`, the other clients' part
+        counts α times — α re-chosen here when `"auto"`). `σ, λ` are taken from the global."""
+        if g.kernel_version != self.kernel_version or g.epoch != self.epoch:
+            raise ValueError(f"global is for kernel version {g.kernel_version!r}/epoch {g.epoch}, "
+                             f"this client uses {self.kernel_version!r}/epoch {self.epoch}")
+        if g.stats.S.shape != (self.n_kernels, self.dim, self.dim):
+            raise ValueError(f"global statistics have shape {g.stats.S.shape}, expected "
+                             f"{(self.n_kernels, self.dim, self.dim)}")
+        sigma = np.asarray(g.sigma, dtype=np.float64).reshape(-1)
+        lam = np.asarray(g.lam, dtype=np.float64).reshape(-1)
+        if sigma.shape != (self.n_kernels,) or lam.shape != (self.n_kernels,):
+            raise ValueError("global hyperparameters must have one value per kernel")
+        if not (g.stats.is_finite() and np.all(np.isfinite(sigma)) and np.all(np.isfinite(lam))
+                and np.all(sigma > 0) and np.all(lam > 0)):
+            raise ValueError("global contains non-finite statistics or non-positive hyperparameters")
+        if self._global is not None and g.version <= self._global.version:
+            return False
+        inc = int(g.included.get(self.client_id, 0))
+        newly_in = [s for s in self._unacked if s <= inc]
+        not_in = self._zero_stats()
+        for seq, up in self._unacked.items():
+            if seq > inc:
+                not_in += up.stats
+        alpha = self.others_weight
+        if self.auto_weight:
+            own_all = self.own_stats()
+            alpha = self.choose_others_weight(g.stats - (self._own_uploaded - not_in), own_all, sigma, lam)
+        if self.forgetting == 1.0:
+            # Exact: global + own uploads the global does not contain + pending.
+            total = self._pending_stats() + g.stats + not_in
+            if alpha != 1.0:
+                # Tempered: α × (global - own part of it) + own part of it.
+                own_in = self._own_uploaded - not_in
+                total -= (g.stats - own_in).scaled(1.0 - alpha)
+            if self.local_hyperparameters:
+                sigma, lam = self._fit_local(total.S, total.b, total.n, total.q, sigma, lam)
+            self._rebuild(total.S, total.b, total.q, sigma, lam, self._pdiag)
+            self._n_work, self._q_work = total.n, total.q
+        else:
+            # Current decayed posterior + what is new in this global from the *other* clients (own
+            # samples newly included entered when they were learned, and have been decaying since).
+            s, b = self._stats_from_factor()
+            delta = g.stats.copy() if self._global is None else g.stats - self._global.stats
+            for seq in newly_in:
+                delta -= self._unacked[seq].stats
+            delta = delta.scaled(alpha)
+            if self.local_hyperparameters:
+                sigma, lam = self._fit_local(s + delta.S, b + delta.b, self._n_work + delta.n,
+                                             self._q_work + delta.q, sigma, lam)
+            self._rebuild(s + delta.S, b + delta.b, self._q_work + delta.q, sigma, lam, self._pdiag)
+            self._n_work += delta.n
+            self._q_work += delta.q
+        self.others_weight = alpha
+        for seq in newly_in:
+            del self._unacked[seq]
+        # A client that restarted must not reuse sequence numbers the server has already summed.
+        self._next_seq = max(self._next_seq, inc + 1)
+        self._global = g
+        return True
+
+    # ------------------------------------------------------------------ posterior and regret
+    def posterior(self, kernel: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean `m = σ⁻²A⁻¹b` and covariance `A⁻¹` of one kernel's weights (`O(F³)`)."""
+        f = self.dim
+        r = self._ra[kernel, :f, :f]
+        u = self._ra[kernel, :f, f]
+        r_inv = np.linalg.solve(r, np.eye(f))
+        return r_inv @ u, r_inv @ r_inv.T
+
+    def regret(self) -> dict[str, float]:
+        """Cumulative squared loss of the prequential predictions vs the best fixed ridge predictor in
+        hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`)."""
+        own = self.own_stats()
+        if own.n == 0:
+            return {"n": 0.0, "loss": 0.0, "ridge_loss": 0.0, "regret": 0.0, "regret_per_sample": math.nan}
+        ridge = np.atleast_1d(ridge_loss(own, self.sigma, self.lam))
+        best = float(ridge.min())
+        loss = self.metrics.sq_loss
+        return {"n": own.n, "loss": loss, "ridge_loss": best, "regret": loss - best,
+                "regret_per_sample": (loss - best) / own.n, "best_ridge_kernel": float(np.argmin(ridge))}
+
+
+# ============================================================================ server
+
+
+class FedBNRServer:
+    """The server half: idempotent summation of uploads, evidence-fitted hyperparameters, versioned globals.
+
+    >>> server = FedBNRServer(dim=2, kernel_version="v", min_samples=1, fit_hyperparameters=False)
+    >>> d = SufficientStats.from_samples(np.ones((3, 1, 2)), np.ones(3), kernel_version="v")
+    >>> server.apply(Upload("a", 2, 0, d)), server.apply(Upload("a", 1, 0, d))  # out of order
+    (True, True)
+    >>> server.apply(Upload("a", 1, 0, d))  # duplicate
+    False
+    >>> g = server.publish()
+    >>> g.version, g.stats.n, g.included
+    (1, 6.0, {'a': 2})
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_kernels: int = 1,
+        kernel_version: str = "",
+        epoch: int = 0,
+        *,
+        sigma: float = 1.0,
+        lam: float = 1.0,
+        fit_hyperparameters: bool = True,
+        min_samples: int = 32,
+        max_buffered: int = 256,
+    ) -> None:
+        self.dim, self.n_kernels = int(dim), int(n_kernels)
+        self.kernel_version, self.epoch = str(kernel_version), int(epoch)
+        self.sigma = np.full(self.n_kernels, _check_positive("sigma", sigma))
+        self.lam = np.full(self.n_kernels, _check_positive("lam", lam))
+        self.fit = bool(fit_hyperparameters)
+        self.min_samples = int(min_samples)
+        self.max_buffered = int(max_buffered)
+        self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+        self.included: dict[str, int] = {}
+        self._buffer: dict[str, dict[int, Upload]] = {}
+        self.version = 0
+        self.log_evidence = np.zeros(self.n_kernels)
+
+    @classmethod
+    def for_client(cls, client: FedBNRClient, **kwargs: Any) -> FedBNRServer:
+        """A server matching a client's feature map (dim, kernels, kernel version, privacy floor, σ, λ)."""
+        kwargs.setdefault("min_samples", client.min_upload)
+        kwargs.setdefault("sigma", float(client.sigma[0]))
+        kwargs.setdefault("lam", float(client.lam[0]))
+        return cls(client.dim, client.n_kernels, client.kernel_version, client.epoch, **kwargs)
+
+    def _validate(self, up: Upload) -> None:
+        st = up.stats
+        if st.tag != (self.kernel_version, self.epoch):
+            raise ValueError(f"upload from {up.client!r} is for kernel version/epoch {st.tag}, "
+                             f"server is at {(self.kernel_version, self.epoch)}")
+        if st.S.shape != (self.n_kernels, self.dim, self.dim):
+            raise ValueError(f"upload statistics have shape {st.S.shape}, expected "
+                             f"{(self.n_kernels, self.dim, self.dim)}")
+        if not st.is_finite():
+            raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
+        if st.n < self.min_samples:
+            raise ValueError(f"upload summarises {st.n:g} samples, below the privacy floor "
+                             f"{self.min_samples}")
+        if up.seq < 1:
+            raise ValueError(f"sequence numbers start at 1, got {up.seq}")
+
+    def apply(self, up: Upload) -> bool:
+        """Sum an upload once. Returns `False` for a duplicate (already summed or already waiting).
+        An upload whose predecessor has not arrived waits in a buffer and is summed when the gap fills,
+        so `included[client]` always means "every seq up to here"."""
+        self._validate(up)
+        mark = self.included.get(up.client, 0)
+        waiting = self._buffer.setdefault(up.client, {})
+        if up.seq <= mark or up.seq in waiting:
+            return False
+        if up.seq > mark + 1:
+            if len(waiting) >= self.max_buffered:
+                raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for "
+                                 f"seq {mark + 1}")
+            waiting[up.seq] = up
+            return True
+        self.stats += up.stats
+        mark = up.seq
+        while mark + 1 in waiting:
+            mark += 1
+            self.stats += waiting.pop(mark).stats
+        self.included[up.client] = mark
+        if not waiting:
+            del self._buffer[up.client]
+        return True
+
+    def waiting(self) -> dict[str, list[int]]:
+        """Sequence numbers received out of order and not summed yet, per client."""
+        return {c: sorted(w) for c, w in self._buffer.items() if w}
+
+    def refit(self) -> bool:
+        """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums (and keep the
+        maximised evidence). `False` when there is nothing to fit yet."""
+        st = self.stats
+        if st.n <= 0 or st.q <= 0:
+            return False
+        for k in range(self.n_kernels):
+            sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
+            self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
+        return True
+
+    def publish(self) -> GlobalModel:
+        """A new :class:`GlobalModel` (version + 1), hyperparameters refitted first when enabled."""
+        fitted = self.fit and self.refit()
+        if self.stats.n > 0 and not fitted:
+            self.log_evidence = np.atleast_1d(log_evidence(self.stats, self.sigma, self.lam))
+        self.version += 1
+        return GlobalModel(self.version, self.kernel_version, self.epoch, self.stats.copy(),
+                           self.sigma.copy(), self.lam.copy(), self.log_evidence.copy(), dict(self.included))
+
+
+# ============================================================================ River
+
+
+def _dict_to_vector(keys: Sequence[Any], x: dict) -> np.ndarray:
+    """`x` read in `keys` order (a missing key reads 0); `ValueError` for a None/NaN/non-numeric value."""
+    out = np.empty(len(keys))
+    for i, k in enumerate(keys):
+        v = x.get(k, 0.0)
+        if v is None or isinstance(v, (str, bytes)):
+            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}")
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}") from exc
+    if not np.all(np.isfinite(out)):
+        raise ValueError("input contains a non-finite value")
+    return out
+
+
+class FedBNRRegressor(base.Regressor):
+    """Online FedBNR as a River regressor: one client with a private server (local-only FedBNR).
+
+    Dict keys are mapped to an input vector in sorted key order, fixed at the first `learn_one`
+    (which also builds the feature map, so the number of inputs is known). Later, a missing key reads
+    as 0 and an unknown key is ignored. A `None`, NaN or non-numeric value raises `ValueError` and
+    leaves the model unchanged. Every `sync_every` samples the pending statistics are uploaded to the
+    private server, which refits `σ, λ` by evidence (if `fit_hyperparameters`) and sends back a global.
+
+    Parameters: `n_features` (`D`; `F = 2D + 1` with the bias), `bandwidth` (float, or a tuple of
+    floats for a Gaussian bandwidth dictionary), `sigma`, `lam` (initial noise and prior scales),
+    `forgetting` (`γ ∈ (0, 1]`), `seed` (random features).
+
+    >>> from river import datasets, evaluate, metrics
+    >>> model = FedBNRRegressor(n_features=20, bandwidth=2.0)
+    >>> evaluate.progressive_val_score(datasets.TrumpApproval().take(300), model, metrics.MAE())
+    MAE: ...
+    >>> x = {"a": 0.5, "b": -1.0}
+    >>> model = FedBNRRegressor(n_features=8)
+    >>> model.learn_one(x, 1.0)
+    >>> model.predict_one(x, with_dist=True)
+    𝒩(μ=..., σ=...)
+    """
+
+    def __init__(
+        self,
+        n_features: int = 50,
+        bandwidth: float | tuple[float, ...] = 1.0,
+        sigma: float = 1.0,
+        lam: float = 1.0,
+        fit_hyperparameters: bool = True,
+        sync_every: int = 32,
+        forgetting: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.n_features = n_features
+        self.bandwidth = bandwidth
+        self.sigma = sigma
+        self.lam = lam
+        self.fit_hyperparameters = fit_hyperparameters
+        self.sync_every = sync_every
+        self.forgetting = forgetting
+        self.seed = seed
+        # Validate now so a bad parameter fails at construction, not at the first sample.
+        if int(n_features) < 1 or int(sync_every) < 1:
+            raise ValueError("n_features and sync_every must be >= 1")
+        _check_positive("sigma", sigma)
+        _check_positive("lam", lam)
+        if not (0.0 < float(forgetting) <= 1.0):
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
+        for bw in (bandwidth if isinstance(bandwidth, tuple) else (bandwidth,)):
+            _check_positive("bandwidth", bw)
+        self._keys: list[Any] | None = None
+        self.client: FedBNRClient | None = None
+        self.server: FedBNRServer | None = None
+
+    @classmethod
+    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
+        yield {"n_features": 8}
+        yield {"n_features": 6, "bandwidth": (0.5, 5.0), "forgetting": 0.99, "sync_every": 40}
+
+    # ------------------------------------------------------------------ plumbing
+    def _build(self, keys: list[Any]) -> None:
+        if not keys:
+            raise ValueError("cannot build a feature map from an input with no features")
+        client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=self.bandwidth,
+                              seed=int(self.seed), sigma=self.sigma, lam=self.lam,
+                              min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local")
+        self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters))
+        self.client = client
+        self._keys = keys
+
+    @staticmethod
+    def _sorted_keys(x: dict) -> list[Any]:
+        try:
+            return sorted(x)
+        except TypeError:  # mixed key types: still a deterministic order
+            return sorted(x, key=lambda k: (type(k).__name__, repr(k)))
+
+    def _sync(self) -> None:
+        assert self.client is not None and self.server is not None
+        up = self.client.make_upload()
+        if up is not None:
+            self.server.apply(up)
+            self.client.apply_global(self.server.publish())
+
+    # ------------------------------------------------------------------ River protocol
+    def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
+        if self.client is None:
+            keys = self._sorted_keys(x)
+            _dict_to_vector(keys, x)  # validate before building anything
+            FedBNRClient._check_target(y)
+            self._build(keys)
+        assert self.client is not None and self._keys is not None
+        self.client.learn(_dict_to_vector(self._keys, x), y)  # type: ignore[arg-type]
+        if self.client.n_pending >= int(self.sync_every):
+            self._sync()
+
+    def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
+        if self.client is None:
+            # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
+            mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
+        else:
+            assert self._keys is not None
+            mu, var = self.client.predict(_dict_to_vector(self._keys, x))
+        if not with_dist:
+            return float(mu)
+        return _gaussian(float(mu), float(var))
+
+    # ------------------------------------------------------------------ array path
+    def _matrix(self, xs: Any) -> np.ndarray:
+        if hasattr(xs, "columns"):  # a DataFrame: select columns by key
+            assert self._keys is not None
+            xs = xs[self._keys].to_numpy()
+        return np.asarray(xs, dtype=np.float64)
+
+    def learn_many(self, xs: Any, ys: Any) -> None:
+        """Learn rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key).
+        Same result as a loop of `learn_one`, without the dict overhead; bad input changes nothing."""
+        if self.client is None:
+            if hasattr(xs, "columns"):
+                keys = self._sorted_keys({c: None for c in xs.columns})
+            else:
+                keys = list(range(np.asarray(xs).shape[1] if np.ndim(xs) == 2 else 0))
+            arr = np.asarray(xs[keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
+            ys_arr = np.asarray(ys, dtype=np.float64)
+            if arr.ndim != 2 or ys_arr.shape != (arr.shape[0],) or not np.all(np.isfinite(arr)) \
+                    or not _all_finite_squares(ys_arr):
+                raise ValueError(f"expected finite xs (T, d) and ys (T,), got {arr.shape} and {ys_arr.shape}")
+            self._build(keys)
+        assert self.client is not None
+        arr = self._matrix(xs)
+        ys_arr = np.asarray(ys, dtype=np.float64)
+        phis = self.client.features_many(arr)  # validates everything before any state changes
+        if ys_arr.shape != (arr.shape[0],) or not _all_finite_squares(ys_arr):
+            raise ValueError(f"expected finite targets of shape ({arr.shape[0]},), got {ys_arr.shape}")
+        start = 0
+        while start < arr.shape[0]:
+            room = int(self.sync_every) - self.client.n_pending
+            stop = min(arr.shape[0], start + max(room, 1))
+            self.client.learn_features_many(phis[start:stop], ys_arr[start:stop])
+            if self.client.n_pending >= int(self.sync_every):
+                self._sync()
+            start = stop
+
+    def predict_many(self, xs: Any) -> np.ndarray:
+        """Predictive means of the rows of a `(T, d)` array."""
+        return self.predict_dist_many(xs)[0]
+
+    def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive means and variances of the rows of a `(T, d)` array."""
+        if self.client is None:
+            t = np.asarray(xs).shape[0]
+            return np.zeros(t), np.full(t, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2)
+        return self.client.predict_many(self._matrix(xs))

@@ -1,0 +1,366 @@
+"""The Beijing multi-site air-quality streams (ALGORITHMS.md section 6), from the vendored CSVs.
+
+Target `CO`; inputs :data:`BEIJING_INPUTS`, optionally followed by :data:`BEIJING_EXTRAS` (wind
+direction as the sine and cosine of its compass bearing — N = 0°, E = 90°, so `wd_sin` is the
+eastward and `wd_cos` the northward component — and hour of day as `sin/cos(2π·hour/24)`).
+A row with `NA` in any used column is skipped and counted, never imputed. Each station file is
+parsed once per process and kept in memory (read-only arrays).
+
+Splits:
+
+- `"station"`: client `c` is station `BEIJING_STATIONS[c]`, its valid rows in time order.
+- `"mixed"`: client `c` has home station `c` and others `c+1, c+2, c+3` (mod 12). Its length is
+  the number of valid rows of its home station. At each step the source is drawn with probabilities
+  (0.7, 0.1, 0.1, 0.1) by `numpy.random.default_rng([seed, c]).choice`, and the client takes that
+  source's next not-yet-used valid row in time order. (If a source ran out, which cannot happen
+  with these lengths, its draws would go to the home station instead.) Deterministic for a seed.
+
+Skipped counts cover the rows a client has read: for each source, every row up to its last used
+one, and the whole file once all of a source's valid rows have been used (a full station stream
+therefore has `len + skipped (+ warmup) == 35064`).
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import numba
+import numpy as np
+
+from streamfed.evaluation.datasets.base import ClientStream, Fleet
+from streamfed.evaluation.datasets.normalise import DEFAULT_WARMUP, normalise_streams, paper_constants
+
+BEIJING_STATIONS: tuple[str, ...] = (
+    "Aotizhongxin", "Changping", "Dingling", "Dongsi", "Guanyuan", "Gucheng",
+    "Huairou", "Nongzhanguan", "Shunyi", "Tiantan", "Wanliu", "Wanshouxigong",
+)
+BEIJING_TARGET = "CO"
+BEIJING_INPUTS: tuple[str, ...] = (
+    "PM2.5", "PM10", "SO2", "NO2", "O3", "TEMP", "PRES", "DEWP", "RAIN", "WSPM",
+)
+BEIJING_EXTRAS: tuple[str, ...] = ("wd_sin", "wd_cos", "hour_sin", "hour_cos")
+BEIJING_ROWS = 35064
+SPLITS: tuple[str, ...] = ("station", "mixed")
+MIXED_PROBABILITIES: tuple[float, ...] = (0.7, 0.1, 0.1, 0.1)
+
+_COLUMNS: tuple[str, ...] = ("No", "year", "month", "day", "hour", "PM2.5", "PM10", "SO2", "NO2", "CO",
+                             "O3", "TEMP", "PRES", "DEWP", "RAIN", "wd", "WSPM", "station")
+_WD_COL = _COLUMNS.index("wd")
+COMPASS: tuple[str, ...] = ("N", "NNE", "NE", "ENE", "E", "ESE", "SE", "SSE",
+                            "S", "SSW", "SW", "WSW", "W", "WNW", "NW", "NNW")
+
+
+def _compass_code(letters: bytes) -> int:
+    """Base-5 code of a compass word (N=1, E=2, S=3, W=4), the key the parser looks bearings up by."""
+    code = 0
+    for ch in letters:
+        code = code * 5 + b" NESW".index(ch)
+    return code
+
+
+_BEARINGS = np.full(5**3, np.nan)
+for _i, _word in enumerate(COMPASS):
+    _BEARINGS[_compass_code(_word.encode())] = 22.5 * _i
+
+
+@numba.njit(cache=True)
+def _parse_prsa(buf: np.ndarray, start: int, ncols: int, wd_col: int, bearings: np.ndarray
+                ) -> tuple[np.ndarray, int, list[tuple[int, int, int, int]]]:
+    """Parse the PRSA CSV body `buf[start:]` (bytes) into a float `(rows, ncols)` array.
+
+    Unquoted numbers become floats (bit-identical to Python's `float`: the decimal mantissa and the
+    power of ten are both exact, so one correctly-rounded division/multiplication remains); `NA`
+    becomes NaN; a quoted field becomes NaN, except in column `wd_col` where a compass word becomes
+    its bearing in degrees. Numbers the exact path cannot take (over 15 significant digits or a
+    power of ten beyond 1e22) are left NaN and listed in `hard` as `(row, col, begin, end)` for the
+    caller to parse. Returns `(out, error_position or -1, hard)`.
+    """
+    n = buf.size
+    nl = 0
+    for i in range(start, n):
+        if buf[i] == 10:
+            nl += 1
+    if n > start and buf[n - 1] != 10:
+        nl += 1
+    out = np.empty((nl, ncols))
+    hard = [(0, 0, 0, 0)]
+    hard.pop()
+    i = start
+    r = 0
+    c = 0
+    while i < n and r < nl:
+        ch = buf[i]
+        if ch == 34:  # quoted field: read up to the closing quote
+            i += 1
+            code = 0
+            ok = True
+            k = 0
+            while i < n and buf[i] != 34:
+                b = buf[i]
+                v = 1 if b == 78 else 2 if b == 69 else 3 if b == 83 else 4 if b == 87 else 0
+                if v == 0 or k >= 3:
+                    ok = False
+                code = code * 5 + v
+                k += 1
+                i += 1
+            if i >= n:
+                return out, i, hard
+            i += 1
+            out[r, c] = bearings[code] if (c == wd_col and ok and k > 0) else np.nan
+        elif ch == 78:  # NA
+            if i + 1 < n and buf[i + 1] == 65:
+                out[r, c] = np.nan
+                i += 2
+            else:
+                return out, i, hard
+        else:
+            fs = i
+            neg = False
+            if ch == 45 or ch == 43:
+                neg = ch == 45
+                i += 1
+            m = 0
+            k = 0
+            nd = 0
+            nz = 0
+            dot = False
+            while i < n:
+                b = buf[i]
+                if 48 <= b <= 57:
+                    nz += 1
+                    if m > 0 or b != 48:
+                        nd += 1
+                    if nd <= 15:
+                        m = m * 10 + (b - 48)
+                        if dot:
+                            k += 1
+                    elif not dot:
+                        k -= 1  # digits beyond 15 are dropped (and the field sent to `hard`)
+                elif b == 46 and not dot:
+                    dot = True
+                else:
+                    break
+                i += 1
+            if nz == 0:
+                return out, i, hard
+            p = -k
+            if i < n and (buf[i] == 101 or buf[i] == 69):
+                i += 1
+                eneg = False
+                if i < n and (buf[i] == 45 or buf[i] == 43):
+                    eneg = buf[i] == 45
+                    i += 1
+                e = 0
+                ne = 0
+                while i < n and 48 <= buf[i] <= 57:
+                    if ne < 6:
+                        e = e * 10 + (buf[i] - 48)
+                    ne += 1
+                    i += 1
+                if ne == 0:
+                    return out, i, hard
+                p += -e if eneg else e
+            if nd > 15 or p < -22 or p > 22:
+                hard.append((r, c, fs, i))
+                out[r, c] = np.nan
+            else:
+                v = m / 10.0 ** (-p) if p < 0 else m * 10.0**p
+                out[r, c] = -v if neg else v
+        # field separator or end of line
+        if i >= n or buf[i] == 10 or buf[i] == 13:
+            if c != ncols - 1:
+                return out, i, hard
+            if i < n and buf[i] == 13:
+                i += 1
+            i += 1
+            r += 1
+            c = 0
+        elif buf[i] == 44:
+            i += 1
+            c += 1
+            if c >= ncols:
+                return out, i, hard
+        else:
+            return out, i, hard
+    if r != nl:
+        return out, i, hard
+    return out, -1, hard
+
+
+def station_file(station: str) -> str:
+    """File name of a station's CSV inside the package data directory `streamfed/data/beijing-air/`."""
+    if station not in BEIJING_STATIONS:
+        raise ValueError(f"unknown station {station!r}; expected one of {BEIJING_STATIONS}")
+    return f"PRSA_Data_{station}_20130301-20170228.csv.gz"
+
+
+@dataclass(frozen=True)
+class _Table:
+    columns: dict[str, np.ndarray]  # every numeric column, NaN where missing; `wd` as a bearing
+    time: np.ndarray  # datetime64[h]
+
+
+@cache
+def _read_station(station: str) -> _Table:
+    data = resources.files("streamfed").joinpath("data", "beijing-air", station_file(station)).read_bytes()
+    raw = gzip.decompress(data)
+    start = raw.index(b"\n") + 1
+    header = [h.strip().strip('"') for h in raw[:start].decode("ascii").strip().split(",")]
+    if tuple(header) != _COLUMNS:
+        raise ValueError(f"{station}: unexpected header {header}")
+    out, err, hard = _parse_prsa(np.frombuffer(raw, np.uint8), start, len(_COLUMNS), _WD_COL, _BEARINGS)
+    if err != -1:
+        line = raw[: err].count(b"\n") + 1
+        raise ValueError(f"{station}: cannot parse line {line} near byte {err}")
+    for r, c, b, e in hard:
+        out[r, c] = float(raw[b:e])
+    cols = {name: np.ascontiguousarray(out[:, j]) for j, name in enumerate(_COLUMNS) if name != "station"}
+    for a in cols.values():
+        a.setflags(write=False)
+    y, mo, d, h = (cols[k].astype(np.int64) for k in ("year", "month", "day", "hour"))
+    months = ((y - 1970) * 12 + (mo - 1)).astype("datetime64[M]")
+    time = months.astype("datetime64[D]") + (d - 1).astype("timedelta64[D]")
+    time = time.astype("datetime64[h]") + h.astype("timedelta64[h]")
+    time.setflags(write=False)
+    return _Table(cols, time)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One station's usable rows: raw features and target, and where rows were skipped."""
+
+    X: np.ndarray  # (n_valid, d)
+    y: np.ndarray
+    rows: np.ndarray  # data-row index of each valid row
+    time: np.ndarray
+    bad_before: np.ndarray  # (n_rows + 1,) skipped rows among the first k rows
+    na_before: dict[str, np.ndarray]  # per used column, the same but for rows where it is missing
+
+
+@cache
+def _source(station: str, extras: bool) -> _Source:
+    t = _read_station(station)
+    cols = dict(t.columns)
+    used = [*BEIJING_INPUTS, BEIJING_TARGET]
+    if extras:
+        used.append("wd")
+    missing = {c: ~np.isfinite(cols[c]) for c in used}
+    bad = np.logical_or.reduce(list(missing.values()))
+    ok = ~bad
+    feats = [cols[c][ok] for c in BEIJING_INPUTS]
+    if extras:
+        wd = np.deg2rad(cols["wd"][ok])
+        hour = 2.0 * np.pi * cols["hour"][ok] / 24.0
+        feats += [np.sin(wd), np.cos(wd), np.sin(hour), np.cos(hour)]
+
+    def before(mask: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(mask)])
+
+    src = _Source(X=np.column_stack(feats), y=cols[BEIJING_TARGET][ok], rows=np.flatnonzero(ok),
+                  time=t.time[ok], bad_before=before(bad),
+                  na_before={c: before(m) for c, m in missing.items()})
+    for a in (src.X, src.y, src.rows, src.time, src.bad_before, *src.na_before.values()):
+        a.setflags(write=False)  # cached and shared across calls
+    return src
+
+
+@cache
+def _paper_constants(extras: bool) -> dict[str, float]:
+    names = BEIJING_INPUTS + (BEIJING_EXTRAS if extras else ())
+    return paper_constants([ClientStream(s, _source(s, extras).X, _source(s, extras).y, names)
+                            for s in BEIJING_STATIONS])
+
+
+def _skip_counts(srcs: list[_Source], source: np.ndarray, row: np.ndarray
+                 ) -> tuple[int, dict[str, int]]:
+    """Skipped rows a client read past, given the (source, row) of every sample it consumed."""
+    skipped = 0
+    by_col = dict.fromkeys(srcs[0].na_before, 0)
+    for j, src in enumerate(srcs):
+        used = row[source == j]
+        if used.size == 0:
+            continue
+        end = src.bad_before.size - 1 if used.size == src.rows.size else int(used.max()) + 1
+        skipped += int(src.bad_before[end])
+        for c, nb in src.na_before.items():
+            by_col[c] += int(nb[end])
+    return skipped, by_col
+
+
+def _mixed_choice(seed: int, client: int, length: int, available: list[int]) -> np.ndarray:
+    """Source slot (0 = home, 1..3 = others) of each step of a mixed client."""
+    rng = np.random.default_rng([seed, client])
+    choice = rng.choice(len(MIXED_PROBABILITIES), size=length, p=MIXED_PROBABILITIES)
+    for k in range(1, len(available)):  # an exhausted source's extra draws go home
+        pos = np.flatnonzero(choice == k)
+        choice[pos[available[k]:]] = 0
+    return choice
+
+
+def load_beijing(normalisation: str = "paper", split: str = "station", seed: int = 0,
+                 steps: int | None = None, extras: bool = False, *,
+                 warmup: int = DEFAULT_WARMUP) -> Fleet:
+    """The 12 Beijing stations as a fleet of client streams (predict `CO`).
+
+    `normalisation`: `"paper"`, `"online"` or `"none"` (see :mod:`streamfed.evaluation.datasets.normalise`;
+    the `"paper"` constants are always those of the whole dataset — all stations, all valid rows,
+    whatever `split` and `steps` — as the POF-MKL authors did). `split`: `"station"` or `"mixed"`
+    (`seed` drives the mixing). `steps` cuts every stream to its first `steps` samples. `extras` adds
+    wind direction and hour of day. `warmup`: samples that only initialise `"online"` statistics.
+
+    >>> fleet = load_beijing("paper", steps=100)
+    >>> fleet.names[:2], len(fleet[0]), fleet.n_inputs
+    (('Aotizhongxin', 'Changping'), 100, 10)
+    >>> fleet[0].skipped_by_column["CO"] <= fleet[0].skipped
+    True
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if steps is not None and steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    srcs = [_source(s, extras) for s in BEIJING_STATIONS]
+    names = BEIJING_INPUTS + (BEIJING_EXTRAS if extras else ())
+    n_st = len(BEIJING_STATIONS)
+    # samples to consume per client: online warm-up samples come first and are not emitted
+    extra = warmup if normalisation == "online" else 0
+    raw: list[ClientStream] = []
+    for c, station in enumerate(BEIJING_STATIONS):
+        if split == "station":
+            home = srcs[c]
+            n = home.rows.size if steps is None else min(home.rows.size, steps + extra)
+            source = np.full(n, c)
+            row_in_src = np.arange(n)
+            label = station
+        else:
+            ids = [(c + k) % n_st for k in range(len(MIXED_PROBABILITIES))]
+            choice = _mixed_choice(seed, c, srcs[c].rows.size, [srcs[i].rows.size for i in ids])
+            if steps is not None:
+                choice = choice[: steps + extra]
+            n = choice.size
+            source = np.asarray(ids)[choice]
+            row_in_src = np.empty(n, dtype=np.int64)
+            for k in range(len(ids)):  # the k-th draw of a source takes its k-th valid row
+                pos = np.flatnonzero(choice == k)
+                row_in_src[pos] = np.arange(pos.size)
+            label = f"{station}-mixed"
+        X = np.empty((n, len(names)))
+        y = np.empty(n)
+        rows = np.empty(n, dtype=np.int64)
+        time = np.empty(n, dtype="datetime64[h]")
+        for j in np.unique(source):
+            m = source == j
+            idx = row_in_src[m]
+            src = srcs[j]
+            X[m], y[m], rows[m], time[m] = src.X[idx], src.y[idx], src.rows[idx], src.time[idx]
+        skipped, by_col = _skip_counts(srcs, source, rows)
+        raw.append(ClientStream(label, X, y, names, skipped=skipped, skipped_by_column=by_col,
+                                time=time, source=source, row=rows))
+    constants = _paper_constants(extras) if normalisation == "paper" else None
+    streams, scaling = normalise_streams(raw, normalisation, warmup=warmup, constants=constants)
+    return Fleet(tuple(streams), dataset="beijing-air", normalisation=normalisation, split=split,
+                 seed=seed if split == "mixed" else None, target=BEIJING_TARGET,
+                 sources=BEIJING_STATIONS, scaling=scaling)
+

@@ -1,0 +1,193 @@
+"""The normalisations of ALGORITHMS.md section 6.
+
+- `"paper"`: inputs divided by the largest row norm `max_t ‖x_t‖` over the *whole dataset* (every
+  client, every time step) and the target min-max scaled to `[0, 1]` over the whole dataset. This is
+  what the POF-MKL authors did; it looks at the future, so it is only for paper-faithful replay.
+- `"online"`: each client standardises every column (inputs and target) with the running mean and
+  standard deviation of *its own past samples only* (Welford's update), as a deployed agent would.
+  Sample `t` is transformed with the statistics of samples `0..t-1` and only then folded in, so no
+  sample ever sees its own value. The first `warmup` samples (default 2, the fewest with a defined
+  sample standard deviation) have no usable history: they only initialise the statistics and are
+  not emitted (counted in :attr:`ClientStream.warmup`). When the past of a column has zero spread
+  (all past values equal, e.g. no rain yet), its scale falls back to `|mean|` — a relative change,
+  unit-free like a z-score — or to 1 if the mean is 0 too. The target's per-sample mean and scale
+  are kept (`y_offset`, `y_scale`) to map predictions back to original units.
+- `"none"`: raw values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numba
+import numpy as np
+
+from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fleet
+
+DEFAULT_WARMUP = 2
+
+
+@numba.njit(cache=True)
+def _past_standardise(v: np.ndarray, warmup: int, z: np.ndarray, offset: np.ndarray,
+                      scale: np.ndarray) -> None:
+    """Row `t` of `z` from the Welford statistics of rows `< t` of `v`; rows `< warmup` are NaN."""
+    T, d = v.shape
+    mean = np.zeros(d)
+    m2 = np.zeros(d)
+    for t in range(T):
+        for j in range(d):
+            if t < warmup:
+                z[t, j] = np.nan
+                offset[t, j] = np.nan
+                scale[t, j] = np.nan
+            else:
+                s = math.sqrt(m2[j] / (t - 1)) if t >= 2 else 0.0
+                if not s > 0.0:
+                    s = abs(mean[j]) if mean[j] != 0.0 else 1.0
+                offset[t, j] = mean[j]
+                scale[t, j] = s
+                z[t, j] = (v[t, j] - mean[j]) / s
+            # fold sample t in only after it has been transformed
+            delta = v[t, j] - mean[j]
+            mean[j] += delta / (t + 1)
+            m2[j] += delta * (v[t, j] - mean[j])
+
+
+def online_standardise(values: np.ndarray, warmup: int = DEFAULT_WARMUP
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standardise each column with the mean and sample std of the *previous* rows only.
+
+    Returns `(z, offset, scale)`, each shaped like `values` (`(T,)` or `(T, d)`), with
+    `values = z * scale + offset`; rows before `warmup` are NaN (no usable history). `z[t]` depends on
+    `values[:t + 1]` only.
+
+    >>> z, offset, scale = online_standardise(np.array([1.0, 3.0, 2.0, 10.0]))
+    >>> z.tolist()[2:], offset.tolist()[2:]
+    ([0.0, 8.0], [2.0, 2.0])
+    """
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1 (the first sample has no past), got {warmup}")
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim not in (1, 2):
+        raise ValueError(f"values must be (T,) or (T, d), got shape {v.shape}")
+    v2 = np.ascontiguousarray(v.reshape(v.shape[0], -1))
+    z, offset, scale = (np.empty_like(v2) for _ in range(3))
+    _past_standardise(v2, int(warmup), z, offset, scale)
+    return z.reshape(v.shape), offset.reshape(v.shape), scale.reshape(v.shape)
+
+
+class RunningStandardiser:
+    """Online standardisation for one agent, one sample at a time (same maths as `online_standardise`).
+
+    Call :meth:`transform` *before* :meth:`update` with the same sample, so a sample never sees its
+    own statistics.
+
+    >>> rs = RunningStandardiser(1, warmup=2)
+    >>> for v in (1.0, 3.0):
+    ...     rs.update(np.array([v]))
+    >>> rs.ready, rs.transform(np.array([2.0])).tolist(), rs.inverse(np.array([1.0])).tolist()
+    (True, [0.0], [3.414213562373095])
+    """
+
+    def __init__(self, dim: int, warmup: int = DEFAULT_WARMUP) -> None:
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1, got {warmup}")
+        self.dim = int(dim)
+        self.warmup = int(warmup)
+        self.n = 0
+        self._mean = np.zeros(self.dim)
+        self._m2 = np.zeros(self.dim)
+
+    @property
+    def ready(self) -> bool:
+        """Whether enough samples have been seen to standardise the next one."""
+        return self.n >= self.warmup
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self._mean.copy()
+
+    @property
+    def scale(self) -> np.ndarray:
+        """Sample std of the samples seen, with the zero-spread fallback `|mean|` (or 1)."""
+        s = np.sqrt(self._m2 / (self.n - 1)) if self.n >= 2 else np.zeros(self.dim)
+        fallback = np.where(self._mean != 0.0, np.abs(self._mean), 1.0)
+        return np.where(s > 0.0, s, fallback)
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        if not self.ready:
+            raise RuntimeError(f"only {self.n} of {self.warmup} warm-up samples seen")
+        return (np.asarray(x, dtype=np.float64) - self._mean) / self.scale
+
+    def inverse(self, z: np.ndarray) -> np.ndarray:
+        """Original units of a standardised value (e.g. a prediction)."""
+        return np.asarray(z, dtype=np.float64) * self.scale + self._mean
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float64)
+        self.n += 1
+        delta = x - self._mean
+        self._mean += delta / self.n
+        self._m2 += delta * (x - self._mean)
+
+
+def paper_constants(streams: Sequence[ClientStream]) -> dict[str, float]:
+    """`x_norm` (largest input row norm) and `y_min`, `y_max` over all samples of `streams`."""
+    x_norm = max(float(np.sqrt(np.einsum("ij,ij->i", s.X, s.X)).max(initial=0.0)) for s in streams)
+    y_min = min(float(s.y.min(initial=np.inf)) for s in streams)
+    y_max = max(float(s.y.max(initial=-np.inf)) for s in streams)
+    return {"x_norm": x_norm, "y_min": y_min, "y_max": y_max}
+
+
+def _paper(stream: ClientStream, c: dict[str, float]) -> ClientStream:
+    x_norm = c["x_norm"] if c["x_norm"] > 0 else 1.0
+    span = c["y_max"] - c["y_min"]
+    span = span if span > 0 else 1.0
+    T = len(stream)
+    return replace(stream, X=stream.X / x_norm, y=(stream.y - c["y_min"]) / span,
+                   y_offset=np.full(T, c["y_min"]), y_scale=np.full(T, span))
+
+
+def _online(stream: ClientStream, warmup: int) -> ClientStream:
+    w = min(warmup, len(stream))
+    zx, _, _ = online_standardise(stream.X, warmup)
+    zy, oy, sy = online_standardise(stream.y, warmup)
+
+    def cut(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[w:]
+
+    return replace(stream, X=zx[w:], y=zy[w:], y_offset=oy[w:], y_scale=sy[w:], warmup=stream.warmup + w,
+                   time=cut(stream.time), source=cut(stream.source), row=cut(stream.row))
+
+
+def normalise_streams(streams: Sequence[ClientStream], normalisation: str, *,
+                      warmup: int = DEFAULT_WARMUP, constants: dict[str, float] | None = None
+                      ) -> tuple[list[ClientStream], dict[str, float | int | str]]:
+    """Apply a normalisation to raw streams; returns the streams and the constants used.
+
+    For `"paper"`, `constants` (see :func:`paper_constants`) default to those of `streams` together.
+    """
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    if normalisation == "none":
+        return list(streams), {"method": "none"}
+    if normalisation == "online":
+        return [_online(s, warmup) for s in streams], {"method": "online", "warmup": int(warmup)}
+    c = paper_constants(streams) if constants is None else constants
+    return [_paper(s, c) for s in streams], {"method": "paper", **c}
+
+
+def normalise(fleet: Fleet, normalisation: str, *, warmup: int = DEFAULT_WARMUP) -> Fleet:
+    """A raw (`"none"`) fleet normalised; `"paper"` constants come from all its streams together.
+
+    >>> from streamfed.evaluation.datasets import synthetic_fleet
+    >>> f = normalise(synthetic_fleet(2, 50, 3, seed=0), "paper")
+    >>> float(max(s.y.max() for s in f)), float(min(s.y.min() for s in f))
+    (1.0, 0.0)
+    """
+    if fleet.normalisation != "none":
+        raise ValueError(f"fleet is already normalised ({fleet.normalisation!r})")
+    streams, scaling = normalise_streams(fleet.streams, normalisation, warmup=warmup)
+    return replace(fleet, streams=tuple(streams), normalisation=normalisation, scaling=scaling)

@@ -1,0 +1,127 @@
+"""Evaluation reports: aggregate replays over seeds, write `results.json`, `results.md` and plots."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamfed.evaluation.replay import AlgorithmConfig, ReplayResult, Schedule
+
+
+def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, schedule: Schedule,
+              dataset: dict[str, Any]) -> dict[str, Any]:
+    """Per algorithm: mean ± std over seeds of MSE and `R_c(T)/T`, uploads, wall time, config."""
+    out: dict[str, Any] = {
+        "dataset": dataset,
+        "config": asdict(cfg),
+        "schedule": asdict(schedule),
+        "machine": {"python": platform.python_version(), "processor": platform.machine()},
+        "algorithms": {},
+    }
+    for name, runs in results.items():
+        mse = np.array([r.mse for r in runs])
+        reg = np.array([r.avg_regret for r in runs])
+        out["algorithms"][name] = {
+            "mse_mean": float(mse.mean()),
+            "mse_std": float(mse.std(ddof=1)) if mse.size > 1 else 0.0,
+            "avg_regret": float(reg.mean()),
+            "avg_regret_std": float(reg.std(ddof=1)) if reg.size > 1 else 0.0,
+            "uploaded_per_client_step": float(np.mean([r.uploaded_per_client_step for r in runs])),
+            "wall_s": float(np.mean([r.wall_s for r in runs])),
+            "rejected_steps": int(sum(int(r.rejected.sum()) for r in runs)),
+            "seeds": len(runs),
+            "mse_per_seed": mse.tolist(),
+            "mse_per_client": np.mean([r.mse_per_client for r in runs], axis=0).tolist(),
+            "clients": runs[0].clients,
+        }
+    return out
+
+
+def markdown_table(summary: dict[str, Any], command: str | None = None) -> str:
+    """The summary as a markdown table (one row per algorithm)."""
+    ds = summary["dataset"]
+    cfg = summary["config"]
+    lines = [
+        f"Dataset: {ds.get('name')} ({ds.get('normalisation')} normalisation, {ds.get('split')} split, "
+        f"{ds.get('clients')} clients, {ds.get('samples')} samples). Schedule: {summary['schedule']['kind']}.",
+        f"Config: N={cfg['n_kernels']} kernels, D={cfg['n_features']}, η={cfg['eta']}, λ={cfg['lam']}, "
+        f"ξ={cfg['xi']}, M={cfg['bin_size']}.",
+        "",
+        "| algorithm | MSE (mean ± std over seeds) | avg R_c(T)/T | numbers uploaded / client step | wall s |"
+        " rejected steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, a in summary["algorithms"].items():
+        lines.append(
+            f"| {name} | {a['mse_mean']:.6f} ± {a['mse_std']:.6f} | {a['avg_regret']:.3e} | "
+            f"{a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | {a['rejected_steps']} |"
+        )
+    if command:
+        lines = [f"Command: `{command}`", "", *lines]
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: dict[str, list[ReplayResult]], out_dir: Path) -> list[Path]:
+    """`regret.png` (R(t)/t), `mse.png` (MSE up to t) and `weights.png` (client 0's kernel weights)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for fname, curve, ylabel in (
+        ("regret.png", lambda r: r.regret_rate_curve(), "average regret  mean_c R_c(t)/t"),
+        ("mse.png", lambda r: r.mse_curve(), "MSE of all predictions up to t"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for name, runs in results.items():
+            r0 = runs[0]
+            curves = np.array([curve(r) for r in runs])
+            x = r0.checkpoints + 1
+            m = curves.mean(axis=0)
+            ax.plot(x, m, label=name)
+            if len(runs) > 1:
+                ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), alpha=0.15)
+        ax.set_xlabel("t (samples per client)")
+        ax.set_ylabel(ylabel)
+        if fname == "mse.png":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    pof = results.get("pofmkl")
+    if pof:
+        r = pof[0]
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        ax.stackplot(r.checkpoints + 1, r.weights.T, labels=r.kernel_names)
+        ax.set_xlabel("t")
+        ax.set_ylabel(f"kernel weights of client {r.clients[0]}")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        path = out_dir / "weights.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_report(results: dict[str, list[ReplayResult]], summary: dict[str, Any], out_dir: Path,
+                 command: str | None = None, plots: bool = True) -> Sequence[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "results.md").write_text(markdown_table(summary, command))
+    written = [out_dir / "results.json", out_dir / "results.md"]
+    if plots:
+        written += plot_results(results, out_dir)
+    return written

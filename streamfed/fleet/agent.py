@@ -1,0 +1,497 @@
+"""The agent's pure core: a learner's client half plus sequence numbers, error feedback, label joins
+and message building. No I/O: the MQTT shell (`streamfed.runtime.agent`) feeds it inputs and
+publishes what it returns; a test can drive it directly.
+
+Modes (POF-MKL):
+
+* ``lockstep`` — the paper's protocol over a network: the agent learns sample `t` with global version
+  `t` and publishes its update as seq `t + 1`; it must not take the next sample before global version
+  `t + 1` arrives (:attr:`AgentCore.waiting_for`). The aggregator closes round `r` when every
+  expected client's seq `r` is in. The result equals :func:`streamfed.evaluation.replay.replay`.
+* ``async`` — samples are learned as they come; per-kernel deltas accumulate in an
+  :class:`ErrorFeedback` buffer and each message carries at most `M` kernels (the largest accumulated
+  ones), the rest is carried forward: no update mass is ever dropped, and a message's size never
+  exceeds `M·2D` numbers.
+
+FedBNR is order-free: the agent learns every sample, and publishes the delta statistics whenever at
+least `min_upload` samples are pending (the privacy floor).
+
+Exactly-once effect over at-least-once delivery: every update message stays in :attr:`AgentCore.outbox`
+until a global that *includes* it (its `included` map; lock-step: any global of a later round) has been
+installed. Until then the shell may send it again (after a reconnect, when an `ack` says it is missing,
+after a restart): the aggregator drops what it already has by `(client, seq)`. :meth:`AgentCore.snapshot`
+/ :meth:`AgentCore.restore` carry everything a restarted agent needs to resume exactly where it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from streamfed.algorithms.fedbnr.learner import GlobalModel
+from streamfed.algorithms.pofmkl.learner import GlobalTheta, KernelUpdate, NonFiniteError, POFMKLClient
+from streamfed.fleet.config import MAX_META_STR, FleetConfig
+from streamfed.fleet.factory import kernel_version, make_learner
+from streamfed.fleet.protocol import (
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    fedbnr_global_fields,
+    global_theta,
+    pofmkl_update_message,
+    prediction_message,
+    stats_update_message,
+)
+from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
+from streamfed.fleet.telemetry import AgentStats
+
+__all__ = ["AGENT_STATE_FORMAT", "AgentCore", "ErrorFeedback", "GlobalResult", "PendingLearn", "Prediction"]
+
+Mode = Literal["lockstep", "async"]
+AGENT_STATE_FORMAT = 1  # layout of AgentCore.snapshot(); restore() refuses any other
+
+
+class ErrorFeedback:
+    """Per-kernel accumulated deltas; :meth:`take` removes at most `M` kernels (largest first).
+
+    Invariant: everything added = everything taken + :attr:`residual` (exactly, up to the rounding of
+    the additions).
+
+    >>> ef = ErrorFeedback(n_kernels=3, dim=2, bin_size=1)
+    >>> ef.add(KernelUpdate(np.array([0, 2]), np.array([[1.0, 0.0], [3.0, 0.0]])))
+    >>> ef.take().kernels.tolist(), ef.take().kernels.tolist(), ef.take()
+    ([2], [0], None)
+    """
+
+    def __init__(self, n_kernels: int, dim: int, bin_size: int) -> None:
+        self.residual = np.zeros((n_kernels, dim))
+        self.bin_size = bin_size
+        self._samples = 0
+
+    def add(self, update: KernelUpdate) -> None:
+        self.residual[update.kernels] += update.delta
+        self._samples += update.n_samples
+
+    def pending(self) -> bool:
+        return bool(np.any(self.residual))
+
+    def take(self) -> KernelUpdate | None:
+        norms = np.einsum("pi,pi->p", self.residual, self.residual)
+        nonzero = np.flatnonzero(norms)
+        if nonzero.size == 0:
+            return None
+        chosen = nonzero[np.argsort(-norms[nonzero], kind="stable")[: self.bin_size]]
+        chosen.sort()
+        delta = self.residual[chosen].copy()
+        self.residual[chosen] = 0.0
+        n, self._samples = self._samples, 0  # samples summarised since the last take
+        return KernelUpdate(chosen.astype(np.int64), delta, max(n, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What an agent publishes for a reading."""
+
+    reading_id: str
+    mean: float
+    var: float | None
+    global_version: int
+    latency_s: float
+
+
+class PendingLearn(NamedTuple):
+    """A labelled reading between :meth:`AgentCore.begin_reading` and :meth:`AgentCore.finish_reading`."""
+
+    reading: Reading
+    y: float
+    now: float
+    predicted: bool  # predicted before (a delayed label): not counted as a new sample
+    mean: float
+    var: float | None
+    update: KernelUpdate | None  # POF-MKL: the step's update, not yet in the error feedback
+    global_version: int  # the global the step saw
+
+
+@dataclass
+class AgentCounters:
+    """Plain counters (the metrics layer reads them)."""
+
+    samples: int = 0  # readings predicted
+    learned: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    updates: int = 0
+    bytes_uploaded: int = 0
+    rejected_globals: int = 0
+    rejected_globals_by: dict[str, int] = field(default_factory=dict)  # reason → count
+    ignored_globals: int = 0  # valid but not newer than the one in use (a redelivery)
+    resent: int = 0  # update messages queued again (not yet included in a global)
+    sq_loss: float = 0.0
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def reject_global(self, reason: str) -> None:
+        self.rejected_globals += 1
+        self.rejected_globals_by[reason] = self.rejected_globals_by.get(reason, 0) + 1
+
+
+class GlobalResult(NamedTuple):
+    """What became of a global payload: `installed`, or the rejection `reason` and its `detail`.
+
+    >>> GlobalResult(False, "non_finite", "theta").installed
+    False
+    """
+
+    installed: bool
+    reason: str | None = None
+    detail: str = ""
+
+
+class AgentCore:
+    """One agent's state and logic, transport-free.
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, n_features=5)
+    >>> agent = AgentCore(cfg, "a1", index=0, mode="async")
+    >>> pred, msgs = agent.on_reading(Reading("r1", np.array([0.1, 0.2]), 0.0, y=0.5))
+    >>> pred.mean, [m.kind for m in msgs], msgs[0].arrays["delta"].shape
+    (0.0, ['pofmkl.update'], (1, 10))
+    """
+
+    def __init__(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async",
+                 upload_every: int = 1, join_capacity: int = 10_000, stats: AgentStats | None = None,
+                 stats_every: int = 16) -> None:
+        self.cfg = cfg
+        self.client_id = client_id
+        self.index = index
+        self.mode: Mode = mode
+        self.learner = make_learner(cfg, client_id, index)
+        self.kernel_version = kernel_version(cfg)
+        self.pofmkl = isinstance(self.learner, POFMKLClient)
+        if mode == "lockstep" and not self.pofmkl:
+            raise ValueError("lock-step mode is POF-MKL's protocol; FedBNR is order-free (use async)")
+        self.upload_every = max(1, int(upload_every))
+        self.ef = ErrorFeedback(cfg.n_kernels, 2 * cfg.n_features, cfg.bin_size) if self.pofmkl else None
+        self.join = LabelJoin(join_capacity)
+        self.seq = 0  # last update seq published
+        # seq → update message not yet included in an installed global (to resend until it is)
+        self.outbox: dict[int, Message] = {}
+        self.pred_seq = 0
+        self.steps = 0  # samples learned
+        self.counters = AgentCounters()
+        self.global_version = 0
+        self.global_received_at: float | None = None
+        self._global_problem: tuple[str, str] | None = None
+        # Set by the transport when its outgoing buffer is full: learning goes on, but updates stay in
+        # the learner (POF-MKL error feedback, FedBNR pending statistics) instead of becoming messages.
+        self.hold_uploads = False
+        # Prometheus-facing numbers (read at scrape time); learner-side ones refreshed every
+        # `stats_every` samples (FedBNR's regret costs O(K·F³): refreshed per upload instead).
+        self.stats = stats or AgentStats(client_id, fleet=cfg.fleet, algorithm=cfg.algorithm)
+        self.stats_every = max(1, int(stats_every))
+        self.stats.update_from_learner(self.learner, regret=self.pofmkl)
+
+    # ------------------------------------------------------------------ inputs
+    @property
+    def waiting_for(self) -> int | None:
+        """Lock-step: the global version needed before the next sample may be learned (else None)."""
+        if self.mode == "lockstep" and self.global_version < self.steps:
+            return self.steps
+        return None
+
+    def on_reading(self, reading: Reading, now: float | None = None) -> tuple[Prediction | None, list[Message]]:
+        """Predict a reading; learn at once if it carries its label, else keep it for its label."""
+        pred, pending = self.begin_reading(reading, now)
+        return pred, self.finish_reading(pending)
+
+    def begin_reading(self, reading: Reading, now: float | None = None
+                      ) -> tuple[Prediction | None, PendingLearn | None]:
+        """The first half of :meth:`on_reading`: the prediction, as soon as it exists, and what is left
+        to do (:meth:`finish_reading`, which must follow before the next reading: for POF-MKL the state
+        has moved on already). A transport publishes the prediction in between, so that learning, the
+        update and its encoding never delay it.
+
+        POF-MKL predicts and updates in one fused numba step (~15 µs; predicting alone costs as much, so
+        splitting it would compute the random features twice for nothing): what waits is taking the
+        update from the error feedback and building its message. FedBNR predicts here and learns (the
+        O(F²) part) in :meth:`finish_reading`.
+        """
+        now = time.time() if now is None else now
+        if reading.y is None:
+            mean, var = self._predict(reading.x)
+            if self.join.add(reading) is not None:  # the oldest unlabelled reading was dropped
+                self.on_skip(Skip(SkipReason.LABEL_EVICTED))
+            self.counters.samples += 1
+            return self._prediction(reading, mean, var, now), None
+        pending = self._learn_begin(reading, reading.y, now)
+        if pending is None:
+            return None, None
+        return self._prediction(reading, pending.mean, pending.var, now), pending
+
+    def finish_reading(self, pending: PendingLearn | None) -> list[Message]:
+        """The rest of a labelled reading begun with :meth:`begin_reading`: learn (FedBNR), take the
+        update, count. Returns the update messages to publish."""
+        return [] if pending is None else self._learn_finish(pending)
+
+    def on_label(self, label: Label, now: float | None = None) -> list[Message]:
+        """A delayed label: learn from the reading it names (unknown → skipped and counted)."""
+        reading = self.join.match(label)
+        if reading is None:
+            self.on_skip(Skip(SkipReason.UNKNOWN_READING))
+            return []
+        _, msgs = self._learn(reading, label.y, time.time() if now is None else now, predicted=True)
+        return msgs
+
+    def on_skip(self, skip: Skip) -> None:
+        self.counters.skip(skip.reason)
+        self.stats.skip(skip.reason)
+
+    def on_global(self, msg: Message, now: float | None = None) -> bool:
+        """Install a decoded global if it is newer than the one in use. Returns whether it was."""
+        if msg.global_version <= self.global_version:
+            self.counters.ignored_globals += 1
+            return False
+        try:
+            if self.pofmkl:
+                theta, version = global_theta(msg)
+                # finite entries are not enough: ‖θ_p‖² enters every loss, and must not overflow either
+                if not np.isfinite(np.einsum("pi,pi->p", theta, theta)).all():
+                    raise NonFiniteError("global theta: a squared row norm overflows")
+                self.learner.set_global(theta, version)
+            else:
+                g = GlobalModel.from_message(fedbnr_global_fields(msg))
+                if not self.learner.apply_global(g):
+                    self.counters.ignored_globals += 1
+                    return False
+        except ValueError as e:  # non-finite / wrong shape / not positive definite: keep the model we have
+            reason = "non_finite" if isinstance(e, NonFiniteError) or "finite" in str(e) else "invalid_global"
+            self.counters.reject_global(reason)
+            self._global_problem = (reason, str(e)[:200])
+            self.stats.saw_version(msg.global_version)
+            return False
+        self.global_version = msg.global_version
+        self.global_received_at = time.time() if now is None else now
+        self.stats.global_received(msg.global_version)
+        self._prune_outbox(msg)
+        inc = msg.included.get(self.client_id, 0)
+        if self.mode == "async" and self.pofmkl and inc > self.seq:
+            # a restarted agent without its state must not reuse sequence numbers already applied
+            self.seq = inc
+        return True
+
+    def on_global_payload(self, payload: bytes, now: float | None = None) -> GlobalResult:
+        """Decode (strictly) and install a global payload; every rejection is counted by reason."""
+        try:
+            msg = decode(payload, self.cfg, kernel_version=self.kernel_version, kinds=(self.cfg.global_kind,))
+        except ProtocolError as e:
+            self.counters.reject_global(e.reason.value)
+            return GlobalResult(False, e.reason.value, e.detail)
+        self._global_problem = None
+        if self.on_global(msg, now):
+            return GlobalResult(True)
+        if self._global_problem is not None:
+            return GlobalResult(False, *self._global_problem)
+        return GlobalResult(False)
+
+    def _prune_outbox(self, msg: Message) -> None:
+        """Forget updates the installed global contains (lock-step: every update of a closed round —
+        a round closed without an update, after a timeout, will never take it)."""
+        done = msg.global_version if self.mode == "lockstep" else int(msg.included.get(self.client_id, 0))
+        for s in [s for s in self.outbox if s <= done]:
+            del self.outbox[s]
+
+    def on_ack(self, msg: Message) -> list[Message]:
+        """An `ack` from the aggregator: the updates above its `included` mark, to send again (the
+        aggregator lost them in a crash, or they are missing; it drops any duplicate)."""
+        mark = int(msg.included.get(self.client_id, 0))
+        return [m for s, m in sorted(self.outbox.items()) if s > mark]
+
+    def unacknowledged(self) -> list[Message]:
+        """Every update not yet included in an installed global, in seq order."""
+        return [self.outbox[s] for s in sorted(self.outbox)]
+
+    # ------------------------------------------------------------------ durable state
+    def snapshot(self) -> dict[str, Any]:
+        """Everything needed to resume exactly here (see :meth:`restore`): the learner (its weights,
+        accumulators, random generator and position in its block of draws, global θ / statistics and
+        unacked uploads), the error-feedback residual, sequence counters, counters, the label join and
+        the outbox (encoded). Cheap enough to take per update message."""
+        return {
+            "format": AGENT_STATE_FORMAT,
+            "fleet_config": self.cfg.model_dump(mode="json"),
+            "client": self.client_id, "index": self.index, "mode": self.mode,
+            "learner": self.learner, "ef": self.ef, "join": self.join,
+            "seq": self.seq, "pred_seq": self.pred_seq, "steps": self.steps,
+            "global_version": self.global_version, "counters": self.counters,
+            "outbox": [encode(self.outbox[s]) for s in sorted(self.outbox)],
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume from a :meth:`snapshot`. `ValueError` if it belongs to another format, fleet
+        configuration, client or mode (nothing is changed then)."""
+        if state.get("format") != AGENT_STATE_FORMAT:
+            raise ValueError(f"agent state format {state.get('format')!r}, expected {AGENT_STATE_FORMAT}")
+        if state.get("fleet_config") != self.cfg.model_dump(mode="json"):
+            raise ValueError("agent state was written for a different fleet configuration")
+        mine = (self.client_id, self.index, self.mode)
+        theirs = (state.get("client"), state.get("index"), state.get("mode"))
+        if theirs != mine:
+            raise ValueError(f"agent state is for (client, index, mode) {theirs}, this agent is {mine}")
+        learner = state["learner"]
+        if type(learner) is not type(self.learner):
+            raise ValueError(f"agent state holds a {type(learner).__name__}, expected {type(self.learner).__name__}")
+        outbox = {}
+        for payload in state["outbox"]:
+            m = decode(payload, self.cfg, kernel_version=self.kernel_version, client=self.client_id,
+                       kinds=(self.cfg.update_kind,))
+            outbox[m.seq] = m
+        self.learner, self.ef, self.join = learner, state["ef"], state["join"]
+        self.seq, self.pred_seq, self.steps = int(state["seq"]), int(state["pred_seq"]), int(state["steps"])
+        self.global_version = int(state["global_version"])
+        self.counters = state["counters"]
+        self.outbox = outbox
+        self.stats.update_from_learner(self.learner, regret=self.pofmkl)
+
+    # ------------------------------------------------------------------ the work
+    def _predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        if self.pofmkl:
+            return self.learner.predict(x), None
+        mean, var = self.learner.predict(x)
+        return float(mean), float(var)
+
+    def _prediction(self, reading: Reading, mean: float, var: float | None, now: float) -> Prediction:
+        return Prediction(reading.id, mean, var, self.global_version, max(0.0, time.time() - now))
+
+    def _learn(self, reading: Reading, y: float, now: float, predicted: bool = False
+               ) -> tuple[Prediction | None, list[Message]]:
+        pending = self._learn_begin(reading, y, now, predicted)
+        if pending is None:
+            return None, []
+        msgs = self._learn_finish(pending)
+        return (None if predicted else self._prediction(reading, pending.mean, pending.var, now)), msgs
+
+    def _learn_begin(self, reading: Reading, y: float, now: float, predicted: bool = False) -> PendingLearn | None:
+        wait = self.waiting_for
+        if wait is not None:
+            raise RuntimeError(f"lock-step agent {self.client_id!r} must wait for global version {wait}")
+        update = None
+        try:
+            if self.pofmkl:
+                mean, update = self.learner.step(reading.x, y)
+                var = None
+            else:
+                mean, var = self.learner.predict(reading.x)
+        except NonFiniteError:
+            self.on_skip(Skip(SkipReason.NON_FINITE))
+            return None
+        # the global this step saw: an update computed from it says so even if a newer one is installed
+        # before the update message is built
+        return PendingLearn(reading, y, now, predicted, mean, var, update, self.global_version)
+
+    def _learn_finish(self, p: PendingLearn) -> list[Message]:
+        msgs: list[Message] = []
+        try:
+            if self.pofmkl:
+                msgs = self._pofmkl_uploads(p.update, p.global_version)
+            else:
+                self.learner.learn(p.reading.x, p.y)
+                up = None if self.hold_uploads else self.learner.make_upload()
+                if up is not None:
+                    msgs = [self._stats_message(up)]
+        except NonFiniteError:  # FedBNR: predicted, but the sample cannot be learned
+            self.on_skip(Skip(SkipReason.NON_FINITE))
+            return []
+        self.steps += 1
+        self.counters.learned += 1
+        if not p.predicted:
+            self.counters.samples += 1
+        self.counters.sq_loss += (p.mean - p.y) ** 2
+        self.stats.observe_prediction(p.y, p.mean, max(0.0, time.time() - p.now), p.var)
+        if self.pofmkl and self.steps % self.stats_every == 0:
+            self.stats.update_from_learner(self.learner)
+        elif not self.pofmkl and msgs:
+            self.stats.update_from_learner(self.learner)
+        return msgs
+
+    def _pofmkl_uploads(self, update: KernelUpdate, global_version: int | None = None) -> list[Message]:
+        if self.mode == "lockstep":
+            return [self._update_message(update, global_version)]
+        assert self.ef is not None
+        self.ef.add(update)
+        if self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1:
+            return []
+        taken = self.ef.take()
+        return [] if taken is None else [self._update_message(taken, global_version)]
+
+    def flush(self) -> list[Message]:
+        """Async POF-MKL: everything still carried forward, as messages of at most `M` kernels each."""
+        out = []
+        while self.ef is not None and (taken := self.ef.take()) is not None:
+            out.append(self._update_message(taken))
+        self.stats.update_from_learner(self.learner)
+        return out
+
+    def _update_message(self, update: KernelUpdate, global_version: int | None = None) -> Message:
+        self.seq += 1
+        gv = self.global_version if global_version is None else global_version
+        msg = pofmkl_update_message(self.cfg.fleet, self.client_id, self.seq, update.kernels, update.delta,
+                                    global_version=gv, kernel_version=self.kernel_version,
+                                    n_samples=update.n_samples)
+        self.outbox[msg.seq] = msg
+        return msg
+
+    def _stats_message(self, up: Any) -> Message:
+        fields = up.to_message()
+        self.seq = up.seq
+        msg = stats_update_message(self.cfg.fleet, self.client_id, up.seq, fields["S_upper"], fields["b"],
+                                   fields["n"], fields["q"], global_version=up.base_version,
+                                   kernel_version=self.kernel_version, epoch=int(fields.get("epoch", 0)))
+        self.outbox[msg.seq] = msg
+        return msg
+
+    def prediction_message(self, pred: Prediction) -> Message:
+        """The `prediction` message of one reading (`meta`: the reading id and the latency so far)."""
+        self.pred_seq += 1
+        return prediction_message(
+            self.cfg.fleet, self.client_id, self.pred_seq, np.array([pred.mean]),
+            None if pred.var is None else np.array([pred.var]), global_version=pred.global_version,
+            kernel_version=self.kernel_version,
+            meta={"reading": pred.reading_id[:MAX_META_STR], "latency_s": float(pred.latency_s)})
+
+    def warm_up(self) -> None:
+        """Run the per-sample path once on a throw-away copy of the learner (numba dispatch and cache
+        loading, the codec), so that the first real sample does not pay for it. Changes nothing here."""
+        twin = copy.deepcopy(self.learner)
+        # numba specialises on writability: sensor readings arrive writable, dataset rows read-only
+        writable = np.zeros(self.cfg.n_inputs)
+        readonly = np.zeros(self.cfg.n_inputs)
+        readonly.flags.writeable = False
+        try:
+            for x in (writable, readonly):
+                if self.pofmkl:
+                    twin.predict(x)
+                    _, update = twin.step(x, 0.0)
+                    encode(pofmkl_update_message(self.cfg.fleet, self.client_id, 1, update.kernels, update.delta,
+                                                 global_version=0, kernel_version=self.kernel_version))
+                    twin.set_global(GlobalTheta.of(twin.theta), 1)  # what installing a global runs
+                else:
+                    twin.predict(x)
+                    twin.learn(x, 0.0)
+                    twin.own_stats()  # folds the staged rows, as every upload does
+            encode(prediction_message(self.cfg.fleet, self.client_id, 1, np.zeros(1), global_version=0,
+                                      kernel_version=self.kernel_version, meta={"reading": "w", "latency_s": 0.0}))
+        except ValueError:  # an input the learner refuses: nothing to warm then
+            pass
+
+    # ------------------------------------------------------------------ regret
+    @property
+    def regret(self) -> float:
+        if self.pofmkl:
+            return self.learner.regret
+        return float(self.learner.regret()["regret"])

@@ -1,0 +1,637 @@
+"""Fleet and broker configuration, and the wire schemas derived from it.
+
+Three layers:
+
+* **Schema data** — :class:`ArraySpec`, :class:`MetaSpec`, :class:`MessageSchema`,
+  :class:`ProtocolSchema`: plain frozen dataclasses saying which message kinds exist, which arrays each
+  carries (name, dtype, shape, value constraints) and how large a message may be. The codec
+  (:mod:`streamfed.fleet.protocol`) enforces them and never branches on a learner's name.
+* **Schema builders** — :data:`SCHEMA_BUILDERS` maps an algorithm to a function producing its kinds from
+  a :class:`FleetConfig`; :func:`common_schemas` adds the kinds every fleet has (status, ack,
+  prediction). A later learner (FSGP, PVI, pFedGP) or a secure-aggregation variant adds a builder, not
+  branches in the codec.
+* **Pydantic models** — :class:`FleetConfig`, :class:`BrokerConfig` and :class:`StreamfedConfig`
+  (both sections), loadable from TOML, JSON, a mapping and ``STREAMFED_<SECTION>__<FIELD>`` environment
+  variables.
+
+Shapes always come from the configuration, never from a received message: a message that disagrees
+with its fleet's configuration is rejected, it does not reconfigure anyone.
+
+No I/O here except :func:`load_config`, which reads the one file it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from streamfed.fleet.topics import Channel, name_problem
+
+__all__ = [
+    "WIRE_DTYPES",
+    "ArraySpec",
+    "MetaSpec",
+    "MessageSchema",
+    "ProtocolSchema",
+    "POFMKLParams",
+    "FedBNRParams",
+    "FleetConfig",
+    "BrokerConfig",
+    "StreamfedConfig",
+    "SCHEMA_BUILDERS",
+    "common_schemas",
+    "load_config",
+    "env_overrides",
+    "MAX_META_ITEMS",
+    "MAX_META_STR",
+    "MAX_KERNEL_VERSION_LEN",
+]
+
+# dtype name on the wire → numpy dtype string. Always little-endian on the wire, whatever the host.
+WIRE_DTYPES: dict[str, str] = {
+    "float64": "<f8",
+    "float32": "<f4",
+    "int64": "<i8",
+    "int32": "<i4",
+    "uint64": "<u8",  # e.g. secure-aggregation masks in a ring Z_2^64
+    "uint8": "|u1",
+}
+MAX_META_ITEMS = 16
+MAX_META_KEY = 32
+MAX_META_STR = 256
+MAX_KERNEL_VERSION_LEN = 128
+# Bytes a message may need besides its array data: field names, names, kernel version and a full meta
+# dict, generously rounded (see MessageSchema.max_bytes).
+_ENVELOPE_OVERHEAD = 1024 + MAX_META_ITEMS * (MAX_META_KEY + MAX_META_STR + 16)
+_ARRAY_OVERHEAD = 128  # per array: its name, dtype string, shape list, map headers
+_INCLUDED_ENTRY = 64 + 16  # a client name plus a uint64 and headers
+
+
+# =========================================================================== schema data
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of a message kind.
+
+    `shape` holds ints (fixed axes) and strings naming a variable dimension whose bounds the
+    :class:`MessageSchema` gives in `dims` (several arrays sharing a name must agree on its length).
+    Value constraints: `finite` (floating arrays), `index_bound` (integer arrays: every value in
+    `[0, index_bound)`), `distinct`, `nonnegative`, `positive`.
+
+    >>> a = ArraySpec("delta", "float64", ("m", 20))
+    >>> a.max_shape({"m": (1, 4)}), a.max_nbytes({"m": (1, 4)})
+    ((4, 20), 640)
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+    finite: bool = True
+    index_bound: int | None = None
+    distinct: bool = False
+    nonnegative: bool = False
+    positive: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in WIRE_DTYPES:
+            raise ValueError(f"array {self.name!r}: unsupported dtype {self.dtype!r}; one of {list(WIRE_DTYPES)}")
+        if (self.index_bound is not None or self.distinct) and not self.dtype.startswith(("int", "uint")):
+            raise ValueError(f"array {self.name!r}: index/distinct constraints need an integer dtype")
+
+    @property
+    def itemsize(self) -> int:
+        return int(WIRE_DTYPES[self.dtype][-1])
+
+    def max_shape(self, dims: Mapping[str, tuple[int, int]]) -> tuple[int, ...]:
+        """The largest shape allowed (variable axes at their upper bound)."""
+        return tuple(d if isinstance(d, int) else dims[d][1] for d in self.shape)
+
+    def max_nbytes(self, dims: Mapping[str, tuple[int, int]]) -> int:
+        return math.prod(self.max_shape(dims)) * self.itemsize
+
+
+@dataclass(frozen=True)
+class MetaSpec:
+    """A `meta` entry a kind requires (`choices`: the allowed values, or `None` for any scalar).
+
+    >>> MetaSpec("state", ("online", "offline")).choices
+    ('online', 'offline')
+    """
+
+    name: str
+    choices: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class MessageSchema:
+    """What one message kind carries.
+
+    `channel` is the topic channel it travels on; `dims` bounds the variable axes (inclusive);
+    `meta` lists required meta entries (others are allowed, within the global meta limits);
+    `max_included` is how many `client → seq` entries the `included` map may hold (0: must be empty).
+
+    >>> s = MessageSchema("demo", "updates", (ArraySpec("x", "float64", ("m",)),), {"m": (1, 8)})
+    >>> s.array_names, s.max_bytes > 64
+    (('x',), True)
+    """
+
+    kind: str
+    channel: str
+    arrays: tuple[ArraySpec, ...] = ()
+    dims: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    meta: tuple[MetaSpec, ...] = ()
+    max_included: int = 0
+
+    def __post_init__(self) -> None:
+        Channel(self.channel)  # raises for an unknown channel
+        names = [a.name for a in self.arrays]
+        if len(set(names)) != len(names):
+            raise ValueError(f"kind {self.kind!r}: duplicate array names {names}")
+        for a in self.arrays:
+            for d in a.shape:
+                if isinstance(d, str) and d not in self.dims:
+                    raise ValueError(f"kind {self.kind!r}: array {a.name!r} uses undeclared dim {d!r}")
+                if isinstance(d, int) and d < 0:
+                    raise ValueError(f"kind {self.kind!r}: array {a.name!r} has a negative axis")
+        for d, (lo, hi) in self.dims.items():
+            if not 0 <= lo <= hi:
+                raise ValueError(f"kind {self.kind!r}: dim {d!r} has bounds ({lo}, {hi})")
+
+    @property
+    def array_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.arrays)
+
+    @cached_property  # read for every decoded payload; the schema is immutable
+    def max_bytes(self) -> int:
+        """Upper bound of an encoded message of this kind, with 10 % + 1 KiB headroom."""
+        data = sum(a.max_nbytes(self.dims) + _ARRAY_OVERHEAD + 8 * len(a.shape) for a in self.arrays)
+        raw = data + _ENVELOPE_OVERHEAD + self.max_included * _INCLUDED_ENTRY
+        return int(raw * 1.1) + 1024
+
+
+@dataclass(frozen=True, eq=False)
+class ProtocolSchema:
+    """Every kind a fleet exchanges, plus the fleet name and the byte limit of any message.
+
+    >>> ps = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, n_features=10,
+    ...                  bin_size=2).protocol_schema
+    >>> sorted(ps.kinds)
+    ['ack', 'partial.ack', 'pofmkl.global', 'pofmkl.partial', 'pofmkl.update', 'prediction', 'status']
+    >>> ps.kinds_on("updates")
+    ('pofmkl.update',)
+    """
+
+    fleet: str
+    kinds: Mapping[str, MessageSchema]
+    seq_window: int = 1024
+
+    @cached_property
+    def max_bytes(self) -> int:
+        """The byte limit checked before a payload is even parsed: the largest kind's limit."""
+        return max(s.max_bytes for s in self.kinds.values())
+
+    def kinds_on(self, channel: Channel | str) -> tuple[str, ...]:
+        """The kinds that travel on `channel` (what a subscriber to that channel should accept)."""
+        ch = Channel(channel)
+        return tuple(k for k, s in self.kinds.items() if s.channel == ch)
+
+
+# =========================================================================== schema builders
+
+
+def _pofmkl_schemas(cfg: FleetConfig) -> list[MessageSchema]:
+    n, dim, m = cfg.n_kernels, 2 * cfg.n_features, cfg.bin_size
+    return [
+        # ALGORITHMS.md §2 step 4: Δ_p for the (at most M) kernels of the sampled bin.
+        MessageSchema("pofmkl.update", Channel.UPDATES, (
+            ArraySpec("kernels", "int64", ("m",), index_bound=n, distinct=True),
+            ArraySpec("delta", "float64", ("m", dim)),
+        ), {"m": (1, m)}),
+        MessageSchema("pofmkl.global", Channel.GLOBAL, (
+            ArraySpec("theta", "float64", (n, dim)),
+        ), max_included=cfg.max_clients),
+        # Sharded aggregation (streamfed.fleet.sharding): Σ Δ over the updates a shard took in, dense.
+        MessageSchema("pofmkl.partial", Channel.PARTIALS, (
+            ArraySpec("sum", "float64", (n, dim)),
+            *_contributor_arrays(),
+        ), _contributor_dims(cfg), meta=(MetaSpec("round"),), max_included=cfg.max_clients),
+    ]
+
+
+def _contributor_arrays() -> tuple[ArraySpec, ...]:
+    # (client, seq) pairs summed into a partial: `owner[i]` indexes the sorted names of `included`.
+    return (ArraySpec("owner", "int64", ("c",), nonnegative=True),
+            ArraySpec("seqs", "int64", ("c",), nonnegative=True))
+
+
+def _contributor_dims(cfg: FleetConfig, lower: int = 1) -> dict[str, tuple[int, int]]:
+    return {"c": (lower, cfg.max_clients * 4)}
+
+
+def _fedbnr_schemas(cfg: FleetConfig) -> list[MessageSchema]:
+    k, f = cfg.n_kernels, cfg.feature_dim
+    p = f * (f + 1) // 2
+    stats = (
+        # §3: ΔS as its packed upper triangle (numpy.triu_indices order), Δb, Δn, Δq; one row per kernel.
+        ArraySpec("S_upper", "float64", (k, p)),
+        ArraySpec("b", "float64", (k, f)),
+        ArraySpec("n", "float64", ()),
+        ArraySpec("q", "float64", ()),
+    )
+    return [
+        MessageSchema("fedbnr.update", Channel.UPDATES, stats),
+        MessageSchema("fedbnr.global", Channel.GLOBAL, stats + (
+            ArraySpec("sigma", "float64", (k,), positive=True),
+            ArraySpec("lam", "float64", (k,), positive=True),
+            ArraySpec("log_evidence", "float64", (k,)),
+        ), max_included=cfg.max_clients),
+        MessageSchema("fedbnr.partial", Channel.PARTIALS, stats + _contributor_arrays(), _contributor_dims(cfg),
+                      meta=(MetaSpec("round"),), max_included=cfg.max_clients),
+    ]
+
+
+SCHEMA_BUILDERS: dict[str, Callable[[FleetConfig], list[MessageSchema]]] = {
+    "pofmkl": _pofmkl_schemas,
+    "fedbnr": _fedbnr_schemas,
+}
+"""Algorithm → its learner-specific message kinds. Add an entry (and a `FleetConfig.algorithm` literal)
+for a new learner."""
+
+BAYESIAN_ALGORITHMS = frozenset({"fedbnr"})  # predictions carry a variance
+
+
+def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
+    """Kinds every fleet has: `status`, `ack`, `prediction` (`var` only for Bayesian learners)."""
+    pred = [ArraySpec("mean", "float64", ("b",))]
+    if cfg.algorithm in BAYESIAN_ALGORITHMS:
+        pred.append(ArraySpec("var", "float64", ("b",), nonnegative=True))
+    return [
+        MessageSchema("status", Channel.STATUS, meta=(MetaSpec("state", ("online", "offline")),)),
+        # `included` = {client: highest seq with every seq up to it applied}; `missing` = seqs above
+        # that mark not received yet (so the client can resend them), at most one tracking window.
+        MessageSchema("ack", Channel.ACKS, (
+            ArraySpec("missing", "int64", ("g",), distinct=True, nonnegative=True),
+        ), {"g": (0, cfg.seq_window)}, max_included=1),
+        MessageSchema("prediction", Channel.PREDICTIONS, tuple(pred), {"b": (1, cfg.max_prediction_batch)}),
+        # reducer → shard: partial `meta.partial` was applied, or refused because it repeats the
+        # (client, seq) pairs listed (already applied from another shard); the shard sends the rest again.
+        MessageSchema("partial.ack", Channel.SHARD_ACKS, _contributor_arrays(), _contributor_dims(cfg, lower=0),
+                      meta=(MetaSpec("partial"), MetaSpec("applied", (True, False))), max_included=cfg.max_clients),
+    ]
+
+
+# =========================================================================== pydantic models
+
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class POFMKLParams(BaseModel):
+    """POF-MKL hyperparameters (ALGORITHMS.md §2); defaults match `POFMKLClient`.
+
+    >>> POFMKLParams().eta
+    0.005
+    """
+
+    model_config = _STRICT
+    eta: float = Field(0.005, gt=0, allow_inf_nan=False)
+    lam: float = Field(1e-4, ge=0, allow_inf_nan=False)
+    xi: float = Field(0.1, ge=0, le=1)
+
+
+class FedBNRParams(BaseModel):
+    """Online FedBNR hyperparameters (ALGORITHMS.md §3); defaults match `FedBNRClient`.
+
+    >>> FedBNRParams(min_upload=64).min_upload
+    64
+    """
+
+    model_config = _STRICT
+    sigma: float = Field(1.0, gt=0, allow_inf_nan=False)
+    lam: float = Field(1.0, gt=0, allow_inf_nan=False)
+    min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
+    forgetting: float = Field(1.0, gt=0, le=1)
+    fit_hyperparameters: bool = True
+
+
+class FleetConfig(BaseModel):
+    """What every member of a fleet must agree on: the learner, its sizes and the fleet seed.
+
+    `kernels` are kernel specs (`"gaussian:0.5"`, `"laplacian:1.0"`, ...); without them the
+    dictionary is `gaussian_dictionary(n_kernels)`. `n_kernels` follows `kernels` when only they are
+    given. `bin_size` is POF-MKL's `M`; `fedbnr_bias` adds FedBNR's constant feature (`F = 2D + 1`).
+
+    >>> cfg = FleetConfig(fleet="beijing", algorithm="fedbnr", n_inputs=10, n_features=8,
+    ...                   kernels=["gaussian:1.0", "gaussian:2.0"])
+    >>> cfg.n_kernels, cfg.feature_dim
+    (2, 17)
+    >>> {a.name: (a.dtype, a.shape) for a in cfg.message_schema("fedbnr.update").arrays}
+    {'S_upper': ('float64', (2, 153)), 'b': ('float64', (2, 17)), 'n': ('float64', ()), 'q': ('float64', ())}
+    """
+
+    model_config = _STRICT
+
+    fleet: str
+    algorithm: Literal["pofmkl", "fedbnr"]
+    n_inputs: int = Field(ge=1)
+    n_kernels: int = Field(8, ge=1)
+    n_features: int = Field(50, ge=1)  # D: random features per kernel, 2D numbers each
+    kernels: tuple[str, ...] | None = None
+    bin_size: int = Field(1, ge=1)
+    seed: int = Field(0, ge=0)
+    fedbnr_bias: bool = True
+    pofmkl: POFMKLParams = POFMKLParams()
+    fedbnr: FedBNRParams = FedBNRParams()
+    # Limits of the wire protocol (they bound message sizes, so they are part of the fleet's contract).
+    max_clients: int = Field(10_000, ge=1)  # entries of a global's `included` map
+    max_prediction_batch: int = Field(256, ge=1)
+    seq_window: int = Field(1024, ge=1)  # out-of-order seqs tracked per client
+    sensor_topic: str = "streamfed/v1/{fleet}/sensors/{client}"
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet_name(cls, v: str) -> str:
+        problem = name_problem(v)
+        if problem:
+            raise ValueError(f"fleet name {problem}")
+        return v
+
+    @field_validator("kernels")
+    @classmethod
+    def _kernel_specs(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return None
+        if not v:
+            raise ValueError("kernels, when given, must not be empty")
+        from streamfed.core.features import KernelSpec  # lazy: keeps this module importable without numba
+
+        keys = tuple(KernelSpec.parse(s).key for s in v)  # canonical text: part of frequency derivation
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"kernels are repeated: {list(keys)}")
+        return keys
+
+    @model_validator(mode="before")
+    @classmethod
+    def _n_kernels_from_kernels(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("kernels") and "n_kernels" not in data:
+            data = dict(data)
+            data["n_kernels"] = len(data["kernels"])
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FleetConfig:
+        if self.kernels is not None and len(self.kernels) != self.n_kernels:
+            raise ValueError(f"n_kernels={self.n_kernels} but {len(self.kernels)} kernels are listed")
+        if self.bin_size > self.n_kernels:
+            raise ValueError(f"bin_size (M={self.bin_size}) must be <= n_kernels (N={self.n_kernels})")
+        from streamfed.fleet.topics import sensor_topic
+
+        sensor_topic(self.fleet, "probe", self.sensor_topic)  # raises for a bad template
+        return self
+
+    # ---------------------------------------------------------------- derived sizes
+    @property
+    def kernel_specs(self) -> tuple[str, ...]:
+        """The kernel dictionary as canonical spec strings."""
+        if self.kernels is not None:
+            return self.kernels
+        from streamfed.core.features import gaussian_dictionary
+
+        return tuple(s.key for s in gaussian_dictionary(self.n_kernels))
+
+    @property
+    def feature_dim(self) -> int:
+        """Features per kernel as the learner sees them: `2D` (+1 for FedBNR's bias feature)."""
+        extra = 1 if (self.algorithm == "fedbnr" and self.fedbnr_bias) else 0
+        return 2 * self.n_features + extra
+
+    # ---------------------------------------------------------------- wire schemas
+    @property
+    def protocol_schema(self) -> ProtocolSchema:
+        """All message kinds of this fleet (computed once per distinct configuration)."""
+        return _protocol_schema(self)
+
+    def message_schema(self, kind: str) -> MessageSchema:
+        """The schema of one kind (`KeyError` for a kind this fleet does not exchange)."""
+        return self.protocol_schema.kinds[kind]
+
+    def array_shapes(self, kind: str) -> dict[str, tuple[str, tuple[int | str, ...]]]:
+        """`{array name: (dtype, shape)}` of a kind; variable axes appear as their names.
+
+        >>> FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=3, n_kernels=5, n_features=4,
+        ...             bin_size=2).array_shapes("pofmkl.update")
+        {'kernels': ('int64', ('m',)), 'delta': ('float64', ('m', 8))}
+        """
+        return {a.name: (a.dtype, a.shape) for a in self.message_schema(kind).arrays}
+
+    @property
+    def update_kind(self) -> str:
+        """The kind of this fleet's model updates."""
+        return self.protocol_schema.kinds_on(Channel.UPDATES)[0]
+
+    @property
+    def global_kind(self) -> str:
+        """The kind of this fleet's global model."""
+        return self.protocol_schema.kinds_on(Channel.GLOBAL)[0]
+
+
+@lru_cache(maxsize=64)
+def _protocol_schema(cfg: FleetConfig) -> ProtocolSchema:
+    # Keyed by value (the model is frozen and hashable), not stored on the instance: `model_copy`
+    # copies an instance's __dict__, so a cached attribute would survive a changed copy.
+    schemas = SCHEMA_BUILDERS[cfg.algorithm](cfg) + common_schemas(cfg)
+    kinds = {s.kind: s for s in schemas}
+    if len(kinds) != len(schemas):
+        raise ValueError("two schema builders define the same kind")
+    return ProtocolSchema(cfg.fleet, kinds, cfg.seq_window)
+
+
+class BrokerConfig(BaseModel):
+    """How to reach the MQTT broker. The password is a `SecretStr` so it never shows in a repr or log.
+
+    The port defaults to 8883 when TLS is on, 1883 otherwise. `session_expiry` (seconds) is sent as
+    the MQTT v5 `SessionExpiryInterval` of persistent sessions: with 0 a v5 broker drops the session at
+    disconnect even with `clean_start=False`.
+
+    >>> b = BrokerConfig(username="a1", password="s3cret", tls_ca="/etc/streamfed/ca.crt")
+    >>> b.port, b.use_tls, b.password
+    (8883, True, SecretStr('**********'))
+    """
+
+    model_config = _STRICT
+
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: bool = False  # TLS with the system CAs even when tls_ca is not given
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    protocol: Literal["5", "3.1.1"] = "5"
+    keepalive: int = Field(30, ge=1, le=65535)
+    session_expiry: int = Field(3600, ge=0, le=0xFFFFFFFF)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        proto = data.get("protocol")
+        if proto is not None:
+            # TOML/env give 5, 5.0 or "5.0"; MQTT 3.1.1 has no numeric shorthand that is unambiguous.
+            text = str(proto).strip().lower().removeprefix("v")
+            data["protocol"] = {"5": "5", "5.0": "5", "3.1.1": "3.1.1", "311": "3.1.1"}.get(text, text)
+        if "port" not in data and (data.get("tls") or data.get("tls_ca") or data.get("tls_cert")):
+            data["port"] = 8883
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BrokerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.password is not None and self.username is None:
+            raise ValueError("a password needs a username")
+        return self
+
+    @property
+    def use_tls(self) -> bool:
+        return bool(self.tls or self.tls_ca or self.tls_cert)
+
+    def aiomqtt_kwargs(self, client_id: str | None = None, *, persistent: bool = False) -> dict[str, Any]:
+        """Keyword arguments for `aiomqtt.Client` (imported lazily).
+
+        `persistent=True` asks for a session that survives disconnects: `clean_start=False` plus
+        `SessionExpiryInterval = session_expiry` on v5, `clean_session=False` on v3.1.1. A persistent
+        session needs a fixed `client_id`.
+        """
+        import aiomqtt
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        if persistent and not client_id:
+            raise ValueError("a persistent session needs a fixed client_id")
+        v5 = self.protocol == "5"
+        kw: dict[str, Any] = {
+            "hostname": self.host,
+            "port": self.port,
+            "username": self.username,
+            "password": self.password.get_secret_value() if self.password is not None else None,
+            "identifier": client_id,
+            "protocol": aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
+            "keepalive": self.keepalive,
+        }
+        if self.use_tls:
+            kw["tls_params"] = aiomqtt.TLSParameters(ca_certs=self.tls_ca, certfile=self.tls_cert,
+                                                     keyfile=self.tls_key)
+        if v5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = self.session_expiry if persistent else 0
+            kw["properties"] = props
+            kw["clean_start"] = not persistent
+        else:
+            kw["clean_session"] = not persistent
+        return kw
+
+
+class StreamfedConfig(BaseModel):
+    """A whole configuration file: `[fleet]` and `[broker]`.
+
+    >>> cfg = StreamfedConfig.from_toml('''
+    ... [fleet]
+    ... fleet = "f"
+    ... algorithm = "pofmkl"
+    ... n_inputs = 3
+    ... [broker]
+    ... port = 1884
+    ... ''', env={"STREAMFED_FLEET__SEED": "7"})
+    >>> cfg.fleet.seed, cfg.broker.port, cfg.broker.protocol
+    (7, 1884, '5')
+    """
+
+    model_config = _STRICT
+    fleet: FleetConfig
+    broker: BrokerConfig = BrokerConfig()
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> StreamfedConfig:
+        """Validate a mapping, after applying `STREAMFED_*` overrides from `env` (if given)."""
+        merged = _deep_merge(dict(data), env_overrides(env)) if env is not None else dict(data)
+        return cls.model_validate(merged)
+
+    @classmethod
+    def from_toml(cls, text: str, env: Mapping[str, str] | None = None) -> StreamfedConfig:
+        return cls.from_mapping(tomllib.loads(text), env)
+
+    @classmethod
+    def from_json(cls, text: str, env: Mapping[str, str] | None = None) -> StreamfedConfig:
+        return cls.from_mapping(json.loads(text), env)
+
+
+ENV_PREFIX = "STREAMFED_"
+
+
+def env_overrides(env: Mapping[str, str], prefix: str = ENV_PREFIX) -> dict[str, Any]:
+    """Nested overrides from variables like `STREAMFED_BROKER__PASSWORD` or `STREAMFED_FLEET__POFMKL__ETA`.
+
+    Only variables with a `__` after the prefix count (so `STREAMFED_APT_PACKAGES` is ignored). Values
+    that look like JSON lists/objects are parsed as JSON; other strings are left to pydantic to coerce.
+
+    >>> env_overrides({"STREAMFED_FLEET__KERNELS": '["gaussian:1.0"]', "STREAMFED_APT_PACKAGES": "x"})
+    {'fleet': {'kernels': ['gaussian:1.0']}}
+    """
+    out: dict[str, Any] = {}
+    for key, value in env.items():
+        if not key.startswith(prefix) or "__" not in key[len(prefix):]:
+            continue
+        path = [p.lower() for p in key[len(prefix):].split("__")]
+        if not all(path):
+            continue
+        parsed: Any = value
+        if value.strip()[:1] in ("[", "{"):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = value
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node[path[-1]] = parsed
+    return out
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(base.get(k), Mapping):
+            base[k] = _deep_merge(dict(base[k]), v)
+        else:
+            base[k] = v
+    return base
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None) -> StreamfedConfig:
+    """Read a `.toml` or `.json` file (or nothing), then apply `STREAMFED_*` overrides from `env`
+    (default: the process environment)."""
+    env = os.environ if env is None else env
+    if path is None:
+        return StreamfedConfig.from_mapping({}, env)
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    if p.suffix.lower() == ".json":
+        return StreamfedConfig.from_json(text, env)
+    return StreamfedConfig.from_toml(text, env)

@@ -1,0 +1,749 @@
+"""Observability: plain stats objects updated on the hot path, exported to Prometheus at scrape time.
+
+The runtime owns one :class:`AgentStats` per edge agent and one :class:`AggregatorStats` per
+aggregator and updates them with plain attribute arithmetic (no Prometheus calls, no locks, no
+allocation per sample). A :class:`StreamfedCollector` registered on an explicit
+:class:`~prometheus_client.CollectorRegistry` reads a live set of them only when Prometheus scrapes,
+so one process can serve a demo fleet of hundreds of agents cheaply; :func:`serve_metrics` serves a
+registry over HTTP.
+
+Concurrency: the stats are written by the runtime's thread and read by the HTTP server's thread.
+Every field is a Python number or a list of numbers, so a scrape may see one sample's update half
+applied across fields (e.g. a count one ahead of a sum) but never a torn value; histograms derive
+their count from the bucket counts, so `_count` always equals the `+Inf` bucket.
+
+Exported metrics (all prefixed ``streamfed_``; ``fleet`` and ``client`` identify an agent):
+
+======================================================== ========= ===============================
+name                                                     type      labels
+======================================================== ========= ===============================
+``streamfed_agent_info``                                 gauge(1)  fleet, client, algorithm
+``streamfed_agent_samples_total``                        counter   fleet, client
+``streamfed_agent_samples_skipped_total``                counter   fleet, client, reason
+``streamfed_agent_learner_steps_total``                  counter   fleet, client
+``streamfed_agent_cumulative_loss``                      gauge     fleet, client
+``streamfed_agent_best_kernel_cumulative_loss``          gauge     fleet, client
+``streamfed_agent_regret``                               gauge     fleet, client
+``streamfed_agent_mse``                                  gauge     fleet, client
+``streamfed_agent_windowed_mse``                         gauge     fleet, client
+``streamfed_agent_interval_hits_total``                  counter   fleet, client
+``streamfed_agent_interval_predictions_total``           counter   fleet, client
+``streamfed_agent_interval_coverage_ratio``              gauge     fleet, client
+``streamfed_agent_kernel_weight``                        gauge     fleet, client, kernel
+``streamfed_agent_upload_bytes_total``                   counter   fleet, client
+``streamfed_agent_upload_messages_total``                counter   fleet, client
+``streamfed_agent_global_version``                       gauge     fleet, client
+``streamfed_agent_global_staleness_seconds``             gauge     fleet, client
+``streamfed_agent_global_versions_behind``               gauge     fleet, client
+``streamfed_agent_prediction_duration_seconds``          histogram fleet, client (small fleets)
+``streamfed_prediction_duration_seconds``                histogram fleet
+``streamfed_aggregator_updates_accepted_total``          counter   fleet
+``streamfed_aggregator_updates_rejected_total``          counter   fleet, reason
+``streamfed_aggregator_active_clients``                  gauge     fleet
+``streamfed_aggregator_rounds_total``                    counter   fleet
+``streamfed_aggregator_last_round_timestamp_seconds``    gauge     fleet
+``streamfed_aggregator_aggregation_duration_seconds``    histogram fleet
+``streamfed_aggregator_global_version``                  gauge     fleet
+======================================================== ========= ===============================
+
+A gauge that is not known yet (no learner read, no interval prediction, no global received, no
+round) is omitted rather than exported as NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate
+from typing import Any
+
+from prometheus_client import start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+__all__ = [
+    "Z95",
+    "PREDICTION_BUCKETS",
+    "AGGREGATION_BUCKETS",
+    "DEFAULT_SKIP_REASONS",
+    "DEFAULT_REJECT_REASONS",
+    "LatencyHistogram",
+    "WindowedMSE",
+    "AgentStats",
+    "AggregatorStats",
+    "StreamfedCollector",
+    "MetricsServer",
+    "make_registry",
+    "serve_metrics",
+]
+
+Z95 = 1.959963984540054  # standard normal quantile of 0.975: the central 95% interval is mean ± Z95·sd
+# Prediction: numba steps take ~10 µs, a Python-level round trip up to milliseconds.
+PREDICTION_BUCKETS: tuple[float, ...] = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Aggregation: one merge of a round's updates, from sub-millisecond to a slow refit.
+AGGREGATION_BUCKETS: tuple[float, ...] = (
+    1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Reason series created at zero up front: rate()/increase() cannot see the first increment of a
+# series that appears with value 1, so an alert on "rejections > 0" would miss a lone first one.
+# Kept literal (this module imports nothing of the runtime); tests/test_metrics.py checks that they
+# cover streamfed.fleet.sources.SkipReason and streamfed.fleet.protocol.Reason.
+DEFAULT_SKIP_REASONS: tuple[str, ...] = (
+    "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "unknown_reading",
+    "label_evicted", "duplicate",
+)
+DEFAULT_REJECT_REASONS: tuple[str, ...] = (
+    "too_large", "not_msgpack", "bad_schema", "unknown_kind", "wrong_fleet", "bad_client", "bad_array",
+    "wrong_shape", "wrong_dtype", "non_finite", "bad_index", "bad_seq", "stale_seq", "wrong_kernel_version",
+    "unknown_client", "invalid_update", "late",  # the aggregator's own, beyond the codec's
+)
+
+_INF = math.inf
+
+
+# =========================================================================== building blocks
+
+
+class LatencyHistogram:
+    """A fixed-bucket histogram of durations in seconds: `observe` is one bisect and two additions.
+
+    `bounds` are the finite upper bounds (`le`), increasing; a `+Inf` bucket is implied. Negative or
+    non-finite observations are ignored (a clock that went backwards says nothing about latency).
+
+    >>> h = LatencyHistogram((0.001, 0.01))
+    >>> for s in (0.0005, 0.001, 0.002, 3.0):
+    ...     h.observe(s)
+    >>> h.count, h.cumulative(), round(h.sum, 4)
+    (4, [2, 3, 4], 3.0035)
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float] = PREDICTION_BUCKETS) -> None:
+        b = tuple(float(x) for x in bounds)
+        if not b or any(not math.isfinite(x) for x in b) or any(x >= y for x, y in zip(b, b[1:], strict=False)):
+            raise ValueError(f"bucket bounds must be finite and strictly increasing, got {bounds!r}")
+        self.bounds = b
+        self.counts = [0] * (len(b) + 1)  # per bucket (not cumulative); the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        if not 0.0 <= seconds < _INF:  # also false for NaN
+            return
+        # bisect_left: the first bound >= value, i.e. Prometheus' `le` (upper bound inclusive)
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[int]:
+        """Cumulative counts per `le` bound, `+Inf` last (a copy: safe to read while observing)."""
+        return list(accumulate(list(self.counts)))
+
+
+class WindowedMSE:
+    """Mean of the last `size` squared errors: a ring buffer with a running sum, O(1) per `add`.
+
+    The running sum is recomputed exactly (`math.fsum`) once per lap of the ring, which bounds the
+    rounding drift of add/subtract at amortised O(1) cost.
+
+    >>> w = WindowedMSE(3)
+    >>> for e2 in (1.0, 4.0, 9.0, 16.0):
+    ...     w.add(e2)
+    >>> w.value, w.n
+    (9.666666666666666, 3)
+    """
+
+    __slots__ = ("size", "_buf", "_pos", "_n", "_sum")
+
+    def __init__(self, size: int = 100) -> None:
+        if int(size) < 1:
+            raise ValueError(f"window size must be >= 1, got {size!r}")
+        self.size = int(size)
+        self._buf = [0.0] * self.size
+        self._pos = 0
+        self._n = 0
+        self._sum = 0.0
+
+    def add(self, sq_error: float) -> None:
+        buf, pos = self._buf, self._pos
+        if self._n == self.size:
+            self._sum -= buf[pos]
+        else:
+            self._n += 1
+        buf[pos] = sq_error
+        self._sum += sq_error
+        pos += 1
+        if pos == self.size:
+            pos = 0
+            self._sum = math.fsum(buf)  # once per lap: cancels the drift of the running sum
+        self._pos = pos
+
+    @property
+    def n(self) -> int:
+        """Samples in the window (`size` once full)."""
+        return self._n
+
+    @property
+    def value(self) -> float:
+        """The windowed MSE, NaN while empty."""
+        n = self._n
+        return max(self._sum, 0.0) / n if n else math.nan
+
+    def values(self) -> list[float]:
+        """The squared errors in the window, oldest first."""
+        if self._n < self.size:
+            return self._buf[: self._n]
+        return self._buf[self._pos :] + self._buf[: self._pos]
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """`obj.name`, called if it is a method (POF-MKL has properties where FedBNR has methods)."""
+    v = getattr(obj, name, None)
+    return v() if callable(v) else v
+
+
+# =========================================================================== agent
+
+
+class AgentStats:
+    """Everything an edge agent reports, as plain numbers the runtime updates in place.
+
+    Hot path, per sample: :meth:`observe_prediction` (squared error, running and windowed MSE,
+    95%-interval coverage when a variance is given, latency) or :meth:`skip`; per upload
+    :meth:`uploaded`; per received global :meth:`global_received`. Learner-side quantities (cumulative
+    loss, best kernel in hindsight, regret `R(T)`, kernel weights, global version) are copied by
+    :meth:`update_from_learner` — call it from the thread that steps the learner, at whatever cadence
+    suits (every step for POF-MKL costs O(N); FedBNR's regret costs O(K·F³), call it per upload).
+
+    `clock` (monotonic seconds) dates received globals, for the staleness gauge.
+
+    >>> s = AgentStats("a1", fleet="demo", algorithm="pofmkl", window=2)
+    >>> for y, yhat in ((1.0, 0.0), (0.0, 0.5), (2.0, 2.5)):
+    ...     s.observe_prediction(y, yhat, latency_s=0.001)
+    >>> s.samples, s.mse, s.windowed_mse
+    (3, 0.5, 0.25)
+    >>> s.observe_prediction(0.0, 0.1, var=1.0)     # Bayesian learners pass the predictive variance
+    >>> s.interval_hits, s.interval_total, s.coverage
+    (1, 1, 1.0)
+    >>> s.skip("malformed"); s.uploaded(2048); s.skipped["malformed"], s.upload_bytes
+    (1, 2048)
+    """
+
+    __slots__ = (
+        "client", "fleet", "algorithm", "clock",
+        "samples", "skipped", "sq_error_sum", "window", "interval_hits", "interval_total", "latency",
+        "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
+        "upload_bytes", "upload_messages", "global_version", "global_received_at", "newest_version",
+    )
+
+    def __init__(self, client: str, *, fleet: str = "default", algorithm: str = "unknown", window: int = 100,
+                 skip_reasons: Iterable[str] = DEFAULT_SKIP_REASONS,
+                 latency_buckets: Sequence[float] = PREDICTION_BUCKETS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client, self.fleet, self.algorithm = str(client), str(fleet), str(algorithm)
+        self.clock = clock
+        self.samples = 0  # scored samples (predicted, then learned); skipped ones are counted apart
+        self.skipped: dict[str, int] = {str(r): 0 for r in skip_reasons}
+        self.sq_error_sum = 0.0
+        self.window = WindowedMSE(window)
+        self.interval_hits = 0
+        self.interval_total = 0
+        self.latency = LatencyHistogram(latency_buckets)
+        # learner-side values: None until a learner (or the runtime) reports them
+        self.learner_steps: int | None = None
+        self.learner_loss: float | None = None
+        self.best_kernel_loss: float | None = None
+        self.regret: float | None = None
+        self.kernel_names: tuple[str, ...] = ()
+        self.kernel_weights: list[float] = []
+        self.upload_bytes = 0
+        self.upload_messages = 0
+        self.global_version: int | None = None
+        self.global_received_at: float | None = None
+        self.newest_version = 0
+
+    # ------------------------------------------------------------------ hot path
+    def observe_prediction(self, y: float, yhat: float, latency_s: float | None = None,
+                           var: float | None = None) -> None:
+        """Score one prediction `yhat` of target `y` (made before learning `y`): squared error into
+        the running and windowed MSE; with `var` (predictive variance) a hit if `y` lies in the
+        central 95% interval; `latency_s` into the latency histogram. A non-finite error is counted
+        as a skipped sample (reason `non_finite`) instead of poisoning the sums."""
+        e = y - yhat
+        e2 = e * e
+        if not e2 < _INF:  # NaN or overflow
+            self.skip("non_finite")
+            return
+        self.samples += 1
+        self.sq_error_sum += e2
+        self.window.add(e2)
+        if var is not None:
+            self.interval_total += 1
+            if var >= 0.0 and abs(e) <= Z95 * math.sqrt(var):  # as FedBNR's own PrequentialMetrics
+                self.interval_hits += 1
+        if latency_s is not None:
+            self.latency.observe(latency_s)
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        """Count `n` samples dropped before scoring (bad input, non-finite result, ...)."""
+        reason = str(getattr(reason, "value", reason))  # an Enum member counts under its value
+        self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    def uploaded(self, nbytes: int, messages: int = 1) -> None:
+        """Count an upload of `nbytes` payload bytes in `messages` MQTT messages."""
+        self.upload_bytes += nbytes
+        self.upload_messages += messages
+
+    def global_received(self, version: int, at: float | None = None) -> None:
+        """A global of `version` was installed at `at` (default: now on `clock`)."""
+        self.global_version = int(version)
+        self.global_received_at = self.clock() if at is None else float(at)
+        if version > self.newest_version:
+            self.newest_version = int(version)
+
+    def saw_version(self, version: int) -> None:
+        """A newer global exists (announced, or rejected here) even if it is not installed."""
+        if version > self.newest_version:
+            self.newest_version = int(version)
+
+    def set_learner_losses(self, steps: int, loss: float, best_loss: float, regret: float | None = None) -> None:
+        """Report learner-side totals directly (for learners :meth:`update_from_learner` cannot read):
+        `steps` learned, cumulative loss, best-kernel/comparator loss in hindsight, and `R(T)`
+        (default `loss - best_loss`)."""
+        self.learner_steps = int(steps)
+        self.learner_loss = float(loss)
+        self.best_kernel_loss = float(best_loss)
+        self.regret = float(loss - best_loss if regret is None else regret)
+
+    def set_kernel_weights(self, weights: Sequence[float], names: Sequence[str] | None = None) -> None:
+        """Kernel weights (and their names, if not known yet or changed)."""
+        if names is not None:
+            self.kernel_names = tuple(str(n) for n in names)
+        elif len(self.kernel_names) != len(weights):
+            self.kernel_names = tuple(f"k{p}" for p in range(len(weights)))
+        self.kernel_weights = [float(w) for w in weights]
+
+    # ------------------------------------------------------------------ learners
+    def update_from_learner(self, learner: Any, *, regret: bool = True) -> None:
+        """Copy what only the learner knows, reading attributes with `getattr` so that
+        :class:`~streamfed.algorithms.pofmkl.learner.POFMKLClient` and
+        :class:`~streamfed.algorithms.fedbnr.learner.FedBNRClient` both work:
+
+        * steps, cumulative loss, best kernel in hindsight and regret, from one consistent read —
+          POF-MKL: `n_steps`, `cumulative_loss`, `min(kernel_losses)`, `regret` (O(N)); FedBNR:
+          `regret()`, which costs O(K·F³) and is skipped when `regret=False` (the previous values
+          stay; the running MSE comes from :meth:`observe_prediction` anyway);
+        * kernel weights with their names (`bank.kernel_names` or `kernel_names`);
+        * the global version in use (a change is recorded as received now).
+        """
+        r = getattr(learner, "regret", None)
+        if callable(r):  # FedBNR: a dict of n, loss, ridge_loss, regret
+            if regret:  # all four from one read, so that R/T pairs R with its own T
+                d = r()
+                self.set_learner_losses(int(d["n"]), d["loss"], d["ridge_loss"], d["regret"])
+        elif r is not None:  # POF-MKL: properties
+            self.set_learner_losses(_attr(learner, "n_steps"), _attr(learner, "cumulative_loss"),
+                                    float(min(_attr(learner, "kernel_losses"))), float(r))
+        weights = _attr(learner, "kernel_weights")
+        if weights is not None:
+            names = None
+            if len(self.kernel_names) != len(weights):  # names never change: read them once
+                bank = getattr(learner, "bank", None)
+                names = _attr(bank, "kernel_names") if bank is not None else _attr(learner, "kernel_names")
+            self.set_kernel_weights(weights.tolist() if hasattr(weights, "tolist") else weights, names)
+        version = getattr(learner, "global_version", None)
+        if version is not None:
+            current = self.global_version if self.global_version is not None else 0
+            if int(version) != current:  # version 0 without a receipt is the learner's initial model
+                self.global_received(int(version))
+
+    @classmethod
+    def from_learner(cls, learner: Any, client: str | None = None, *, fleet: str = "default",
+                     algorithm: str | None = None, **kwargs: Any) -> AgentStats:
+        """Stats for `learner` (client id defaults to its `client_id`, algorithm to its class name
+        without `Client`, lower-cased: `pofmkl`, `fedbnr`), filled by :meth:`update_from_learner`."""
+        if client is None:
+            client = getattr(learner, "client_id", None)
+            if client is None:
+                raise ValueError("give a client id: this learner has no client_id")
+        if algorithm is None:
+            algorithm = type(learner).__name__.removesuffix("Client").lower()
+        stats = cls(client, fleet=fleet, algorithm=algorithm, **kwargs)
+        stats.update_from_learner(learner)
+        return stats
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def mse(self) -> float:
+        """Running MSE of every scored prediction (NaN before the first)."""
+        return self.sq_error_sum / self.samples if self.samples else math.nan
+
+    @property
+    def windowed_mse(self) -> float:
+        """MSE of the last `window.size` scored predictions (NaN before the first)."""
+        return self.window.value
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of targets inside the central 95% predictive interval (NaN without any)."""
+        return self.interval_hits / self.interval_total if self.interval_total else math.nan
+
+    def staleness_seconds(self, now: float | None = None) -> float | None:
+        """Seconds since the global in use was received (None before the first)."""
+        if self.global_received_at is None:
+            return None
+        return max((self.clock() if now is None else now) - self.global_received_at, 0.0)
+
+    def versions_behind(self, newest: int = 0) -> int:
+        """Versions between the global in use and the newest known (here, or `newest` from elsewhere)."""
+        return max(self.newest_version, newest) - (self.global_version or 0)
+
+
+# =========================================================================== aggregator
+
+
+class AggregatorStats:
+    """What an aggregator reports, as plain numbers the runtime updates in place.
+
+    Per message :meth:`accepted` (the client counts as heard) or :meth:`rejected` with a reason;
+    :meth:`heard` for other signs of life (status messages); per finished round or window
+    :meth:`round_completed`. A client is *active* if heard within `active_window_s` seconds.
+
+    >>> t = [0.0]
+    >>> a = AggregatorStats("demo", active_window_s=60, clock=lambda: t[0])
+    >>> a.accepted("a1"); a.accepted("a2"); a.rejected("stale_seq")
+    >>> t[0] = 30.0; a.accepted("a1"); a.round_completed(version=1, duration_s=0.002)
+    >>> t[0] = 75.0
+    >>> a.updates_accepted, a.rejected_by_reason["stale_seq"], a.rounds, a.active_clients()
+    (3, 1, 1, 1)
+    """
+
+    __slots__ = ("fleet", "active_window_s", "clock", "wall_clock", "updates_accepted", "rejected_by_reason",
+                 "last_heard", "rounds", "last_round_wall", "aggregation", "global_version")
+
+    def __init__(self, fleet: str = "default", *, active_window_s: float = 60.0,
+                 reasons: Iterable[str] = DEFAULT_REJECT_REASONS,
+                 latency_buckets: Sequence[float] = AGGREGATION_BUCKETS,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        if not active_window_s > 0:
+            raise ValueError(f"active_window_s must be > 0, got {active_window_s!r}")
+        self.fleet = str(fleet)
+        self.active_window_s = float(active_window_s)
+        self.clock, self.wall_clock = clock, wall_clock
+        self.updates_accepted = 0
+        self.rejected_by_reason: dict[str, int] = {str(r): 0 for r in reasons}
+        self.last_heard: dict[str, float] = {}
+        self.rounds = 0
+        self.last_round_wall: float | None = None  # Unix time, for "time since the last round"
+        self.aggregation = LatencyHistogram(latency_buckets)
+        self.global_version: int | None = None
+
+    def accepted(self, client: str, n: int = 1) -> None:
+        """`n` updates from `client` were accepted."""
+        self.updates_accepted += n
+        self.last_heard[client] = self.clock()
+
+    def rejected(self, reason: str, n: int = 1) -> None:
+        """`n` updates were rejected for `reason` (e.g. a :class:`streamfed.fleet.protocol.Reason` value)."""
+        reason = str(getattr(reason, "value", reason))  # an Enum member counts under its value
+        self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + n
+
+    def heard(self, client: str) -> None:
+        """`client` showed a sign of life other than an accepted update."""
+        self.last_heard[client] = self.clock()
+
+    def round_completed(self, version: int | None = None, duration_s: float | None = None) -> None:
+        """A round (or aggregation window) finished, publishing `version`; it took `duration_s`."""
+        self.rounds += 1
+        self.last_round_wall = self.wall_clock()
+        if version is not None:
+            self.global_version = int(version)
+        if duration_s is not None:
+            self.aggregation.observe(duration_s)
+
+    def set_global_version(self, version: int) -> None:
+        """The newest global is `version` without a round here (e.g. restored from a retained message)."""
+        self.global_version = int(version)
+
+    def active_clients(self, now: float | None = None) -> int:
+        """Clients heard within the last `active_window_s` seconds."""
+        since = (self.clock() if now is None else now) - self.active_window_s
+        return sum(1 for t in list(self.last_heard.values()) if t >= since)
+
+
+# =========================================================================== collector
+
+_A = ("fleet", "client")
+
+
+def _histogram(name: str, doc: str, labels: Sequence[str]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=list(labels), unit="seconds")
+
+
+def _add_histogram(fam: HistogramMetricFamily, labels: list[str], bounds: Sequence[float],
+                   cumulative: list[int], total: float) -> None:
+    buckets = [(_le(b), float(c)) for b, c in zip(bounds, cumulative, strict=False)]
+    buckets.append(("+Inf", float(cumulative[-1])))
+    fam.add_metric(labels, buckets, total)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))  # Go's ParseFloat reads repr; "1e-05" and "0.001" are both fine
+
+
+class StreamfedCollector(Collector):
+    """A Prometheus collector over a live set of :class:`AgentStats` and :class:`AggregatorStats`,
+    read at scrape time. Add and remove stats objects at any time (thread-safe).
+
+    Latency: a fleet-wide histogram per fleet always; per-client histograms only while the collector
+    serves at most `per_client_histograms_max` agents (each costs ~20 series per client).
+
+    >>> from prometheus_client import generate_latest
+    >>> agent = AgentStats("a1", fleet="demo", algorithm="pofmkl")
+    >>> agent.observe_prediction(1.0, 0.5, latency_s=0.0001)
+    >>> registry = make_registry(StreamfedCollector([agent], [AggregatorStats("demo")]))
+    >>> text = generate_latest(registry).decode()
+    >>> print([line for line in text.splitlines() if line.startswith("streamfed_agent_mse")][0])
+    streamfed_agent_mse{client="a1",fleet="demo"} 0.25
+    """
+
+    def __init__(self, agents: Iterable[AgentStats] = (), aggregators: Iterable[AggregatorStats] = (), *,
+                 per_client_histograms_max: int = 50) -> None:
+        self.per_client_histograms_max = int(per_client_histograms_max)
+        self._lock = threading.Lock()
+        self._agents: dict[tuple[str, str], AgentStats] = {}
+        self._aggregators: dict[str, AggregatorStats] = {}
+        self.add(*agents, *aggregators)
+
+    # ------------------------------------------------------------------ the live set
+    def add(self, *stats: AgentStats | AggregatorStats) -> None:
+        """Serve these stats objects from now on (`ValueError` for a duplicate fleet/client)."""
+        with self._lock:
+            for s in stats:
+                if isinstance(s, AgentStats):
+                    key = (s.fleet, s.client)
+                    if self._agents.get(key, s) is not s:
+                        raise ValueError(f"agent {s.client!r} of fleet {s.fleet!r} is already collected")
+                    self._agents[key] = s
+                elif isinstance(s, AggregatorStats):
+                    if self._aggregators.get(s.fleet, s) is not s:
+                        raise ValueError(f"an aggregator of fleet {s.fleet!r} is already collected")
+                    self._aggregators[s.fleet] = s
+                else:
+                    raise TypeError(f"expected AgentStats or AggregatorStats, got {type(s).__name__}")
+
+    def remove(self, *stats: AgentStats | AggregatorStats) -> None:
+        """Stop serving these stats objects (their series go stale in Prometheus)."""
+        with self._lock:
+            for s in stats:
+                if isinstance(s, AgentStats):
+                    self._agents.pop((s.fleet, s.client), None)
+                else:
+                    self._aggregators.pop(s.fleet, None)
+
+    @property
+    def agents(self) -> list[AgentStats]:
+        with self._lock:
+            return list(self._agents.values())
+
+    @property
+    def aggregators(self) -> list[AggregatorStats]:
+        with self._lock:
+            return list(self._aggregators.values())
+
+    # ------------------------------------------------------------------ Collector protocol
+    def describe(self) -> Iterable[Metric]:
+        """Every family this collector may export (empty), so a registry can refuse name clashes."""
+        return list(self._families(per_client=True).values())
+
+    def _families(self, per_client: bool) -> dict[str, Metric]:
+        def g(name: str, doc: str, labels: Sequence[str] = _A, unit: str = "") -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
+
+        def c(name: str, doc: str, labels: Sequence[str] = _A, unit: str = "") -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=list(labels), unit=unit)
+
+        fams: list[Metric] = [
+            InfoMetricFamily("streamfed_agent", "Agents served by this endpoint, with their algorithm.", labels=_A),
+            c("streamfed_agent_samples", "Samples scored (predicted, then learned)."),
+            c("streamfed_agent_samples_skipped", "Samples dropped before scoring, by reason.", (*_A, "reason")),
+            c("streamfed_agent_learner_steps", "Samples the learner has learned from (T of the regret)."),
+            g("streamfed_agent_cumulative_loss", "Learner's cumulative squared loss, sum of (yhat - y)^2."),
+            g("streamfed_agent_best_kernel_cumulative_loss",
+              "Cumulative squared loss of the best single kernel (comparator) in hindsight."),
+            g("streamfed_agent_regret", "Regret R(T): learner loss minus best kernel loss in hindsight."),
+            g("streamfed_agent_mse", "Running mean squared error of all scored predictions."),
+            g("streamfed_agent_windowed_mse", "Mean squared error of the most recent scored predictions."),
+            c("streamfed_agent_interval_hits", "Targets inside the central 95% predictive interval."),
+            c("streamfed_agent_interval_predictions", "Predictions made with a predictive variance."),
+            g("streamfed_agent_interval_coverage_ratio", "Fraction of targets inside the 95% predictive interval."),
+            g("streamfed_agent_kernel_weight", "Normalised kernel weight.", (*_A, "kernel")),
+            c("streamfed_agent_upload_bytes", "Payload bytes of model updates uploaded.", unit="bytes"),
+            c("streamfed_agent_upload_messages", "Model update messages uploaded."),
+            g("streamfed_agent_global_version", "Version of the global model in use."),
+            g("streamfed_agent_global_staleness_seconds", "Seconds since the global model in use was received.",
+              unit="seconds"),
+            g("streamfed_agent_global_versions_behind", "Global versions between the one in use and the newest known."),
+            _histogram("streamfed_prediction_duration_seconds", "Prediction latency of a fleet's agents.",
+                       ("fleet",)),
+            c("streamfed_aggregator_updates_accepted", "Model updates accepted.", ("fleet",)),
+            c("streamfed_aggregator_updates_rejected", "Model updates rejected, by reason.", ("fleet", "reason")),
+            g("streamfed_aggregator_active_clients", "Clients heard within the activity window.", ("fleet",)),
+            c("streamfed_aggregator_rounds", "Aggregation rounds (or windows) completed.", ("fleet",)),
+            g("streamfed_aggregator_last_round_timestamp_seconds", "Unix time of the last completed round.",
+              ("fleet",), unit="seconds"),
+            _histogram("streamfed_aggregator_aggregation_duration_seconds", "Duration of one aggregation.",
+                       ("fleet",)),
+            g("streamfed_aggregator_global_version", "Version of the newest global model published.", ("fleet",)),
+        ]
+        if per_client:
+            fams.append(_histogram("streamfed_agent_prediction_duration_seconds", "Prediction latency per agent.",
+                                   _A))
+        return {f.name: f for f in fams}
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            agents = list(self._agents.values())
+            aggregators = list(self._aggregators.values())
+        per_client = len(agents) <= self.per_client_histograms_max
+        f = self._families(per_client)
+        newest = {a.fleet: a.global_version or 0 for a in aggregators}
+        fleet_latency: dict[str, tuple[tuple[float, ...], list[int], float]] = {}
+
+        for s in agents:
+            lab = [s.fleet, s.client]
+            f["streamfed_agent"].add_metric(lab, {"algorithm": s.algorithm})  # type: ignore[attr-defined]
+            f["streamfed_agent_samples"].add_metric(lab, s.samples)  # type: ignore[attr-defined]
+            for reason, n in list(s.skipped.items()):
+                f["streamfed_agent_samples_skipped"].add_metric([*lab, reason], n)  # type: ignore[attr-defined]
+            f["streamfed_agent_upload_bytes"].add_metric(lab, s.upload_bytes)  # type: ignore[attr-defined]
+            f["streamfed_agent_upload_messages"].add_metric(lab, s.upload_messages)  # type: ignore[attr-defined]
+            if s.learner_steps is not None:
+                f["streamfed_agent_learner_steps"].add_metric(lab, s.learner_steps)  # type: ignore[attr-defined]
+            for name, value in (("streamfed_agent_cumulative_loss", s.learner_loss),
+                                ("streamfed_agent_best_kernel_cumulative_loss", s.best_kernel_loss),
+                                ("streamfed_agent_regret", s.regret)):
+                if value is not None:
+                    f[name].add_metric(lab, value)  # type: ignore[attr-defined]
+            if s.samples:
+                f["streamfed_agent_mse"].add_metric(lab, s.mse)  # type: ignore[attr-defined]
+                f["streamfed_agent_windowed_mse"].add_metric(lab, s.windowed_mse)  # type: ignore[attr-defined]
+            if s.interval_total:
+                hits, total = s.interval_hits, s.interval_total
+                f["streamfed_agent_interval_hits"].add_metric(lab, hits)  # type: ignore[attr-defined]
+                f["streamfed_agent_interval_predictions"].add_metric(lab, total)  # type: ignore[attr-defined]
+                f["streamfed_agent_interval_coverage_ratio"].add_metric(lab, hits / total)  # type: ignore[attr-defined]
+            for kernel, w in zip(s.kernel_names, list(s.kernel_weights), strict=False):
+                f["streamfed_agent_kernel_weight"].add_metric([*lab, kernel], w)  # type: ignore[attr-defined]
+            if s.global_version is not None:
+                f["streamfed_agent_global_version"].add_metric(lab, s.global_version)  # type: ignore[attr-defined]
+                f["streamfed_agent_global_staleness_seconds"].add_metric(  # type: ignore[attr-defined]
+                    lab, s.staleness_seconds())
+            f["streamfed_agent_global_versions_behind"].add_metric(  # type: ignore[attr-defined]
+                lab, s.versions_behind(newest.get(s.fleet, 0)))
+
+            counts = list(s.latency.counts)
+            if per_client:
+                _add_histogram(f["streamfed_agent_prediction_duration_seconds"], lab,  # type: ignore[arg-type]
+                               s.latency.bounds, list(accumulate(counts)), s.latency.sum)
+            acc = fleet_latency.get(s.fleet)
+            if acc is None:
+                fleet_latency[s.fleet] = (s.latency.bounds, counts, s.latency.sum)
+            elif acc[0] == s.latency.bounds:  # agents with other buckets cannot be merged: left out
+                fleet_latency[s.fleet] = (acc[0], [x + y for x, y in zip(acc[1], counts, strict=True)],
+                                          acc[2] + s.latency.sum)
+        for fleet, (bounds, counts, total) in fleet_latency.items():
+            _add_histogram(f["streamfed_prediction_duration_seconds"], [fleet],  # type: ignore[arg-type]
+                           bounds, list(accumulate(counts)), total)
+
+        for a in aggregators:
+            lab = [a.fleet]
+            f["streamfed_aggregator_updates_accepted"].add_metric(lab, a.updates_accepted)  # type: ignore[attr-defined]
+            for reason, n in list(a.rejected_by_reason.items()):
+                f["streamfed_aggregator_updates_rejected"].add_metric([a.fleet, reason], n)  # type: ignore[attr-defined]
+            f["streamfed_aggregator_active_clients"].add_metric(lab, a.active_clients())  # type: ignore[attr-defined]
+            f["streamfed_aggregator_rounds"].add_metric(lab, a.rounds)  # type: ignore[attr-defined]
+            if a.last_round_wall is not None:
+                f["streamfed_aggregator_last_round_timestamp_seconds"].add_metric(  # type: ignore[attr-defined]
+                    lab, a.last_round_wall)
+            if a.global_version is not None:
+                f["streamfed_aggregator_global_version"].add_metric(lab, a.global_version)  # type: ignore[attr-defined]
+            _add_histogram(f["streamfed_aggregator_aggregation_duration_seconds"], lab,  # type: ignore[arg-type]
+                           a.aggregation.bounds, a.aggregation.cumulative(), a.aggregation.sum)
+
+        # families without samples are left out: promtool flags a HELP/TYPE with no series
+        return (m for m in f.values() if m.samples)
+
+
+def make_registry(*collectors: Collector) -> CollectorRegistry:
+    """A fresh registry (not the process-global default) holding `collectors`.
+
+    >>> reg = make_registry(StreamfedCollector())
+    >>> list(reg.collect())
+    []
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        registry.register(c)
+    return registry
+
+
+# =========================================================================== HTTP
+
+
+class MetricsServer:
+    """A running metrics HTTP server (prometheus_client's threaded WSGI server); :meth:`close`
+    stops it. Also a context manager.
+
+    >>> server, port = serve_metrics(make_registry(StreamfedCollector()))
+    >>> server.url == f"http://127.0.0.1:{port}/metrics"
+    True
+    >>> server.close()
+    """
+
+    def __init__(self, httpd: Any, thread: threading.Thread, host: str) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.host = host
+        self.port = int(httpd.server_port)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving and release the port (idempotent)."""
+        if self._httpd is None:
+            return
+        httpd, self._httpd = self._httpd, None
+        httpd.shutdown()  # returns once serve_forever has exited
+        httpd.server_close()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_metrics(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> tuple[MetricsServer, int]:
+    """Serve `registry` on `http://host:port/metrics` from a daemon thread; `port=0` picks a free port.
+    Returns the server (call `.close()` to stop it) and the port actually bound."""
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    server = MetricsServer(httpd, thread, host)
+    return server, server.port

@@ -1,0 +1,100 @@
+"""`streamfed subscribe`: watch a fleet's prediction stream (a live table, or JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import aiomqtt
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.fleet.protocol import Message, ProtocolError, decode
+from streamfed.fleet.topics import Channel, topic_filter
+
+__all__ = ["PredictionDecoder", "watch"]
+
+
+class PredictionDecoder:
+    """Strictly decodes `prediction` messages of a fleet without knowing its learner: a prediction
+    carries `mean`, and `var` for Bayesian learners.
+
+    >>> import numpy as np
+    >>> from streamfed.fleet.protocol import encode, prediction_message
+    >>> d = PredictionDecoder("f")
+    >>> d.decode(encode(prediction_message("f", "a1", 1, np.array([0.5]), np.array([0.1])))).arrays["var"]
+    array([0.1])
+    """
+
+    def __init__(self, fleet: str) -> None:
+        # the prediction schema depends only on whether the learner is Bayesian (ALGORITHMS of config)
+        self._schemas = [FleetConfig(fleet=fleet, algorithm=a, n_inputs=1, n_kernels=1, n_features=1).protocol_schema
+                         for a in ("pofmkl", "fedbnr")]
+
+    def decode(self, payload: bytes) -> Message:
+        err: ProtocolError | None = None
+        for schema in self._schemas:
+            try:
+                return decode(payload, schema, kinds=("prediction",))
+            except ProtocolError as e:
+                err = e
+        assert err is not None
+        raise err
+
+
+def _row(msg: Message) -> dict[str, Any]:
+    var = msg.arrays.get("var")
+    return {"client": msg.client, "seq": msg.seq, "mean": float(msg.arrays["mean"][-1]),
+            "var": None if var is None else float(var[-1]), "global_version": msg.global_version,
+            "reading": msg.meta.get("reading"), "latency_s": msg.meta.get("latency_s"), "created": msg.created}
+
+
+def _table(fleet: str, latest: dict[str, dict[str, Any]], counts: dict[str, int], rejected: int) -> Table:
+    t = Table(title=f"predictions of fleet {fleet!r}")
+    for col in ("client", "count", "last mean", "± sd", "global", "age s"):
+        t.add_column(col, justify="left" if col == "client" else "right")
+    now = time.time()
+    for c in sorted(latest):
+        r = latest[c]
+        sd = "—" if r["var"] is None else f"{r['var'] ** 0.5:.4f}"
+        t.add_row(c, str(counts[c]), f"{r['mean']:.4f}", sd, str(r["global_version"]), f"{now - r['created']:.1f}")
+    t.caption = f"{rejected} malformed messages ignored"
+    return t
+
+
+async def watch(fleet: str, broker: BrokerConfig, console: Console, count: int | None = None,
+                as_json: bool = False) -> int:
+    """Subscribe to `streamfed/v1/<fleet>/predictions/+` until `count` predictions (or forever)."""
+    dec = PredictionDecoder(fleet)
+    latest: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    seen = rejected = 0
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs()) as client:
+        await client.subscribe(topic_filter(Channel.PREDICTIONS, fleet), qos=1)
+        live = None if as_json else Live(_table(fleet, latest, counts, 0), console=console, refresh_per_second=4)
+        if live is not None:
+            live.start()
+        try:
+            async for m in client.messages:
+                try:
+                    msg = dec.decode(bytes(m.payload))  # type: ignore[arg-type]
+                except ProtocolError:
+                    rejected += 1
+                    continue
+                row = _row(msg)
+                seen += 1
+                if as_json:  # one JSON object per line, terminal or not (for pipes and jq)
+                    print(json.dumps(row), flush=True)
+                else:
+                    latest[msg.client] = row
+                    counts[msg.client] = counts.get(msg.client, 0) + 1
+                    live.update(_table(fleet, latest, counts, rejected))  # type: ignore[union-attr]
+                if count is not None and seen >= count:
+                    break
+        finally:
+            if live is not None:
+                live.stop()
+    return seen
