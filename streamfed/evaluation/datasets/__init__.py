@@ -4,6 +4,8 @@
   `"paper"` / `"online"` / `"none"` normalisations and the `"station"` / `"mixed"` client splits;
 - :func:`synthetic_fleet` — a seeded non-i.i.d. toy fleet;
 - :func:`from_csv`, :func:`from_river` — any CSV file or River dataset as a :class:`ClientStream`;
+- :func:`csv_fleet`, :func:`csv_fleet_with_report` — any CSV file as a :class:`Fleet`, one client per
+  value of a client column, normalised like the Beijing fleet, with a :class:`CsvReport` of skipped rows;
 - :func:`iter_dicts` — a stream as River-style `(dict, y)` pairs.
 
 Everything is a pure function of its arguments and the packaged files.
@@ -23,6 +25,7 @@ from streamfed.evaluation.datasets.beijing import (
     load_beijing,
     station_file,
 )
+from streamfed.evaluation.datasets.csv_fleet import CsvReport, csv_fleet, csv_fleet_with_report
 from streamfed.evaluation.datasets.normalise import (
     DEFAULT_WARMUP,
     RunningStandardiser,
@@ -36,7 +39,8 @@ from streamfed.evaluation.datasets.synthetic import synthetic_fleet
 __all__ = [
     "BEIJING_EXTRAS", "BEIJING_INPUTS", "BEIJING_ROWS", "BEIJING_STATIONS", "BEIJING_TARGET", "COMPASS",
     "DEFAULT_WARMUP", "MIXED_PROBABILITIES", "NA_VALUES", "NORMALISATIONS", "SPLITS",
-    "ClientStream", "Fleet", "RunningStandardiser",
-    "from_csv", "from_river", "iter_dicts", "load_beijing", "normalise", "normalise_streams",
+    "ClientStream", "CsvReport", "Fleet", "RunningStandardiser",
+    "csv_fleet", "csv_fleet_with_report", "from_csv", "from_river", "iter_dicts", "load_beijing", "normalise",
+    "normalise_streams",
     "online_standardise", "paper_constants", "station_file", "synthetic_fleet",
 ]

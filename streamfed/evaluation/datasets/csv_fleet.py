@@ -1,0 +1,478 @@
+"""A fleet of client streams from any CSV file: one client per value of a client column.
+
+This is the dataset side of `streamfed replay --dataset PATH.csv --target COL [--client-column COL]
+[--features A,B,...]`. The file is read with the standard :mod:`csv` module, row by row, in file
+order; nothing is imputed.
+
+- **Clients.** With `client_column`, each distinct (non-empty) value of that column is one client,
+  in order of first appearance in the file, and a client's samples are its rows in file order.
+  Without it the whole file is one client, named after the file (`air.csv.gz` → `air`).
+- **Features.** The given columns in the given order, else every *numeric* column other than the
+  target and the client column, in header order. A column is numeric when, in the rows read,
+  finite numbers are more than half of its present values (missing-value markers,
+  :data:`NA_VALUES`, aside): so a text column (`"NW"`, a station name, a date) is left out, while a
+  numeric column with a few stray words is kept and the rows holding them are skipped and counted.
+  The columns left out are listed, with the reason, in :attr:`CsvReport.ignored`.
+- **Skipped rows.** A row whose target or any feature is missing (empty or an NA marker) or not a
+  finite number is skipped and counted: per client in :attr:`ClientStream.skipped` /
+  :attr:`ClientStream.skipped_by_column`, and for the whole file, split into `missing` and
+  `non_numeric` per column, in :class:`CsvReport`. A row with more fields than the header is skipped
+  as `too_many_fields` (its values cannot be trusted to be aligned); a short row's absent fields are
+  missing. A row with an empty client value belongs to no client and is counted as `no_client`.
+  Blank lines are ignored and not counted.
+- **Normalisation** — the same code, and the same default, as the Beijing fleet
+  (:func:`~streamfed.evaluation.datasets.load_beijing`), through
+  :func:`~streamfed.evaluation.datasets.normalise.normalise_streams`:
+
+  - `"paper"` (default, as for Beijing): inputs divided by the largest input row norm, target
+    min-max scaled to `[0, 1]`, both over *all* clients and *all* rows read. **Not causal**: every
+    sample is scaled with constants that depend on the future (paper-faithful replay only).
+  - `"online"`: **causal** — each client standardises every column (inputs and target) with the
+    running mean and sample standard deviation of *its own past* samples only; its first `warmup`
+    samples only initialise the statistics and are not emitted (:attr:`ClientStream.warmup`).
+  - `"none"`: raw values.
+
+  A client left with no sample (all its rows skipped, or no more rows than `warmup` under
+  `"online"`) is left out of the fleet and named in :attr:`CsvReport.dropped_clients`.
+
+Every problem with the file or the arguments is a :class:`ValueError` with a one-line message that
+starts with the path.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import difflib
+import gzip
+import io
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import IO
+
+import numpy as np
+
+from streamfed.evaluation.datasets.adapters import NA_VALUES
+from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fleet
+from streamfed.evaluation.datasets.normalise import DEFAULT_WARMUP, normalise_streams
+
+__all__ = ["CsvReport", "csv_fleet", "csv_fleet_with_report"]
+
+_MAX_LISTED = 40  # columns named in an error message before "... (N more)"
+
+
+@dataclass(frozen=True)
+class CsvReport:
+    """What :func:`csv_fleet_with_report` read from a CSV file and what it skipped, and why.
+
+    `rows` counts the data rows read (blank lines excluded); `samples` the rows that became samples
+    (before any online warm-up); `skipped = rows - samples`. Every skipped row has exactly one
+    primary reason: `no_client` (empty client value), `too_many_fields`, or bad values — a row can
+    then count under several columns in `missing` (empty or NA marker) and `non_numeric` (text that
+    is not a finite number), but once in `skipped`. `truncated` says that `max_rows` stopped the
+    reading before the end of the file.
+    """
+
+    path: str
+    encoding: str  # the codec used (`utf-8-sig` for UTF-8, so a byte-order mark is dropped)
+    bom: bool  # the file starts with a UTF-8 byte-order mark
+    columns: tuple[str, ...]
+    target: str
+    client_column: str | None
+    features: tuple[str, ...]
+    clients: tuple[str, ...]  # the fleet's clients, in order of first appearance
+    rows: int
+    samples: int
+    skipped: int
+    missing: Mapping[str, int] = field(default_factory=dict)
+    non_numeric: Mapping[str, int] = field(default_factory=dict)
+    too_many_fields: int = 0
+    no_client: int = 0
+    ignored: Mapping[str, str] = field(default_factory=dict)  # column left out by feature detection -> why
+    dropped_clients: tuple[str, ...] = ()
+    truncated: bool = False
+
+    def summary(self) -> str:
+        """One line for a console: rows, samples, clients, features and the skipped rows by reason.
+
+        >>> r = CsvReport("a.csv", "utf-8-sig", False, ("x", "y"), "y", None, ("x",), ("a",), rows=3,
+        ...               samples=2, skipped=1, missing={"x": 1, "y": 0})
+        >>> r.summary()
+        "a.csv: 3 rows read, 2 samples, 1 client, features ['x'], target 'y'; 1 skipped (x missing 1)"
+        """
+        n = len(self.clients)
+        parts = [f"{self.path}: {self.rows} rows read{' (max_rows reached)' if self.truncated else ''}",
+                 f"{self.samples} samples", f"{n} client{'s' if n != 1 else ''}"
+                 + (f" by {self.client_column!r}" if self.client_column else ""),
+                 f"features {list(self.features)}", f"target {self.target!r}"]
+        text = ", ".join(parts) + f"; {self.skipped} skipped"
+        why = [f"{c} missing {k}" for c, k in self.missing.items() if k]
+        why += [f"{c} non-numeric {k}" for c, k in self.non_numeric.items() if k]
+        if self.too_many_fields:
+            why.append(f"too many fields {self.too_many_fields}")
+        if self.no_client:
+            why.append(f"no client {self.no_client}")
+        if why:
+            text += f" ({', '.join(why)})"
+        if self.ignored:
+            text += f"; ignored columns {list(self.ignored)}"
+        if self.dropped_clients:
+            text += f"; clients without samples left out: {list(self.dropped_clients)}"
+        return text
+
+
+def _columns_hint(columns: Sequence[str]) -> str:
+    shown = ", ".join(repr(c) for c in columns[:_MAX_LISTED])
+    more = len(columns) - _MAX_LISTED
+    return f"columns are: {shown}" + (f" ... ({more} more)" if more > 0 else "")
+
+
+def _unknown(where: str, what: str, names: Sequence[str], columns: Sequence[str]) -> ValueError:
+    hints = []
+    for name in names:
+        close = difflib.get_close_matches(name, columns, n=1) or [c for c in columns if c.lower() == name.lower()]
+        if close:
+            hints.append(f"{close[0]!r}" + (f" for {name!r}" if len(names) > 1 else ""))
+    did = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    label = ", ".join(repr(n) for n in names)
+    return ValueError(f"{where}: {what} {label} not found{did}; {_columns_hint(columns)}")
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".csv", ".tsv", ".txt"):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _decode_error(path: Path, codec: str, head: bytes) -> str:
+    """Where the file stops being valid `codec`: `line N: reason (bytes xx)`, for the error message."""
+    decoder = codecs.getincrementaldecoder(codec)()
+    lineno = 0
+    try:
+        with _open_binary(path) as f:
+            for lineno, line in enumerate(f, 1):  # noqa: B007 (used after the loop)
+                decoder.decode(line)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+        bad = e.object[e.start:e.end].hex(" ")
+        where = f"line {lineno}: {e.reason} (byte{'s' if e.end - e.start > 1 else ''} 0x{bad})"
+    else:  # pragma: no cover - the reader failed, so the decoder must too
+        where = "undecodable text"
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) and "16" not in codec:
+        return f"{where}; the file starts with a UTF-16 byte-order mark, try encoding='utf-16'"
+    return f"{where}; pass the file's encoding, e.g. encoding='latin-1' or 'cp1252'"
+
+
+def _classify(text: str, na: frozenset[str]) -> float | bool:
+    """A finite float, or False (missing: empty / NA marker) or True (present but not a finite number)."""
+    text = text.strip()
+    if text in na:
+        return False
+    try:
+        v = float(text)
+    except ValueError:
+        return True
+    return v if math.isfinite(v) else True
+
+
+@dataclass
+class _Client:
+    rows: list[int] = field(default_factory=list)
+    values: list[list[float]] = field(default_factory=list)
+    skipped: int = 0
+    by_column: dict[str, int] = field(default_factory=dict)
+
+
+def csv_fleet_with_report(
+    path: str | Path,
+    target: str | None,
+    *,
+    client_column: str | None = None,
+    features: Sequence[str] | str | None = None,
+    normalisation: str = "paper",
+    encoding: str = "utf-8",
+    delimiter: str = ",",
+    max_rows: int | None = None,
+    na_values: Sequence[str] | frozenset[str] = NA_VALUES,
+    warmup: int = DEFAULT_WARMUP,
+    max_clients: int | None = 1000,
+) -> tuple[Fleet, CsvReport]:
+    """Read a CSV file into a :class:`Fleet` (see the module docstring) and say what was skipped.
+
+    `path`: a CSV file with a header row (`.gz`: gzip-compressed). `target`: the column to predict
+    (`None` raises, listing the columns). `client_column`: the column naming each row's client, or
+    `None` for one client named after the file. `features`: input columns, a sequence or one
+    comma-separated string; `None` for every numeric column. `normalisation`: `"paper"` (default,
+    not causal), `"online"` (causal) or `"none"`. `encoding`: the text encoding; UTF-8 is read as
+    `utf-8-sig`, so a byte-order mark is dropped. `max_rows`: read at most this many data rows
+    (skipped rows included). `max_clients`: refuse a client column with more distinct values (a
+    guard against naming a timestamp column; `None` for no limit).
+
+    Returns the fleet (`dataset` is the file's stem, `target` the target column, `split`
+    `"column:<client_column>"` or `"single"`; each stream's `row` is the 0-based data-row index of
+    each sample) and a :class:`CsvReport`.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     p = os.path.join(tmp, "plant.csv")
+    ...     with open(p, "w", encoding="utf-8") as f:
+    ...         _ = f.write("site,temp,load,note\\n"
+    ...                     "A,1,10,ok\\nB,2,20,ok\\nA,3,NA,gap\\nB,oops,40,bad\\nA,5,50,ok\\nB,6,60,ok\\n")
+    ...     fleet, report = csv_fleet_with_report(p, "load", client_column="site", normalisation="none")
+    >>> fleet.names, fleet.feature_names, fleet.target
+    (('A', 'B'), ('temp',), 'load')
+    >>> fleet["A"].X.ravel().tolist(), fleet["A"].y.tolist(), fleet["A"].row.tolist()
+    ([1.0, 5.0], [10.0, 50.0], [0, 4])
+    >>> fleet["B"].skipped, dict(fleet["B"].skipped_by_column)
+    (1, {'temp': 1, 'load': 0})
+    >>> report.summary()  # doctest: +ELLIPSIS
+    "...plant.csv: 6 rows read, 4 samples, 2 clients by 'site', ...; 2 skipped (load missing 1, temp non-numeric 1)..."
+    >>> dict(report.ignored)
+    {'note': "non-numeric (6 of 6 values are text, e.g. 'ok')"}
+    """
+    path = Path(path)
+    where = str(path)
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"{where}: normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"{where}: max_rows must be >= 1, got {max_rows}")
+    if warmup < 1:
+        raise ValueError(f"{where}: warmup must be >= 1, got {warmup}")
+    if not path.exists():
+        raise ValueError(f"{where}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{where}: not a regular file")
+    try:
+        codec = codecs.lookup(encoding).name
+    except LookupError:
+        raise ValueError(f"{where}: unknown encoding {encoding!r}") from None
+    if codec == "utf-8":
+        codec = "utf-8-sig"
+    na = frozenset(na_values)
+
+    # -- read the header and up to max_rows data rows ------------------------------------------------
+    try:
+        with _open_binary(path) as fb:
+            head = fb.read(4)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise ValueError(f"{where}: cannot read: {e}") from None
+    bom = head.startswith(codecs.BOM_UTF8)
+    header: list[str] | None = None
+    records: list[list[str]] = []
+    truncated = False
+    reader = None
+    try:
+        # newline="": only the csv module splits records (quoted fields may hold line breaks)
+        with io.TextIOWrapper(_open_binary(path), encoding=codec, newline="") as text:
+            reader = csv.reader(text, delimiter=delimiter)
+            for rec in reader:
+                if not rec:
+                    continue  # blank line
+                if header is None:
+                    header = [h.strip() for h in rec]
+                    continue
+                if max_rows is not None and len(records) >= max_rows:
+                    truncated = True
+                    break
+                records.append(rec)
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: cannot decode as {encoding}: {_decode_error(path, codec, head)}") from None
+    except csv.Error as e:
+        line = reader.line_num if reader is not None else 0
+        raise ValueError(f"{where}: malformed CSV at line {line}: {e}") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise ValueError(f"{where}: cannot read: {e}") from None
+    if header is None:
+        raise ValueError(f"{where}: empty file, expected a header row and data rows")
+    if not records:
+        raise ValueError(f"{where}: header only, no data rows; {_columns_hint(header)}")
+
+    # -- resolve the columns ---------------------------------------------------------------------------
+    index: dict[str, int] = {}
+    duplicated: set[str] = set()
+    for j, h in enumerate(header):
+        if h in index:
+            duplicated.add(h)
+        else:
+            index[h] = j
+
+    def check(what: str, names: Sequence[str]) -> None:
+        unknown = [n for n in names if n not in index]
+        if unknown:
+            raise _unknown(where, what, unknown, header)
+        dup = [n for n in names if n in duplicated]
+        if dup:
+            raise ValueError(f"{where}: {what} {dup} appear more than once in the header; {_columns_hint(header)}")
+
+    if target is None or not str(target).strip():
+        raise ValueError(f"{where}: no target column given; {_columns_hint(header)}")
+    check("target column", [target])
+    if client_column is not None:
+        check("client column", [client_column])
+        if client_column == target:
+            raise ValueError(f"{where}: the client column and the target are both {target!r}")
+    ignored: dict[str, str] = {}
+    if features is not None:
+        names = [f.strip() for f in features.split(",")] if isinstance(features, str) else [str(f) for f in features]
+        names = [f for f in names if f]
+        if not names:
+            raise ValueError(f"{where}: features is empty; {_columns_hint(header)}")
+        check("feature column(s)", names)
+        for bad, role in ((target, "target"), (client_column, "client column")):
+            if bad in names:
+                raise ValueError(f"{where}: feature {bad!r} is also the {role}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"{where}: features list a column twice: {names}")
+        feats = names
+    else:
+        feats = []
+        width = len(header)
+        for j, h in enumerate(header):
+            if h in (target, client_column):
+                continue
+            if not h:
+                ignored[f"<column {j + 1}>"] = "no name"
+                continue
+            if h in duplicated:
+                ignored[h] = "name appears more than once"
+                continue
+            if index[h] != j:
+                continue
+            numbers = texts = 0
+            example = ""
+            for rec in records:
+                if j >= len(rec) or len(rec) > width:
+                    continue
+                v = _classify(rec[j], na)
+                if v is True:
+                    texts += 1
+                    example = example or rec[j].strip()[:20]
+                elif v is not False:
+                    numbers += 1
+            if numbers > texts:
+                feats.append(h)
+            elif numbers + texts == 0:
+                ignored[h] = "no value"
+            else:
+                ignored[h] = f"non-numeric ({texts} of {numbers + texts} values are text, e.g. {example!r})"
+        if not feats:
+            others = f" and client column {client_column!r}" if client_column else ""
+            raise ValueError(f"{where}: no numeric feature column besides target {target!r}{others}; "
+                             f"{_columns_hint(header)}")
+
+    # -- rows into per-client samples ------------------------------------------------------------------
+    used = [*feats, target]
+    cols = [index[c] for c in used]
+    width = len(header)
+    single = _stem(path) or path.name
+    ci = index[client_column] if client_column is not None else -1
+    clients: dict[str, _Client] = {}
+    missing = dict.fromkeys(used, 0)
+    non_numeric = dict.fromkeys(used, 0)
+    too_many = no_client = 0
+    for i, rec in enumerate(records):
+        if ci < 0:
+            name = single
+        else:
+            name = rec[ci].strip() if ci < len(rec) else ""
+            if not name:
+                no_client += 1
+                continue
+        c = clients.get(name)
+        if c is None:
+            if max_clients is not None and len(clients) >= max_clients:
+                raise ValueError(f"{where}: client column {client_column!r} has more than {max_clients} distinct "
+                                 f"values (is it really a client id? raise max_clients to allow more)")
+            c = clients[name] = _Client(by_column=dict.fromkeys(used, 0))
+        if len(rec) > width:
+            too_many += 1
+            c.skipped += 1
+            continue
+        values = [_classify(rec[j], na) if j < len(rec) else False for j in cols]
+        if any(isinstance(v, bool) for v in values):
+            c.skipped += 1
+            for col, v in zip(used, values, strict=True):
+                if v is False:
+                    missing[col] += 1
+                    c.by_column[col] += 1
+                elif v is True:
+                    non_numeric[col] += 1
+                    c.by_column[col] += 1
+            continue
+        c.values.append(values)  # type: ignore[arg-type]
+        c.rows.append(i)
+
+    # -- streams, normalisation, fleet -----------------------------------------------------------------
+    need = warmup + 1 if normalisation == "online" else 1
+    raw: list[ClientStream] = []
+    dropped: list[str] = []
+    for name, c in clients.items():
+        if len(c.values) < need:
+            dropped.append(name)
+            continue
+        arr = np.array(c.values, dtype=np.float64).reshape(len(c.values), len(used))
+        raw.append(ClientStream(name, arr[:, :-1], arr[:, -1], tuple(feats), skipped=c.skipped,
+                                skipped_by_column=c.by_column, row=np.array(c.rows, dtype=np.int64)))
+    samples = sum(len(c.values) for c in clients.values())
+    if not raw:
+        why = [f"{k} missing {v}" for k, v in missing.items() if v]
+        why += [f"{k} non-numeric {v}" for k, v in non_numeric.items() if v]
+        why += [f"too many fields {too_many}"] if too_many else []
+        why += [f"no client {no_client}"] if no_client else []
+        extra = f" (online normalisation needs more than {warmup} per client)" if samples else ""
+        raise ValueError(f"{where}: no usable rows: {samples} of {len(records)} data rows are valid{extra}"
+                         + (f"; skipped: {', '.join(why)}" if why else ""))
+    streams, scaling = normalise_streams(raw, normalisation, warmup=warmup)
+    fleet = Fleet(tuple(streams), dataset=single, normalisation=normalisation,
+                  split=f"column:{client_column}" if client_column is not None else "single",
+                  target=target, scaling=scaling)
+    report = CsvReport(
+        path=where, encoding=codec, bom=bom, columns=tuple(header), target=target, client_column=client_column,
+        features=tuple(feats), clients=fleet.names, rows=len(records), samples=samples,
+        skipped=len(records) - samples, missing=MappingProxyType(missing),
+        non_numeric=MappingProxyType(non_numeric), too_many_fields=too_many, no_client=no_client,
+        ignored=MappingProxyType(ignored), dropped_clients=tuple(dropped), truncated=truncated)
+    return fleet, report
+
+
+def csv_fleet(
+    path: str | Path,
+    target: str | None,
+    *,
+    client_column: str | None = None,
+    features: Sequence[str] | str | None = None,
+    normalisation: str = "paper",
+    encoding: str = "utf-8",
+    delimiter: str = ",",
+    max_rows: int | None = None,
+    na_values: Sequence[str] | frozenset[str] = NA_VALUES,
+    warmup: int = DEFAULT_WARMUP,
+    max_clients: int | None = 1000,
+) -> Fleet:
+    """The fleet of :func:`csv_fleet_with_report`, without the report.
+
+    Per-client skipped counts stay on the streams (:attr:`ClientStream.skipped`,
+    :attr:`ClientStream.skipped_by_column`).
+
+    >>> import io, os, tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     p = os.path.join(tmp, "meter.csv")
+    ...     with open(p, "w", encoding="utf-8-sig") as f:  # with a byte-order mark
+    ...         _ = f.write("x,y\\n0,1\\n3,0\\n4,3\\n")
+    ...     fleet = csv_fleet(p, "y")
+    >>> fleet.names, fleet.normalisation, fleet["meter"].X.ravel().tolist(), fleet["meter"].y.tolist()
+    (('meter',), 'paper', [0.0, 0.75, 1.0], [0.3333333333333333, 0.0, 1.0])
+    """
+    return csv_fleet_with_report(
+        path, target, client_column=client_column, features=features, normalisation=normalisation,
+        encoding=encoding, delimiter=delimiter, max_rows=max_rows, na_values=na_values, warmup=warmup,
+        max_clients=max_clients)[0]
