@@ -20,7 +20,6 @@ import atexit
 import json
 import math
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from streamfed.runtime.mosquitto import free_port  # the project's one port picker
 
 __all__ = [
     "REPO",
@@ -94,13 +95,6 @@ def promtool(*args: str, stdin: bytes | None = None, timeout: float = 60.0) -> s
     """Run `promtool args...` and return the finished process (not checked: callers assert on it)."""
     return subprocess.run([find_promtool(), *args], input=stdin.decode() if stdin is not None else None,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (start-up retries if it is taken meanwhile)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape_config(jobs: Mapping[str, Sequence[str]], *, interval: str = "1s",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import socket
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -26,6 +27,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from streamfed.fleet import topics
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.protocol import decode, encode, pofmkl_update_message, status_message
+from streamfed.runtime import mosquitto as mosquitto_launcher
+from streamfed.runtime.mosquitto import Mosquitto, MosquittoError
 from tests.brokers import BROKER_CONFIG, Broker
 
 T = TypeVar("T")
@@ -353,6 +356,59 @@ def test_scripts_refuse_bad_names(tmp_path: Path) -> None:
                           "a1"], capture_output=True, text=True)
     assert res.returncode == 0 and re.fullmatch(r"a1 \S{16,}\n", res.stdout)  # generated password shown once
     assert (tmp_path / "p").read_text().startswith("a1:$7$")  # only the hash is stored
+
+
+# =========================================================================== the shared launcher
+
+
+def _anonymous(port: int) -> str:
+    return f"listener {port} 127.0.0.1\nallow_anonymous true\nlog_dest stderr\n"
+
+
+def test_launcher_reports_a_broker_that_dies_with_its_log() -> None:
+    m = Mosquitto(lambda port: _anonymous(port) + "no_such_directive 1\n")
+    with pytest.raises(MosquittoError, match=r"(?s)exited with code \d+.*no_such_directive") as e:
+        m.start()
+    assert not e.value.port_in_use and not m.running and m.port is None
+    m.close()
+    assert not m.workdir.exists()
+
+
+def test_launcher_retries_when_a_stranger_took_its_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        taken = stranger.getsockname()[1]
+        real = mosquitto_launcher.free_port
+        picks = iter([taken])
+        monkeypatch.setattr(mosquitto_launcher, "free_port", lambda host="127.0.0.1": next(picks, 0) or real(host))
+        with Mosquitto(_anonymous) as m:
+            assert m.running and m.port not in (None, taken)
+            assert "Address already in use" in m.log_text()  # the first attempt's, kept in the log
+            port, pid = m.port, m.proc.pid  # type: ignore[union-attr]
+            m.restart()  # same port, new process
+            assert m.port == port and m.proc.pid != pid  # type: ignore[union-attr]
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        assert m.proc is None and not m.workdir.exists()
+        # no retries allowed: the failure says the port was taken
+        picks = iter([taken])
+        with pytest.raises(MosquittoError, match="(?i)address already in use") as e:
+            Mosquitto(_anonymous, attempts=1).__enter__()
+        assert e.value.port_in_use
+
+
+def test_load_test_broker_runs_with_raised_descriptor_limit() -> None:
+    from streamfed.evaluation.loadtest import MosquittoProcess
+
+    mosq = MosquittoProcess()
+    try:
+        assert mosq.config.port == mosq.port and mosq.running and mosq.log.parent == mosq.workdir
+        limits = Path(f"/proc/{mosq.proc.pid}/limits").read_text()  # type: ignore[union-attr]
+        soft, hard = re.search(r"Max open files\s+(\S+)\s+(\S+)", limits).groups()  # type: ignore[union-attr]
+        assert soft == hard
+    finally:
+        mosq.close()
+    assert not mosq.workdir.exists()
 
 
 def test_docstring_examples() -> None:

@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.fleet.config import BrokerConfig, FleetConfig
-from streamfed.runtime.broker import find_mosquitto, free_port
+from streamfed.runtime.mosquitto import Mosquitto, free_port
 
 __all__ = ["LoadTestOptions", "run_loadtest", "summary_lines", "raise_nofile", "MosquittoProcess"]
 
@@ -147,49 +147,24 @@ connection_messages false
 """
 
 
-class MosquittoProcess:
-    """A private Mosquitto for a load test: no connection limit, its descriptor limit raised. `extra`:
-    more configuration lines (e.g. ``set_tcp_nodelay true``)."""
+class MosquittoProcess(Mosquitto):
+    """A private Mosquitto for a load test, started at once on a free port: no connection limit, its
+    descriptor limit raised. `extra`: more configuration lines (e.g. ``set_tcp_nodelay true``).
+    `log` is the path of its log; :meth:`close` stops it and removes its directory."""
 
     def __init__(self, extra: str = "") -> None:
-        binary = find_mosquitto()
-        if binary is None:
-            raise RuntimeError("mosquitto is not installed (apt-get install mosquitto)")
-        self.port = free_port()
-        self._tmp = tempfile.mkdtemp(prefix="streamfed-load-mosq-")
-        Path(self._tmp).chmod(0o755)
-        conf = Path(self._tmp) / "mosquitto.conf"
-        conf.write_text(MOSQUITTO_CONF.format(port=self.port) + extra + "\n")
-        conf.chmod(0o644)
-        self.log = Path(self._tmp) / "mosquitto.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=raise_nofile, start_new_session=True)
-        deadline = time.monotonic() + 10
-        import socket
-
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mosquitto did not start: {self.log.read_text()}") from None
-                time.sleep(0.05)
+        super().__init__(lambda port: MOSQUITTO_CONF.format(port=port) + extra + "\n",
+                         preexec_fn=raise_nofile, prefix="streamfed-load-mosq-")
+        self.log = self.log_path
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def config(self) -> BrokerConfig:
-        return BrokerConfig(host="127.0.0.1", port=self.port)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        return BrokerConfig(host="127.0.0.1", port=self.port)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- agent processes

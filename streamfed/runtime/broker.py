@@ -2,7 +2,8 @@
 
 * **Mosquitto** (preferred): started from `broker_config/mosquitto/dev.conf` (found beside the
   package in a source checkout), with the listener moved to a free loopback port and persistence off
-  (the demo's state is thrown away). Full MQTT v5, persistent sessions, retained messages.
+  (the demo's state is thrown away), run by :class:`streamfed.runtime.mosquitto.Mosquitto` (its output in
+  the work directory's `mosquitto.log`). Full MQTT v5, persistent sessions, retained messages.
 * **amqtt** (fallback, `pip install 'streamfed[inprocess]'`): a pure-Python broker inside the demo's
   process. Its limits: MQTT 3.1.1 only (no v5 properties or reason codes), it shares the demo's CPU,
   and it loses acknowledged QoS 1 messages when a publisher disconnects right after publishing — fine
@@ -14,17 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamfed.fleet.config import BrokerConfig
+from streamfed.runtime.mosquitto import Mosquitto, find_mosquitto, free_port
 
-__all__ = ["EmbeddedBroker", "find_mosquitto", "free_port"]
+__all__ = ["EmbeddedBroker", "dev_config", "find_mosquitto", "free_port"]  # the last two: from .mosquitto
 
 _DEV_CONF = Path(__file__).resolve().parents[2] / "broker_config" / "mosquitto" / "dev.conf"
 _FALLBACK_CONF = """per_listener_settings false
@@ -33,25 +30,6 @@ allow_anonymous true
 max_packet_size 16777216
 max_queued_messages 10000
 """
-
-
-def find_mosquitto() -> str | None:
-    """The `mosquitto` binary (Debian installs it in /usr/sbin, often not on a user's PATH)."""
-    return shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def dev_config(port: int) -> str:
@@ -71,8 +49,7 @@ class EmbeddedBroker:
     kind: str = ""
     port: int = 0
     description: str = ""
-    _proc: subprocess.Popen[bytes] | None = None
-    _tmp: tempfile.TemporaryDirectory[str] | None = None
+    _mosquitto: Mosquitto | None = None
     _amqtt: object | None = None
 
     @property
@@ -80,25 +57,20 @@ class EmbeddedBroker:
         return BrokerConfig(host="127.0.0.1", port=self.port, protocol="5" if self.kind == "mosquitto" else "3.1.1")
 
     async def start(self) -> EmbeddedBroker:
-        self.port = free_port()
         binary = find_mosquitto()
         if binary:
-            self._tmp = tempfile.TemporaryDirectory(prefix="streamfed-demo-")
-            conf = Path(self._tmp.name) / "mosquitto.conf"
-            conf.write_text(dev_config(self.port))
-            Path(self._tmp.name).chmod(0o755)
-            conf.chmod(0o644)  # mosquitto drops root privileges: its config must stay readable
-            self._proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 10
-            while not _accepts(self.port):
-                if self._proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mosquitto did not start (exit code {self._proc.poll()})")
-                await asyncio.sleep(0.05)
+            mosquitto = Mosquitto(dev_config, prefix="streamfed-demo-")  # a free port, retried if taken
+            try:
+                await asyncio.to_thread(mosquitto.start)
+            except BaseException:
+                mosquitto.close()
+                raise
+            self._mosquitto, self.port = mosquitto, mosquitto.port or 0
             self.kind = "mosquitto"
             self.description = (f"Mosquitto ({binary}) on 127.0.0.1:{self.port}, MQTT v5, "
                                 f"config from {_DEV_CONF if _DEV_CONF.exists() else 'the built-in dev config'}")
             return self
+        self.port = free_port()
         try:
             from amqtt.broker import Broker  # type: ignore[import-not-found]
         except ImportError:
@@ -116,17 +88,10 @@ class EmbeddedBroker:
         return self
 
     async def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-            self._proc = None
+        if self._mosquitto is not None:
+            await asyncio.to_thread(self._mosquitto.close)
+            self._mosquitto = None
         if self._amqtt is not None:
             with contextlib.suppress(Exception):
                 await self._amqtt.shutdown()  # type: ignore[attr-defined]
             self._amqtt = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
