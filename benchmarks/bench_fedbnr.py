@@ -133,8 +133,9 @@ def bench_stream(d: int, n_feat: int, n: int, repeats: int, bandwidth: float) ->
         theirs.append(us)
     m_ours, _ = last["ours"].posterior()
     rv = last["river"]
-    rv._ensure_m()
-    m_river = np.array([rv._m_arr[rv._idx[i]] for i in range(f)])
+    # River keeps its posterior mean in private fields: read them to compare the two posteriors
+    rv._ensure_m()  # noqa: SLF001
+    m_river = np.array([rv._m_arr[rv._idx[i]] for i in range(f)])  # noqa: SLF001
     # Predictions of both on fresh points (mean and variance).
     xq, _ = stream(50, d, seed=2)
     pq = last["ours"].features_many(xq)[:, 0, :]

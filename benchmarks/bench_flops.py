@@ -88,7 +88,8 @@ def main() -> None:
         out1, outm = np.empty((n, 2 * dd)), np.empty((1000, n, 2 * dd))
         feats.append({"N": n, "D": dd, "d": d, "flops": feature_flops(n, dd, d),
                       "one": (lambda bank=bank, x=x, out1=out1: bank.transform_into(x, out1)),
-                      "many": (lambda bank=bank, xs=xs, outm=outm: rff_transform_many(bank._wt, xs, outm))})
+                      "many": (lambda bank=bank, xs=xs, outm=outm:
+                               rff_transform_many(bank.frequency_matrix, xs, outm))})
     chols = []
     for f in chol_sizes:
         nn = f + 1
@@ -102,12 +103,12 @@ def main() -> None:
             state["i"] += 1
             chol_update(state["r"], x)
 
+        from streamfed import algorithms
         from streamfed.fleet.config import FleetConfig
-        from streamfed.fleet.factory import make_learner
 
         cfg = FleetConfig(fleet="flops", algorithm="fedbnr", n_inputs=8, n_kernels=1, n_features=(f - 1) // 2,
                           kernels=["gaussian:1.0"])
-        client = make_learner(cfg, "c", 0)
+        client = algorithms.get(cfg.algorithm).learner(cfg, "c", 0)
         lx, ly = rng.uniform(-1, 1, (4096, 8)), rng.normal(size=4096)
         lstate = {"i": 0}
 

@@ -33,11 +33,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.factory import kernel_version  # noqa: E402
-from streamfed.fleet.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.protocol import encode
 from streamfed.fleet.topics import Channel, topic_filter, updates_topic  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
 from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
@@ -48,7 +48,7 @@ logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt warns per pipelined
 
 def updates(cfg: FleetConfig, per_client: int) -> list[tuple[str, bytes]]:
     rng = np.random.default_rng(0)
-    kv = kernel_version(cfg)
+    kv = cfg.kernel_version
     out = []
     for s in range(1, per_client + 1):
         for c in range(N_CLIENTS):

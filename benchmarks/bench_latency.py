@@ -163,9 +163,9 @@ async def main_async(quick: bool) -> dict:
         b = eb.config
         cfg = cfg_of("probe")
         # payload sizes of the upload → global path: an update of M = 2 kernels, a global of N = 16
-        from streamfed.fleet.factory import kernel_version
-        from streamfed.fleet.protocol import pofmkl_global_message, pofmkl_update_message
-        kv = kernel_version(cfg)
+        from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message
+        from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
+        kv = cfg.kernel_version
         up_b = len(encode(pofmkl_update_message("f", "a0", 1, np.array([0, 1]), np.zeros((2, 200)),
                                                 global_version=0, kernel_version=kv)))
         g_b = len(encode(pofmkl_global_message("f", "aggregator", np.zeros((16, 200)), 1, kernel_version=kv,

@@ -23,10 +23,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.fleet.config import FedBNRParams, FleetConfig  # noqa: E402
-from streamfed.fleet.factory import kernel_version  # noqa: E402
-from streamfed.fleet.protocol import _envelope, decode, encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.protocol import _envelope, decode, encode
 
 
 def pofmkl_case(m: int, d: int) -> tuple[FleetConfig, object]:
@@ -34,7 +35,7 @@ def pofmkl_case(m: int, d: int) -> tuple[FleetConfig, object]:
     rng = np.random.default_rng(0)
     msg = pofmkl_update_message("bench", "c1", 7, np.sort(rng.choice(16, m, replace=False)),
                                 rng.standard_normal((m, 2 * d)), global_version=3,
-                                kernel_version=kernel_version(cfg), n_samples=1)
+                                kernel_version=cfg.kernel_version, n_samples=1)
     return cfg, msg
 
 
@@ -56,12 +57,12 @@ def fedbnr_case(f: int) -> tuple[FleetConfig, object]:
 
 def global_case(n_clients: int) -> tuple[FleetConfig, object]:
     """The global an async POF-MKL fleet of `n_clients` broadcasts (N = 8, D = 50): θ and `included`."""
-    from streamfed.fleet.protocol import pofmkl_global_message
+    from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message
 
     cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=4, n_kernels=8, n_features=50,
                       max_clients=max(10_000, n_clients))
     theta = np.random.default_rng(0).standard_normal((8, 100))
-    msg = pofmkl_global_message("bench", "aggregator", theta, 5, kernel_version=kernel_version(cfg),
+    msg = pofmkl_global_message("bench", "aggregator", theta, 5, kernel_version=cfg.kernel_version,
                                 included={f"a{i:05d}": 60 for i in range(n_clients)})
     return cfg, msg
 
@@ -76,7 +77,7 @@ def time_block(fn, n: int) -> float:
 def measure(cfg: FleetConfig, msg, blocks: int, budget_s: float, is_global: bool = False) -> dict:
     payload = encode(msg)
     env = _envelope(msg)
-    schema, kv = cfg.protocol_schema, kernel_version(cfg)
+    schema, kv = cfg.protocol_schema, cfg.kernel_version
     kinds = (cfg.global_kind,) if is_global else (cfg.update_kind,)
     client = "aggregator" if is_global else "c1"
     assert decode(payload, schema, kernel_version=kv, client=client, kinds=kinds) == msg

@@ -39,24 +39,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.factory import kernel_version  # noqa: E402
-from streamfed.fleet.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.protocol import encode
 from streamfed.fleet.sources import Reading, array_source  # noqa: E402
 from streamfed.fleet.topics import Channel, topic_filter, updates_topic  # noqa: E402
 from streamfed.runtime import broker as broker_module  # noqa: E402
 from streamfed.runtime.agent import AgentService  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
 from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
+from streamfed.runtime.mqtt import incoming_drain  # noqa: E402
 
 K_CLIENTS, K_SEQ = 50, 100  # 5,000 queued updates (Mosquitto dev.conf queues up to 10,000)
 
 
 def updates(cfg: FleetConfig) -> list[tuple[str, bytes]]:
     rng = np.random.default_rng(0)
-    kv = kernel_version(cfg)
+    kv = cfg.kernel_version
     out = []
     for s in range(1, K_SEQ + 1):
         for c in range(K_CLIENTS):
@@ -88,7 +89,7 @@ async def bare_rate(broker, cfg, payloads, run: int, drain: bool = False) -> tup
             n += 1
             while drain and n < len(payloads):  # what the aggregator's receiver does (aiomqtt < 3)
                 try:
-                    c._queue.get_nowait()
+                    incoming_drain(c)()
                 except asyncio.QueueEmpty:
                     break
                 n += 1

@@ -41,11 +41,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 from streamfed.evaluation.loadtest import MosquittoProcess, proc_stat  # noqa: E402
 from streamfed.fleet.config import BrokerConfig, FleetConfig  # noqa: E402
-from streamfed.fleet.factory import kernel_version  # noqa: E402
-from streamfed.fleet.protocol import encode, pofmkl_update_message  # noqa: E402
+from streamfed.fleet.protocol import encode
 from streamfed.fleet.topics import global_topic, updates_topic  # noqa: E402
 
 N_CLIENTS = 50
@@ -65,7 +65,7 @@ def streamfed_cmd() -> list[str]:
 
 def payloads(cfg: FleetConfig, first: int, last: int) -> list[tuple[str, bytes]]:
     rng = np.random.default_rng(first)
-    kv = kernel_version(cfg)
+    kv = cfg.kernel_version
     out = []
     for s in range(first, last + 1):
         for c in range(N_CLIENTS):

@@ -12,22 +12,24 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-app = typer.Typer(help="streamfed: online streaming federated learning (POF-MKL, FedBNR) over MQTT.",
+from streamfed import algorithms
+
+app = typer.Typer(help="streamfed: online streaming federated learning over MQTT.",
                   no_args_is_help=True, add_completion=False)
 console = Console()
 
 
 @app.callback()
 def _root() -> None:
-    """streamfed: online streaming federated learning (POF-MKL, FedBNR) over MQTT."""
+    """streamfed: online streaming federated learning over MQTT."""
 
 
 @app.command()
 def replay(
-    dataset: Annotated[str, typer.Option(help="beijing-air or synthetic")] = "beijing-air",
+    dataset: Annotated[str, typer.Option(help="beijing-air, synthetic or PATH.csv")] = "beijing-air",
     algorithm: Annotated[list[str] | None, typer.Option(
         "--algorithm", "-a",
-        help="pofmkl, ofskl, ofmkl-avg, vm-kofl, em-kofl, local-only, centralised (repeatable)")] = None,
+        help="a registered algorithm or one of its replay variants (repeatable; default: all of them)")] = None,
     seeds: Annotated[int, typer.Option(help="number of seeds (features and draws)")] = 1,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("out/replay"),
     steps: Annotated[int | None, typer.Option(help="cut each client's stream to this many samples")] = None,
@@ -36,56 +38,79 @@ def replay(
     schedule: Annotated[str, typer.Option(help="step, every:K or async:WINDOW:MAX_DELAY")] = "step",
     n_kernels: Annotated[int, typer.Option(help="Gaussian kernels in the dictionary (N)")] = 16,
     n_features: Annotated[int, typer.Option(help="random features per kernel (D)")] = 100,
-    eta: Annotated[float, typer.Option(help="learning rate η")] = 0.005,
-    lam: Annotated[float, typer.Option(help="regularisation λ")] = 1e-4,
-    xi: Annotated[float, typer.Option(help="exploration rate ξ")] = 0.1,
+    eta: Annotated[float | None, typer.Option(help="learning rate η, for every algorithm that has one")] = None,
+    lam: Annotated[float | None, typer.Option(help="λ, for every algorithm that has one (what it means is each "
+                                              "algorithm's own: prefer --param ALG.lam=)")] = None,
+    xi: Annotated[float | None, typer.Option(help="exploration rate ξ, for every algorithm that has one")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        help="one algorithm's own parameter, ALG.FIELD=VALUE (repeatable), e.g. <algorithm>.min_upload=64")] = None,
     bin_size: Annotated[int, typer.Option(help="kernels uploaded per step (M)")] = 1,
     plots: Annotated[bool, typer.Option(help="write PNG plots")] = True,
+    target: Annotated[str | None, typer.Option(help="with --dataset PATH.csv: the column to predict")] = None,
+    client_column: Annotated[str | None, typer.Option(help="with a CSV: column naming each row's client")] = None,
+    features: Annotated[str | None, typer.Option(help="with a CSV: input columns A,B,... (default: numeric)")] = None,
 ) -> None:
     """Replay a fleet in-process (no network) and compare algorithms: results.json, results.md, plots."""
-    from streamfed.evaluation.datasets import load_beijing, synthetic_fleet
-    from streamfed.evaluation.replay import ALGORITHMS, AlgorithmConfig, Schedule
+    from streamfed.evaluation.datasets import csv_fleet_with_report, load_beijing, synthetic_fleet
+    from streamfed.evaluation.replay import AlgorithmConfig, Schedule, algorithm_titles
     from streamfed.evaluation.replay import replay as run_replay
     from streamfed.evaluation.report import summarise, write_report
 
-    algorithms = algorithm or ["pofmkl", "ofskl", "ofmkl-avg", "vm-kofl", "em-kofl", "local-only",
-                               "centralised"]
-    unknown = [a for a in algorithms if a not in ALGORITHMS]
+    titles = algorithm_titles()
+    chosen = algorithm or list(titles)
+    unknown = [a for a in chosen if a not in titles]
     if unknown:
-        raise typer.BadParameter(f"unknown algorithm(s) {unknown}; choose from {sorted(ALGORITHMS)}")
-    sched = Schedule.parse(schedule)
-    cfg = AlgorithmConfig(n_kernels=n_kernels, n_features=n_features, eta=eta, lam=lam, xi=xi,
-                          bin_size=bin_size)
+        raise typer.BadParameter(f"unknown algorithm(s) {unknown}; choose from {', '.join(titles)}")
+    try:
+        sched = Schedule.parse(schedule)
+        own = _params(param or [])
+        cfg = AlgorithmConfig(n_kernels=n_kernels, n_features=n_features, bin_size=bin_size, params=own,
+                              eta=eta, lam=lam, xi=xi)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     if dataset == "beijing-air":
         fleet = load_beijing(normalisation=normalisation, split=split, steps=steps)  # type: ignore[arg-type]
     elif dataset == "synthetic":
         fleet = synthetic_fleet(n_clients=8, n_steps=steps or 5000, n_inputs=5, seed=0)
+    elif dataset.endswith((".csv", ".csv.gz")):
+        try:
+            fleet, csv_report = csv_fleet_with_report(dataset, target, client_column=client_column,
+                                                      features=features, normalisation=normalisation)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--dataset") from None
+        console.print(csv_report.summary())
     else:
-        raise typer.BadParameter(f"unknown dataset {dataset!r}: beijing-air or synthetic")
+        raise typer.BadParameter(f"unknown dataset {dataset!r}: beijing-air, synthetic or PATH.csv")
     samples = sum(len(s.y) for s in fleet.streams)
     console.print(f"[bold]{dataset}[/]: {len(fleet.streams)} clients, {samples} samples; "
-                  f"algorithms {', '.join(algorithms)}; {seeds} seed(s); schedule {schedule}")
+                  f"algorithms {', '.join(chosen)}; {seeds} seed(s); schedule {schedule}")
     results: dict = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
-        for name in algorithms:
+        for name in chosen:
             runs = []
             for seed in range(seeds):
                 task = progress.add_task(f"{name:12s} seed {seed}", total=1.0)
-                runs.append(run_replay(
-                    fleet, name, cfg, sched, seed=seed, steps=steps,
-                    progress=lambda done, total, task=task: progress.update(task, completed=done / total)))
+                try:
+                    runs.append(run_replay(
+                        fleet, name, cfg, sched, seed=seed, steps=steps,
+                        progress=lambda done, total, task=task: progress.update(task, completed=done / total)))
+                except ValueError as e:  # e.g. a parameter the algorithm's model refuses
+                    raise typer.BadParameter(f"{name}: {e}") from None
                 progress.update(task, completed=1.0)
             results[name] = runs
     ds = {"name": dataset, "normalisation": fleet.normalisation, "split": fleet.split,
           "clients": len(fleet.streams), "samples": samples, "steps": steps}
     summary = summarise(results, cfg, sched, ds)
-    opts = [f"--dataset {dataset}", *(f"-a {a}" for a in algorithms), f"--seeds {seeds}",
+    opts = [f"--dataset {shlex.quote(dataset)}", *(f"-a {a}" for a in chosen), f"--seeds {seeds}",
             f"--normalisation {normalisation}", f"--split {split}", f"--schedule {schedule}",
-            f"--n-kernels {n_kernels}", f"--n-features {n_features}", f"--eta {eta}", f"--lam {lam}",
-            f"--xi {xi}", f"--bin-size {bin_size}", f"--out {shlex.quote(str(out))}"]
-    if steps is not None:
-        opts.append(f"--steps {steps}")
+            f"--n-kernels {n_kernels}", f"--n-features {n_features}", f"--bin-size {bin_size}",
+            f"--out {shlex.quote(str(out))}"]
+    for flag, value in (("--eta", eta), ("--lam", lam), ("--xi", xi), ("--steps", steps),
+                        ("--target", target), ("--client-column", client_column), ("--features", features)):
+        if value is not None:
+            opts.append(f"{flag} {shlex.quote(str(value))}")
+    opts += [f"--param {shlex.quote(p)}" for p in param or []]
     command = "streamfed replay " + " ".join(opts)
     written = write_report(results, summary, out, command=command, plots=plots)
     table = Table(title="replay results")
@@ -98,12 +123,27 @@ def replay(
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
+@app.command("algorithms")
+def list_algorithms() -> None:
+    """The registered algorithms: where each runs, and its replay variants."""
+    table = Table(title="algorithms")
+    for col in ("name", "runs", "rounds", "predictions", "replay variants", "description"):
+        table.add_column(col)
+    for name in algorithms.names():
+        alg = algorithms.get(name)
+        table.add_row(name, "fleet + replay" if alg.in_fleet else "replay", "lock-step or async" if alg.lockstep
+                      else "async", "mean, variance" if alg.bayesian else "mean",
+                      ", ".join(v.name for v in alg.replay_variants()), alg.title)
+    console.print(table)
+
+
 @app.command()
 def demo(
     duration: Annotated[float, typer.Option(help="seconds to run")] = 30.0,
     agents: Annotated[int, typer.Option(help="agents (one per Beijing station, at most 12)")] = 12,
     rate: Annotated[float, typer.Option(help="samples per second per agent")] = 100.0,
-    algorithm: Annotated[str, typer.Option(help="pofmkl or fedbnr")] = "pofmkl",
+    algorithm: Annotated[str, typer.Option(help="any algorithm that runs in a fleet (see `streamfed algorithms`)")
+                         ] = algorithms.DEFAULT,
     metrics_port: Annotated[int, typer.Option(help="Prometheus endpoint port (0: a free one)")] = 0,
 ) -> None:
     """A whole fleet on this machine: broker, aggregator and agents on the Beijing streams, live."""
@@ -111,8 +151,8 @@ def demo(
 
     from streamfed.demo import DemoOptions, run_demo
 
-    if algorithm not in ("pofmkl", "fedbnr"):
-        raise typer.BadParameter("algorithm must be pofmkl or fedbnr")
+    if algorithm not in algorithms.fleet_names():
+        raise typer.BadParameter(f"algorithm must be one of {', '.join(algorithms.fleet_names())}")
     asyncio.run(run_demo(DemoOptions(duration=duration, agents=min(max(agents, 1), 12), rate=rate,
                                      algorithm=algorithm, metrics_port=metrics_port), console))
 
@@ -133,6 +173,24 @@ def _run_service(svc: object, server: object | None) -> None:
     finally:
         if server is not None:
             server.close()  # type: ignore[attr-defined]
+
+
+def _params(items: list[str]) -> dict[str, dict[str, object]]:
+    """`ALG.FIELD=VALUE` items as {ALG: {FIELD: VALUE}} (VALUE parsed as JSON when it is, else a string)."""
+    import json
+
+    out: dict[str, dict[str, object]] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        alg, dot, name = key.partition(".")
+        if not (eq and dot and alg and name):
+            raise ValueError(f"--param {item!r}: expected ALG.FIELD=VALUE, e.g. <algorithm>.min_upload=64")
+        try:
+            value: object = json.loads(text)
+        except ValueError:
+            value = text
+        out.setdefault(alg, {})[name] = value
+    return out
 
 
 def _names(value: str | None) -> list[str] | None:
@@ -171,7 +229,8 @@ def _serve_metrics(stats: list, port: int | None, host: str = "127.0.0.1") -> ob
 def aggregator(
     config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
     clients: Annotated[str | None, typer.Option(help="comma-separated client ids, in fleet order")] = None,
-    mode: Annotated[str, typer.Option(help="lockstep or async (POF-MKL); FedBNR is always async")] = "async",
+    mode: Annotated[str, typer.Option(help="lockstep (algorithms with lock-step rounds) or async; order-free "
+                                      "ones always run async")] = "async",
     window: Annotated[float, typer.Option(help="async aggregation window, seconds")] = 0.5,
     quorum: Annotated[int | None, typer.Option(help="lock-step: close a round with this many after a timeout")] = None,
     round_timeout: Annotated[float, typer.Option(help="lock-step round timeout, seconds")] = 5.0,
@@ -205,7 +264,7 @@ def agent(
     features: Annotated[str | None, typer.Option(help="comma-separated input names, in order")] = None,
     target: Annotated[str | None, typer.Option(help="CSV: the label column")] = None,
     rate: Annotated[float | None, typer.Option(help="CSV/River replay: samples per second")] = None,
-    mode: Annotated[str, typer.Option(help="async or lockstep (POF-MKL)")] = "async",
+    mode: Annotated[str, typer.Option(help="async, or lockstep for algorithms with lock-step rounds")] = "async",
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="persist learner, outbox and source position here")] = None,
 ) -> None:
@@ -246,7 +305,8 @@ def shard(
     config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
     name: Annotated[str, typer.Option(help="this shard's name (unique in the fleet)")],
     clients: Annotated[str | None, typer.Option(help="comma-separated client ids, in fleet order")] = None,
-    mode: Annotated[str, typer.Option(help="lockstep or async (POF-MKL); FedBNR is always async")] = "async",
+    mode: Annotated[str, typer.Option(help="lockstep (algorithms with lock-step rounds) or async; order-free "
+                                      "ones always run async")] = "async",
     group: Annotated[str, typer.Option(help="MQTT v5 shared-subscription group of the shards")] = "shards",
     flush_interval: Annotated[float | None, typer.Option(
         help="seconds between partial sums sent to the reducer (default: 0.02 lock-step, 0.1 async)")] = None,
@@ -271,7 +331,8 @@ def shard(
 def reducer(
     config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
     clients: Annotated[str | None, typer.Option(help="comma-separated client ids, in fleet order")] = None,
-    mode: Annotated[str, typer.Option(help="lockstep or async (POF-MKL); FedBNR is always async")] = "async",
+    mode: Annotated[str, typer.Option(help="lockstep (algorithms with lock-step rounds) or async; order-free "
+                                      "ones always run async")] = "async",
     window: Annotated[float, typer.Option(help="async aggregation window, seconds")] = 0.5,
     shards: Annotated[str | None, typer.Option(help="comma-separated shard names to accept (default: any)")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,

@@ -20,10 +20,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from streamfed import algorithms
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Reason
 from streamfed.fleet.sources import array_source
 from streamfed.fleet.telemetry import StreamfedCollector, make_registry, serve_metrics
@@ -39,7 +40,7 @@ class DemoOptions:
     duration: float = 30.0
     agents: int = 12
     rate: float = 100.0  # samples per second per agent
-    algorithm: str = "pofmkl"
+    algorithm: str = algorithms.DEFAULT
     n_kernels: int = 16
     n_features: int = 50
     bin_size: int = 1
@@ -93,11 +94,14 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     console.print(f"[bold]broker[/]: {broker.description}")
     fleet = load_beijing(normalisation="online", split="station")
     streams = fleet.streams[: opts.agents]
-    cfg = FleetConfig(fleet="demo", algorithm=opts.algorithm, n_inputs=streams[0].X.shape[1],  # type: ignore[arg-type]
-                      n_kernels=opts.n_kernels if opts.algorithm == "pofmkl" else 1, n_features=opts.n_features,
-                      bin_size=opts.bin_size, pofmkl=POFMKLParams(eta=opts.eta),
-                      fedbnr=FedBNRParams(min_upload=32),
-                      kernels=None if opts.algorithm == "pofmkl" else ["gaussian:2.0"])
+    alg = algorithms.get(opts.algorithm)
+    settings: dict[str, Any] = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size}
+    settings.update(alg.demo_settings())  # what makes a good live demo of this algorithm (e.g. one kernel)
+    params = dict(settings.pop("params", {}))
+    if "eta" in alg.Params.model_fields:
+        params.setdefault("eta", opts.eta)
+    cfg = FleetConfig(fleet="demo", algorithm=opts.algorithm, n_inputs=streams[0].X.shape[1],
+                      params=alg.Params(**params), **settings)
     bcfg = broker.config
     agg = AggregatorService(AggregatorCore(cfg, clients=[s.name for s in streams], mode="async", window=opts.window),
                             bcfg)

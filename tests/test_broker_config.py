@@ -24,9 +24,10 @@ import pytest
 from paho.mqtt.client import topic_matches_sub
 from paho.mqtt.enums import CallbackAPIVersion
 
+from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.fleet import topics
 from streamfed.fleet.config import BrokerConfig, FleetConfig
-from streamfed.fleet.protocol import decode, encode, pofmkl_update_message, status_message
+from streamfed.fleet.protocol import decode, encode, status_message
 from streamfed.runtime import mosquitto as mosquitto_launcher
 from streamfed.runtime.mosquitto import Mosquitto, MosquittoError
 from tests.brokers import BROKER_CONFIG, Broker

@@ -27,11 +27,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.cli import app
 from streamfed.evaluation.datasets import BEIJING_INPUTS
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import BrokerConfig, FleetConfig, POFMKLParams, load_config
+from streamfed.fleet.config import BrokerConfig, FleetConfig, load_config
 from streamfed.fleet.protocol import decode
 from streamfed.fleet.topics import global_topic, predictions_topic, sensor_topic
 from streamfed.runtime.agent import AgentService
@@ -97,8 +98,10 @@ def test_agent_toml_documents_every_field():
     text = (EDGE / "agent.toml").read_text()
     lines = text.splitlines()
     # every setting (set or commented out) of every section appears in the example
+    # the algorithm's own settings (FleetConfig.params) are the section named after it
+    assert re.search(r"^\[fleet\.pofmkl\]", text, re.M)
     for model, section in ((FleetConfig, "fleet"), (POFMKLParams, "fleet.pofmkl"), (BrokerConfig, "broker")):
-        for name in model.model_fields:
+        for name in (n for n in model.model_fields if not (model is FleetConfig and n == "params")):
             assert (re.search(rf"^#?\s*{name} =", text, re.M) or re.search(rf"^#?\s*\[{section}\.{name}\]", text, re.M)
                     ), f"{model.__name__}.{name} is not in agent.toml"
     for name in ("sigma", "lam", "min_upload", "forgetting", "fit_hyperparameters"):
@@ -419,7 +422,7 @@ def test_a_restarted_agent_continues_its_update_sequence():
     from streamfed.fleet.sources import Reading
 
     cfg = FleetConfig(fleet="restart", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=4)
-    agg = AggregatorCore(cfg, mode="async", window=0.0)
+    agg = AggregatorCore(cfg, mode="async", window=1.0)  # one window: closed by the tick below
     rng = np.random.default_rng(0)
     before = AgentCore(cfg, "a1", 0)
     for i in range(5):

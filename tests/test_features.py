@@ -132,6 +132,6 @@ def test_kernel_refuses_a_short_scratch_instead_of_corrupting_memory():
     bank = RFFBank(SPECS, 4, 3, seed=0)
     out = np.empty((len(SPECS), 8))
     with pytest.raises(ValueError, match="scratch"):
-        kern.rff_transform_into(bank._wt, np.zeros(3), np.empty(len(SPECS) * 4), out)  # needs 2·N·D
+        kern.rff_transform_into(bank.frequency_matrix, np.zeros(3), np.empty(len(SPECS) * 4), out)  # needs 2·N·D
     with pytest.raises(ValueError, match="scratch"):
-        kern.rff_transform_into(bank._wt, np.zeros(2), np.empty(2 * len(SPECS) * 4), out)  # x too short
+        kern.rff_transform_into(bank.frequency_matrix, np.zeros(2), np.empty(2 * len(SPECS) * 4), out)  # x too short

@@ -1,4 +1,4 @@
-"""Online FedBNR against plain numpy transcriptions of ALGORITHMS.md section 3."""
+"""Online FedBNR against plain numpy transcriptions of docs/algorithms.md §3."""
 
 from __future__ import annotations
 

@@ -26,9 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import encode
 from streamfed.fleet.sources import Reading
 from streamfed.fleet.telemetry import DEFAULT_REJECT_REASONS
@@ -107,9 +109,9 @@ class Fleet:
 
     def healthy(self) -> None:
         if self.cfg.algorithm == "pofmkl":
-            assert np.isfinite(self.agg.server.theta).all()
+            assert np.isfinite(self.agg.aggregation.server.theta).all()
             return
-        s = self.agg.server
+        s = self.agg.aggregation.server
         assert s.stats.is_finite() and np.isfinite(s.sigma).all() and np.isfinite(s.lam).all()
         f = s.stats.dim
         for k in range(s.n_kernels):  # the posterior precision every agent will factorise stays PD
@@ -399,10 +401,10 @@ def test_fuzz_refused_messages_never_reach_the_model(name):
     run()
     assert fuzzed.agg.version == honest_only.agg.version > 10
     if cfg.algorithm == "pofmkl":
-        assert np.array_equal(fuzzed.agg.server.theta, honest_only.agg.server.theta)
+        assert np.array_equal(fuzzed.agg.aggregation.server.theta, honest_only.agg.aggregation.server.theta)
     else:
-        assert fuzzed.agg.server.stats == honest_only.agg.server.stats
-        assert fuzzed.agg.server.included == honest_only.agg.server.included
+        assert fuzzed.agg.aggregation.server.stats == honest_only.agg.aggregation.server.stats
+        assert fuzzed.agg.aggregation.server.included == honest_only.agg.aggregation.server.included
     for a, b in zip(fuzzed.agents, honest_only.agents, strict=True):
         assert a.global_version == b.global_version and a.counters.learned == b.counters.learned
 
@@ -451,7 +453,7 @@ def test_fuzz_hostile_globals_at_the_agent():
             else:
                 outcome = "ignored"
                 assert after[1] == before[1] + 1
-            assert np.isfinite(agent.learner.theta).all() and np.isfinite(agent.learner._theta_sq).all()
+            assert np.isfinite(agent.learner.client.theta).all() and np.isfinite(agent.learner.client._theta_sq).all()
             COUNTS[f"agent-global/{kind}/{outcome}"] += 1
 
     run()

@@ -57,7 +57,7 @@ def test_agents_of_one_process_share_the_decoding_of_a_global():
     expected = reference.on_global_payload(payload)
     assert all(r == expected for r in results)
     assert agents[0].global_version == reference.global_version
-    assert np.array_equal(agents[0].learner.theta, reference.learner.theta)
+    assert np.array_equal(agents[0].learner.client.theta, reference.learner.client.theta)
     rejected = [install_global(core, bad, shared) for core in agents]
     expected_bad = reference.on_global_payload(bad)
     assert all(r == expected_bad and not r.installed for r in rejected)

@@ -16,7 +16,9 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import streamfed.fleet.telemetry as metrics_module
+from streamfed.algorithms.fedbnr.agent import StatsLearner
 from streamfed.algorithms.fedbnr.learner import FedBNRClient
+from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from streamfed.evaluation.datasets.synthetic import synthetic_fleet
@@ -157,7 +159,8 @@ def pofmkl_fleet(n_clients: int = 3, n_steps: int = 300, seed: int = 3):
     bank = RFFBank(gaussian_dictionary(6), n_features=16, n_inputs=2, seed=seed)
     server = POFMKLServer(bank.n_kernels, bank.dim)
     clients = [POFMKLClient(bank, eta=0.05, xi=0.2, bin_size=2, rng=100 + c) for c in range(n_clients)]
-    stats = [AgentStats.from_learner(cl, fleet.names[c], fleet="syn") for c, cl in enumerate(clients)]
+    stats = [AgentStats.from_learner(POFMKLLearner(cl, "lockstep"), fleet.names[c], fleet="syn", algorithm="pofmkl")
+             for c, cl in enumerate(clients)]
     for t in range(n_steps):
         for c, (cl, st_) in enumerate(zip(clients, stats, strict=True)):
             x, y = fleet[c].X[t], float(fleet[c].y[t])
@@ -171,7 +174,7 @@ def pofmkl_fleet(n_clients: int = 3, n_steps: int = 300, seed: int = 3):
         for cl, st_ in zip(clients, stats, strict=True):
             cl.set_global(g, version)
             st_.global_received(version)
-            st_.update_from_learner(cl)
+            st_.update_from_learner(POFMKLLearner(cl, "lockstep"))
     return fleet, clients, stats
 
 
@@ -197,23 +200,23 @@ def test_regret_and_losses_after_real_pofmkl_steps() -> None:
 def test_update_from_learner_records_a_changed_global_version() -> None:
     bank = RFFBank(gaussian_dictionary(3), n_features=4, n_inputs=1, seed=0)
     cl = POFMKLClient(bank, rng=0)
-    s = AgentStats.from_learner(cl, "a")
+    s = AgentStats.from_learner(POFMKLLearner(cl), "a")
     assert s.global_version is None  # version 0 is the initial model, not a received global
     cl.set_global(np.zeros((3, 8)), 4)
-    s.update_from_learner(cl)
+    s.update_from_learner(POFMKLLearner(cl))
     assert s.global_version == 4 and s.global_received_at is not None
 
 
 def test_fedbnr_learner() -> None:
     fleet = synthetic_fleet(1, 200, 2, seed=5)
     cl = FedBNRClient(n_inputs=2, n_features=12, bandwidth=[0.5, 1.0, 2.0], sigma=0.2, client_id="bayes")
-    s = AgentStats.from_learner(cl, fleet="f")
+    s = AgentStats.from_learner(StatsLearner(cl), "bayes", fleet="f", algorithm="fedbnr")
     assert (s.client, s.algorithm, s.kernel_names) == ("bayes", "fedbnr", tuple(cl.kernel_names))
     for x, y in zip(fleet[0].X, fleet[0].y, strict=True):
         mu, var = cl.predict(x)
         cl.learn(x, float(y))
         s.observe_prediction(float(y), mu, None, var)
-    s.update_from_learner(cl)
+    s.update_from_learner(StatsLearner(cl))
     r = cl.regret()
     assert (s.learner_steps, s.learner_loss, s.best_kernel_loss, s.regret) == (200, r["loss"], r["ridge_loss"],
                                                                                r["regret"])
@@ -221,7 +224,7 @@ def test_fedbnr_learner() -> None:
     assert s.mse == pytest.approx(cl.metrics.mse, rel=1e-12)
     assert s.kernel_weights == pytest.approx(cl.kernel_weights().tolist())
     s2 = AgentStats("b")
-    s2.update_from_learner(cl, regret=False)  # the cheap read: weights and version, no O(K·F³) regret
+    s2.update_from_learner(StatsLearner(cl), regret=False)  # the cheap read: weights and version, no O(K·F³) regret
     assert (s2.learner_steps, s2.learner_loss, s2.regret) == (None, None, None)
     assert s2.kernel_weights == s.kernel_weights
 
@@ -229,7 +232,7 @@ def test_fedbnr_learner() -> None:
 def test_from_learner_needs_a_client_id() -> None:
     bank = RFFBank(gaussian_dictionary(2), n_features=4, n_inputs=1, seed=0)
     with pytest.raises(ValueError, match="client id"):
-        AgentStats.from_learner(POFMKLClient(bank, rng=0))
+        AgentStats.from_learner(POFMKLLearner(POFMKLClient(bank, rng=0)))
 
 
 def test_default_reasons_cover_the_runtime_s() -> None:

@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
@@ -17,9 +18,9 @@ def test_million_steps_stay_finite():
     fleet = load_beijing(normalisation="paper", split="station")
     xs = np.concatenate([s.X for s in fleet.streams])
     ys = np.concatenate([s.y for s in fleet.streams])
-    cfg = AlgorithmConfig()  # the defaults users get
+    cfg, p = AlgorithmConfig(), POFMKLParams()  # the defaults users get
     bank = RFFBank(cfg.specs(), cfg.n_features, xs.shape[1], seed=0)
-    client = POFMKLClient(bank, cfg.eta, cfg.lam, cfg.xi, cfg.bin_size, rng=0)
+    client = POFMKLClient(bank, p.eta, p.lam, p.xi, cfg.bin_size, rng=0)
     server = POFMKLServer(bank.n_kernels, bank.dim)
     n = ys.size
     sq_err = 0.0

@@ -4,15 +4,9 @@ import numpy as np
 import pytest
 from river import checks
 
+from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.pofmkl._kernels import N_DRAWS
-from streamfed.algorithms.pofmkl.learner import (
-    KernelUpdate,
-    NonFiniteError,
-    POFMKLClient,
-    POFMKLRegressor,
-    POFMKLServer,
-    run_lockstep,
-)
+from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLClient, POFMKLRegressor, POFMKLServer, run_lockstep
 from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary
 from tests.oracles.pofmkl import OracleClient, oracle_server_update
 

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamfed.algorithms.fedbnr.agent import StatsLearner
 from streamfed.algorithms.fedbnr.learner import FedBNRClient
+from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from streamfed.evaluation.datasets.synthetic import synthetic_fleet
@@ -199,8 +201,9 @@ class Fleet:
         clients = [POFMKLClient(bank, eta=0.05, xi=0.2, bin_size=2, rng=c) for c in range(3)]
         bayes = FedBNRClient(n_inputs=2, n_features=12, bandwidth=[0.5, 1.0, 2.0], sigma=0.3, min_upload=16,
                              client_id="bayes-0")
-        agents = [AgentStats.from_learner(cl, data.names[c], fleet=FLEET) for c, cl in enumerate(clients)]
-        agents.append(AgentStats.from_learner(bayes, fleet=FLEET))
+        agents = [AgentStats.from_learner(POFMKLLearner(cl, "lockstep"), data.names[c], fleet=FLEET,
+                                          algorithm="pofmkl") for c, cl in enumerate(clients)]
+        agents.append(AgentStats.from_learner(StatsLearner(bayes), "bayes-0", fleet=FLEET, algorithm="fedbnr"))
         aggregator = AggregatorStats(FLEET)
         return cls(data, clients, POFMKLServer(bank.n_kernels, bank.dim), bayes, agents, aggregator,
                    StreamfedCollector(agents), StreamfedCollector([], [aggregator]))
@@ -227,7 +230,7 @@ class Fleet:
         for cl, stats in zip(self.clients, self.agents, strict=False):
             cl.set_global(g, version)
             stats.global_received(version)
-            stats.update_from_learner(cl)
+            stats.update_from_learner(POFMKLLearner(cl, "lockstep"))
         b, bstats = self.bayes, self.agents[-1]
         x, y = self.data[3].X[t], float(self.data[3].y[t])
         t0 = time.perf_counter()
@@ -237,7 +240,7 @@ class Fleet:
         up = b.make_upload()
         if up is not None:
             bstats.uploaded(sum(v.nbytes for v in up.to_message().values() if isinstance(v, np.ndarray)) + 64)
-            bstats.update_from_learner(b)
+            bstats.update_from_learner(StatsLearner(b))
         if self.t % 40 == 7:
             self.aggregator.rejected("stale_seq")
         if self.t % 90 == 13:
@@ -248,8 +251,8 @@ class Fleet:
         """Bring every learner-side value up to date (the runtime would do this per upload)."""
         with self.lock:
             for cl, stats in zip(self.clients, self.agents, strict=False):
-                stats.update_from_learner(cl)
-            self.agents[-1].update_from_learner(self.bayes)
+                stats.update_from_learner(POFMKLLearner(cl, "lockstep"))
+            self.agents[-1].update_from_learner(StatsLearner(self.bayes))
 
 
 @dataclass

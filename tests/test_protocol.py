@@ -22,6 +22,12 @@ from pydantic import ValidationError
 
 import streamfed.fleet.config as config_module
 import streamfed.fleet.protocol as protocol_module
+from streamfed.algorithms.fedbnr.wire import global_fields as fedbnr_global_fields
+from streamfed.algorithms.fedbnr.wire import global_message as fedbnr_global_message
+from streamfed.algorithms.fedbnr.wire import stats_fields, stats_update_message
+from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message
+from streamfed.algorithms.pofmkl.wire import global_theta, to_kernel_update
+from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.fleet.config import (
     MAX_KERNEL_VERSION_LEN,
     MAX_META_ITEMS,
@@ -41,16 +47,8 @@ from streamfed.fleet.protocol import (
     ack_message,
     decode,
     encode,
-    fedbnr_global_fields,
-    fedbnr_global_message,
-    global_theta,
-    pofmkl_global_message,
-    pofmkl_update_message,
     prediction_message,
-    stats_fields,
-    stats_update_message,
     status_message,
-    to_kernel_update,
 )
 
 POF = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2,
@@ -128,7 +126,7 @@ def test_fedbnr_schema_from_configuration() -> None:
     assert BNR.message_schema("fedbnr.global").max_included == 50
     assert "var" in BNR.array_shapes("prediction")
     assert BNR.message_schema("fedbnr.update").arrays[1].shape == (2, 3)
-    nobias = BNR.model_copy(update={"fedbnr_bias": False})  # schemas follow the copy, not the original
+    nobias = BNR.model_copy(update={"params": BNR.params.model_copy(update={"bias": False})})  # schemas follow the copy
     assert nobias.feature_dim == 2 and nobias.array_shapes("fedbnr.update")["b"] == ("float64", (2, 2))
 
 
@@ -208,7 +206,7 @@ username = "station-1"
     env = {"STREAMFED_BROKER__PASSWORD": "pw", "STREAMFED_FLEET__FEDBNR__SIGMA": "0.5",
            "STREAMFED_APT_PACKAGES": "mosquitto", "OTHER": "x"}
     cfg = StreamfedConfig.from_toml(toml_text, env)
-    assert cfg.fleet.n_kernels == 2 and cfg.fleet.fedbnr.min_upload == 64 and cfg.fleet.fedbnr.sigma == 0.5
+    assert cfg.fleet.n_kernels == 2 and cfg.fleet.params.min_upload == 64 and cfg.fleet.params.sigma == 0.5
     assert cfg.broker.port == 8883 and cfg.broker.protocol == "5" and cfg.broker.use_tls
     assert cfg.broker.password is not None and cfg.broker.password.get_secret_value() == "pw"
     assert "pw" not in repr(cfg)

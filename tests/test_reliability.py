@@ -25,23 +25,21 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from streamfed.algorithms.fedbnr import FedBNRParams
 from streamfed.algorithms.fedbnr.learner import fit_hyperparameters
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message
+from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.cli import app
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import BrokerConfig, FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateError, StateStore, atomic_write, dumps, loads, read_state
-from streamfed.fleet.protocol import (
-    ack_message,
-    decode,
-    encode,
-    pofmkl_global_message,
-    pofmkl_update_message,
-)
+from streamfed.fleet.protocol import ack_message, decode, encode
 from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip, array_source
 from streamfed.runtime.agent import AgentService, BrokerRefused
 from streamfed.runtime.aggregator import AggregatorService
@@ -211,10 +209,10 @@ def test_lockstep_fleet_restored_mid_round_equals_the_reference(streams):
         route(msgs, agg, agents, cfg)
     ref_clients, ref_server = reference_lockstep(streams)
     assert replayed == 2 and agg.version == STEPS
-    assert np.max(np.abs(agg.server.theta - ref_server.theta)) <= 1e-12
+    assert np.max(np.abs(agg.aggregation.server.theta - ref_server.theta)) <= 1e-12
     assert agg.rejected == {"stale_seq": 2}  # the two updates that had arrived before the crashes
     for a, r in zip(agents, ref_clients, strict=True):
-        assert a.learner.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-12)
+        assert a.learner.client.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-12)
         assert a.counters.learned == STEPS and not a.outbox
 
 
@@ -236,10 +234,10 @@ def test_fedbnr_duplicates_reordering_replays_and_gaps_change_nothing(streams):
     agg.restore(snap)  # the out-of-order upload waits in the restored server's buffer
     for p in [payloads[2], payloads[0], payloads[3], payloads[1], payloads[5], payloads[4], payloads[1]]:
         agg.on_update("a", p)
-    assert agg.rejected == {"stale_seq": 3} and agg.server.included == {"a": 6}
-    assert agg.server.stats.n == 60
-    phi = agent.learner.features_many(streams[0].X[:60]).reshape(60, -1)
-    np.testing.assert_allclose(agg.server.stats.S[0], phi.T @ phi, rtol=1e-12, atol=1e-12)
+    assert agg.rejected == {"stale_seq": 3} and agg.aggregation.server.included == {"a": 6}
+    assert agg.aggregation.server.stats.n == 60
+    phi = agent.learner.client.features_many(streams[0].X[:60]).reshape(60, -1)
+    np.testing.assert_allclose(agg.aggregation.server.stats.S[0], phi.T @ phi, rtol=1e-12, atol=1e-12)
 
 
 def test_restarted_agent_resends_what_no_global_includes_and_nothing_else():
@@ -294,7 +292,7 @@ def test_aggregator_checkpoints_before_it_hands_out_a_global(streams):
     agg = AggregatorCore(cfg, clients=names, mode="lockstep")
     seen = []
     agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
-    agg.checkpoint = lambda core: seen.append((core.snapshot()["server"].version, agents[0].global_version))
+    agg.checkpoint = lambda core: seen.append((core.snapshot()["aggregation"].server.version, agents[0].global_version))
     for t in range(3):
         msgs = [m for a, s in zip(agents, streams, strict=True) for m in a.on_reading(reading(s, t))[1]]
         route(msgs, agg, agents, cfg)
@@ -337,7 +335,7 @@ def test_hostile_globals_are_rejected_by_reason_and_change_nothing():
         "wrong_dtype": encode(dataclasses.replace(pofmkl_global_message(
             cfg.fleet, "aggregator", theta, 3, kernel_version=kv), arrays={"theta": theta.astype(np.float32)})),
     }
-    before = agent.learner.theta.copy()
+    before = agent.learner.client.theta.copy()
     for reason, payload in cases.items():
         res = agent.on_global_payload(payload)
         assert (res.installed, res.reason) == (False, reason)
@@ -347,7 +345,7 @@ def test_hostile_globals_are_rejected_by_reason_and_change_nothing():
     old = agent.on_global_payload(good)  # a replay of an old version: ignored, not an error
     assert old == (False, None, "") and agent.counters.ignored_globals == 1
     assert agent.counters.rejected_globals_by == {r: 1 for r in cases} | {"non_finite": 2}
-    assert agent.global_version == 2 and np.array_equal(agent.learner.theta, before)
+    assert agent.global_version == 2 and np.array_equal(agent.learner.client.theta, before)
 
 
 def test_bad_sensor_input_is_skipped_counted_and_not_learned():
@@ -383,8 +381,8 @@ def test_bad_sensor_input_is_skipped_counted_and_not_learned():
     for g in good:
         twin.on_reading(Reading(g["id"], np.array([g["x"]["a"], g["x"]["b"]]), g["ts"], g["y"]))
     twin.on_reading(Reading("late", np.array([0.3, 0.3]), 20.0, 0.7))
-    np.testing.assert_array_equal(agent.learner.own_stats().S, twin.learner.own_stats().S)
-    np.testing.assert_array_equal(agent.learner.own_stats().b, twin.learner.own_stats().b)
+    np.testing.assert_array_equal(agent.learner.client.own_stats().S, twin.learner.client.own_stats().S)
+    np.testing.assert_array_equal(agent.learner.client.own_stats().b, twin.learner.client.own_stats().b)
 
 
 # =========================================================================== access control (prod broker)
@@ -417,7 +415,7 @@ def test_services_run_end_to_end_on_the_production_broker(mosquitto_prod, stream
 
     agg, agents = asyncio.run(main())
     assert mosquitto_prod.broker_config("a1").use_tls
-    assert agg.core.included() == {"a1": 4, "a2": 4} and agg.core.server.stats.n == 80
+    assert agg.core.included() == {"a1": 4, "a2": 4} and agg.core.aggregation.server.stats.n == 80
     assert agg.core.rejected == {} and agg.refusals == {}
     for a in agents:
         assert a.core.global_version == agg.core.version and not a.core.outbox and a.refusals == {}
@@ -483,7 +481,7 @@ def test_cli_agent_resumes_from_its_state_dir(mosquitto_dev, tmp_path, streams):
     second = CliRunner().invoke(app, args)  # the same CSV again: every row is learned already
     assert second.exit_code == 0 and "resumed at item 30" in " ".join(second.output.split())
     state = read_state(tmp_path / "state" / "agent-cli-state-c1.state", "agent")
-    assert state["core"]["counters"].learned == 30 and state["core"]["learner"].n_pending == 30
+    assert state["core"]["counters"].learned == 30 and state["core"]["learner"].client.n_pending == 30
 
 
 # =========================================================================== fault injection
@@ -546,7 +544,7 @@ def test_fleet_survives_crashes_and_a_broker_restart(mosquitto_factory, tmp_path
 
     def version(path=agg_state):
         st = read_state(path)
-        return st["core"]["server"].version if st else 0
+        return st["core"]["aggregation"].server.version if st else 0
 
     def agent_steps(name):
         st = read_state(state / f"agent-rel-pof-{name}.state")
@@ -608,20 +606,20 @@ def test_fleet_survives_crashes_and_a_broker_restart(mosquitto_factory, tmp_path
     # POF-MKL lock-step: the reference protocol's θ, every sample learned once with the right global
     ref_clients, ref_server = reference_lockstep(streams)
     final = read_state(agg_state, "aggregator")["core"]
-    assert final["server"].version == STEPS and final["applied"] == {n: STEPS for n in names}
-    pof_diff = float(np.max(np.abs(final["server"].theta - ref_server.theta)))
+    assert final["aggregation"].server.version == STEPS and final["aggregation"].included() == {n: STEPS for n in names}
+    pof_diff = float(np.max(np.abs(final["aggregation"].server.theta - ref_server.theta)))
     assert pof_diff <= 1e-12
     resent = {}
     for n, r in zip(names, ref_clients, strict=True):
         st = read_state(state / f"agent-rel-pof-{n}.state", "agent")
         c = st["core"]
         assert c["counters"].learned == STEPS and st["source_pos"] == STEPS and c["outbox"] == []
-        assert c["learner"].cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-12)
+        assert c["learner"].client.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-12)
         resent[n] = c["counters"].resent
     # FedBNR: the global sums every sample exactly once — the centralised posterior
-    g = read_state(bnr_state, "aggregator")["core"]["server"]
+    g = read_state(bnr_state, "aggregator")["core"]["aggregation"].server
     assert g.included == {n: STEPS // 10 for n in names} and g.stats.n == len(names) * STEPS
-    probe = AgentCore(bnr, "probe", 0).learner
+    probe = AgentCore(bnr, "probe", 0).learner.client
     phi = np.concatenate([probe.features_many(s.X[:STEPS]).reshape(STEPS, -1) for s in streams])
     y = np.concatenate([s.y[:STEPS] for s in streams])
     sig, lam, _ = fit_hyperparameters(phi.T @ phi, phi.T @ y, float(len(y)), float(y @ y))

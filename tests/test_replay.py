@@ -6,9 +6,10 @@ import pytest
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import synthetic_fleet
-from streamfed.evaluation.replay import ALGORITHMS, AlgorithmConfig, Schedule, build_algorithm, replay
+from streamfed.evaluation.replay import AlgorithmConfig, Schedule, algorithm_titles, build_arrangement, replay
 
-CFG = AlgorithmConfig(n_kernels=4, n_features=10, eta=0.05, xi=0.2, bin_size=1)
+ETA, LAM, XI = 0.05, 1e-4, 0.2
+CFG = AlgorithmConfig(n_kernels=4, n_features=10, eta=ETA, xi=XI, bin_size=1)
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def fleet():
 def test_lockstep_replay_equals_reference_protocol(fleet):
     r = replay(fleet, "pofmkl", CFG, seed=5)
     bank = RFFBank(CFG.specs(), CFG.n_features, 3, seed=5)
-    clients = [POFMKLClient(bank, CFG.eta, CFG.lam, CFG.xi, CFG.bin_size, rng=np.random.default_rng([5, c]))
+    clients = [POFMKLClient(bank, ETA, LAM, XI, CFG.bin_size, rng=np.random.default_rng([5, c]))
                for c in range(4)]
     preds = run_lockstep(clients, POFMKLServer(4, bank.dim), [s.X for s in fleet.streams],
                          [s.y for s in fleet.streams])
@@ -30,7 +31,7 @@ def test_lockstep_replay_equals_reference_protocol(fleet):
     assert r.rounds == 400
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", sorted(algorithm_titles()))
 def test_every_algorithm_runs_deterministically(fleet, algorithm):
     a = replay(fleet, algorithm, CFG, seed=1, steps=150)
     b = replay(fleet, algorithm, CFG, seed=1, steps=150)
@@ -91,4 +92,4 @@ def test_divergence_is_counted_not_fatal(fleet):
 
 def test_unknown_algorithm():
     with pytest.raises(ValueError, match="unknown algorithm"):
-        build_algorithm("magic", 2, 3, CFG, 0)
+        build_arrangement("magic", 2, 3, CFG, 0)

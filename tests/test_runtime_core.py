@@ -7,13 +7,16 @@ import pickle
 import numpy as np
 import pytest
 
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl import POFMKLParams
+from streamfed.algorithms.pofmkl.agent import ErrorFeedback
 from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLClient, POFMKLServer, run_lockstep
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig, replay
-from streamfed.fleet.agent import AgentCore, ErrorFeedback
+from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import decode, encode
 from streamfed.fleet.sources import Label, Reading, Skip, SkipReason
 
@@ -68,7 +71,7 @@ def test_lockstep_over_the_codec_equals_replay(fleet):
     cl = [POFMKLClient(bank, 0.05, 1e-4, 0.2, 2, rng=np.random.default_rng([3, c])) for c in range(4)]
     srv = POFMKLServer(4, bank.dim)
     run_lockstep(cl, srv, [s.X[:STEPS] for s in streams], [s.y[:STEPS] for s in streams])
-    assert np.max(np.abs(agg.server.theta - srv.theta)) <= 1e-12
+    assert np.max(np.abs(agg.aggregation.server.theta - srv.theta)) <= 1e-12
 
 
 def test_fedbnr_global_equals_centralised_fit(fleet):
@@ -85,12 +88,12 @@ def test_fedbnr_global_equals_centralised_fit(fleet):
         deliver(msgs, agg, agents, cfg)
     # every client uploaded all but its last < 16 pending samples; the global sums them exactly
     n_up = sum((STEPS // 16) * 16 for _ in streams)
-    assert agg.server.stats.n == n_up
-    phi = np.concatenate([agents[0].learner.features_many(s.X[: (STEPS // 16) * 16]) for s in streams])
+    assert agg.aggregation.server.stats.n == n_up
+    phi = np.concatenate([agents[0].learner.client.features_many(s.X[: (STEPS // 16) * 16]) for s in streams])
     y = np.concatenate([s.y[: (STEPS // 16) * 16] for s in streams])
     phi = phi.reshape(len(y), -1)
-    np.testing.assert_allclose(agg.server.stats.S[0], phi.T @ phi, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(agg.server.stats.b[0], phi.T @ y, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(agg.aggregation.server.stats.S[0], phi.T @ phi, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(agg.aggregation.server.stats.b[0], phi.T @ y, rtol=1e-10, atol=1e-10)
 
 
 def test_error_feedback_conserves_mass_and_bounds_messages():
@@ -124,7 +127,7 @@ def test_async_agent_publishes_at_most_m_kernels_and_loses_nothing(fleet):
     twin = AgentCore(cfg, "a", 0, mode="lockstep")
     total = np.zeros((4, 40))
     for t in range(STEPS):
-        _, upd = twin.learner.step(s.X[t], s.y[t])
+        _, upd = twin.learner.client.step(s.X[t], s.y[t])
         total[upd.kernels] += upd.delta
     np.testing.assert_allclose(sent, total, rtol=1e-10, atol=1e-12)
 
@@ -139,12 +142,12 @@ def test_bad_input_is_counted_not_learned(fleet):
     assert agg.on_update("a", b"\x00garbage", now=0.0) == []
     assert agg.on_update("zz", b"\x93", now=0.0) == []
     assert sum(agg.rejected.values()) == 2 and agg.version == 0
-    assert not agg.server.theta.any()
+    assert not agg.aggregation.server.theta.any()
 
 
 def _async_updates(cfg, clients, per_client, seed):
     """Encoded async updates (random kernels and deltas, some -0.0) from several clients, interleaved."""
-    from streamfed.fleet.protocol import pofmkl_update_message
+    from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 
     rng = np.random.default_rng(seed)
     agg = AggregatorCore(cfg, clients=clients, mode="async")
@@ -189,7 +192,7 @@ def test_async_window_sums_each_clients_updates_like_merge_updates():
     srv.finish_round()
     for core in (agg, resumed):
         assert core.version == 1 and core.counters.accepted == len(payloads)
-        assert core.server.theta.tobytes() == srv.theta.tobytes()
+        assert core.aggregation.server.theta.tobytes() == srv.theta.tobytes()
         assert core.included() == {c: 12 for c in clients}
 
 
@@ -223,7 +226,7 @@ def test_begin_then_finish_reading_is_on_reading(fleet, algorithm):
 def test_an_update_names_the_global_its_step_saw(fleet):
     """A global installed between a step and its update message (the agent publishes the prediction in
     between) does not relabel the update: it was computed against the older one."""
-    from streamfed.fleet.protocol import pofmkl_global_message
+    from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message
 
     cfg = pof_cfg()
     s = fleet.streams[0]
@@ -239,13 +242,14 @@ def test_aggregator_warm_up_changes_nothing():
     cfg = pof_cfg()
     agg, ref = (AggregatorCore(cfg, clients=["a", "b"], mode="async") for _ in range(2))
     agg.warm_up()
-    assert agg.version == 0 and not agg.server.theta.any() and not agg._heard
+    assert agg.version == 0 and not agg.aggregation.server.theta.any() and not agg.aggregation.pending()
     payloads = _async_updates(cfg, ["a", "b"], per_client=3, seed=1)
     for core in (agg, ref):
         for c, p in payloads:
             core.on_update(c, p, now=0.0)
         core.tick(now=100.0)
-    assert agg.server.theta.tobytes() == ref.server.theta.tobytes() and agg.version == ref.version == 1
+    assert agg.aggregation.server.theta.tobytes() == ref.aggregation.server.theta.tobytes()
+    assert agg.version == ref.version == 1
 
 
 def _compiled_signatures() -> dict[str, int]:

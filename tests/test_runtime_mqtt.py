@@ -8,13 +8,15 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import decode
 from streamfed.fleet.sources import array_source
 from streamfed.fleet.topics import Channel, topic_filter
@@ -63,9 +65,9 @@ def test_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, streams):
     srv = POFMKLServer(4, bank.dim)
     run_lockstep(ref, srv, [s.X for s in streams], [s.y for s in streams])
     assert agg.core.version == STEPS
-    assert np.max(np.abs(agg.core.server.theta - srv.theta)) <= 1e-12
+    assert np.max(np.abs(agg.core.aggregation.server.theta - srv.theta)) <= 1e-12
     for a, r in zip(agents, ref, strict=True):
-        assert a.core.learner.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-12)
+        assert a.core.learner.client.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-12)
         assert a.core.global_version == STEPS  # the last global reached every agent
     assert agg.core.rejected == {}
 
@@ -84,7 +86,8 @@ def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
         return agg, agents
 
     agg, agents = asyncio.run(main())
-    assert_global_is_centralised(agg.core.server, agents[0].core.learner, streams[:3])  # 6 uploads of 10 per agent
+    # 6 uploads of 10 per agent
+    assert_global_is_centralised(agg.core.aggregation.server, agents[0].core.learner.client, streams[:3])
     for a in agents:  # each agent installed the final global with all its own uploads included
         assert a.core.learner.global_version == agg.core.version
 
@@ -128,7 +131,8 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     takes them in batches: every one is handled, in order — valid ones, duplicates, garbage and
     updates of unknown clients counted exactly as a core fed the same sequence directly counts them,
     and the same global θ."""
-    from streamfed.fleet.protocol import encode, pofmkl_update_message
+    from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
+    from streamfed.fleet.protocol import encode
     from streamfed.fleet.topics import updates_topic
 
     cfg = FleetConfig(fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
@@ -175,7 +179,7 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     assert agg.core.rejected == ref.rejected and set(ref.rejected) == {"stale_seq", "unknown_client", "not_msgpack"}
     later = time.time() + 3600  # past both windows
     assert [m.kind for m in ref.tick(now=later)] == [m.kind for m in agg.core.tick(now=later)] == ["pofmkl.global"]
-    assert agg.core.server.theta.tobytes() == ref.server.theta.tobytes()
+    assert agg.core.aggregation.server.theta.tobytes() == ref.aggregation.server.theta.tobytes()
 
 
 def test_prediction_is_published_before_the_sample_is_learned(mosquitto_dev, streams, monkeypatch):

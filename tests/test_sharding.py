@@ -10,10 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message, decode, encode
 from streamfed.fleet.sharding import ReducerCore, ShardCore, contributors_fields, contributors_of
 from streamfed.fleet.sources import Reading
@@ -147,8 +149,8 @@ def test_sharded_pofmkl_lockstep_equals_single_aggregator(fleet, n_shards, seed,
     single, sharded = run_pofmkl(fleet, n_shards, seed, dup_rate, flush_prob)
     red = sharded.reducer
     assert red.version == single.version == STEPS
-    scale = max(1.0, float(np.max(np.abs(single.server.theta))))
-    assert np.max(np.abs(red.server.theta - single.server.theta)) <= 1e-12 * scale
+    scale = max(1.0, float(np.max(np.abs(single.aggregation.server.theta))))
+    assert np.max(np.abs(red.aggregation.server.theta - single.aggregation.server.theta)) <= 1e-12 * scale
     assert red.included() == single.included()
     assert red.accepted == single.counters.accepted == 4 * STEPS  # every update exactly once
     assert all(s.held == 0 for s in sharded.shards)  # every partial acknowledged
@@ -165,7 +167,7 @@ def test_duplicates_across_shards_are_refused_and_the_rest_resent(fleet):
     assert red.rejected.get("duplicate", 0) > 0  # the test exercised the refusal path
     assert sum(s.counters.resent for s in sharded.shards) > 0
     assert red.accepted == 4 * STEPS
-    assert np.allclose(red.server.theta, single.server.theta, rtol=0, atol=1e-12)
+    assert np.allclose(red.aggregation.server.theta, single.aggregation.server.theta, rtol=0, atol=1e-12)
 
 
 def test_partial_sent_again_after_reconnect_is_acknowledged_not_added(fleet):
@@ -181,9 +183,9 @@ def test_partial_sent_again_after_reconnect_is_acknowledged_not_added(fleet):
     assert red.accepted == 1 and red._round[1][1] == {"a"}
 
 
-def run_fedbnr(fleet, n_shards, seed, dup_rate):
+def run_fedbnr(fleet, n_shards, seed, dup_rate, cfg=None):
     streams = fleet.streams[:3]
-    cfg = bnr_cfg()
+    cfg = cfg or bnr_cfg()
     names = [s.name for s in streams]
     rng = random.Random(seed)
     agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
@@ -208,13 +210,14 @@ def run_fedbnr(fleet, n_shards, seed, dup_rate):
 def test_sharded_fedbnr_equals_single_aggregator(fleet, n_shards, seed, dup_rate):
     single, sharded, n_msgs = run_fedbnr(fleet, n_shards, seed, dup_rate)
     red = sharded.reducer
-    a, b = red.server, single.server
+    a, b = red.aggregation.server, single.aggregation.server
     assert red.accepted == single.counters.accepted == n_msgs
     assert a.stats.n == b.stats.n
     np.testing.assert_allclose(a.stats.S, b.stats.S, rtol=1e-12, atol=1e-12 * np.abs(b.stats.S).max())
     np.testing.assert_allclose(a.stats.b, b.stats.b, rtol=1e-12, atol=1e-12 * np.abs(b.stats.b).max())
     assert a.stats.q == pytest.approx(b.stats.q, rel=1e-12)
-    single.server.publish()  # the single aggregator publishes when its window closes; fit σ, λ on the same sums
+    # the single aggregator publishes when its window closes; fit σ, λ on the same sums
+    single.aggregation.server.publish()
     np.testing.assert_allclose(a.sigma, b.sigma, rtol=1e-6)
     np.testing.assert_allclose(a.lam, b.lam, rtol=1e-6)
     assert dict(a.included) == dict(b.included)
@@ -224,7 +227,7 @@ def test_bad_partials_are_counted_and_change_nothing(fleet):
     cfg = pof_cfg()
     names = ["a", "b"]
     red = ReducerCore(cfg, names)
-    theta = red.server.theta.copy()
+    theta = red.aggregation.server.theta.copy()
     inc, owner, seqs = contributors_fields([("a", 1)])
     good = dict(fleet=cfg.fleet, client="s0", kind="pofmkl.partial", seq=1, kernel_version=red.kernel_version,
                 included=inc, meta={"round": 1})
@@ -245,7 +248,7 @@ def test_bad_partials_are_counted_and_change_nothing(fleet):
     for reason, payload in cases.items():
         assert red.on_partial("s0", payload, now=0.0) == [], reason
         assert red.rejected.get(reason, 0) >= 1, (reason, red.rejected)
-    assert red.accepted == 0 and red.version == 0 and np.array_equal(red.server.theta, theta)
+    assert red.accepted == 0 and red.version == 0 and np.array_equal(red.aggregation.server.theta, theta)
     assert not red._round
 
 
@@ -304,7 +307,8 @@ def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
         for a in agents:
             a.on_global(got[0], now=0.0)
     assert sharded.reducer.version == ref.version == 30
-    np.testing.assert_allclose(sharded.reducer.server.theta, ref.server.theta, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sharded.reducer.aggregation.server.theta, ref.aggregation.server.theta,
+                               rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="different fleet configuration"):
         ReducerCore(bnr_cfg(), names, mode="async").restore(pickle.loads(saved[-1]))
 
@@ -326,11 +330,11 @@ def test_fedbnr_reducer_checkpoint_holds_no_applied_window(fleet):
                 shard.on_update(m.client, encode(m, cfg))
     for p in shard.flush(now=0.0):
         red.on_partial("s0", encode(p, cfg), now=0.0)
-    assert saved and red.server.stats.n >= 100  # uploads of >= 8 samples: the last few still pending
+    assert saved and red.aggregation.server.stats.n >= 100  # uploads of >= 8 samples: the last few still pending
     again = ReducerCore(cfg, names, mode="async", window=0.0)
     again.restore(pickle.loads(saved[-1]))
-    assert again.server.stats.n == red.server.stats.n and again._win_sum is None
-    np.testing.assert_array_equal(again.server.stats.S, red.server.stats.S)
+    assert again.aggregation.server.stats.n == red.aggregation.server.stats.n and again._win_sum is None
+    np.testing.assert_array_equal(again.aggregation.server.stats.S, red.aggregation.server.stats.S)
 
 
 def test_shard_takes_a_resend_after_its_partial_was_applied_and_the_reducer_refuses_it(fleet):
@@ -372,3 +376,29 @@ def test_shard_sends_an_unacknowledged_partial_again(fleet):
     red = ReducerCore(cfg, ["a"], mode="async", window=60.0)
     acks = red.on_partial("s0", encode(first, cfg), now=0.0) + red.on_partial("s0", encode(again, cfg), now=0.0)
     assert [a.meta["applied"] for a in acks] == [True, True] and red.accepted == 1
+
+
+def personal_cfg():
+    return FleetConfig(fleet="t", algorithm="fedbnr-personal", n_inputs=10, n_features=15, kernels=["gaussian:1.0"],
+                       params={"min_upload": 8, "fit_hyperparameters": False})
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_shards=st.integers(1, 3), seed=st.integers(0, 2**16), dup_rate=st.sampled_from([0.0, 0.4]))
+def test_sharded_personal_fedbnr_equals_single_aggregator(fleet, n_shards, seed, dup_rate):
+    """Personalised FedBNR keeps statistics per client, so a partial carries per-client sums (each client's
+    uploads in it, time-weighted to the latest); the reducer's per-client statistics, `included` and shared
+    posterior equal the single aggregator's."""
+    single, sharded, n_msgs = run_fedbnr(fleet, n_shards, seed, dup_rate, cfg=personal_cfg())
+    red = sharded.reducer
+    a, b = red.aggregation.server, single.aggregation.server
+    assert red.accepted == single.counters.accepted == n_msgs
+    assert dict(a.included) == dict(b.included) and sorted(a.clients) == sorted(b.clients)
+    for c, (st_b, t_b) in b.clients.items():
+        st_a, t_a = a.clients[c]
+        assert t_a == t_b and st_a.n == st_b.n
+        np.testing.assert_allclose(st_a.S, st_b.S, rtol=1e-12, atol=1e-12 * np.abs(st_b.S).max())
+        np.testing.assert_allclose(st_a.b, st_b.b, rtol=1e-12, atol=1e-12 * np.abs(st_b.b).max())
+    ga, gb = red.global_message(), single.global_message()
+    for k in ("A_upper", "h"):
+        np.testing.assert_allclose(ga.arrays[k], gb.arrays[k], rtol=1e-10, atol=1e-12)

@@ -8,12 +8,14 @@ import contextlib
 import numpy as np
 import pytest
 
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig
 from streamfed.fleet.agent import AgentCore
-from streamfed.fleet.config import FedBNRParams, FleetConfig, POFMKLParams
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import array_source
 from streamfed.runtime.agent import AgentService
@@ -84,9 +86,9 @@ def test_sharded_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, mosq
     red = reducer.core
     assert red.version == STEPS
     scale = max(1.0, float(np.max(np.abs(srv.theta))))
-    assert np.max(np.abs(red.server.theta - srv.theta)) <= 1e-12 * scale
+    assert np.max(np.abs(red.aggregation.server.theta - srv.theta)) <= 1e-12 * scale
     for a, r in zip(agents, ref, strict=True):
-        assert a.core.learner.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-10)
+        assert a.core.learner.client.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-10)
         assert a.core.global_version == STEPS
     assert red.accepted == 4 * STEPS  # every update summed exactly once
     # the broker really split the stream: each shard took some, together all of them
@@ -109,7 +111,8 @@ def test_sharded_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, s
         return reducer, shards, agents
 
     reducer, shards, agents = asyncio.run(main())
-    assert_global_is_centralised(reducer.core.server, agents[0].core.learner, streams[:3])  # 6 uploads of 10 per agent
+    # 6 uploads of 10 per agent
+    assert_global_is_centralised(reducer.core.aggregation.server, agents[0].core.learner.client, streams[:3])
     taken = [s.core.counters.accepted for s in shards]
     assert all(t > 0 for t in taken), taken
     for a in agents:  # each agent installed the final global, its own uploads all included
@@ -246,5 +249,5 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
     scale = max(1.0, float(np.max(np.abs(srv.theta))))
     for a, r in zip(agents, ref, strict=True):
         assert a.core.global_version == STEPS
-        assert np.max(np.abs(a.core.learner.theta - srv.theta)) <= 1e-12 * scale
-        assert a.core.learner.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-10)
+        assert np.max(np.abs(a.core.learner.client.theta - srv.theta)) <= 1e-12 * scale
+        assert a.core.learner.client.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-10)

@@ -1,1 +1,90 @@
-"""algorithms"""
+"""The algorithm families and their registry (the plug-in contract is :mod:`streamfed.algorithms.base`).
+
+Built-in families are imported on first use (so that reading a configuration needs neither numba nor
+torch); :func:`register` adds one at run time — a test, or a plug-in of your own.
+
+>>> get("fedbnr").bayesian, "pofmkl" in names()
+(True, True)
+>>> get("nope")
+Traceback (most recent call last):
+...
+KeyError: "unknown algorithm 'nope'; registered: em-kofl, fedbnr, fedbnr-personal, ofmkl-avg, ofskl, pofmkl, vm-kofl"
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from streamfed.algorithms.base import Algorithm, ReplayVariant
+
+__all__ = ["BUILTIN", "DEFAULT", "Algorithm", "get", "names", "register", "unregister", "variant"]
+
+# name → "module:attribute" of its Algorithm object. A new family is one line here.
+BUILTIN: dict[str, str] = {
+    "pofmkl": "streamfed.algorithms.pofmkl:ALGORITHM",
+    "fedbnr": "streamfed.algorithms.fedbnr:ALGORITHM",
+    "fedbnr-personal": "streamfed.algorithms.fedbnr_personal:ALGORITHM",
+    "ofskl": "streamfed.algorithms.kofl:OFSKL",
+    "ofmkl-avg": "streamfed.algorithms.kofl:OFMKL_AVG",
+    "vm-kofl": "streamfed.algorithms.kofl:VM_KOFL",
+    "em-kofl": "streamfed.algorithms.kofl:EM_KOFL",
+}
+DEFAULT = "pofmkl"  # what the demo and the CLI run when nobody says
+_LOADED: dict[str, Algorithm] = {}
+
+
+def names() -> list[str]:
+    """Every registered algorithm's name, sorted."""
+    return sorted(set(BUILTIN) | set(_LOADED))
+
+
+def get(name: str) -> Algorithm:
+    """The algorithm registered as `name` (`KeyError` listing the registered ones otherwise)."""
+    alg = _LOADED.get(name)
+    if alg is not None:
+        return alg
+    where = BUILTIN.get(name)
+    if where is None:
+        raise KeyError(f"unknown algorithm {name!r}; registered: {', '.join(names())}")
+    module, _, attr = where.partition(":")
+    alg = getattr(importlib.import_module(module), attr)
+    if alg.name != name:
+        raise RuntimeError(f"{where} is named {alg.name!r}, registered as {name!r}")
+    _LOADED[name] = alg
+    return alg
+
+
+def register(alg: Algorithm) -> Algorithm:
+    """Register `alg` under `alg.name` (replacing nothing: a taken name is a `ValueError`)."""
+    if alg.name in BUILTIN or alg.name in _LOADED:
+        raise ValueError(f"an algorithm named {alg.name!r} is already registered")
+    _LOADED[alg.name] = alg
+    return alg
+
+
+def unregister(name: str) -> None:
+    """Forget an algorithm registered with :func:`register` (built-ins stay)."""
+    if name in BUILTIN:
+        raise ValueError(f"{name!r} is built in")
+    _LOADED.pop(name, None)
+
+
+def variant(name: str) -> tuple[Algorithm, ReplayVariant]:
+    """The replay variant called `name` (an algorithm's own name, or one of its arrangements such as
+    ``local-only``) and the algorithm it belongs to."""
+    for alg_name in names():
+        alg = get(alg_name)
+        for v in alg.replay_variants():
+            if v.name == name:
+                return alg, v
+    raise KeyError(f"unknown algorithm {name!r} (or replay variant); choose from {', '.join(variant_names())}")
+
+
+def variant_names() -> list[str]:
+    """Every replay variant, in registry order."""
+    return [v.name for n in names() for v in get(n).replay_variants()]
+
+
+def fleet_names() -> list[str]:
+    """The algorithms that run over MQTT (agent, aggregator, shards and reducer, the demo)."""
+    return [n for n in names() if get(n).in_fleet]

@@ -1,4 +1,4 @@
-"""Random Fourier feature maps (ALGORITHMS.md section 1).
+"""Random Fourier feature maps (docs/algorithms.md §1).
 
 A :class:`RFFBank` holds a dictionary of `N` shift-invariant kernels with `D` frequency vectors each
 and maps one input `x` (length `d`) to an `(N, 2D)` array whose row `p` is
@@ -164,7 +164,7 @@ class RFFBank:
         if specs is not None and len(specs) != freqs.shape[0]:
             raise ValueError(f"{len(specs)} specs for {freqs.shape[0]} frequency arrays")
         bank = cls.__new__(cls)
-        bank._init(freqs, tuple(specs) if specs is not None else None, None)
+        bank._init(freqs, tuple(specs) if specs is not None else None, None)  # noqa: SLF001 (its own class)
         return bank
 
     def _init(self, freqs: np.ndarray, specs: tuple[KernelSpec, ...] | None, seed: int | None) -> None:
@@ -189,6 +189,17 @@ class RFFBank:
     def dim(self) -> int:
         """Features per kernel, `2D`."""
         return 2 * self.n_features
+
+    @property
+    def frequency_matrix(self) -> np.ndarray:
+        """`Vᵀ (d, N·D)`: every kernel's frequencies side by side, the layout the compiled kernels read."""
+        return self._wt
+
+    @property
+    def scratch(self) -> np.ndarray:
+        """A `2·N·D` work buffer for the compiled feature kernels (angles, then cosines); one per bank, so
+        a bank is not to be shared between threads."""
+        return self._angles
 
     @property
     def kernel_names(self) -> list[str]:

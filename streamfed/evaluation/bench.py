@@ -7,7 +7,7 @@ sizes — the figures are then only indicative). `benchmarks/run_all.py` and `st
 go through :func:`run_bench` / :func:`assemble`.
 
     >>> sorted(BENCHES)[:3]
-    ['fedbnr', 'fleet', 'flops']
+    ['algorithms', 'fedbnr', 'fleet']
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ BENCHES: dict[str, Bench] = {
     "latency": Bench("benchmarks/bench_latency.py", ("--quick",), True),
     "fleet": Bench("benchmarks/bench_fleet.py", ("--quick",), True),
     "sharding": Bench("benchmarks/bench_sharding.py", ("--quick",), True),
+    "algorithms": Bench("benchmarks/bench_algorithms.py", ("--quick",), True),
 }
 
 HEADER = """# Benchmarks

@@ -1,58 +1,46 @@
-"""In-process, transport-free fleet replay: the learners' client and server halves driven in time.
+"""In-process, transport-free fleet replay: every registered algorithm's learners and aggregation driven
+in time, through the same plug-in contract the MQTT runtime uses (:mod:`streamfed.algorithms.base`).
 
-Each client of a :class:`~streamfed.evaluation.datasets.Fleet` streams its samples one at a time: at step `t`
-every client that still has data predicts, learns and produces an upload; how uploads reach the
-server and globals reach the clients is the *schedule*:
+Each client of a :class:`~streamfed.evaluation.datasets.Fleet` streams its samples one at a time: at step
+`t` every client that still has data predicts, learns and may produce an upload; how uploads reach the
+aggregation and globals reach the clients is the *schedule*:
 
-* ``Schedule.every_step()`` — the paper's lock-step protocol: aggregate and broadcast every step;
-* ``Schedule.every(k)`` — the server still aggregates each step's uploads as one round, but clients
+* ``Schedule.every_step()`` — the paper's lock-step protocol: every step's uploads are one round, applied
+  in the fleet's client order, and the global is broadcast after it;
+* ``Schedule.every(k)`` — the aggregation still takes each step's uploads as one round, but clients
   receive the new global only every `k` steps (they work on a stale global in between);
 * ``Schedule.asynchronous(window, max_delay)`` — every upload and every broadcast takes a random
-  number of steps to arrive (per-client mean delay drawn once, in `[0, max_delay]`); the server
-  aggregates in windows of `window` steps, `C` = the clients heard in the window (each client's
-  uploads within a window are summed), and records the staleness of what it applies.
+  number of steps to arrive (per-client mean delay drawn once, in `[0, max_delay]`); the aggregation
+  closes a window every `window` steps, and the staleness of what it applies is recorded.
 
-Deterministic for a given seed. The same client/server objects run in the MQTT runtime.
+The arrangement comes from the algorithm's replay variants: ``federated`` (one aggregation), ``local``
+(each client its own aggregation) or ``centralised`` (one learner takes every client's samples; each
+step's samples are one round). Uploads are wrapped in the same :class:`~streamfed.fleet.protocol.Message`
+the network carries and checked by the aggregation (not encoded: nothing crosses a wire here).
+Deterministic for a given seed.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.kofl.learner import (
-    EMKOFLClient,
-    KOFLServer,
-    KOFLUpdate,
-    OFMKLAvgClient,
-    OFSKLClient,
-    VMKOFLClient,
-)
-from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLClient, POFMKLServer, merge_updates
-from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary
+from streamfed import algorithms
+from streamfed.algorithms.base import Aggregation, Algorithm, Learner, ReplayVariant, Update
+from streamfed.core.features import KernelSpec, gaussian_dictionary
 from streamfed.evaluation.datasets import Fleet
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.protocol import Message
 
-__all__ = ["ALGORITHMS", "AlgorithmConfig", "ReplayResult", "Schedule", "build_algorithm", "replay"]
+__all__ = ["AlgorithmConfig", "Arrangement", "ReplayResult", "Schedule", "algorithm_titles", "build_arrangement",
+           "replay"]
 
-
-class ClientHalf(Protocol):
-    def step(self, x: np.ndarray, y: float) -> tuple[float, Any]: ...
-    def set_global(self, params: Any, version: int) -> None: ...
-    @property
-    def regret(self) -> float: ...
-    @property
-    def kernel_weights(self) -> np.ndarray: ...
-
-
-class ServerHalf(Protocol):
-    def add(self, update: Any) -> None: ...
-    def finish_round(self) -> int: ...
-    def global_params(self) -> Any: ...
+_FLEET = "replay"
 
 
 @dataclass(frozen=True)
@@ -97,98 +85,126 @@ class Schedule:
         raise ValueError(f"unknown schedule {text!r}: use step, every:K or async:WINDOW:MAX_DELAY")
 
 
-@dataclass(frozen=True)
 class AlgorithmConfig:
-    """Hyperparameters shared by POF-MKL and the baselines (the paper's Air setting by default:
-    16 Gaussian kernels, D = 100, M = 1)."""
+    """The fleet a replay builds: the kernel dictionary and its sizes, shared by every algorithm compared
+    (the paper's Air setting by default: 16 Gaussian kernels with bandwidths over `[0.05, 5]`, D = 100,
+    M = 1), and hyperparameters. A keyword such as ``eta=0.05`` applies to every algorithm whose parameters
+    have that field; ``params={"fedbnr": {"lam": 2.0}}`` sets one algorithm's (or one variant's) own.
 
-    n_kernels: int = 16
-    n_features: int = 100
-    bandwidth_low: float = 0.05
-    bandwidth_high: float = 5.0
-    kernels: tuple[str, ...] | None = None
-    eta: float = 0.005
-    lam: float = 1e-4
-    xi: float = 0.1
-    bin_size: int = 1
-    ofskl_kernel: int | None = None  # index into the dictionary; default: the middle bandwidth
+    >>> cfg = AlgorithmConfig(n_kernels=4, eta=0.05)
+    >>> cfg.fleet_config("pofmkl", n_inputs=3, seed=0).params.eta
+    0.05
+    >>> cfg.fleet_config("fedbnr", n_inputs=3, seed=0).params.lam  # FedBNR has no eta; its own lam stays
+    1.0
+    """
+
+    def __init__(self, n_kernels: int = 16, n_features: int = 100, bandwidth_low: float = 0.05,
+                 bandwidth_high: float = 5.0, kernels: tuple[str, ...] | None = None, bin_size: int = 1,
+                 params: Mapping[str, Mapping[str, Any]] | None = None, **shared: Any) -> None:
+        self.n_kernels, self.n_features = int(n_kernels), int(n_features)
+        self.bandwidth_low, self.bandwidth_high = float(bandwidth_low), float(bandwidth_high)
+        self.kernels = tuple(kernels) if kernels else None
+        self.bin_size = int(bin_size)
+        self.params = {k: dict(v) for k, v in (params or {}).items()}
+        self.shared = {k: v for k, v in shared.items() if v is not None}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain, JSON-able: what a report records."""
+        return {"n_kernels": self.n_kernels, "n_features": self.n_features, "bandwidth_low": self.bandwidth_low,
+                "bandwidth_high": self.bandwidth_high, "kernels": list(self.kernels) if self.kernels else None,
+                "bin_size": self.bin_size, "shared": dict(self.shared), "params": dict(self.params)}
 
     def specs(self) -> list[KernelSpec]:
         if self.kernels:
             return [KernelSpec.parse(k) for k in self.kernels]
         return gaussian_dictionary(self.n_kernels, self.bandwidth_low, self.bandwidth_high)
 
+    def params_for(self, alg: Algorithm, variant: str | None = None) -> dict[str, Any]:
+        """The hyperparameters `alg` gets: the shared ones it has a field for, then its own, then the
+        variant's. Unknown names in its own section are refused by its model."""
+        fields = alg.Params.model_fields
+        out = {k: v for k, v in self.shared.items() if k in fields}
+        out.update(self.params.get(alg.name, {}))
+        if variant is not None and variant != alg.name:
+            out.update(self.params.get(variant, {}))
+        return out
+
+    def fleet_config(self, algorithm: str, n_inputs: int, seed: int, variant: str | None = None) -> FleetConfig:
+        alg = algorithms.get(algorithm)
+        return FleetConfig(fleet=_FLEET, algorithm=algorithm, n_inputs=n_inputs,
+                           kernels=tuple(s.key for s in self.specs()), n_features=self.n_features,
+                           bin_size=self.bin_size, seed=seed, max_clients=100_000,
+                           params=alg.Params(**self.params_for(alg, variant)))
+
 
 @dataclass
 class Arrangement:
-    """Clients, servers, and which server each client reports to."""
+    """Learners, aggregations, and which aggregation each client reports to."""
 
     name: str
-    clients: list[ClientHalf]
-    servers: list[ServerHalf]
-    server_of: list[int]
+    algorithm: Algorithm
+    cfg: FleetConfig
+    learners: list[Learner]
+    aggregations: list[Aggregation]
+    aggregation_of: list[int]
     federated: bool = True  # False: local-only / centralised (nothing crosses a network)
     centralised: bool = False
     kernel_names: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    kernel_version: str = ""
+
+    def message(self, c: int, seq: int, up: Update) -> Message:
+        """Client `c`'s upload in the envelope the network carries (not encoded)."""
+        return Message(_FLEET, self.names[c], self.cfg.update_kind, seq, int(up.global_version), self.kernel_version,
+                       int(up.n_samples), 0.0, dict(up.arrays), epoch=int(up.epoch))
+
+    def global_message(self, agg: Aggregation) -> Message:
+        return agg.global_message(_FLEET, "aggregator", self.kernel_version)
+
+    def broadcast(self, agg: Aggregation, clients: list[int]) -> None:
+        """Install `agg`'s global in each of `clients` (a learner refusing it keeps its model)."""
+        msg = self.global_message(agg)
+        for c in clients:
+            self.learners[c].install_global(msg)
 
 
-def _pofmkl_fleet(bank: RFFBank, cfg: AlgorithmConfig, n: int, seed: int, mode: str) -> Arrangement:
-    def client(c: int) -> POFMKLClient:
-        return POFMKLClient(bank, cfg.eta, cfg.lam, cfg.xi, cfg.bin_size, rng=np.random.default_rng([seed, c]))
-
-    names = bank.kernel_names
-    if mode == "federated":
-        return Arrangement("pofmkl", [client(c) for c in range(n)],
-                           [POFMKLServer(bank.n_kernels, bank.dim)], [0] * n, kernel_names=names)
-    if mode == "local":
-        return Arrangement("local-only", [client(c) for c in range(n)],
-                           [POFMKLServer(bank.n_kernels, bank.dim) for _ in range(n)], list(range(n)),
-                           federated=False, kernel_names=names)
-    one = client(0)
-    return Arrangement("centralised", [one] * n, [POFMKLServer(bank.n_kernels, bank.dim)], [0] * n,
-                       federated=False, centralised=True, kernel_names=names)
-
-
-def build_algorithm(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmConfig, seed: int) -> Arrangement:
-    """The client/server arrangement of one algorithm for a fleet of `fleet_size` clients."""
-    bank = RFFBank(cfg.specs(), cfg.n_features, n_inputs, seed=seed)
+def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmConfig, seed: int,
+                      names: list[str] | None = None) -> Arrangement:
+    """The arrangement of the replay variant `name` (an algorithm, or one of its variants such as
+    ``local-only``) for a fleet of `fleet_size` clients. Client `c`'s learner is the one agent `c` of a real
+    fleet would run (same seed, same index)."""
+    try:
+        alg, v = algorithms.variant(name)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    fcfg = cfg.fleet_config(alg.name, n_inputs, seed, v.name)
+    names = names or [f"c{c}" for c in range(fleet_size)]
+    mode = "lockstep" if alg.lockstep else "async"
     n = fleet_size
-    if name == "pofmkl":
-        return _pofmkl_fleet(bank, cfg, n, seed, "federated")
-    if name == "local-only":
-        return _pofmkl_fleet(bank, cfg, n, seed, "local")
-    if name == "centralised":
-        return _pofmkl_fleet(bank, cfg, n, seed, "centralised")
-    if name == "ofskl":
-        p0 = bank.n_kernels // 2 if cfg.ofskl_kernel is None else cfg.ofskl_kernel
-        single = bank.kernel(p0).bank
-        return Arrangement("ofskl", [OFSKLClient(single, cfg.eta, cfg.lam) for _ in range(n)],
-                           [POFMKLServer(1, bank.dim)], [0] * n, kernel_names=single.kernel_names)
-    if name == "ofmkl-avg":
-        return Arrangement("ofmkl-avg", [OFMKLAvgClient(bank, cfg.eta, cfg.lam) for _ in range(n)],
-                           [POFMKLServer(bank.n_kernels, bank.dim)], [0] * n, kernel_names=bank.kernel_names)
-    if name in ("vm-kofl", "em-kofl"):
-        sample = name == "em-kofl"
-        cls = EMKOFLClient if sample else VMKOFLClient
-        server = KOFLServer(bank.n_kernels, bank.dim, cfg.eta, sample=sample,
-                            rng=np.random.default_rng([seed, 0xE3]))
-        arr = Arrangement(name, [cls(bank, cfg.eta, cfg.lam) for _ in range(n)], [server], [0] * n,
-                          kernel_names=bank.kernel_names)
-        for c in arr.clients:  # eM-KOFL's first kernel choice comes from the server
-            c.set_global(server.global_params(), 0)
-        return arr
-    raise ValueError(f"unknown algorithm {name!r}; choose from {sorted(ALGORITHMS)}")
+    if v.arrangement == "centralised":
+        one = alg.learner(fcfg, names[0], 0, mode)
+        learners, aggs, of = [one] * n, [alg.aggregation(fcfg)], [0] * n
+    elif v.arrangement == "local":
+        learners = [alg.learner(fcfg, names[c], c, mode) for c in range(n)]
+        aggs, of = [alg.aggregation(fcfg) for _ in range(n)], list(range(n))
+    else:
+        learners = [alg.learner(fcfg, names[c], c, mode) for c in range(n)]
+        aggs, of = [alg.aggregation(fcfg)], [0] * n
+    arr = Arrangement(v.name, alg, fcfg, learners, aggs, of, federated=v.arrangement == "federated",
+                      centralised=v.arrangement == "centralised", kernel_names=list(learners[0].kernel_names),
+                      names=names, kernel_version=alg.kernel_version(fcfg))
+    for a, agg in enumerate(aggs):  # the initial global (eM-KOFL: the server's first kernel choice)
+        arr.broadcast(agg, sorted({c for c in range(n) if of[c] == a}) if not arr.centralised else [0])
+    return arr
 
 
-ALGORITHMS: dict[str, str] = {
-    "pofmkl": "POF-MKL (personal kernel weights, one sampled bin of M kernels uploaded)",
-    "ofskl": "OFSKL (one pre-selected Gaussian kernel, Fed-OMD)",
-    "ofmkl-avg": "OFMKL-Avg (all kernels learned independently, plain average)",
-    "vm-kofl": "vM-KOFL (all kernels uploaded, fleet-wide exponential weights)",
-    "em-kofl": "eM-KOFL (one server-sampled kernel per step)",
-    "local-only": "POF-MKL without federation (each client its own server)",
-    "centralised": "POF-MKL as one learner on all data (each step's fleet samples one mini-batch)",
-}
+def algorithm_titles() -> dict[str, str]:
+    """Every replay variant with its description, in registry order."""
+    return {v.name: v.title for n in algorithms.names() for v in _variants(algorithms.get(n))}
+
+
+def _variants(alg: Algorithm) -> list[ReplayVariant]:
+    return alg.replay_variants()
 
 
 @dataclass
@@ -208,6 +224,8 @@ class ReplayResult:
     staleness_mean: float = 0.0
     rounds: int = 0
     rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per client
+    centralised: bool = False  # one learner took every client's samples
+    arrangement: Arrangement | None = field(default=None, repr=False)  # the learners and aggregations, at the end
 
     @property
     def mse(self) -> float:
@@ -224,7 +242,7 @@ class ReplayResult:
         if self.regret.shape[0] == 0:
             return float("nan")
         final = self.regret[-1]
-        if self.algorithm == "centralised":
+        if self.centralised:
             return float(final[0] / self.lengths.sum())
         return float(np.mean(final / self.lengths))
 
@@ -244,7 +262,7 @@ class ReplayResult:
     def regret_rate_curve(self) -> np.ndarray:
         """Mean over clients of `R_c(t)/t` at each checkpoint."""
         t = np.minimum(self.checkpoints[:, None] + 1, self.lengths[None, :])
-        if self.algorithm == "centralised":
+        if self.centralised:
             return self.regret[:, 0] / t.sum(axis=1)
         return (self.regret / t).mean(axis=1)
 
@@ -252,16 +270,6 @@ class ReplayResult:
         return {"mse": self.mse, "avg_regret": self.avg_regret,
                 "uploaded_per_client_step": self.uploaded_per_client_step, "wall_s": self.wall_s,
                 "staleness_mean": self.staleness_mean, "rejected_steps": int(self.rejected.sum())}
-
-
-def _merge(updates: Sequence[Any]) -> Any:
-    if len(updates) == 1:
-        return updates[0]
-    if isinstance(updates[0], KOFLUpdate):
-        m = merge_updates([KernelUpdate(u.kernels, u.delta, u.n_samples) for u in updates])
-        losses = np.sum([u.losses for u in updates], axis=0)
-        return KOFLUpdate(m.kernels, m.delta, losses, m.n_samples)
-    return merge_updates(updates)
 
 
 def replay(
@@ -274,7 +282,8 @@ def replay(
     n_checkpoints: int = 200,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Run one algorithm over a fleet's streams and return its traces (see :class:`ReplayResult`)."""
+    """Run one algorithm (or replay variant) over a fleet's streams and return its traces
+    (see :class:`ReplayResult`)."""
     cfg = cfg or AlgorithmConfig()
     schedule = schedule or Schedule.every_step()
     streams = list(fleet.streams)
@@ -283,17 +292,19 @@ def replay(
     ys = [np.asarray(s.y[:steps], dtype=np.float64) for s in streams]
     lengths = np.array([y.size for y in ys])
     t_max = int(lengths.max())
-    arr = build_algorithm(algorithm, n, xs[0].shape[1], cfg, seed)
-    clients, servers, server_of = arr.clients, arr.servers, arr.server_of
+    arr = build_arrangement(algorithm, n, xs[0].shape[1], cfg, seed, names=[f"c{c}" for c in range(n)])
+    learners, aggs, agg_of = arr.learners, arr.aggregations, arr.aggregation_of
+    order = {name: c for c, name in enumerate(arr.names)}
     checkpoints = np.unique(np.linspace(0, t_max - 1, min(n_checkpoints, t_max)).astype(int))
     regret = np.zeros((checkpoints.size, n))
     weights = np.zeros((checkpoints.size, len(arr.kernel_names)))
     sq = [np.zeros(lengths[c]) for c in range(n)]
     uploaded = np.zeros(n)
+    seqs = np.zeros(n, dtype=np.int64)
     rng = np.random.default_rng([seed, 0xA5])
     mean_delay = rng.uniform(0, schedule.max_delay, n) if schedule.kind == "async" else np.zeros(n)
-    arrivals: dict[int, list[tuple[int, Any, int]]] = defaultdict(list)  # time → (client, upd, version)
-    deliveries: dict[int, list[tuple[int, Any, int]]] = defaultdict(list)  # time → (client, params, v)
+    arrivals: dict[int, list[tuple[int, Any, int]]] = defaultdict(list)  # time → (client, item, version)
+    deliveries: dict[int, list[tuple[int, Message]]] = defaultdict(list)  # time → (client, global)
     staleness: list[int] = []
     rounds = 0
     ci = 0
@@ -301,73 +312,82 @@ def replay(
     rejected = np.zeros(n, dtype=np.int64)
 
     def step(c: int, t: int) -> Any:
-        """One client step; a rejected step (NonFiniteError: divergence) is counted, not fatal."""
+        """One client step: its upload, checked by its aggregation (None when it has none). A rejected step
+        (a ValueError: divergence, bad input) is counted, not fatal."""
+        learner = learners[c]
         try:
-            yhat, upd = clients[c].step(xs[c][t], ys[c][t])
+            yhat, _ = learner.learn(xs[c][t], ys[c][t])
         except ValueError:
             rejected[c] += 1
             sq[c][t] = np.nan
             return None
         e = yhat - ys[c][t]
         sq[c][t] = e * e
-        return upd
+        up = learner.take_update()
+        if up is None:
+            return None
+        seqs[c] = seqs[c] + 1 if up.seq is None else up.seq
+        if arr.federated:
+            uploaded[c] += up.n_numbers
+        try:
+            return aggs[agg_of[c]].check(arr.message(c, int(seqs[c]), up))
+        except ValueError:  # refused as the aggregator would (e.g. beyond its bound): learned, not shared
+            rejected[c] += 1
+            return None
 
     for t in range(t_max):
-        if arr.centralised:  # one learner: the fleet's samples of step t form one mini-batch
-            server = servers[0]
-            for c in range(n):
-                if t < lengths[c] and (upd := step(c, t)) is not None:
-                    server.add(upd)
-            version = server.finish_round()
+        if arr.centralised:  # one learner: the fleet's samples of step t form one round
+            agg = aggs[0]
+            items = [(arr.names[c], item) for c in range(n) if t < lengths[c] and (item := step(c, t)) is not None]
+            version = agg.version
+            agg.apply_round(t + 1, items)
             rounds += 1
-            clients[0].set_global(server.global_params(), version)
+            if agg.version != version:
+                arr.broadcast(agg, [0])
         elif not arr.federated:  # local-only: each client is its own server
             for c in range(n):
-                if t < lengths[c] and (upd := step(c, t)) is not None:
-                    srv = servers[server_of[c]]
-                    srv.add(upd)
-                    clients[c].set_global(srv.global_params(), srv.finish_round())
+                if t < lengths[c] and (item := step(c, t)) is not None:
+                    agg = aggs[agg_of[c]]
+                    agg.apply_round(t + 1, [(arr.names[c], item)])
+                    arr.broadcast(agg, [c])
             rounds += 1
         elif schedule.kind in ("step", "every"):
-            server = servers[0]
-            for c in range(n):
-                if t < lengths[c] and (upd := step(c, t)) is not None:
-                    uploaded[c] += upd.n_numbers
-                    server.add(upd)
-            version = server.finish_round()
+            agg = aggs[0]
+            items = [(arr.names[c], item) for c in range(n) if t < lengths[c] and (item := step(c, t)) is not None]
+            agg.apply_round(t + 1, items)
             rounds += 1
             if (t + 1) % schedule.k == 0 or t == t_max - 1:
-                params = server.global_params()
+                msg = arr.global_message(agg)
                 for c in range(n):
-                    clients[c].set_global(params, version)
+                    if learners[c].global_version < msg.global_version:
+                        learners[c].install_global(msg)
         else:  # asynchronous
-            server = servers[0]
+            agg = aggs[0]
             for c in range(n):
-                if t < lengths[c] and (upd := step(c, t)) is not None:
-                    uploaded[c] += upd.n_numbers
+                if t < lengths[c] and (item := step(c, t)) is not None:
                     arrive = t + int(rng.poisson(mean_delay[c]))
-                    arrivals[arrive].append((c, upd, clients[c].global_version))
+                    arrivals[arrive].append((c, item, learners[c].global_version))
             if (t + 1) % schedule.window == 0 or t == t_max - 1:
-                heard: dict[int, list[Any]] = defaultdict(list)
                 last = t == t_max - 1  # at the end, everything still in flight is delivered
+                heard = False
                 for tau in [k for k in arrivals if k <= t or last]:
-                    for c, upd, v in arrivals.pop(tau):
-                        heard[c].append(upd)
-                        staleness.append(server_version(server) - v)
-                if heard:
-                    for c in sorted(heard):
-                        server.add(_merge(heard[c]))
-                    version = server.finish_round()
+                    for c, item, v in arrivals.pop(tau):
+                        agg.take(arr.names[c], int(seqs[c]), item)
+                        staleness.append(agg.version - v)
+                        heard = True
+                if heard and agg.close_window(order, lambda name: int(seqs[order[name]])):
                     rounds += 1
-                    params = server.global_params()
+                    msg = arr.global_message(agg)
                     for c in range(n):
-                        deliveries[t + int(rng.poisson(mean_delay[c]))].append((c, params, version))
-            for c, params, v in deliveries.pop(t, []):
-                if v > clients[c].global_version:  # an older global arriving late is ignored
-                    clients[c].set_global(params, v)
+                        deliveries[t + int(rng.poisson(mean_delay[c]))].append((c, msg))
+            for c, msg in deliveries.pop(t, []):
+                if msg.global_version > learners[c].global_version:  # an older global arriving late is ignored
+                    learners[c].install_global(msg)
         if ci < checkpoints.size and t == checkpoints[ci]:
-            regret[ci] = [clients[c].regret for c in range(n)]
-            weights[ci] = clients[0].kernel_weights
+            regret[ci] = [learners[c].regret().regret for c in range(n)]
+            w = learners[0].kernel_weights
+            if w is not None:
+                weights[ci] = w
             ci += 1
             if progress is not None:
                 progress(t + 1, t_max)
@@ -377,9 +397,5 @@ def replay(
         checkpoints=checkpoints, regret=regret, weights=weights, kernel_names=arr.kernel_names,
         uploaded_numbers=uploaded, wall_s=wall,
         staleness_mean=float(np.mean(staleness)) if staleness else 0.0, rounds=rounds,
-        rejected=rejected,
+        rejected=rejected, centralised=arr.centralised, arrangement=arr,
     )
-
-
-def server_version(server: ServerHalf) -> int:
-    return int(getattr(server, "version", 0))

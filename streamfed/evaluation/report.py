@@ -19,7 +19,7 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
     """Per algorithm: mean ± std over seeds of MSE and `R_c(T)/T`, uploads, wall time, config."""
     out: dict[str, Any] = {
         "dataset": dataset,
-        "config": asdict(cfg),
+        "config": cfg.as_dict(),
         "schedule": asdict(schedule),
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
         "algorithms": {},
@@ -43,6 +43,13 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
     return out
 
 
+def _params_text(cfg: dict[str, Any]) -> str:
+    shared = ", ".join(f"{k}={v}" for k, v in sorted(cfg.get("shared", {}).items()))
+    own = "; ".join(f"{a}: " + ", ".join(f"{k}={v}" for k, v in sorted(p.items()))
+                    for a, p in sorted(cfg.get("params", {}).items()))
+    return " / ".join(t for t in (shared, own) if t) or "each algorithm's defaults"
+
+
 def markdown_table(summary: dict[str, Any], command: str | None = None) -> str:
     """The summary as a markdown table (one row per algorithm)."""
     ds = summary["dataset"]
@@ -50,8 +57,8 @@ def markdown_table(summary: dict[str, Any], command: str | None = None) -> str:
     lines = [
         f"Dataset: {ds.get('name')} ({ds.get('normalisation')} normalisation, {ds.get('split')} split, "
         f"{ds.get('clients')} clients, {ds.get('samples')} samples). Schedule: {summary['schedule']['kind']}.",
-        f"Config: N={cfg['n_kernels']} kernels, D={cfg['n_features']}, η={cfg['eta']}, λ={cfg['lam']}, "
-        f"ξ={cfg['xi']}, M={cfg['bin_size']}.",
+        f"Config: N={cfg['n_kernels']} kernels, D={cfg['n_features']}, M={cfg['bin_size']}; parameters "
+        f"{_params_text(cfg)}.",
         "",
         "| algorithm | MSE (mean ± std over seeds) | avg R_c(T)/T | numbers uploaded / client step | wall s |"
         " rejected steps |",
@@ -99,13 +106,15 @@ def plot_results(results: dict[str, list[ReplayResult]], out_dir: Path) -> list[
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
-    pof = results.get("pofmkl")
-    if pof:
-        r = pof[0]
+    # the kernel weights of the first algorithm that has personal ones (several kernels that move)
+    weighted = [runs[0] for runs in results.values()
+                if runs and len(runs[0].kernel_names) > 1 and np.ptp(runs[0].weights, axis=0).any()]
+    if weighted:
+        r = weighted[0]
         fig, ax = plt.subplots(figsize=(7, 4.2))
         ax.stackplot(r.checkpoints + 1, r.weights.T, labels=r.kernel_names)
         ax.set_xlabel("t")
-        ax.set_ylabel(f"kernel weights of client {r.clients[0]}")
+        ax.set_ylabel(f"{r.algorithm}: kernel weights of client {r.clients[0]}")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         fig.tight_layout()

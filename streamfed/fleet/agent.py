@@ -2,19 +2,17 @@
 and message building. No I/O: the MQTT shell (`streamfed.runtime.agent`) feeds it inputs and
 publishes what it returns; a test can drive it directly.
 
-Modes (POF-MKL):
+The algorithm is a plug-in (:mod:`streamfed.algorithms`): the core holds its
+:class:`~streamfed.algorithms.base.Learner` and never asks which one it is. Modes:
 
-* ``lockstep`` — the paper's protocol over a network: the agent learns sample `t` with global version
-  `t` and publishes its update as seq `t + 1`; it must not take the next sample before global version
-  `t + 1` arrives (:attr:`AgentCore.waiting_for`). The aggregator closes round `r` when every
-  expected client's seq `r` is in. The result equals :func:`streamfed.evaluation.replay.replay`.
-* ``async`` — samples are learned as they come; per-kernel deltas accumulate in an
-  :class:`ErrorFeedback` buffer and each message carries at most `M` kernels (the largest accumulated
-  ones), the rest is carried forward: no update mass is ever dropped, and a message's size never
-  exceeds `M·2D` numbers.
-
-FedBNR is order-free: the agent learns every sample, and publishes the delta statistics whenever at
-least `min_upload` samples are pending (the privacy floor).
+* ``lockstep`` — the paper's protocol over a network (algorithms with ``lockstep``, e.g. POF-MKL): the
+  agent learns sample `t` with global version `t` and publishes its update as seq `t + 1`; it must not
+  take the next sample before global version `t + 1` arrives (:attr:`AgentCore.waiting_for`). The
+  aggregator closes round `r` when every expected client's seq `r` is in. The result equals
+  :func:`streamfed.evaluation.replay.replay`.
+* ``async`` — samples are learned as they come; the learner decides when it has an upload (POF-MKL: error
+  feedback, at most `M` kernels per message; FedBNR: once `min_upload` samples are pending), the agent asks
+  for one after every `upload_every` samples unless the transport holds uploads back.
 
 Exactly-once effect over at-least-once delivery: every update message stays in :attr:`AgentCore.outbox`
 until a global that *includes* it (its `included` map; lock-step: any global of a later round) has been
@@ -29,69 +27,20 @@ import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from streamfed.algorithms.fedbnr.learner import GlobalModel
-from streamfed.algorithms.pofmkl.learner import GlobalTheta, KernelUpdate, NonFiniteError, POFMKLClient
+from streamfed import algorithms
+from streamfed.algorithms.base import Learner, Mode, NonFiniteError, Update
 from streamfed.fleet.config import MAX_META_STR, FleetConfig
-from streamfed.fleet.factory import kernel_version, make_learner
-from streamfed.fleet.protocol import (
-    Message,
-    ProtocolError,
-    decode,
-    encode,
-    fedbnr_global_fields,
-    global_theta,
-    pofmkl_update_message,
-    prediction_message,
-    stats_update_message,
-)
+from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, prediction_message
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
 from streamfed.fleet.telemetry import AgentStats
 
-__all__ = ["AGENT_STATE_FORMAT", "AgentCore", "ErrorFeedback", "GlobalResult", "PendingLearn", "Prediction"]
+__all__ = ["AGENT_STATE_FORMAT", "AgentCore", "GlobalResult", "PendingLearn", "Prediction"]
 
-Mode = Literal["lockstep", "async"]
-AGENT_STATE_FORMAT = 1  # layout of AgentCore.snapshot(); restore() refuses any other
-
-
-class ErrorFeedback:
-    """Per-kernel accumulated deltas; :meth:`take` removes at most `M` kernels (largest first).
-
-    Invariant: everything added = everything taken + :attr:`residual` (exactly, up to the rounding of
-    the additions).
-
-    >>> ef = ErrorFeedback(n_kernels=3, dim=2, bin_size=1)
-    >>> ef.add(KernelUpdate(np.array([0, 2]), np.array([[1.0, 0.0], [3.0, 0.0]])))
-    >>> ef.take().kernels.tolist(), ef.take().kernels.tolist(), ef.take()
-    ([2], [0], None)
-    """
-
-    def __init__(self, n_kernels: int, dim: int, bin_size: int) -> None:
-        self.residual = np.zeros((n_kernels, dim))
-        self.bin_size = bin_size
-        self._samples = 0
-
-    def add(self, update: KernelUpdate) -> None:
-        self.residual[update.kernels] += update.delta
-        self._samples += update.n_samples
-
-    def pending(self) -> bool:
-        return bool(np.any(self.residual))
-
-    def take(self) -> KernelUpdate | None:
-        norms = np.einsum("pi,pi->p", self.residual, self.residual)
-        nonzero = np.flatnonzero(norms)
-        if nonzero.size == 0:
-            return None
-        chosen = nonzero[np.argsort(-norms[nonzero], kind="stable")[: self.bin_size]]
-        chosen.sort()
-        delta = self.residual[chosen].copy()
-        self.residual[chosen] = 0.0
-        n, self._samples = self._samples, 0  # samples summarised since the last take
-        return KernelUpdate(chosen.astype(np.int64), delta, max(n, 1))
+AGENT_STATE_FORMAT = 2  # layout of AgentCore.snapshot(); restore() refuses any other
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +63,6 @@ class PendingLearn(NamedTuple):
     predicted: bool  # predicted before (a delayed label): not counted as a new sample
     mean: float
     var: float | None
-    update: KernelUpdate | None  # POF-MKL: the step's update, not yet in the error feedback
     global_version: int  # the global the step saw
 
 
@@ -171,13 +119,13 @@ class AgentCore:
         self.client_id = client_id
         self.index = index
         self.mode: Mode = mode
-        self.learner = make_learner(cfg, client_id, index)
-        self.kernel_version = kernel_version(cfg)
-        self.pofmkl = isinstance(self.learner, POFMKLClient)
-        if mode == "lockstep" and not self.pofmkl:
-            raise ValueError("lock-step mode is POF-MKL's protocol; FedBNR is order-free (use async)")
+        self.algorithm = algorithms.get(cfg.algorithm)
+        if mode == "lockstep" and not self.algorithm.lockstep:
+            raise ValueError(f"lock-step mode is not {cfg.algorithm}'s protocol: it is order-free (use async)")
+        self.learner: Learner = self.algorithm.learner(cfg, client_id, index, mode)
+        self.kernel_version = self.algorithm.kernel_version(cfg)
+        self._update_kind = cfg.update_kind  # resolved once: read for every update message
         self.upload_every = max(1, int(upload_every))
-        self.ef = ErrorFeedback(cfg.n_kernels, 2 * cfg.n_features, cfg.bin_size) if self.pofmkl else None
         self.join = LabelJoin(join_capacity)
         self.seq = 0  # last update seq published
         # seq → update message not yet included in an installed global (to resend until it is)
@@ -187,15 +135,14 @@ class AgentCore:
         self.counters = AgentCounters()
         self.global_version = 0
         self.global_received_at: float | None = None
-        self._global_problem: tuple[str, str] | None = None
         # Set by the transport when its outgoing buffer is full: learning goes on, but updates stay in
-        # the learner (POF-MKL error feedback, FedBNR pending statistics) instead of becoming messages.
+        # the learner (error feedback, pending statistics) instead of becoming messages.
         self.hold_uploads = False
-        # Prometheus-facing numbers (read at scrape time); learner-side ones refreshed every
-        # `stats_every` samples (FedBNR's regret costs O(K·F³): refreshed per upload instead).
+        # Prometheus-facing numbers (read at scrape time); learner-side ones refreshed every `stats_every`
+        # samples, or per upload when the learner's regret is costly (FedBNR: O(K·F³)).
         self.stats = stats or AgentStats(client_id, fleet=cfg.fleet, algorithm=cfg.algorithm)
         self.stats_every = max(1, int(stats_every))
-        self.stats.update_from_learner(self.learner, regret=self.pofmkl)
+        self.stats.update_from_learner(self.learner, regret=self.algorithm.cheap_regret)
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -213,18 +160,13 @@ class AgentCore:
     def begin_reading(self, reading: Reading, now: float | None = None
                       ) -> tuple[Prediction | None, PendingLearn | None]:
         """The first half of :meth:`on_reading`: the prediction, as soon as it exists, and what is left
-        to do (:meth:`finish_reading`, which must follow before the next reading: for POF-MKL the state
-        has moved on already). A transport publishes the prediction in between, so that learning, the
-        update and its encoding never delay it.
-
-        POF-MKL predicts and updates in one fused numba step (~15 µs; predicting alone costs as much, so
-        splitting it would compute the random features twice for nothing): what waits is taking the
-        update from the error feedback and building its message. FedBNR predicts here and learns (the
-        O(F²) part) in :meth:`finish_reading`.
-        """
+        to do (:meth:`finish_reading`, which must follow before the next reading: the learner may have
+        moved on already). A transport publishes the prediction in between, so that learning, the update
+        and its encoding never delay it (the learner's `begin_learn` / `end_learn` split says what runs
+        before: POF-MKL's fused step, FedBNR's prediction alone)."""
         now = time.time() if now is None else now
         if reading.y is None:
-            mean, var = self._predict(reading.x)
+            mean, var = self.learner.predict(reading.x)
             if self.join.add(reading) is not None:  # the oldest unlabelled reading was dropped
                 self.on_skip(Skip(SkipReason.LABEL_EVICTED))
             self.counters.samples += 1
@@ -235,8 +177,8 @@ class AgentCore:
         return self._prediction(reading, pending.mean, pending.var, now), pending
 
     def finish_reading(self, pending: PendingLearn | None) -> list[Message]:
-        """The rest of a labelled reading begun with :meth:`begin_reading`: learn (FedBNR), take the
-        update, count. Returns the update messages to publish."""
+        """The rest of a labelled reading begun with :meth:`begin_reading`: learn, take the update, count.
+        Returns the update messages to publish."""
         return [] if pending is None else self._learn_finish(pending)
 
     def on_label(self, label: Label, now: float | None = None) -> list[Message]:
@@ -254,36 +196,32 @@ class AgentCore:
 
     def on_global(self, msg: Message, now: float | None = None) -> bool:
         """Install a decoded global if it is newer than the one in use. Returns whether it was."""
+        return self.install_global(msg, now).installed
+
+    def install_global(self, msg: Message, now: float | None = None) -> GlobalResult:
+        """:meth:`on_global`, saying why a global was not installed (its rejection is counted by reason)."""
         if msg.global_version <= self.global_version:
             self.counters.ignored_globals += 1
-            return False
+            return GlobalResult(False)
         try:
-            if self.pofmkl:
-                theta, version = global_theta(msg)
-                # finite entries are not enough: ‖θ_p‖² enters every loss, and must not overflow either
-                if not np.isfinite(np.einsum("pi,pi->p", theta, theta)).all():
-                    raise NonFiniteError("global theta: a squared row norm overflows")
-                self.learner.set_global(theta, version)
-            else:
-                g = GlobalModel.from_message(fedbnr_global_fields(msg))
-                if not self.learner.apply_global(g):
-                    self.counters.ignored_globals += 1
-                    return False
+            installed = self.learner.install_global(msg)
         except ValueError as e:  # non-finite / wrong shape / not positive definite: keep the model we have
             reason = "non_finite" if isinstance(e, NonFiniteError) or "finite" in str(e) else "invalid_global"
             self.counters.reject_global(reason)
-            self._global_problem = (reason, str(e)[:200])
             self.stats.saw_version(msg.global_version)
-            return False
+            return GlobalResult(False, reason, str(e)[:200])
+        if not installed:
+            self.counters.ignored_globals += 1
+            return GlobalResult(False)
         self.global_version = msg.global_version
         self.global_received_at = time.time() if now is None else now
         self.stats.global_received(msg.global_version)
         self._prune_outbox(msg)
         inc = msg.included.get(self.client_id, 0)
-        if self.mode == "async" and self.pofmkl and inc > self.seq:
+        if self.mode == "async" and inc > self.seq:
             # a restarted agent without its state must not reuse sequence numbers already applied
             self.seq = inc
-        return True
+        return GlobalResult(True)
 
     def on_global_payload(self, payload: bytes, now: float | None = None) -> GlobalResult:
         """Decode (strictly) and install a global payload; every rejection is counted by reason."""
@@ -292,12 +230,7 @@ class AgentCore:
         except ProtocolError as e:
             self.counters.reject_global(e.reason.value)
             return GlobalResult(False, e.reason.value, e.detail)
-        self._global_problem = None
-        if self.on_global(msg, now):
-            return GlobalResult(True)
-        if self._global_problem is not None:
-            return GlobalResult(False, *self._global_problem)
-        return GlobalResult(False)
+        return self.install_global(msg, now)
 
     def _prune_outbox(self, msg: Message) -> None:
         """Forget updates the installed global contains (lock-step: every update of a closed round —
@@ -319,14 +252,14 @@ class AgentCore:
     # ------------------------------------------------------------------ durable state
     def snapshot(self) -> dict[str, Any]:
         """Everything needed to resume exactly here (see :meth:`restore`): the learner (its weights,
-        accumulators, random generator and position in its block of draws, global θ / statistics and
-        unacked uploads), the error-feedback residual, sequence counters, counters, the label join and
-        the outbox (encoded). Cheap enough to take per update message."""
+        accumulators, random generator and position in its block of draws, global, unsent updates),
+        sequence counters, counters, the label join and the outbox (encoded). Cheap enough to take per
+        update message."""
         return {
             "format": AGENT_STATE_FORMAT,
             "fleet_config": self.cfg.model_dump(mode="json"),
             "client": self.client_id, "index": self.index, "mode": self.mode,
-            "learner": self.learner, "ef": self.ef, "join": self.join,
+            "learner": self.learner, "join": self.join,
             "seq": self.seq, "pred_seq": self.pred_seq, "steps": self.steps,
             "global_version": self.global_version, "counters": self.counters,
             "outbox": [encode(self.outbox[s]) for s in sorted(self.outbox)],
@@ -351,20 +284,14 @@ class AgentCore:
             m = decode(payload, self.cfg, kernel_version=self.kernel_version, client=self.client_id,
                        kinds=(self.cfg.update_kind,))
             outbox[m.seq] = m
-        self.learner, self.ef, self.join = learner, state["ef"], state["join"]
+        self.learner, self.join = learner, state["join"]
         self.seq, self.pred_seq, self.steps = int(state["seq"]), int(state["pred_seq"]), int(state["steps"])
         self.global_version = int(state["global_version"])
         self.counters = state["counters"]
         self.outbox = outbox
-        self.stats.update_from_learner(self.learner, regret=self.pofmkl)
+        self.stats.update_from_learner(self.learner, regret=self.algorithm.cheap_regret)
 
     # ------------------------------------------------------------------ the work
-    def _predict(self, x: np.ndarray) -> tuple[float, float | None]:
-        if self.pofmkl:
-            return self.learner.predict(x), None
-        mean, var = self.learner.predict(x)
-        return float(mean), float(var)
-
     def _prediction(self, reading: Reading, mean: float, var: float | None, now: float) -> Prediction:
         return Prediction(reading.id, mean, var, self.global_version, max(0.0, time.time() - now))
 
@@ -380,31 +307,20 @@ class AgentCore:
         wait = self.waiting_for
         if wait is not None:
             raise RuntimeError(f"lock-step agent {self.client_id!r} must wait for global version {wait}")
-        update = None
         try:
-            if self.pofmkl:
-                mean, update = self.learner.step(reading.x, y)
-                var = None
-            else:
-                mean, var = self.learner.predict(reading.x)
+            mean, var = self.learner.begin_learn(reading.x, y)
         except NonFiniteError:
             self.on_skip(Skip(SkipReason.NON_FINITE))
             return None
         # the global this step saw: an update computed from it says so even if a newer one is installed
         # before the update message is built
-        return PendingLearn(reading, y, now, predicted, mean, var, update, self.global_version)
+        return PendingLearn(reading, y, now, predicted, mean, var, self.global_version)
 
     def _learn_finish(self, p: PendingLearn) -> list[Message]:
-        msgs: list[Message] = []
         try:
-            if self.pofmkl:
-                msgs = self._pofmkl_uploads(p.update, p.global_version)
-            else:
-                self.learner.learn(p.reading.x, p.y)
-                up = None if self.hold_uploads else self.learner.make_upload()
-                if up is not None:
-                    msgs = [self._stats_message(up)]
-        except NonFiniteError:  # FedBNR: predicted, but the sample cannot be learned
+            self.learner.end_learn()
+            msgs = [self._update_message(up) for up in self._take_updates()]
+        except NonFiniteError:  # predicted, but the sample cannot be learned
             self.on_skip(Skip(SkipReason.NON_FINITE))
             return []
         self.steps += 1
@@ -413,45 +329,32 @@ class AgentCore:
             self.counters.samples += 1
         self.counters.sq_loss += (p.mean - p.y) ** 2
         self.stats.observe_prediction(p.y, p.mean, max(0.0, time.time() - p.now), p.var)
-        if self.pofmkl and self.steps % self.stats_every == 0:
-            self.stats.update_from_learner(self.learner)
-        elif not self.pofmkl and msgs:
+        if self.algorithm.cheap_regret:
+            if self.steps % self.stats_every == 0:
+                self.stats.update_from_learner(self.learner)
+        elif msgs:
             self.stats.update_from_learner(self.learner)
         return msgs
 
-    def _pofmkl_uploads(self, update: KernelUpdate, global_version: int | None = None) -> list[Message]:
-        if self.mode == "lockstep":
-            return [self._update_message(update, global_version)]
-        assert self.ef is not None
-        self.ef.add(update)
-        if self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1:
+    def _take_updates(self) -> list[Update]:
+        """Lock-step: this step's update, always. Otherwise: one, if the learner has it, after every
+        `upload_every` samples, unless the transport holds uploads back."""
+        if self.mode != "lockstep" and (self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1):
             return []
-        taken = self.ef.take()
-        return [] if taken is None else [self._update_message(taken, global_version)]
+        up = self.learner.take_update()
+        return [] if up is None else [up]
 
     def flush(self) -> list[Message]:
-        """Async POF-MKL: everything still carried forward, as messages of at most `M` kernels each."""
-        out = []
-        while self.ef is not None and (taken := self.ef.take()) is not None:
-            out.append(self._update_message(taken))
+        """Everything the learner still carries forward that may leave it, as messages (POF-MKL: its error
+        feedback, at most `M` kernels each; FedBNR: nothing below the privacy floor)."""
+        out = [self._update_message(up) for up in self.learner.flush()]
         self.stats.update_from_learner(self.learner)
         return out
 
-    def _update_message(self, update: KernelUpdate, global_version: int | None = None) -> Message:
-        self.seq += 1
-        gv = self.global_version if global_version is None else global_version
-        msg = pofmkl_update_message(self.cfg.fleet, self.client_id, self.seq, update.kernels, update.delta,
-                                    global_version=gv, kernel_version=self.kernel_version,
-                                    n_samples=update.n_samples)
-        self.outbox[msg.seq] = msg
-        return msg
-
-    def _stats_message(self, up: Any) -> Message:
-        fields = up.to_message()
-        self.seq = up.seq
-        msg = stats_update_message(self.cfg.fleet, self.client_id, up.seq, fields["S_upper"], fields["b"],
-                                   fields["n"], fields["q"], global_version=up.base_version,
-                                   kernel_version=self.kernel_version, epoch=int(fields.get("epoch", 0)))
+    def _update_message(self, up: Update) -> Message:
+        self.seq = self.seq + 1 if up.seq is None else int(up.seq)
+        msg = Message(self.cfg.fleet, self.client_id, self._update_kind, self.seq, int(up.global_version),
+                      self.kernel_version, int(up.n_samples), time.time(), dict(up.arrays), epoch=int(up.epoch))
         self.outbox[msg.seq] = msg
         return msg
 
@@ -465,25 +368,20 @@ class AgentCore:
             meta={"reading": pred.reading_id[:MAX_META_STR], "latency_s": float(pred.latency_s)})
 
     def warm_up(self) -> None:
-        """Run the per-sample path once on a throw-away copy of the learner (numba dispatch and cache
-        loading, the codec), so that the first real sample does not pay for it. Changes nothing here."""
-        twin = copy.deepcopy(self.learner)
+        """Run the per-sample path once on throw-away copies (numba dispatch and cache loading, the codec),
+        so that the first real sample does not pay for it. Changes nothing here."""
         # numba specialises on writability: sensor readings arrive writable, dataset rows read-only
         writable = np.zeros(self.cfg.n_inputs)
         readonly = np.zeros(self.cfg.n_inputs)
         readonly.flags.writeable = False
         try:
             for x in (writable, readonly):
-                if self.pofmkl:
-                    twin.predict(x)
-                    _, update = twin.step(x, 0.0)
-                    encode(pofmkl_update_message(self.cfg.fleet, self.client_id, 1, update.kernels, update.delta,
-                                                 global_version=0, kernel_version=self.kernel_version))
-                    twin.set_global(GlobalTheta.of(twin.theta), 1)  # what installing a global runs
-                else:
-                    twin.predict(x)
-                    twin.learn(x, 0.0)
-                    twin.own_stats()  # folds the staged rows, as every upload does
+                self.learner.warm_up(x)
+                twin = copy.deepcopy(self.learner)
+                twin.learn(x, 0.0)
+                for up in [u for u in [twin.take_update()] if u is not None] + twin.flush():
+                    encode(Message(self.cfg.fleet, self.client_id, self.cfg.update_kind, 1, 0, self.kernel_version,
+                                   int(up.n_samples), 0.0, dict(up.arrays), epoch=int(up.epoch)))
             encode(prediction_message(self.cfg.fleet, self.client_id, 1, np.zeros(1), global_version=0,
                                       kernel_version=self.kernel_version, meta={"reading": "w", "latency_s": 0.0}))
         except ValueError:  # an input the learner refuses: nothing to warm then
@@ -492,6 +390,4 @@ class AgentCore:
     # ------------------------------------------------------------------ regret
     @property
     def regret(self) -> float:
-        if self.pofmkl:
-            return self.learner.regret
-        return float(self.learner.regret()["regret"])
+        return float(self.learner.regret().regret)

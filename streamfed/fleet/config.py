@@ -6,10 +6,9 @@ Three layers:
   :class:`ProtocolSchema`: plain frozen dataclasses saying which message kinds exist, which arrays each
   carries (name, dtype, shape, value constraints) and how large a message may be. The codec
   (:mod:`streamfed.fleet.protocol`) enforces them and never branches on a learner's name.
-* **Schema builders** — :data:`SCHEMA_BUILDERS` maps an algorithm to a function producing its kinds from
-  a :class:`FleetConfig`; :func:`common_schemas` adds the kinds every fleet has (status, ack,
-  prediction). A later learner (FSGP, PVI, pFedGP) or a secure-aggregation variant adds a builder, not
-  branches in the codec.
+* **Schema builders** — each algorithm (:mod:`streamfed.algorithms`) gives its own kinds from a
+  :class:`FleetConfig` (`Algorithm.schemas`); :func:`common_schemas` adds the kinds every fleet has
+  (status, ack, prediction). The codec never branches on a learner's name.
 * **Pydantic models** — :class:`FleetConfig`, :class:`BrokerConfig` and :class:`StreamfedConfig`
   (both sections), loadable from TOML, JSON, a mapping and ``STREAMFED_<SECTION>__<FIELD>`` environment
   variables.
@@ -26,14 +25,15 @@ import json
 import math
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, field_validator, model_validator
 
+from streamfed.algorithms.base import Params
 from streamfed.fleet.topics import Channel, name_problem
 
 __all__ = [
@@ -42,13 +42,13 @@ __all__ = [
     "MetaSpec",
     "MessageSchema",
     "ProtocolSchema",
-    "POFMKLParams",
-    "FedBNRParams",
     "FleetConfig",
     "BrokerConfig",
     "StreamfedConfig",
-    "SCHEMA_BUILDERS",
     "common_schemas",
+    "prediction_schema",
+    "contributor_arrays",
+    "contributor_dims",
     "load_config",
     "env_overrides",
     "MAX_META_ITEMS",
@@ -209,72 +209,33 @@ class ProtocolSchema:
 # =========================================================================== schema builders
 
 
-def _pofmkl_schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    n, dim, m = cfg.n_kernels, 2 * cfg.n_features, cfg.bin_size
-    return [
-        # ALGORITHMS.md §2 step 4: Δ_p for the (at most M) kernels of the sampled bin.
-        MessageSchema("pofmkl.update", Channel.UPDATES, (
-            ArraySpec("kernels", "int64", ("m",), index_bound=n, distinct=True),
-            ArraySpec("delta", "float64", ("m", dim)),
-        ), {"m": (1, m)}),
-        MessageSchema("pofmkl.global", Channel.GLOBAL, (
-            ArraySpec("theta", "float64", (n, dim)),
-        ), max_included=cfg.max_clients),
-        # Sharded aggregation (streamfed.fleet.sharding): Σ Δ over the updates a shard took in, dense.
-        MessageSchema("pofmkl.partial", Channel.PARTIALS, (
-            ArraySpec("sum", "float64", (n, dim)),
-            *_contributor_arrays(),
-        ), _contributor_dims(cfg), meta=(MetaSpec("round"),), max_included=cfg.max_clients),
-    ]
-
-
-def _contributor_arrays() -> tuple[ArraySpec, ...]:
-    # (client, seq) pairs summed into a partial: `owner[i]` indexes the sorted names of `included`.
+def contributor_arrays() -> tuple[ArraySpec, ...]:
+    """The `(client, seq)` pairs summed into a partial: `owner[i]` indexes the sorted names of `included`."""
     return (ArraySpec("owner", "int64", ("c",), nonnegative=True),
             ArraySpec("seqs", "int64", ("c",), nonnegative=True))
 
 
-def _contributor_dims(cfg: FleetConfig, lower: int = 1) -> dict[str, tuple[int, int]]:
+def contributor_dims(cfg: FleetConfig, lower: int = 1) -> dict[str, tuple[int, int]]:
+    """Bounds of the contributor lists' length."""
     return {"c": (lower, cfg.max_clients * 4)}
 
 
-def _fedbnr_schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    k, f = cfg.n_kernels, cfg.feature_dim
-    p = f * (f + 1) // 2
-    stats = (
-        # §3: ΔS as its packed upper triangle (numpy.triu_indices order), Δb, Δn, Δq; one row per kernel.
-        ArraySpec("S_upper", "float64", (k, p)),
-        ArraySpec("b", "float64", (k, f)),
-        ArraySpec("n", "float64", ()),
-        ArraySpec("q", "float64", ()),
-    )
-    return [
-        MessageSchema("fedbnr.update", Channel.UPDATES, stats),
-        MessageSchema("fedbnr.global", Channel.GLOBAL, stats + (
-            ArraySpec("sigma", "float64", (k,), positive=True),
-            ArraySpec("lam", "float64", (k,), positive=True),
-            ArraySpec("log_evidence", "float64", (k,)),
-        ), max_included=cfg.max_clients),
-        MessageSchema("fedbnr.partial", Channel.PARTIALS, stats + _contributor_arrays(), _contributor_dims(cfg),
-                      meta=(MetaSpec("round"),), max_included=cfg.max_clients),
-    ]
+def prediction_schema(bayesian: bool, max_batch: int = 256) -> MessageSchema:
+    """The `prediction` kind: `mean`, and `var` for Bayesian learners, of up to `max_batch` samples.
 
-
-SCHEMA_BUILDERS: dict[str, Callable[[FleetConfig], list[MessageSchema]]] = {
-    "pofmkl": _pofmkl_schemas,
-    "fedbnr": _fedbnr_schemas,
-}
-"""Algorithm → its learner-specific message kinds. Add an entry (and a `FleetConfig.algorithm` literal)
-for a new learner."""
-
-BAYESIAN_ALGORITHMS = frozenset({"fedbnr"})  # predictions carry a variance
+    >>> prediction_schema(True).array_names
+    ('mean', 'var')
+    """
+    pred = [ArraySpec("mean", "float64", ("b",))]
+    if bayesian:
+        pred.append(ArraySpec("var", "float64", ("b",), nonnegative=True))
+    return MessageSchema("prediction", Channel.PREDICTIONS, tuple(pred), {"b": (1, max_batch)})
 
 
 def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
     """Kinds every fleet has: `status`, `ack`, `prediction` (`var` only for Bayesian learners)."""
-    pred = [ArraySpec("mean", "float64", ("b",))]
-    if cfg.algorithm in BAYESIAN_ALGORITHMS:
-        pred.append(ArraySpec("var", "float64", ("b",), nonnegative=True))
+    from streamfed.algorithms import get
+
     return [
         MessageSchema("status", Channel.STATUS, meta=(MetaSpec("state", ("online", "offline")),)),
         # `included` = {client: highest seq with every seq up to it applied}; `missing` = seqs above
@@ -282,10 +243,10 @@ def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
         MessageSchema("ack", Channel.ACKS, (
             ArraySpec("missing", "int64", ("g",), distinct=True, nonnegative=True),
         ), {"g": (0, cfg.seq_window)}, max_included=1),
-        MessageSchema("prediction", Channel.PREDICTIONS, tuple(pred), {"b": (1, cfg.max_prediction_batch)}),
+        prediction_schema(get(cfg.algorithm).bayesian, cfg.max_prediction_batch),
         # reducer → shard: partial `meta.partial` was applied, or refused because it repeats the
         # (client, seq) pairs listed (already applied from another shard); the shard sends the rest again.
-        MessageSchema("partial.ack", Channel.SHARD_ACKS, _contributor_arrays(), _contributor_dims(cfg, lower=0),
+        MessageSchema("partial.ack", Channel.SHARD_ACKS, contributor_arrays(), contributor_dims(cfg, lower=0),
                       meta=(MetaSpec("partial"), MetaSpec("applied", (True, False))), max_included=cfg.max_clients),
     ]
 
@@ -296,40 +257,12 @@ def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
-class POFMKLParams(BaseModel):
-    """POF-MKL hyperparameters (ALGORITHMS.md §2); defaults match `POFMKLClient`.
-
-    >>> POFMKLParams().eta
-    0.005
-    """
-
-    model_config = _STRICT
-    eta: float = Field(0.005, gt=0, allow_inf_nan=False)
-    lam: float = Field(1e-4, ge=0, allow_inf_nan=False)
-    xi: float = Field(0.1, ge=0, le=1)
-
-
-class FedBNRParams(BaseModel):
-    """Online FedBNR hyperparameters (ALGORITHMS.md §3); defaults match `FedBNRClient`.
-
-    >>> FedBNRParams(min_upload=64).min_upload
-    64
-    """
-
-    model_config = _STRICT
-    sigma: float = Field(1.0, gt=0, allow_inf_nan=False)
-    lam: float = Field(1.0, gt=0, allow_inf_nan=False)
-    min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
-    forgetting: float = Field(1.0, gt=0, le=1)
-    fit_hyperparameters: bool = True
-
-
 class FleetConfig(BaseModel):
     """What every member of a fleet must agree on: the learner, its sizes and the fleet seed.
 
     `kernels` are kernel specs (`"gaussian:0.5"`, `"laplacian:1.0"`, ...); without them the
     dictionary is `gaussian_dictionary(n_kernels)`. `n_kernels` follows `kernels` when only they are
-    given. `bin_size` is POF-MKL's `M`; `fedbnr_bias` adds FedBNR's constant feature (`F = 2D + 1`).
+    given. `bin_size` is `M`, the kernels an update may carry; the algorithm's own settings are `params`.
 
     >>> cfg = FleetConfig(fleet="beijing", algorithm="fedbnr", n_inputs=10, n_features=8,
     ...                   kernels=["gaussian:1.0", "gaussian:2.0"])
@@ -342,16 +275,17 @@ class FleetConfig(BaseModel):
     model_config = _STRICT
 
     fleet: str
-    algorithm: Literal["pofmkl", "fedbnr"]
+    algorithm: str  # a registered algorithm (streamfed.algorithms.names())
     n_inputs: int = Field(ge=1)
     n_kernels: int = Field(8, ge=1)
     n_features: int = Field(50, ge=1)  # D: random features per kernel, 2D numbers each
     kernels: tuple[str, ...] | None = None
     bin_size: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
-    fedbnr_bias: bool = True
-    pofmkl: POFMKLParams = POFMKLParams()
-    fedbnr: FedBNRParams = FedBNRParams()
+    # The algorithm's own hyperparameters (its `Params` model). In a file or a mapping they may also be given
+    # as a section named after the algorithm (`[fleet.pofmkl]`); sections of other algorithms are validated
+    # and dropped, so one file can carry the settings of several.
+    params: SerializeAsAny[Params] = Field(default_factory=Params)
     # Limits of the wire protocol (they bound message sizes, so they are part of the fleet's contract).
     max_clients: int = Field(10_000, ge=1)  # entries of a global's `included` map
     max_prediction_batch: int = Field(256, ge=1)
@@ -379,6 +313,36 @@ class FleetConfig(BaseModel):
         if len(set(keys)) != len(keys):
             raise ValueError(f"kernels are repeated: {list(keys)}")
         return keys
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_params(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        from streamfed import algorithms
+
+        data = dict(data)
+        name = data.get("algorithm")
+        if not isinstance(name, str):
+            return data  # pydantic says what is wrong with it
+        try:
+            alg = algorithms.get(name)
+        except KeyError as e:
+            raise ValueError(e.args[0]) from None
+        section: Any = {}
+        for other in algorithms.names():
+            if other in data:
+                given = data.pop(other)
+                if other == name:
+                    section = given
+                else:  # another family's settings: checked (a typo is an error), not kept
+                    algorithms.get(other).Params.model_validate(
+                        given.model_dump() if isinstance(given, BaseModel) else given)
+        given = data.get("params", section)
+        if isinstance(given, BaseModel) and not isinstance(given, alg.Params):
+            given = given.model_dump()
+        data["params"] = given if isinstance(given, alg.Params) else alg.Params.model_validate(given or {})
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -411,9 +375,10 @@ class FleetConfig(BaseModel):
 
     @property
     def feature_dim(self) -> int:
-        """Features per kernel as the learner sees them: `2D` (+1 for FedBNR's bias feature)."""
-        extra = 1 if (self.algorithm == "fedbnr" and self.fedbnr_bias) else 0
-        return 2 * self.n_features + extra
+        """Features per kernel as the learner sees them (the algorithm says: `2D`, plus a bias feature...)."""
+        from streamfed.algorithms import get
+
+        return get(self.algorithm).feature_dim(self)
 
     # ---------------------------------------------------------------- wire schemas
     @property
@@ -444,12 +409,26 @@ class FleetConfig(BaseModel):
         """The kind of this fleet's global model."""
         return self.protocol_schema.kinds_on(Channel.GLOBAL)[0]
 
+    @property
+    def kernel_version(self) -> str:
+        """The feature-map version every message of this fleet carries (derived, not stored)."""
+        from streamfed.algorithms import get
+
+        return get(self.algorithm).kernel_version(self)
+
+    @property
+    def partial_kind(self) -> str:
+        """The kind of a shard's partial sums."""
+        return self.protocol_schema.kinds_on(Channel.PARTIALS)[0]
+
 
 @lru_cache(maxsize=64)
 def _protocol_schema(cfg: FleetConfig) -> ProtocolSchema:
     # Keyed by value (the model is frozen and hashable), not stored on the instance: `model_copy`
     # copies an instance's __dict__, so a cached attribute would survive a changed copy.
-    schemas = SCHEMA_BUILDERS[cfg.algorithm](cfg) + common_schemas(cfg)
+    from streamfed.algorithms import get
+
+    schemas = get(cfg.algorithm).schemas(cfg) + common_schemas(cfg)
     kinds = {s.kind: s for s in schemas}
     if len(kinds) != len(schemas):
         raise ValueError("two schema builders define the same kind")

@@ -21,9 +21,8 @@ Array data is raw little-endian bytes (C order); dtype names are those of
 receiver's :class:`~streamfed.fleet.config.FleetConfig` — never from the message.
 
 **Decoded arrays are read-only, zero-copy views** of the payload's bytes (`np.frombuffer`): cheap, and
-nobody can mutate a message another consumer still holds. The conversion helpers that feed learner
-state (:func:`to_kernel_update`, :func:`global_theta`, :func:`stats_fields`, :func:`fedbnr_global_fields`)
-return **writable native-endian copies**.
+nobody can mutate a message another consumer still holds. An algorithm's conversion helpers (its
+`wire` module) that feed learner state take :func:`writable_copy` of them.
 
 Every rejection raises :class:`ProtocolError` with a stable :class:`Reason` code (for metrics and logs)
 and a human-readable detail. Pure and deterministic: no I/O; the only clock read is the default
@@ -64,17 +63,10 @@ __all__ = [
     "decode",
     "SeqCheck",
     "SeqTracker",
-    "pofmkl_update_message",
-    "to_kernel_update",
-    "pofmkl_global_message",
-    "global_theta",
-    "stats_update_message",
-    "stats_fields",
-    "fedbnr_global_message",
-    "fedbnr_global_fields",
     "status_message",
     "ack_message",
     "prediction_message",
+    "writable_copy",
 ]
 
 SCHEMA_VERSION = 1
@@ -733,104 +725,9 @@ def _now(created: float | None) -> float:
     return time.time() if created is None else float(created)
 
 
-def _copy(a: np.ndarray, dtype: str) -> np.ndarray:
+def writable_copy(a: np.ndarray, dtype: str) -> np.ndarray:
     """Writable, C-contiguous, native-endian copy."""
     return np.array(a, dtype=np.dtype(dtype).newbyteorder("="), copy=True, order="C")
-
-
-def pofmkl_update_message(
-    fleet: str, client: str, seq: int, kernels: np.ndarray, delta: np.ndarray, *,
-    global_version: int, kernel_version: str, n_samples: int = 1, created: float | None = None,
-) -> Message:
-    """A `pofmkl.update` from a `KernelUpdate`'s arrays (`kernels` int64 `(m,)`, `delta` `(m, 2D)`).
-
-    >>> m = pofmkl_update_message("f", "a1", 3, np.array([1]), np.zeros((1, 4)), global_version=2,
-    ...                           kernel_version="k", created=0.0)
-    >>> m.kind, m.arrays["kernels"].dtype
-    ('pofmkl.update', dtype('int64'))
-    """
-    return Message(fleet, client, "pofmkl.update", seq, global_version, kernel_version, int(n_samples),
-                   _now(created), {"kernels": np.asarray(kernels, dtype=np.int64),
-                                   "delta": np.asarray(delta, dtype=np.float64)})
-
-
-def to_kernel_update(msg: Message) -> Any:
-    """The `streamfed.algorithms.pofmkl.learner.KernelUpdate` of a decoded `pofmkl.update` (writable copies)."""
-    from streamfed.algorithms.pofmkl.learner import KernelUpdate  # lazy: the codec does not need numba
-
-    _expect_kind(msg, "pofmkl.update")
-    return KernelUpdate(_copy(msg.arrays["kernels"], "int64"), _copy(msg.arrays["delta"], "float64"),
-                        msg.n_samples)
-
-
-def pofmkl_global_message(
-    fleet: str, sender: str, theta: np.ndarray, version: int, *, kernel_version: str,
-    included: Mapping[str, int] | None = None, created: float | None = None,
-) -> Message:
-    """A `pofmkl.global` carrying `θ (N, 2D)`; `seq` and `global_version` are both `version`."""
-    return Message(fleet, sender, "pofmkl.global", version, version, kernel_version, 0, _now(created),
-                   {"theta": np.asarray(theta, dtype=np.float64)}, {}, dict(included or {}))
-
-
-def global_theta(msg: Message) -> tuple[np.ndarray, int]:
-    """`(θ, version)` of a decoded `pofmkl.global` (`θ` a writable copy)."""
-    _expect_kind(msg, "pofmkl.global")
-    return _copy(msg.arrays["theta"], "float64"), msg.global_version
-
-
-def stats_update_message(
-    fleet: str, client: str, seq: int, S_upper: np.ndarray, b: np.ndarray, n: float, q: float, *,
-    global_version: int, kernel_version: str, epoch: int = 0, n_samples: int | None = None,
-    created: float | None = None, kind: str = "fedbnr.update",
-) -> Message:
-    """A sufficient-statistics delta (`S_upper (K, F(F+1)/2)`, `b (K, F)`, `n`, `q`) as an update.
-
-    `n_samples` defaults to `round(n)`. `kind` lets another additive-statistics learner (FSGP) reuse it.
-
-    >>> m = stats_update_message("f", "a1", 1, np.zeros((1, 3)), np.zeros((1, 2)), 32.0, 1.0,
-    ...                          global_version=0, kernel_version="k", created=0.0)
-    >>> m.n_samples, m.arrays["n"].shape
-    (32, ())
-    """
-    arrays = {"S_upper": np.asarray(S_upper, dtype=np.float64), "b": np.asarray(b, dtype=np.float64),
-              "n": np.asarray(float(n)), "q": np.asarray(float(q))}
-    ns = int(round(float(n))) if n_samples is None else int(n_samples)
-    return Message(fleet, client, kind, seq, global_version, kernel_version, max(ns, 0), _now(created),
-                   arrays, epoch=epoch)
-
-
-def stats_fields(msg: Message) -> dict[str, Any]:
-    """A decoded statistics update as plain fields, in the layout `fedbnr.Upload.from_message` reads:
-    `client, seq, base_version, S_upper, b` (writable copies), `n, q` (floats), `kernel_version, epoch`."""
-    return {
-        "client": msg.client, "seq": msg.seq, "base_version": msg.global_version,
-        "S_upper": _copy(msg.arrays["S_upper"], "float64"), "b": _copy(msg.arrays["b"], "float64"),
-        "n": float(msg.arrays["n"]), "q": float(msg.arrays["q"]),
-        "kernel_version": msg.kernel_version, "epoch": msg.epoch,
-    }
-
-
-def fedbnr_global_message(
-    fleet: str, sender: str, version: int, S_upper: np.ndarray, b: np.ndarray, n: float, q: float,
-    sigma: np.ndarray, lam: np.ndarray, log_evidence: np.ndarray, included: Mapping[str, int], *,
-    kernel_version: str, epoch: int = 0, created: float | None = None,
-) -> Message:
-    """A `fedbnr.global`: the summed statistics, `σ, λ, log evidence (K,)`, and `included`."""
-    arrays = {"S_upper": np.asarray(S_upper, dtype=np.float64), "b": np.asarray(b, dtype=np.float64),
-              "n": np.asarray(float(n)), "q": np.asarray(float(q)),
-              "sigma": np.asarray(sigma, dtype=np.float64), "lam": np.asarray(lam, dtype=np.float64),
-              "log_evidence": np.asarray(log_evidence, dtype=np.float64)}
-    return Message(fleet, sender, "fedbnr.global", version, version, kernel_version,
-                   max(int(round(float(n))), 0), _now(created), arrays, {}, dict(included), epoch)
-
-
-def fedbnr_global_fields(msg: Message) -> dict[str, Any]:
-    """A decoded `fedbnr.global` as plain fields, in the layout `fedbnr.GlobalModel.from_message` reads."""
-    _expect_kind(msg, "fedbnr.global")
-    out = {k: _copy(msg.arrays[k], "float64") for k in ("S_upper", "b", "sigma", "lam", "log_evidence")}
-    out.update(version=msg.global_version, n=float(msg.arrays["n"]), q=float(msg.arrays["q"]),
-               kernel_version=msg.kernel_version, epoch=msg.epoch, included=dict(msg.included))
-    return out
 
 
 def status_message(fleet: str, client: str, state: str, *, seq: int = 0,
@@ -865,8 +762,3 @@ def prediction_message(fleet: str, client: str, seq: int, mean: np.ndarray, var:
         arrays["var"] = np.atleast_1d(np.asarray(var, dtype=np.float64))
     return Message(fleet, client, "prediction", seq, global_version, kernel_version,
                    int(arrays["mean"].shape[0]), _now(created), arrays, dict(meta or {}))
-
-
-def _expect_kind(msg: Message, kind: str) -> None:
-    if msg.kind != kind:
-        raise ValueError(f"expected a {kind!r} message, got {msg.kind!r}")

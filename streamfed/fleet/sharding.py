@@ -1,16 +1,18 @@
-"""Sharded aggregation: several aggregator shards and one reducer (ARCHITECTURE.md, "Scale beyond one
-machine"). Pure cores, no I/O; the MQTT shells are in :mod:`streamfed.runtime.shard`.
+"""Sharded aggregation: several aggregator shards and one reducer (docs/architecture.md). Pure cores,
+no I/O; the MQTT shells are in :mod:`streamfed.runtime.shard`.
 
 Aggregation is a sum (FedBNR statistics) or a sum plus a count (POF-MKL: ``θ ← θ − ΣΔ/|C|``), so it
-splits exactly. Shards share the update stream through an MQTT v5 shared subscription
-(``$share/<group>/streamfed/v1/<fleet>/updates/+``): the broker hands each update to one shard. A
-:class:`ShardCore` validates it exactly as the single aggregator does (same codec, same checks, same
-reject reasons), deduplicates, and adds it to a *partial*: a dense ``Σ Δ`` (POF-MKL) or summed statistics
-(FedBNR) plus the list of ``(client, seq)`` pairs it contains. Every tick it publishes its partials on
-``…/partials/<shard>``. The :class:`ReducerCore` adds partials and closes rounds exactly as the single
-aggregator would: a lock-step round when every expected client's seq-`r` update is in (from whichever
-shard), an asynchronous window by the clock, FedBNR by the window with σ, λ refitted by evidence. It
-publishes the global (retained, versioned, with `included`) that agents and shards both read.
+splits exactly; the algorithm's :class:`~streamfed.algorithms.base.Aggregation` says how (``partial``,
+``read_partial``, ``apply_partial``) and these cores never ask which algorithm they run. Shards share the
+update stream through an MQTT v5 shared subscription (``$share/<group>/streamfed/v1/<fleet>/updates/+``):
+the broker hands each update to one shard. A :class:`ShardCore` validates it exactly as the single
+aggregator does (same codec, same checks, same reject reasons), deduplicates, and adds it to a
+*partial*: the algorithm's sum of the updates (a dense ``Σ Δ``, summed statistics) plus the list of
+``(client, seq)`` pairs it contains. Every tick it publishes its partials on ``…/partials/<shard>``. The
+:class:`ReducerCore` adds partials and closes rounds exactly as the single aggregator would: a lock-step
+round when every expected client's seq-`r` update is in (from whichever shard), an asynchronous window
+by the clock. It publishes the global (retained, versioned, with `included`) that agents and shards both
+read.
 
 Exactly once: a client may send an update twice (after a reconnect, or because an ack listed it as
 missing) and the copies may reach different shards. The reducer therefore knows every `(client, seq)`
@@ -26,7 +28,6 @@ POF-MKL and FedBNR, relative difference below 1e-12).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,26 +36,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from streamfed.algorithms.fedbnr.learner import Upload
-from streamfed.algorithms.pofmkl.learner import KernelUpdate
-from streamfed.core.stats import SufficientStats
-from streamfed.fleet.aggregator import AggregatorCore, global_message_for, note_status, roster
+from streamfed import algorithms
+from streamfed.algorithms.base import Mode
+from streamfed.fleet.aggregator import note_status, roster
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.factory import kernel_version, make_server
-from streamfed.fleet.protocol import (
-    Message,
-    ProtocolError,
-    SeqTracker,
-    ack_message,
-    decode,
-)
+from streamfed.fleet.protocol import Message, ProtocolError, SeqTracker, ack_message, decode
 from streamfed.fleet.telemetry import AggregatorStats
 
 __all__ = ["Contribution", "ShardCore", "ReducerCore", "contributors_fields", "contributors_of"]
 
 log = logging.getLogger("streamfed.fleet.sharding")
-REDUCER_STATE_FORMAT = 1
-Mode = Literal["lockstep", "async"]
+REDUCER_STATE_FORMAT = 2
 
 
 # =========================================================================== contributor lists
@@ -110,7 +102,7 @@ class Contribution:
 
     client: str
     seq: int
-    item: KernelUpdate | Upload
+    item: Any  # what the algorithm's Aggregation.check returned
 
 
 @dataclass
@@ -134,11 +126,12 @@ class ShardCore:
 
     >>> import numpy as np
     >>> from streamfed.fleet.config import FleetConfig
-    >>> from streamfed.fleet.protocol import encode, pofmkl_update_message
+    >>> from streamfed.fleet.protocol import encode
+    >>> from streamfed.algorithms.pofmkl.wire import update_message
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=1)
     >>> shard = ShardCore(cfg, "s1", clients=["a", "b"])
-    >>> up = encode(pofmkl_update_message("f", "a", 1, np.array([0]), np.ones((1, 2)),
-    ...                                   global_version=0, kernel_version=shard.kernel_version))
+    >>> up = encode(update_message("f", "a", 1, np.array([0]), np.ones((1, 2)),
+    ...                            global_version=0, kernel_version=shard.kernel_version))
     >>> shard.on_update("a", up, now=0.0), shard.on_update("a", up, now=0.0), shard.rejected
     ([], [], {'stale_seq': 1})
     >>> [(m.kind, m.meta["round"], m.arrays["sum"].tolist()) for m in shard.flush(now=0.0)]
@@ -151,15 +144,15 @@ class ShardCore:
         self.cfg = cfg
         self.name = name
         self.resend_after = float(resend_after)  # a partial not acknowledged by then is sent again
-        self.pofmkl = cfg.algorithm == "pofmkl"
-        self.mode: Mode = mode if self.pofmkl else "async"
-        # The single aggregator's validation, reused as is (same checks, same reasons); its server is
-        # only read (FedBNR kernel version, privacy floor), never fed.
-        self._validator = AggregatorCore(cfg, clients=clients, mode=self.mode, max_abs=max_abs,
-                                         check_stats=check_stats, stats=stats, window=1.0)
+        self.algorithm = algorithms.get(cfg.algorithm)
+        self.mode: Mode = mode if self.algorithm.lockstep else "async"
+        # The single aggregator's validation (same checks, same reasons); this aggregation is only asked to
+        # check updates and to sum them into partials, never to fold anything into a global.
+        self.aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs, check_stats=check_stats)
+        self.stats = stats or AggregatorStats(cfg.fleet)
         self.clients = list(clients or [])
         self.order = {c: i for i, c in enumerate(self.clients)}
-        self.kernel_version = kernel_version(cfg)
+        self.kernel_version = self.algorithm.kernel_version(cfg)
         self.schema = cfg.protocol_schema
         self._kinds = (cfg.update_kind,)
         self.version = 0  # of the newest global seen
@@ -178,7 +171,7 @@ class ShardCore:
 
     def reject(self, reason: str) -> None:
         self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + 1
-        self._validator.stats.rejected(reason)
+        self.stats.rejected(reason)
 
     @property
     def held(self) -> int:
@@ -204,12 +197,11 @@ class ShardCore:
         if msg.seq - mark > self.cfg.seq_window or msg.seq < 1:
             self.reject("invalid_update")
             return []
-        if self.pofmkl and self.mode == "lockstep" and msg.seq <= self.version:
+        if self.mode == "lockstep" and msg.seq <= self.version:
             self.reject("late")
             return []
         try:
-            v = self._validator
-            item = v._check_pofmkl(msg) if self.pofmkl else v._check_stats(msg)
+            item = self.aggregation.check(msg)
         except ValueError as e:
             self.reject("invalid_update")
             log.debug("shard %s: update from %r seq %d rejected: %s", self.name, msg.client, msg.seq, e)
@@ -218,11 +210,11 @@ class ShardCore:
             self.reject("shard_full")
             return []
         self._seen[msg.client].add(msg.seq)
-        rnd = msg.seq if (self.pofmkl and self.mode == "lockstep") else 0
+        rnd = msg.seq if self.mode == "lockstep" else 0
         self._pending[rnd].append(Contribution(msg.client, msg.seq, item))
         self._held += 1
         self.counters.accepted += 1
-        self._validator.stats.accepted(msg.client)
+        self.stats.accepted(msg.client)
         return []
 
     def on_global(self, msg: Message) -> None:
@@ -288,26 +280,11 @@ class ShardCore:
 
     def _message(self, part: _Partial) -> Message:
         included, owner, seqs = contributors_fields((c.client, c.seq) for c in part.items)
-        if self.pofmkl:
-            total = np.zeros((self.cfg.n_kernels, 2 * self.cfg.n_features))
-            for c in part.items:  # Σ Δ in arrival order, as the single aggregator sums
-                delta = c.item.delta
-                for i, k in enumerate(c.item.kernels.tolist()):  # row by row: cheaper than fancy indexing
-                    total[k] += delta[i]
-            arrays = {"sum": total}
-            kind, n = "pofmkl.partial", sum(int(c.item.n_samples) for c in part.items)
-        else:
-            st = part.items[0].item.stats.copy()
-            for c in part.items[1:]:
-                st += c.item.stats
-            arrays = dict(st.to_packed())
-            arrays = {k: np.asarray(arrays[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")}
-            kind, n = "fedbnr.partial", int(st.n)
-        arrays.update(owner=owner, seqs=seqs)
-        return Message(self.cfg.fleet, self.name, kind, part.seq, global_version=self.version,
+        arrays, n, epoch = self.aggregation.partial([c.item for c in part.items])
+        arrays = {**arrays, "owner": owner, "seqs": seqs}
+        return Message(self.cfg.fleet, self.name, self.cfg.partial_kind, part.seq, global_version=self.version,
                        kernel_version=self.kernel_version, n_samples=min(n, 2**63 - 1), created=part.sent_at,
-                       arrays=arrays, meta={"round": part.round}, included=included,
-                       epoch=0 if self.pofmkl else int(self._validator.server.epoch))
+                       arrays=arrays, meta={"round": part.round}, included=included, epoch=epoch)
 
 
 # =========================================================================== reducer
@@ -318,18 +295,19 @@ class ReducerCore:
 
     >>> import numpy as np
     >>> from streamfed.fleet.config import FleetConfig
-    >>> from streamfed.fleet.protocol import encode, pofmkl_update_message
+    >>> from streamfed.fleet.protocol import encode
+    >>> from streamfed.algorithms.pofmkl.wire import update_message
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=1)
     >>> s1, s2 = ShardCore(cfg, "s1", ["a", "b"]), ShardCore(cfg, "s2", ["a", "b"])
     >>> red = ReducerCore(cfg, clients=["a", "b"])
-    >>> def up(c): return encode(pofmkl_update_message("f", c, 1, np.array([1]), np.ones((1, 2)),
+    >>> def up(c): return encode(update_message("f", c, 1, np.array([1]), np.ones((1, 2)),
     ...                          global_version=0, kernel_version=red.kernel_version))
     >>> _ = s1.on_update("a", up("a")), s2.on_update("b", up("b"))
     >>> [m.kind for p in s1.flush() for m in red.on_partial("s1", encode(p), now=0.0)]
     ['partial.ack']
     >>> [m.kind for p in s2.flush() for m in red.on_partial("s2", encode(p), now=0.0)]
     ['partial.ack', 'pofmkl.global']
-    >>> red.version, red.server.theta[1].tolist()
+    >>> red.version, red.global_message().arrays["theta"][1].tolist()
     (1, [-1.0, -1.0])
     """
 
@@ -337,25 +315,25 @@ class ReducerCore:
                  window: float = 0.5, sender: str = "reducer", offline: Literal["drop", "wait"] = "drop",
                  stats: AggregatorStats | None = None, shards: Sequence[str] | None = None) -> None:
         self.cfg = cfg
-        self.pofmkl = cfg.algorithm == "pofmkl"
-        self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.pofmkl)
+        self.algorithm = algorithms.get(cfg.algorithm)
+        self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.algorithm.lockstep)
         self.offline = offline  # see note_status
         self.window = window
         self.sender = sender
         self.shards = set(shards) if shards else None  # None: any shard name
-        self.server = make_server(cfg)
-        self.kernel_version = kernel_version(cfg)
+        self.aggregation = self.algorithm.aggregation(cfg)
+        self.kernel_version = self.algorithm.kernel_version(cfg)
         self.schema = cfg.protocol_schema
-        self._kinds = (f"{cfg.algorithm}.partial",)
+        self._kinds = (cfg.partial_kind,)
         self.stats = stats or AggregatorStats(cfg.fleet)
         self.applied = SeqTracker(cfg.seq_window)  # (client, seq) pairs summed (in a round or window)
         self.partials = SeqTracker(1 << 20)  # (shard, partial seq) pairs applied
         self.rejected: dict[str, int] = {}
         self.accepted = 0  # updates applied, over all partials
         self.rounds = 0
-        self._round: dict[int, tuple[np.ndarray, set[str]]] = {}  # lock-step round → (Σ, clients)
+        self._round: dict[int, tuple[Any, set[str]]] = {}  # lock-step round → (Σ, clients)
         self._round_pairs: dict[int, set[tuple[str, int]]] = defaultdict(set)
-        self._win_sum: np.ndarray | SufficientStats | None = None
+        self._win_sum: Any = None  # the open window's sum (the aggregation's partial sum type)
         self._win_clients: set[str] = set()
         self._win_started: float | None = None
         # Write-ahead durability: the shell sets it; called with this core before each new global is built.
@@ -363,7 +341,7 @@ class ReducerCore:
 
     @property
     def version(self) -> int:
-        return int(self.server.version)
+        return self.aggregation.version
 
     # ------------------------------------------------------------------ durable state
     def snapshot(self) -> dict[str, Any]:
@@ -375,10 +353,10 @@ class ReducerCore:
         acknowledged update, so they take the resends in again."""
         return {
             "format": REDUCER_STATE_FORMAT, "fleet_config": self.cfg.model_dump(mode="json"),
-            "mode": self.mode, "clients": list(self.clients), "server": self.server,
+            "mode": self.mode, "clients": list(self.clients), "aggregation": self.aggregation,
             "applied": self.applied.to_dict(), "partials": self.partials.to_dict(),
             "rejected": dict(self.rejected), "accepted": self.accepted, "rounds": self.rounds,
-            "round": {r: (np.array(total), sorted(who)) for r, (total, who) in self._round.items()},
+            "round": {r: (total, sorted(who)) for r, (total, who) in self._round.items()},
             "round_pairs": {r: sorted(p) for r, p in self._round_pairs.items()},
             "window": None if self._win_sum is None else (self._win_sum, sorted(self._win_clients)),
             "expected": sorted(self.expected),
@@ -394,13 +372,13 @@ class ReducerCore:
         if (state.get("mode"), list(state.get("clients", []))) != (self.mode, self.clients):
             raise ValueError(f"reducer state is for mode {state.get('mode')!r} and clients {state.get('clients')}, "
                              f"this reducer runs {self.mode!r} with {self.clients}")
-        if type(state["server"]) is not type(self.server):
-            raise ValueError(f"reducer state holds a {type(state['server']).__name__}")
+        if type(state["aggregation"]) is not type(self.aggregation):
+            raise ValueError(f"reducer state holds a {type(state['aggregation']).__name__}")
         applied, partials = SeqTracker.from_dict(state["applied"]), SeqTracker.from_dict(state["partials"])
-        self.server, self.applied, self.partials = state["server"], applied, partials
+        self.aggregation, self.applied, self.partials = state["aggregation"], applied, partials
         self.rejected, self.accepted = dict(state["rejected"]), int(state["accepted"])
         self.rounds = int(state["rounds"])
-        self._round = {int(r): (np.array(total), set(who)) for r, (total, who) in state["round"].items()}
+        self._round = {int(r): (total, set(who)) for r, (total, who) in state["round"].items()}
         self._round_pairs = defaultdict(set, {int(r): {(str(c), int(q)) for c, q in p}
                                               for r, p in state["round_pairs"].items()})
         win = state["window"]
@@ -429,7 +407,7 @@ class ReducerCore:
             rnd = msg.meta["round"]
             if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
                 raise ValueError(f"round must be a whole number >= 0, got {rnd!r}")
-            total = self._partial_sum(msg)
+            total = self.aggregation.read_partial(msg)
         except ProtocolError as e:
             self.reject(e.reason.value)
             return []
@@ -444,7 +422,7 @@ class ReducerCore:
             self.partials.check(shard, msg.seq)
         except ProtocolError:  # sent again after a reconnect: it is in, say so again
             return [self._ack(shard, msg.seq, True)]
-        lockstep = self.pofmkl and self.mode == "lockstep"
+        lockstep = self.mode == "lockstep"
         if lockstep and (rnd < 1 or any(s != rnd for _, s in pairs)):
             self.reject("invalid_partial")
             return []
@@ -476,22 +454,6 @@ class ReducerCore:
             out += self._close_window(now)
         return out
 
-    def _partial_sum(self, msg: Message) -> np.ndarray | SufficientStats:
-        if self.pofmkl:
-            total = np.array(msg.arrays["sum"], dtype=np.float64)
-            if not np.all(np.isfinite(total)):
-                raise ValueError("non-finite partial sum")
-            return total
-        fields = {k: np.array(msg.arrays[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")}
-        fields.update(kernel_version=msg.kernel_version, epoch=msg.epoch)
-        st = SufficientStats.from_packed(fields)
-        if st.tag != (self.server.kernel_version, self.server.epoch):
-            raise ValueError(f"partial for kernel version/epoch {st.tag}")
-        n = float(st.n)
-        if not (n >= 1 and n == math.floor(n)):
-            raise ValueError(f"n = {n!r} is not a count of samples")
-        return st
-
     def on_status(self, client: str, state: str, now: float | None = None) -> list[Message]:
         """An agent went offline (or came back): who a lock-step round waits for."""
         if client not in self.order:
@@ -516,23 +478,13 @@ class ReducerCore:
             total, who = self._round.get(r, (None, set()))
             if total is None or not who or not self.expected <= who:
                 return out
-            self._apply_theta(total, len(who))
             for c in who:
                 if not self.applied.has(c, r):
                     self.applied.record(c, r)
+            self.aggregation.apply_partial(total, len(who), self.included())
             del self._round[r]
             self._round_pairs.pop(r, None)
             out += self._published()
-
-    def _apply_theta(self, total: np.ndarray, count: int) -> None:
-        # eq. (10), as POFMKLServer.finish_round: θ ← θ − (Σ_{c ∈ C} Δ_c) / |C|
-        new = self.server.theta - total / count
-        if np.all(np.isfinite(new)):
-            self.server.theta = new
-        else:  # never publish a non-finite global: the round is applied empty, the fleet goes on
-            log.error("round %d discarded: θ would be non-finite", self.version + 1)
-            self.reject("invalid_update")
-        self.server.version += 1
 
     def _close_window(self, now: float) -> list[Message]:
         total, clients = self._win_sum, self._win_clients
@@ -540,12 +492,7 @@ class ReducerCore:
         self._win_sum, self._win_clients, self._win_started = None, set(), None
         if total is None:
             return []
-        if self.pofmkl:
-            self._apply_theta(total, len(clients))
-        else:
-            self.server.stats += total
-            self.server.included = self.included()
-            self.server.publish()
+        self.aggregation.apply_partial(total, len(clients), self.included())
         return self._published()
 
     # ------------------------------------------------------------------ outputs
@@ -570,7 +517,7 @@ class ReducerCore:
 
     def global_message(self) -> Message:
         """The current global, in the same message the single aggregator publishes."""
-        return global_message_for(self.cfg, self.sender, self.server, self.included(), self.kernel_version)
+        return self.aggregation.global_message(self.cfg.fleet, self.sender, self.kernel_version)
 
     def hello(self) -> list[Message]:
         """On (re)connect: per known client, which seqs the reducer holds (agents resend the rest)."""

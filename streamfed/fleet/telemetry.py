@@ -58,8 +58,9 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from prometheus_client import start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -69,6 +70,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from streamfed.algorithms.base import Learner
 
 __all__ = [
     "Z95",
@@ -208,12 +212,6 @@ class WindowedMSE:
         return self._buf[self._pos :] + self._buf[: self._pos]
 
 
-def _attr(obj: Any, name: str) -> Any:
-    """`obj.name`, called if it is a method (POF-MKL has properties where FedBNR has methods)."""
-    v = getattr(obj, name, None)
-    return v() if callable(v) else v
-
-
 # =========================================================================== agent
 
 
@@ -336,50 +334,37 @@ class AgentStats:
         self.kernel_weights = [float(w) for w in weights]
 
     # ------------------------------------------------------------------ learners
-    def update_from_learner(self, learner: Any, *, regret: bool = True) -> None:
-        """Copy what only the learner knows, reading attributes with `getattr` so that
-        :class:`~streamfed.algorithms.pofmkl.learner.POFMKLClient` and
-        :class:`~streamfed.algorithms.fedbnr.learner.FedBNRClient` both work:
+    def update_from_learner(self, learner: Learner, *, regret: bool = True) -> None:
+        """Copy what only the learner knows, through the learner contract
+        (:class:`~streamfed.algorithms.base.Learner`):
 
-        * steps, cumulative loss, best kernel in hindsight and regret, from one consistent read —
-          POF-MKL: `n_steps`, `cumulative_loss`, `min(kernel_losses)`, `regret` (O(N)); FedBNR:
-          `regret()`, which costs O(K·F³) and is skipped when `regret=False` (the previous values
-          stay; the running MSE comes from :meth:`observe_prediction` anyway);
-        * kernel weights with their names (`bank.kernel_names` or `kernel_names`);
+        * steps, cumulative loss, best comparator in hindsight and regret, from one consistent
+          :meth:`~streamfed.algorithms.base.Learner.regret` read — skipped when `regret=False` for learners
+          whose regret is costly (FedBNR: O(K·F³)); the previous values stay, and the running MSE comes
+          from :meth:`observe_prediction` anyway;
+        * kernel weights with their names, where the learner has them;
         * the global version in use (a change is recorded as received now).
         """
-        r = getattr(learner, "regret", None)
-        if callable(r):  # FedBNR: a dict of n, loss, ridge_loss, regret
-            if regret:  # all four from one read, so that R/T pairs R with its own T
-                d = r()
-                self.set_learner_losses(int(d["n"]), d["loss"], d["ridge_loss"], d["regret"])
-        elif r is not None:  # POF-MKL: properties
-            self.set_learner_losses(_attr(learner, "n_steps"), _attr(learner, "cumulative_loss"),
-                                    float(min(_attr(learner, "kernel_losses"))), float(r))
-        weights = _attr(learner, "kernel_weights")
+        if regret:  # all four from one read, so that R/T pairs R with its own T
+            r = learner.regret()
+            self.set_learner_losses(int(r.n), r.loss, r.best_loss, r.regret)
+        weights = learner.kernel_weights
         if weights is not None:
             names = None
             if len(self.kernel_names) != len(weights):  # names never change: read them once
-                bank = getattr(learner, "bank", None)
-                names = _attr(bank, "kernel_names") if bank is not None else _attr(learner, "kernel_names")
-            self.set_kernel_weights(weights.tolist() if hasattr(weights, "tolist") else weights, names)
-        version = getattr(learner, "global_version", None)
-        if version is not None:
-            current = self.global_version if self.global_version is not None else 0
-            if int(version) != current:  # version 0 without a receipt is the learner's initial model
-                self.global_received(int(version))
+                names = list(learner.kernel_names)
+            self.set_kernel_weights(np.asarray(weights).tolist(), names)
+        version = learner.global_version
+        current = self.global_version if self.global_version is not None else 0
+        if int(version) != current:  # version 0 without a receipt is the learner's initial model
+            self.global_received(int(version))
 
     @classmethod
-    def from_learner(cls, learner: Any, client: str | None = None, *, fleet: str = "default",
-                     algorithm: str | None = None, **kwargs: Any) -> AgentStats:
-        """Stats for `learner` (client id defaults to its `client_id`, algorithm to its class name
-        without `Client`, lower-cased: `pofmkl`, `fedbnr`), filled by :meth:`update_from_learner`."""
+    def from_learner(cls, learner: Learner, client: str | None = None, *, fleet: str = "default",
+                     algorithm: str = "unknown", **kwargs: Any) -> AgentStats:
+        """Stats for `learner` of agent `client`, filled by :meth:`update_from_learner`."""
         if client is None:
-            client = getattr(learner, "client_id", None)
-            if client is None:
-                raise ValueError("give a client id: this learner has no client_id")
-        if algorithm is None:
-            algorithm = type(learner).__name__.removesuffix("Client").lower()
+            raise ValueError("give a client id: the stats of a learner are those of one agent")
         stats = cls(client, fleet=fleet, algorithm=algorithm, **kwargs)
         stats.update_from_learner(learner)
         return stats

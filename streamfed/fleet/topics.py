@@ -1,6 +1,6 @@
 """MQTT topic names of a streamfed fleet, and strict parsing of them.
 
-Layout (protocol version 1, ARCHITECTURE.md "Interfaces worth keeping stable")::
+Layout (protocol version 1, docs/architecture.md "Fleet protocol in brief")::
 
     streamfed/v1/<fleet>/updates/<client>      agent → aggregator, QoS 1
     streamfed/v1/<fleet>/global                aggregator → all, retained

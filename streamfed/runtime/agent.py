@@ -77,6 +77,7 @@ from streamfed.fleet.topics import (
     status_topic,
     updates_topic,
 )
+from streamfed.runtime.mqtt import connect_refusal_text, paho_of, pending_publishes
 
 __all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "check_subscription", "no_delay",
            "refusal_reason", "until_lost"]
@@ -129,7 +130,7 @@ def refusal_reason(error: BaseException) -> tuple[str, bool] | None:
         rc = error.rc
         value = getattr(rc, "value", rc)
         if isinstance(rc, int) and not hasattr(rc, "getName"):
-            text = aiomqtt.exceptions._CONNECT_RC_STRINGS.get(rc, f"return code {rc}")
+            text = connect_refusal_text(rc)
             return text, rc in _FATAL_V3
         return str(rc), value in _FATAL_V5
     if isinstance(error, BrokerRefused):
@@ -263,7 +264,7 @@ def no_delay(client: Any) -> bool:
     """Turn Nagle's algorithm off on an aiomqtt client's socket (paho leaves it on): a small packet —
     a prediction — is sent at once instead of waiting for the broker to acknowledge the previous one,
     which with delayed ACKs costs up to ~40 ms. Returns whether it could be set."""
-    sock = getattr(getattr(client, "_client", None), "socket", lambda: None)()
+    sock = getattr(paho_of(client), "socket", lambda: None)()
     if sock is None:
         return False
     try:
@@ -286,7 +287,7 @@ class PubackWatch:
     def __init__(self, client: Any) -> None:
         self.refused: list[tuple[str, str]] = []
         self._topics: dict[int, str] = {}
-        paho = getattr(client, "_client", None)
+        paho = paho_of(client)
         if paho is None or not callable(getattr(paho, "on_publish", None)):
             return
         publish, on_publish = paho.publish, paho.on_publish
@@ -367,13 +368,7 @@ def install_global(core: AgentCore, payload: bytes, shared: SharedGlobals | None
     if isinstance(decoded, ProtocolError):
         core.counters.reject_global(decoded.reason.value)
         return GlobalResult(False, decoded.reason.value, decoded.detail)
-    # AgentCore.on_global records why it refused a decoded global here (on_global_payload's own protocol)
-    core._global_problem = None
-    if core.on_global(decoded):
-        return GlobalResult(True)
-    if core._global_problem is not None:
-        return GlobalResult(False, *core._global_problem)
-    return GlobalResult(False)
+    return core.install_global(decoded)
 
 
 class AgentService:
@@ -621,8 +616,8 @@ class AgentService:
         wake-up of the loop through its self-pipe, two `epoll_ctl`s). With a thousand agents in one
         process that machinery cost more than the messages. A PUBACK not seen within `OP_TIMEOUT`
         seconds still ends the session, as aiomqtt's timeout did."""
-        paho: mqtt.Client = client._client
-        pending: dict[int, Any] = client._pending_publishes  # mid → what aiomqtt's on_publish calls .set() on
+        paho: mqtt.Client = paho_of(client)
+        pending = pending_publishes(client)  # mid → what aiomqtt's on_publish calls .set() on
         loop = asyncio.get_running_loop()
         inflight: dict[int, tuple[_Puback, deque[Message], Message, int, float]] = {}  # by mid
         if receiver is not None:
@@ -787,8 +782,7 @@ class AgentService:
             self.on_prediction(pred)
 
     def _publish_prediction(self, msg: Message) -> None:
-        client = self._client
-        paho = getattr(client, "_client", None)
+        paho = paho_of(self._client)
         if (paho is None or self.prediction_qos != 0 or self.predictions or self._pred_inflight
                 or not paho.is_connected()):
             self._buffer_prediction(msg)

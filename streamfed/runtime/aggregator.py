@@ -115,10 +115,7 @@ class AggregatorService(MqttService):
     # ------------------------------------------------------------------ windows on time
     def _window_due(self) -> float | None:
         """When the open asynchronous window ends (the core's clock: time.time()), None without one."""
-        started = getattr(self.core, "_window_started", None)
-        if self.core.mode != "async" or started is None:
-            return None
-        return started + self.core.window
+        return self.core.window_due
 
     def _arm(self) -> None:
         due = self._window_due()

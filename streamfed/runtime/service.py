@@ -29,6 +29,7 @@ from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.protocol import Message, encode
 from streamfed.fleet.topics import ParsedTopic, try_parse_topic
 from streamfed.runtime.agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
+from streamfed.runtime.mqtt import incoming_drain
 
 __all__ = ["Outgoing", "MqttService", "receive_batches"]
 
@@ -49,8 +50,7 @@ async def receive_batches(client: aiomqtt.Client, take: Callable[[aiomqtt.Messag
     aiomqtt hands out one message per `async for` step, at the price of a task and an `asyncio.wait`
     each; the messages already waiting behind it are taken in the same step (at most `_BATCH`, so other
     tasks still get their turn)."""
-    queue = getattr(client, "_queue", None)  # aiomqtt < 3: the incoming queue `messages` reads
-    drain = getattr(queue, "get_nowait", None)
+    drain = incoming_drain(client)  # the incoming queue `messages` reads
     async for message in client.messages:
         take(message)
         if drain is None:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.fleet.config import BrokerConfig, ProtocolSchema, prediction_schema
 from streamfed.fleet.protocol import Message, ProtocolError, decode
 from streamfed.fleet.topics import Channel, topic_filter
 
@@ -30,9 +30,8 @@ class PredictionDecoder:
     """
 
     def __init__(self, fleet: str) -> None:
-        # the prediction schema depends only on whether the learner is Bayesian (ALGORITHMS of config)
-        self._schemas = [FleetConfig(fleet=fleet, algorithm=a, n_inputs=1, n_kernels=1, n_features=1).protocol_schema
-                         for a in ("pofmkl", "fedbnr")]
+        # the prediction schema depends only on whether the learner is Bayesian: try both
+        self._schemas = [ProtocolSchema(fleet, {"prediction": prediction_schema(b)}) for b in (False, True)]
 
     def decode(self, payload: bytes) -> Message:
         err: ProtocolError | None = None

@@ -1,8 +1,8 @@
 """Plain NumPy transcription of POF-MKL, equations (6)-(10) of the paper as restated in
-ALGORITHMS.md section 2. Deliberately naive: no log domain, no buffers, no numba — obviously
+docs/algorithms.md §2. Deliberately naive: no log domain, no buffers, no numba — obviously
 correct by reading, and independent of the optimised code (its own features from np.sin/np.cos).
 
-The weights are kept as logarithms, as ALGORITHMS.md asks: the plain products w·exp(-ηℓ) underflow
+The weights are kept as logarithms, as docs/algorithms.md asks: the plain products w·exp(-ηℓ) underflow
 to exactly 0 for two different kernels, which then tie in the sort while their true weights differ.
 Sorting by log w and w̄ = exp(log w - max) / Σ is the same algorithm written without that failure.
 """
@@ -37,7 +37,7 @@ class OracleClient:
         yhat = wbar @ f  # eq. (6)
 
         # eq. (8): sort by weight (decreasing), bins of M, PMF q, draw J with the uniform u
-        # (with ξ = 1 every bin has probability 1/B whatever its content, so, as ALGORITHMS.md says,
+        # (with ξ = 1 every bin has probability 1/B whatever its content, so, as docs/algorithms.md says,
         # no sort is needed: bins then follow kernel index order)
         if self.xi < 1:
             order = sorted(range(self.N), key=lambda p: (-self.logw[p], p))

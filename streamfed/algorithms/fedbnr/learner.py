@@ -1,4 +1,4 @@
-"""Online FedBNR: federated Bayesian linear regression on random features (ALGORITHMS.md section 3).
+"""Online FedBNR: federated Bayesian linear regression on random features (docs/algorithms.md §3).
 
 Model: `y = φ(x)ᵀw + ε`, prior `w ~ N(0, λ²I)`, noise `ε ~ N(0, σ²)`. Everything the fleet needs is
 the additive statistics `(S, b, n, q)` of :mod:`streamfed.core.stats`.
@@ -70,7 +70,7 @@ def _gaussian(mean: float, var: float) -> Gaussian:
     scipy.stats (~70 MiB resident, ~0.7 s), which an agent, predicting through the array path, never needs."""
     from river.proba import Gaussian
 
-    return Gaussian._from_state(n=1, m=mean, var=var, ddof=0)
+    return Gaussian._from_state(n=1, m=mean, var=var, ddof=0)  # noqa: SLF001 (River's; see above)
 
 __all__ = [
     "Upload",
@@ -386,7 +386,7 @@ class _DefaultFeatures:
         if x.shape[0] != self.bank.n_inputs:
             raise ValueError(f"expected an input of shape ({self.bank.n_inputs},), got {x.shape}")
         out = np.empty((self.bank.n_kernels, self.dim))
-        if not kern.rff_bias_features(self.bank._wt, x, self.bank._angles, out):
+        if not kern.rff_bias_features(self.bank.frequency_matrix, x, self.bank.scratch, out):
             raise ValueError("input contains a non-finite value")
         return out
 
@@ -482,7 +482,7 @@ class FedBNRClient:
             self._features = _MapList(maps)
         # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
         self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
-            self._features.bank._wt, self._features.bank._angles, self._features.bank.n_inputs)
+            self._features.bank.frequency_matrix, self._features.bank.scratch, self._features.bank.n_inputs)
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         if int(min_upload) < 1:
@@ -1132,7 +1132,7 @@ class FedBNRServer:
         kwargs.setdefault("lam", float(client.lam[0]))
         return cls(client.dim, client.n_kernels, client.kernel_version, client.epoch, **kwargs)
 
-    def _validate(self, up: Upload) -> None:
+    def validate(self, up: Upload) -> None:
         st = up.stats
         if st.tag != (self.kernel_version, self.epoch):
             raise ValueError(f"upload from {up.client!r} is for kernel version/epoch {st.tag}, "
@@ -1152,7 +1152,7 @@ class FedBNRServer:
         """Sum an upload once. Returns `False` for a duplicate (already summed or already waiting).
         An upload whose predecessor has not arrived waits in a buffer and is summed when the gap fills,
         so `included[client]` always means "every seq up to here"."""
-        self._validate(up)
+        self.validate(up)
         mark = self.included.get(up.client, 0)
         waiting = self._buffer.setdefault(up.client, {})
         if up.seq <= mark or up.seq in waiting:
@@ -1308,7 +1308,7 @@ class FedBNRRegressor(base.Regressor):
         if self.client is None:
             keys = self._sorted_keys(x)
             _dict_to_vector(keys, x)  # validate before building anything
-            FedBNRClient._check_target(y)
+            FedBNRClient._check_target(y)  # noqa: SLF001 (same module)
             self._build(keys)
         assert self.client is not None and self._keys is not None
         self.client.learn(_dict_to_vector(self._keys, x), y)  # type: ignore[arg-type]

@@ -1,1 +1,104 @@
-"""algorithms/fedbnr_personal"""
+"""Personalised FedBNR — a shared weight vector plus a personal offset per client, inferred exactly from
+sufficient statistics (docs/algorithms.md §10): `y = φ(x)ᵀ(w + δ_k) + ε`, `w ~ N(0, λ²I)` shared,
+`δ_k ~ N(0, τ²I)` personal. `τ → 0` is pooled FedBNR, `λ → 0` local-only learning; the server fits
+`σ, λ, τ` by the exact evidence, so each client borrows as much strength as the data say the clients
+resemble each other. One kernel (the first of the fleet's dictionary).
+
+* :mod:`.learner` — the client and server halves (and the `τ`-mixture of a fixed grid);
+* :mod:`.fleet_halves` — the learner and aggregation of the plug-in contract; :mod:`.wire` — its messages.
+
+>>> from streamfed.fleet.config import FleetConfig
+>>> cfg = FleetConfig(fleet="f", algorithm="fedbnr-personal", n_inputs=2, n_features=3, kernels=["gaussian:1.0"])
+>>> cfg.params.tau, cfg.feature_dim
+(1.0, 7)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import Field
+
+from streamfed.algorithms.base import Mode, Params
+from streamfed.algorithms.fedbnr import FedBNR
+
+if TYPE_CHECKING:
+    from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalAggregation, PersonalLearner
+    from streamfed.fleet.config import FleetConfig, MessageSchema
+
+__all__ = ["ALGORITHM", "FedBNRPersonal", "PersonalParams"]
+
+
+class PersonalParams(Params):
+    """Hyperparameters of personalised FedBNR (docs/algorithms.md §10): initial `σ, λ, τ` (refitted by the
+    evidence at every global when `fit_hyperparameters`; `fit_tau=False` keeps `τ`), forgetting per time unit
+    (one sample) on the shared and the own level, and the privacy floor.
+
+    >>> PersonalParams(tau=0.5).tau
+    0.5
+    """
+
+    sigma: float = Field(1.0, gt=0, allow_inf_nan=False)
+    lam: float = Field(1.0, gt=0, allow_inf_nan=False)
+    tau: float = Field(1.0, gt=0, allow_inf_nan=False)
+    forgetting: float = Field(1.0, gt=0, le=1)
+    own_forgetting: float | None = Field(None, gt=0, le=1)
+    min_upload: int = Field(32, ge=1)
+    fit_hyperparameters: bool = True
+    fit_tau: bool = True
+    bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
+
+
+class FedBNRPersonal(FedBNR):
+    """Personalised FedBNR: order-free, Bayesian, one kernel; FedBNR's feature map and demo settings."""
+
+    name = "fedbnr-personal"
+    title = "Personalised FedBNR (shared + personal weights, σ, λ, τ by the exact evidence)"
+    Params = PersonalParams
+
+    def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
+        from streamfed.algorithms.fedbnr_personal.wire import schemas
+
+        return schemas(cfg)
+
+    def _client(self, cfg: FleetConfig, client_id: str = "client") -> Any:
+        from streamfed.algorithms.fedbnr import feature_maps
+        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierClient
+
+        p = cfg.params
+        return FedBNRHierClient(feature_maps(cfg)[0], sigma=p.sigma, lam=p.lam, tau=p.tau, forgetting=p.forgetting,
+                                own_forgetting=p.own_forgetting, min_upload=p.min_upload, client_id=client_id)
+
+    def kernel_version(self, cfg: FleetConfig) -> str:
+        return self._client(cfg).kernel_version
+
+    def estimator(self, **params: Any) -> Any:
+        """A fleet of one: with a single client the model is Bayesian linear regression with prior scale
+        `√(λ² + τ²)` (λ and τ are not separately identifiable), i.e. FedBNR's River regressor."""
+        from streamfed.algorithms.fedbnr.learner import FedBNRRegressor
+
+        lam, tau = float(params.pop("lam", 1.0)), float(params.pop("tau", 1.0))
+        return FedBNRRegressor(lam=math.hypot(lam, tau), **params)
+
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> PersonalLearner:
+        from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalLearner
+
+        if mode == "lockstep":
+            raise ValueError("personalised FedBNR is order-free (use async)")
+        return PersonalLearner(self._client(cfg, client_id), kernel_names=cfg.kernel_specs[:1])
+
+    def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
+                    ) -> PersonalAggregation:
+        from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalAggregation
+        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierServer
+
+        probe = self._client(cfg)
+        phi = probe.features_many(np.zeros((1, cfg.n_inputs)))
+        p = cfg.params
+        server = FedBNRHierServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters, fit_tau=p.fit_tau)
+        return PersonalAggregation(server, phi_sq=float(np.sum(phi**2)), max_abs=max_abs, check_stats=check_stats)
+
+
+ALGORITHM = FedBNRPersonal()

@@ -66,7 +66,7 @@ from typing import Any
 
 import numba
 import numpy as np
-from scipy import optimize
+from scipy import linalg, optimize
 
 from streamfed.algorithms.fedbnr import _kernels as kern
 from streamfed.algorithms.fedbnr.learner import (
@@ -567,7 +567,7 @@ class FedBNRHierClient:
         phis = self.features_many(xs)
         f = self.dim
         r = self._ra[:f, :f]
-        v = np.linalg.solve(r.T, phis.T)  # (F, T)
+        v = linalg.solve_triangular(r, phis.T, trans="T")  # (F, T): R is upper triangular, O(F²) per row
         return v.T @ self._ra[:f, f], self.sigma**2 + (v * v).sum(axis=0)
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
@@ -721,6 +721,7 @@ class FedBNRHierServer:
         self.version = 0
         self.log_evidence = math.nan
         self._fitted = False
+        self._last: HierGlobal | None = None
 
     @classmethod
     def for_client(cls, client: FedBNRHierClient, **kwargs: Any) -> FedBNRHierServer:
@@ -730,7 +731,7 @@ class FedBNRHierServer:
             kwargs.setdefault(name, getattr(client, name))
         return cls(client.dim, client.kernel_version, client.epoch, **kwargs)
 
-    def _validate(self, up: HierUpload) -> None:
+    def validate(self, up: HierUpload) -> None:
         st = up.stats
         if self.kernel_version is not None and st.tag != (self.kernel_version, self.epoch):
             raise ValueError(f"upload from {up.client!r} is for kernel version/epoch {st.tag}")
@@ -740,6 +741,18 @@ class FedBNRHierServer:
             raise ValueError(f"upload summarises {up.count} samples, below the privacy floor {self.min_samples}")
         if up.seq < 1:
             raise ValueError(f"sequence numbers start at 1, got {up.seq}")
+
+    def add_statistics(self, up: HierUpload) -> None:
+        """Add a client's statistics (already deduplicated elsewhere, e.g. by a sharded fleet's reducer),
+        time-weighted with what is held for that client; `included` is the caller's to set."""
+        self._add(up)
+
+    def last_global(self) -> HierGlobal:
+        """The latest published global (before any: the prior, version 0)."""
+        if self._last is not None:
+            return self._last
+        return HierGlobal(0, self.kernel_version or "", self.epoch, 0.0, self.forgetting, self.sigma, self.lam,
+                          self.tau, np.eye(self.dim) / self.lam**2, np.zeros(self.dim), 0.0, {})
 
     def _add(self, up: HierUpload) -> None:
         old = self.clients.get(up.client)
@@ -756,7 +769,7 @@ class FedBNRHierServer:
 
     def apply(self, up: HierUpload) -> bool:
         """Sum an upload once (`False` for a duplicate); out-of-order ones wait for the gap."""
-        self._validate(up)
+        self.validate(up)
         mark = self.included.get(up.client, 0)
         waiting = self._buffer.setdefault(up.client, {})
         if up.seq <= mark or up.seq in waiting:
@@ -802,8 +815,11 @@ class FedBNRHierServer:
         else:
             a, h = np.eye(self.dim) / self.lam**2, np.zeros(self.dim)
         self.version += 1
-        return HierGlobal(self.version, self.kernel_version or "", self.epoch, t, self.forgetting, self.sigma,
-                          self.lam, self.tau, a, h, float(self.log_evidence), dict(self.included))
+        # no evidence before any data: 0 rather than NaN (no non-finite value leaves a process)
+        lev = float(self.log_evidence) if math.isfinite(self.log_evidence) else 0.0
+        self._last = HierGlobal(self.version, self.kernel_version or "", self.epoch, t, self.forgetting, self.sigma,
+                                self.lam, self.tau, a, h, lev, dict(self.included))
+        return self._last
 
 
 # ============================================================================ τ dictionary

@@ -1,4 +1,4 @@
-"""The POF-MKL paper's baselines (ALGORITHMS.md section 2, "Baselines"), as client/server halves.
+"""The POF-MKL paper's baselines (docs/algorithms.md §2, "Baselines"), as client/server halves.
 
 All of them learn `θ_p` by plain online gradient steps `Δ_p = η (2 (f_p - y) z_p + 2 λ θ_p)` that the
 server averages over the reporting clients (`θ_p ← θ_p - (1/|C_t|) Σ_c Δ_{c,p}`, i.e. the mean of the
@@ -24,8 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.kofl._kernels import kernel_gradients
-from streamfed.algorithms.pofmkl.learner import GlobalTheta, NonFiniteError, POFMKLServer
+from streamfed.algorithms.pofmkl.learner import GlobalTheta, POFMKLServer
 from streamfed.core.features import RFFBank
 
 __all__ = [
@@ -111,7 +112,7 @@ class _GradientClient:
         if not math.isfinite(y):
             raise ValueError(f"label is not finite: {y!r}")
         only = -1 if self.upload_all else self._chosen()
-        ok = kernel_gradients(self.bank._wt, x, y, self.theta, self._theta_sq, self.eta, self.lam, only,
+        ok = kernel_gradients(self.bank.frequency_matrix, x, y, self.theta, self._theta_sq, self.eta, self.lam, only,
                               self._angles, self._z, self._f, self._loss, self._delta)
         yhat = self._combine(self._f)
         if not (ok and math.isfinite(yhat)):

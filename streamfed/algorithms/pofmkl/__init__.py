@@ -1,1 +1,100 @@
-"""algorithms/pofmkl"""
+"""POF-MKL — personalized online federated multi-kernel learning (Ghari & Shen, NeurIPS 2022);
+docs/algorithms.md §2.
+
+A dictionary of random-Fourier-feature kernels, per-agent multiplicative kernel weights (log domain), and
+each step uploads one sampled bin of at most `M` kernels (`M·2D` numbers, whatever the dictionary size).
+
+* :mod:`.learner` — the client and server halves (`POFMKLClient`, `POFMKLServer`) and the River regressor;
+* :mod:`.agent` — what an agent runs (lock-step uploads, or error feedback in asynchronous mode);
+* :mod:`.aggregation` — what the aggregator, the shards and the reducer run;
+* :mod:`.wire` — its message kinds;
+* ``_kernels`` / ``_layout`` — the numba loops and their buffer layout.
+
+>>> from streamfed.fleet.config import FleetConfig
+>>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=3, n_kernels=4, n_features=5)
+>>> learner = ALGORITHM.learner(cfg, "a1", 0)
+>>> type(learner).__name__, learner.kernel_weights.round(2).tolist()
+('POFMKLLearner', [0.25, 0.25, 0.25, 0.25])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+
+if TYPE_CHECKING:
+    from streamfed.algorithms.pofmkl.agent import POFMKLLearner
+    from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation
+    from streamfed.core.features import RFFBank
+    from streamfed.fleet.config import FleetConfig, MessageSchema
+
+__all__ = ["ALGORITHM", "POFMKL", "POFMKLParams"]
+
+
+class POFMKLParams(Params):
+    """POF-MKL hyperparameters (docs/algorithms.md §2); defaults match `POFMKLClient`.
+
+    >>> POFMKLParams().eta
+    0.005
+    """
+
+    eta: float = Field(0.005, gt=0, allow_inf_nan=False)
+    lam: float = Field(1e-4, ge=0, allow_inf_nan=False)
+    xi: float = Field(0.1, ge=0, le=1)
+
+
+class POFMKL(Algorithm):
+    """The POF-MKL family: itself, and in the replay its local-only and centralised arrangements."""
+
+    name = "pofmkl"
+    title = "POF-MKL (personal kernel weights, one sampled bin of M kernels uploaded)"
+    Params = POFMKLParams
+    lockstep = True
+
+    def bank(self, cfg: FleetConfig) -> RFFBank:
+        from streamfed.core.features import KernelSpec, RFFBank
+
+        return RFFBank([KernelSpec.parse(s) for s in cfg.kernel_specs], cfg.n_features, cfg.n_inputs, seed=cfg.seed)
+
+    def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
+        from streamfed.algorithms.pofmkl.wire import schemas
+
+        return schemas(cfg)
+
+    def kernel_version(self, cfg: FleetConfig) -> str:
+        return self.bank(cfg).version
+
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> POFMKLLearner:
+        """Client `index` draws its bins from `default_rng([seed, index])`, as in the replay."""
+        import numpy as np
+
+        from streamfed.algorithms.pofmkl.agent import POFMKLLearner
+        from streamfed.algorithms.pofmkl.learner import POFMKLClient
+
+        p = cfg.params
+        client = POFMKLClient(self.bank(cfg), p.eta, p.lam, p.xi, cfg.bin_size,
+                              rng=np.random.default_rng([cfg.seed, index]))
+        return POFMKLLearner(client, mode)
+
+    def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
+                    ) -> POFMKLAggregation:
+        from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation
+
+        return POFMKLAggregation(cfg.n_kernels, 2 * cfg.n_features, max_abs=max_abs)
+
+    def replay_variants(self) -> list[ReplayVariant]:
+        return [ReplayVariant(self.name, self.title),
+                ReplayVariant("local-only", "POF-MKL without federation (each client its own server)", "local"),
+                ReplayVariant("centralised", "POF-MKL as one learner on all data (each step's fleet samples one "
+                              "mini-batch)", "centralised")]
+
+    def estimator(self, **params: Any) -> Any:
+        from streamfed.algorithms.pofmkl.learner import POFMKLRegressor
+
+        return POFMKLRegressor(**params)
+
+
+ALGORITHM = POFMKL()

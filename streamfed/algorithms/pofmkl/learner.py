@@ -1,4 +1,4 @@
-"""POF-MKL: personalized online federated multi-kernel learning (ALGORITHMS.md section 2).
+"""POF-MKL: personalized online federated multi-kernel learning (docs/algorithms.md §2).
 
 The learner is split the way it is deployed:
 
@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 from river import base
 
+from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.pofmkl._layout import (
     N_DRAWS,
     STEP_BAD_INPUT,
@@ -51,10 +52,6 @@ __all__ = [
 
 _F64 = np.dtype(np.float64)
 _new_update = tuple.__new__  # KernelUpdate(k, d) without the NamedTuple's Python-level __new__
-
-
-class NonFiniteError(ValueError):
-    """A step would have produced a non-finite value; nothing was changed or uploaded."""
 
 
 class KernelUpdate(NamedTuple):
@@ -157,7 +154,7 @@ class POFMKLClient:
     def _bind_views(self) -> None:
         n, dim, m = self.bank.n_kernels, self.bank.dim, self.bin_size
         lay, st = self._layout, self._state
-        self._wt = self.bank._wt
+        self._wt = self.bank.frequency_matrix
         self.theta = st[slice(*lay["theta"])].reshape(n, dim)
         self._theta_sq = st[slice(*lay["theta_sq"])]
         self.logw = st[slice(*lay["logw"])]

@@ -2,7 +2,7 @@
 
 The per-sample kernels are numba functions (`streamfed/core/_feature_kernels.py`,
 `streamfed/algorithms/pofmkl/_kernels.py`, `streamfed/algorithms/fedbnr/_kernels.py`), written to be read
-against ALGORITHMS.md. Run through numba's JIT they need numba and LLVM in the process: ~140 MB of
+against docs/algorithms.md. Run through numba's JIT they need numba and LLVM in the process: ~140 MB of
 an edge agent's resident memory before it learns anything. `streamfed kernels build`
 (:mod:`streamfed.core.compiled.build`) compiles the same functions ahead of time, with numba, into one
 extension module; a process that finds a build made from the current sources loads it and never

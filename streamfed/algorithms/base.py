@@ -1,0 +1,228 @@
+"""The plug-in contract: what an algorithm family gives the fleet, and nothing more.
+
+An algorithm is one package under :mod:`streamfed.algorithms` exposing an :class:`Algorithm`. The agent,
+aggregator, shard and reducer cores, the replay, the demo, the CLI, the telemetry and the benchmarks only
+ever talk to these three objects:
+
+* :class:`Algorithm` — the family: its configuration model, its message kinds (wire schemas), its
+  feature-map version, and factories for the two halves below. Stateless; one per family.
+* :class:`Learner` — the client half an agent runs: ``predict`` / ``learn`` (prequential), ``take_update``
+  (the next bounded upload, or nothing), ``install_global`` (a decoded global message), ``regret()``
+  (a :class:`Regret`, same shape for every learner) and ``kernel_weights`` where it has them.
+* :class:`Aggregation` — the server half: ``check`` (validate an update completely, changing nothing),
+  ``take`` (into the open window), ``close_window`` / ``apply_round`` (fold into the global),
+  ``global_message``; and the sharded form: ``partial`` (what a shard sends: arrays, samples, epoch),
+  ``read_partial`` and
+  ``apply_partial`` (what the reducer folds in).
+
+Everything transport-level — sequence numbers, deduplication, acknowledgements, rounds by the clock or
+by the roster, durable state, retries — stays in the cores, which never ask which algorithm they run.
+
+A new algorithm is a package with an ``ALGORITHM`` object and one line in
+:data:`streamfed.algorithms.BUILTIN` (or :func:`streamfed.algorithms.register` at run time):
+
+>>> from streamfed import algorithms
+>>> sorted(algorithms.names())
+['em-kofl', 'fedbnr', 'fedbnr-personal', 'ofmkl-avg', 'ofskl', 'pofmkl', 'vm-kofl']
+>>> alg = algorithms.get("pofmkl")
+>>> alg.lockstep, alg.bayesian
+(True, False)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.protocol import Message
+
+__all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode"]
+
+Mode = Literal["lockstep", "async"]
+
+
+class NonFiniteError(ValueError):
+    """A step would have produced a non-finite value; nothing was changed or uploaded."""
+
+
+class Params(BaseModel):
+    """Base of every algorithm's hyperparameter model: strict (unknown keys refused) and frozen, so that
+    a fleet configuration holding it stays hashable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Regret:
+    """A learner's regret, the same shape for every learner: after `n` samples, the cumulative squared loss
+    of its prequential predictions `loss`, that of the best comparator in hindsight `best_loss` (POF-MKL:
+    the best single kernel; FedBNR: the best fixed ridge predictor on the client's own data), and which
+    comparator that is.
+
+    >>> r = Regret(n=4, loss=2.0, best_loss=1.5)
+    >>> r.regret, r.per_sample
+    (0.5, 0.125)
+    """
+
+    n: float
+    loss: float
+    best_loss: float
+    best: int = -1  # index of the best comparator (kernel), -1 when there is none
+
+    @property
+    def regret(self) -> float:
+        return self.loss - self.best_loss
+
+    @property
+    def per_sample(self) -> float:
+        return self.regret / self.n if self.n else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One upload's content before the envelope: the arrays of the algorithm's update kind.
+
+    `global_version` is the global it was computed against; `seq` is set only by learners that number
+    their own uploads (the agent numbers the others); `n_samples` is how many samples it summarises.
+
+    >>> Update({"delta": np.zeros((1, 4))}, n_samples=1, global_version=0).n_numbers
+    4
+    """
+
+    arrays: Mapping[str, np.ndarray]
+    n_samples: int
+    global_version: int
+    seq: int | None = None
+    epoch: int = 0
+
+    @property
+    def n_numbers(self) -> int:
+        """Model numbers carried: the floating-point arrays' sizes (the paper's `M·2D`; indices not counted)."""
+        return int(sum(np.asarray(a).size for a in self.arrays.values() if np.asarray(a).dtype.kind == "f"))
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """The client half an agent runs (one per client). Deterministic given its construction.
+
+    `begin_learn` predicts the labelled sample and does whatever must happen before the prediction is
+    published; `end_learn` finishes learning it. `learn` is both. A `ValueError` from either leaves the
+    learner unchanged (the agent counts the sample as skipped).
+    """
+
+    @property
+    def global_version(self) -> int: ...
+    @property
+    def kernel_names(self) -> Sequence[str]: ...
+    @property
+    def kernel_weights(self) -> np.ndarray | None: ...
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]: ...
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]: ...
+    def end_learn(self) -> None: ...
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]: ...
+    def take_update(self) -> Update | None: ...
+    def flush(self) -> list[Update]: ...
+    def install_global(self, msg: Message) -> bool: ...
+    def regret(self) -> Regret: ...
+    def warm_up(self, x: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class Aggregation(Protocol):
+    """The server half (one per aggregator, shard or reducer). `check` never changes anything; the item it
+    returns is what `take`, `apply_round` and `partial` accept.
+
+    `apply_round(round, items)`: in a lock-step fleet `round` is the seq every item carries; the replay
+    also calls it once per step with `round` = the step for algorithms without lock-step rounds, so an
+    order-free aggregation takes sequence numbers from its items, not from `round`. `close_window(order,
+    mark)`: `order` ranks the fleet's clients (fold in that order for reproducible sums), `mark(client)`
+    is the highest seq up to which the core has received everything from that client."""
+
+    @property
+    def version(self) -> int: ...
+    def check(self, msg: Message) -> Any: ...
+    def take(self, client: str, seq: int, item: Any) -> None: ...
+    def pending(self) -> bool: ...
+    def close_window(self, order: Mapping[str, int], mark: Callable[[str], int]) -> bool: ...
+    def apply_round(self, round: int, items: Sequence[tuple[str, Any]]) -> None: ...
+    def included(self) -> dict[str, int]: ...
+    def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message: ...
+    def partial(self, items: Sequence[Any]) -> tuple[dict[str, np.ndarray], int, int]: ...
+    def read_partial(self, msg: Message) -> Any: ...
+    def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None: ...
+    def warm_up(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReplayVariant:
+    """One row of the replay's comparison: a name, a description, and how it is arranged."""
+
+    name: str
+    title: str
+    arrangement: Literal["federated", "local", "centralised"] = "federated"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Algorithm:
+    """An algorithm family. Subclasses set the class attributes and implement the factories.
+
+    `lockstep`: it can run the paper's lock-step rounds (a round = every client's seq-`r` update);
+    otherwise it is order-free and always aggregates in windows. `bayesian`: predictions carry a
+    variance. `cheap_regret`: `Learner.regret()` is cheap enough to read every few samples (else the
+    agent reads it once per upload). `in_fleet`: it runs over MQTT (the paper's comparison baselines
+    run in the replay only).
+    """
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    Params: ClassVar[type[Params]]
+    lockstep: ClassVar[bool] = False
+    bayesian: ClassVar[bool] = False
+    cheap_regret: ClassVar[bool] = True
+    in_fleet: ClassVar[bool] = True
+
+    # ---------------------------------------------------------------- configuration and wire
+    def feature_dim(self, cfg: FleetConfig) -> int:
+        """Features per kernel as the learner sees them."""
+        return 2 * cfg.n_features
+
+    def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
+        """Its message kinds: exactly one on `updates`, one on `global`, one on `partials`."""
+        raise NotImplementedError
+
+    def kernel_version(self, cfg: FleetConfig) -> str:
+        """The feature-map version every message of this fleet carries."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- the two halves
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> Learner:
+        """The client half of agent `client_id`, the `index`-th client of the fleet."""
+        raise NotImplementedError
+
+    def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> Aggregation:
+        """The server half. Every value of an accepted update is bounded by `max_abs`; `check_stats=False`
+        lets through statistics that are not those of real samples (noised or masked uploads)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- evaluation
+    def replay_variants(self) -> list[ReplayVariant]:
+        """The rows this family contributes to `streamfed replay` (default: itself, federated)."""
+        return [ReplayVariant(self.name, self.title)]
+
+    def estimator(self, **params: Any) -> Any:
+        """Its River estimator (a fleet of one)."""
+        raise NotImplementedError
+
+    def demo_settings(self) -> dict[str, Any]:
+        """Fleet-configuration fields (and `params`) that make a good live demo of it on the Beijing streams."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<algorithm {self.name}>"

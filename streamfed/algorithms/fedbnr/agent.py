@@ -1,0 +1,108 @@
+"""What a FedBNR agent runs (docs/algorithms.md §3): the client half, publishing its delta statistics
+whenever at least `min_upload` samples are pending (the privacy floor). Order-free: it never waits for
+a round, and the learner numbers its own uploads (it keeps them until a global includes them)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.fedbnr.wire import global_fields
+from streamfed.fleet.protocol import Message
+
+__all__ = ["StatsLearner", "StatsClient"]
+
+
+class StatsClient(Protocol):
+    """The methods of a statistics client (`FedBNRClient`, `FedBNRHierClient`) this adapter uses."""
+
+    global_version: int
+    kernel_names: Sequence[str]
+
+    def predict(self, x: np.ndarray) -> tuple[float, float]: ...
+    def learn(self, x: np.ndarray, y: float) -> object: ...
+    def make_upload(self) -> object: ...
+
+
+class StatsLearner:
+    """The :class:`~streamfed.algorithms.base.Learner` of FedBNR: `predict` gives the posterior predictive
+    mean and variance, `begin_learn` predicts, `end_learn` makes the rank-one update (so the prediction is
+    published before the O(F²) work).
+
+    >>> from streamfed.algorithms.fedbnr.learner import FedBNRClient
+    >>> learner = StatsLearner(FedBNRClient(n_inputs=1, n_features=4, min_upload=2))
+    >>> learner.learn(np.array([0.1]), 1.0), learner.take_update()
+    ((0.0, 3.0), None)
+    >>> _ = learner.learn(np.array([0.2]), 1.0)
+    >>> up = learner.take_update()
+    >>> up.seq, up.n_samples, float(up.arrays["n"])
+    (1, 2, 2.0)
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._pending: tuple[np.ndarray, float] | None = None
+
+    @property
+    def global_version(self) -> int:
+        return int(self.client.global_version)
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return self.client.kernel_names
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return self.client.kernel_weights()
+
+    def regret(self) -> Regret:
+        d = self.client.regret()
+        return Regret(float(d["n"]), float(d["loss"]), float(d["ridge_loss"]), int(d.get("best_ridge_kernel", -1)))
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        mean, var = self.client.predict(x)
+        return float(mean), float(var)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.predict(x)
+        self._pending = (x, y)
+        return out
+
+    def end_learn(self) -> None:
+        if self._pending is not None:
+            x, y = self._pending
+            self._pending = None
+            self.client.learn(x, y)
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
+
+    def take_update(self) -> Update | None:
+        up = self.client.make_upload()
+        if up is None:
+            return None
+        fields = up.to_message()
+        arrays = {k: np.asarray(fields[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")}
+        return Update(arrays, max(int(round(float(fields["n"]))), 0), int(up.base_version), seq=int(up.seq),
+                      epoch=int(fields.get("epoch", 0)))
+
+    def flush(self) -> list[Update]:
+        # pending statistics below the privacy floor never leave the device
+        return []
+
+    def install_global(self, msg: Message) -> bool:
+        from streamfed.algorithms.fedbnr.learner import GlobalModel
+
+        return bool(self.client.apply_global(GlobalModel.from_message(global_fields(msg))))
+
+    def warm_up(self, x: np.ndarray) -> None:
+        twin = copy.deepcopy(self.client)
+        twin.predict(x)
+        twin.learn(x, 0.0)
+        twin.own_stats()  # folds the staged rows, as every upload does

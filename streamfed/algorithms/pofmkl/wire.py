@@ -1,0 +1,96 @@
+"""POF-MKL on the wire: its message kinds and their builders (docs/algorithms.md §2).
+
+* ``pofmkl.update`` — `Δ_p` for the (at most `M`) kernels of the sampled bin: `kernels (m,)`, `delta (m, 2D)`.
+* ``pofmkl.global`` — the global `θ (N, 2D)`, with `included` (per client, every seq up to it is in `θ`).
+* ``pofmkl.partial`` — a shard's dense `Σ Δ (N, 2D)` over the updates it took in, with their `(client, seq)`
+  pairs (see :mod:`streamfed.fleet.sharding`).
+
+>>> from streamfed.fleet.config import FleetConfig
+>>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=3, n_kernels=5, n_features=4, bin_size=2)
+>>> cfg.array_shapes("pofmkl.update")
+{'kernels': ('int64', ('m',)), 'delta': ('float64', ('m', 8))}
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.fleet.topics import Channel
+
+if TYPE_CHECKING:
+    from streamfed.fleet.config import FleetConfig
+
+from streamfed.fleet.protocol import Message, writable_copy
+
+__all__ = ["UPDATE", "GLOBAL", "PARTIAL", "schemas", "update_message", "global_message", "global_theta",
+           "to_kernel_update"]
+
+UPDATE, GLOBAL, PARTIAL = "pofmkl.update", "pofmkl.global", "pofmkl.partial"
+
+
+def schemas(cfg: FleetConfig) -> list[MessageSchema]:
+    n, dim, m = cfg.n_kernels, 2 * cfg.n_features, cfg.bin_size
+    return [
+        MessageSchema(UPDATE, Channel.UPDATES, (
+            ArraySpec("kernels", "int64", ("m",), index_bound=n, distinct=True),
+            ArraySpec("delta", "float64", ("m", dim)),
+        ), {"m": (1, m)}),
+        MessageSchema(GLOBAL, Channel.GLOBAL, (
+            ArraySpec("theta", "float64", (n, dim)),
+        ), max_included=cfg.max_clients),
+        MessageSchema(PARTIAL, Channel.PARTIALS, (
+            ArraySpec("sum", "float64", (n, dim)),
+            *contributor_arrays(),
+        ), contributor_dims(cfg), meta=(MetaSpec("round"),), max_included=cfg.max_clients),
+    ]
+
+
+def update_message(
+    fleet: str, client: str, seq: int, kernels: np.ndarray, delta: np.ndarray, *,
+    global_version: int, kernel_version: str, n_samples: int = 1, created: float | None = None,
+) -> Message:
+    """A `pofmkl.update` from a `KernelUpdate`'s arrays (`kernels` int64 `(m,)`, `delta` `(m, 2D)`).
+
+    >>> m = update_message("f", "a1", 3, np.array([1]), np.zeros((1, 4)), global_version=2,
+    ...                    kernel_version="k", created=0.0)
+    >>> m.kind, m.arrays["kernels"].dtype
+    ('pofmkl.update', dtype('int64'))
+    """
+    return Message(fleet, client, UPDATE, seq, global_version, kernel_version, int(n_samples),
+                   time.time() if created is None else float(created),
+                   {"kernels": np.asarray(kernels, dtype=np.int64), "delta": np.asarray(delta, dtype=np.float64)})
+
+
+def to_kernel_update(msg: Message) -> Any:
+    """The :class:`~streamfed.algorithms.pofmkl.learner.KernelUpdate` of a decoded update (writable copies)."""
+    from streamfed.algorithms.pofmkl.learner import KernelUpdate  # lazy: the codec does not need numba
+
+    _expect(msg, UPDATE)
+    return KernelUpdate(writable_copy(msg.arrays["kernels"], "int64"), writable_copy(msg.arrays["delta"], "float64"),
+                        msg.n_samples)
+
+
+def global_message(
+    fleet: str, sender: str, theta: np.ndarray, version: int, *, kernel_version: str,
+    included: Mapping[str, int] | None = None, created: float | None = None,
+) -> Message:
+    """A `pofmkl.global` carrying `θ (N, 2D)`; `seq` and `global_version` are both `version`."""
+    return Message(fleet, sender, GLOBAL, version, version, kernel_version, 0,
+                   time.time() if created is None else float(created),
+                   {"theta": np.asarray(theta, dtype=np.float64)}, {}, dict(included or {}))
+
+
+def global_theta(msg: Message) -> tuple[np.ndarray, int]:
+    """`(θ, version)` of a decoded `pofmkl.global` (`θ` a writable copy)."""
+    _expect(msg, GLOBAL)
+    return writable_copy(msg.arrays["theta"], "float64"), msg.global_version
+
+
+def _expect(msg: Message, kind: str) -> None:
+    if msg.kind != kind:
+        raise ValueError(f"expected a {kind!r} message, got {msg.kind!r}")

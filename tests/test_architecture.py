@@ -1,0 +1,83 @@
+"""The layout keeps its promises: the cores, the runtime, the replay and the CLI know no algorithm by name,
+nothing in the repository points outside it, and the plug-in registry is consistent."""
+
+import io
+import re
+import subprocess
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from streamfed import algorithms
+from streamfed.algorithms.base import Aggregation, Learner
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.topics import Channel
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "streamfed"
+# Modules that must go through the plug-in contract only.
+GENERIC = [*sorted((PKG / "fleet").glob("*.py")), *sorted((PKG / "runtime").glob("*.py")),
+           PKG / "evaluation" / "replay.py", PKG / "evaluation" / "report.py", PKG / "evaluation" / "loadtest.py",
+           PKG / "cli.py", PKG / "demo.py"]
+
+
+def code_without_docs(path: Path) -> str:
+    """The module's code tokens: comments, docstrings and doctests dropped (they may name an algorithm as
+    an example); every other string literal and identifier kept."""
+    out, prev = [], tokenize.INDENT
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline):
+        if tok.type == tokenize.COMMENT:
+            continue
+        # a string that is a statement of its own (after an indent, a newline or at the start) is a docstring
+        if tok.type == tokenize.STRING and prev in (tokenize.INDENT, tokenize.NEWLINE, tokenize.DEDENT, tokenize.NL):
+            prev = tok.type
+            continue
+        if tok.type not in (tokenize.NL, tokenize.COMMENT):
+            prev = tok.type
+        out.append(tok.string)
+    return " ".join(out)
+
+
+def name_pattern() -> re.Pattern[str]:
+    words = set(algorithms.names()) | {"pof-mkl", "pof_mkl", "kofl", "fedbnr"}
+    for n in algorithms.names():
+        words.update(v.name for v in algorithms.get(n).replay_variants() if v.name not in ("local-only", "centralised"))
+    alternatives = "|".join(sorted(map(re.escape, words), key=len, reverse=True))
+    return re.compile(rf"(?<![a-z])(?:{alternatives})(?![a-z])", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", GENERIC, ids=lambda p: str(p.relative_to(ROOT)))
+def test_generic_modules_name_no_algorithm(path: Path) -> None:
+    hits = sorted(set(m.group(0) for m in name_pattern().finditer(code_without_docs(path))))
+    assert not hits, f"{path.relative_to(ROOT)} names {hits}: go through streamfed.algorithms instead"
+
+
+def test_the_check_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""A docstring may say pofmkl."""\n# so may a comment: fedbnr\n'
+                   'if cfg.algorithm == "pofmkl":\n    pass\n')
+    assert name_pattern().findall(code_without_docs(bad)) == ["pofmkl"]
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    folder = "shared"  # the folder beside the repository the first documents lived in (not spelled whole here)
+    outside = re.compile(rf"\.\./{folder}|{folder}/docs|{folder}/papers")
+    hits = [f for f in files if f.endswith((".py", ".md", ".toml", ".sh", ".yml", ".yaml", ".txt", ".service"))
+            and outside.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))]
+    assert not hits, f"these files point outside the repository: {hits}"
+
+
+@pytest.mark.parametrize("name", algorithms.names())
+def test_every_registered_algorithm_fills_the_contract(name: str) -> None:
+    alg = algorithms.get(name)
+    assert alg.name == name and alg.title and issubclass(alg.Params, algorithms.base.Params)
+    cfg = FleetConfig(fleet="f", algorithm=name, n_inputs=3, n_kernels=2, n_features=4, kernels=None)
+    ps = cfg.protocol_schema
+    for channel in (Channel.UPDATES, Channel.GLOBAL, Channel.PARTIALS):
+        assert len(ps.kinds_on(channel)) == 1, f"{name}: one kind on {channel}"
+    learner = alg.learner(cfg, "a", 0, "lockstep" if alg.lockstep else "async")
+    agg = alg.aggregation(cfg)
+    assert isinstance(learner, Learner) and isinstance(agg, Aggregation)
+    assert cfg.kernel_version == alg.kernel_version(cfg) and isinstance(cfg.kernel_version, str)
