@@ -216,7 +216,8 @@ def _serve(build: Callable[[], Any], stats: list, metrics_port: int | None, desc
 def _serve_metrics(stats: list, port: int | None, host: str = "127.0.0.1") -> object | None:
     if port is None:
         return None
-    from streamfed.fleet.telemetry import AggregatorStats, StreamfedCollector, make_registry, serve_metrics
+    from streamfed.fleet.telemetry import AggregatorStats
+    from streamfed.runtime.exporter import StreamfedCollector, make_registry, serve_metrics
 
     agents = [s for s in stats if not isinstance(s, AggregatorStats)]
     aggs = [s for s in stats if isinstance(s, AggregatorStats)]

@@ -27,10 +27,10 @@ from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Reason
 from streamfed.fleet.sources import array_source
-from streamfed.fleet.telemetry import StreamfedCollector, make_registry, serve_metrics
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.broker import EmbeddedBroker
+from streamfed.runtime.exporter import StreamfedCollector, make_registry, serve_metrics
 
 __all__ = ["DemoOptions", "run_demo"]
 

@@ -29,14 +29,8 @@ from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from streamfed.evaluation.datasets.synthetic import synthetic_fleet
-from streamfed.fleet.telemetry import (
-    AgentStats,
-    AggregatorStats,
-    MetricsServer,
-    StreamfedCollector,
-    make_registry,
-    serve_metrics,
-)
+from streamfed.fleet.telemetry import AgentStats, AggregatorStats
+from streamfed.runtime.exporter import MetricsServer, StreamfedCollector, make_registry, serve_metrics
 from tests import prometheus as prom
 
 BROKER_CONFIG = prom.REPO / "broker_config"

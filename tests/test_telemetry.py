@@ -32,11 +32,9 @@ from streamfed.fleet.telemetry import (
     AgentStats,
     AggregatorStats,
     LatencyHistogram,
-    StreamfedCollector,
     WindowedMSE,
-    make_registry,
-    serve_metrics,
 )
+from streamfed.runtime.exporter import StreamfedCollector, make_registry, serve_metrics
 
 
 def test_doctests() -> None:
