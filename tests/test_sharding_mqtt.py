@@ -251,3 +251,35 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
         assert a.core.global_version == STEPS
         assert np.max(np.abs(a.core.learner.client.theta - srv.theta)) <= 1e-12 * scale
         assert a.core.learner.client.cumulative_loss == pytest.approx(r.cumulative_loss, rel=1e-10)
+
+
+def test_sharded_personal_fedbnr_fleet_over_mosquitto_keeps_every_clients_statistics(mosquitto_dev, streams):
+    """Personalised FedBNR through shards and the reducer over Mosquitto: partials carry per-client sums, and
+    the reducer ends with each client's exact statistics (Φ_kᵀΦ_k, Φ_kᵀy_k, n_k, q_k of its own samples)."""
+    cfg = FleetConfig(fleet="shardpersonal", algorithm="fedbnr-personal", n_inputs=10, n_features=10,
+                      kernels=["gaussian:1.0"], params={"min_upload": 10, "fit_hyperparameters": False})
+    broker = mosquitto_dev.broker_config()
+    names = [s.name for s in streams[:3]]
+
+    async def main():
+        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), linger=0.5)
+                  for i, (n, s) in enumerate(zip(names, streams[:3], strict=True))]
+        reducer, shards = await run_sharded(cfg, broker, names, agents, mode="async")
+        return reducer, shards, agents
+
+    reducer, shards, agents = asyncio.run(main())
+    server = reducer.core.aggregation.server
+    n_up = (len(streams[0].y) // 10) * 10
+    assert reducer.core.included() == {n: n_up // 10 for n in names}
+    probe = agents[0].core.learner.client
+    for n, s in zip(names, streams[:3], strict=True):
+        phi = probe.features_many(s.X[:n_up])
+        y = s.y[:n_up]
+        st, _ = server.clients[n]
+        assert st.n == n_up
+        np.testing.assert_allclose(st.S, phi.T @ phi, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(st.b, phi.T @ y, rtol=1e-10, atol=1e-10)
+        assert st.q == pytest.approx(float(y @ y), rel=1e-10)
+    assert all(s.core.counters.accepted > 0 for s in shards)
+    for a in agents:  # each agent installed the final global
+        assert a.core.learner.global_version == reducer.core.version

@@ -444,9 +444,10 @@ class ReducerCore:
             self._round[rnd] = (total if acc is None else acc + total, who | clients)
             self._round_pairs[rnd].update(pairs)
             return out + self._close_ready_rounds(now)
+        # the sum first: nothing is recorded as applied unless its part of the sum exists
+        self._win_sum = total if self._win_sum is None else self._win_sum + total
         for c, s in pairs:
             self.applied.record(c, s)
-        self._win_sum = total if self._win_sum is None else self._win_sum + total
         self._win_clients |= clients
         if self._win_started is None:
             self._win_started = now

@@ -168,12 +168,12 @@ class PersonalAggregation(SummingWindow):
                   "count": np.array([u.count for u in rows], dtype=np.int64)}
         return arrays, int(sum(u.count for u in rows)), int(self.server.epoch)
 
-    def read_partial(self, msg: Message) -> dict[str, HierUpload]:
+    def read_partial(self, msg: Message) -> ClientSums:
         names = sorted(msg.included)
         a = msg.arrays
         if a["n"].shape[0] != len(names):
             raise ValueError(f"{a['n'].shape[0]} rows of statistics for {len(names)} clients")
-        out = {}
+        out = ClientSums(self.server.forgetting)
         for i, c in enumerate(names):
             st = self._stats(a["S_upper"][i], a["b"][i], float(a["n"][i]), float(a["q"][i]), msg)
             t = float(a["time"][i])
@@ -182,7 +182,7 @@ class PersonalAggregation(SummingWindow):
             out[c] = HierUpload(c, int(msg.included[c]), t, int(a["count"][i]), st)
         return out
 
-    def apply_partial(self, total: dict[str, HierUpload], n_clients: int, included: Mapping[str, int]) -> None:
+    def apply_partial(self, total: ClientSums, n_clients: int, included: Mapping[str, int]) -> None:
         for up in total.values():
             self.server.add_statistics(up)
         self.server.included = dict(included)
@@ -197,6 +197,31 @@ class PersonalAggregation(SummingWindow):
 
     def warm_up(self) -> None:
         pass
+
+
+class ClientSums(dict):  # type: ignore[type-arg]
+    """client → its uploads in one or more partials, merged (time-weighted to the latest); `+` merges two,
+    which is how the reducer sums partials within a window or a round.
+
+    >>> st = SufficientStats.from_samples(np.ones((2, 2)), np.ones(2))
+    >>> a, b = ClientSums(1.0), ClientSums(1.0)
+    >>> a["x"] = HierUpload("x", 1, 1.0, 2, st); b["x"] = HierUpload("x", 2, 2.0, 2, st)
+    >>> m = (a + b)["x"]
+    >>> m.seq, m.count, m.stats.n, m.time
+    (2, 4, 4.0, 2.0)
+    """
+
+    def __init__(self, forgetting: float) -> None:
+        super().__init__()
+        self.forgetting = float(forgetting)
+
+    def __add__(self, other: ClientSums) -> ClientSums:  # type: ignore[override]
+        out = ClientSums(self.forgetting)
+        out.update(self)
+        for c, up in other.items():
+            held = out.get(c)
+            out[c] = up if held is None else _merge(held, up, self.forgetting)
+        return out
 
 
 def _merge(a: HierUpload, b: HierUpload, forgetting: float) -> HierUpload:
