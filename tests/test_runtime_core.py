@@ -311,3 +311,22 @@ def test_warm_up_compiles_everything_the_stream_runs(algorithm, fleet):
             assert agent.on_global(decode(encode(g, cfg), cfg.protocol_schema), now=300.0)
     after = _compiled_signatures()
     assert {k: v for k, v in after.items() if v != before.get(k, 0)} == {}
+
+
+@pytest.mark.parametrize("algorithm", ["fedbnr", "fedbnr-personal", "pofmkl"])
+def test_a_target_the_learner_refuses_is_counted_not_fatal_and_changes_nothing(algorithm):
+    """A finite target so large that its square overflows (1e300): the agent skips the sample with the reason
+    `unlearnable` (or `non_finite`), keeps running, and its model is what it was (same predictions, same
+    regret accounting; scratch buffers may differ)."""
+    cfg = FleetConfig(fleet="t", algorithm=algorithm, n_inputs=2, n_kernels=1, n_features=4,
+                      kernels=["gaussian:1.0"], params={"min_upload": 2} if algorithm != "pofmkl" else {})
+    agent = AgentCore(cfg, "a", 0)
+    agent.on_reading(Reading("ok", np.array([0.1, 0.2]), 0.0, 0.5))
+    probes = [np.array([0.3, 0.1]), np.array([-1.0, 2.0])]
+    before = ([agent.learner.predict(x) for x in probes], agent.learner.regret())
+    pred, msgs = agent.on_reading(Reading("huge", np.array([0.3, 0.1]), 1.0, 1e300))
+    assert msgs == [] and agent.counters.learned == 1
+    assert sum(agent.counters.skipped.get(r, 0) for r in ("unlearnable", "non_finite")) == 1
+    assert ([agent.learner.predict(x) for x in probes], agent.learner.regret()) == before
+    _, msgs = agent.on_reading(Reading("next", np.array([0.2, 0.2]), 2.0, 0.4))  # and it goes on learning
+    assert agent.counters.learned == 2

@@ -24,6 +24,7 @@ after a restart): the aggregator drops what it already has by `(client, seq)`. :
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from streamfed.fleet.telemetry import AgentStats
 
 __all__ = ["AGENT_STATE_FORMAT", "AgentCore", "GlobalResult", "PendingLearn", "Prediction"]
 
+log = logging.getLogger("streamfed.agent")
 AGENT_STATE_FORMAT = 2  # layout of AgentCore.snapshot(); restore() refuses any other
 
 
@@ -309,8 +311,8 @@ class AgentCore:
             raise RuntimeError(f"lock-step agent {self.client_id!r} must wait for global version {wait}")
         try:
             mean, var = self.learner.begin_learn(reading.x, y)
-        except NonFiniteError:
-            self.on_skip(Skip(SkipReason.NON_FINITE))
+        except ValueError as e:  # the learner refused the sample and changed nothing: counted, not fatal
+            self._refused(reading, e)
             return None
         # the global this step saw: an update computed from it says so even if a newer one is installed
         # before the update message is built
@@ -320,8 +322,8 @@ class AgentCore:
         try:
             self.learner.end_learn()
             msgs = [self._update_message(up) for up in self._take_updates()]
-        except NonFiniteError:  # predicted, but the sample cannot be learned
-            self.on_skip(Skip(SkipReason.NON_FINITE))
+        except ValueError as e:  # predicted, but the sample cannot be learned
+            self._refused(p.reading, e)
             return []
         self.steps += 1
         self.counters.learned += 1
@@ -335,6 +337,13 @@ class AgentCore:
         elif msgs:
             self.stats.update_from_learner(self.learner)
         return msgs
+
+    def _refused(self, reading: Reading, error: ValueError) -> None:
+        reason = SkipReason.NON_FINITE if isinstance(error, NonFiniteError) else SkipReason.UNLEARNABLE
+        self.on_skip(Skip(reason))
+        if self.counters.skipped.get(reason, 0) <= 3 or self.counters.skipped[reason] % 1000 == 0:
+            log.warning("agent %s: reading %r not learned (%s, %d so far): %s", self.client_id, reading.id[:64],
+                        reason, self.counters.skipped[reason], str(error)[:200])
 
     def _take_updates(self) -> list[Update]:
         """Lock-step: this step's update, always. Otherwise: one, if the learner has it, after every

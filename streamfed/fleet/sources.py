@@ -70,6 +70,7 @@ class SkipReason:
     UNKNOWN_READING = "unknown_reading"  # a label for a reading we never saw (or already labelled)
     LABEL_EVICTED = "label_evicted"  # waited too long for its label: the join buffer was full
     DUPLICATE = "duplicate"  # a reading id seen before (QoS 1 delivers at least once)
+    UNLEARNABLE = "unlearnable"  # well-formed, but the learner refused it (e.g. a target whose square overflows)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ AGGREGATION_BUCKETS: tuple[float, ...] = (
 # cover streamfed.fleet.sources.SkipReason and streamfed.fleet.protocol.Reason.
 DEFAULT_SKIP_REASONS: tuple[str, ...] = (
     "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "unknown_reading",
-    "label_evicted", "duplicate",
+    "label_evicted", "duplicate", "unlearnable",
 )
 DEFAULT_REJECT_REASONS: tuple[str, ...] = (
     "too_large", "not_msgpack", "bad_schema", "unknown_kind", "wrong_fleet", "bad_client", "bad_array",
