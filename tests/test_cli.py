@@ -40,7 +40,7 @@ def test_replay_runs_any_csv_and_every_kind_of_algorithm(tmp_path):
 
     rng = np.random.default_rng(0)
     rows = ["site,temp,hum,load"]
-    for t in range(120):
+    for _ in range(120):
         for site, shift in (("north", 0.0), ("south", 0.5)):
             temp, hum = rng.normal(), rng.normal()
             rows.append(f"{site},{temp:.4f},{hum:.4f},{np.sin(temp) + 0.3 * hum + shift + 0.05 * rng.normal():.4f}")
