@@ -49,6 +49,12 @@ def replay(
     target: Annotated[str | None, typer.Option(help="with --dataset PATH.csv: the column to predict")] = None,
     client_column: Annotated[str | None, typer.Option(help="with a CSV: column naming each row's client")] = None,
     features: Annotated[str | None, typer.Option(help="with a CSV: input columns A,B,... (default: numeric)")] = None,
+    join: Annotated[list[str] | None, typer.Option(
+        help="CLIENT@STEP: that client joins the running fleet at STEP (repeatable)")] = None,
+    leave_one_out: Annotated[int | None, typer.Option(
+        help="cold start: each client in turn joins at this step, scored over its first --windows samples")] = None,
+    windows: Annotated[str, typer.Option(help="with --leave-one-out: sample counts to score, e.g. 336,2000")
+                       ] = "336,2000",
 ) -> None:
     """Replay a fleet in-process (no network) and compare algorithms: results.json, results.md, plots."""
     from streamfed.evaluation.datasets import csv_fleet_with_report, load_beijing, synthetic_fleet
@@ -63,6 +69,8 @@ def replay(
         raise typer.BadParameter(f"unknown algorithm(s) {unknown}; choose from {', '.join(titles)}")
     try:
         sched = Schedule.parse(schedule)
+        joins = _joins(join or [])
+        score = [int(w) for w in windows.split(",") if w.strip()]
         own = _params(param or [])
         cfg = AlgorithmConfig(n_kernels=n_kernels, n_features=n_features, bin_size=bin_size, params=own,
                               eta=eta, lam=lam, xi=xi)
@@ -84,6 +92,10 @@ def replay(
     samples = sum(len(s.y) for s in fleet.streams)
     console.print(f"[bold]{dataset}[/]: {len(fleet.streams)} clients, {samples} samples; "
                   f"algorithms {', '.join(chosen)}; {seeds} seed(s); schedule {schedule}")
+    if leave_one_out is not None:
+        _cold_start(fleet, chosen, cfg, sched, leave_one_out, score, seeds, out, plots,
+                    "streamfed replay " + " ".join(shlex.quote(a) for a in _argv()))
+        return
     results: dict = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
@@ -93,7 +105,7 @@ def replay(
                 task = progress.add_task(f"{name:12s} seed {seed}", total=1.0)
                 try:
                     runs.append(run_replay(
-                        fleet, name, cfg, sched, seed=seed, steps=steps,
+                        fleet, name, cfg, sched, seed=seed, steps=steps, join=joins,
                         progress=lambda done, total, task=task: progress.update(task, completed=done / total)))
                 except ValueError as e:  # e.g. a parameter the algorithm's model refuses
                     raise typer.BadParameter(f"{name}: {e}") from None
@@ -111,6 +123,7 @@ def replay(
         if value is not None:
             opts.append(f"{flag} {shlex.quote(str(value))}")
     opts += [f"--param {shlex.quote(p)}" for p in param or []]
+    opts += [f"--join {shlex.quote(j)}" for j in join or []]
     command = "streamfed replay " + " ".join(opts)
     written = write_report(results, summary, out, command=command, plots=plots)
     table = Table(title="replay results")
@@ -173,6 +186,56 @@ def _run_service(svc: object, server: object | None) -> None:
     finally:
         if server is not None:
             server.close()  # type: ignore[attr-defined]
+
+
+def _argv() -> list[str]:
+    import sys
+
+    return sys.argv[2:] if len(sys.argv) > 2 else []
+
+
+def _joins(items: list[str]) -> dict[str, int]:
+    """`CLIENT@STEP` items as {CLIENT: STEP}."""
+    out = {}
+    for item in items:
+        client, at, step = item.rpartition("@")
+        if not (at and client and step.isdigit()):
+            raise ValueError(f"--join {item!r}: expected CLIENT@STEP, e.g. Dongsi@8760")
+        out[client] = int(step)
+    return out
+
+
+def _cold_start(fleet: Any, chosen: list[str], cfg: Any, sched: Any, join_step: int, windows: list[int],
+                seeds: int, out: Path, plots: bool, command: str) -> None:
+    import numpy as np
+
+    from streamfed.evaluation.coldstart import leave_one_out
+
+    n_runs = len(fleet.streams) * len(chosen) * seeds
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
+        task = progress.add_task("cold start", total=n_runs)
+
+        def step(what: str) -> None:
+            progress.update(task, advance=1, description=f"cold start: {what}")
+
+        try:
+            res = leave_one_out(fleet, chosen, cfg, join_step, windows=windows, seeds=range(seeds), schedule=sched,
+                                progress=step)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    written = res.write(out, command=command, plots=plots)
+    for w in res.windows:
+        table = Table(title=f"cold start: first {w} samples after joining at step {join_step} (mean over seeds)")
+        table.add_column("algorithm")
+        for col in ("mean MSE", "mean NLPD", "mean cov95"):
+            table.add_column(col, justify="right")
+        tab = res.table(w)
+        for a in chosen:
+            cells = [row[a] for row in tab.values() if a in row]
+            table.add_row(a, *(f"{np.nanmean([c[k] for c in cells]):.4f}" for k in ("mse", "nlpd", "coverage")))
+        console.print(table)
+    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
 def _params(items: list[str]) -> dict[str, dict[str, object]]:

@@ -93,3 +93,26 @@ def test_divergence_is_counted_not_fatal(fleet):
 def test_unknown_algorithm():
     with pytest.raises(ValueError, match="unknown algorithm"):
         build_arrangement("magic", 2, 3, CFG, 0)
+
+
+def test_a_joining_client_starts_from_the_fleets_global_and_scores_from_its_join(fleet):
+    """A client joining at step J takes no sample before J, yet its first prediction uses the global of round J
+    (as a late agent reading the retained global); from-scratch (local-only) it predicts 0 first."""
+    join = {fleet.streams[1].name: 100}
+    r = replay(fleet, "pofmkl", CFG, seed=4, steps=200, join=join)
+    assert np.isnan(r.sq_errors[1][:100]).all() and not np.isnan(r.sq_errors[1][100:]).any()
+    assert r.active.tolist() == [200, 100, 200, 200] and r.first(1, 10)["n"] == 10
+    y = fleet.streams[1].y
+    assert r.sq_errors[1][100] != y[100] ** 2  # not the zero model: the fleet's θ after 100 rounds
+    scratch = replay(fleet, "local-only", CFG, seed=4, steps=200, join=join)
+    assert scratch.sq_errors[1][100] == y[100] ** 2  # θ = 0 at its first sample
+    with pytest.raises(ValueError, match="no client named"):
+        replay(fleet, "pofmkl", CFG, steps=50, join={"nobody": 3})
+
+
+def test_bayesian_replays_record_predictive_variances(fleet):
+    r = replay(fleet, "fedbnr", AlgorithmConfig(n_kernels=1, n_features=8, params={"fedbnr": {"min_upload": 8}}),
+               seed=0, steps=120)
+    f = r.first(0)
+    assert f["n"] == 120 and np.isfinite(f["nlpd"]) and 0.5 < f["coverage"] <= 1.0
+    assert np.isnan(replay(fleet, "pofmkl", CFG, steps=50).first(0)["nlpd"])  # no variance: no NLPD

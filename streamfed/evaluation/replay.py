@@ -36,6 +36,7 @@ from streamfed.core.features import KernelSpec, gaussian_dictionary
 from streamfed.evaluation.datasets import Fleet
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message
+from streamfed.fleet.telemetry import Z95
 
 __all__ = ["AlgorithmConfig", "Arrangement", "ReplayResult", "Schedule", "algorithm_titles", "build_arrangement",
            "replay"]
@@ -226,6 +227,34 @@ class ReplayResult:
     rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per client
     centralised: bool = False  # one learner took every client's samples
     arrangement: Arrangement | None = field(default=None, repr=False)  # the learners and aggregations, at the end
+    # per client, the predictive variance of each step (NaN where the learner gives none, or not scored)
+    variances: list[np.ndarray] = field(default_factory=list, repr=False)
+    starts: np.ndarray | None = None  # per client, the step it joined the fleet at (None: all at 0)
+    ys: list[np.ndarray] = field(default_factory=list, repr=False)  # per client, the targets
+
+    def first(self, client: int, n: int | None = None) -> dict[str, float]:
+        """The figures of `client`'s first `n` scored samples from the step it joined (all with `n=None`):
+        MSE, and for Bayesian learners the mean negative log predictive density and the share of targets
+        inside the central 95% interval (NaN without variances).
+
+        >>> import numpy as np
+        >>> r = ReplayResult("x", ["a"], np.array([3]), [np.array([np.nan, 1.0, 4.0])], np.array([2]),
+        ...                  np.zeros((1, 1)), np.zeros((1, 0)), [], np.zeros(1), 0.0,
+        ...                  variances=[np.array([np.nan, 1.0, 1.0])], starts=np.array([1]))
+        >>> r.first(0, 1)["mse"], r.first(0)["coverage"]
+        (1.0, 0.5)
+        """
+        start = 0 if self.starts is None else int(self.starts[client])
+        e2 = self.sq_errors[client][start:]
+        var = self.variances[client][start:] if self.variances else np.full(e2.shape, np.nan)
+        ok = ~np.isnan(e2)
+        e2, var = e2[ok][:n], var[ok][:n]
+        out = {"n": float(e2.size), "mse": float(e2.mean()) if e2.size else float("nan"),
+               "nlpd": float("nan"), "coverage": float("nan")}
+        if e2.size and not np.isnan(var).any():
+            out["nlpd"] = float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * e2 / var))
+            out["coverage"] = float(np.mean(e2 <= Z95**2 * var))
+        return out
 
     @property
     def mse(self) -> float:
@@ -237,18 +266,23 @@ class ReplayResult:
         return np.array([np.nanmean(e) for e in self.sq_errors])
 
     @property
+    def active(self) -> np.ndarray:
+        """Per client, the steps it streamed (its length minus the steps before it joined)."""
+        return self.lengths - (0 if self.starts is None else self.starts)
+
+    @property
     def avg_regret(self) -> float:
         """Mean over clients of `R_c(T)/T_c` (centralised: `R(T)/T` of the one learner)."""
         if self.regret.shape[0] == 0:
             return float("nan")
         final = self.regret[-1]
         if self.centralised:
-            return float(final[0] / self.lengths.sum())
-        return float(np.mean(final / self.lengths))
+            return float(final[0] / self.active.sum())
+        return float(np.mean(final / np.maximum(self.active, 1)))
 
     @property
     def uploaded_per_client_step(self) -> float:
-        return float(self.uploaded_numbers.sum() / self.lengths.sum())
+        return float(self.uploaded_numbers.sum() / self.active.sum())
 
     def mse_curve(self) -> np.ndarray:
         """Fleet MSE of all samples up to each checkpoint."""
@@ -261,7 +295,8 @@ class ReplayResult:
 
     def regret_rate_curve(self) -> np.ndarray:
         """Mean over clients of `R_c(t)/t` at each checkpoint."""
-        t = np.minimum(self.checkpoints[:, None] + 1, self.lengths[None, :])
+        start = np.zeros_like(self.lengths) if self.starts is None else self.starts
+        t = np.clip(self.checkpoints[:, None] + 1 - start[None, :], 1, np.maximum(self.active, 1)[None, :])
         if self.centralised:
             return self.regret[:, 0] / t.sum(axis=1)
         return (self.regret / t).mean(axis=1)
@@ -281,9 +316,15 @@ def replay(
     steps: int | None = None,
     n_checkpoints: int = 200,
     progress: Callable[[int, int], None] | None = None,
+    join: Mapping[str, int] | None = None,
 ) -> ReplayResult:
     """Run one algorithm (or replay variant) over a fleet's streams and return its traces
-    (see :class:`ReplayResult`)."""
+    (see :class:`ReplayResult`).
+
+    `join` maps a client (its stream's name) to the step it joins the fleet at: before it, the client takes
+    no sample (its rows of those steps are not used) but receives the globals like everyone, so when it
+    joins it starts from the fleet's current global — a late agent reading the retained global. From that
+    step on it streams its own rows of the same steps."""
     cfg = cfg or AlgorithmConfig()
     schedule = schedule or Schedule.every_step()
     streams = list(fleet.streams)
@@ -292,13 +333,21 @@ def replay(
     ys = [np.asarray(s.y[:steps], dtype=np.float64) for s in streams]
     lengths = np.array([y.size for y in ys])
     t_max = int(lengths.max())
+    names = [st.name for st in streams]
+    unknown = sorted(set(join or {}) - set(names))
+    if unknown:
+        raise ValueError(f"join: no client named {', '.join(unknown)}; clients: {', '.join(names)}")
+    starts = np.array([int((join or {}).get(name, 0)) for name in names], dtype=np.int64)
+    if (starts < 0).any() or (starts >= lengths).any():
+        raise ValueError("join: a client must join at a step within its stream")
     arr = build_arrangement(algorithm, n, xs[0].shape[1], cfg, seed, names=[f"c{c}" for c in range(n)])
     learners, aggs, agg_of = arr.learners, arr.aggregations, arr.aggregation_of
     order = {name: c for c, name in enumerate(arr.names)}
     checkpoints = np.unique(np.linspace(0, t_max - 1, min(n_checkpoints, t_max)).astype(int))
     regret = np.zeros((checkpoints.size, n))
     weights = np.zeros((checkpoints.size, len(arr.kernel_names)))
-    sq = [np.zeros(lengths[c]) for c in range(n)]
+    sq = [np.full(lengths[c], np.nan) for c in range(n)]  # NaN: not scored (before joining, or rejected)
+    var_trace = [np.full(lengths[c], np.nan) for c in range(n)]
     uploaded = np.zeros(n)
     seqs = np.zeros(n, dtype=np.int64)
     rng = np.random.default_rng([seed, 0xA5])
@@ -316,13 +365,14 @@ def replay(
         (a ValueError: divergence, bad input) is counted, not fatal."""
         learner = learners[c]
         try:
-            yhat, _ = learner.learn(xs[c][t], ys[c][t])
+            yhat, var = learner.learn(xs[c][t], ys[c][t])
         except ValueError:
             rejected[c] += 1
-            sq[c][t] = np.nan
             return None
         e = yhat - ys[c][t]
         sq[c][t] = e * e
+        if var is not None:
+            var_trace[c][t] = var
         up = learner.take_update()
         if up is None:
             return None
@@ -336,9 +386,11 @@ def replay(
             return None
 
     for t in range(t_max):
+        live = [c for c in range(n) if starts[c] <= t < lengths[c]]  # the clients streaming at step t
+        live_set = set(live)
         if arr.centralised:  # one learner: the fleet's samples of step t form one round
             agg = aggs[0]
-            items = [(arr.names[c], item) for c in range(n) if t < lengths[c] and (item := step(c, t)) is not None]
+            items = [(arr.names[c], item) for c in live if (item := step(c, t)) is not None]
             version = agg.version
             agg.apply_round(t + 1, items)
             rounds += 1
@@ -346,14 +398,14 @@ def replay(
                 arr.broadcast(agg, [0])
         elif not arr.federated:  # local-only: each client is its own server
             for c in range(n):
-                if t < lengths[c] and (item := step(c, t)) is not None:
+                if c in live_set and (item := step(c, t)) is not None:
                     agg = aggs[agg_of[c]]
                     agg.apply_round(t + 1, [(arr.names[c], item)])
                     arr.broadcast(agg, [c])
             rounds += 1
         elif schedule.kind in ("step", "every"):
             agg = aggs[0]
-            items = [(arr.names[c], item) for c in range(n) if t < lengths[c] and (item := step(c, t)) is not None]
+            items = [(arr.names[c], item) for c in live if (item := step(c, t)) is not None]
             agg.apply_round(t + 1, items)
             rounds += 1
             if (t + 1) % schedule.k == 0 or t == t_max - 1:
@@ -364,7 +416,7 @@ def replay(
         else:  # asynchronous
             agg = aggs[0]
             for c in range(n):
-                if t < lengths[c] and (item := step(c, t)) is not None:
+                if c in live_set and (item := step(c, t)) is not None:
                     arrive = t + int(rng.poisson(mean_delay[c]))
                     arrivals[arrive].append((c, item, learners[c].global_version))
             if (t + 1) % schedule.window == 0 or t == t_max - 1:
@@ -397,5 +449,6 @@ def replay(
         checkpoints=checkpoints, regret=regret, weights=weights, kernel_names=arr.kernel_names,
         uploaded_numbers=uploaded, wall_s=wall,
         staleness_mean=float(np.mean(staleness)) if staleness else 0.0, rounds=rounds,
-        rejected=rejected, centralised=arr.centralised, arrangement=arr,
+        rejected=rejected, centralised=arr.centralised, arrangement=arr, variances=var_trace,
+        starts=starts if join else None, ys=ys,
     )

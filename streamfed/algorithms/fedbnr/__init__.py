@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
-from streamfed.algorithms.base import Algorithm, Mode, Params
+from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 
 if TYPE_CHECKING:
     from streamfed.algorithms.fedbnr.agent import StatsLearner
@@ -104,6 +104,10 @@ class FedBNR(Algorithm):
         phi_sq = float(np.max(np.sum(probe.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)))
         server = FedBNRServer.for_client(probe, fit_hyperparameters=cfg.params.fit_hyperparameters)
         return FedBNRAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats)
+
+    def replay_variants(self) -> list[ReplayVariant]:
+        return [ReplayVariant(self.name, self.title),
+                ReplayVariant("fedbnr-local", "FedBNR without federation (each client its own server)", "local")]
 
     def estimator(self, **params: Any) -> Any:
         from streamfed.algorithms.fedbnr.learner import FedBNRRegressor

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
-from streamfed.algorithms.base import Mode, Params
+from streamfed.algorithms.base import Mode, Params, ReplayVariant
 from streamfed.algorithms.fedbnr import FedBNR
 
 if TYPE_CHECKING:
@@ -73,6 +73,10 @@ class FedBNRPersonal(FedBNR):
 
     def kernel_version(self, cfg: FleetConfig) -> str:
         return self._client(cfg).kernel_version
+
+    def replay_variants(self) -> list[ReplayVariant]:
+        # local-only personalised FedBNR is local-only FedBNR (one client: prior scale √(λ² + τ²))
+        return [ReplayVariant(self.name, self.title)]
 
     def estimator(self, **params: Any) -> Any:
         """A fleet of one: with a single client the model is Bayesian linear regression with prior scale

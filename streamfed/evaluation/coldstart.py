@@ -1,0 +1,171 @@
+"""Cold start: what a client joining a running fleet gets from it (docs/algorithms.md §10).
+
+Leave one client out: the others stream from step 0; the held-out client joins at `join_step` — it has
+received the fleet's globals like a late agent reading the retained global — and streams its own rows
+from that step on. Its first `window` samples are scored (MSE, and for Bayesian learners the mean negative
+log predictive density and the 95% coverage), for every client in turn, every algorithm (or replay
+variant: e.g. ``fedbnr-local`` / ``local-only`` are the from-scratch baselines), every seed.
+
+>>> from streamfed.evaluation.datasets import synthetic_fleet
+>>> from streamfed.evaluation.replay import AlgorithmConfig
+>>> fleet = synthetic_fleet(n_clients=3, n_steps=60, n_inputs=2, seed=0)
+>>> res = leave_one_out(fleet, ["pofmkl"], AlgorithmConfig(n_kernels=2, n_features=4), join_step=40,
+...                     windows=(10,), seeds=(0,))
+>>> [(row.client, row.algorithm, row.window, row.n) for row in res.rows][:2]
+[('client-0', 'pofmkl', 10, 10), ('client-1', 'pofmkl', 10, 10)]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamfed.evaluation.datasets import Fleet
+from streamfed.evaluation.replay import AlgorithmConfig, Schedule, replay
+
+__all__ = ["ColdStartResult", "ColdStartRow", "leave_one_out"]
+
+
+@dataclass(frozen=True)
+class ColdStartRow:
+    """One held-out client's figures over its first `window` samples, for one algorithm and seed."""
+
+    client: str
+    algorithm: str
+    seed: int
+    window: int
+    n: int
+    mse: float
+    nlpd: float
+    coverage: float
+
+
+@dataclass
+class ColdStartResult:
+    """Every row, and per (client, algorithm, seed) the held-out client's MSE-to-date after it joined."""
+
+    join_step: int
+    windows: tuple[int, ...]
+    rows: list[ColdStartRow] = field(default_factory=list)
+    curves: dict[tuple[str, str, int], np.ndarray] = field(default_factory=dict)
+
+    def table(self, window: int) -> dict[str, dict[str, dict[str, float]]]:
+        """client → algorithm → mean over seeds of mse, nlpd, coverage (over its first `window` samples)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for r in self.rows:
+            if r.window != window:
+                continue
+            cell = out.setdefault(r.client, {}).setdefault(r.algorithm, {"mse": 0.0, "nlpd": 0.0, "coverage": 0.0,
+                                                                          "seeds": 0.0})
+            for k in ("mse", "nlpd", "coverage"):
+                cell[k] += getattr(r, k)
+            cell["seeds"] += 1
+        for algs in out.values():
+            for cell in algs.values():
+                for k in ("mse", "nlpd", "coverage"):
+                    cell[k] /= cell["seeds"]
+        return out
+
+    def wins(self, window: int, algorithm: str, baseline: str, metric: str = "mse") -> tuple[int, int]:
+        """On how many clients `algorithm` has a lower `metric` than `baseline` (seed means), of how many."""
+        tab = self.table(window)
+        pairs = [(a[algorithm][metric], a[baseline][metric]) for a in tab.values() if algorithm in a and baseline in a]
+        pairs = [(x, y) for x, y in pairs if not (math.isnan(x) or math.isnan(y))]
+        return sum(x < y for x, y in pairs), len(pairs)
+
+    def markdown(self, command: str | None = None) -> str:
+        lines = [f"Leave-one-client-out cold start: the held-out client joins at step {self.join_step} and is scored "
+                 "over its first samples (mean over seeds; NLPD and coverage for Bayesian learners).", ""]
+        if command:
+            lines += [f"Command: `{command}`", ""]
+        for w in self.windows:
+            tab = self.table(w)
+            algs = sorted({a for row in tab.values() for a in row})
+            lines += [f"### First {w} samples", "",
+                      "| client | " + " | ".join(f"{a} MSE | {a} NLPD | {a} cov95" for a in algs) + " |",
+                      "|---|" + "---|" * (3 * len(algs))]
+            for client, row in tab.items():
+                cells = []
+                for a in algs:
+                    c = row.get(a)
+                    cells += ["—"] * 3 if c is None else [f"{c['mse']:.4f}", _fmt(c["nlpd"]), _fmt(c["coverage"])]
+                lines.append(f"| {client} | " + " | ".join(cells) + " |")
+            lines.append("")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"join_step": self.join_step, "windows": list(self.windows), "rows": [asdict(r) for r in self.rows],
+                "tables": {str(w): self.table(w) for w in self.windows}}
+
+    def write(self, out_dir: Path, command: str | None = None, plots: bool = True) -> list[Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = [out_dir / "coldstart.json", out_dir / "coldstart.md"]
+        written[0].write_text(json.dumps(self.to_json(), indent=2))
+        written[1].write_text(self.markdown(command))
+        if plots and self.curves:
+            written.append(self._plot(out_dir / "coldstart.png"))
+        return written
+
+    def _plot(self, path: Path) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        algs = sorted({a for _, a, _ in self.curves})
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for a in algs:  # the mean over held-out clients and seeds of the MSE-to-date
+            curves = [c for (_, alg, _), c in self.curves.items() if alg == a]
+            m = min(len(c) for c in curves)
+            ax.plot(np.arange(1, m + 1), np.mean([c[:m] for c in curves], axis=0), label=a)
+        ax.set_xscale("log")
+        ax.set_xlabel("samples since joining")
+        ax.set_ylabel("MSE to date (mean over held-out clients)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _fmt(v: float) -> str:
+    return "—" if math.isnan(v) else f"{v:.3f}"
+
+
+def leave_one_out(fleet: Fleet, algorithms: Sequence[str], cfg: AlgorithmConfig, join_step: int,
+                  windows: Sequence[int] = (336, 2000), seeds: Sequence[int] = (0, 1, 2),
+                  clients: Sequence[str] | None = None, schedule: Schedule | None = None,
+                  progress: Callable[[str], None] | None = None) -> ColdStartResult:
+    """Hold out each client of `clients` (default: all) in turn: see the module docstring. Each replay runs
+    the fleet up to `join_step + max(windows)` steps only."""
+    if join_step < 1 or not windows or min(windows) < 1:
+        raise ValueError("join_step and every window must be >= 1")
+    names = [s.name for s in fleet.streams]
+    held = list(clients or names)
+    unknown = sorted(set(held) - set(names))
+    if unknown:
+        raise ValueError(f"no client named {', '.join(unknown)}; clients: {', '.join(names)}")
+    steps = join_step + max(windows)
+    result = ColdStartResult(join_step, tuple(int(w) for w in windows))
+    for client in held:
+        c = names.index(client)
+        for alg in algorithms:
+            for seed in seeds:
+                if progress is not None:
+                    progress(f"{client} {alg} seed {seed}")
+                r = replay(fleet, alg, cfg, schedule, seed=seed, steps=steps, join={client: join_step})
+                for w in result.windows:
+                    f = r.first(c, w)
+                    result.rows.append(ColdStartRow(client, alg, int(seed), w, int(f["n"]), f["mse"], f["nlpd"],
+                                                    f["coverage"]))
+                e2 = r.sq_errors[c][join_step:]
+                e2 = e2[~np.isnan(e2)]
+                result.curves[(client, alg, int(seed))] = np.cumsum(e2) / np.arange(1, e2.size + 1)
+    return result
