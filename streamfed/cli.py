@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -318,6 +318,58 @@ def aggregator(
                        + (f", global v{core.version} resumed" if svc.restored else ""))
 
 
+def _refuse(message: str) -> NoReturn:
+    """`error: <message>` on one line (never wrapped), exit status 2."""
+    from rich.markup import escape
+
+    console.print(f"[red]error[/]: {escape(' '.join(str(message).split()))}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _agent_names(value: str | None, n_inputs: int) -> list[str] | None:
+    """--features as names: none empty or repeated, as many as the fleet's inputs."""
+    names = _names(value)
+    if names is None:
+        return None
+    if any(not n for n in names):
+        _refuse(f"--features {value!r}: a feature has an empty name")
+    if len(set(names)) != len(names):
+        _refuse(f"--features {value!r}: features are repeated")
+    if len(names) != n_inputs:
+        _refuse(f"--features: {len(names)} features for a fleet with n_inputs={n_inputs}")
+    return names
+
+
+def _river_source(name: str, names: list[str] | None, n_inputs: int, rate: float | None) -> object:
+    """A River dataset as a source, checked at start-up: the dataset exists and can be read, its first
+    sample has the features asked for (or, without --features, as many as the fleet's inputs)."""
+    import itertools
+
+    from river import datasets
+
+    from streamfed.fleet import sources
+
+    known = sorted(n for n in dir(datasets) if not n.startswith("_") and isinstance(getattr(datasets, n), type)
+                   and n[0].isupper() and n != "base")
+    if name not in known:
+        _refuse(f"unknown River dataset {name!r}; River has: {', '.join(known)}")
+    try:
+        it = iter(getattr(datasets, name)())
+        first = next(it)
+    except StopIteration:
+        _refuse(f"River dataset {name!r} is empty")
+    except Exception as e:  # noqa: BLE001 - a download or a file that fails: any reason, one line
+        _refuse(f"cannot read River dataset {name!r}: {type(e).__name__}: {e}")
+    keys = [str(k) for k in first[0]]
+    if names is None and len(keys) != n_inputs:
+        _refuse(f"River dataset {name!r} has {len(keys)} features ({', '.join(keys[:40])}) for a fleet with "
+                f"n_inputs={n_inputs}: pass --features")
+    unknown = [n for n in names or [] if n not in first[0]]
+    if unknown:
+        _refuse(f"River dataset {name!r}: feature(s) {unknown} not found; features are: {', '.join(keys[:40])}")
+    return sources.river_source(itertools.chain([first], it), rate_hz=rate, features=names)
+
+
 @app.command()
 def agent(
     config: Annotated[Path, typer.Option(help="fleet + broker configuration (TOML or JSON)")],
@@ -327,37 +379,63 @@ def agent(
         help="mqtt (JSON readings on the sensor topic), csv:PATH, jsonl (stdin) or river:DATASET")] = "mqtt",
     features: Annotated[str | None, typer.Option(help="comma-separated input names, in order")] = None,
     target: Annotated[str | None, typer.Option(help="CSV: the label column")] = None,
+    encoding: Annotated[str, typer.Option(
+        help="CSV / JSON lines: the text encoding (UTF-8 by default; a byte-order mark is dropped)")] = "utf-8",
     rate: Annotated[float | None, typer.Option(help="CSV/River replay: samples per second")] = None,
     mode: Annotated[str, typer.Option(help="async, or lockstep for algorithms with lock-step rounds")] = "async",
+    max_skip_share: Annotated[float, typer.Option(
+        help="warn in the log when more than this share of the last --skip-window items was skipped "
+             "(0..1; 1: never)")] = 0.5,
+    skip_window: Annotated[int, typer.Option(help="items the skip share is taken over")] = 100,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="persist learner, outbox and source position here")] = None,
 ) -> None:
-    """Run one edge agent: predict, learn, publish predictions and bounded updates."""
+    """Run one edge agent: predict, learn, publish predictions and bounded updates.
+
+    A source that cannot be used (no such file, text that is not --encoding, an empty or header-only file,
+    no such --target or --features column, ...) is refused in one line with exit status 2, before connecting.
+    Bad rows and messages are skipped, counted by reason and logged (the first few of each)."""
+    import math
+
     from streamfed.fleet import sources
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.config import load_config
     from streamfed.runtime.agent import AgentService
 
-    cfg = load_config(config)
-    names = _names(features)
-    if names is not None and len(names) != cfg.fleet.n_inputs:
-        raise typer.BadParameter(f"{len(names)} features for a fleet with n_inputs={cfg.fleet.n_inputs}")
+    try:
+        cfg = load_config(config)
+    except (OSError, ValueError) as e:  # no file, bad TOML/JSON, a value the schema refuses
+        _refuse(f"--config {config}: {e}")
+    if not (0.0 <= max_skip_share <= 1.0) or math.isnan(max_skip_share):
+        _refuse(f"--max-skip-share must be between 0 and 1, got {max_skip_share}")
+    if skip_window < 1:
+        _refuse(f"--skip-window must be >= 1, got {skip_window}")
+    try:
+        sources.check_encoding(encoding)
+    except ValueError as e:
+        _refuse(f"--encoding: {e}")
+    names = _agent_names(features, cfg.fleet.n_inputs)
     src = None
     if source.startswith("csv:"):
         if not (names and target):
-            raise typer.BadParameter("a CSV source needs --features and --target")
-        src = sources.csv_source(source[4:], target, names, rate_hz=rate)
+            _refuse("a CSV source needs --features and --target")
+        try:
+            src = sources.csv_source(source[4:], target, names, rate_hz=rate, encoding=encoding)
+        except ValueError as e:
+            _refuse(str(e))
     elif source == "jsonl":
-        src = sources.jsonl_source(features=names or [f"x{i}" for i in range(cfg.fleet.n_inputs)])
+        src = sources.jsonl_source(features=names or [f"x{i}" for i in range(cfg.fleet.n_inputs)], encoding=encoding)
     elif source.startswith("river:"):
-        from river import datasets
-
-        src = sources.river_source(getattr(datasets, source[6:])(), rate_hz=rate, features=names)
+        src = _river_source(source[6:], names, cfg.fleet.n_inputs, rate)
     elif source != "mqtt":
-        raise typer.BadParameter(f"unknown source {source!r}")
-    core = AgentCore(cfg.fleet, client, index, mode=mode)  # type: ignore[arg-type]
+        _refuse(f"unknown source {source!r}: mqtt, csv:PATH, jsonl or river:DATASET")
+    try:
+        core = AgentCore(cfg.fleet, client, index, mode=mode)  # type: ignore[arg-type]
+    except ValueError as e:
+        _refuse(str(e))
     sensor = (names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None
-    _serve(lambda: AgentService(core, cfg.broker, src, state_dir=state_dir, sensor_features=sensor),
+    _serve(lambda: AgentService(core, cfg.broker, src, state_dir=state_dir, sensor_features=sensor,
+                                max_skip_share=max_skip_share, skip_window=skip_window),
            [core.stats], metrics_port,
            lambda svc: f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
                        f"{cfg.broker.host}:{cfg.broker.port}, source {source}"

@@ -15,6 +15,9 @@ import gzip
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -257,7 +260,7 @@ def test_ragged_and_bad_rows_are_counted_skips(tmp_path):
                    ("malformed", "row 1: 5 fields for a header of 4"),
                    ("missing_feature", "row 2: missing ['load']"),
                    ("row3", 3.0),
-                   ("non_numeric", "not numeric: ['hum']"),
+                   ("non_numeric", "row 4: not numeric: ['hum']"),
                    ("missing_feature", "row 5: missing ['load']")]
 
 
@@ -309,7 +312,7 @@ def test_skip_watch_short_stream_and_first_skips_logged(caplog):
     with caplog.at_level(logging.WARNING, log.name):
         for i in range(4):
             watch.observe(Skip("non_numeric", f"row {i}: not numeric: ['hum']"))
-        assert caplog.text.count("skipped (non_numeric)") == 3  # the first few of each reason, with detail
+        assert caplog.text.count("item skipped (non_numeric") == 3  # the first few of each reason, with detail
         assert "items skipped" not in caplog.text  # the window is not full yet
         watch.close()  # the source ended: judged on what there was
         assert "4 of the last 4 items skipped (100%" in caplog.text
@@ -320,12 +323,19 @@ def test_skip_watch_short_stream_and_first_skips_logged(caplog):
 
 
 def test_agent_warns_when_most_rows_are_skipped(tmp_path, mosquitto_dev):
+    """A real agent process on Mosquitto: its stderr (no logging configured) says what it skipped, and how much."""
     rows = ["temp,hum,load"] + [f"{i},{i + 1},{'NA' if i % 4 else i}" for i in range(40)]  # 3 of 4 lack a label
     path = tmp_path / "d.csv"
     path.write_text("\n".join(rows) + "\n")
     cfg = _config(tmp_path, port=mosquitto_dev.port, algorithm="fedbnr")
-    res = CliRunner().invoke(app, ["agent", "--config", str(cfg), "--client", "skippy", "--source", f"csv:{path}",
-                                   "--features", "temp,hum", "--target", "load", "--skip-window", "20"])
-    assert res.exit_code == 0, res.output
-    assert "of the last 20 items skipped" in res.output, res.output
-    assert "missing_feature" in res.output
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamfed.cli", "agent", "--config", str(cfg), "--client", "skippy",
+         "--source", f"csv:{path}", "--features", "temp,hum", "--target", "load", "--skip-window", "20"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    err = proc.stderr.splitlines()
+    assert [ln for ln in err if "item skipped" in ln] == [
+        f"agent skippy: item skipped (missing_feature, {k} so far): row {k}: missing ['load']" for k in (1, 2, 3)]
+    assert ("agent skippy: 15 of the last 20 items skipped (75% > max 50%): missing_feature 15; "
+            "last: row 19: missing ['load']") in err

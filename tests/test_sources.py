@@ -25,6 +25,7 @@ from streamfed.fleet.sources import (
     ReadingParser,
     Skip,
     SkipReason,
+    SourceError,
     array_source,
     csv_source,
     jsonl_source,
@@ -373,13 +374,37 @@ def test_csv_source_skips_and_counts_bad_rows(tmp_path, gz):
     assert [r.id for r in with_ids if isinstance(r, Reading)] == ["a", "h"]
 
 
-def test_csv_source_missing_column_and_no_file(tmp_path):
+def test_csv_source_refuses_a_file_it_cannot_use_when_made(tmp_path):
+    """Missing columns or file: a SourceError (a ValueError) at once, not a stream of skips or a traceback
+    later; every bad-file case through the CLI is in tests/test_bad_inputs.py."""
     path = tmp_path / "d.csv"
     path.write_text("temp,hum,target\n1,2,3\n4,5,6\n")
-    items = run(collect(csv_source(path, "target", FEATURES)))
-    assert _counts(items) == {"missing_feature": 2}
-    with pytest.raises(FileNotFoundError):
-        run(collect(csv_source(tmp_path / "nope.csv", "target", FEATURES)))
+    with pytest.raises(SourceError, match=r"d\.csv: feature column\(s\) 'co2' not found; columns are: 'temp', "):
+        csv_source(path, "target", FEATURES)
+    with pytest.raises(SourceError, match="target column 'y' not found"):
+        csv_source(path, "y", ["temp", "hum"])
+    with pytest.raises(SourceError, match="nope.csv: no such file"):
+        csv_source(tmp_path / "nope.csv", "target", FEATURES)
+    assert issubclass(SourceError, ValueError)
+
+
+def test_csv_source_encoding_bom_and_ids(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("id,temp,hum,co2,target\nA,1,2,3,4\n,1,2,3,5\n", encoding="utf-8-sig")
+    items = run(collect(csv_source(path, "target", FEATURES, id_column="id")))
+    assert [(r.id, r.y) for r in items] == [("A", 4.0), ("r2", 5.0)]  # an empty id: numbered by the parser
+    path.write_bytes("°C,hum,co2,target\n1,2,3,4\n".encode("cp1252"))
+    items = run(collect(csv_source(path, "target", ["°C", "hum", "co2"], encoding="cp1252")))
+    assert [r.x.tolist() for r in items] == [[1.0, 2.0, 3.0]]
+
+
+def test_csv_source_file_changed_while_replayed_ends_with_a_skip(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("temp,hum,co2,target\n1,2,3,4\n5,6,7,8\n")
+    src = csv_source(path, "target", FEATURES)  # checked now
+    path.write_bytes(b"temp,hum,co2,target\n1,2,3,4\n\xff\xfe,6,7,8\n")  # replaced after the check
+    items = run(collect(src))
+    assert isinstance(items[-1], Skip) and items[-1].reason == "malformed" and "reading stopped" in items[-1].detail
 
 
 def test_jsonl_source_reads_readings_labels_and_skips():

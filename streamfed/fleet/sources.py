@@ -3,7 +3,12 @@
 A source yields :class:`Reading` (inputs, maybe with their label) and :class:`Label` (a label that
 arrives later and names its reading: delayed labels). Parsing is strict and never raises on bad data:
 it returns a :class:`Skip` with a reason, which the agent counts (`skipped samples by reason`) and
-does not learn from.
+does not learn from. A file that cannot be used at all (missing, undecodable, empty, header only, no such
+target or feature column) is refused when the source is made, before anything runs: :class:`SourceError`, a
+`ValueError` with a one-line message that starts with the path.
+
+:class:`SkipWatch` logs the first skips of each reason and warns when more than a given share of the
+recent items were skipped.
 
 :class:`ReadingParser` turns a raw mapping into a `Reading` with a fixed feature schema;
 :class:`LabelJoin` keeps readings waiting for their label (bounded: the oldest is dropped and counted
@@ -13,20 +18,24 @@ when full).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import csv
+import difflib
 import gzip
 import io
 import itertools
 import json
+import logging
 import math
 import numbers
 import sys
 import time
+import zlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import numpy as np
 
@@ -40,7 +49,10 @@ __all__ = [
     "ReadingParser",
     "Skip",
     "SkipReason",
+    "SkipWatch",
+    "SourceError",
     "array_source",
+    "check_encoding",
     "csv_source",
     "jsonl_source",
     "paced",
@@ -50,6 +62,8 @@ __all__ = [
 # A reading id is echoed whole in its prediction's metadata (bounded by MAX_META_STR) and kept while it
 # waits for its label: bounding it bounds the join buffer's memory too.
 MAX_ID_LEN = MAX_META_STR
+
+log = logging.getLogger("streamfed.fleet.sources")
 
 # CSV cells that mean "no value" (as in streamfed.evaluation.datasets.NA_VALUES; repeated to keep this module light).
 _CSV_NA = frozenset({"", "NA", "N/A", "NaN", "nan", "NULL", "null", "None", "?", "-"})
@@ -317,6 +331,95 @@ class LabelJoin:
         return self._waiting.pop(label.id, None)
 
 
+class SkipWatch:
+    """Says in the log what an agent skips: the first few skips of each reason (and every 1000th) with their
+    detail, and a warning when more than `max_share` of the last `window` items were skipped.
+
+    `observe(item)` takes every item a source or the sensor topic delivers (a `Skip` or anything else);
+    the warning comes once per crossing, and an info line when the share is back at or below `max_share`.
+    A stream shorter than `window` is judged on what it had when it ends (`close()`). `max_share=None`
+    (or 1) turns the warning off. `above` says whether the recent share is over the limit now; the skips
+    themselves are counted, by reason, by the agent (`streamfed_agent_samples_skipped_total`).
+
+    >>> w = SkipWatch(max_share=0.5, window=4, log=logging.getLogger("doctest.quiet"))
+    >>> for item in (None, Skip("malformed"), Skip("malformed"), Skip("non_numeric")):
+    ...     w.observe(item)
+    >>> w.above, w.share, w.skipped, w.seen
+    (True, 0.75, 3, 4)
+    """
+
+    FIRST_LOGGED = 3  # skips of each reason logged with their detail; then every 1000th
+
+    def __init__(self, max_share: float | None = 0.5, window: int = 100, name: str = "agent",
+                 log: logging.Logger | None = None) -> None:
+        if max_share is not None and not (0.0 <= max_share <= 1.0):  # also NaN
+            raise ValueError(f"max_share must be between 0 and 1, got {max_share}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.max_share = max_share
+        self.window = int(window)
+        self.name = name
+        self.log = log if log is not None else logging.getLogger(__name__)
+        self._ring: list[str | None] = [None] * self.window  # the reason of each recent item (None: not skipped)
+        self._pos = 0
+        self._recent: dict[str, int] = {}  # reason -> skips among the recent items
+        self._count = 0  # skips among the recent items
+        self.seen = 0
+        self.skipped = 0
+        self.by_reason: dict[str, int] = {}
+        self.last: Skip | None = None
+        self.above = False
+
+    @property
+    def share(self) -> float:
+        """The share of skips among the last `window` items (or all of them, fewer)."""
+        n = min(self.seen, self.window)
+        return self._count / n if n else 0.0
+
+    def observe(self, item: Any) -> None:
+        old = self._ring[self._pos]
+        if old is not None:
+            self._count -= 1
+            self._recent[old] -= 1
+        if isinstance(item, Skip):
+            reason = item.reason
+            self._ring[self._pos] = reason
+            self._count += 1
+            self._recent[reason] = self._recent.get(reason, 0) + 1
+            self.skipped += 1
+            k = self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+            self.last = item
+            if k <= self.FIRST_LOGGED or k % 1000 == 0:
+                self.log.warning("%s: item skipped (%s, %d so far)%s", self.name, reason, k,
+                                 f": {item.detail[:200]}" if item.detail else "")
+        else:
+            self._ring[self._pos] = None
+        self._pos = (self._pos + 1) % self.window
+        self.seen += 1
+        if self.seen >= self.window:
+            self._judge()
+
+    def close(self) -> None:
+        """The stream ended: judge a stream shorter than the window on what it had."""
+        if 0 < self.seen < self.window:
+            self._judge()
+
+    def _judge(self) -> None:
+        if self.max_share is None:
+            return
+        n = min(self.seen, self.window)
+        over = self._count > self.max_share * n
+        if over and not self.above:
+            why = ", ".join(f"{r} {k}" for r, k in sorted(self._recent.items(), key=lambda rk: -rk[1]) if k)
+            eg = f"; last: {self.last.detail[:200]}" if self.last is not None and self.last.detail else ""
+            self.log.warning("%s: %d of the last %d items skipped (%.0f%% > max %.0f%%): %s%s", self.name,
+                             self._count, n, 100 * self._count / n, 100 * self.max_share, why, eg)
+        elif self.above and not over:
+            self.log.info("%s: skips back to %d of the last %d items (max %.0f%%)", self.name, self._count, n,
+                          100 * self.max_share)
+        self.above = over
+
+
 async def paced(items: Iterable[Any], rate_hz: float | None) -> AsyncIterator[Any]:
     """Yield items at `rate_hz` (None, 0 or less: as fast as possible); always yields to the event loop
     between items, also when catching up after a slow consumer, so other tasks are never starved."""
@@ -344,51 +447,259 @@ def array_source(
     return paced(gen(), rate_hz)
 
 
-def _open_text(path: Path) -> TextIO:
+class SourceError(ValueError):
+    """A source that cannot be used at all, found when it is made (before an agent connects): a one-line
+    message that starts with the file's path.
+
+    >>> str(SourceError("d.csv: empty file, expected a header row and data rows"))
+    'd.csv: empty file, expected a header row and data rows'
+    """
+
+
+# The checks and messages below are those of the replay's CSV reader
+# (streamfed.evaluation.datasets.csv_fleet), which cannot be imported here: its package loads numba, which
+# an agent running ahead-of-time-built kernels must not. tests/test_bad_inputs.py compares the messages.
+_MAX_LISTED = 40  # columns named in an error message before "... (N more)"
+_READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip.BadGzipFile is an OSError
+
+
+def _columns_hint(columns: Sequence[str]) -> str:
+    shown = ", ".join(repr(c) for c in columns[:_MAX_LISTED])
+    more = len(columns) - _MAX_LISTED
+    return f"columns are: {shown}" + (f" ... ({more} more)" if more > 0 else "")
+
+
+def _unknown(where: str, what: str, names: Sequence[str], columns: Sequence[str]) -> SourceError:
+    hints = []
+    for name in names:
+        close = difflib.get_close_matches(name, columns, n=1) or [c for c in columns if c.lower() == name.lower()]
+        if close:
+            hints.append(f"{close[0]!r}" + (f" for {name!r}" if len(names) > 1 else ""))
+    did = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    label = ", ".join(repr(n) for n in names)
+    return SourceError(f"{where}: {what} {label} not found{did}; {_columns_hint(columns)}")
+
+
+def check_encoding(encoding: str, where: str = "") -> str:
+    """The codec name of `encoding` (UTF-8 as `utf-8-sig`: a byte-order mark is dropped), or SourceError.
+
+    >>> check_encoding("UTF8"), check_encoding("latin-1")
+    ('utf-8-sig', 'iso8859-1')
+    """
+    try:
+        codec = codecs.lookup(encoding).name
+    except (LookupError, TypeError, ValueError):
+        raise SourceError(f"{where + ': ' if where else ''}unknown encoding {encoding!r}") from None
+    return "utf-8-sig" if codec == "utf-8" else codec
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")  # noqa: SIM115
+
+
+def _open_text(path: Path, codec: str = "utf-8-sig") -> TextIO:
     # newline="": the csv module's own line handling (quoted fields may contain newlines)
-    if str(path).endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115 - closed by the generator
+    return io.TextIOWrapper(_open_binary(path), encoding=codec, newline="")
+
+
+def _decode_error(path: Path, codec: str, head: bytes) -> str:
+    """Where the file stops being valid `codec`: `line N: reason (bytes xx)`, and what to do."""
+    decoder = codecs.getincrementaldecoder(codec)()
+    lineno = 0
+    where = "undecodable text"
+    try:
+        with _open_binary(path) as f:
+            for lineno, line in enumerate(f, 1):  # noqa: B007 (used after the loop)
+                decoder.decode(line)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+        bad = e.object[e.start:e.end].hex(" ")
+        where = f"line {lineno}: {e.reason} (byte{'s' if e.end - e.start > 1 else ''} 0x{bad})"
+    except _READ_ERRORS:  # pragma: no cover - it was readable a moment ago
+        pass
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) and "16" not in codec:
+        return f"{where}; the file starts with a UTF-16 byte-order mark: pass --encoding utf-16"
+    return f"{where}; pass the file's encoding, e.g. --encoding latin-1 or cp1252"
+
+
+@dataclass(frozen=True, slots=True)
+class _CsvLayout:
+    codec: str
+    width: int  # header fields
+    cols: tuple[int, ...]  # positions of the features, then the target
+    id_col: int | None
+
+
+def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str | None, encoding: str,
+               delimiter: str) -> _CsvLayout:
+    """Read the whole file once (decoding and CSV syntax), check its header against the columns asked for."""
+    where = str(path)
+    if not where or where == ".":
+        raise SourceError("a CSV source needs a file path (csv:PATH)")
+    if not path.exists():
+        raise SourceError(f"{where}: no such file")
+    if not path.is_file():
+        raise SourceError(f"{where}: not a regular file")
+    codec = check_encoding(encoding, where)
+    names = [str(f) for f in features]
+    if not names:
+        raise SourceError(f"{where}: no feature columns given")
+    if any(not n.strip() for n in names):
+        raise SourceError(f"{where}: a feature column has an empty name: {names}")
+    if len(set(names)) != len(names):
+        raise SourceError(f"{where}: features are repeated: {names}")
+    if not str(target).strip():
+        raise SourceError(f"{where}: no target column given")
+    if target in names:
+        raise SourceError(f"{where}: feature {target!r} is also the target")
+    try:
+        with _open_binary(path) as fb:
+            head = fb.read(4)
+    except _READ_ERRORS as e:
+        raise SourceError(f"{where}: cannot read: {e}") from None
+    header: list[str] | None = None
+    rows = 0
+    reader = None
+    try:
+        with _open_text(path, codec) as text:
+            reader = csv.reader(text, delimiter=delimiter)
+            for rec in reader:
+                if not rec:
+                    continue  # blank line
+                if header is None:
+                    header = [h.strip() for h in rec]
+                else:
+                    rows += 1
+    except UnicodeDecodeError:
+        raise SourceError(f"{where}: cannot decode as {encoding}: {_decode_error(path, codec, head)}") from None
+    except csv.Error as e:
+        line = reader.line_num if reader is not None else 0
+        raise SourceError(f"{where}: malformed CSV at line {line}: {e}") from None
+    except _READ_ERRORS as e:
+        raise SourceError(f"{where}: cannot read: {e}") from None
+    if header is None or header == [""]:
+        raise SourceError(f"{where}: empty file, expected a header row and data rows")
+    if not rows:
+        raise SourceError(f"{where}: header only, no data rows; {_columns_hint(header)}")
+    index: dict[str, int] = {}
+    duplicated: set[str] = set()
+    for j, h in enumerate(header):
+        if h in index:
+            duplicated.add(h)
+        else:
+            index[h] = j
+
+    def check(what: str, wanted: Sequence[str]) -> None:
+        unknown = [n for n in wanted if n not in index]
+        if unknown:
+            raise _unknown(where, what, unknown, header)
+        dup = [n for n in wanted if n in duplicated]
+        if dup:
+            raise SourceError(f"{where}: {what} {dup} appear more than once in the header; {_columns_hint(header)}")
+
+    check("target column", [target])
+    check("feature column(s)", names)
+    if id_column is not None:
+        check("id column", [id_column])
+    return _CsvLayout(codec, len(header), tuple(index[c] for c in (*names, target)),
+                      index[id_column] if id_column is not None else None)
 
 
 def csv_source(path: str | Path, target: str, features: Sequence[str], rate_hz: float | None = None,
-               id_column: str | None = None) -> AsyncIterator[Reading | Skip]:
+               id_column: str | None = None, *, encoding: str = "utf-8",
+               delimiter: str = ",") -> AsyncIterator[Reading | Skip]:
     """Replay a CSV (optionally .gz) at `rate_hz`; bad rows come out as `Skip`.
 
-    A missing column, a short row or an NA cell (empty, `NA`, `null`, ...) in a feature or the target
-    is `missing_feature`; other text is `non_numeric`. Row ids are `row<i>` (0-based data rows) unless
-    `id_column` names a column.
+    Checked when called — before anything runs — by reading the whole file once: a missing or unreadable
+    file, text that is not `encoding` (UTF-8 by default; a byte-order mark is dropped), malformed CSV,
+    an empty or header-only file, a target, feature or `id_column` that is not a header column (or is one
+    twice), repeated features or the target among them raise :class:`SourceError` (one line, naming the
+    columns there are). Header names are stripped of surrounding spaces; blank lines are ignored.
+
+    Rows: a row with more fields than the header is `malformed` (its values may be misaligned); a short
+    row whose features or target are absent, or an NA cell (empty, `NA`, `null`, ...) there, is
+    `missing_feature`; other text is `non_numeric`. Every skip's detail names its row. Row ids are
+    `row<i>` (0-based data rows) unless `id_column` names a column. Should the file become unreadable
+    while it is replayed, a `malformed` skip says so and the stream ends (logged as an error).
     """
+    path = Path(path)
+    layout = _check_csv(path, target, features, id_column, encoding, delimiter)
     parser = ReadingParser(features, check_order=False)
+    names = [*features, target]
+    n = len(features)
 
     def gen() -> Iterator[Reading | Skip]:
-        with _open_text(Path(path)) as fh:
-            for i, row in enumerate(csv.DictReader(fh)):
-                cells = {c: row.get(c) for c in (*features, target)}
-                # DictReader fills a short row with None; NA cells are missing values, not text
-                absent = [c for c, v in cells.items() if v is None or v.strip() in _CSV_NA]
-                if absent:
-                    yield Skip(SkipReason.MISSING_FEATURE, f"row {i}: missing {absent}")
-                    continue
-                rid = (row.get(id_column) or None) if id_column else f"row{i}"
-                yield parser.reading({f: cells[f] for f in features}, cells[target], rid, None)
+        i = -1
+        try:
+            with _open_text(path, layout.codec) as fh:
+                for rec in csv.reader(fh, delimiter=delimiter):
+                    if not rec:
+                        continue
+                    i += 1
+                    if i == 0:
+                        continue  # the header (checked already)
+                    row = i - 1
+                    if len(rec) > layout.width:
+                        yield Skip(SkipReason.MALFORMED, f"row {row}: {len(rec)} fields for a header of {layout.width}")
+                        continue
+                    cells = [rec[j] if j < len(rec) else None for j in layout.cols]
+                    absent = [c for c, v in zip(names, cells, strict=True) if v is None or v.strip() in _CSV_NA]
+                    if absent:
+                        yield Skip(SkipReason.MISSING_FEATURE, f"row {row}: missing {absent}")
+                        continue
+                    if layout.id_col is None:
+                        rid: str | None = f"row{row}"
+                    else:
+                        rid = (rec[layout.id_col] if layout.id_col < len(rec) else "") or None
+                    out = parser.reading(cells[:n], cells[n], rid, None)
+                    yield out if isinstance(out, Reading) else Skip(out.reason, f"row {row}: {out.detail}")
+        except (UnicodeDecodeError, csv.Error, *_READ_ERRORS) as e:  # the file changed since it was checked
+            log.error("%s: reading stopped after %d rows: %s", path, max(i, 0), e)
+            yield Skip(SkipReason.MALFORMED, f"{path}: reading stopped after {max(i, 0)} rows: {e}")
 
     return paced(gen(), rate_hz)
 
 
-async def jsonl_source(stream: TextIO | None = None, features: Sequence[str] = (),
-                       parser: ReadingParser | None = None) -> AsyncIterator[Reading | Label | Skip]:
-    """JSON lines (default: standard input), each a reading or a delayed label (see ReadingParser).
-    Needs `features` (or a `parser`)."""
+async def jsonl_source(stream: IO[Any] | None = None, features: Sequence[str] = (),
+                       parser: ReadingParser | None = None, *,
+                       encoding: str = "utf-8") -> AsyncIterator[Reading | Label | Skip]:
+    """JSON lines (default: standard input, read as bytes), each a reading or a delayed label (see
+    ReadingParser). Needs `features` (or a `parser`).
+
+    A binary stream's lines are decoded with `encoding` (UTF-8 by default; a byte-order mark is dropped):
+    a line that is not valid text is a `malformed` skip naming the line. A text stream that fails to decode
+    or read ends with such a skip (logged as an error). Input without a single non-blank line is logged (a
+    warning), so an empty pipe is not mistaken for a quiet sensor."""
     parser = parser or ReadingParser(features)
-    stream = stream or sys.stdin
+    codec = check_encoding(encoding)
+    if stream is None:
+        stream = getattr(sys.stdin, "buffer", sys.stdin)
     loop = asyncio.get_running_loop()
+    lineno = used = 0
     while True:
-        line = await loop.run_in_executor(None, stream.readline)  # stdin would block the event loop
-        if not line:
+        try:
+            line = await loop.run_in_executor(None, stream.readline)  # stdin would block the event loop
+        except (UnicodeDecodeError, OSError, ValueError) as e:
+            log.error("JSON lines input: reading stopped at line %d: %s", lineno + 1, e)
+            yield Skip(SkipReason.MALFORMED, f"line {lineno + 1}: reading stopped: {e}")
             return
+        if not line:
+            break
+        lineno += 1
+        if isinstance(line, bytes | bytearray):
+            try:
+                line = bytes(line).decode(codec)
+            except UnicodeDecodeError as e:
+                used += 1
+                yield Skip(SkipReason.MALFORMED, f"line {lineno}: not valid {encoding}: {e.reason} "
+                                                 f"(byte 0x{e.object[e.start:e.start + 1].hex()})")
+                continue
+        line = line.lstrip("\ufeff") if lineno == 1 else line
         if line.strip():
+            used += 1
             yield parser.parse(line)
+    if not used:
+        log.warning("JSON lines input: no input (%d blank lines): nothing to learn", lineno)
 
 
 def river_source(dataset: Iterable[tuple[Mapping[str, Any], Any]], rate_hz: float | None = None,

@@ -68,7 +68,7 @@ from streamfed.fleet.agent import AgentCore, GlobalResult, Prediction
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, status_message
-from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip
+from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip, SkipWatch
 from streamfed.fleet.topics import (
     acks_topic,
     global_topic,
@@ -377,7 +377,10 @@ class AgentService:
     `source` is an async iterator of :class:`Reading`/:class:`Label`/:class:`Skip`, or a callable
     `source(position)` returning one that starts at item `position` (so a restarted agent need not
     replay what it has learned); with `sensor_features` instead, the agent subscribes to its sensor
-    topic and parses JSON readings there. `state_dir`: see the module docstring.
+    topic and parses JSON readings there. `state_dir`: see the module docstring. Every item from the source
+    or the sensor topic passes a :class:`~streamfed.fleet.sources.SkipWatch` (`skip_watch`): the first
+    skips of each reason are logged, and a warning when more than `max_skip_share` of the last
+    `skip_window` items were skipped.
 
     >>> from streamfed.fleet.config import FleetConfig
     >>> core = AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "a1", 0)
@@ -393,7 +396,8 @@ class AgentService:
                  state_dir: str | os.PathLike[str] | None = None, checkpoint_interval: float = 0.0,
                  resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
                  max_refusals: int = 3, connect_timeout: float = 5.0, prediction_qos: int = 0,
-                 gc_freeze: bool = True, ack_grace: float = 1.0) -> None:
+                 gc_freeze: bool = True, ack_grace: float = 1.0, max_skip_share: float | None = 0.5,
+                 skip_window: int = 100) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -401,6 +405,9 @@ class AgentService:
         if sensor_features is not None and len(sensor_features) != core.cfg.n_inputs:
             raise ValueError(f"{len(sensor_features)} sensor features for a fleet with n_inputs={core.cfg.n_inputs}")
         self.parser = ReadingParser(sensor_features) if sensor_features is not None else None
+        # logs the first skips of each reason, and a warning when more than `max_skip_share` of the last
+        # `skip_window` items from the source / sensor topic were skipped (the counts are the core's)
+        self.skip_watch = SkipWatch(max_skip_share, skip_window, name=f"agent {core.client_id}", log=log)
         self.fleet, self.client_id = core.cfg.fleet, core.client_id
         self.predictions: deque[Message] = deque(maxlen=prediction_buffer)
         if prediction_qos not in (0, 1):
@@ -876,6 +883,7 @@ class AgentService:
                         break
                     await self._take_now(item)
         finally:
+            self.skip_watch.close()
             self._source_done_at = time.monotonic()
             self._source_done.set()
             self._work.set()
@@ -895,6 +903,7 @@ class AgentService:
         """A reading's prediction is published before anything else is done with it: the core predicts
         (POF-MKL: its fused predict-and-update step), the prediction goes out, and only then is the
         sample learned (FedBNR), the update taken and built, the state checkpointed."""
+        self.skip_watch.observe(item)
         if not isinstance(item, Reading) or (item.y is not None and self.core.waiting_for is not None):
             self._take(item, from_source)
             return
