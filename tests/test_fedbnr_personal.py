@@ -400,3 +400,67 @@ def test_own_sigma_maximises_the_evidence_of_own_data_under_the_cavity_prior() -
     kq = phi @ cov0 @ pq
     mean = pq @ mu0 + kq @ np.linalg.solve(k, y - phi @ mu0)
     assert cl.predict(xq[0])[0] == pytest.approx(mean, rel=1e-8)
+
+
+# =========================================================================== in the fleet: the τ-mixture
+
+
+def _run_personal_fleet(params: dict, n_agents: int = 2, steps: int = 80):
+    """Agents and an aggregator (every upload its own window) through the real codec."""
+    from streamfed.evaluation.datasets import synthetic_fleet
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.protocol import encode
+    from streamfed.fleet.sources import Reading
+
+    data = synthetic_fleet(n_agents, steps, 2, seed=7)
+    cfg = FleetConfig(fleet="mix", algorithm="fedbnr-personal", n_inputs=2, n_features=6, kernels=["gaussian:1.0"],
+                      params={"min_upload": 8, "fit_hyperparameters": False, **params})
+    agg = AggregatorCore(cfg, mode="async", window=0.0)
+    agents = [AgentCore(cfg, f"a{i}", i) for i in range(n_agents)]
+    for t in range(steps):
+        for a, s in zip(agents, data.streams, strict=True):
+            for m in a.on_reading(Reading(str(t), s.X[t], float(t), float(s.y[t])))[1]:
+                for out in agg.on_update(a.client_id, encode(m), now=0.0):
+                    if out.kind.endswith(".global"):
+                        for b in agents:
+                            b.on_global_payload(encode(out))
+    return agg, agents
+
+
+def test_tau_mixture_fleet_carries_one_exact_shared_posterior_per_tau_and_exports_its_weights():
+    """With a τ grid the global stacks one shared posterior per τ: model j's equals that of a fleet run with τ
+    fixed at grid[j] on the same data (exactly: same uploads, same order). Agents mix the models by their own
+    prequential evidence, and those weights and the shared vs own evidence reach Prometheus."""
+    from prometheus_client import generate_latest
+
+    from streamfed.runtime.exporter import StreamfedCollector, make_registry
+
+    grid = [0.01, 0.3, 3.0]
+    agg, agents = _run_personal_fleet({"tau_grid": grid})
+    g = agg.global_message()
+    assert g.arrays["tau"].tolist() == grid and g.arrays["A_upper"].shape[0] == 3
+    for j, tau in enumerate(grid):
+        single, _ = _run_personal_fleet({"tau": tau, "fit_tau": False})
+        s = single.global_message()
+        np.testing.assert_array_equal(g.arrays["A_upper"][j], s.arrays["A_upper"][0])
+        np.testing.assert_array_equal(g.arrays["h"][j], s.arrays["h"][0])
+    for a in agents:
+        w = a.learner.kernel_weights
+        assert w.shape == (3,) and abs(w.sum() - 1.0) < 1e-12 and a.global_version == agg.version
+        a.stats.update_from_learner(a.learner)
+        assert set(a.stats.learner_values) == {"own_log_evidence", "shared_log_evidence"}
+    text = generate_latest(make_registry(StreamfedCollector([a.stats for a in agents]))).decode()
+    assert 'streamfed_agent_kernel_weight{client="a0",fleet="mix",kernel="tau=0.3"}' in text
+    assert 'streamfed_agent_learner_value{client="a1",fleet="mix",name="shared_log_evidence"}' in text
+
+
+def test_a_tau_grid_must_be_distinct_positive_values():
+    from pydantic import ValidationError
+
+    from streamfed.fleet.config import FleetConfig
+
+    for bad in ([], [0.1, 0.1], [0.0, 1.0], [float("inf")]):
+        with pytest.raises(ValidationError, match="tau_grid"):
+            FleetConfig(fleet="f", algorithm="fedbnr-personal", n_inputs=2, params={"tau_grid": bad})

@@ -189,6 +189,7 @@ class AgentStats:
         "client", "fleet", "algorithm", "clock",
         "samples", "skipped", "sq_error_sum", "window", "interval_hits", "interval_total", "latency",
         "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
+        "learner_values",
         "upload_bytes", "upload_messages", "global_version", "global_received_at", "newest_version",
     )
 
@@ -212,6 +213,7 @@ class AgentStats:
         self.regret: float | None = None
         self.kernel_names: tuple[str, ...] = ()
         self.kernel_weights: list[float] = []
+        self.learner_values: dict[str, float] = {}  # the learner's own diagnostics (named numbers)
         self.upload_bytes = 0
         self.upload_messages = 0
         self.global_version: int | None = None
@@ -294,6 +296,8 @@ class AgentStats:
         if regret:  # all four from one read, so that R/T pairs R with its own T
             r = learner.regret()
             self.set_learner_losses(int(r.n), r.loss, r.best_loss, r.regret)
+            # as costly as the regret (evidences): read at the same cadence; non-finite values never leave
+            self.learner_values = {str(k): float(v) for k, v in learner.diagnostics().items() if math.isfinite(v)}
         weights = learner.kernel_weights
         if weights is not None:
             names = None

@@ -63,6 +63,10 @@ class StatsLearner:
         d = self.client.regret()
         return Regret(float(d["n"]), float(d["loss"]), float(d["ridge_loss"]), int(d.get("best_ridge_kernel", -1)))
 
+    def diagnostics(self) -> dict[str, float]:
+        """The log evidence of the best kernel's working posterior (O(K·F³): read it per upload)."""
+        return {"log_evidence": float(np.max(self.client.log_evidence()))}
+
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         mean, var = self.client.predict(x)
         return float(mean), float(var)

@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from streamfed.algorithms.base import Mode, Params, ReplayVariant
 from streamfed.algorithms.fedbnr import FedBNR
@@ -49,6 +49,17 @@ class PersonalParams(Params):
     fit_hyperparameters: bool = True
     fit_tau: bool = True
     bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
+    # The prequential τ-mixture: one model per τ of this grid (σ, λ by the evidence at each), averaged per client
+    # by their discounted prequential evidence on its own stream (docs/algorithms.md §10.7). None: one model, τ by
+    # the evidence.
+    tau_grid: tuple[float, ...] | None = None
+
+    @field_validator("tau_grid")
+    @classmethod
+    def _grid(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and (not v or any(not (t > 0 and math.isfinite(t)) for t in v) or len(set(v)) != len(v)):
+            raise ValueError("tau_grid: distinct positive finite values, at least one")
+        return v
 
 
 class FedBNRPersonal(FedBNR):
@@ -65,11 +76,14 @@ class FedBNRPersonal(FedBNR):
 
     def _client(self, cfg: FleetConfig, client_id: str = "client") -> Any:
         from streamfed.algorithms.fedbnr import feature_maps
-        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierClient
+        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierClient, FedBNRHierMixClient
 
         p = cfg.params
-        return FedBNRHierClient(feature_maps(cfg)[0], sigma=p.sigma, lam=p.lam, tau=p.tau, forgetting=p.forgetting,
-                                own_forgetting=p.own_forgetting, min_upload=p.min_upload, client_id=client_id)
+        kw = dict(sigma=p.sigma, lam=p.lam, forgetting=p.forgetting, own_forgetting=p.own_forgetting,
+                  min_upload=p.min_upload, client_id=client_id)
+        if p.tau_grid:
+            return FedBNRHierMixClient(p.tau_grid, feature_map=feature_maps(cfg)[0], **kw)
+        return FedBNRHierClient(feature_maps(cfg)[0], tau=p.tau, **kw)
 
     def kernel_version(self, cfg: FleetConfig) -> str:
         return self._client(cfg).kernel_version
@@ -96,12 +110,16 @@ class FedBNRPersonal(FedBNR):
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PersonalAggregation:
         from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalAggregation
-        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierServer
+        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierMixServer, FedBNRHierServer
 
         probe = self._client(cfg)
-        phi = probe.features_many(np.zeros((1, cfg.n_inputs)))
         p = cfg.params
-        server = FedBNRHierServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters, fit_tau=p.fit_tau)
+        if p.tau_grid:
+            phi = probe.models[0].features_many(np.zeros((1, cfg.n_inputs)))
+            server: Any = FedBNRHierMixServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters)
+        else:
+            phi = probe.features_many(np.zeros((1, cfg.n_inputs)))
+            server = FedBNRHierServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters, fit_tau=p.fit_tau)
         return PersonalAggregation(server, phi_sq=float(np.sum(phi**2)), max_abs=max_abs, check_stats=check_stats)
 
 

@@ -14,7 +14,14 @@ import numpy as np
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fedbnr.aggregation import SummingWindow, check_statistics
 from streamfed.algorithms.fedbnr.learner import ridge_loss
-from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierClient, FedBNRHierServer, HierGlobal, HierUpload
+from streamfed.algorithms.fedbnr_personal.learner import (
+    FedBNRHierClient,
+    FedBNRHierMixClient,
+    FedBNRHierMixServer,
+    FedBNRHierServer,
+    HierGlobal,
+    HierUpload,
+)
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.fleet.protocol import Message, writable_copy
@@ -33,9 +40,11 @@ class PersonalLearner:
     (1, 2, 2.0)
     """
 
-    def __init__(self, client: FedBNRHierClient, kernel_names: Sequence[str] = ()) -> None:
+    def __init__(self, client: FedBNRHierClient | FedBNRHierMixClient, kernel_names: Sequence[str] = ()) -> None:
         self.client = client
-        self._names = tuple(kernel_names)
+        self.mixture = isinstance(client, FedBNRHierMixClient)
+        # with the τ-mixture its "kernels" are the models of the grid, its weights their mixture weights
+        self._names = tuple(f"tau={t:g}" for t in client.tau_grid) if self.mixture else tuple(kernel_names)
         self._version = 0
 
     @property
@@ -48,17 +57,30 @@ class PersonalLearner:
 
     @property
     def kernel_weights(self) -> np.ndarray | None:
-        return None
+        return self.client.weights() if self.mixture else None
 
     def regret(self) -> Regret:
         """Against the best fixed ridge predictor on this client's own samples, at the prior scale of its
-        weights without sharing (`√(λ² + τ²)`)."""
+        weights without sharing (`√(λ² + τ²)`; with the mixture, the best over its models)."""
         c = self.client
         own = c.own_stats()
         if own.n == 0:
             return Regret(0.0, 0.0, 0.0)
-        best = float(ridge_loss(own, c.sigma, math.sqrt(c.lam**2 + c.tau**2)))
-        return Regret(float(own.n), float(c.metrics.sq_loss), best)
+        models = c.models if self.mixture else [c]
+        ridge = [float(ridge_loss(own, m.sigma, math.hypot(m.lam, m.tau))) for m in models]
+        return Regret(float(own.n), float(c.metrics.sq_loss), min(ridge), int(np.argmin(ridge)))
+
+    def diagnostics(self) -> dict[str, float]:
+        """Shared vs personal evidence: the exact log evidence of the whole fleet's hierarchical model (from the
+        installed global; the best model of the grid with the mixture) and this client's own prequential log
+        evidence, `Σ_t log p(y_t | y_<t)` of the predictions it made."""
+        c = self.client
+        models = c.models if self.mixture else [c]
+        shared = [g.log_evidence for m in models if (g := m.installed_global) is not None]
+        out = {"own_log_evidence": -float(c.metrics.nlpd_sum)}
+        if shared:
+            out["shared_log_evidence"] = float(max(shared))
+        return out
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         mean, var = self.client.predict(x)
@@ -89,10 +111,13 @@ class PersonalLearner:
         return []  # pending statistics below the privacy floor never leave the device
 
     def install_global(self, msg: Message) -> bool:
-        g = global_from_message(msg)
-        installed = bool(self.client.apply_global(g))
+        gs = global_from_message(msg)
+        expected = len(self.client.models) if self.mixture else 1
+        if len(gs) != expected:
+            raise ValueError(f"global carries {len(gs)} models, this learner has {expected}")
+        installed = bool(self.client.apply_global(gs) if self.mixture else self.client.apply_global(gs[0]))
         if installed:
-            self._version = g.version
+            self._version = msg.global_version
         return installed
 
     def warm_up(self, x: np.ndarray) -> None:
@@ -101,15 +126,20 @@ class PersonalLearner:
         twin.learn(x, 0.0)
 
 
-def global_from_message(msg: Message) -> HierGlobal:
-    """The :class:`HierGlobal` of a decoded global (writable copies)."""
+def global_from_message(msg: Message) -> list[HierGlobal]:
+    """The :class:`HierGlobal` of each model of a decoded global (writable copies)."""
     if msg.kind != GLOBAL:
         raise ValueError(f"expected a {GLOBAL!r} message, got {msg.kind!r}")
-    h = writable_copy(msg.arrays["h"], "float64")
-    a = unpack_upper(writable_copy(msg.arrays["A_upper"], "float64"), h.shape[0])
-    s = {k: float(msg.arrays[k]) for k in SCALARS}
-    return HierGlobal(msg.global_version, msg.kernel_version, msg.epoch, s["time"], s["forgetting"], s["sigma"],
-                      s["lam"], s["tau"], a, h, s["log_evidence"], dict(msg.included))
+    hs = writable_copy(msg.arrays["h"], "float64")
+    a_upper = writable_copy(msg.arrays["A_upper"], "float64")
+    scalars = {k: np.asarray(msg.arrays[k], dtype=np.float64).reshape(-1) for k in SCALARS}
+    out = []
+    for j in range(hs.shape[0]):
+        s = {k: float(v[j]) for k, v in scalars.items()}
+        out.append(HierGlobal(msg.global_version, msg.kernel_version, msg.epoch, s["time"], s["forgetting"],
+                              s["sigma"], s["lam"], s["tau"], unpack_upper(a_upper[j], hs.shape[1]), hs[j],
+                              s["log_evidence"], dict(msg.included)))
+    return out
 
 
 class PersonalAggregation(SummingWindow):
@@ -125,7 +155,7 @@ class PersonalAggregation(SummingWindow):
     (True, 1, {'a': 1})
     """
 
-    def __init__(self, server: FedBNRHierServer, *, phi_sq: float, max_abs: float = 1e100,
+    def __init__(self, server: FedBNRHierServer | FedBNRHierMixServer, *, phi_sq: float, max_abs: float = 1e100,
                  check_stats: bool = True) -> None:
         self.server = server
         self.phi_sq = float(phi_sq)
@@ -189,9 +219,11 @@ class PersonalAggregation(SummingWindow):
         self.server.publish()
 
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
-        g = self.server.last_global()
-        arrays = {"A_upper": pack_upper(g.A), "h": np.array(g.h, dtype=np.float64),
-                  **{k: np.asarray(float(getattr(g, k))) for k in SCALARS}}
+        last = self.server.last_global()
+        gs = last if isinstance(last, list) else [last]
+        g = gs[0]
+        arrays = {"A_upper": np.stack([pack_upper(x.A) for x in gs]), "h": np.stack([np.asarray(x.h) for x in gs]),
+                  **{k: np.array([float(getattr(x, k)) for x in gs]) for k in SCALARS}}
         return Message(fleet, sender, GLOBAL, g.version, g.version, kernel_version, 0, time.time(), arrays, {},
                        dict(g.included), g.epoch)
 

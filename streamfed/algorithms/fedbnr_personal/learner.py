@@ -475,6 +475,11 @@ class FedBNRHierClient:
         return self._count_pend
 
     @property
+    def installed_global(self) -> HierGlobal | None:
+        """The shared posterior in use (None before the first)."""
+        return self._global
+
+    @property
     def unacked(self) -> list[HierUpload]:
         return [self._unacked[s] for s in sorted(self._unacked)]
 
@@ -852,12 +857,54 @@ class FedBNRHierMixServer:
     def included(self) -> dict[str, int]:
         return self.servers[0].included
 
+    @included.setter
+    def included(self, value: dict[str, int]) -> None:
+        for s in self.servers:
+            s.included = dict(value)
+
+    @property
+    def clients(self) -> dict[str, tuple[SufficientStats, float]]:
+        return self.servers[0].clients
+
+    @property
+    def version(self) -> int:
+        return self.servers[0].version
+
+    @property
+    def forgetting(self) -> float:
+        return self.servers[0].forgetting
+
+    @property
+    def kernel_version(self) -> str | None:
+        return self.servers[0].kernel_version
+
+    @property
+    def epoch(self) -> int:
+        return self.servers[0].epoch
+
+    @property
+    def max_buffered(self) -> int:
+        return self.servers[0].max_buffered
+
+    def waiting(self) -> dict[str, list[int]]:
+        return self.servers[0].waiting()
+
+    def validate(self, up: HierUpload) -> None:
+        self.servers[0].validate(up)
+
     def apply(self, up: HierUpload) -> bool:
         out = [s.apply(up) for s in self.servers]
         return out[0]
 
+    def add_statistics(self, up: HierUpload) -> None:
+        for s in self.servers:
+            s.add_statistics(up)
+
     def publish(self, time: float | None = None) -> list[HierGlobal]:
         return [s.publish(time) for s in self.servers]
+
+    def last_global(self) -> list[HierGlobal]:
+        return [s.last_global() for s in self.servers]
 
 
 class FedBNRHierMixClient:
@@ -894,6 +941,24 @@ class FedBNRHierMixClient:
     def weights(self) -> np.ndarray:
         w = np.exp(self.log_score - self.log_score.max())
         return w / w.sum()
+
+    def predict(self, x: np.ndarray) -> tuple[float, float]:
+        """The moment-matched mixture of the models' predictive distributions, at the current weights."""
+        preds = [m.predict(x) for m in self.models]
+        mu = np.array([p[0] for p in preds])
+        var = np.array([p[1] for p in preds])
+        w = self.weights()
+        mean = float(w @ mu)
+        return mean, max(float(w @ (var + mu**2)) - mean**2, 1e-300)
+
+    def learn(self, x: np.ndarray, y: float, time: float | None = None) -> tuple[float, float]:
+        """One prequential step; returns the mixture's prediction made before learning."""
+        m, v = self.learn_many(np.atleast_2d(np.asarray(x, dtype=np.float64)), np.array([float(y)]),
+                               None if time is None else np.array([float(time)]))
+        return float(m[0]), float(v[0])
+
+    def own_stats(self, time: float | None = None) -> SufficientStats:
+        return self.models[0].own_stats(time)
 
     def learn_many(self, xs: np.ndarray, ys: np.ndarray, times: np.ndarray | None = None
                    ) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,7 @@
 * ``fedbnr-personal.update`` — one upload's time-weighted delta statistics: `S_upper (F(F+1)/2,)`, `b (F,)`,
   `n`, `q` and the client's clock `time`; `n_samples` is the raw count (the privacy floor).
 * ``fedbnr-personal.global`` — the shared posterior `(A_upper, h)`, `σ, λ, τ`, its `time`, the forgetting and
-  the log evidence.
+  the log evidence; one row per model: `J = len(tau_grid)` models with the prequential `τ`-mixture, else one.
 * ``fedbnr-personal.partial`` — a shard's per-client sums (the server keeps statistics per client): row `i`
   of each array belongs to the `i`-th client of the sorted `included` names.
 """
@@ -18,15 +18,21 @@ from streamfed.fleet.topics import Channel
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig
 
-__all__ = ["UPDATE", "GLOBAL", "PARTIAL", "schemas"]
+__all__ = ["UPDATE", "GLOBAL", "PARTIAL", "n_models", "schemas"]
 
 UPDATE, GLOBAL, PARTIAL = "fedbnr-personal.update", "fedbnr-personal.global", "fedbnr-personal.partial"
 SCALARS = ("sigma", "lam", "tau", "time", "forgetting", "log_evidence")
 
 
+def n_models(cfg: FleetConfig) -> int:
+    """The models a global carries: one per `τ` of the grid, or one (τ by evidence)."""
+    return len(cfg.params.tau_grid) if cfg.params.tau_grid else 1
+
+
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
     f = cfg.feature_dim
     p = f * (f + 1) // 2
+    j = n_models(cfg)
     one = (ArraySpec("S_upper", "float64", (p,)), ArraySpec("b", "float64", (f,)), ArraySpec("n", "float64", ()),
            ArraySpec("q", "float64", ()), ArraySpec("time", "float64", ()))
     per_client = (ArraySpec("S_upper", "float64", ("k", p)), ArraySpec("b", "float64", ("k", f)),
@@ -36,8 +42,8 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
     return [
         MessageSchema(UPDATE, Channel.UPDATES, one),
         MessageSchema(GLOBAL, Channel.GLOBAL, (
-            ArraySpec("A_upper", "float64", (p,)), ArraySpec("h", "float64", (f,)),
-            *(ArraySpec(s, "float64", ()) for s in SCALARS),
+            ArraySpec("A_upper", "float64", (j, p)), ArraySpec("h", "float64", (j, f)),
+            *(ArraySpec(s, "float64", (j,)) for s in SCALARS),
         ), max_included=cfg.max_clients),
         MessageSchema(PARTIAL, Channel.PARTIALS, per_client + contributor_arrays(), dims,
                       meta=(MetaSpec("round"),), max_included=cfg.max_clients),

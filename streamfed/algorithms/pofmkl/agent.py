@@ -97,6 +97,10 @@ class POFMKLLearner:
         losses = c.kernel_losses
         return Regret(float(c.n_steps), c.cumulative_loss, float(losses.min()), int(np.argmin(losses)))
 
+    def diagnostics(self) -> dict[str, float]:
+        """Its kernel weights say it all (exported as such)."""
+        return {}
+
     # ---------------------------------------------------------------- learning
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return self.client.predict(x), None
