@@ -83,8 +83,11 @@ def test_missing_file(tmp_path, ran):
     refused(agent(tmp_path, f"csv:{tmp_path / 'nope.csv'}"), ran, "nope.csv", "no such file")
 
 
-def test_a_directory_is_not_a_file(tmp_path, ran):
+def test_a_directory_is_not_a_file(tmp_path, ran, monkeypatch):
     refused(agent(tmp_path, f"csv:{tmp_path}"), ran, "not a regular file")
+    monkeypatch.chdir(tmp_path)
+    refused(agent(tmp_path, "csv:."), ran, ".: not a regular file")
+    refused(agent(tmp_path, "csv:"), ran, "a CSV source needs a file path (csv:PATH)")
 
 
 def test_missing_target_column_names_the_columns(tmp_path, ran):
@@ -186,6 +189,12 @@ def test_unknown_source_and_river_dataset(tmp_path, ran):
     refused(agent(tmp_path, "kafka:x", target=None), ran, "unknown source 'kafka:x'")
     refused(agent(tmp_path, "river:NoSuchDataset", features=None, target=None), ran,
             "unknown River dataset 'NoSuchDataset'", "TrumpApproval")
+    refused(agent(tmp_path, "river:TrumpApproval", features=None, target=None), ran,
+            "River dataset 'TrumpApproval' has 6 features (ordinal_date, gallup", "n_inputs=2: pass --features")
+    refused(agent(tmp_path, "river:TrumpApproval", features="ipsos,nope", target=None), ran,
+            "feature(s) ['nope'] not found; features are: ordinal_date")
+    assert agent(tmp_path, "river:TrumpApproval", features="ipsos,gallup", target=None).exit_code == 0
+    assert len(ran[0]) == 1001 and all(isinstance(r, Reading) for r in ran[0])
 
 
 def test_bad_config_file(tmp_path, ran):
@@ -339,3 +348,43 @@ def test_agent_warns_when_most_rows_are_skipped(tmp_path, mosquitto_dev):
         f"agent skippy: item skipped (missing_feature, {k} so far): row {k}: missing ['load']" for k in (1, 2, 3)]
     assert ("agent skippy: 15 of the last 20 items skipped (75% > max 50%): missing_feature 15; "
             "last: row 19: missing ['load']") in err
+
+
+# =========================================================================== same messages as the replay
+
+
+@pytest.mark.parametrize(("text", "target", "features"), [
+    (GOOD, "Load", ["temp", "hum"]),
+    (GOOD, "load", ["temp", "humidity"]),
+    (GOOD, "load", ["tmp", "hm"]),
+    ("", "load", ["temp", "hum"]),
+    ("temp,hum,load\n", "load", ["temp", "hum"]),
+    ("temp,hum,temp,load\n1,2,3,4\n", "load", ["temp", "hum"]),
+    ("temp,hum,load\n1,2,3\n" + '1,"' + "x" * 200_000 + '",3\n', "load", ["temp", "hum"]),
+], ids=["target", "feature", "two-features", "empty", "header-only", "twice", "csv-error"])
+def test_messages_are_the_replays(tmp_path, text, target, features):
+    """The agent's CSV checks are a light copy of the replay's reader (which loads numba): same messages."""
+    from streamfed.evaluation.datasets.csv_fleet import csv_fleet_with_report
+    from streamfed.fleet.sources import SourceError
+
+    path = tmp_path / "d.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError) as replay:
+        csv_fleet_with_report(path, target, features=features, normalisation="none")
+    with pytest.raises(SourceError) as agent_:
+        csv_source(path, target, features)
+    assert str(agent_.value) == str(replay.value)
+
+
+def test_decoding_messages_locate_the_same_byte(tmp_path):
+    from streamfed.evaluation.datasets.csv_fleet import csv_fleet_with_report
+    from streamfed.fleet.sources import SourceError
+
+    path = tmp_path / "d.csv"
+    path.write_bytes("temp,hum,load\n1,2,0.5\n5,6,°C\n".encode("latin-1"))
+    with pytest.raises(ValueError) as replay:
+        csv_fleet_with_report(path, "load", features=["temp", "hum"], normalisation="none")
+    with pytest.raises(SourceError) as agent_:
+        csv_source(path, "load", ["temp", "hum"])
+    assert str(agent_.value).split(";")[0] == str(replay.value).split(";")[0]
+    assert "line 3: invalid start byte (byte 0xb0)" in str(agent_.value)

@@ -534,8 +534,6 @@ def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str 
                delimiter: str) -> _CsvLayout:
     """Read the whole file once (decoding and CSV syntax), check its header against the columns asked for."""
     where = str(path)
-    if not where or where == ".":
-        raise SourceError("a CSV source needs a file path (csv:PATH)")
     if not path.exists():
         raise SourceError(f"{where}: no such file")
     if not path.is_file():
@@ -622,6 +620,8 @@ def csv_source(path: str | Path, target: str, features: Sequence[str], rate_hz: 
     `row<i>` (0-based data rows) unless `id_column` names a column. Should the file become unreadable
     while it is replayed, a `malformed` skip says so and the stream ends (logged as an error).
     """
+    if not str(path).strip():
+        raise SourceError("a CSV source needs a file path (csv:PATH)")
     path = Path(path)
     layout = _check_csv(path, target, features, id_column, encoding, delimiter)
     parser = ReadingParser(features, check_order=False)
