@@ -388,3 +388,41 @@ def test_decoding_messages_locate_the_same_byte(tmp_path):
         csv_source(path, "load", ["temp", "hum"])
     assert str(agent_.value).split(";")[0] == str(replay.value).split(";")[0]
     assert "line 3: invalid start byte (byte 0xb0)" in str(agent_.value)
+
+
+def test_sensor_messages_pass_the_same_watch_and_counters(caplog):
+    """The MQTT sensor path: parsed messages go through `_take_now`, like source items — logged and counted."""
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import BrokerConfig, FleetConfig
+    from streamfed.runtime.agent import AgentService
+
+    core = AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "s1", 0)
+    svc = AgentService(core, BrokerConfig(), sensor_features=["a", "b"], skip_window=4, max_skip_share=0.5,
+                       gc_freeze=False)
+    payloads = [b'{"id": "r1", "x": {"a": 1, "b": 2}, "y": 1}', b"{broken", b'{"id": "r2", "x": {"a": 1}, "y": 1}',
+                b'{"id": "r3", "x": {"a": 1, "b": "hot"}, "y": 1}']
+
+    async def main():
+        for p in payloads:
+            await svc._take_now(svc.parser.parse(p))
+
+    with caplog.at_level(logging.WARNING, "streamfed.fleet.agent"):
+        asyncio.run(main())
+    assert core.counters.skipped == {"malformed": 1, "missing_feature": 1, "non_numeric": 1}
+    assert core.stats.skipped["malformed"] == 1 and core.counters.learned == 1
+    assert "agent s1: item skipped (missing_feature, 1 so far): missing ['b']" in caplog.text
+    assert "agent s1: 3 of the last 4 items skipped (75% > max 50%)" in caplog.text
+
+
+def test_jsonl_stdin_with_bytes_that_are_not_utf8(tmp_path, ran):
+    stdin = b'{"id": "r1", "x": [1, 2], "y": 1}\n{"id": "r2", "x": [1, "\xb0"], "y": 1}\n'
+    res = CliRunner().invoke(app, ["agent", "--config", str(_config(tmp_path)), "--client", "a1", "--source", "jsonl"],
+                             input=stdin)
+    assert res.exit_code == 0 and res.exception is None, res.output
+    (items,) = ran
+    assert isinstance(items[0], Reading)
+    assert (items[1].reason, items[1].detail) == (
+        "malformed", "line 2: not valid utf-8: invalid start byte (byte 0xb0)")
+    res = CliRunner().invoke(app, ["agent", "--config", str(_config(tmp_path)), "--client", "a1", "--source", "jsonl",
+                                   "--encoding", "latin-1"], input=stdin)
+    assert ran[1][1].reason == "non_numeric"  # decoded as Latin-1: '°' is text, not a number
