@@ -389,6 +389,9 @@ def agent(
     skip_window: Annotated[int, typer.Option(help="items the skip share is taken over")] = 100,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="persist learner, outbox and source position here")] = None,
+    wait_for_global: Annotated[float, typer.Option(
+        help="joining a running fleet: wait up to this many seconds for its global before the first sample, so "
+             "that the first prediction already uses it as the prior (0: start at once)")] = 2.0,
 ) -> None:
     """Run one edge agent: predict, learn, publish predictions and bounded updates.
 
@@ -435,7 +438,8 @@ def agent(
         _refuse(str(e))
     sensor = (names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None
     _serve(lambda: AgentService(core, cfg.broker, src, state_dir=state_dir, sensor_features=sensor,
-                                max_skip_share=max_skip_share, skip_window=skip_window),
+                                max_skip_share=max_skip_share, skip_window=skip_window,
+                                wait_for_global=wait_for_global),
            [core.stats], metrics_port,
            lambda svc: f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
                        f"{cfg.broker.host}:{cfg.broker.port}, source {source}"

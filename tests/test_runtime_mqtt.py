@@ -251,3 +251,54 @@ def test_qos1_predictions_leave_ahead_of_their_samples_updates(mosquitto_dev, st
     got = asyncio.run(main())
     where = {item: i for i, item in enumerate(got)}
     assert all(where[("predictions", t)] < where[("updates", t)] for t in range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("algorithm", ["fedbnr", "fedbnr-personal"])
+def test_a_joining_agents_first_prediction_uses_the_fleet_prior_as_the_replay_does(mosquitto_dev, streams, algorithm):
+    """Two agents stream 40 samples each; then a third agent joins (its own rows from step 40 on). Over
+    Mosquitto its very first prediction already uses the fleet's global as the prior — it waits for the retained
+    global — and equals the replay's cold-start prediction for the same join (`join={client: 40}`): the
+    global statistics are the same sums (order-free; σ, λ fixed)."""
+    from streamfed.evaluation.datasets.base import ClientStream, Fleet
+    from streamfed.evaluation.replay import replay
+
+    n, m = 40, 12
+    own = {"min_upload": 10, "fit_hyperparameters": False}
+    cfg = FleetConfig(fleet=f"join-{algorithm}", algorithm=algorithm, n_inputs=10, n_kernels=1, n_features=10,
+                      kernels=["gaussian:1.0"], seed=5, params=own)
+    broker = mosquitto_dev.broker_config()
+    names = [s.name for s in streams[:3]]
+    first: list = []
+
+    async def main():
+        agg = AggregatorService(AggregatorCore(cfg, mode="async", window=0.05), broker)
+        agg_task = asyncio.create_task(agg.run())
+        await asyncio.wait_for(agg.connected.wait(), 10)
+        try:
+            early = [AgentService(AgentCore(cfg, nm, i), broker, array_source(s.X[:n], s.y[:n]), linger=0.5)
+                     for i, (nm, s) in enumerate(zip(names[:2], streams[:2], strict=True))]
+            await asyncio.wait_for(asyncio.gather(*(a.run() for a in early)), 30)
+            assert agg.core.included() == {nm: n // 10 for nm in names[:2]}
+            late_src = streams[2]
+            late = AgentService(AgentCore(cfg, names[2], 2), broker, array_source(late_src.X[n:n + m],
+                                                                                    late_src.y[n:n + m]),
+                                linger=0.2, wait_for_global=5.0)
+            late.on_prediction = lambda p: first.append(p) if not first else None
+            await asyncio.wait_for(late.run(), 30)
+            return agg, late
+        finally:
+            agg.stop()
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(agg_task, 5)
+
+    agg, late = asyncio.run(main())
+    assert first and first[0].global_version > 0  # the first prediction was made with the fleet's global
+    cut = [ClientStream(s.name, s.X[:k], s.y[:k], s.feature_names) for s, k in zip(streams[:3], (n, n, n + m),
+                                                                                      strict=True)]
+    fleet = Fleet(tuple(cut), dataset="beijing-air", normalisation="paper", split="station")
+    acfg = AlgorithmConfig(n_kernels=1, kernels=("gaussian:1.0",), n_features=10, params={algorithm: own})
+    r = replay(fleet, algorithm, acfg, seed=5, join={names[2]: n})
+    assert abs(first[0].mean - r.means[2][n]) <= 1e-10 * max(1.0, abs(r.means[2][n]))
+    assert abs(first[0].var - r.variances[2][n]) <= 1e-10 * r.variances[2][n]
+    from_scratch = AgentCore(cfg, "nobody", 9).learner.predict(streams[2].X[n])
+    assert abs(from_scratch[0] - first[0].mean) > 1e-6  # the prior made a difference

@@ -227,7 +227,8 @@ class ReplayResult:
     rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per client
     centralised: bool = False  # one learner took every client's samples
     arrangement: Arrangement | None = field(default=None, repr=False)  # the learners and aggregations, at the end
-    # per client, the predictive variance of each step (NaN where the learner gives none, or not scored)
+    # per client, the predictive mean and variance of each step (NaN where not scored / no variance)
+    means: list[np.ndarray] = field(default_factory=list, repr=False)
     variances: list[np.ndarray] = field(default_factory=list, repr=False)
     starts: np.ndarray | None = None  # per client, the step it joined the fleet at (None: all at 0)
     ys: list[np.ndarray] = field(default_factory=list, repr=False)  # per client, the targets
@@ -348,6 +349,7 @@ def replay(
     weights = np.zeros((checkpoints.size, len(arr.kernel_names)))
     sq = [np.full(lengths[c], np.nan) for c in range(n)]  # NaN: not scored (before joining, or rejected)
     var_trace = [np.full(lengths[c], np.nan) for c in range(n)]
+    mean_trace = [np.full(lengths[c], np.nan) for c in range(n)]
     uploaded = np.zeros(n)
     seqs = np.zeros(n, dtype=np.int64)
     rng = np.random.default_rng([seed, 0xA5])
@@ -371,6 +373,7 @@ def replay(
             return None
         e = yhat - ys[c][t]
         sq[c][t] = e * e
+        mean_trace[c][t] = yhat
         if var is not None:
             var_trace[c][t] = var
         up = learner.take_update()
@@ -449,6 +452,6 @@ def replay(
         checkpoints=checkpoints, regret=regret, weights=weights, kernel_names=arr.kernel_names,
         uploaded_numbers=uploaded, wall_s=wall,
         staleness_mean=float(np.mean(staleness)) if staleness else 0.0, rounds=rounds,
-        rejected=rejected, centralised=arr.centralised, arrangement=arr, variances=var_trace,
+        rejected=rejected, centralised=arr.centralised, arrangement=arr, means=mean_trace, variances=var_trace,
         starts=starts if join else None, ys=ys,
     )

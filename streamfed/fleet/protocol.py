@@ -730,14 +730,17 @@ def writable_copy(a: np.ndarray, dtype: str) -> np.ndarray:
     return np.array(a, dtype=np.dtype(dtype).newbyteorder("="), copy=True, order="C")
 
 
-def status_message(fleet: str, client: str, state: str, *, seq: int = 0,
-                   created: float | None = None) -> Message:
-    """A `status` (`state` = `"online"` / `"offline"`); its encoding also serves as the last will.
+def status_message(fleet: str, client: str, state: str, *, seq: int = 0, created: float | None = None,
+                   meta: Mapping[str, MetaValue] | None = None) -> Message:
+    """A `status` (`state` = `"online"` / `"offline"`); its encoding also serves as the last will. `meta` adds
+    what the agent says about itself (e.g. `prior_version`: the global it joined the fleet with).
 
     >>> status_message("f", "a1", "offline", created=0.0).meta
     {'state': 'offline'}
+    >>> status_message("f", "a1", "online", created=0.0, meta={"prior_version": 7}).meta
+    {'prior_version': 7, 'state': 'online'}
     """
-    return Message(fleet, client, "status", seq, created=_now(created), meta={"state": state})
+    return Message(fleet, client, "status", seq, created=_now(created), meta={**(meta or {}), "state": state})
 
 
 def ack_message(fleet: str, client: str, included_seq: int, missing: Iterable[int] = (), *, seq: int,

@@ -397,7 +397,7 @@ class AgentService:
                  resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
                  max_refusals: int = 3, connect_timeout: float = 5.0, prediction_qos: int = 0,
                  gc_freeze: bool = True, ack_grace: float = 1.0, max_skip_share: float | None = 0.5,
-                 skip_window: int = 100) -> None:
+                 skip_window: int = 100, wait_for_global: float = 0.0) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -439,6 +439,10 @@ class AgentService:
         self.rejected_acks = 0
         self._work = asyncio.Event()
         self._global_event = asyncio.Event()
+        # Joining a running fleet: before its first sample, wait (at most this long, once connected) for the
+        # retained global, so that the first prediction already uses the fleet's model as its prior.
+        self.wait_for_global = max(0.0, float(wait_for_global))
+        self._prior_ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._source_done = asyncio.Event()
         self._source_done_at: float | None = None
@@ -565,10 +569,19 @@ class AgentService:
                 for topic in topics:
                     check_subscription(topic, await until_lost(
                         client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
+                joining = not self._prior_ready.is_set()
+                if joining and self.wait_for_global > 0:
+                    await self._await_prior(receiver)
+                meta = {"prior_version": int(self.core.global_version)} if joining else None
                 await until_lost(client.publish(
                     status_topic(self.fleet, self.client_id), encode(status_message(self.fleet, self.client_id,
-                                                                                    "online")),
+                                                                                    "online", meta=meta)),
                     qos=1, retain=True, timeout=OP_TIMEOUT), receiver)
+                if joining:
+                    if self.core.global_version:
+                        log.info("agent %s: joined the fleet with global v%d as its prior", self.client_id,
+                                 self.core.global_version)
+                    self._prior_ready.set()
                 watch.check()
                 if self.prediction_qos == 0:
                     # Live QoS 0 predictions leave at once. (At QoS 1 it stays on: two PUBACKs back to back
@@ -596,6 +609,18 @@ class AgentService:
                 receiver.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                     await receiver
+
+    async def _await_prior(self, receiver: asyncio.Task[None]) -> None:
+        """The retained global (if the fleet has one) arrives right after the subscription: wait for it, at most
+        `wait_for_global` seconds (a fleet without a global yet costs that wait once)."""
+        deadline = asyncio.get_running_loop().time() + self.wait_for_global
+        while not self.core.global_version and not receiver.done():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self._global_event.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._global_event.wait(), min(left, 0.1))
 
     async def _last_global(self) -> None:
         """Before leaving: a lock-step agent waits for the global of its last round; any agent may
@@ -864,6 +889,10 @@ class AgentService:
     # ------------------------------------------------------------------ the stream
     async def _feed(self) -> None:
         try:
+            if self.wait_for_global > 0 and not self.core.global_version:
+                # a joining agent starts from the fleet's global; offline, it starts alone after the wait
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._prior_ready.wait(), self.connect_timeout + self.wait_for_global)
             if self.source is not None:
                 async for item in self.source:
                     if self._stop.is_set():
