@@ -426,3 +426,30 @@ def test_jsonl_stdin_with_bytes_that_are_not_utf8(tmp_path, ran):
     res = CliRunner().invoke(app, ["agent", "--config", str(_config(tmp_path)), "--client", "a1", "--source", "jsonl",
                                    "--encoding", "latin-1"], input=stdin)
     assert ran[1][1].reason == "non_numeric"  # decoded as Latin-1: '°' is text, not a number
+
+
+def test_the_recent_skip_share_is_exported() -> None:
+    """The share of recent items skipped reaches Prometheus, and a source of mostly bad rows shows it."""
+    import numpy as np
+    from prometheus_client import generate_latest
+
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import BrokerConfig, FleetConfig
+    from streamfed.fleet.sources import Reading, Skip, SkipReason
+    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.exporter import StreamfedCollector, make_registry
+
+    cfg = FleetConfig(fleet="skips", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
+    svc = AgentService(AgentCore(cfg, "a1", 0), BrokerConfig(), source=None, sensor_features=["u", "v"],
+                       skip_window=10)
+    items = [Skip(SkipReason.MISSING_FEATURE, "row")] * 7 + [Reading(str(i), np.zeros(2), float(i), 0.1)
+                                                           for i in range(3)]
+
+    async def feed() -> None:
+        for item in items:
+            await svc._take_now(item)
+
+    asyncio.run(feed())
+    assert svc.core.stats.recent_skip_ratio == 0.7
+    text = generate_latest(make_registry(StreamfedCollector([svc.core.stats]))).decode()
+    assert 'streamfed_agent_recent_skip_ratio{client="a1",fleet="skips"} 0.7' in text

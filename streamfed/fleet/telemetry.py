@@ -189,7 +189,7 @@ class AgentStats:
         "client", "fleet", "algorithm", "clock",
         "samples", "skipped", "sq_error_sum", "window", "interval_hits", "interval_total", "latency",
         "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
-        "learner_values",
+        "learner_values", "recent_skip_ratio",
         "upload_bytes", "upload_messages", "global_version", "global_received_at", "newest_version",
     )
 
@@ -214,6 +214,7 @@ class AgentStats:
         self.kernel_names: tuple[str, ...] = ()
         self.kernel_weights: list[float] = []
         self.learner_values: dict[str, float] = {}  # the learner's own diagnostics (named numbers)
+        self.recent_skip_ratio: float | None = None  # share of the source's recent items skipped (the runtime's)
         self.upload_bytes = 0
         self.upload_messages = 0
         self.global_version: int | None = None

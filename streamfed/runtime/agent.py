@@ -933,6 +933,7 @@ class AgentService:
         (POF-MKL: its fused predict-and-update step), the prediction goes out, and only then is the
         sample learned (FedBNR), the update taken and built, the state checkpointed."""
         self.skip_watch.observe(item)
+        self.core.stats.recent_skip_ratio = self.skip_watch.share
         if not isinstance(item, Reading) or (item.y is not None and self.core.waiting_for is not None):
             self._take(item, from_source)
             return

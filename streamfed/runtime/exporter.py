@@ -24,6 +24,7 @@ name                                                     type      labels
 ``streamfed_agent_interval_coverage_ratio``              gauge     fleet, client
 ``streamfed_agent_kernel_weight``                        gauge     fleet, client, kernel
 ``streamfed_agent_learner_value``                        gauge     fleet, client, name
+``streamfed_agent_recent_skip_ratio``                    gauge     fleet, client
 ``streamfed_agent_upload_bytes_total``                   counter   fleet, client
 ``streamfed_agent_upload_messages_total``                counter   fleet, client
 ``streamfed_agent_global_version``                       gauge     fleet, client
@@ -173,6 +174,7 @@ class StreamfedCollector(Collector):
             c("streamfed_agent_interval_predictions", "Predictions made with a predictive variance."),
             g("streamfed_agent_interval_coverage_ratio", "Fraction of targets inside the 95% predictive interval."),
             g("streamfed_agent_kernel_weight", "Normalised kernel weight.", (*_A, "kernel")),
+            g("streamfed_agent_recent_skip_ratio", "Share of the source's recent items skipped (bad input)."),
             g("streamfed_agent_learner_value", "A number the learner reports about itself (e.g. shared vs own log "
               "evidence).", (*_A, "name")),
             c("streamfed_agent_upload_bytes", "Payload bytes of model updates uploaded.", unit="bytes"),
@@ -232,6 +234,8 @@ class StreamfedCollector(Collector):
                 f["streamfed_agent_interval_coverage_ratio"].add_metric(lab, hits / total)  # type: ignore[attr-defined]
             for kernel, w in zip(s.kernel_names, list(s.kernel_weights), strict=False):
                 f["streamfed_agent_kernel_weight"].add_metric([*lab, kernel], w)  # type: ignore[attr-defined]
+            if s.recent_skip_ratio is not None:
+                f["streamfed_agent_recent_skip_ratio"].add_metric(lab, s.recent_skip_ratio)  # type: ignore[attr-defined]
             for name, v in list(s.learner_values.items()):
                 f["streamfed_agent_learner_value"].add_metric([*lab, name], v)  # type: ignore[attr-defined]
             if s.global_version is not None:
