@@ -110,3 +110,4 @@ class StatsLearner:
         twin.predict(x)
         twin.learn(x, 0.0)
         twin.own_stats()  # folds the staged rows, as every upload does
+        twin.log_evidence()  # what diagnostics() reads

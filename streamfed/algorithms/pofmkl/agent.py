@@ -35,27 +35,52 @@ class ErrorFeedback:
 
     def __init__(self, n_kernels: int, dim: int, bin_size: int) -> None:
         self.residual = np.zeros((n_kernels, dim))
+        # ‖residual_p‖² per kernel, kept up to date as rows change (a take then reads N numbers, not N·2D)
+        self.norms = np.zeros(n_kernels)
         self.bin_size = bin_size
         self._samples = 0
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "norms" not in state:  # pickled before the norms were kept
+            self.norms = np.einsum("pi,pi->p", self.residual, self.residual)
+
     def add(self, update: KernelUpdate) -> None:
-        self.residual[update.kernels] += update.delta
+        k = update.kernels
+        if k.shape[0] == 1:  # one kernel (M = 1): plain row operations, no fancy indexing
+            row = self.residual[int(k[0])]
+            row += update.delta[0]
+            self.norms[int(k[0])] = row @ row
+        else:
+            self.residual[k] += update.delta
+            rows = self.residual[k]
+            self.norms[k] = np.einsum("pi,pi->p", rows, rows)
         self._samples += update.n_samples
 
     def pending(self) -> bool:
         return bool(np.any(self.residual))
 
     def take(self) -> KernelUpdate | None:
-        norms = np.einsum("pi,pi->p", self.residual, self.residual)
-        nonzero = np.flatnonzero(norms)
-        if nonzero.size == 0:
-            return None
-        chosen = nonzero[np.argsort(-norms[nonzero], kind="stable")[: self.bin_size]]
-        chosen.sort()
-        delta = self.residual[chosen].copy()
+        norms = self.norms
+        if self.bin_size == 1:  # the common case: the largest row (the first of equal ones)
+            p = int(norms.argmax())
+            if not norms[p] > 0.0:
+                return None
+            delta = self.residual[p : p + 1].copy()
+            self.residual[p] = 0.0
+            norms[p] = 0.0
+            n, self._samples = self._samples, 0
+            return KernelUpdate(np.array([p], dtype=np.int64), delta, max(n, 1))
+        else:
+            nonzero = np.flatnonzero(norms)
+            if nonzero.size == 0:
+                return None
+            chosen = np.sort(nonzero[np.argsort(-norms[nonzero], kind="stable")[: self.bin_size]]).astype(np.int64)
+        delta = self.residual[chosen]  # fancy indexing: a copy
         self.residual[chosen] = 0.0
+        norms[chosen] = 0.0
         n, self._samples = self._samples, 0  # samples summarised since the last take
-        return KernelUpdate(chosen.astype(np.int64), delta, max(n, 1))
+        return KernelUpdate(chosen, delta, max(n, 1))
 
 
 class POFMKLLearner:
