@@ -82,13 +82,14 @@ class TimedCore(AgentCore):
         super().__init__(*a, **kw)
         self.round_trips: list[float] = []
 
-    def on_global(self, msg, now=None):  # type: ignore[no-untyped-def]
+    def install_global(self, msg, now=None):  # type: ignore[no-untyped-def]
+        # what the runtime calls for every decoded global (on_global is the same, returning a bool)
         pending = dict(self.outbox)
-        ok = super().on_global(msg, now)
-        if ok:
+        result = super().install_global(msg, now)
+        if result.installed:
             t = time.time()
             self.round_trips += [t - m.created for s, m in pending.items() if s not in self.outbox]
-        return ok
+        return result
 
 
 async def prediction_latency(broker, seconds: float) -> dict:
