@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamfed.algorithms.fedbnr._kernels import chol_update  # noqa: E402
-from streamfed.core.features import RFFBank, gaussian_dictionary, rff_transform_many  # noqa: E402
+from streamfed.core.compiled import features as feature_kernels  # noqa: E402
+from streamfed.core.features import RFFBank, gaussian_dictionary  # noqa: E402
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 
 SINCOS_FLOPS = 42
@@ -89,7 +90,7 @@ def main() -> None:
         feats.append({"N": n, "D": dd, "d": d, "flops": feature_flops(n, dd, d),
                       "one": (lambda bank=bank, x=x, out1=out1: bank.transform_into(x, out1)),
                       "many": (lambda bank=bank, xs=xs, outm=outm:
-                               rff_transform_many(bank.frequency_matrix, xs, outm))})
+                               feature_kernels.rff_transform_many(bank.frequency_matrix, xs, outm))})
     chols = []
     for f in chol_sizes:
         nn = f + 1

@@ -19,6 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamfed.algorithms import get  # noqa: E402
+from streamfed.algorithms.pofmkl import POFMKLParams  # noqa: E402
 from streamfed.core.features import RFFBank  # noqa: E402
 from streamfed.evaluation.datasets import load_beijing  # noqa: E402
 from streamfed.evaluation.replay import AlgorithmConfig, replay  # noqa: E402
@@ -39,7 +41,8 @@ def main() -> None:
         rows.append((name, r.wall_s, steps_total / r.wall_s, r.mse))
     # the oracle, driven in lock-step on the first 300 steps of each station, projected to the full run
     bank = RFFBank(cfg.specs(), cfg.n_features, fleet.streams[0].X.shape[1], seed=0)
-    oracles = [OracleClient(bank.frequencies, cfg.eta, cfg.lam, cfg.xi, cfg.bin_size) for _ in fleet.streams]
+    p = POFMKLParams(**cfg.params_for(get("pofmkl")))  # the replay's POF-MKL parameters
+    oracles = [OracleClient(bank.frequencies, p.eta, p.lam, p.xi, cfg.bin_size) for _ in fleet.streams]
     rng = np.random.default_rng(0)
     theta = np.zeros((bank.n_kernels, bank.dim))
     t0 = time.perf_counter()
