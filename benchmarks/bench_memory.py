@@ -188,11 +188,9 @@ def _state_rows(sizes: list[dict], n_agents: int, steps: int) -> list[dict]:
         grown = (_rss() - before) / n_agents
         snap = pickle.dumps(cores[0].snapshot(), protocol=pickle.HIGHEST_PROTOCOL)
         learner = pickle.dumps(cores[0].learner, protocol=pickle.HIGHEST_PROTOCOL)
-        label = (f"POF-MKL N = {cfg.n_kernels}, D = {cfg.n_features}" if cfg.algorithm == "pofmkl"
-                 else f"FedBNR K = {cfg.n_kernels}, F = {cfg.feature_dim}")
+        label = f"{cfg.algorithm} K = {cfg.n_kernels}, D = {cfg.n_features}, F = {cfg.feature_dim}"
         rows.append({"agent": label, **size, "snapshot_pickle_bytes": len(snap), "learner_pickle_bytes": len(learner),
                      "learner_ndarray_bytes": _ndarray_bytes(cores[0].learner, set()),
-                     "ef_bytes": int(cores[0].ef.residual.nbytes) if cores[0].ef is not None else 0,
                      "rss_per_agent_bytes": grown, "agents_built": n_agents})
         del cores
     return rows
