@@ -494,3 +494,10 @@ def test_tau_mixture_agent_and_aggregator_resume_from_their_snapshots_exactly():
             assert [x.arrays["A_upper"].tobytes() for x in g1 if x.kind.endswith(".global")] == \
                    [x.arrays["A_upper"].tobytes() for x in g2 if x.kind.endswith(".global")]
     assert np.array_equal(a.learner.kernel_weights, twin_a.learner.kernel_weights)
+
+
+def test_personal_fleet_with_forgetting_publishes_globals():
+    """With forgetting the uploads' statistics are time-weighted (n not a whole number): the aggregation must
+    take them (it used to refuse every one as 'not a count of samples', so no global was ever published)."""
+    agg, agents = _run_personal_fleet({"forgetting": 0.99})
+    assert agg.version > 0 and agg.rejected == {} and all(a.global_version == agg.version for a in agents)

@@ -26,7 +26,7 @@ __all__ = ["FedBNRAggregation", "SummingWindow", "check_statistics"]
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
 
 
-def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | None) -> None:
+def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | None, whole_n: bool = True) -> None:
     """`ValueError` unless `st` could be the statistics of `n` samples with `‖φ‖² <= phi_sq` (None: only the
     count and the bound are checked — for noised or masked uploads).
 
@@ -38,7 +38,8 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
     ValueError: tr S exceeds n·max‖φ‖²: not the scatter of n feature vectors
     """
     n, q = float(st.n), float(st.q)
-    if not (1.0 <= n <= _MAX_WHOLE and n == math.floor(n)):
+    # time-weighted statistics (forgetting) count samples with weights: a positive total, not a whole number
+    if not (0.0 < n <= _MAX_WHOLE and (n == math.floor(n) and n >= 1.0 if whole_n else True)):
         raise ValueError(f"n = {n!r} is not a count of samples")
     bound = max_abs
     if (abs(q) > bound or st.S.max() > bound or st.S.min() < -bound

@@ -180,7 +180,8 @@ class PersonalAggregation(SummingWindow):
         a = msg.arrays
         st = self._stats(a["S_upper"], a["b"], float(a["n"]), float(a["q"]), msg)
         t = float(a["time"])
-        check_statistics(st, max_abs=self.max_abs, phi_sq=self.phi_sq if self.check_stats else None)
+        check_statistics(st, max_abs=self.max_abs, phi_sq=self.phi_sq if self.check_stats else None,
+                         whole_n=self.server.forgetting == 1.0)
         up = HierUpload(msg.client, msg.seq, t, int(msg.n_samples), st)
         self.server.validate(up)
         return up
