@@ -48,6 +48,9 @@ __all__ = [
     "Reading",
     "ReadingParser",
     "Skip",
+    "columns_hint",
+    "open_binary",
+    "unknown_columns",
     "SkipReason",
     "SkipWatch",
     "SourceError",
@@ -463,13 +466,19 @@ _MAX_LISTED = 40  # columns named in an error message before "... (N more)"
 _READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip.BadGzipFile is an OSError
 
 
-def _columns_hint(columns: Sequence[str]) -> str:
+def columns_hint(columns: Sequence[str]) -> str:
+    """The columns that exist, for an error message (at most 40 named).
+
+    >>> columns_hint(["a", "b"])
+    "columns are: 'a', 'b'"
+    """
     shown = ", ".join(repr(c) for c in columns[:_MAX_LISTED])
     more = len(columns) - _MAX_LISTED
     return f"columns are: {shown}" + (f" ... ({more} more)" if more > 0 else "")
 
 
-def _unknown(where: str, what: str, names: Sequence[str], columns: Sequence[str]) -> SourceError:
+def unknown_columns(where: str, what: str, names: Sequence[str], columns: Sequence[str]) -> SourceError:
+    """The error for column `names` not among `columns`: a close match suggested, the existing ones listed."""
     hints = []
     for name in names:
         close = difflib.get_close_matches(name, columns, n=1) or [c for c in columns if c.lower() == name.lower()]
@@ -477,7 +486,7 @@ def _unknown(where: str, what: str, names: Sequence[str], columns: Sequence[str]
             hints.append(f"{close[0]!r}" + (f" for {name!r}" if len(names) > 1 else ""))
     did = f" (did you mean {', '.join(hints)}?)" if hints else ""
     label = ", ".join(repr(n) for n in names)
-    return SourceError(f"{where}: {what} {label} not found{did}; {_columns_hint(columns)}")
+    return SourceError(f"{where}: {what} {label} not found{did}; {columns_hint(columns)}")
 
 
 def check_encoding(encoding: str, where: str = "") -> str:
@@ -493,13 +502,14 @@ def check_encoding(encoding: str, where: str = "") -> str:
     return "utf-8-sig" if codec == "utf-8" else codec
 
 
-def _open_binary(path: Path) -> IO[bytes]:
+def open_binary(path: Path) -> IO[bytes]:
+    """A file's bytes, gunzipped when its name ends in `.gz`."""
     return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")  # noqa: SIM115
 
 
 def _open_text(path: Path, codec: str = "utf-8-sig") -> TextIO:
     # newline="": the csv module's own line handling (quoted fields may contain newlines)
-    return io.TextIOWrapper(_open_binary(path), encoding=codec, newline="")
+    return io.TextIOWrapper(open_binary(path), encoding=codec, newline="")
 
 
 def _decode_error(path: Path, codec: str, head: bytes) -> str:
@@ -508,7 +518,7 @@ def _decode_error(path: Path, codec: str, head: bytes) -> str:
     lineno = 0
     where = "undecodable text"
     try:
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             for lineno, line in enumerate(f, 1):  # noqa: B007 (used after the loop)
                 decoder.decode(line)
             decoder.decode(b"", final=True)
@@ -551,7 +561,7 @@ def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str 
     if target in names:
         raise SourceError(f"{where}: feature {target!r} is also the target")
     try:
-        with _open_binary(path) as fb:
+        with open_binary(path) as fb:
             head = fb.read(4)
     except _READ_ERRORS as e:
         raise SourceError(f"{where}: cannot read: {e}") from None
@@ -578,7 +588,7 @@ def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str 
     if header is None or header == [""]:
         raise SourceError(f"{where}: empty file, expected a header row and data rows")
     if not rows:
-        raise SourceError(f"{where}: header only, no data rows; {_columns_hint(header)}")
+        raise SourceError(f"{where}: header only, no data rows; {columns_hint(header)}")
     index: dict[str, int] = {}
     duplicated: set[str] = set()
     for j, h in enumerate(header):
@@ -590,10 +600,10 @@ def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str 
     def check(what: str, wanted: Sequence[str]) -> None:
         unknown = [n for n in wanted if n not in index]
         if unknown:
-            raise _unknown(where, what, unknown, header)
+            raise unknown_columns(where, what, unknown, header)
         dup = [n for n in wanted if n in duplicated]
         if dup:
-            raise SourceError(f"{where}: {what} {dup} appear more than once in the header; {_columns_hint(header)}")
+            raise SourceError(f"{where}: {what} {dup} appear more than once in the header; {columns_hint(header)}")
 
     check("target column", [target])
     check("feature column(s)", names)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import difflib
 import gzip
 import io
 import math
@@ -51,7 +50,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO
 
 import numpy as np
 
@@ -59,9 +57,11 @@ from streamfed.evaluation.datasets.adapters import NA_VALUES
 from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fleet
 from streamfed.evaluation.datasets.normalise import DEFAULT_WARMUP, normalise_streams
 
+# the column checks' messages are the agent's: one user, one set of messages (the agent's module is numba-free)
+from streamfed.fleet.sources import columns_hint, open_binary, unknown_columns
+
 __all__ = ["CsvReport", "csv_fleet", "csv_fleet_with_report"]
 
-_MAX_LISTED = 40  # columns named in an error message before "... (N more)"
 
 
 @dataclass(frozen=True)
@@ -124,23 +124,6 @@ class CsvReport:
         return text
 
 
-def _columns_hint(columns: Sequence[str]) -> str:
-    shown = ", ".join(repr(c) for c in columns[:_MAX_LISTED])
-    more = len(columns) - _MAX_LISTED
-    return f"columns are: {shown}" + (f" ... ({more} more)" if more > 0 else "")
-
-
-def _unknown(where: str, what: str, names: Sequence[str], columns: Sequence[str]) -> ValueError:
-    hints = []
-    for name in names:
-        close = difflib.get_close_matches(name, columns, n=1) or [c for c in columns if c.lower() == name.lower()]
-        if close:
-            hints.append(f"{close[0]!r}" + (f" for {name!r}" if len(names) > 1 else ""))
-    did = f" (did you mean {', '.join(hints)}?)" if hints else ""
-    label = ", ".join(repr(n) for n in names)
-    return ValueError(f"{where}: {what} {label} not found{did}; {_columns_hint(columns)}")
-
-
 def _stem(path: Path) -> str:
     name = path.name
     for suffix in (".gz", ".csv", ".tsv", ".txt"):
@@ -149,16 +132,12 @@ def _stem(path: Path) -> str:
     return name
 
 
-def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
 def _decode_error(path: Path, codec: str, head: bytes) -> str:
     """Where the file stops being valid `codec`: `line N: reason (bytes xx)`, for the error message."""
     decoder = codecs.getincrementaldecoder(codec)()
     lineno = 0
     try:
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             for lineno, line in enumerate(f, 1):  # noqa: B007 (used after the loop)
                 decoder.decode(line)
             decoder.decode(b"", final=True)
@@ -261,7 +240,7 @@ def csv_fleet_with_report(
 
     # -- read the header and up to max_rows data rows ------------------------------------------------
     try:
-        with _open_binary(path) as fb:
+        with open_binary(path) as fb:
             head = fb.read(4)
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise ValueError(f"{where}: cannot read: {e}") from None
@@ -272,7 +251,7 @@ def csv_fleet_with_report(
     reader = None
     try:
         # newline="": only the csv module splits records (quoted fields may hold line breaks)
-        with io.TextIOWrapper(_open_binary(path), encoding=codec, newline="") as text:
+        with io.TextIOWrapper(open_binary(path), encoding=codec, newline="") as text:
             reader = csv.reader(text, delimiter=delimiter)
             for rec in reader:
                 if not rec:
@@ -294,7 +273,7 @@ def csv_fleet_with_report(
     if header is None:
         raise ValueError(f"{where}: empty file, expected a header row and data rows")
     if not records:
-        raise ValueError(f"{where}: header only, no data rows; {_columns_hint(header)}")
+        raise ValueError(f"{where}: header only, no data rows; {columns_hint(header)}")
 
     # -- resolve the columns ---------------------------------------------------------------------------
     index: dict[str, int] = {}
@@ -308,13 +287,13 @@ def csv_fleet_with_report(
     def check(what: str, names: Sequence[str]) -> None:
         unknown = [n for n in names if n not in index]
         if unknown:
-            raise _unknown(where, what, unknown, header)
+            raise unknown_columns(where, what, unknown, header)
         dup = [n for n in names if n in duplicated]
         if dup:
-            raise ValueError(f"{where}: {what} {dup} appear more than once in the header; {_columns_hint(header)}")
+            raise ValueError(f"{where}: {what} {dup} appear more than once in the header; {columns_hint(header)}")
 
     if target is None or not str(target).strip():
-        raise ValueError(f"{where}: no target column given; {_columns_hint(header)}")
+        raise ValueError(f"{where}: no target column given; {columns_hint(header)}")
     check("target column", [target])
     if client_column is not None:
         check("client column", [client_column])
@@ -325,7 +304,7 @@ def csv_fleet_with_report(
         names = [f.strip() for f in features.split(",")] if isinstance(features, str) else [str(f) for f in features]
         names = [f for f in names if f]
         if not names:
-            raise ValueError(f"{where}: features is empty; {_columns_hint(header)}")
+            raise ValueError(f"{where}: features is empty; {columns_hint(header)}")
         check("feature column(s)", names)
         for bad, role in ((target, "target"), (client_column, "client column")):
             if bad in names:
@@ -367,7 +346,7 @@ def csv_fleet_with_report(
         if not feats:
             others = f" and client column {client_column!r}" if client_column else ""
             raise ValueError(f"{where}: no numeric feature column besides target {target!r}{others}; "
-                             f"{_columns_hint(header)}")
+                             f"{columns_hint(header)}")
 
     # -- rows into per-client samples ------------------------------------------------------------------
     used = [*feats, target]
