@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from streamfed import algorithms
-from streamfed.algorithms.base import Aggregation, Algorithm, Learner, ReplayVariant, Update
+from streamfed.algorithms.base import Aggregation, Algorithm, Learner, Update
 from streamfed.core.features import KernelSpec, gaussian_dictionary
 from streamfed.evaluation.datasets import Fleet
 from streamfed.fleet.config import FleetConfig
@@ -201,11 +201,7 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
 
 def algorithm_titles() -> dict[str, str]:
     """Every replay variant with its description, in registry order."""
-    return {v.name: v.title for n in algorithms.names() for v in _variants(algorithms.get(n))}
-
-
-def _variants(alg: Algorithm) -> list[ReplayVariant]:
-    return alg.replay_variants()
+    return {v.name: v.title for n in algorithms.names() for v in algorithms.get(n).replay_variants()}
 
 
 @dataclass

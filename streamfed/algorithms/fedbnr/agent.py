@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -14,18 +14,7 @@ from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fedbnr.wire import global_fields
 from streamfed.fleet.protocol import Message
 
-__all__ = ["StatsLearner", "StatsClient"]
-
-
-class StatsClient(Protocol):
-    """The methods of a statistics client (`FedBNRClient`, `FedBNRHierClient`) this adapter uses."""
-
-    global_version: int
-    kernel_names: Sequence[str]
-
-    def predict(self, x: np.ndarray) -> tuple[float, float]: ...
-    def learn(self, x: np.ndarray, y: float) -> object: ...
-    def make_upload(self) -> object: ...
+__all__ = ["StatsLearner"]
 
 
 class StatsLearner:
