@@ -97,7 +97,7 @@ def bench_stream(d: int, n_feat: int, n: int, repeats: int, bandwidth: float) ->
 
     def run_ours_river() -> FedBNRRegressor:
         m = FedBNRRegressor(n_features=n_feat, bandwidth=bandwidth, sigma=sigma, lam=1.0,
-                            fit_hyperparameters=False, sync_every=10**9)
+                            fit_hyperparameters=False, sync_every=10**9, standardise=False)
         for i in range(n):
             m.predict_one(dicts_x[i], with_dist=True)
             m.learn_one(dicts_x[i], y[i])

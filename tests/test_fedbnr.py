@@ -632,7 +632,7 @@ def test_river_check_estimator(params: dict) -> None:
 
 def test_river_regressor_maps_sorted_keys_and_returns_gaussian() -> None:
     x, y = make_data(50, d=2, seed=20)
-    model = FedBNRRegressor(n_features=6, sync_every=1000)  # no sync: plain client
+    model = FedBNRRegressor(n_features=6, sync_every=1000, bandwidth=1.0, standardise=False)  # a plain client
     ref = FedBNRClient(n_inputs=2, n_features=6)
     for xi, yi in zip(x, y, strict=True):
         model.learn_one({"zeta": xi[1], "alpha": xi[0]}, yi)  # sorted: alpha, zeta
@@ -646,7 +646,7 @@ def test_river_regressor_maps_sorted_keys_and_returns_gaussian() -> None:
 
 def test_river_regressor_syncs_and_fits_hyperparameters() -> None:
     x, y = make_data(200, d=2, seed=21, noise=0.05)
-    model = FedBNRRegressor(n_features=20, sync_every=32)
+    model = FedBNRRegressor(n_features=20, sync_every=32, bandwidth=1.0, standardise=False)
     for xi, yi in zip(x, y, strict=True):
         model.learn_one({"a": xi[0], "b": xi[1]}, yi)
     assert model.server is not None and model.client is not None
@@ -657,8 +657,8 @@ def test_river_regressor_syncs_and_fits_hyperparameters() -> None:
 
 def test_river_learn_many_equals_learn_one_loop() -> None:
     x, y = make_data(100, d=3, seed=22)
-    a = FedBNRRegressor(n_features=8, sync_every=16, bandwidth=(0.5, 2.0))
-    b = FedBNRRegressor(n_features=8, sync_every=16, bandwidth=(0.5, 2.0))
+    a = FedBNRRegressor(n_features=8, sync_every=16, bandwidth=(0.5, 2.0), standardise=False)
+    b = FedBNRRegressor(n_features=8, sync_every=16, bandwidth=(0.5, 2.0), standardise=False)
     for xi, yi in zip(x, y, strict=True):
         a.learn_one(dict(enumerate(xi)), yi)
     b.learn_many(x[:37], y[:37])
@@ -689,7 +689,7 @@ def test_river_bad_input_raises_and_leaves_state_unchanged(bad: dict) -> None:
 
 
 def test_river_predict_before_learning_is_the_prior() -> None:
-    model = FedBNRRegressor(sigma=0.5, lam=2.0)
+    model = FedBNRRegressor(sigma=0.5, lam=2.0, bandwidth=1.0, standardise=False)
     dist = model.predict_one({"a": 1.0}, with_dist=True)
     assert dist.mu == 0.0 and dist.sigma == pytest.approx(math.sqrt(0.25 + 2 * 4.0))
     model.learn_one({"a": 1.0}, 0.0)

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig, MessageSchema
     from streamfed.fleet.protocol import Message
 
-__all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode"]
+__all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode",
+           "aggregation_diagnostics"]
 
 Mode = Literal["lockstep", "async"]
 
@@ -144,7 +145,10 @@ class Aggregation(Protocol):
     also calls it once per step with `round` = the step for algorithms without lock-step rounds, so an
     order-free aggregation takes sequence numbers from its items, not from `round`. `close_window(order,
     mark)`: `order` ranks the fleet's clients (fold in that order for reproducible sums), `mark(client)`
-    is the highest seq up to which the core has received everything from that client."""
+    is the highest seq up to which the core has received everything from that client.
+
+    Optional: `diagnostics() -> Mapping[str, float]`, a few named numbers worth watching (exported as
+    `streamfed_aggregator_value{name=…}`); read through :func:`aggregation_diagnostics`."""
 
     @property
     def version(self) -> int: ...
@@ -159,6 +163,14 @@ class Aggregation(Protocol):
     def read_partial(self, msg: Message) -> Any: ...  # a sum: `+` adds two partials' sums
     def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None: ...
     def warm_up(self) -> None: ...
+
+
+def aggregation_diagnostics(aggregation: Aggregation) -> dict[str, float]:
+    """An aggregation's optional diagnostics (`{}` when it has none), finite values only."""
+    read = getattr(aggregation, "diagnostics", None)
+    if read is None:
+        return {}
+    return {str(k): float(v) for k, v in read().items() if math.isfinite(float(v))}
 
 
 @dataclass(frozen=True)

@@ -299,3 +299,18 @@ def gaussian_dictionary(n_kernels: int, low: float = 0.05, high: float = 5.0) ->
         return [KernelSpec("gaussian", float(np.sqrt(low * high)))]
     bws = np.geomspace(low, high, n_kernels)
     return [KernelSpec("gaussian", float(round(b, 12))) for b in bws]
+
+
+def standardised_dictionary(n_kernels: int, n_inputs: int) -> list[KernelSpec]:
+    """Gaussian bandwidths for inputs standardised to unit variance per column (the learners' default).
+
+    Two such points lie `√(2d)` apart on average (`d` inputs), the median heuristic's bandwidth; the
+    dictionary spans `[√(2d)/8, 4√(2d)]` geometrically, so evidence (FedBNR) or the kernel weights
+    (POF-MKL) can choose a rougher or a smoother fit. It depends on `d` only, never on the data.
+
+    >>> [s.key for s in standardised_dictionary(3, 2)]
+    ['gaussian:0.25', 'gaussian:1.414213562373', 'gaussian:8.0']
+    """
+    mid = float(np.sqrt(2.0 * max(int(n_inputs), 1)))
+    return gaussian_dictionary(n_kernels, mid / 8.0, 4.0 * mid)
+

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamfed import algorithms
-from streamfed.algorithms.base import Aggregation, Mode
+from streamfed.algorithms.base import Aggregation, Mode, aggregation_diagnostics
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, SeqCheck, SeqTracker, ack_message, decode, encode
 from streamfed.fleet.telemetry import AggregatorStats
@@ -291,7 +291,7 @@ class AggregatorCore:
         self.counters.last_round_at = now
         lat = self.counters.aggregation_seconds
         lat.append(time.perf_counter() - t0)
-        self.stats.round_completed(self.version, lat[-1])
+        self.stats.round_completed(self.version, lat[-1], aggregation_diagnostics(self.aggregation))
         if len(lat) > 4096:
             del lat[:2048]
         out = [self.global_message()]

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from streamfed import algorithms
-from streamfed.algorithms.base import Mode
+from streamfed.algorithms.base import Mode, aggregation_diagnostics
 from streamfed.fleet.aggregator import note_status, roster
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, SeqTracker, ack_message, decode
@@ -507,7 +507,7 @@ class ReducerCore:
         self.rounds += 1
         if self.checkpoint is not None:  # write-ahead: on disk before any global reflecting it exists
             self.checkpoint(self)
-        self.stats.round_completed(self.version, 0.0)
+        self.stats.round_completed(self.version, 0.0, aggregation_diagnostics(self.aggregation))
         out = [self.global_message()]
         for c in self.applied.clients:  # tell clients with gaps which seqs are missing
             missing = self.applied.missing(c)

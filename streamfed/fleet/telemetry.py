@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
@@ -367,7 +367,7 @@ class AggregatorStats:
     """
 
     __slots__ = ("fleet", "active_window_s", "clock", "wall_clock", "updates_accepted", "rejected_by_reason",
-                 "last_heard", "rounds", "last_round_wall", "aggregation", "global_version")
+                 "last_heard", "rounds", "last_round_wall", "aggregation", "global_version", "values")
 
     def __init__(self, fleet: str = "default", *, active_window_s: float = 60.0,
                  reasons: Iterable[str] = DEFAULT_REJECT_REASONS,
@@ -386,6 +386,7 @@ class AggregatorStats:
         self.last_round_wall: float | None = None  # Unix time, for "time since the last round"
         self.aggregation = LatencyHistogram(latency_buckets)
         self.global_version: int | None = None
+        self.values: dict[str, float] = {}  # the aggregation's diagnostics
 
     def accepted(self, client: str, n: int = 1) -> None:
         """`n` updates from `client` were accepted."""
@@ -401,9 +402,13 @@ class AggregatorStats:
         """`client` showed a sign of life other than an accepted update."""
         self.last_heard[client] = self.clock()
 
-    def round_completed(self, version: int | None = None, duration_s: float | None = None) -> None:
-        """A round (or aggregation window) finished, publishing `version`; it took `duration_s`."""
+    def round_completed(self, version: int | None = None, duration_s: float | None = None,
+                        values: Mapping[str, float] | None = None) -> None:
+        """A round (or aggregation window) finished, publishing `version`; it took `duration_s`; `values`
+        are the aggregation's own diagnostics (named numbers, e.g. POF-MKL's kernel resets)."""
         self.rounds += 1
+        if values is not None:
+            self.values = {str(k): float(v) for k, v in values.items() if math.isfinite(v)}
         self.last_round_wall = self.wall_clock()
         if version is not None:
             self.global_version = int(version)

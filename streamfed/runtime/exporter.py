@@ -39,6 +39,7 @@ name                                                     type      labels
 ``streamfed_aggregator_last_round_timestamp_seconds``    gauge     fleet
 ``streamfed_aggregator_aggregation_duration_seconds``    histogram fleet
 ``streamfed_aggregator_global_version``                  gauge     fleet
+``streamfed_aggregator_value``                           gauge     fleet, name
 ======================================================== ========= ===============================
 
 A gauge that is not known yet (no learner read, no interval prediction, no global received, no
@@ -194,6 +195,8 @@ class StreamfedCollector(Collector):
             _histogram("streamfed_aggregator_aggregation_duration_seconds", "Duration of one aggregation.",
                        ("fleet",)),
             g("streamfed_aggregator_global_version", "Version of the newest global model published.", ("fleet",)),
+            g("streamfed_aggregator_value", "A number the aggregation reports about itself (e.g. POF-MKL kernels "
+              "reset after an overflow).", ("fleet", "name")),
         ]
         if per_client:
             fams.append(_histogram("streamfed_agent_prediction_duration_seconds", "Prediction latency per agent.",
@@ -271,6 +274,8 @@ class StreamfedCollector(Collector):
                     lab, a.last_round_wall)
             if a.global_version is not None:
                 f["streamfed_aggregator_global_version"].add_metric(lab, a.global_version)  # type: ignore[attr-defined]
+            for name, v in list(a.values.items()):
+                f["streamfed_aggregator_value"].add_metric([a.fleet, name], v)  # type: ignore[attr-defined]
             _add_histogram(f["streamfed_aggregator_aggregation_duration_seconds"], lab,  # type: ignore[arg-type]
                            a.aggregation.bounds, a.aggregation.cumulative(), a.aggregation.sum)
 

@@ -55,8 +55,10 @@ class OracleClient:
         loss = (f - y) ** 2 + self.lam * np.einsum("pi,pi->p", theta, theta)
         self.logw = self.logw - self.eta * loss
 
-        # eq. (9): Δ_p = (η/q_J)(2(f_p - y) z_p + 2λθ_p) for p in the selected bin
-        deltas = {p: (self.eta / qJ) * (2 * (f[p] - y) * z[p] + 2 * self.lam * theta[p]) for p in selected}
+        # eq. (9): Δ_p = (η/q_J)(2(f_p - y) z_p + 2λθ_p) for p in the selected bin, with the step η/q_J
+        # capped at 1/2 (docs/algorithms.md §2, "step cap": with ‖z‖ = 1 a step of 1/2 fits the sample exactly)
+        step = min(self.eta / qJ, 0.5)
+        deltas = {p: step * (2 * (f[p] - y) * z[p] + 2 * self.lam * theta[p]) for p in selected}
 
         self.wbar = np.exp(self.logw - self.logw.max()) / np.exp(self.logw - self.logw.max()).sum()
         self.L += (yhat - y) ** 2

@@ -47,6 +47,7 @@ are never tempered, so the server's sums stay exact.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from collections.abc import Iterator, Sequence
@@ -58,7 +59,8 @@ from river import base
 
 from streamfed.algorithms.fedbnr import _layout as lay
 from streamfed.core.compiled import fedbnr as kern
-from streamfed.core.features import FeatureMap, KernelSpec, RFFBank
+from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, standardised_dictionary
+from streamfed.core.standardise import OnlineStandardiser
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 
 if TYPE_CHECKING:
@@ -251,6 +253,10 @@ def spectral_log_evidence(
     return -0.5 * n * np.log(2.0 * np.pi * s2[..., 0]) - 0.5 * logdet - 0.5 * quad
 
 
+MAX_CONDITION = 1e11  # largest condition number of a working precision the evidence fit may choose
+_LOG_MAX_COND = math.log(MAX_CONDITION)
+
+
 def fit_hyperparameters(
     s_mat: np.ndarray, b: np.ndarray, n: float, q: float, *, grid: int = 21, levels: int = 6,
     sigma_range: tuple[float, float] = (1e-4, 10.0), lam_range: tuple[float, float] = (1e-3, 1e3),
@@ -261,6 +267,10 @@ def fit_hyperparameters(
     evaluates a `grid × grid` lattice (`O(F)` per point) and shrinks the box to ±2 cells around the
     best point. The search box is relative to the data: `σ / rms(y) ∈ sigma_range`,
     `λ · rms‖φ‖ / rms(y) ∈ lam_range` (`λ‖φ‖` is the prior scale of `φᵀw`).
+    Points where the posterior precision `σ⁻²S + λ⁻²I` would have a condition number above
+    `MAX_CONDITION` (`1 + λ²e_max/σ²`) are left out: there the evidence can still prefer them (a nearly
+    noise-free fit, e.g. a stream whose target repeats exactly), but no Cholesky factor of that precision
+    is trustworthy in float64.
 
     >>> rng = np.random.default_rng(0)
     >>> phi = rng.standard_normal((400, 3)); y = phi @ [1.0, -1.0, 0.5] + 0.1 * rng.standard_normal(400)
@@ -285,7 +295,8 @@ def fit_hyperparameters(
         gs = np.linspace(box_lo[0], box_hi[0], grid)
         gl = np.linspace(box_lo[1], box_hi[1], grid)
         vals = spectral_log_evidence(eigvals, z2, n, q, gs[:, None], gl[None, :])
-        vals = np.where(np.isfinite(vals), vals, -np.inf)
+        cond_ok = 2.0 * (gl[None, :] - gs[:, None]) + math.log(max(float(eigvals[-1]), 1e-300)) <= _LOG_MAX_COND
+        vals = np.where(np.isfinite(vals) & cond_ok, vals, -np.inf)
         i, j = np.unravel_index(int(np.argmax(vals)), vals.shape)
         if vals[i, j] >= best[1]:
             best = (np.array([gs[i], gl[j]]), float(vals[i, j]))
@@ -1227,11 +1238,17 @@ class FedBNRRegressor(base.Regressor):
     private server, which refits `σ, λ` by evidence (if `fit_hyperparameters`) and sends back a global.
 
     Parameters: `n_features` (`D`; `F = 2D + 1` with the bias), `bandwidth` (float, or a tuple of
-    floats for a Gaussian bandwidth dictionary), `sigma`, `lam` (initial noise and prior scales),
-    `forgetting` (`γ ∈ (0, 1]`), `seed` (random features).
+    floats for a Gaussian bandwidth dictionary; by default `None`: a dictionary of `n_kernels`
+    bandwidths for standardised inputs, :func:`~streamfed.core.features.standardised_dictionary`, whose
+    predictions are mixed by evidence), `sigma`, `lam` (initial noise and prior scales),
+    `forgetting` (`γ ∈ (0, 1]`), `seed` (random features), `standardise` (default on: every input and
+    the target standardised online from past samples only,
+    :class:`~streamfed.core.standardise.OnlineStandardiser`, predictions mapped back — mean
+    `m + s·μ`, variance `s²·v`; the first two samples only set the scales and the prediction is then
+    the running mean and variance).
 
     >>> from river import datasets, evaluate, metrics
-    >>> model = FedBNRRegressor(n_features=20, bandwidth=2.0)
+    >>> model = FedBNRRegressor(n_features=20)
     >>> evaluate.progressive_val_score(datasets.TrumpApproval().take(300), model, metrics.MAE())
     MAE: ...
     >>> x = {"a": 0.5, "b": -1.0}
@@ -1244,16 +1261,20 @@ class FedBNRRegressor(base.Regressor):
     def __init__(
         self,
         n_features: int = 50,
-        bandwidth: float | tuple[float, ...] = 1.0,
+        bandwidth: float | tuple[float, ...] | None = None,
         sigma: float = 1.0,
         lam: float = 1.0,
         fit_hyperparameters: bool = True,
         sync_every: int = 32,
         forgetting: float = 1.0,
         seed: int = 0,
+        n_kernels: int = 8,
+        standardise: bool = True,
     ) -> None:
         self.n_features = n_features
         self.bandwidth = bandwidth
+        self.n_kernels = n_kernels
+        self.standardise = standardise
         self.sigma = sigma
         self.lam = lam
         self.fit_hyperparameters = fit_hyperparameters
@@ -1261,33 +1282,40 @@ class FedBNRRegressor(base.Regressor):
         self.forgetting = forgetting
         self.seed = seed
         # Validate now so a bad parameter fails at construction, not at the first sample.
-        if int(n_features) < 1 or int(sync_every) < 1:
-            raise ValueError("n_features and sync_every must be >= 1")
+        if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
+            raise ValueError("n_features, sync_every and n_kernels must be >= 1")
         _check_positive("sigma", sigma)
         _check_positive("lam", lam)
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
-        for bw in (bandwidth if isinstance(bandwidth, tuple) else (bandwidth,)):
+        for bw in (bandwidth if isinstance(bandwidth, tuple) else () if bandwidth is None else (bandwidth,)):
             _check_positive("bandwidth", bw)
         self._keys: list[Any] | None = None
         self.client: FedBNRClient | None = None
         self.server: FedBNRServer | None = None
+        self._x_scale: OnlineStandardiser | None = None
+        self._y_scale: OnlineStandardiser | None = None
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
         yield {"n_features": 8}
-        yield {"n_features": 6, "bandwidth": (0.5, 5.0), "forgetting": 0.99, "sync_every": 40}
+        yield {"n_features": 6, "bandwidth": (0.5, 5.0), "forgetting": 0.99, "sync_every": 40, "standardise": False}
 
     # ------------------------------------------------------------------ plumbing
     def _build(self, keys: list[Any]) -> None:
         if not keys:
             raise ValueError("cannot build a feature map from an input with no features")
-        client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=self.bandwidth,
+        bandwidth = self.bandwidth
+        if bandwidth is None:
+            bandwidth = tuple(s.bandwidth for s in standardised_dictionary(int(self.n_kernels), len(keys)))
+        client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=bandwidth,
                               seed=int(self.seed), sigma=self.sigma, lam=self.lam,
                               min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local")
         self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters))
         self.client = client
         self._keys = keys
+        if self.standardise:
+            self._x_scale, self._y_scale = OnlineStandardiser(len(keys)), OnlineStandardiser(1)
 
     @staticmethod
     def _sorted_keys(x: dict) -> list[Any]:
@@ -1311,17 +1339,39 @@ class FedBNRRegressor(base.Regressor):
             FedBNRClient._check_target(y)  # noqa: SLF001 (same module)
             self._build(keys)
         assert self.client is not None and self._keys is not None
-        self.client.learn(_dict_to_vector(self._keys, x), y)  # type: ignore[arg-type]
+        xv = _dict_to_vector(self._keys, x)
+        xs, ys = self._x_scale, self._y_scale
+        if xs is None or ys is None:
+            self.client.learn(xv, y)  # type: ignore[arg-type]
+        else:
+            FedBNRClient._check_target(y)  # noqa: SLF001 (same module)
+            # scales from the past only; the folds are tried on copies so a refused sample changes nothing
+            yv = np.array([float(y)])  # type: ignore[arg-type]
+            nxs, nys = copy.deepcopy(xs), copy.deepcopy(ys)
+            nxs.update(xv)
+            nys.update(yv)
+            if ys.ready:
+                self.client.learn(xs.transform(xv), float(ys.transform(yv)[0]))
+            self._x_scale, self._y_scale = nxs, nys
         if self.client.n_pending >= int(self.sync_every):
             self._sync()
 
     def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
+        xs, ys = self._x_scale, self._y_scale
         if self.client is None:
             # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
             mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
-        else:
+        elif xs is None or ys is None:
             assert self._keys is not None
             mu, var = self.client.predict(_dict_to_vector(self._keys, x))
+        elif not ys.ready:
+            mu, var = ys.fallback()
+        else:
+            assert self._keys is not None
+            m, v = self.client.predict(xs.transform(_dict_to_vector(self._keys, x)))
+            mu, var = ys.inverse_mean(m), ys.inverse_var(v)
+            if not (math.isfinite(mu) and math.isfinite(var) and var > 0):
+                mu, var = ys.fallback()
         if not with_dist:
             return float(mu)
         return _gaussian(float(mu), float(var))
@@ -1353,10 +1403,18 @@ class FedBNRRegressor(base.Regressor):
         phis = self.client.features_many(arr)  # validates everything before any state changes
         if ys_arr.shape != (arr.shape[0],) or not _all_finite_squares(ys_arr):
             raise ValueError(f"expected finite targets of shape ({arr.shape[0]},), got {ys_arr.shape}")
+        if self._x_scale is not None and self._y_scale is not None:
+            # as a loop of learn_one: past-only scales; rows before the scales are usable only set them
+            nxs, nys = copy.deepcopy(self._x_scale), copy.deepcopy(self._y_scale)
+            zx, ready = nxs.transform_many(arr)
+            zy, _ = nys.transform_many(ys_arr[:, None])
+            phis = self.client.features_many(zx[ready])
+            ys_arr = zy[ready, 0]
+            self._x_scale, self._y_scale = nxs, nys
         start = 0
-        while start < arr.shape[0]:
+        while start < ys_arr.shape[0]:
             room = int(self.sync_every) - self.client.n_pending
-            stop = min(arr.shape[0], start + max(room, 1))
+            stop = min(ys_arr.shape[0], start + max(room, 1))
             self.client.learn_features_many(phis[start:stop], ys_arr[start:stop])
             if self.client.n_pending >= int(self.sync_every):
                 self._sync()
@@ -1371,4 +1429,13 @@ class FedBNRRegressor(base.Regressor):
         if self.client is None:
             t = np.asarray(xs).shape[0]
             return np.zeros(t), np.full(t, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2)
-        return self.client.predict_many(self._matrix(xs))
+        xsc, ysc = self._x_scale, self._y_scale
+        if xsc is None or ysc is None:
+            return self.client.predict_many(self._matrix(xs))
+        arr = self._matrix(xs)
+        if not ysc.ready:
+            m, v = ysc.fallback()
+            return np.full(arr.shape[0], m), np.full(arr.shape[0], v)
+        mean, var = self.client.predict_many(xsc.transform(arr))
+        s = float(ysc.scale[0])
+        return float(ysc.mean[0]) + s * mean, s * s * var

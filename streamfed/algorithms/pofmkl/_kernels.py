@@ -17,10 +17,12 @@ import numpy as np
 
 from streamfed.algorithms.pofmkl._layout import (
     _I_HEADER,
+    LOSS_CAP,
     N_DRAWS,
     STEP_BAD_INPUT,
     STEP_BAD_LABEL,
     STEP_BAD_SHAPE,
+    STEP_CAP,
     STEP_NEED_DRAWS,
     STEP_NON_FINITE,
     STEP_OK,
@@ -157,15 +159,24 @@ def pofmkl_step(
     first = chosen * bin_size
     n_sel = min(first + bin_size, n_kernels) - first
 
-    # Step 3 (eq. 7): ℓ_p = (f_p - y)² + λ‖θ_p‖² (applied to log w below, after the checks).
+    # Step 3 (eq. 7): ℓ_p = (f_p - y)² + λ‖θ_p‖² (applied to log w below, after the checks). A kernel
+    # whose loss overflows (or exceeds LOSS_CAP) is counted and takes LOSS_CAP: its weight goes to ~0
+    # and the step goes on. The ensemble's own error must be finite, else the label is unusable.
+    n_over = 0
     for p in range(n_kernels):
         e = f[p] - y
-        loss[p] = e * e + lam * theta_sq[p]
-        chk += eta * loss[p]
+        lp = e * e + lam * theta_sq[p]
+        if not lp <= LOSS_CAP:  # also catches inf and NaN
+            lp = LOSS_CAP
+            n_over += 1
+        loss[p] = lp
+        chk += eta * lp
+    e = yhat - y
+    chk += e * e
 
     # Step 4 (eq. 9): Δ_p = (η / q_J) (2 (f_p - y) z_p + 2 λ θ_p) for the selected bin only,
-    # with z_p = [S_p, C_p] (module doc).
-    g = eta / q_chosen
+    # with z_p = [S_p, C_p] (module doc), the step η/q_J capped at STEP_CAP (no overshoot, no divergence).
+    g = min(eta / q_chosen, STEP_CAP)
     finite = True
     for s in range(n_sel):
         p = order[first + s]
@@ -186,7 +197,7 @@ def pofmkl_step(
         return STEP_NON_FINITE, 0, 0.0, 0.0
 
     # Commit: log w_p ← log w_p - η ℓ_p, renormalised so the largest is 0 (w̄ is unchanged by that),
-    # and the regret accumulators [Σ(ŷ-y)², Σ Σ_p w̄_p ℓ_p, steps, -, Σ(f_p-y)² (N), Σ ℓ_p (N)].
+    # and the regret accumulators [Σ(ŷ-y)², Σ Σ_p w̄_p ℓ_p, steps, kernel overflows, Σ(f_p-y)² (N), Σ ℓ_p (N)].
     mx = -np.inf
     for p in range(n_kernels):
         logw[p] -= eta * loss[p]
@@ -196,13 +207,14 @@ def pofmkl_step(
     for p in range(n_kernels):
         logw[p] -= mx
         e = f[p] - y
-        acc[4 + p] += e * e
+        acc[4 + p] += min(e * e, LOSS_CAP)  # an overflowed kernel's loss, as in step 3
         acc[4 + n_kernels + p] += loss[p]
         mixed += wbar[p] * loss[p]
     e = yhat - y
     acc[0] += e * e
     acc[1] += mixed
     acc[2] += 1.0
+    acc[3] += n_over
     return STEP_OK, n_sel, yhat, q_chosen
 
 

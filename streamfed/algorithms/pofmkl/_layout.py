@@ -10,6 +10,14 @@ STEP_NON_FINITE = 3
 STEP_NEED_DRAWS = 4  # the block of uniform draws is used up: refill it and call again
 STEP_BAD_SHAPE = 5  # x does not have d values
 
+# Largest step along a sample's features, `η/q_J` (docs/algorithms.md §2, "step cap"): with `‖z‖ = 1`,
+# a step of 1/2 makes the selected kernel fit the sample exactly, so a larger one only overshoots and,
+# from 1 on, diverges. Below it (every `η ≤ ξ/(2B)`) the step is the paper's, unchanged.
+STEP_CAP = 0.5
+# A kernel's per-sample loss above this is counted as an overflow and taken as this value: the kernel
+# gets weight ~0 and the step goes on, instead of one runaway kernel refusing every later sample.
+LOSS_CAP = 1e150
+
 N_DRAWS = 256  # uniforms per block (drawn with one `rng.random(N_DRAWS)`)
 
 # Index buffer of a client (int64): [N, D, M, order (N), selected kernels (M)].

@@ -123,8 +123,9 @@ class POFMKLLearner:
         return Regret(float(c.n_steps), c.cumulative_loss, float(losses.min()), int(np.argmin(losses)))
 
     def diagnostics(self) -> dict[str, float]:
-        """Its kernel weights say it all (exported as such)."""
-        return {}
+        """Its kernel weights are exported as such; besides, how many per-kernel losses overflowed (a
+        runaway kernel, taken at weight ~0 instead of refusing the sample: docs/algorithms.md §2)."""
+        return {"kernel_overflows": float(self.client.kernel_overflows)}
 
     # ---------------------------------------------------------------- learning
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:

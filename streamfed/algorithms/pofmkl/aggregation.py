@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from streamfed.algorithms.base import NonFiniteError
-from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLServer
+from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLServer, reset_overflowed_rows
 from streamfed.algorithms.pofmkl.wire import global_message
 from streamfed.fleet.protocol import Message
 
@@ -127,9 +127,9 @@ class POFMKLAggregation:
             self._applied[c] = max(self._applied.get(c, 0), round)
 
     def _aggregate(self, updates: list[KernelUpdate]) -> None:
-        """One round. Updates were validated (indices, shapes, |Δ| <= max_abs), so this cannot fail; should θ
-        still overflow, the round is applied empty (θ kept, version + 1) rather than left to block the fleet
-        or publish a non-finite global."""
+        """One round. Updates were validated (indices, shapes, |Δ| <= max_abs), so this cannot fail; a kernel
+        whose row of θ overflows is reset to 0 by the server (logged, counted) and the rest of the round is
+        applied: one runaway kernel never blocks the fleet or publishes a non-finite global."""
         try:
             for u in updates:
                 self.server.add(u)
@@ -137,6 +137,16 @@ class POFMKLAggregation:
         except (NonFiniteError, ValueError) as e:
             log.error("round %d discarded (%s): its %d updates are dropped", self.version + 1, e, len(updates))
             self.server.finish_round()  # finish_round reset the partial sums; this one adds nothing
+        self._log_resets()
+
+    def _log_resets(self) -> None:
+        if self.server.last_resets:
+            log.warning("round %d: kernel(s) %s overflowed and were reset to 0 (%d resets so far)", self.version,
+                        self.server.last_resets, self.server.kernel_resets)
+
+    def diagnostics(self) -> dict[str, float]:
+        """Named numbers worth watching: rows of θ reset because they overflowed."""
+        return {"kernel_resets": float(self.server.kernel_resets)}
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[KernelUpdate]) -> tuple[dict[str, np.ndarray], int, int]:
@@ -155,13 +165,14 @@ class POFMKLAggregation:
 
     def apply_partial(self, total: np.ndarray, n_clients: int, included: Mapping[str, int]) -> None:
         # eq. (10), as POFMKLServer.finish_round: θ ← θ − (Σ_{c ∈ C} Δ_c) / |C|
-        new = self.server.theta - total / n_clients
-        if np.all(np.isfinite(new)):
-            self.server.theta = new
-        else:  # never publish a non-finite global: the round is applied empty, the fleet goes on
-            log.error("round %d discarded: θ would be non-finite", self.version + 1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = self.server.theta - total / n_clients
+        self.server.last_resets = reset_overflowed_rows(new)  # as finish_round: never a non-finite global
+        self.server.kernel_resets += len(self.server.last_resets)
+        self.server.theta = new
         self.server.version += 1
         self._applied = dict(included)
+        self._log_resets()
 
     # ---------------------------------------------------------------- output
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:

@@ -13,6 +13,7 @@ The learner is split the way it is deployed:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -31,7 +32,8 @@ from streamfed.algorithms.pofmkl._layout import (
     packed_layout,
 )
 from streamfed.core.compiled import pofmkl as _kern
-from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary
+from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary, standardised_dictionary
+from streamfed.core.standardise import OnlineStandardiser
 
 # the compiled kernels (ahead-of-time build or numba JIT: see streamfed.core.compiled)
 accumulate_checked = _kern.accumulate_checked
@@ -47,6 +49,7 @@ __all__ = [
     "POFMKLRegressor",
     "POFMKLServer",
     "merge_updates",
+    "reset_overflowed_rows",
     "run_lockstep",
 ]
 
@@ -158,7 +161,7 @@ class POFMKLClient:
         self.theta = st[slice(*lay["theta"])].reshape(n, dim)
         self._theta_sq = st[slice(*lay["theta_sq"])]
         self.logw = st[slice(*lay["logw"])]
-        # [Σ(ŷ-y)², Σ_t Σ_p w̄_p ℓ_p, steps, unused, Σ(f_p-y)² per kernel, Σ ℓ_p per kernel]
+        # [Σ(ŷ-y)², Σ_t Σ_p w̄_p ℓ_p, steps, kernel overflows, Σ(f_p-y)² per kernel, Σ ℓ_p per kernel]
         self.acc = st[slice(*lay["acc"])]
         self._draws = st[slice(*lay["draws"])]  # [number used, N_DRAWS uniforms]
         self._scratch = st[slice(*lay["scratch"])]
@@ -245,6 +248,11 @@ class POFMKLClient:
         return int(self.acc[2])
 
     @property
+    def kernel_overflows(self) -> int:
+        """Per-kernel losses that overflowed (each taken as `LOSS_CAP`, its kernel's weight then ~0)."""
+        return int(self.acc[3])
+
+    @property
     def cumulative_loss(self) -> float:
         """`Σ_t (ŷ_t - y_t)²`."""
         return float(self.acc[0])
@@ -289,6 +297,8 @@ class POFMKLServer:
     def __init__(self, n_kernels: int, dim: int) -> None:
         self.theta = np.zeros((n_kernels, dim))
         self.version = 0
+        self.kernel_resets = 0  # rows of θ reset to 0 because they overflowed (see finish_round)
+        self.last_resets: list[int] = []
         self._global: GlobalTheta | None = None
         self._global_version = -1
         self._sum = np.zeros((n_kernels, dim))
@@ -308,13 +318,16 @@ class POFMKLServer:
         self._reporting += 1
 
     def finish_round(self) -> int:
-        """`θ ← θ - (Σ Δ) / |C_t|`, start a new round, return the new version."""
+        """`θ ← θ - (Σ Δ) / |C_t|`, start a new round, return the new version.
+
+        A kernel whose row would overflow (a non-finite value, or `‖θ_p‖²` beyond float64) is reset to
+        0 instead — counted in `kernel_resets`, listed in `last_resets` — so one runaway kernel can
+        neither publish a non-finite global nor stall the fleet; the other kernels take the round."""
+        self.last_resets = []
         if self._reporting:
             new = self.theta - self._sum / self._reporting
-            if not np.all(np.isfinite(new)):  # never publish a non-finite global
-                self._sum[:] = 0.0
-                self._reporting = 0
-                raise NonFiniteError("aggregated theta would be non-finite; round discarded")
+            self.last_resets = reset_overflowed_rows(new)
+            self.kernel_resets += len(self.last_resets)
             self.theta = new
         self._sum[:] = 0.0
         self._reporting = 0
@@ -345,7 +358,9 @@ class POFMKLRegressor(base.Regressor):
     Parameters
     ----------
     n_kernels
-        Size of the Gaussian bandwidth dictionary (ignored when `kernels` is given).
+        Size of the Gaussian bandwidth dictionary (ignored when `kernels` is given): with `standardise`,
+        :func:`~streamfed.core.features.standardised_dictionary` (bandwidths around `√(2d)`, from the
+        number of inputs `d`), else bandwidths over `[0.05, 5]` (the paper's normalised inputs).
     n_features
         Random features `D` per kernel (each kernel has `2D` parameters).
     kernels
@@ -356,11 +371,19 @@ class POFMKLRegressor(base.Regressor):
         `M`, kernels updated (and uploaded) per step.
     seed
         Fleet seed: frequencies and bin draws derive from it.
+    standardise
+        Standardise every input and the target online, from past samples only
+        (:class:`~streamfed.core.standardise.OnlineStandardiser`), and map predictions back. On by
+        default: the kernels' bandwidths and `θ = 0` assume unit scales, which a user's stream rarely
+        has. The first two samples only set the scales (the prediction is then the running mean).
+
+    The step along a sample's features, `η/q_J`, is capped at 1/2 (docs/algorithms.md §2), so no `η`
+    can make it diverge; below `ξ/(2B)` the cap never acts.
 
     Examples
     --------
-    >>> from river import datasets, evaluate, metrics, preprocessing
-    >>> model = preprocessing.StandardScaler() | POFMKLRegressor(n_kernels=4, n_features=20, seed=1)
+    >>> from river import datasets, evaluate, metrics
+    >>> model = POFMKLRegressor(n_kernels=4, n_features=20, seed=1)
     >>> evaluate.progressive_val_score(datasets.TrumpApproval(), model, metrics.MAE())
     MAE: ...
     """
@@ -375,6 +398,7 @@ class POFMKLRegressor(base.Regressor):
         xi: float = 0.1,
         bin_size: int = 1,
         seed: int = 0,
+        standardise: bool = True,
     ) -> None:
         self.n_kernels = n_kernels
         self.n_features = n_features
@@ -384,6 +408,7 @@ class POFMKLRegressor(base.Regressor):
         self.xi = xi
         self.bin_size = bin_size
         self.seed = seed
+        self.standardise = standardise
         self._specs: list[KernelSpec] = (
             [KernelSpec.parse(k) for k in kernels] if kernels else gaussian_dictionary(n_kernels)
         )
@@ -392,13 +417,16 @@ class POFMKLRegressor(base.Regressor):
         self._keys: tuple = ()
         self._client: POFMKLClient | None = None
         self._server: POFMKLServer | None = None
+        self._x_scale: OnlineStandardiser | None = None
+        self._y_scale: OnlineStandardiser | None = None
         self.n_missing = 0
         self.n_unknown = 0
 
     @classmethod
     def _unit_test_params(cls) -> Iterable[dict]:
         yield {"n_kernels": 4, "n_features": 10}
-        yield {"kernels": ("gaussian:0.5", "laplacian:2.0", "matern32:1.0"), "bin_size": 2, "xi": 1.0}
+        yield {"kernels": ("gaussian:0.5", "laplacian:2.0", "matern32:1.0"), "bin_size": 2, "xi": 1.0,
+               "standardise": False}
 
     @property
     def _is_stochastic(self) -> bool:
@@ -424,15 +452,34 @@ class POFMKLRegressor(base.Regressor):
         if self._client is None:
             self._keys = tuple(sorted(x, key=str))
             vals = [_as_float(k, x[k]) for k in self._keys]  # validate before creating state
-            bank = RFFBank(self._specs, self.n_features, max(len(self._keys), 1), seed=self.seed)
+            d = max(len(self._keys), 1)
+            if self.standardise and not self.kernels:  # bandwidths for unit-variance inputs, from d alone
+                self._specs = standardised_dictionary(self.n_kernels, d)
+            bank = RFFBank(self._specs, self.n_features, d, seed=self.seed)
             rng = np.random.default_rng([self.seed, 0x50F])
             self._client = POFMKLClient(bank, self.eta, self.lam, self.xi, self.bin_size, rng)
             self._server = POFMKLServer(bank.n_kernels, bank.dim)
+            if self.standardise:
+                self._x_scale, self._y_scale = OnlineStandardiser(bank.n_inputs), OnlineStandardiser(1)
             xv = np.array(vals) if vals else np.zeros(1)
         else:
             xv = self._vector(x) if self._keys else np.zeros(1)
+        xs, ys = self._x_scale, self._y_scale
+        if xs is None or ys is None:
+            self._learn(xv, y)
+            return
+        # scales from the past only: learn on this sample in standard units, then fold it in. The folds
+        # are tried on copies first, so a refused sample changes neither the scales nor the model.
+        nxs, nys = copy.deepcopy(xs), copy.deepcopy(ys)
+        nxs.update(xv)
+        nys.update(np.array([y]))
+        if ys.ready:
+            self._learn(xs.transform(xv), float(ys.transform(np.array([y]))[0]))
+        self._x_scale, self._y_scale = nxs, nys
+
+    def _learn(self, xv: np.ndarray, y: float) -> None:
+        assert self._client is not None and self._server is not None
         _, update = self._client.step(xv, y)
-        assert self._server is not None
         self._server.add(update)
         self._server.finish_round()
         self._client.set_global(self._server.theta, self._server.version)
@@ -443,7 +490,28 @@ class POFMKLRegressor(base.Regressor):
         missing, unknown = self.n_missing, self.n_unknown
         xv = self._vector(x) if self._keys else np.zeros(1)
         self.n_missing, self.n_unknown = missing, unknown  # predicting does not count
-        return self._client.predict(xv)
+        xs, ys = self._x_scale, self._y_scale
+        if xs is None or ys is None:
+            return self._client.predict(xv)
+        if not ys.ready:
+            return ys.fallback()[0]
+        yhat = ys.inverse_mean(self._client.predict(xs.transform(xv)))
+        return yhat if math.isfinite(yhat) else ys.fallback()[0]
+
+
+def reset_overflowed_rows(theta: np.ndarray) -> list[int]:
+    """Set to 0 every row of `theta` holding a non-finite value or whose squared norm overflows; return
+    their indices.
+
+    >>> t = np.array([[1.0, 2.0], [np.inf, 0.0], [1e200, 0.0]])
+    >>> reset_overflowed_rows(t), t.tolist()
+    ([1, 2], [[1.0, 2.0], [0.0, 0.0], [0.0, 0.0]])
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = ~np.isfinite(np.einsum("pi,pi->p", theta, theta))
+    rows = np.flatnonzero(bad).tolist()
+    theta[rows] = 0.0
+    return rows
 
 
 def merge_updates(updates: Sequence[KernelUpdate]) -> KernelUpdate:

@@ -1,0 +1,149 @@
+"""Online standardisation from the past only: the defaults' answer to "my stream is not on a unit scale".
+
+A learner on random Fourier features sees `x` through kernels of bandwidth ~1 and starts from a prior
+(FedBNR) or from `θ = 0` (POF-MKL) whose natural output scale is ~1. A user's stream is neither: air
+pressure is ~1000, an approval rating ~40. :class:`OnlineStandardiser` maps each column to
+`z = (v - mean) / scale` using the running mean and sample standard deviation of the values seen
+*before* `v` (Welford's update), so no value ever informs its own transform, and maps predictions back
+(`mean + scale·m`, variance `scale²·v`).
+
+It is the same rule as the replay's `"online"` normalisation (docs/algorithms.md §6), one sample at a
+time: the first `warmup` samples (default 2, the fewest with a defined sample standard deviation) only
+initialise the statistics; a column whose past has zero spread falls back to `|mean|` (a relative
+change) or to 1.
+
+A value that would make the statistics non-finite (say `1e300`, whose square overflows) is refused
+with a `ValueError` and changes nothing: one absurd reading must not wreck the scale of every later one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["DEFAULT_WARMUP", "OnlineStandardiser"]
+
+DEFAULT_WARMUP = 2
+
+
+class OnlineStandardiser:
+    """Running per-column standardisation of a stream, transform-then-fold.
+
+    >>> s = OnlineStandardiser(1)
+    >>> for v in (10.0, 12.0):
+    ...     s.update(np.array([v]))
+    >>> s.ready, s.mean.tolist(), s.scale.tolist()
+    (True, [11.0], [1.4142135623730951])
+    >>> z = s.transform(np.array([13.0]))
+    >>> float(z[0]), s.inverse_mean(float(z[0]))
+    (1.414213562373095, 13.0)
+    """
+
+    def __init__(self, n_columns: int, warmup: int = DEFAULT_WARMUP) -> None:
+        if n_columns < 1:
+            raise ValueError(f"n_columns must be >= 1, got {n_columns}")
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        self.n_columns = int(n_columns)
+        self.warmup = int(warmup)
+        self.count = 0
+        self.mean = np.zeros(self.n_columns)
+        self.m2 = np.zeros(self.n_columns)
+
+    @property
+    def ready(self) -> bool:
+        """Whether enough samples have been seen for :meth:`transform` to be used."""
+        return self.count >= self.warmup
+
+    @property
+    def scale(self) -> np.ndarray:
+        """Per-column scale: the past sample standard deviation, or `|mean|`, or 1 (module doc)."""
+        s = np.sqrt(self.m2 / (self.count - 1)) if self.count >= 2 else np.zeros(self.n_columns)
+        flat = ~(s > 0.0)
+        if flat.any():
+            s = s.copy()
+            s[flat] = np.where(self.mean[flat] != 0.0, np.abs(self.mean[flat]), 1.0)
+        return s
+
+    def transform(self, v: np.ndarray) -> np.ndarray:
+        """`(v - mean) / scale` with the statistics of the past (before :meth:`update` folds `v` in)."""
+        return (np.asarray(v, dtype=np.float64) - self.mean) / self.scale
+
+    def update(self, v: np.ndarray) -> None:
+        """Fold `v` into the statistics (Welford). Refused with `ValueError`, nothing changed, if the
+        result would not be finite."""
+        v = np.asarray(v, dtype=np.float64)
+        if v.shape != (self.n_columns,):
+            raise ValueError(f"expected {self.n_columns} values, got shape {v.shape}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            delta = v - self.mean
+            mean = self.mean + delta / (self.count + 1)
+            m2 = self.m2 + delta * (v - mean)
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(m2))):
+            raise ValueError("value too large to standardise (its square overflows)")
+        self.mean, self.m2 = mean, m2
+        self.count += 1
+
+    def transform_many(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Row by row, as :meth:`transform` then :meth:`update` would: returns `(z, ready)` with `z[t]`
+        the transform of `rows[t]` from the statistics of everything before it and `ready[t]` whether
+        they were usable then (`z[t]` is NaN where not). All or nothing: if a row is refused, nothing is
+        folded in and the `ValueError` says which row.
+
+        >>> s = OnlineStandardiser(1)
+        >>> z, ready = s.transform_many(np.array([[1.0], [3.0], [5.0]]))
+        >>> ready.tolist(), float(z[2, 0]), s.count
+        ([False, False, True], 2.1213203435596424, 3)
+        """
+        rows = np.asarray(rows, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != self.n_columns:
+            raise ValueError(f"expected rows of {self.n_columns} values, got shape {rows.shape}")
+        work = OnlineStandardiser(self.n_columns, self.warmup)
+        work.count, work.mean, work.m2 = self.count, self.mean.copy(), self.m2.copy()
+        z = np.full(rows.shape, np.nan)
+        ready = np.zeros(rows.shape[0], dtype=bool)
+        for t in range(rows.shape[0]):
+            if work.ready:
+                z[t] = work.transform(rows[t])
+                ready[t] = True
+            try:
+                work.update(rows[t])
+            except ValueError as e:
+                raise ValueError(f"row {t}: {e}") from None
+        self.count, self.mean, self.m2 = work.count, work.mean, work.m2
+        return z, ready
+
+    # -- mapping predictions back (one-column standardisers: the target) ----------------------
+    def inverse_mean(self, m: float) -> float:
+        """A prediction in standard units back to the stream's units: `mean + scale·m`."""
+        return float(self.mean[0] + self.scale[0] * m)
+
+    def inverse_var(self, v: float) -> float:
+        """A predictive variance back to the stream's units: `scale²·v`."""
+        s = float(self.scale[0])
+        return s * s * float(v)
+
+    def fallback(self) -> tuple[float, float]:
+        """The prediction before the learner has seen a sample: the past mean, and the past variance
+        (or `scale²`, the module's fallback, when fewer than two values are known)."""
+        if self.count == 0:
+            return 0.0, 1.0
+        s = float(self.scale[0])
+        return float(self.mean[0]), s * s
+
+    def state(self) -> dict[str, object]:
+        """Plain values for a snapshot (see :meth:`from_state`)."""
+        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(), "warmup": self.warmup}
+
+    @classmethod
+    def from_state(cls, state: dict[str, object]) -> OnlineStandardiser:
+        """Rebuild from :meth:`state`, checking it."""
+        mean = np.asarray(state["mean"], dtype=np.float64)
+        m2 = np.asarray(state["m2"], dtype=np.float64)
+        count = int(state["count"])  # type: ignore[call-overload]
+        if mean.ndim != 1 or m2.shape != mean.shape or count < 0 or not (
+                np.all(np.isfinite(mean)) and np.all(np.isfinite(m2)) and np.all(m2 >= 0)):
+            raise ValueError("corrupt standardiser state")
+        out = cls(mean.shape[0], int(state.get("warmup", DEFAULT_WARMUP)))  # type: ignore[call-overload]
+        out.count, out.mean, out.m2 = count, mean, m2
+        return out
+

@@ -1,0 +1,195 @@
+"""The learners' defaults on a stream they have never seen (issue: a user's own stream).
+
+- Online standardisation is the replay's `"online"` normalisation one sample at a time, and a default
+  estimator equals its plain client fed hand-standardised data, mapped back by hand.
+- POF-MKL's step is capped (no `η` diverges), a runaway kernel is counted and reset, never a stall.
+- FedBNR's evidence fit stays where its Cholesky factor is trustworthy.
+- On River's bundled streams the defaults beat the running mean.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+from river import datasets, dummy, stats
+
+from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRRegressor, fit_hyperparameters
+from streamfed.algorithms.pofmkl.learner import (
+    KernelUpdate,
+    POFMKLClient,
+    POFMKLRegressor,
+    POFMKLServer,
+)
+from streamfed.core.features import RFFBank, gaussian_dictionary, standardised_dictionary
+from streamfed.core.standardise import OnlineStandardiser
+from streamfed.core.stats import SufficientStats
+from streamfed.evaluation.datasets.normalise import online_standardise
+
+
+def _stream(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([rng.normal(1000.0, 8.0, n), rng.normal(-3.0, 0.01, n), np.full(n, 7.0)])
+    y = 40.0 + 3.0 * np.sin((x[:, 0] - 1000.0) / 4.0) + 2.0 * (x[:, 1] + 3.0) / 0.01 + rng.normal(0, 0.3, n)
+    return x, y
+
+
+def test_standardiser_equals_the_replays_online_normalisation() -> None:
+    x, y = _stream(300, seed=1)
+    v = np.column_stack([x, y])
+    z_ref, off_ref, scale_ref = online_standardise(v)  # the replay's implementation (numba, arrays)
+    s = OnlineStandardiser(v.shape[1])
+    for t in range(v.shape[0]):
+        if t >= 2:
+            np.testing.assert_allclose(s.transform(v[t]), z_ref[t], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(s.mean, off_ref[t], rtol=1e-13)
+            np.testing.assert_allclose(s.scale, scale_ref[t], rtol=1e-12)
+        s.update(v[t])
+    # the constant column falls back to |mean| (7), as the replay does
+    assert s.scale[2] == 7.0
+
+
+def test_standardiser_refuses_an_overflowing_value_and_changes_nothing() -> None:
+    s = OnlineStandardiser(2)
+    s.update(np.array([1.0, 2.0]))
+    before = s.state()
+    with pytest.raises(ValueError, match="too large"):
+        s.update(np.array([1e300, 2.0]))
+    assert s.state() == before
+    with pytest.raises(ValueError, match="row 1"):
+        s.transform_many(np.array([[1.0, 2.0], [1e300, 0.0]]))
+    assert s.state() == before
+
+
+def _by_hand(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Past-only z-scores of inputs and target, and the target's offset and scale, by plain loops."""
+    n, d = x.shape
+    zx, zy, off, sc = np.full((n, d), np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    for t in range(2, n):
+        for j in range(d):
+            past = x[:t, j]
+            m, sd = past.mean(), past.std(ddof=1)
+            sd = sd if sd > 0 else (abs(m) if m != 0 else 1.0)
+            zx[t, j] = (x[t, j] - m) / sd
+        m, sd = y[:t].mean(), y[:t].std(ddof=1)
+        off[t], sc[t] = m, sd
+        zy[t] = (y[t] - m) / sd
+    return zx, zy, off, sc
+
+
+def test_default_fedbnr_equals_a_plain_client_on_hand_standardised_data() -> None:
+    x, y = _stream(120, seed=2)
+    zx, zy, off, sc = _by_hand(x, y)
+    model = FedBNRRegressor(n_features=10, sync_every=10**9, fit_hyperparameters=False)
+    bws = [s.bandwidth for s in standardised_dictionary(8, 3)]
+    ref = FedBNRClient(n_inputs=3, n_features=10, bandwidth=bws, min_upload=10**9)
+    for t in range(len(y)):
+        d = {"a": x[t, 0], "b": x[t, 1], "c": x[t, 2]}
+        got = model.predict_one(d, with_dist=True)
+        if t >= 2:
+            m, v = ref.predict(zx[t])
+            assert got.mu == pytest.approx(off[t] + sc[t] * m, rel=1e-9)
+            assert got.sigma == pytest.approx(sc[t] * math.sqrt(v), rel=1e-9)
+            ref.learn(zx[t], zy[t])
+        else:  # no scale yet: the running mean (0 before any sample)
+            assert got.mu == pytest.approx(y[:t].mean() if t else 0.0)
+        model.learn_one(d, y[t])
+
+
+def test_default_pofmkl_equals_a_plain_client_on_hand_standardised_data() -> None:
+    x, y = _stream(200, seed=3)
+    zx, zy, off, sc = _by_hand(x, y)
+    model = POFMKLRegressor(n_kernels=4, n_features=8, seed=5)
+    bank = RFFBank(standardised_dictionary(4, 3), 8, 3, seed=5)
+    ref = POFMKLClient(bank, rng=np.random.default_rng([5, 0x50F]))
+    server = POFMKLServer(4, bank.dim)
+    for t in range(len(y)):
+        d = {"a": x[t, 0], "b": x[t, 1], "c": x[t, 2]}
+        got = model.predict_one(d)
+        if t >= 2:
+            assert got == pytest.approx(off[t] + sc[t] * ref.predict(zx[t]), rel=1e-9, abs=1e-9)
+            _, up = ref.step(zx[t], zy[t])
+            server.add(up)
+            version = server.finish_round()
+            ref.set_global(server.theta, version)
+        model.learn_one(d, y[t])
+
+
+def test_pofmkl_step_is_capped_so_a_large_eta_cannot_diverge() -> None:
+    """η = 0.05 is 4× the stability bound ξ/B = 0.1/8 of the default dictionary: uncapped, the step
+    η/q_J ≥ 1 on low-weight kernels over-corrects and grows; capped at 1/2 it fits, never diverges."""
+    rng = np.random.default_rng(4)
+    model = POFMKLRegressor(eta=0.05)
+    for _ in range(20_000):
+        v = rng.normal(size=3)
+        model.learn_one({"a": v[0], "b": v[1], "c": v[2]}, float(np.sin(v).sum() + 0.1 * rng.normal()))
+    c = model.client
+    assert c is not None and np.all(np.isfinite(c.theta))
+    assert float(np.abs(c.theta).max()) < 50.0
+    assert c.kernel_overflows == 0
+
+
+def test_a_runaway_kernel_is_counted_and_reset_never_a_stall() -> None:
+    bank = RFFBank(gaussian_dictionary(4), 8, 2, seed=0)
+    client = POFMKLClient(bank, rng=0)
+    theta = np.zeros((4, bank.dim))
+    theta[2] = 1e153  # finite, but its loss (f_p - y)² overflows float64
+    client.set_global(theta, 1)
+    for t in range(20):  # before: every step refused with NonFiniteError, for good
+        yhat, up = client.step(np.array([0.1 * t, -0.2]), 0.5)
+        assert math.isfinite(yhat)
+    assert client.kernel_overflows >= 20
+    assert client.kernel_weights[2] < 1e-100
+    server = POFMKLServer(4, bank.dim)
+    server.theta[1] = 1e200
+    server.add(KernelUpdate(np.array([1]), np.full((1, bank.dim), -1e200)))  # ‖θ_1‖² overflows
+    server.add(KernelUpdate(np.array([0]), np.ones((1, bank.dim))))
+    assert server.finish_round() == 1
+    assert server.last_resets == [1] and server.kernel_resets == 1
+    assert not server.theta[1].any() and np.all(server.theta[0] == -0.5)  # the rest of the round applied
+
+
+def test_fedbnr_refuses_a_huge_target_and_keeps_its_model() -> None:
+    model = FedBNRRegressor(n_features=6)
+    for t in range(40):
+        model.learn_one({"a": float(t)}, float(t % 7))
+    before = pickle.dumps(model)
+    for bad in (1e300, 1e200):
+        with pytest.raises(ValueError):
+            model.learn_one({"a": 1.0}, bad)
+    assert pickle.dumps(model) == before
+    assert math.isfinite(model.predict_one({"a": 3.0}))
+
+
+def test_evidence_fit_keeps_the_precision_well_conditioned() -> None:
+    """A target that repeats exactly drives the evidence towards σ → 0; the fit stops where the
+    precision's condition number is MAX_CONDITION, and a Cholesky factor of it exists."""
+    rng = np.random.default_rng(5)
+    phi = rng.standard_normal((200, 6))
+    phi[:, 5] = phi[:, 4]  # a rank-deficient S
+    st = SufficientStats.from_samples(phi, phi @ np.arange(6.0))  # noise-free
+    sigma, lam, _ = fit_hyperparameters(st.S, st.b, st.n, st.q)
+    a = st.S / sigma**2 + np.eye(6) / lam**2
+    assert np.linalg.cond(a) <= 1.01e11
+    np.linalg.cholesky(a)
+
+
+@pytest.mark.parametrize(("name", "stream"), [
+    ("TrumpApproval", lambda: datasets.TrumpApproval()),
+    ("ChickWeights", lambda: datasets.ChickWeights()),
+    ("Friedman", lambda: datasets.synth.Friedman(seed=7).take(2000)),
+])
+def test_defaults_beat_the_running_mean_on_river_streams(name: str, stream) -> None:
+    models = {"running mean": dummy.StatisticRegressor(stats.Mean()),
+              "pofmkl": POFMKLRegressor(), "fedbnr": FedBNRRegressor()}
+    err = dict.fromkeys(models, 0.0)
+    for x, y in stream():
+        for k, m in models.items():
+            p = m.predict_one(x)
+            assert math.isfinite(p), (name, k)
+            err[k] += abs(p - y)
+            m.learn_one(x, y)
+    assert err["pofmkl"] < err["running mean"], (name, err)
+    assert err["fedbnr"] < err["running mean"], (name, err)
