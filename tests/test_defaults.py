@@ -193,3 +193,63 @@ def test_defaults_beat_the_running_mean_on_river_streams(name: str, stream) -> N
             m.learn_one(x, y)
     assert err["pofmkl"] < err["running mean"], (name, err)
     assert err["fedbnr"] < err["running mean"], (name, err)
+
+
+# ----------------------------------------------------------------------------- the agent
+
+
+def _agent_pair(algorithm: str, **kw):
+    from streamfed import algorithms
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import FleetConfig
+
+    on = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, n_kernels=2, n_features=6, **kw)
+    assert on.standardise == "online"  # the default
+    off = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, n_kernels=2, n_features=6,
+                      kernels=on.kernel_specs, standardise="none", **kw)
+    return AgentCore(on, "a", 0), algorithms.get(algorithm).learner(off, "a", 0)
+
+
+@pytest.mark.parametrize("algorithm", ["fedbnr", "pofmkl"])
+def test_agent_standardises_like_the_replays_online_normalisation(algorithm: str) -> None:
+    """An agent on the raw stream = the bare learner on the replay's `online`-normalised stream (rows from
+    the third on), its predictions mapped back by hand, and the same updates leave it."""
+    from streamfed.fleet.sources import Reading
+
+    x, y = _stream(150, seed=6)
+    zx, _, _ = online_standardise(x)
+    zy, oy, sy = online_standardise(y)
+    agent, bare = _agent_pair(algorithm)
+    sent, expected = [], []
+    for t in range(len(y)):
+        pred, msgs = agent.on_reading(Reading(f"r{t}", x[t], float(t), y=float(y[t])))
+        sent += [m.arrays for m in msgs]
+        if t < 2:
+            assert pred.mean == pytest.approx(y[:t].mean() if t else 0.0)
+            continue
+        mean, var = bare.learn(zx[t], float(zy[t]))
+        assert pred.mean == pytest.approx(oy[t] + sy[t] * mean, rel=1e-9, abs=1e-9)
+        if var is not None:
+            assert pred.var == pytest.approx(sy[t] ** 2 * var, rel=1e-9)
+        up = bare.take_update()
+        if up is not None:
+            expected.append(up.arrays)
+    assert len(sent) == len(expected) > 0
+    for a, b in zip(sent, expected, strict=True):
+        for k in b:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_stream_end_says_what_stays_below_the_privacy_floor() -> None:
+    from streamfed.fleet.sources import Reading
+
+    x, y = _stream(40, seed=8)
+    agent, _ = _agent_pair("fedbnr", fedbnr={"min_upload": 32})
+    n_msgs = 0
+    for t in range(len(y)):
+        n_msgs += len(agent.on_reading(Reading(f"r{t}", x[t], float(t), y=float(y[t])))[1])
+    assert n_msgs == 1  # 38 samples learned (2 set the scales): one upload of 32, 6 left
+    msgs, held = agent.end_of_stream(durable=True)
+    assert (msgs, held) == ([], 6) and "below_privacy_floor" not in agent.counters.skipped
+    msgs, held = agent.end_of_stream(durable=False)
+    assert held == 6 and agent.counters.skipped["below_privacy_floor"] == 6

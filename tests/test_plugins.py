@@ -416,7 +416,7 @@ def test_fedmean_plugin_runs_in_replay_mqtt_and_shards(fedmean, mosquitto_dev):
     uploaded = uploaded_samples(fleet)
     assert uploaded.size == 130
     expected = float(np.mean(uploaded))  # numpy, independently of every core
-    cfg = FleetConfig(fleet="plugins-fedmean", algorithm=FEDMEAN, n_inputs=fleet.n_inputs,
+    cfg = FleetConfig(standardise="none", fleet="plugins-fedmean", algorithm=FEDMEAN, n_inputs=fleet.n_inputs,
                       params={"min_upload": MIN_UPLOAD})
     assert isinstance(fedmean.learner(cfg, "x", 0), Learner)
     assert isinstance(fedmean.aggregation(cfg), Aggregation)
@@ -485,7 +485,7 @@ def test_personal_fedbnr_over_mosquitto_equals_replay(mosquitto_dev):
     names = [f"c{i}" for i in range(len(fleet))]  # the replay's client names: the server sorts clients by name
     n_inputs = fleet.n_inputs
     acfg = AlgorithmConfig(kernels=("gaussian:1.0",), n_features=10, params={PERSONAL: PERSONAL_PARAMS})
-    cfg = FleetConfig(fleet="plugins-personal", algorithm=PERSONAL, n_inputs=n_inputs, n_features=10,
+    cfg = FleetConfig(standardise="none", fleet="plugins-personal", algorithm=PERSONAL, n_inputs=n_inputs, n_features=10,
                       kernels=["gaussian:1.0"], seed=PERSONAL_SEED, params=PERSONAL_PARAMS)
     # the fleet is the replay's but for its name and the wire's bound on clients
     differ = {"fleet", "max_clients"}

@@ -51,9 +51,9 @@ from streamfed.fleet.protocol import (
     status_message,
 )
 
-POF = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2,
+POF = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2,
                   max_clients=50, max_prediction_batch=8, seq_window=16)
-BNR = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_features=1,
+BNR = FleetConfig(standardise="none", fleet="f", algorithm="fedbnr", n_inputs=2, n_features=1,
                   kernels=["gaussian:1.0", "gaussian:2.0"], max_clients=50, max_prediction_batch=8,
                   seq_window=16)
 FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,22 +161,22 @@ def test_byte_limits_hold_for_the_largest_possible_messages(cfg: FleetConfig) ->
 
 def test_fleet_config_validation() -> None:
     with pytest.raises(ValidationError, match="bin_size"):
-        FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=2, bin_size=3)
+        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=2, bin_size=3)
     with pytest.raises(ValidationError, match="fleet name"):
-        FleetConfig(fleet="a/b", algorithm="pofmkl", n_inputs=1)
+        FleetConfig(standardise="none", fleet="a/b", algorithm="pofmkl", n_inputs=1)
     with pytest.raises(ValidationError, match="2 kernels are listed"):
-        FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=3, kernels=["gaussian:1", "laplacian:1"])
+        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=3, kernels=["gaussian:1", "laplacian:1"])
     with pytest.raises(ValidationError, match="repeated"):
-        FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["gaussian:1", "gaussian:1.0"])
+        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["gaussian:1", "gaussian:1.0"])
     with pytest.raises(ValidationError):
-        FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["cosine:1"])
+        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["cosine:1"])
     with pytest.raises(ValidationError):
-        FleetConfig(fleet="f", algorithm="fsgp", n_inputs=1)  # type: ignore[arg-type]
+        FleetConfig(standardise="none", fleet="f", algorithm="fsgp", n_inputs=1)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="extra"):
-        FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, typo=1)  # type: ignore[call-arg]
+        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, typo=1)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):
-        FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, sensor_topic="a/+/{client}")
-    cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["laplacian:2", "gaussian:0.5"])
+        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, sensor_topic="a/+/{client}")
+    cfg = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["laplacian:2", "gaussian:0.5"])
     assert cfg.kernels == ("laplacian:2.0", "gaussian:0.5") and cfg.n_kernels == 2
     with pytest.raises(ValidationError):
         cfg.seed = 3  # type: ignore[misc]
@@ -288,7 +288,7 @@ def test_big_endian_and_non_contiguous_inputs_encode_correctly() -> None:
 
 
 def test_encoding_is_vectorised() -> None:
-    big = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=64, n_features=4096)
+    big = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=64, n_features=4096)
     theta = np.random.default_rng(0).standard_normal((64, 8192))  # 4 MiB
     msg = pofmkl_global_message("f", "agg", theta, 1, kernel_version="k", created=0.0)
     t0 = time.perf_counter()
@@ -315,8 +315,8 @@ def test_mutable_payloads_decode_like_bytes_and_are_copied() -> None:
 def test_each_configuration_is_checked_against_its_own_schema() -> None:
     """The decoder caches its checks per schema: two fleets of the same name and different sizes,
     alternated, each keep their own shapes, limits and kernel bounds."""
-    small = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
-    large = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=8, n_features=5, bin_size=2)
+    small = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
+    large = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=8, n_features=5, bin_size=2)
     for_small = encode(pofmkl_update_message("f", "a1", 1, np.array([2]), np.ones((1, 4)), global_version=0,
                                              kernel_version="k", created=0.0))
     for_large = encode(pofmkl_update_message("f", "a1", 1, np.array([7]), np.ones((1, 10)), global_version=0,

@@ -50,12 +50,12 @@ AUTH_REFUSALS = {"Not authorized", "Bad user name or password"}
 
 
 def pof_cfg(fleet: str = "rel-pof") -> FleetConfig:
-    return FleetConfig(fleet=fleet, algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2, seed=3,
+    return FleetConfig(standardise="none", fleet=fleet, algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2, seed=3,
                        pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2))
 
 
 def bnr_cfg(fleet: str = "rel-bnr", **kw) -> FleetConfig:
-    return FleetConfig(fleet=fleet, algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
+    return FleetConfig(standardise="none", fleet=fleet, algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
                        kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=10, **kw))
 
 
@@ -351,7 +351,7 @@ def test_hostile_globals_are_rejected_by_reason_and_change_nothing():
 def test_bad_sensor_input_is_skipped_counted_and_not_learned():
     """Each kind of bad reading is skipped with its reason; the learner ends exactly as if it had only
     ever seen the good readings."""
-    cfg = FleetConfig(fleet="sense", algorithm="fedbnr", n_inputs=2, n_kernels=1, n_features=5,
+    cfg = FleetConfig(standardise="none", fleet="sense", algorithm="fedbnr", n_inputs=2, n_kernels=1, n_features=5,
                       kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=2))
     parser = ReadingParser(["a", "b"])
     agent, twin = AgentCore(cfg, "s", 0), AgentCore(cfg, "s", 0)
@@ -481,7 +481,8 @@ def test_cli_agent_resumes_from_its_state_dir(mosquitto_dev, tmp_path, streams):
     second = CliRunner().invoke(app, args)  # the same CSV again: every row is learned already
     assert second.exit_code == 0 and "resumed at item 30" in " ".join(second.output.split())
     state = read_state(tmp_path / "state" / "agent-cli-state-c1.state", "agent")
-    assert state["core"]["counters"].learned == 30 and state["core"]["learner"].client.n_pending == 30
+    # the agent standardises its stream (the default): the first two rows only set the scales
+    assert state["core"]["counters"].learned == 30 and state["core"]["learner"].pending_samples == 28
 
 
 # =========================================================================== fault injection

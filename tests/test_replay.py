@@ -84,9 +84,23 @@ def test_schedule_parse():
         Schedule.parse("sometimes")
 
 
-def test_divergence_is_counted_not_fatal(fleet):
+def test_a_huge_learning_rate_cannot_diverge(fleet):
+    """η = 1e3 is 10⁵ times the stability bound: the step cap (docs/algorithms.md §2.5) keeps every step
+    finite, so nothing is rejected (before the cap, this run diverged and steps were refused)."""
     r = replay(fleet, "local-only", AlgorithmConfig(n_kernels=4, n_features=10, eta=1e3, xi=0.0), seed=0)
-    assert r.rejected.sum() > 0
+    assert r.rejected.sum() == 0
+    assert np.isfinite(r.mse)
+
+
+def test_a_sample_that_cannot_be_learned_is_counted_not_fatal(fleet):
+    """A label whose squared error overflows float64 is refused and counted; the run and its MSE go on."""
+    from dataclasses import replace as dc_replace
+
+    y = fleet.streams[0].y.copy()
+    y[50] = 1e200
+    bad = dc_replace(fleet, streams=(dc_replace(fleet.streams[0], y=y), *fleet.streams[1:]))
+    r = replay(bad, "local-only", AlgorithmConfig(n_kernels=4, n_features=10), seed=0)
+    assert r.rejected.tolist() == [1, 0, 0, 0]
     assert np.isfinite(r.mse)
 
 

@@ -29,7 +29,7 @@ def fleet():
 
 
 def pof_cfg(**kw):
-    return FleetConfig(fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
+    return FleetConfig(standardise="none", fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
                        seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2), **kw)
 
 
@@ -76,7 +76,7 @@ def test_lockstep_over_the_codec_equals_replay(fleet):
 
 def test_fedbnr_global_equals_centralised_fit(fleet):
     streams = fleet.streams[:3]
-    cfg = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=15,
+    cfg = FleetConfig(standardise="none", fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=15,
                       kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=16, fit_hyperparameters=False))
     names = [s.name for s in streams]
     agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
@@ -204,7 +204,7 @@ def test_begin_then_finish_reading_is_on_reading(fleet, algorithm):
     if algorithm == "pofmkl":
         cfg = pof_cfg()
     else:
-        cfg = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
+        cfg = FleetConfig(standardise="none", fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
                           kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=4, fit_hyperparameters=False))
     whole, split = AgentCore(cfg, "a", 0, mode="async"), AgentCore(cfg, "a", 0, mode="async")
     split.warm_up()
@@ -288,7 +288,7 @@ def test_warm_up_compiles_everything_the_stream_runs(algorithm, fleet):
     if algorithm == "pofmkl":
         cfg = pof_cfg()
     else:
-        cfg = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=20, seed=3,
+        cfg = FleetConfig(standardise="none", fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=20, seed=3,
                           fedbnr=FedBNRParams(min_upload=4))
     agent = AgentCore(cfg, "a", 0, mode="async")
     agg = AggregatorCore(cfg, clients=["a"], mode="async", window=0.0)
@@ -318,7 +318,7 @@ def test_a_target_the_learner_refuses_is_counted_not_fatal_and_changes_nothing(a
     """A finite target so large that its square overflows (1e300): the agent skips the sample with the reason
     `unlearnable` (or `non_finite`), keeps running, and its model is what it was (same predictions, same
     regret accounting; scratch buffers may differ)."""
-    cfg = FleetConfig(fleet="t", algorithm=algorithm, n_inputs=2, n_kernels=1, n_features=4,
+    cfg = FleetConfig(standardise="none", fleet="t", algorithm=algorithm, n_inputs=2, n_kernels=1, n_features=4,
                       kernels=["gaussian:1.0"], params={"min_upload": 2} if algorithm != "pofmkl" else {})
     agent = AgentCore(cfg, "a", 0)
     agent.on_reading(Reading("ok", np.array([0.1, 0.2]), 0.0, 0.5))

@@ -47,7 +47,7 @@ async def run_fleet(agents, aggregator, timeout=60.0):
 
 
 def test_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, streams):
-    cfg = FleetConfig(fleet="lockstep", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20,
+    cfg = FleetConfig(standardise="none", fleet="lockstep", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20,
                       bin_size=2, seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2))
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams]
@@ -73,7 +73,7 @@ def test_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, streams):
 
 
 def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
-    cfg = FleetConfig(fleet="bnr", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
+    cfg = FleetConfig(standardise="none", fleet="bnr", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=10,
                       kernels=["gaussian:1.0"], fedbnr=FedBNRParams(min_upload=10, fit_hyperparameters=False))
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams[:3]]
@@ -94,7 +94,7 @@ def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
 
 @pytest.mark.parametrize("qos", [0, 1])
 def test_subscriber_receives_every_prediction(mosquitto_dev, streams, qos):
-    cfg = FleetConfig(fleet=f"preds{qos}", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+    cfg = FleetConfig(standardise="none", fleet=f"preds{qos}", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams[:2]]
 
@@ -135,7 +135,7 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     from streamfed.fleet.protocol import encode
     from streamfed.fleet.topics import updates_topic
 
-    cfg = FleetConfig(fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
+    cfg = FleetConfig(standardise="none", fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
     names = [f"c{i}" for i in range(8)]
     rng = np.random.default_rng(11)
     ref = AggregatorCore(cfg, clients=names, mode="async", window=60.0)
@@ -190,7 +190,7 @@ def test_prediction_is_published_before_the_sample_is_learned(mosquitto_dev, str
 
     import paho.mqtt.client as mqtt
 
-    cfg = FleetConfig(fleet="first", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+    cfg = FleetConfig(standardise="none", fleet="first", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
     broker = mosquitto_dev.broker_config()
     s = streams[0]
     writes = []
@@ -226,7 +226,7 @@ def test_prediction_is_published_before_the_sample_is_learned(mosquitto_dev, str
 def test_qos1_predictions_leave_ahead_of_their_samples_updates(mosquitto_dev, streams):
     """With prediction_qos=1 predictions go through the sender with the updates, oldest first: a
     subscriber sees each sample's prediction before that sample's update."""
-    cfg = FleetConfig(fleet="order1", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+    cfg = FleetConfig(standardise="none", fleet="order1", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
     broker = mosquitto_dev.broker_config()
     s = streams[0]
 
@@ -264,7 +264,7 @@ def test_a_joining_agents_first_prediction_uses_the_fleet_prior_as_the_replay_do
 
     n, m = 40, 12
     own = {"min_upload": 10, "fit_hyperparameters": False}
-    cfg = FleetConfig(fleet=f"join-{algorithm}", algorithm=algorithm, n_inputs=10, n_kernels=1, n_features=10,
+    cfg = FleetConfig(standardise="none", fleet=f"join-{algorithm}", algorithm=algorithm, n_inputs=10, n_kernels=1, n_features=10,
                       kernels=["gaussian:1.0"], seed=5, params=own)
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams[:3]]

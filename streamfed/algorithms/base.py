@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from streamfed.fleet.protocol import Message
 
 __all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode",
-           "aggregation_diagnostics"]
+           "aggregation_diagnostics", "learner_pending_samples"]
 
 Mode = Literal["lockstep", "async"]
 
@@ -116,6 +116,9 @@ class Learner(Protocol):
     `begin_learn` predicts the labelled sample and does whatever must happen before the prediction is
     published; `end_learn` finishes learning it. `learn` is both. A `ValueError` from either leaves the
     learner unchanged (the agent counts the sample as skipped).
+
+    Optional: `pending_samples: int`, samples learned that no upload may carry yet (FedBNR: below its
+    privacy floor); read through :func:`learner_pending_samples`, said at the end of a finite stream.
     """
 
     @property
@@ -163,6 +166,11 @@ class Aggregation(Protocol):
     def read_partial(self, msg: Message) -> Any: ...  # a sum: `+` adds two partials' sums
     def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None: ...
     def warm_up(self) -> None: ...
+
+
+def learner_pending_samples(learner: Learner) -> int:
+    """A learner's optional `pending_samples` (0 when it has none)."""
+    return int(getattr(learner, "pending_samples", 0))
 
 
 def aggregation_diagnostics(aggregation: Aggregation) -> dict[str, float]:

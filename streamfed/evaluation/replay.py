@@ -134,7 +134,7 @@ class AlgorithmConfig:
         alg = algorithms.get(algorithm)
         return FleetConfig(fleet=_FLEET, algorithm=algorithm, n_inputs=n_inputs,
                            kernels=tuple(s.key for s in self.specs()), n_features=self.n_features,
-                           bin_size=self.bin_size, seed=seed, max_clients=100_000,
+                           bin_size=self.bin_size, seed=seed, max_clients=100_000, standardise="none",
                            params=alg.Params(**self.params_for(alg, variant)))
 
 

@@ -33,16 +33,19 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from streamfed import algorithms
-from streamfed.algorithms.base import Learner, Mode, NonFiniteError, Update
+from streamfed.algorithms.base import Learner, Mode, NonFiniteError, Update, learner_pending_samples
 from streamfed.fleet.config import MAX_META_STR, FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, prediction_message
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
+from streamfed.fleet.standardised import StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
 
 __all__ = ["AGENT_STATE_FORMAT", "AgentCore", "GlobalResult", "PendingLearn", "Prediction"]
 
 log = logging.getLogger("streamfed.agent")
 AGENT_STATE_FORMAT = 2  # layout of AgentCore.snapshot(); restore() refuses any other
+# skip reason of samples learned but still below the upload floor when a stream ends without durable state
+BELOW_PRIVACY_FLOOR = "below_privacy_floor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,7 @@ class AgentCore:
     """One agent's state and logic, transport-free.
 
     >>> from streamfed.fleet.config import FleetConfig
-    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, n_features=5)
+    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, n_features=5, standardise="none")
     >>> agent = AgentCore(cfg, "a1", index=0, mode="async")
     >>> pred, msgs = agent.on_reading(Reading("r1", np.array([0.1, 0.2]), 0.0, y=0.5))
     >>> pred.mean, [m.kind for m in msgs], msgs[0].arrays["delta"].shape
@@ -125,6 +128,8 @@ class AgentCore:
         if mode == "lockstep" and not self.algorithm.lockstep:
             raise ValueError(f"lock-step mode is not {cfg.algorithm}'s protocol: it is order-free (use async)")
         self.learner: Learner = self.algorithm.learner(cfg, client_id, index, mode)
+        if cfg.standardise == "online":
+            self.learner = StandardisedLearner(self.learner, cfg.n_inputs)
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self._update_kind = cfg.update_kind  # resolved once: read for every update message
         self.upload_every = max(1, int(upload_every))
@@ -359,6 +364,26 @@ class AgentCore:
         out = [self._update_message(up) for up in self.learner.flush()]
         self.stats.update_from_learner(self.learner)
         return out
+
+    def end_of_stream(self, durable: bool) -> tuple[list[Message], int]:
+        """A finite stream has ended: :meth:`flush`, plus what stays behind. Returns the messages and the
+        number of samples the learner still holds below its upload floor (FedBNR's `min_upload`): they
+        never leave the device on their own. With durable state (`durable`) they are kept and join the
+        next upload when the stream resumes; without, they are lost with the process, so they are counted
+        as skipped (`below_privacy_floor`) and logged — never silently."""
+        msgs = self.flush()
+        held = learner_pending_samples(self.learner)
+        if held:
+            if durable:
+                log.info("agent %s: stream ended with %d samples below the upload floor; kept in the state "
+                         "directory, they join the next upload when the stream resumes", self.client_id, held)
+            else:
+                for _ in range(held):
+                    self.on_skip(Skip(BELOW_PRIVACY_FLOOR))
+                log.warning("agent %s: stream ended with %d samples below the upload floor: they never leave "
+                            "this device and, without --state-dir, are dropped (counted as %s)",
+                            self.client_id, held, BELOW_PRIVACY_FLOOR)
+        return msgs, held
 
     def _update_message(self, up: Update) -> Message:
         self.seq = self.seq + 1 if up.seq is None else int(up.seq)

@@ -261,7 +261,9 @@ class FleetConfig(BaseModel):
     """What every member of a fleet must agree on: the learner, its sizes and the fleet seed.
 
     `kernels` are kernel specs (`"gaussian:0.5"`, `"laplacian:1.0"`, ...); without them the
-    dictionary is `gaussian_dictionary(n_kernels)`. `n_kernels` follows `kernels` when only they are
+    dictionary is `standardised_dictionary(n_kernels, n_inputs)` (bandwidths around `√(2d)`) when the
+    agents standardise their streams, else `gaussian_dictionary(n_kernels)` (`[0.05, 5]`, for inputs
+    normalised to norm ≤ 1 as in the POF-MKL paper). `n_kernels` follows `kernels` when only they are
     given. `bin_size` is `M`, the kernels an update may carry; the algorithm's own settings are `params`.
 
     >>> cfg = FleetConfig(fleet="beijing", algorithm="fedbnr", n_inputs=10, n_features=8,
@@ -282,6 +284,11 @@ class FleetConfig(BaseModel):
     kernels: tuple[str, ...] | None = None
     bin_size: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
+    # How an agent scales its stream: "online" standardises each input and the target with the running mean
+    # and standard deviation of its own past samples (the first two only set the scales) and maps predictions
+    # back to the stream's units; "none" hands the learner the values as they come (for streams already on
+    # unit scales, and for the replay, which normalises at the dataset layer).
+    standardise: Literal["online", "none"] = "online"
     # The algorithm's own hyperparameters (its `Params` model). In a file or a mapping they may also be given
     # as a section named after the algorithm (`[fleet.pofmkl]`); sections of other algorithms are validated
     # and dropped, so one file can carry the settings of several.
@@ -369,8 +376,10 @@ class FleetConfig(BaseModel):
         """The kernel dictionary as canonical spec strings."""
         if self.kernels is not None:
             return self.kernels
-        from streamfed.core.features import gaussian_dictionary
+        from streamfed.core.features import gaussian_dictionary, standardised_dictionary
 
+        if self.standardise == "online":
+            return tuple(s.key for s in standardised_dictionary(self.n_kernels, self.n_inputs))
         return tuple(s.key for s in gaussian_dictionary(self.n_kernels))
 
     @property

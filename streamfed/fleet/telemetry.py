@@ -50,6 +50,7 @@ AGGREGATION_BUCKETS: tuple[float, ...] = (
 DEFAULT_SKIP_REASONS: tuple[str, ...] = (
     "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "unknown_reading",
     "label_evicted", "duplicate", "unlearnable",
+    "below_privacy_floor",  # learned, but the stream ended below the upload floor and nothing keeps them
 )
 DEFAULT_REJECT_REASONS: tuple[str, ...] = (
     "too_large", "not_msgpack", "bad_schema", "unknown_kind", "wrong_fleet", "bad_client", "bad_array",

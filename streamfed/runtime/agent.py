@@ -901,7 +901,8 @@ class AgentService:
                         self._skip_items -= 1
                         continue
                     await self._take_async(item)
-                self._queue(None, self.core.flush())
+                msgs, _ = self.core.end_of_stream(durable=self.store is not None)
+                self._queue(None, msgs)
                 self._dirty = True
                 if self.store is not None:
                     self.checkpoint()

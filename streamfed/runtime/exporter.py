@@ -195,8 +195,8 @@ class StreamfedCollector(Collector):
             _histogram("streamfed_aggregator_aggregation_duration_seconds", "Duration of one aggregation.",
                        ("fleet",)),
             g("streamfed_aggregator_global_version", "Version of the newest global model published.", ("fleet",)),
-            g("streamfed_aggregator_value", "A number the aggregation reports about itself (e.g. POF-MKL kernels "
-              "reset after an overflow).", ("fleet", "name")),
+            g("streamfed_aggregator_value", "A number the aggregation reports about itself (e.g. kernels reset after "
+              "an overflow).", ("fleet", "name")),
         ]
         if per_client:
             fams.append(_histogram("streamfed_agent_prediction_duration_seconds", "Prediction latency per agent.",

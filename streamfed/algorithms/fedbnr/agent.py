@@ -86,8 +86,13 @@ class StatsLearner:
                       epoch=int(fields.get("epoch", 0)))
 
     def flush(self) -> list[Update]:
-        # pending statistics below the privacy floor never leave the device
+        # pending statistics below the privacy floor never leave the device (see pending_samples)
         return []
+
+    @property
+    def pending_samples(self) -> int:
+        """Samples learned but not yet uploadable: below the privacy floor `min_upload`."""
+        return int(self.client.n_pending)
 
     def install_global(self, msg: Message) -> bool:
         from streamfed.algorithms.fedbnr.learner import GlobalModel

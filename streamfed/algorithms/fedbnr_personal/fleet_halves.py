@@ -108,7 +108,12 @@ class PersonalLearner:
         return Update(arrays, int(up.count), self._version, seq=int(up.seq), epoch=int(st.epoch))
 
     def flush(self) -> list[Update]:
-        return []  # pending statistics below the privacy floor never leave the device
+        return []  # pending statistics below the privacy floor never leave the device (see pending_samples)
+
+    @property
+    def pending_samples(self) -> int:
+        """Samples learned but not yet uploadable: below the privacy floor `min_upload`."""
+        return int(self.client.n_pending)
 
     def install_global(self, msg: Message) -> bool:
         gs = global_from_message(msg)

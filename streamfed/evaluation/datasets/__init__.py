@@ -28,7 +28,6 @@ from streamfed.evaluation.datasets.beijing import (
 from streamfed.evaluation.datasets.csv_fleet import CsvReport, csv_fleet, csv_fleet_with_report
 from streamfed.evaluation.datasets.normalise import (
     DEFAULT_WARMUP,
-    RunningStandardiser,
     normalise,
     normalise_streams,
     online_standardise,
@@ -39,7 +38,7 @@ from streamfed.evaluation.datasets.synthetic import synthetic_fleet
 __all__ = [
     "BEIJING_EXTRAS", "BEIJING_INPUTS", "BEIJING_ROWS", "BEIJING_STATIONS", "BEIJING_TARGET", "COMPASS",
     "DEFAULT_WARMUP", "MIXED_PROBABILITIES", "NA_VALUES", "NORMALISATIONS", "SPLITS",
-    "ClientStream", "CsvReport", "Fleet", "RunningStandardiser",
+    "ClientStream", "CsvReport", "Fleet",
     "csv_fleet", "csv_fleet_with_report", "from_csv", "from_river", "iter_dicts", "load_beijing", "normalise",
     "normalise_streams",
     "online_standardise", "paper_constants", "station_file", "synthetic_fleet",

@@ -78,61 +78,6 @@ def online_standardise(values: np.ndarray, warmup: int = DEFAULT_WARMUP
     return z.reshape(v.shape), offset.reshape(v.shape), scale.reshape(v.shape)
 
 
-class RunningStandardiser:
-    """Online standardisation for one agent, one sample at a time (same maths as `online_standardise`).
-
-    Call :meth:`transform` *before* :meth:`update` with the same sample, so a sample never sees its
-    own statistics.
-
-    >>> rs = RunningStandardiser(1, warmup=2)
-    >>> for v in (1.0, 3.0):
-    ...     rs.update(np.array([v]))
-    >>> rs.ready, rs.transform(np.array([2.0])).tolist(), rs.inverse(np.array([1.0])).tolist()
-    (True, [0.0], [3.414213562373095])
-    """
-
-    def __init__(self, dim: int, warmup: int = DEFAULT_WARMUP) -> None:
-        if warmup < 1:
-            raise ValueError(f"warmup must be >= 1, got {warmup}")
-        self.dim = int(dim)
-        self.warmup = int(warmup)
-        self.n = 0
-        self._mean = np.zeros(self.dim)
-        self._m2 = np.zeros(self.dim)
-
-    @property
-    def ready(self) -> bool:
-        """Whether enough samples have been seen to standardise the next one."""
-        return self.n >= self.warmup
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self._mean.copy()
-
-    @property
-    def scale(self) -> np.ndarray:
-        """Sample std of the samples seen, with the zero-spread fallback `|mean|` (or 1)."""
-        s = np.sqrt(self._m2 / (self.n - 1)) if self.n >= 2 else np.zeros(self.dim)
-        fallback = np.where(self._mean != 0.0, np.abs(self._mean), 1.0)
-        return np.where(s > 0.0, s, fallback)
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        if not self.ready:
-            raise RuntimeError(f"only {self.n} of {self.warmup} warm-up samples seen")
-        return (np.asarray(x, dtype=np.float64) - self._mean) / self.scale
-
-    def inverse(self, z: np.ndarray) -> np.ndarray:
-        """Original units of a standardised value (e.g. a prediction)."""
-        return np.asarray(z, dtype=np.float64) * self.scale + self._mean
-
-    def update(self, x: np.ndarray) -> None:
-        x = np.asarray(x, dtype=np.float64)
-        self.n += 1
-        delta = x - self._mean
-        self._mean += delta / self.n
-        self._m2 += delta * (x - self._mean)
-
-
 def paper_constants(streams: Sequence[ClientStream]) -> dict[str, float]:
     """`x_norm` (largest input row norm) and `y_min`, `y_max` over all samples of `streams`."""
     x_norm = max(float(np.sqrt(np.einsum("ij,ij->i", s.X, s.X)).max(initial=0.0)) for s in streams)

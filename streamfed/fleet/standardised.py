@@ -1,0 +1,157 @@
+"""An agent's stream on unit scales: any learner behind an online standardisation of inputs and target.
+
+A deployed agent reads a user's stream as it is — pressures near 1000, a rating near 40 — while every
+learner assumes unit scales (kernel bandwidths, `θ = 0`, a unit prior). :class:`StandardisedLearner`
+wraps the algorithm's :class:`~streamfed.algorithms.base.Learner` and, for each sample, hands it
+`z = (v - mean) / scale` from the running statistics of the client's *past* samples
+(:class:`~streamfed.core.standardise.OnlineStandardiser`, the same rule as the replay's `"online"`
+normalisation), then folds the sample in. Predictions go back to the stream's units: mean
+`m_y + s_y·μ`, variance `s_y²·v`. The first two samples only set the scales; their prediction is the
+running mean.
+
+The learner itself, its updates and its globals live in standard units: what is federated is unchanged,
+and FedBNR's statistics still sum exactly (each client's transform is fixed at the time of its sample).
+Its regret is in standard units too; the agent's MSE and coverage are in the stream's units.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from streamfed.algorithms.base import Learner, Regret, Update, learner_pending_samples
+from streamfed.core.standardise import OnlineStandardiser
+from streamfed.fleet.protocol import Message
+
+__all__ = ["StandardisedLearner"]
+
+
+class StandardisedLearner:
+    """A :class:`~streamfed.algorithms.base.Learner` that sees its stream standardised online.
+
+    >>> from streamfed import algorithms
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_kernels=1, n_features=4)
+    >>> learner = StandardisedLearner(algorithms.get("fedbnr").learner(cfg, "a", 0), n_inputs=1)
+    >>> for v in (1000.0, 1002.0):
+    ...     _ = learner.learn(np.array([v]), v / 10)
+    >>> mean, var = learner.predict(np.array([1001.0]))
+    >>> round(mean, 6)  # no sample learned yet: the running mean of the target
+    100.1
+    """
+
+    def __init__(self, inner: Learner, n_inputs: int) -> None:
+        self.inner = inner
+        self.x_scale = OnlineStandardiser(n_inputs)
+        self.y_scale = OnlineStandardiser(1)
+        self._next: tuple[OnlineStandardiser, OnlineStandardiser] | None = None
+        self._inner_pending = False
+
+    # -- what the agent reads ------------------------------------------------------------------
+    @property
+    def global_version(self) -> int:
+        return self.inner.global_version
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return self.inner.kernel_names
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return self.inner.kernel_weights
+
+    def regret(self) -> Regret:
+        """The learner's regret, in standard units."""
+        return self.inner.regret()
+
+    def diagnostics(self) -> Mapping[str, float]:
+        out = dict(self.inner.diagnostics())
+        if self.y_scale.count:
+            out["target_mean"] = float(self.y_scale.mean[0])
+            out["target_scale"] = float(self.y_scale.scale[0])
+        return out
+
+    # -- predicting and learning ---------------------------------------------------------------
+    def _back(self, mean: float, var: float | None) -> tuple[float, float | None]:
+        m = self.y_scale.inverse_mean(mean)
+        v = None if var is None else self.y_scale.inverse_var(var)
+        if not math.isfinite(m) or (v is not None and not (math.isfinite(v) and v > 0)):
+            raise ValueError("prediction not finite in the stream's units")
+        return m, v
+
+    def _fallback(self, with_var: bool) -> tuple[float, float | None]:
+        m, v = self.y_scale.fallback()
+        return m, (v if with_var else None)
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        if not self.y_scale.ready:
+            _, var = self.inner.predict(np.zeros_like(np.asarray(x, dtype=np.float64)))
+            return self._fallback(var is not None)
+        mean, var = self.inner.predict(self.x_scale.transform(x))
+        return self._back(mean, var)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        """Predict and learn `(x, y)` in standard units (scales from the past), then fold it in — on
+        copies first, so a refused sample (a value whose square overflows, or the learner's refusal)
+        changes nothing."""
+        if self._next is not None:
+            raise RuntimeError("begin_learn called twice without end_learn")
+        y = float(y)
+        if not math.isfinite(y):
+            raise ValueError(f"label is not finite: {y!r}")
+        xs, ys = copy.deepcopy(self.x_scale), copy.deepcopy(self.y_scale)
+        xs.update(x)  # ValueError: nothing changed
+        ys.update(np.array([y]))
+        if not self.y_scale.ready:
+            _, var = self.inner.predict(np.zeros_like(np.asarray(x, dtype=np.float64)))
+            self._next, self._inner_pending = (xs, ys), False
+            return self._fallback(var is not None)
+        zx = self.x_scale.transform(x)
+        zy = float(self.y_scale.transform(np.array([y]))[0])
+        mean, var = self.inner.begin_learn(zx, zy)
+        self._next, self._inner_pending = (xs, ys), True
+        try:
+            return self._back(mean, var)
+        except ValueError:  # the learner has the sample; only its prediction is unusable in these units
+            return self._fallback(var is not None)
+
+    def end_learn(self) -> None:
+        if self._next is None:
+            return
+        nxt, pending = self._next, self._inner_pending
+        self._next, self._inner_pending = None, False
+        if pending:
+            self.inner.end_learn()
+        self.x_scale, self.y_scale = nxt
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
+
+    # -- the federated side, unchanged ---------------------------------------------------------
+    def take_update(self) -> Update | None:
+        return self.inner.take_update()
+
+    def flush(self) -> list[Update]:
+        return self.inner.flush()
+
+    @property
+    def pending_samples(self) -> int:
+        return learner_pending_samples(self.inner)
+
+    def install_global(self, msg: Message) -> bool:
+        return self.inner.install_global(msg)
+
+    def warm_up(self, x: np.ndarray) -> None:
+        self.inner.warm_up(x)
+        copy.deepcopy(self.inner).learn(x, 0.0)  # the inner learning path too (the first samples skip it)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_next"], state["_inner_pending"] = None, False  # a snapshot is taken between samples
+        return state
