@@ -396,7 +396,8 @@ def test_sensor_messages_pass_the_same_watch_and_counters(caplog):
     from streamfed.fleet.config import BrokerConfig, FleetConfig
     from streamfed.runtime.agent import AgentService
 
-    core = AgentCore(FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "s1", 0)
+    core = AgentCore(FleetConfig(standardise="none",
+                                 fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "s1", 0)
     svc = AgentService(core, BrokerConfig(), sensor_features=["a", "b"], skip_window=4, max_skip_share=0.5,
                        gc_freeze=False)
     payloads = [b'{"id": "r1", "x": {"a": 1, "b": 2}, "y": 1}', b"{broken", b'{"id": "r2", "x": {"a": 1}, "y": 1}',

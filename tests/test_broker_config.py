@@ -124,7 +124,8 @@ def test_acl_grants_each_agent_only_its_own_topics() -> None:
 
 def test_v5_client_publishes_qos1_and_receives(mosquitto_dev: Broker) -> None:
     fleet = unique("dev")
-    cfg = FleetConfig(standardise="none", fleet=fleet, algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
+    cfg = FleetConfig(standardise="none",
+                      fleet=fleet, algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
     msg = pofmkl_update_message(fleet, "a1", 1, np.array([2, 0]), np.ones((2, 4)), global_version=0,
                                 kernel_version="k", created=1.0)
 
@@ -342,7 +343,8 @@ def test_last_will_marks_an_agent_offline(mosquitto_prod: Broker) -> None:
             await v.subscribe(status, qos=1)
             [m] = await receive_until(v, lambda m: True)
         assert m.retain
-        return [decode(m.payload, FleetConfig(standardise="none", fleet=fleet, algorithm="pofmkl", n_inputs=1)).meta["state"]]
+        return [decode(m.payload, FleetConfig(standardise="none",
+                                              fleet=fleet, algorithm="pofmkl", n_inputs=1)).meta["state"]]
 
     assert run(read_status()) == ["offline"]
 

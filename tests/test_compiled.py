@@ -197,7 +197,8 @@ import streamfed.runtime.agent  # noqa: F401
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import Reading
-cfg = FleetConfig(standardise="none", fleet="m", algorithm=sys.argv[1], n_inputs=4, n_kernels=3, n_features=16, bin_size=2)
+cfg = FleetConfig(standardise="none",
+                  fleet="m", algorithm=sys.argv[1], n_inputs=4, n_kernels=3, n_features=16, bin_size=2)
 core = AgentCore(cfg, "a1", 0)
 core.warm_up()
 rng = np.random.default_rng(0)

@@ -230,7 +230,8 @@ def test_sensor_to_agent_to_aggregator_over_mosquitto(mosquitto_dev):
     """The sensor adapter publishes N readings without labels, bad inputs in between, then the N labels
     (delayed labels); the MQTT-fed agent predicts each valid reading once, learns from every label,
     counts every bad input by reason, and its updates reach a newer global it installs."""
-    cfg = FleetConfig(standardise="none", fleet=E2E_FLEET, algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
+    cfg = FleetConfig(standardise="none",
+                      fleet=E2E_FLEET, algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
                       seed=1)
     broker = mosquitto_dev.broker_config()
     samples = list(itertools.islice(adapter.beijing_samples("Dongsi"), N))
@@ -438,13 +439,15 @@ def test_a_restarted_agent_continues_its_update_sequence():
 
 
 def test_agent_service_refuses_sensor_features_that_do_not_fit_the_fleet():
-    cfg = FleetConfig(standardise="none", fleet="edge-mismatch", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
+    cfg = FleetConfig(standardise="none",
+                      fleet="edge-mismatch", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
     with pytest.raises(ValueError):
         AgentService(AgentCore(cfg, "m1", 0), BrokerConfig(), sensor_features=["u", "v"])
 
 
 def test_a_lockstep_agent_survives_a_delayed_label_while_it_waits_for_its_round(mosquitto_dev):
-    cfg = FleetConfig(standardise="none", fleet="edge-lockstep", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
+    cfg = FleetConfig(standardise="none",
+                      fleet="edge-lockstep", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     broker = mosquitto_dev.broker_config()
     core = AgentCore(cfg, "l1", 0, mode="lockstep")
     svc = AgentService(core, broker, sensor_features=["a", "b"])
@@ -473,7 +476,8 @@ def test_a_lockstep_agent_survives_a_delayed_label_while_it_waits_for_its_round(
 
 
 def test_a_cancelled_agent_is_marked_offline(mosquitto_dev):
-    cfg = FleetConfig(standardise="none", fleet="edge-cancel", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
+    cfg = FleetConfig(standardise="none",
+                      fleet="edge-cancel", algorithm="pofmkl", n_inputs=3, n_kernels=2, n_features=5)
     broker = mosquitto_dev.broker_config()
 
     async def main():

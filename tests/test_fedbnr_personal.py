@@ -415,7 +415,8 @@ def _run_personal_fleet(params: dict, n_agents: int = 2, steps: int = 80):
     from streamfed.fleet.sources import Reading
 
     data = synthetic_fleet(n_agents, steps, 2, seed=7)
-    cfg = FleetConfig(standardise="none", fleet="mix", algorithm="fedbnr-personal", n_inputs=2, n_features=6, kernels=["gaussian:1.0"],
+    cfg = FleetConfig(standardise="none",
+                      fleet="mix", algorithm="fedbnr-personal", n_inputs=2, n_features=6, kernels=["gaussian:1.0"],
                       params={"min_upload": 8, "fit_hyperparameters": False, **params})
     agg = AggregatorCore(cfg, mode="async", window=0.0)
     agents = [AgentCore(cfg, f"a{i}", i) for i in range(n_agents)]
@@ -463,7 +464,8 @@ def test_a_tau_grid_must_be_distinct_positive_values():
 
     for bad in ([], [0.1, 0.1], [0.0, 1.0], [float("inf")]):
         with pytest.raises(ValidationError, match="tau_grid"):
-            FleetConfig(standardise="none", fleet="f", algorithm="fedbnr-personal", n_inputs=2, params={"tau_grid": bad})
+            FleetConfig(standardise="none",
+                        fleet="f", algorithm="fedbnr-personal", n_inputs=2, params={"tau_grid": bad})
 
 
 def test_tau_mixture_agent_and_aggregator_resume_from_their_snapshots_exactly():

@@ -57,9 +57,11 @@ def _report():
                       fh, indent=1)
 
 
-POF = FleetConfig(standardise="none", fleet="fz", algorithm="pofmkl", n_inputs=3, n_kernels=4, n_features=4, bin_size=2, seed=1,
+POF = FleetConfig(standardise="none",
+                  fleet="fz", algorithm="pofmkl", n_inputs=3, n_kernels=4, n_features=4, bin_size=2, seed=1,
                   seq_window=64, pofmkl=POFMKLParams(eta=0.05, xi=0.2))
-BNR = FleetConfig(standardise="none", fleet="fz", algorithm="fedbnr", n_inputs=3, n_features=3, kernels=["gaussian:1.0", "gaussian:2.0"],
+BNR = FleetConfig(standardise="none",
+                  fleet="fz", algorithm="fedbnr", n_inputs=3, n_features=3, kernels=["gaussian:1.0", "gaussian:2.0"],
                   seq_window=64, fedbnr=FedBNRParams(min_upload=2, fit_hyperparameters=False))
 HONEST = ["h0", "h1", "h2"]
 KNOWN = set(DEFAULT_REJECT_REASONS)

@@ -485,7 +485,8 @@ def test_personal_fedbnr_over_mosquitto_equals_replay(mosquitto_dev):
     names = [f"c{i}" for i in range(len(fleet))]  # the replay's client names: the server sorts clients by name
     n_inputs = fleet.n_inputs
     acfg = AlgorithmConfig(kernels=("gaussian:1.0",), n_features=10, params={PERSONAL: PERSONAL_PARAMS})
-    cfg = FleetConfig(standardise="none", fleet="plugins-personal", algorithm=PERSONAL, n_inputs=n_inputs, n_features=10,
+    cfg = FleetConfig(standardise="none",
+                      fleet="plugins-personal", algorithm=PERSONAL, n_inputs=n_inputs, n_features=10,
                       kernels=["gaussian:1.0"], seed=PERSONAL_SEED, params=PERSONAL_PARAMS)
     # the fleet is the replay's but for its name and the wire's bound on clients
     differ = {"fleet", "max_clients"}

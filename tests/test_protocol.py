@@ -165,9 +165,11 @@ def test_fleet_config_validation() -> None:
     with pytest.raises(ValidationError, match="fleet name"):
         FleetConfig(standardise="none", fleet="a/b", algorithm="pofmkl", n_inputs=1)
     with pytest.raises(ValidationError, match="2 kernels are listed"):
-        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=3, kernels=["gaussian:1", "laplacian:1"])
+        FleetConfig(standardise="none",
+                    fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=3, kernels=["gaussian:1", "laplacian:1"])
     with pytest.raises(ValidationError, match="repeated"):
-        FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["gaussian:1", "gaussian:1.0"])
+        FleetConfig(standardise="none",
+                    fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["gaussian:1", "gaussian:1.0"])
     with pytest.raises(ValidationError):
         FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["cosine:1"])
     with pytest.raises(ValidationError):
@@ -176,7 +178,8 @@ def test_fleet_config_validation() -> None:
         FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, typo=1)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):
         FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, sensor_topic="a/+/{client}")
-    cfg = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["laplacian:2", "gaussian:0.5"])
+    cfg = FleetConfig(standardise="none",
+                      fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["laplacian:2", "gaussian:0.5"])
     assert cfg.kernels == ("laplacian:2.0", "gaussian:0.5") and cfg.n_kernels == 2
     with pytest.raises(ValidationError):
         cfg.seed = 3  # type: ignore[misc]
@@ -315,8 +318,10 @@ def test_mutable_payloads_decode_like_bytes_and_are_copied() -> None:
 def test_each_configuration_is_checked_against_its_own_schema() -> None:
     """The decoder caches its checks per schema: two fleets of the same name and different sizes,
     alternated, each keep their own shapes, limits and kernel bounds."""
-    small = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
-    large = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=8, n_features=5, bin_size=2)
+    small = FleetConfig(standardise="none",
+                        fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2)
+    large = FleetConfig(standardise="none",
+                        fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=8, n_features=5, bin_size=2)
     for_small = encode(pofmkl_update_message("f", "a1", 1, np.array([2]), np.ones((1, 4)), global_version=0,
                                              kernel_version="k", created=0.0))
     for_large = encode(pofmkl_update_message("f", "a1", 1, np.array([7]), np.ones((1, 10)), global_version=0,

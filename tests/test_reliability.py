@@ -50,7 +50,8 @@ AUTH_REFUSALS = {"Not authorized", "Bad user name or password"}
 
 
 def pof_cfg(fleet: str = "rel-pof") -> FleetConfig:
-    return FleetConfig(standardise="none", fleet=fleet, algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2, seed=3,
+    return FleetConfig(standardise="none",
+                       fleet=fleet, algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2, seed=3,
                        pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2))
 
 

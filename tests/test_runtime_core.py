@@ -29,7 +29,8 @@ def fleet():
 
 
 def pof_cfg(**kw):
-    return FleetConfig(standardise="none", fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
+    return FleetConfig(standardise="none",
+                       fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
                        seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2), **kw)
 
 
@@ -288,7 +289,8 @@ def test_warm_up_compiles_everything_the_stream_runs(algorithm, fleet):
     if algorithm == "pofmkl":
         cfg = pof_cfg()
     else:
-        cfg = FleetConfig(standardise="none", fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=20, seed=3,
+        cfg = FleetConfig(standardise="none",
+                          fleet="t", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=20, seed=3,
                           fedbnr=FedBNRParams(min_upload=4))
     agent = AgentCore(cfg, "a", 0, mode="async")
     agg = AggregatorCore(cfg, clients=["a"], mode="async", window=0.0)

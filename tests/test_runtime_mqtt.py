@@ -94,7 +94,8 @@ def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
 
 @pytest.mark.parametrize("qos", [0, 1])
 def test_subscriber_receives_every_prediction(mosquitto_dev, streams, qos):
-    cfg = FleetConfig(standardise="none", fleet=f"preds{qos}", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
+    cfg = FleetConfig(standardise="none",
+                      fleet=f"preds{qos}", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10)
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams[:2]]
 
@@ -135,7 +136,8 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     from streamfed.fleet.protocol import encode
     from streamfed.fleet.topics import updates_topic
 
-    cfg = FleetConfig(standardise="none", fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
+    cfg = FleetConfig(standardise="none",
+                      fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
     names = [f"c{i}" for i in range(8)]
     rng = np.random.default_rng(11)
     ref = AggregatorCore(cfg, clients=names, mode="async", window=60.0)
@@ -264,7 +266,8 @@ def test_a_joining_agents_first_prediction_uses_the_fleet_prior_as_the_replay_do
 
     n, m = 40, 12
     own = {"min_upload": 10, "fit_hyperparameters": False}
-    cfg = FleetConfig(standardise="none", fleet=f"join-{algorithm}", algorithm=algorithm, n_inputs=10, n_kernels=1, n_features=10,
+    cfg = FleetConfig(standardise="none",
+                      fleet=f"join-{algorithm}", algorithm=algorithm, n_inputs=10, n_kernels=1, n_features=10,
                       kernels=["gaussian:1.0"], seed=5, params=own)
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams[:3]]

@@ -37,7 +37,8 @@ def first_update(fleet, cfg, mode):
 
 
 def pof_cfg(**kw):
-    return FleetConfig(standardise="none", fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
+    return FleetConfig(standardise="none",
+                       fleet="t", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=20, bin_size=2,
                        seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2), **kw)
 
 
@@ -379,7 +380,8 @@ def test_shard_sends_an_unacknowledged_partial_again(fleet):
 
 
 def personal_cfg():
-    return FleetConfig(standardise="none", fleet="t", algorithm="fedbnr-personal", n_inputs=10, n_features=15, kernels=["gaussian:1.0"],
+    return FleetConfig(standardise="none",
+                       fleet="t", algorithm="fedbnr-personal", n_inputs=10, n_features=15, kernels=["gaussian:1.0"],
                        params={"min_upload": 8, "fit_hyperparameters": False})
 
 
@@ -409,7 +411,8 @@ def test_sharded_personal_fedbnr_equals_single_aggregator(fleet, n_shards, seed,
 def test_sharded_tau_mixture_equals_single_aggregator(fleet, n_shards, seed):
     """The τ-mixture's per-client statistics travel through shards like a single model's; every τ's shared
     posterior equals the single aggregator's."""
-    cfg = FleetConfig(standardise="none", fleet="t", algorithm="fedbnr-personal", n_inputs=10, n_features=15, kernels=["gaussian:1.0"],
+    cfg = FleetConfig(standardise="none",
+                      fleet="t", algorithm="fedbnr-personal", n_inputs=10, n_features=15, kernels=["gaussian:1.0"],
                       params={"min_upload": 8, "fit_hyperparameters": False, "tau_grid": [0.1, 1.0]})
     single, sharded, n_msgs = run_fedbnr(fleet, n_shards, seed, 0.3, cfg=cfg)
     ga, gb = sharded.reducer.global_message(), single.global_message()

@@ -145,9 +145,11 @@ def test_cli_reducer_and_shards_serve_an_async_fleet(mosquitto_dev, streams, tmp
     from pathlib import Path
 
     broker = mosquitto_dev.broker_config()
-    cfg = FleetConfig(standardise="none", fleet="shardcli", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10, bin_size=1)
+    cfg = FleetConfig(standardise="none",
+                      fleet="shardcli", algorithm="pofmkl", n_inputs=10, n_kernels=4, n_features=10, bin_size=1)
     conf = tmp_path / "fleet.toml"
-    conf.write_text(f'[fleet]\nstandardise = "none"\nfleet = "shardcli"\nalgorithm = "pofmkl"\nn_inputs = 10\nn_kernels = 4\n'
+    conf.write_text(f'[fleet]\nstandardise = "none"\nfleet = "shardcli"\n'
+                    f'algorithm = "pofmkl"\nn_inputs = 10\nn_kernels = 4\n'
                     f'n_features = 10\nbin_size = 1\n\n[broker]\nhost = "{broker.host}"\nport = {broker.port}\n')
     names = [s.name for s in streams[:2]]
     exe = Path(sys.executable).parent / "streamfed"
@@ -196,7 +198,8 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams]
     conf = tmp_path / "fleet.toml"
-    conf.write_text(f'[fleet]\nstandardise = "none"\nfleet = "{cfg.fleet}"\nalgorithm = "pofmkl"\nn_inputs = 10\nn_kernels = 4\n'
+    conf.write_text(f'[fleet]\nstandardise = "none"\nfleet = "{cfg.fleet}"\n'
+                    f'algorithm = "pofmkl"\nn_inputs = 10\nn_kernels = 4\n'
                     f'n_features = 20\nbin_size = 2\nseed = 3\n\n[fleet.pofmkl]\neta = 0.05\nlam = 0.0001\nxi = 0.2\n\n'
                     f'[broker]\nhost = "{broker.host}"\nport = {broker.port}\n')
     exe = Path(sys.executable).parent / "streamfed"
@@ -256,7 +259,8 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
 def test_sharded_personal_fedbnr_fleet_over_mosquitto_keeps_every_clients_statistics(mosquitto_dev, streams):
     """Personalised FedBNR through shards and the reducer over Mosquitto: partials carry per-client sums, and
     the reducer ends with each client's exact statistics (Φ_kᵀΦ_k, Φ_kᵀy_k, n_k, q_k of its own samples)."""
-    cfg = FleetConfig(standardise="none", fleet="shardpersonal", algorithm="fedbnr-personal", n_inputs=10, n_features=10,
+    cfg = FleetConfig(standardise="none",
+                      fleet="shardpersonal", algorithm="fedbnr-personal", n_inputs=10, n_features=10,
                       kernels=["gaussian:1.0"], params={"min_upload": 10, "fit_hyperparameters": False})
     broker = mosquitto_dev.broker_config()
     names = [s.name for s in streams[:3]]
