@@ -492,7 +492,8 @@ class POFMKLRegressor(base.Regressor):
         self.n_missing, self.n_unknown = missing, unknown  # predicting does not count
         xs, ys = self._x_scale, self._y_scale
         if xs is None or ys is None:
-            return self._client.predict(xv)
+            yhat = self._client.predict(xv)
+            return yhat if math.isfinite(yhat) else 0.0  # never a NaN out: the prior's prediction instead
         if not ys.ready:
             return ys.fallback()[0]
         yhat = ys.inverse_mean(self._client.predict(xs.transform(xv)))
