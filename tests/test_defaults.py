@@ -253,3 +253,22 @@ def test_stream_end_says_what_stays_below_the_privacy_floor() -> None:
     assert (msgs, held) == ([], 6) and "below_privacy_floor" not in agent.counters.skipped
     msgs, held = agent.end_of_stream(durable=False)
     assert held == 6 and agent.counters.skipped["below_privacy_floor"] == 6
+
+
+def test_an_agent_says_when_a_kernel_overflows(caplog: pytest.LogCaptureFixture) -> None:
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+
+    cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=4, standardise="none")
+    agent = AgentCore(cfg, "a", 0)
+    theta = np.zeros((3, 8))
+    theta[1] = 1e153
+    agent.learner.client.set_global(theta, 1)
+    with caplog.at_level("WARNING", logger="streamfed.algorithms.pofmkl"):
+        for t in range(5):
+            pred, _ = agent.on_reading(Reading(f"r{t}", np.array([0.1, 0.2 * t]), float(t), y=0.3))
+            assert pred is not None and math.isfinite(pred.mean)
+    assert sum("overflowed" in r.getMessage() for r in caplog.records) == 3  # rate-limited
+    agent.stats.update_from_learner(agent.learner)
+    assert agent.stats.learner_values["kernel_overflows"] == 5

@@ -9,6 +9,7 @@ ever dropped and an upload never exceeds `M·2D` numbers.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,6 +20,8 @@ from streamfed.algorithms.pofmkl.wire import global_theta
 from streamfed.fleet.protocol import Message
 
 __all__ = ["ErrorFeedback", "POFMKLLearner"]
+
+log = logging.getLogger("streamfed.algorithms.pofmkl")
 
 
 class ErrorFeedback:
@@ -103,6 +106,7 @@ class POFMKLLearner:
         self.ef = ErrorFeedback(bank.n_kernels, bank.dim, client.bin_size) if mode == "async" else None
         self._step: KernelUpdate | None = None  # the last step's update (lock-step: the next upload)
         self._step_version = 0  # the global the last step saw
+        self._overflow_steps = 0  # steps in which a kernel's loss overflowed (for rate-limited logging)
 
     # ---------------------------------------------------------------- introspection
     @property
@@ -133,9 +137,19 @@ class POFMKLLearner:
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         # predict and update are one fused step (predicting alone costs as much)
+        before = self.client.kernel_overflows
         yhat, update = self.client.step(x, y)
         self._step, self._step_version = update, self.global_version
+        if self.client.kernel_overflows != before:
+            self._say_overflow()
         return yhat, None
+
+    def _say_overflow(self) -> None:
+        n = self.client.kernel_overflows
+        self._overflow_steps = getattr(self, "_overflow_steps", 0) + 1  # (states pickled before it existed)
+        if self._overflow_steps <= 3 or self._overflow_steps % 1000 == 0:  # loud, but not one line a sample
+            log.warning("a kernel's loss overflowed (%d so far): taken at weight ~0 until the aggregator resets "
+                        "it; see streamfed_agent_learner_value{name=\"kernel_overflows\"}", n)
 
     def end_learn(self) -> None:
         if self.ef is not None and self._step is not None:
