@@ -81,9 +81,10 @@ def test_le_running_mean_needs_both_mae_and_rmse(bench):
     assert bench.beats_mean({"diverged": False, "mae": 1.0, "rmse": 3.0}, mean) == "yes"
     assert bench.beats_mean({"diverged": False, "mae": 1.0, "rmse": 3.5}, mean) == "RMSE"
     assert bench.beats_mean({"diverged": True, "mae": None, "rmse": None}, mean) is None
+    cases = ((bench.REFERENCE, 1.0, 400), (bench.MEAN, 2.0, 40), ("x", 2.5, 800))
     runs = [dict(stream="s", model=lab, diverged=False, mae=m, rmse=m, coverage=None, error=None, nonfinite=0,
-                 seen=4, time_ns=t) for lab, m, t in ((bench.REFERENCE, 1.0, 400), (bench.MEAN, 2.0, 40),
-                                                     ("x", 2.5, 800))]
+                 seen=4, time_ns=t, max_abs_error=2 * m, y_sd=2.0) for lab, m, t in cases]
     rows = {r["model"]: r for r in bench.summarise("d", runs, [bench.REFERENCE, bench.MEAN, "x"])}
     assert rows["x"]["le_mean"] == 0 and rows["x"]["time_ratio"] == pytest.approx(2.0)
+    assert rows["x"]["worst_error_sd"] == pytest.approx(2.5)
     assert rows[bench.REFERENCE]["le_mean"] == 1
