@@ -489,3 +489,116 @@ def test_unpaced_sources_still_let_other_tasks_run():
     for rate, (got, ticks) in run(main()).items():
         assert got == list(range(50)), rate
         assert ticks >= 40, (rate, ticks)  # the other task ran between items
+
+
+# =========================================================================== declared input columns
+
+
+SPEC_TEXT = "temp,site:category=north|south,rain:boolean,t:timestamp=+01:00"
+
+
+def test_parser_with_declared_columns_encodes_sensor_json():
+    from streamfed.fleet.columns import ColumnSpec
+
+    p = ReadingParser(columns=ColumnSpec.parse(SPEC_TEXT))
+    assert p.features == ("temp", "site", "rain", "t")
+    # 06:00Z is 07:00 at +01:00: angle 2π·7/24; Monday (day 0): sin 0, cos 1
+    r = parse({"id": "a", "x": {"t": "2024-05-06T06:00:00Z", "rain": "On", "site": "south", "temp": "20.5"}}, p)
+    a = 2 * math.pi * 7 / 24
+    assert np.allclose(r.x, [20.5, 0.0, 1.0, 1.0, math.sin(a), math.cos(a), 0.0, 1.0])
+    # the same reading as a list of raw values in column order, JSON true and epoch seconds
+    r2 = parse({"id": "b", "x": [20.5, "south", True, 1714975200]}, p)
+    assert np.allclose(r2.x, r.x)
+    assert reason({"id": "c", "x": {"temp": 1, "site": "west", "rain": "no", "t": 0}}, p) == SkipReason.UNKNOWN_LEVEL
+    assert reason({"id": "d", "x": {"temp": 1, "site": "north", "rain": "wet", "t": 0}}, p) == SkipReason.BAD_BOOLEAN
+    assert reason({"id": "e", "x": {"temp": 1, "site": "north", "rain": 1, "t": "noon"}}, p) == \
+        SkipReason.BAD_TIMESTAMP
+    assert reason({"id": "f", "x": {"temp": "hot", "site": "north", "rain": 1, "t": 0}}, p) == SkipReason.NON_NUMERIC
+    assert reason({"id": "g", "x": {"temp": 1, "site": None, "rain": 1, "t": 0}}, p) == SkipReason.MISSING_FEATURE
+    assert reason({"id": "h", "x": [1, "north", 1]}, p) == SkipReason.MISSING_FEATURE  # 3 values for 4 columns
+    assert p.reading(np.array([1.0, 2.0, 3.0, 4.0]), rid="i").reason == SkipReason.UNKNOWN_LEVEL  # raw values
+    skip = parse({"id": "j", "x": {"temp": 1, "site": "west", "rain": "no", "t": 0}}, p)
+    assert "'site'" in skip.detail and "'west'" in skip.detail
+
+
+def test_every_reason_a_column_gives_is_a_skip_reason():
+    from streamfed.fleet import columns
+
+    given = {columns.NON_NUMERIC, columns.NON_FINITE, columns.BAD_BOOLEAN, columns.BAD_TIMESTAMP,
+             columns.UNKNOWN_LEVEL}
+    assert given <= {v for k, v in vars(SkipReason).items() if k.isupper()}
+    assert (SkipReason.BAD_BOOLEAN, SkipReason.BAD_TIMESTAMP, SkipReason.UNKNOWN_LEVEL) == \
+        ("bad_boolean", "bad_timestamp", "unknown_level")
+
+
+def test_parser_schema_is_checked_and_can_change_keeping_its_state():
+    from streamfed.fleet.columns import ColumnSpec
+
+    spec = ColumnSpec.parse("on:boolean,n")
+    with pytest.raises(ValueError, match="are not the declared input columns"):
+        ReadingParser(["n", "on"], columns=spec)
+    assert ReadingParser(["on", "n"], columns=spec).features == ("on", "n")
+    p = ReadingParser(["a", "b"])
+    assert isinstance(p.parse({"id": "r1", "ts": 5, "x": [1, 2]}), Reading)
+    q = p.with_schema(columns=spec)
+    assert reason({"id": "r1", "ts": 6, "x": {"on": "yes", "n": 1}}, q) == SkipReason.DUPLICATE
+    assert reason({"id": "r2", "ts": 4, "x": {"on": "yes", "n": 1}}, q) == SkipReason.OUT_OF_ORDER
+    assert parse({"id": "r3", "ts": 7, "x": {"on": "yes", "n": 1}}, q).x.tolist() == [1.0, 1.0]
+    assert isinstance(p.parse({"id": "r3", "ts": 7, "x": [1, 2]}), Reading)  # the original is untouched
+    back = pickle.loads(pickle.dumps(q))  # an agent's state file keeps its parser, columns and all
+    assert back.columns == spec and reason({"id": "r3", "ts": 8, "x": {"on": 1, "n": 1}}, back) == "duplicate"
+    plain = q.with_schema(["x0", "x1"])
+    assert plain.columns is None and reason({"id": "r3", "ts": 9, "x": [1, 2]}, plain) == "duplicate"
+
+
+CSV_COLUMNS = (
+    "when,site,rain,temp,target\n"
+    "2024-05-06T06:00:00,north,yes,1.5,0.5\n"   # good: Monday 06:00
+    "2024-05-12 18:00,south,NO,2.5,1.5\n"       # good: Sunday 18:00
+    "2024-05-06T06:00:00,west,yes,1.5,0.5\n"    # unknown level
+    "yesterday,north,yes,1.5,0.5\n"             # bad timestamp
+    "2024-05-06T06:00:00,north,perhaps,1.5,0.5\n"  # bad boolean
+    "2024-05-06T06:00:00,NA,yes,1.5,0.5\n"      # NA: missing
+)
+
+
+def test_csv_source_with_declared_columns(tmp_path):
+    from streamfed.fleet.columns import ColumnSpec
+
+    path = tmp_path / "d.csv"
+    path.write_text(CSV_COLUMNS)
+    spec = ColumnSpec.parse("temp,site:category=north|south,rain:boolean,when:timestamp")
+    items = run(collect(csv_source(path, "target", columns=spec)))
+    good = [i for i in items if isinstance(i, Reading)]
+    assert [r.id for r in good] == ["row0", "row1"]
+    assert np.allclose(good[0].x, [1.5, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    # Sunday 18:00: hour angle 3π/2, weekday angle 2π·6/7
+    assert np.allclose(good[1].x, [2.5, 0.0, 1.0, 0.0, -1.0, 0.0, math.sin(12 * math.pi / 7),
+                                   math.cos(12 * math.pi / 7)])
+    assert _counts(items) == {"unknown_level": 1, "bad_timestamp": 1, "bad_boolean": 1, "missing_feature": 1}
+    details = [i.detail for i in items if isinstance(i, Skip)]
+    assert details[0].startswith("row 2: 'site': 'west' is not a declared level")
+    with pytest.raises(SourceError, match=r"input column\(s\) 'sight' not found \(did you mean 'site'\?\)"):
+        csv_source(path, "target", columns=ColumnSpec.parse("sight:category=a|b"))
+    with pytest.raises(SourceError, match="input column 'target' is also the target"):
+        csv_source(path, "target", columns=ColumnSpec.parse("target:boolean"))
+    with pytest.raises(SourceError, match="give features or declared input columns, not both"):
+        csv_source(path, "target", ["temp"], columns=spec)
+
+
+def test_jsonl_and_river_sources_with_declared_columns():
+    import datetime as dt
+
+    from streamfed.fleet.columns import ColumnSpec
+
+    spec = ColumnSpec.parse("site:category=a|b|*,t:timestamp")
+    lines = [json.dumps({"id": 1, "x": {"site": "a", "t": "2024-05-06T00:00:00Z"}, "y": 1}),
+             json.dumps({"id": 2, "x": {"site": "z", "t": "soon"}, "y": 1})]
+    items = run(collect(jsonl_source(io.StringIO("\n".join(lines)), parser=ReadingParser(columns=spec))))
+    assert items[0].x.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0] and items[1].reason == "bad_timestamp"
+    # River datasets carry datetimes and text (e.g. river.datasets.Bikes' 'moment' and 'station')
+    stream = [({"site": "b", "t": dt.datetime(2024, 5, 12, 18, 0), "extra": 1.0}, 2.0),
+              ({"site": "q", "t": dt.datetime(2024, 5, 6, 6, 0)}, 3.0)]
+    got = run(collect(river_source(stream, columns=spec)))
+    assert np.allclose(got[0].x, [0.0, 1.0, 0.0, -1.0, 0.0, math.sin(12 * math.pi / 7), math.cos(12 * math.pi / 7)])
+    assert got[1].x.tolist()[:3] == [0.0, 0.0, 1.0] and got[1].y == 3.0

@@ -10,7 +10,9 @@ target or feature column) is refused when the source is made, before anything ru
 :class:`SkipWatch` logs the first skips of each reason and warns when more than a given share of the
 recent items were skipped.
 
-:class:`ReadingParser` turns a raw mapping into a `Reading` with a fixed feature schema;
+:class:`ReadingParser` turns a raw mapping into a `Reading` with a fixed feature schema — plain numbers, or
+declared input columns (booleans, categories, timestamps: :mod:`streamfed.fleet.columns`) encoded into the
+fleet's numeric vector, so every source (sensor JSON, CSV, JSON lines, River) lays `x` out the same way;
 :class:`LabelJoin` keeps readings waiting for their label (bounded: the oldest is dropped and counted
 when full).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import copy
 import csv
 import difflib
 import gzip
@@ -27,7 +30,6 @@ import itertools
 import json
 import logging
 import math
-import numbers
 import sys
 import time
 import zlib
@@ -39,6 +41,8 @@ from typing import IO, Any, TextIO
 
 import numpy as np
 
+from streamfed.fleet.columns import ColumnSpec, Invalid
+from streamfed.fleet.columns import to_number as _number
 from streamfed.fleet.config import MAX_META_STR
 
 __all__ = [
@@ -88,6 +92,10 @@ class SkipReason:
     LABEL_EVICTED = "label_evicted"  # waited too long for its label: the join buffer was full
     DUPLICATE = "duplicate"  # a reading id seen before (QoS 1 delivers at least once)
     UNLEARNABLE = "unlearnable"  # well-formed, but the learner refused it (e.g. a target whose square overflows)
+    # declared input columns (streamfed.fleet.columns) that refuse a value
+    BAD_BOOLEAN = "bad_boolean"  # a boolean column's value is not true/false, yes/no, on/off or 1/0
+    BAD_TIMESTAMP = "bad_timestamp"  # a timestamp column's value is neither ISO 8601 nor epoch seconds
+    UNKNOWN_LEVEL = "unknown_level"  # a one-hot column without an "other" slot got a level it does not declare
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,22 +140,6 @@ _ID_INT_LIMIT = 10**MAX_ID_LEN
 _MISSING = object()  # a feature with no value (absent, JSON null, an NA cell)
 
 
-def _number(v: Any) -> float | None:
-    """`v` as a float (maybe non-finite), or None when it is not a number.
-
-    Real numbers of any kind (Python, NumPy, Fraction) and numeric strings count; booleans do not.
-    An integer too large for a float64 becomes ±inf, so it is rejected as non-finite, not raised.
-    """
-    if isinstance(v, bool | np.bool_) or not isinstance(v, numbers.Real | str):
-        return None
-    try:
-        return float(v)
-    except ValueError:
-        return None
-    except OverflowError:
-        return math.inf if v > 0 else -math.inf
-
-
 def _id(v: Any) -> str | None:
     """A reading id as text: a non-empty string or an integer (not a boolean), at most MAX_ID_LEN long."""
     if isinstance(v, bool) or not isinstance(v, str | int):
@@ -170,6 +162,10 @@ class ReadingParser:
     A reading id seen among the last `dedup_window` accepted ones is skipped as a duplicate: MQTT QoS 1
     delivers at least once, and a redelivered reading must not be predicted or learned twice.
 
+    With `columns` (a :class:`~streamfed.fleet.columns.ColumnSpec`) the schema is its input columns: `x` names
+    them (or lists their raw values in that order), and each value is encoded by its column's kind; a value
+    the kind refuses is a skip with its reason (`bad_boolean`, `bad_timestamp`, `unknown_level`, ...).
+
     >>> p = ReadingParser(["a", "b"])
     >>> p.parse(b'{"id": "r1", "x": {"b": 2, "a": 1}}').x.tolist()
     [1.0, 2.0]
@@ -179,10 +175,21 @@ class ReadingParser:
     'duplicate'
     >>> p.parse(b'{"label_for": "r1", "y": 0.5}')
     Label(id='r1', y=0.5)
+    >>> q = ReadingParser(columns=ColumnSpec.parse("site:category=a|b,rain:boolean"))
+    >>> q.parse(b'{"id": 1, "x": {"site": "b", "rain": "yes"}}').x.tolist()
+    [0.0, 1.0, 1.0]
+    >>> q.parse(b'{"id": 2, "x": {"site": "c", "rain": "no"}}').reason
+    'unknown_level'
     """
 
-    def __init__(self, features: Sequence[str], check_order: bool = True, dedup_window: int = 10_000) -> None:
+    def __init__(self, features: Sequence[str] = (), check_order: bool = True, dedup_window: int = 10_000, *,
+                 columns: ColumnSpec | None = None) -> None:
+        if columns is not None:
+            if features and tuple(features) != columns.names:
+                raise ValueError(f"features {list(features)} are not the declared input columns {list(columns.names)}")
+            features = columns.names
         self.features = tuple(features)
+        self.columns = columns
         if not self.features:
             raise ValueError("a reading schema needs at least one feature")
         if len(set(self.features)) != len(self.features):
@@ -226,7 +233,7 @@ class ReadingParser:
     def reading(self, x: Any, y: Any = None, rid: Any = None, ts: Any = None) -> Reading | Skip:
         """A `Reading` from inputs given as a mapping (by name) or a sequence (schema order)."""
         n = len(self.features)
-        if isinstance(x, np.ndarray) and x.ndim == 1 and x.dtype.kind in "iuf":
+        if self.columns is None and isinstance(x, np.ndarray) and x.ndim == 1 and x.dtype.kind in "iuf":
             if x.shape[0] != n:
                 return Skip(SkipReason.MISSING_FEATURE, f"{x.shape[0]} values for {n} features")
             arr = x.astype(np.float64)  # a copy: the caller may reuse its buffer
@@ -242,11 +249,17 @@ class ReadingParser:
             absent = [f for f, v in zip(self.features, raw, strict=True) if v is _MISSING or v is None]
             if absent:
                 return Skip(SkipReason.MISSING_FEATURE, f"missing {absent}")
-            vals = [_number(v) for v in raw]
-            bad = [f for f, v in zip(self.features, vals, strict=True) if v is None]
-            if bad:
-                return Skip(SkipReason.NON_NUMERIC, f"not numeric: {bad}")
-            arr = np.array(vals, dtype=np.float64)
+            if self.columns is not None:
+                encoded = self.columns.encode(raw)
+                if isinstance(encoded, Invalid):
+                    return Skip(encoded.reason, encoded.detail)
+                arr = encoded
+            else:
+                vals = [_number(v) for v in raw]
+                bad = [f for f, v in zip(self.features, vals, strict=True) if v is None]
+                if bad:
+                    return Skip(SkipReason.NON_NUMERIC, f"not numeric: {bad}")
+                arr = np.array(vals, dtype=np.float64)
         if not np.all(np.isfinite(arr)):
             return Skip(SkipReason.NON_FINITE, "an input is NaN or infinite")
         label = None
@@ -283,10 +296,24 @@ class ReadingParser:
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Agents pickle their parser into their state file (streamfed.fleet.persistence): a file written before
         # a field existed still loads, with that field's default.
-        defaults: dict[str, Any] = {"check_order": True, "last_ts": -math.inf, "dedup_window": 10_000, "_seq": 0}
+        defaults: dict[str, Any] = {"check_order": True, "last_ts": -math.inf, "dedup_window": 10_000, "_seq": 0,
+                                    "columns": None}
         self.__dict__.update(defaults | state)
         if "_recent" not in state:
             self._recent, self._recent_set = deque(), set()
+
+    def with_schema(self, features: Sequence[str] = (), *, columns: ColumnSpec | None = None) -> ReadingParser:
+        """This parser under another schema, keeping its order and duplicate-detection state: a restarted
+        agent's parser, restored from its state file, reads with the schema it is restarted with.
+
+        >>> p = ReadingParser(["a"]); _ = p.parse(b'{"id": "r1", "x": [1]}')
+        >>> p.with_schema(columns=ColumnSpec.parse("on:boolean")).parse(b'{"id": "r1", "x": ["on"]}').reason
+        'duplicate'
+        """
+        schema = ReadingParser(features, columns=columns)  # checks it
+        new = copy.deepcopy(self)  # its own copy of the remembered ids
+        new.features, new.columns = schema.features, schema.columns
+        return new
 
     def _remember(self, key: str) -> None:
         if self.dedup_window == 0:
@@ -541,8 +568,9 @@ class _CsvLayout:
 
 
 def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str | None, encoding: str,
-               delimiter: str) -> _CsvLayout:
-    """Read the whole file once (decoding and CSV syntax), check its header against the columns asked for."""
+               delimiter: str, what: str = "feature") -> _CsvLayout:
+    """Read the whole file once (decoding and CSV syntax), check its header against the columns asked for
+    (`what`: "feature", or "input" for declared input columns)."""
     where = str(path)
     if not path.exists():
         raise SourceError(f"{where}: no such file")
@@ -559,7 +587,7 @@ def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str 
     if not str(target).strip():
         raise SourceError(f"{where}: no target column given")
     if target in names:
-        raise SourceError(f"{where}: feature {target!r} is also the target")
+        raise SourceError(f"{where}: {what} {'column ' if what == 'input' else ''}{target!r} is also the target")
     try:
         with open_binary(path) as fb:
             head = fb.read(4)
@@ -606,17 +634,21 @@ def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str 
             raise SourceError(f"{where}: {what} {dup} appear more than once in the header; {columns_hint(header)}")
 
     check("target column", [target])
-    check("feature column(s)", names)
+    check(f"{what} column(s)", names)
     if id_column is not None:
         check("id column", [id_column])
     return _CsvLayout(codec, len(header), tuple(index[c] for c in (*names, target)),
                       index[id_column] if id_column is not None else None)
 
 
-def csv_source(path: str | Path, target: str, features: Sequence[str], rate_hz: float | None = None,
-               id_column: str | None = None, *, encoding: str = "utf-8",
-               delimiter: str = ",") -> AsyncIterator[Reading | Skip]:
+def csv_source(path: str | Path, target: str, features: Sequence[str] = (), rate_hz: float | None = None,
+               id_column: str | None = None, *, encoding: str = "utf-8", delimiter: str = ",",
+               columns: ColumnSpec | None = None) -> AsyncIterator[Reading | Skip]:
     """Replay a CSV (optionally .gz) at `rate_hz`; bad rows come out as `Skip`.
+
+    The inputs are the numeric `features`, or the declared input `columns` (a
+    :class:`~streamfed.fleet.columns.ColumnSpec`: booleans, categories, timestamps encoded by their kind; a
+    cell its kind refuses is skipped as `bad_boolean`, `bad_timestamp` or `unknown_level`).
 
     Checked when called — before anything runs — by reading the whole file once: a missing or unreadable
     file, text that is not `encoding` (UTF-8 by default; a byte-order mark is dropped), malformed CSV,
@@ -633,8 +665,13 @@ def csv_source(path: str | Path, target: str, features: Sequence[str], rate_hz: 
     if not str(path).strip():
         raise SourceError("a CSV source needs a file path (csv:PATH)")
     path = Path(path)
-    layout = _check_csv(path, target, features, id_column, encoding, delimiter)
-    parser = ReadingParser(features, check_order=False)
+    if columns is not None:
+        if features and tuple(features) != columns.names:
+            raise SourceError(f"{path}: give features or declared input columns, not both")
+        features = columns.names
+    layout = _check_csv(path, target, features, id_column, encoding, delimiter,
+                        "input" if columns is not None else "feature")
+    parser = ReadingParser(features, check_order=False, columns=columns)
     names = [*features, target]
     n = len(features)
 
@@ -713,11 +750,15 @@ async def jsonl_source(stream: IO[Any] | None = None, features: Sequence[str] = 
 
 
 def river_source(dataset: Iterable[tuple[Mapping[str, Any], Any]], rate_hz: float | None = None,
-                 features: Sequence[str] | None = None, n: int | None = None) -> AsyncIterator[Reading | Skip]:
-    """Any River dataset (an iterable of `(x: dict, y)`); features default to the first x's sorted keys."""
+                 features: Sequence[str] | None = None, n: int | None = None, *,
+                 columns: ColumnSpec | None = None) -> AsyncIterator[Reading | Skip]:
+    """Any River dataset (an iterable of `(x: dict, y)`); features default to the first x's sorted keys.
+    With declared input `columns`, those are read and encoded (River's datetimes and text included)."""
 
     def gen() -> Iterator[Reading | Skip]:
-        parser: ReadingParser | None = ReadingParser(features, check_order=False) if features else None
+        parser: ReadingParser | None = None
+        if features or columns is not None:
+            parser = ReadingParser(features or (), check_order=False, columns=columns)
         for i, (x, y) in enumerate(itertools.islice(dataset, n)):
             if parser is None:
                 parser = ReadingParser(sorted(x, key=str), check_order=False)

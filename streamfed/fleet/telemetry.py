@@ -50,6 +50,7 @@ AGGREGATION_BUCKETS: tuple[float, ...] = (
 DEFAULT_SKIP_REASONS: tuple[str, ...] = (
     "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "unknown_reading",
     "label_evicted", "duplicate", "unlearnable",
+    "bad_boolean", "bad_timestamp", "unknown_level",  # values declared input columns refuse (fleet/columns.py)
     "below_privacy_floor",  # learned, but the stream ended below the upload floor and nothing keeps them
 )
 DEFAULT_REJECT_REASONS: tuple[str, ...] = (
