@@ -8,7 +8,7 @@ torch); :func:`register` adds one at run time — a test, or a plug-in of your o
 >>> get("nope")
 Traceback (most recent call last):
 ...
-KeyError: "unknown algorithm 'nope'; registered: em-kofl, fedbnr, fedbnr-personal, ofmkl-avg, ofskl, pofmkl, vm-kofl"
+KeyError: "unknown algorithm 'nope'; registered: em-kofl, fedbnr, fedbnr-personal, fsgp, ofmkl-avg, ofskl, ...vm-kofl"
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "ofmkl-avg": "streamfed.algorithms.kofl:OFMKL_AVG",
     "vm-kofl": "streamfed.algorithms.kofl:VM_KOFL",
     "em-kofl": "streamfed.algorithms.kofl:EM_KOFL",
+    "fsgp": "streamfed.algorithms.fsgp:ALGORITHM",
 }
 DEFAULT = "pofmkl"  # what the demo and the CLI run when nobody says
 _LOADED: dict[str, Algorithm] = {}

@@ -1,0 +1,130 @@
+"""FSGP — the federated sparse Gaussian process, streaming form (docs/algorithms.md, "FSGP").
+
+Clients keep the additive statistics `Σ c(Z, x) c(x, Z)`, `Σ c(Z, x) y` of their samples under `M` shared
+inducing inputs; their sums give exactly the centralised variational sparse-GP predictive. The covariance
+(`θ`), the noise (`σ`) and `Z` are learned by FedAvg of local fits of Titsias' bound on bounded reservoirs,
+versioned (the envelope's `epoch`); a new version carries every statistic over by the projection of Bui,
+Nguyen & Turner (2017).
+
+* :mod:`.kernels` (covariances, `Hyper`), :mod:`.design` (data-free initial `Z`), :mod:`.posterior`
+  (statistics, predictive), :mod:`.bound` (bound, gradient, local fit), :mod:`.projection`;
+* :mod:`.client` / :mod:`.server` — the two halves; :mod:`.messages` — what they exchange;
+* :mod:`.agent`, :mod:`.aggregation`, :mod:`.wire` — the plug-in contract; :mod:`.regressor` — River.
+
+>>> import numpy as np
+>>> from streamfed.fleet.config import FleetConfig
+>>> cfg = FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2, params={"n_inducing": 4})
+>>> learner = ALGORITHM.learner(cfg, "a1", 0)
+>>> mean, var = learner.predict(np.zeros(2))
+>>> mean, round(var, 12)
+(0.0, 1.25)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+
+if TYPE_CHECKING:
+    from streamfed.algorithms.fsgp.agent import FSGPLearner
+    from streamfed.algorithms.fsgp.aggregation import FSGPAggregation
+    from streamfed.algorithms.fsgp.kernels import Hyper
+    from streamfed.fleet.config import FleetConfig, MessageSchema
+
+__all__ = ["ALGORITHM", "FSGP", "FSGPParams", "initial_hyper"]
+
+
+class FSGPParams(Params):
+    """FSGP's settings (docs/algorithms.md, "FSGP"): the covariance, `M`, the initial `θ, σ` and design of
+    `Z`, the privacy floor, and how hyperparameters are learned.
+
+    >>> FSGPParams(n_inducing=8).n_inducing
+    8
+    """
+
+    kernel: Literal["se", "matern32", "matern52"] = "se"
+    n_inducing: int = Field(32, ge=1, le=1024)  # M
+    amplitude: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial a
+    lengthscale: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial ℓ_d, every input
+    sigma: float = Field(0.5, gt=0, allow_inf_nan=False)  # initial noise σ
+    inducing_scale: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial Z ~ quasi-random N(0, scale²I)
+    jitter: float = Field(1e-6, gt=0, le=1e-2)  # ε: C = c(Z, Z) + ε a² I
+    min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
+    learn_hyperparameters: bool = True
+    reservoir: int = Field(256, ge=2)  # raw samples a client keeps for its local fit (never uploaded)
+    fit_every: int = Field(128, ge=1)  # samples between local fits
+    fit_steps: int = Field(10, ge=1)  # Adam steps per local fit
+    learning_rate: float = Field(0.05, gt=0, allow_inf_nan=False)
+    min_proposal_weight: float = Field(256.0, gt=0)  # server: move to a new version once proposals weigh this
+
+
+def initial_hyper(cfg: FleetConfig) -> Hyper:
+    """Version 0: the configured `a, ℓ, σ` and the data-free Gaussian design of `Z` (fleet seed)."""
+    from streamfed.algorithms.fsgp.design import gaussian_design
+    from streamfed.algorithms.fsgp.kernels import Hyper
+
+    p = cfg.params
+    Z = gaussian_design(p.n_inducing, cfg.n_inputs, seed=cfg.seed, scale=p.inducing_scale)
+    return Hyper.initial(p.kernel, Z, amplitude=p.amplitude, lengthscale=p.lengthscale, sigma=p.sigma)
+
+
+class FSGP(Algorithm):
+    """FSGP: order-free (no lock-step), Bayesian (predictions carry a variance)."""
+
+    name = "fsgp"
+    title = "FSGP (federated sparse GP: exact summed statistics, FedAvg-learned θ, σ, Z, Bui projection)"
+    Params = FSGPParams
+    bayesian = True
+    cheap_regret = False  # O(M³): read per upload
+
+    def feature_dim(self, cfg: FleetConfig) -> int:
+        return int(cfg.params.n_inducing)
+
+    def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
+        from streamfed.algorithms.fsgp.wire import schemas
+
+        return schemas(cfg)
+
+    def kernel_version(self, cfg: FleetConfig) -> str:
+        h = initial_hyper(cfg)
+        return f"fsgp-{h.kind}-m{h.m}-d{h.d}-{h.fingerprint()}"
+
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> FSGPLearner:
+        from streamfed.algorithms.fsgp.agent import FSGPLearner
+        from streamfed.algorithms.fsgp.client import FSGPClient
+
+        if mode == "lockstep":
+            raise ValueError("FSGP is order-free (use async)")
+        p = cfg.params
+        return FSGPLearner(FSGPClient(
+            initial_hyper(cfg), jitter=p.jitter, min_upload=p.min_upload, client_id=client_id,
+            learn_hyperparameters=p.learn_hyperparameters, reservoir=p.reservoir, fit_every=p.fit_every,
+            fit_steps=p.fit_steps, learning_rate=p.learning_rate, seed=cfg.seed))
+
+    def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
+                    ) -> FSGPAggregation:
+        from streamfed.algorithms.fsgp.aggregation import FSGPAggregation
+        from streamfed.algorithms.fsgp.server import FSGPServer
+
+        p = cfg.params
+        server = FSGPServer(initial_hyper(cfg), jitter=p.jitter, min_samples=p.min_upload,
+                            learn_hyperparameters=p.learn_hyperparameters, min_proposal_weight=p.min_proposal_weight)
+        return FSGPAggregation(server, max_abs=max_abs, check_stats=check_stats)
+
+    def replay_variants(self) -> list[ReplayVariant]:
+        return [ReplayVariant(self.name, self.title),
+                ReplayVariant("fsgp-local", "FSGP without federation (each client its own server)", "local")]
+
+    def estimator(self, **params: Any) -> Any:
+        from streamfed.algorithms.fsgp.regressor import FSGPRegressor
+
+        return FSGPRegressor(**params)
+
+    def demo_settings(self) -> dict[str, Any]:
+        return {"params": {"n_inducing": 16, "min_upload": 32}}
+
+
+ALGORITHM = FSGP()

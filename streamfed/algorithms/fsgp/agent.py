@@ -1,0 +1,99 @@
+"""What an FSGP agent runs (docs/algorithms.md, "FSGP"): the client half behind the
+:class:`~streamfed.algorithms.base.Learner` contract. Order-free; the learner numbers its own uploads and
+keeps them until a global includes them."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+
+from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
+from streamfed.algorithms.fsgp.wire import read_global, update_arrays
+from streamfed.fleet.protocol import Message
+
+__all__ = ["FSGPLearner"]
+
+
+class FSGPLearner:
+    """`predict` is the sparse-GP predictive (mean, variance); `begin_learn` predicts (and checks the
+    target), `end_learn` makes the rank-one update, so a prediction is published before the `O(M²)` work.
+
+    >>> from streamfed.algorithms.fsgp.kernels import Hyper
+    >>> h = Hyper.initial("se", np.array([[0.0], [1.0]]))
+    >>> learner = FSGPLearner(FSGPClient(h, min_upload=2, learn_hyperparameters=False))
+    >>> learner.learn(np.array([0.5]), 1.0), learner.take_update()
+    ((0.0, 1.25), None)
+    >>> _ = learner.learn(np.array([0.6]), 1.0)
+    >>> up = learner.take_update()
+    >>> up.seq, up.n_samples, up.epoch, float(up.arrays["weight"])
+    (1, 2, 0, 0.0)
+    """
+
+    def __init__(self, client: FSGPClient) -> None:
+        self.client = client
+        self._staged: tuple[np.ndarray, float, tuple[float, float]] | None = None
+
+    @property
+    def global_version(self) -> int:
+        return self.client.global_version
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return (self.client.hyper.kind,)
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return None
+
+    @property
+    def pending_samples(self) -> int:
+        """Samples below the privacy floor `min_upload` (they never leave the device on their own)."""
+        return self.client.n_pending
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return self.client.predict(x)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        pred = self.client.predict(x)
+        self._staged = (np.array(x, dtype=np.float64), finite_target(y), pred)
+        return pred
+
+    def end_learn(self) -> None:
+        if self._staged is not None:
+            x, y, pred = self._staged
+            self._staged = None
+            self.client.learn(x, y, pred)
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
+
+    def take_update(self) -> Update | None:
+        up = self.client.make_upload()
+        if up is None:
+            return None
+        return Update(update_arrays(up, self.client.hyper.d), int(up.stats.n), int(up.base_version), seq=up.seq,
+                      epoch=up.epoch)
+
+    def flush(self) -> list[Update]:
+        return []  # statistics below the privacy floor never leave the device
+
+    def install_global(self, msg: Message) -> bool:
+        return self.client.apply_global(read_global(msg, self.client.hyper.kind))
+
+    def regret(self) -> Regret:
+        r = self.client.regret()
+        return Regret(r["n"], r["loss"], r["best_loss"])
+
+    def diagnostics(self) -> dict[str, float]:
+        return {"epoch": float(self.client.epoch), "sigma": self.client.hyper.sigma,
+                "local_fits": float(self.client.n_fits)}
+
+    def warm_up(self, x: np.ndarray) -> None:
+        twin = copy.deepcopy(self.client)
+        twin.predict(x)
+        twin.learn(x, 0.0)

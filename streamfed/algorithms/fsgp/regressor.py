@@ -1,0 +1,220 @@
+"""FSGP as a River regressor: one client with a private server (docs/algorithms.md, "FSGP")."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from river import base
+
+from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
+from streamfed.algorithms.fsgp.design import gaussian_design
+from streamfed.algorithms.fsgp.kernels import KINDS, Hyper
+from streamfed.algorithms.fsgp.server import FSGPServer
+from streamfed.core.standardise import OnlineStandardiser
+
+if TYPE_CHECKING:
+    from river.proba import Gaussian
+
+__all__ = ["FSGPRegressor"]
+
+
+def _gaussian(mean: float, var: float) -> Gaussian:
+    """`river.proba.Gaussian(mean, var)`, imported on use (river.proba pulls in scipy.stats)."""
+    from river.proba import Gaussian
+
+    return Gaussian._from_state(n=1, m=mean, var=var, ddof=0)  # noqa: SLF001 (River's own constructor)
+
+
+def _vector(keys: list[Any], x: dict) -> np.ndarray:
+    """`x` in `keys` order (a missing key reads 0); `ValueError` for a None/NaN/non-numeric value."""
+    out = np.empty(len(keys))
+    for i, k in enumerate(keys):
+        v = x.get(k, 0.0)
+        if v is None or isinstance(v, (str, bytes)):
+            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}")
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}") from exc
+    if not np.all(np.isfinite(out)):
+        raise ValueError("input contains a non-finite value")
+    return out
+
+
+def _sorted_keys(x: dict) -> list[Any]:
+    try:
+        return sorted(x)
+    except TypeError:  # mixed key types: still a deterministic order
+        return sorted(x, key=lambda k: (type(k).__name__, repr(k)))
+
+
+class FSGPRegressor(base.Regressor):
+    """A streaming sparse GP regressor: a fleet of one (the local-only FSGP).
+
+    Keys are mapped to an input vector in sorted order, fixed at the first `learn_one` (which builds the
+    model: `M = n_inducing` inducing inputs from the data-free Gaussian design); later a missing key
+    reads 0 and an unknown one is ignored; a None, NaN or non-numeric value raises `ValueError` and changes
+    nothing. Every `sync_every` samples the pending statistics (and a local fit of `θ, σ, Z` on the
+    reservoir, when `learn_hyperparameters`) go to the private server, whose global comes back —
+    carried to new hyperparameters by the Bui projection when they moved. With `standardise` (default)
+    inputs and target are standardised online from past samples only and predictions mapped back.
+
+    >>> from river import datasets, evaluate, metrics
+    >>> model = FSGPRegressor(n_inducing=8)
+    >>> evaluate.progressive_val_score(datasets.TrumpApproval().take(200), model, metrics.MAE())
+    MAE: ...
+    >>> model.predict_one({"ordinal_date": 736389, "gallup": 43.8, "ipsos": 46.2, "morning_consult": 48.0,
+    ...                    "rasmussen": 44.1, "you_gov": 43.2}, with_dist=True)
+    𝒩(μ=..., σ=...)
+    """
+
+    def __init__(self, n_inducing: int = 16, kernel: str = "se", lengthscale: float = 1.0, amplitude: float = 1.0,
+                 sigma: float = 0.5, learn_hyperparameters: bool = True, sync_every: int = 32, reservoir: int = 256,
+                 fit_every: int = 64, fit_steps: int = 10, learning_rate: float = 0.05, jitter: float = 1e-6,
+                 seed: int = 0, standardise: bool = True) -> None:
+        self.n_inducing = n_inducing
+        self.kernel = kernel
+        self.lengthscale = lengthscale
+        self.amplitude = amplitude
+        self.sigma = sigma
+        self.learn_hyperparameters = learn_hyperparameters
+        self.sync_every = sync_every
+        self.reservoir = reservoir
+        self.fit_every = fit_every
+        self.fit_steps = fit_steps
+        self.learning_rate = learning_rate
+        self.jitter = jitter
+        self.seed = seed
+        self.standardise = standardise
+        if int(n_inducing) < 1 or int(sync_every) < 1 or int(reservoir) < 2:
+            raise ValueError("n_inducing and sync_every must be >= 1, reservoir >= 2")
+        if kernel not in KINDS:
+            raise ValueError(f"kernel must be one of {KINDS}, got {kernel!r}")
+        for name in ("lengthscale", "amplitude", "sigma", "jitter", "learning_rate"):
+            v = float(getattr(self, name))
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+        self._keys: list[Any] | None = None
+        self.client: FSGPClient | None = None
+        self.server: FSGPServer | None = None
+        self._x_scale: OnlineStandardiser | None = None
+        self._y_scale: OnlineStandardiser | None = None
+
+    @classmethod
+    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
+        yield {"n_inducing": 6}
+        yield {"n_inducing": 5, "kernel": "matern32", "sync_every": 8, "fit_every": 16, "fit_steps": 3,
+               "standardise": False}
+
+    # ------------------------------------------------------------------ plumbing
+    def _build(self, keys: list[Any]) -> None:
+        if not keys:
+            raise ValueError("cannot build a model from an input with no features")
+        Z = gaussian_design(int(self.n_inducing), len(keys), seed=int(self.seed))
+        hyper = Hyper.initial(self.kernel, Z, amplitude=self.amplitude, lengthscale=self.lengthscale,
+                              sigma=self.sigma)
+        self.client = FSGPClient(hyper, jitter=self.jitter, min_upload=int(self.sync_every), client_id="local",
+                                 learn_hyperparameters=bool(self.learn_hyperparameters),
+                                 reservoir=int(self.reservoir), fit_every=int(self.fit_every),
+                                 fit_steps=int(self.fit_steps), learning_rate=float(self.learning_rate),
+                                 seed=int(self.seed))
+        # one client: every proposal is the whole fleet's, so a single one moves the version
+        self.server = FSGPServer(hyper, jitter=self.jitter, min_samples=int(self.sync_every),
+                                 learn_hyperparameters=bool(self.learn_hyperparameters), min_proposal_weight=1.0)
+        self._keys = keys
+        if self.standardise:
+            self._x_scale, self._y_scale = OnlineStandardiser(len(keys)), OnlineStandardiser(1)
+
+    def _sync(self) -> None:
+        assert self.client is not None and self.server is not None
+        up = self.client.make_upload()
+        if up is not None:
+            self.server.apply(up)
+            self.client.apply_global(self.server.publish())
+
+    # ------------------------------------------------------------------ River protocol
+    def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
+        if self.client is None:
+            keys = _sorted_keys(x)
+            _vector(keys, x)  # validate before building anything
+            finite_target(y)  # type: ignore[arg-type]
+            self._build(keys)
+        assert self.client is not None and self._keys is not None
+        xv = _vector(self._keys, x)
+        yv = finite_target(y)  # type: ignore[arg-type]
+        xs, ys = self._x_scale, self._y_scale
+        if xs is None or ys is None:
+            self.client.learn(xv, yv)
+        else:
+            # scales from the past only; folded on copies so a refused sample changes nothing
+            nxs, nys = copy.deepcopy(xs), copy.deepcopy(ys)
+            nxs.update(xv)
+            nys.update(np.array([yv]))
+            if ys.ready:
+                self.client.learn(xs.transform(xv), float(ys.transform(np.array([yv]))[0]))
+            self._x_scale, self._y_scale = nxs, nys
+        if self.client.n_pending >= int(self.sync_every):
+            self._sync()
+
+    def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
+        xs, ys = self._x_scale, self._y_scale
+        if self.client is None or self._keys is None:
+            mu, var = 0.0, float(self.amplitude) ** 2 + float(self.sigma) ** 2  # the prior predictive
+        elif xs is None or ys is None:
+            mu, var = self.client.predict(_vector(self._keys, x))
+        elif not ys.ready:
+            mu, var = ys.fallback()
+        else:
+            m, v = self.client.predict(xs.transform(_vector(self._keys, x)))
+            mu, var = ys.inverse_mean(m), ys.inverse_var(v)
+            if not (math.isfinite(mu) and math.isfinite(var) and var > 0):
+                mu, var = ys.fallback()
+        if not with_dist:
+            return float(mu)
+        return _gaussian(float(mu), float(var))
+
+    # ------------------------------------------------------------------ array path
+    def learn_many(self, xs: Any, ys: Any) -> None:
+        """Learn the rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key):
+        the same as a loop of `learn_one`. Bad input changes nothing."""
+        if hasattr(xs, "columns"):
+            keys = self._keys or _sorted_keys({c: None for c in xs.columns})
+            arr = np.asarray(xs[keys].to_numpy(), dtype=np.float64)
+        else:
+            arr = np.asarray(xs, dtype=np.float64)
+            keys = self._keys or list(range(arr.shape[1] if arr.ndim == 2 else 0))
+        yarr = np.asarray(ys, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] != len(keys) or yarr.shape != (arr.shape[0],) \
+                or not np.all(np.isfinite(arr)) or not np.all(np.isfinite(yarr * yarr)):
+            raise ValueError(f"expected finite xs (T, {len(keys)}) and ys (T,), got {arr.shape} and {yarr.shape}")
+        before = copy.deepcopy(self.__dict__)
+        try:
+            for row, target in zip(arr, yarr, strict=True):
+                self.learn_one(dict(zip(keys, row.tolist(), strict=True)), float(target))
+        except ValueError:
+            self.__dict__.update(before)
+            raise
+
+    def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive means and variances of the rows of a `(T, d)` array."""
+        arr = np.asarray(xs[self._keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
+        if self.client is None:
+            return (np.zeros(arr.shape[0]),
+                    np.full(arr.shape[0], float(self.amplitude) ** 2 + float(self.sigma) ** 2))
+        xsc, ysc = self._x_scale, self._y_scale
+        if xsc is None or ysc is None:
+            return self.client.predict_many(arr)
+        if not ysc.ready:
+            m, v = ysc.fallback()
+            return np.full(arr.shape[0], m), np.full(arr.shape[0], v)
+        mean, var = self.client.predict_many(xsc.transform(arr))
+        s = float(ysc.scale[0])
+        return float(ysc.mean[0]) + s * mean, s * s * var
+
+    def predict_many(self, xs: Any) -> np.ndarray:
+        """Predictive means of the rows of a `(T, d)` array."""
+        return self.predict_dist_many(xs)[0]

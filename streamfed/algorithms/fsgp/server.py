@@ -1,0 +1,180 @@
+"""The server half of FSGP (docs/algorithms.md, "FSGP"): every upload summed exactly once under the
+current `(θ, σ, Z)`, proposals averaged (FedAvg, weighted by the samples they were fitted on), versioned
+globals.
+
+Versions: the global carries `epoch`, the version of its `(θ, σ, Z)`. An upload computed under an older
+epoch is carried forward through every later version by the same linear projection the global went
+through (:mod:`.projection`) before it is summed, so the sum only ever holds statistics of one version;
+one older than the kept history is counted in `included` (it must not be resent forever) but its
+statistics are dropped and counted (`stale_dropped`). Proposals count only for the epoch they were
+fitted from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from streamfed.algorithms.fsgp.kernels import Hyper, cov
+from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
+from streamfed.algorithms.fsgp.posterior import Stats, cholesky
+from streamfed.algorithms.fsgp.projection import ProjectionMap
+
+__all__ = ["FSGPServer"]
+
+
+class FSGPServer:
+    """Idempotent sums, FedAvg of proposals, versioned globals.
+
+    >>> h = Hyper.initial("se", np.zeros((2, 1)))
+    >>> server = FSGPServer(h, min_samples=1, learn_hyperparameters=False)
+    >>> s = Stats.zeros(2); s.add(np.ones(2), 1.0)
+    >>> server.apply(Upload("a", 2, 0, s)), server.apply(Upload("a", 1, 0, s))  # out of order
+    (True, True)
+    >>> server.apply(Upload("a", 1, 0, s))  # a duplicate
+    False
+    >>> g = server.publish()
+    >>> g.version, g.stats.n, g.included
+    (1, 2.0, {'a': 2})
+    """
+
+    def __init__(self, hyper: Hyper, *, jitter: float = 1e-6, min_samples: int = 32,
+                 learn_hyperparameters: bool = True, min_proposal_weight: float = 64.0,
+                 max_buffered: int = 256, history: int = 16) -> None:
+        self.hyper = hyper
+        self.jitter = float(jitter)
+        self.min_samples = int(min_samples)
+        self.learn = bool(learn_hyperparameters)
+        self.min_proposal_weight = float(min_proposal_weight)
+        self.max_buffered, self.history = int(max_buffered), int(history)
+        self.epoch = 0
+        self.version = 0
+        self.stats = Stats.zeros(hyper.m, 0)
+        self.included: dict[str, int] = {}
+        self._buffer: dict[str, dict[int, Upload]] = {}
+        self._hyper_of: dict[int, Hyper] = {0: hyper}
+        self._maps: dict[int, ProjectionMap] = {}  # epoch e → the map from e - 1 to e
+        self.prop_sum = np.zeros(hyper.n_numbers)
+        self.prop_weight = 0.0
+        self.stale_dropped = 0
+        self.stale_proposals = 0
+
+    def hyper_of(self, epoch: int) -> Hyper | None:
+        """The `(θ, σ, Z)` of a kept epoch (None if unknown or forgotten)."""
+        return self._hyper_of.get(int(epoch))
+
+    # ------------------------------------------------------------------ uploads
+    def validate(self, up: Upload) -> None:
+        st = up.stats
+        if st.m != self.hyper.m:
+            raise ValueError(f"upload has M = {st.m}, the server {self.hyper.m}")
+        if up.epoch > self.epoch or up.epoch < 0:
+            raise ValueError(f"upload of (θ, Z) version {up.epoch}; the server is at {self.epoch}")
+        if not st.is_finite():
+            raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
+        if st.n < self.min_samples:
+            raise ValueError(f"upload summarises {st.n:g} samples, below the privacy floor {self.min_samples}")
+        if up.seq < 1:
+            raise ValueError(f"sequence numbers start at 1, got {up.seq}")
+        if up.proposal is not None:
+            p = up.proposal
+            if (p.m, p.d, p.kind) != (self.hyper.m, self.hyper.d, self.hyper.kind):
+                raise ValueError("proposal of another shape or covariance")
+            if not (math.isfinite(up.weight) and up.weight >= 0):
+                raise ValueError(f"proposal weight {up.weight!r}")
+
+    def apply(self, up: Upload) -> bool:
+        """Sum an upload once (`False` for a duplicate). One whose predecessor is missing waits, so that
+        `included[client]` always means "every seq up to here"."""
+        self.validate(up)
+        mark = self.included.get(up.client, 0)
+        waiting = self._buffer.setdefault(up.client, {})
+        if up.seq <= mark or up.seq in waiting:
+            return False
+        if up.seq > mark + 1:
+            if len(waiting) >= self.max_buffered:
+                raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for seq {mark + 1}")
+            waiting[up.seq] = up
+            return True
+        self._sum(up)
+        mark = up.seq
+        while mark + 1 in waiting:
+            mark += 1
+            self._sum(waiting.pop(mark))
+        self.included[up.client] = mark
+        if not waiting:
+            del self._buffer[up.client]
+        return True
+
+    def waiting(self) -> dict[str, list[int]]:
+        return {c: sorted(w) for c, w in self._buffer.items() if w}
+
+    def to_current(self, stats: Stats) -> Stats | None:
+        """`stats` carried to the current epoch through every version since its own (None when one of
+        those versions is no longer kept)."""
+        for e in range(stats.epoch + 1, self.epoch + 1):
+            step = self._maps.get(e)
+            if step is None:
+                return None
+            stats = step(stats)
+        return stats
+
+    def _sum(self, up: Upload) -> None:
+        st = self.to_current(up.stats)
+        if st is None:
+            self.stale_dropped += 1
+        else:
+            self.stats = self.stats + st
+        if up.proposal is not None and up.weight > 0:
+            if up.epoch == self.epoch:
+                self.prop_sum += up.weight * up.proposal.to_vector()
+                self.prop_weight += up.weight
+            else:
+                self.stale_proposals += 1
+
+    def add_sums(self, stats: Stats, prop_sum: np.ndarray, prop_weight: float) -> None:
+        """Fold already-summed statistics and proposals of the current epoch (a reducer's partials)."""
+        self.stats = self.stats + stats
+        if prop_weight > 0:
+            self.prop_sum += prop_sum
+            self.prop_weight += prop_weight
+
+    # ------------------------------------------------------------------ versions
+    def ready_to_move(self) -> bool:
+        return self.learn and self.prop_weight >= self.min_proposal_weight
+
+    def move(self) -> bool:
+        """Adopt the weighted average of the proposals as version `epoch + 1`, carrying the global's
+        statistics over; `False` (nothing changed) if the average is unusable."""
+        mean = self.prop_sum / self.prop_weight
+        self.prop_sum = np.zeros_like(self.prop_sum)
+        self.prop_weight = 0.0
+        try:
+            new = Hyper.from_vector(self.hyper.kind, mean, self.hyper.m, self.hyper.d)
+            cholesky(cov(new, new.Z, new.Z) + self.jitter * new.amplitude ** 2 * np.eye(new.m), "new c(Z, Z)")
+            step = ProjectionMap(self.hyper, new, self.epoch + 1, self.jitter)
+            stats = step(self.stats)
+        except ValueError:
+            return False
+        if not stats.is_finite():
+            return False
+        self.epoch += 1
+        self.hyper, self.stats = new, stats
+        self._hyper_of[self.epoch] = new
+        self._maps[self.epoch] = step
+        for old in [e for e in self._hyper_of if e < self.epoch - self.history]:
+            del self._hyper_of[old]
+            self._maps.pop(old, None)
+        self._maps.pop(min(self._hyper_of), None)  # the oldest kept epoch has no way in from before it
+        return True
+
+    def publish(self) -> GlobalModel:
+        """The next global (version + 1), after adopting new hyperparameters when enough proposals came."""
+        if self.ready_to_move():
+            self.move()
+        self.version += 1
+        return self.global_model()
+
+    def global_model(self) -> GlobalModel:
+        return GlobalModel(self.version, self.epoch, self.hyper, self.stats.copy(), dict(self.included))

@@ -1,0 +1,102 @@
+"""FSGP on the wire (docs/algorithms.md, "FSGP"). The envelope's `epoch` is the `(θ, σ, Z)` version.
+
+* ``fsgp.update`` — delta statistics `P_upper (M(M+1)/2)` (numpy.triu_indices order), `r (M)`, `n`, `q`,
+  and a proposal: `theta (d+1) = [log a, log ℓ]`, `log_sigma`, `Z (M, d)` with its FedAvg `weight`
+  (0: no proposal) — `M·d + d + 2` numbers.
+* ``fsgp.global`` — the summed statistics and the version's `theta`, `log_sigma`, `Z`.
+* ``fsgp.partial`` — a shard's summed statistics and weighted sums of proposals, with their `(client, seq)`.
+
+>>> from streamfed.fleet.config import FleetConfig
+>>> cfg = FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2, params={"n_inducing": 3})
+>>> {k: s for k, (_, s) in cfg.array_shapes("fsgp.update").items()}
+{'P_upper': (6,), 'r': (3,), 'n': (), 'q': (), 'theta': (3,), 'log_sigma': (), 'Z': (3, 2), 'weight': ()}
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from streamfed.algorithms.fsgp.kernels import Hyper
+from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
+from streamfed.algorithms.fsgp.posterior import Stats
+from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.fleet.protocol import Message
+from streamfed.fleet.topics import Channel
+
+if TYPE_CHECKING:
+    from streamfed.fleet.config import FleetConfig
+
+__all__ = ["GLOBAL", "PARTIAL", "UPDATE", "global_message", "read_global", "read_update", "schemas",
+           "update_arrays"]
+
+UPDATE, GLOBAL, PARTIAL = "fsgp.update", "fsgp.global", "fsgp.partial"
+
+
+def _stats_specs(m: int) -> tuple[ArraySpec, ...]:
+    return (ArraySpec("P_upper", "float64", (m * (m + 1) // 2,)), ArraySpec("r", "float64", (m,)),
+            ArraySpec("n", "float64", (), nonnegative=True), ArraySpec("q", "float64", (), nonnegative=True))
+
+
+def _hyper_specs(m: int, d: int) -> tuple[ArraySpec, ...]:
+    return (ArraySpec("theta", "float64", (d + 1,)), ArraySpec("log_sigma", "float64", ()),
+            ArraySpec("Z", "float64", (m, d)))
+
+
+def schemas(cfg: FleetConfig) -> list[MessageSchema]:
+    m, d = cfg.params.n_inducing, cfg.n_inputs
+    weight = (ArraySpec("weight", "float64", (), nonnegative=True),)
+    return [
+        MessageSchema(UPDATE, Channel.UPDATES, _stats_specs(m) + _hyper_specs(m, d) + weight),
+        MessageSchema(GLOBAL, Channel.GLOBAL, _stats_specs(m) + _hyper_specs(m, d), max_included=cfg.max_clients),
+        MessageSchema(PARTIAL, Channel.PARTIALS, _stats_specs(m) + _hyper_specs(m, d) + weight + contributor_arrays(),
+                      contributor_dims(cfg), meta=(MetaSpec("round"),), max_included=cfg.max_clients),
+    ]
+
+
+def _hyper_arrays(h: Hyper) -> dict[str, np.ndarray]:
+    return {"theta": h.theta(), "log_sigma": np.asarray(h.log_sigma), "Z": np.array(h.Z)}
+
+
+def update_arrays(up: Upload, d: int) -> dict[str, np.ndarray]:
+    """An upload's arrays for `d` inputs (a missing proposal travels as zeros with weight 0)."""
+    out = up.stats.packed()
+    if up.proposal is None:
+        out.update(theta=np.zeros(d + 1), log_sigma=np.asarray(0.0), Z=np.zeros((up.stats.m, d)),
+                   weight=np.asarray(0.0))
+    else:
+        out.update(_hyper_arrays(up.proposal), weight=np.asarray(float(up.weight)))
+    return out
+
+
+def _hyper(kind: str, arrays: Mapping[str, np.ndarray]) -> Hyper:
+    theta = np.asarray(arrays["theta"], dtype=np.float64)
+    return Hyper(kind, float(theta[0]), theta[1:], float(arrays["log_sigma"]), np.asarray(arrays["Z"]))
+
+
+def read_update(msg: Message, kind: str) -> Upload:
+    """A decoded `fsgp.update` (the codec has checked shapes and finiteness)."""
+    if msg.kind != UPDATE:
+        raise ValueError(f"expected a {UPDATE!r} message, got {msg.kind!r}")
+    stats = Stats.from_packed(dict(msg.arrays), msg.epoch)
+    weight = float(msg.arrays["weight"])
+    proposal = _hyper(kind, msg.arrays) if weight > 0 else None
+    return Upload(msg.client, int(msg.seq), int(msg.global_version), stats, proposal, weight)
+
+
+def global_message(fleet: str, sender: str, g: GlobalModel, kernel_version: str,
+                   created: float | None = None) -> Message:
+    arrays = g.stats.packed()
+    arrays.update(_hyper_arrays(g.hyper))
+    return Message(fleet, sender, GLOBAL, g.version, g.version, kernel_version, max(int(round(g.stats.n)), 0),
+                   time.time() if created is None else float(created), arrays, {}, dict(g.included), int(g.epoch))
+
+
+def read_global(msg: Message, kind: str) -> GlobalModel:
+    if msg.kind != GLOBAL:
+        raise ValueError(f"expected a {GLOBAL!r} message, got {msg.kind!r}")
+    return GlobalModel(int(msg.global_version), int(msg.epoch), _hyper(kind, msg.arrays),
+                       Stats.from_packed(dict(msg.arrays), msg.epoch), dict(msg.included))
