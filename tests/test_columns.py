@@ -295,3 +295,56 @@ def test_suggestions_for_text_columns():
     assert suggest_column("station", many) == "station:hash=128"
     assert suggest_column("note", [f"free text {i}" for i in range(100)]) is None  # an id or a comment
     assert suggest_column("a,b", ["x"]) is None  # not expressible in --columns
+
+
+# =========================================================================== the [inputs] section
+
+
+CONFIG = """
+[fleet]
+fleet = "f"
+algorithm = "pofmkl"
+n_inputs = 8
+
+[[inputs.columns]]
+name = "temp"
+
+[[inputs.columns]]
+name = "site"
+kind = "category"
+levels = ["north", "south"]
+other = true
+
+[[inputs.columns]]
+name = "t"
+kind = "timestamp"
+timezone = "Europe/Berlin"
+"""
+
+
+def test_inputs_section_of_the_configuration():
+    from streamfed.fleet.config import StreamfedConfig
+
+    cfg = StreamfedConfig.from_toml(CONFIG, env={})
+    assert cfg.inputs.spec == ColumnSpec.parse("temp,site:category=north|south|*,t:timestamp=Europe/Berlin")
+    assert cfg.inputs.spec.width == cfg.fleet.n_inputs == 8
+    assert StreamfedConfig.from_toml(CONFIG.split("[[inputs")[0], env={}).inputs is None  # optional
+    over = StreamfedConfig.from_toml(CONFIG, env={"STREAMFED_INPUTS__COLUMNS": '[{"name": "on", "kind": "boolean"}]'})
+    assert over.inputs.spec.text == "on:boolean"
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (("timezone = \"Europe/Berlin\"", "timezone = \"Mars/Olympus\""), "unknown time zone 'Mars/Olympus'"),
+    (("kind = \"timestamp\"", "kind = \"time\""), "unknown kind 'time'"),
+    (("levels = [\"north\", \"south\"]", "levels = []"), "the level list is empty"),
+    (("other = true", "others = true"), "others"),
+    (("name = \"t\"", "name = \"site\""), "declared twice: ['site']"),
+])
+def test_bad_inputs_section_is_refused(edit, needle):
+    from pydantic import ValidationError
+
+    from streamfed.fleet.config import StreamfedConfig
+
+    with pytest.raises(ValidationError) as e:
+        StreamfedConfig.from_toml(CONFIG.replace(*edit), env={})
+    assert needle in str(e.value)

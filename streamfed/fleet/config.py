@@ -9,8 +9,8 @@ Three layers:
 * **Schema builders** — each algorithm (:mod:`streamfed.algorithms`) gives its own kinds from a
   :class:`FleetConfig` (`Algorithm.schemas`); :func:`common_schemas` adds the kinds every fleet has
   (status, ack, prediction). The codec never branches on a learner's name.
-* **Pydantic models** — :class:`FleetConfig`, :class:`BrokerConfig` and :class:`StreamfedConfig`
-  (both sections), loadable from TOML, JSON, a mapping and ``STREAMFED_<SECTION>__<FIELD>`` environment
+* **Pydantic models** — :class:`FleetConfig`, :class:`BrokerConfig`, :class:`InputsConfig` and :class:`StreamfedConfig`
+  (all sections), loadable from TOML, JSON, a mapping and ``STREAMFED_<SECTION>__<FIELD>`` environment
   variables.
 
 Shapes always come from the configuration, never from a received message: a message that disagrees
@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, field_validator, model_validator
 
 from streamfed.algorithms.base import Params
+from streamfed.fleet.columns import Column, ColumnSpec
 from streamfed.fleet.topics import Channel, name_problem
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "FleetConfig",
     "BrokerConfig",
     "StreamfedConfig",
+    "InputsConfig",
     "common_schemas",
     "prediction_schema",
     "contributor_arrays",
@@ -533,8 +535,45 @@ class BrokerConfig(BaseModel):
         return kw
 
 
+class InputsConfig(BaseModel):
+    """`[inputs]`: an agent's declared input columns (:mod:`streamfed.fleet.columns`), in vector order, each a
+    `[[inputs.columns]]` table of :class:`~streamfed.fleet.columns.Column` fields (`name`, `kind`, `levels`,
+    `other`, `buckets`, `timezone`, `raw`). Their encoded width must be `fleet.n_inputs`: the agent checks it
+    when it starts (and says the width), not this model, so a refusal never echoes the rest of the file.
+
+    >>> cfg = StreamfedConfig.from_toml('''
+    ... [fleet]
+    ... fleet = "f"
+    ... algorithm = "pofmkl"
+    ... n_inputs = 3
+    ... [[inputs.columns]]
+    ... name = "site"
+    ... kind = "category"
+    ... levels = ["north", "south"]
+    ... [[inputs.columns]]
+    ... name = "rain"
+    ... kind = "boolean"
+    ... ''')
+    >>> cfg.inputs.spec.text, cfg.inputs.spec.width
+    ('site:category=north|south,rain:boolean', 3)
+    """
+
+    model_config = _STRICT
+    columns: tuple[Column, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> InputsConfig:
+        ColumnSpec(self.columns)  # raises for a column declared twice
+        return self
+
+    @property
+    def spec(self) -> ColumnSpec:
+        """The columns as a :class:`~streamfed.fleet.columns.ColumnSpec` (layout and encoder)."""
+        return ColumnSpec(self.columns)
+
+
 class StreamfedConfig(BaseModel):
-    """A whole configuration file: `[fleet]` and `[broker]`.
+    """A whole configuration file: `[fleet]`, `[broker]` and, optionally, an agent's `[inputs]`.
 
     >>> cfg = StreamfedConfig.from_toml('''
     ... [fleet]
@@ -551,6 +590,7 @@ class StreamfedConfig(BaseModel):
     model_config = _STRICT
     fleet: FleetConfig
     broker: BrokerConfig = BrokerConfig()
+    inputs: InputsConfig | None = None  # declared input columns; None: plain numeric features (--features)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> StreamfedConfig:
