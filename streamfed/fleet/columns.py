@@ -624,6 +624,8 @@ def suggest_column(name: str, values: Sequence[str]) -> str | None:
     if times * 2 > len(texts):
         return f"{name}:timestamp"
     levels = list(dict.fromkeys(texts))
+    if len(levels) == len(texts) > 3:
+        return None  # every value differs: an id, a comment — no category to learn from
     if len(levels) <= _SUGGEST_MAX_LEVELS and not any(ch in t for t in levels for ch in ",|*") and all(levels):
         return f"{name}:category=" + "|".join(levels)
     if len(levels) * 2 > len(texts):

@@ -7,16 +7,22 @@ order; nothing is imputed.
 - **Clients.** With `client_column`, each distinct (non-empty) value of that column is one client,
   in order of first appearance in the file, and a client's samples are its rows in file order.
   Without it the whole file is one client, named after the file (`air.csv.gz` → `air`).
-- **Features.** The given columns in the given order, else every *numeric* column other than the
-  target and the client column, in header order. A column is numeric when, in the rows read,
-  finite numbers are more than half of its present values (missing-value markers,
-  :data:`NA_VALUES`, aside): so a text column (`"NW"`, a station name, a date) is left out, while a
-  numeric column with a few stray words is kept and the rows holding them are skipped and counted.
-  The columns left out are listed, with the reason, in :attr:`CsvReport.ignored`.
+- **Features.** The given numeric columns in the given order; or the declared input `columns` (a
+  :class:`~streamfed.fleet.columns.ColumnSpec` or its `--columns` text: booleans, categories, timestamps
+  encoded exactly as an agent encodes them, so a replay and a fleet lay `x` out the same way); else every
+  *numeric* column other than the target and the client column, in header order. A column is numeric
+  when, in the rows read, finite numbers are more than half of its present values (missing-value
+  markers, :data:`NA_VALUES`, aside): so a text column (`"NW"`, a station name, a date) is left out,
+  while a numeric column with a few stray words is kept and the rows holding them are skipped and
+  counted. The columns left out are listed, with the reason, in :attr:`CsvReport.ignored`, and the text
+  columns among them with the `--columns` item that would declare them in :attr:`CsvReport.suggested`
+  (:meth:`CsvReport.hint` says it in one line).
 - **Skipped rows.** A row whose target or any feature is missing (empty or an NA marker) or not a
   finite number is skipped and counted: per client in :attr:`ClientStream.skipped` /
   :attr:`ClientStream.skipped_by_column`, and for the whole file, split into `missing` and
-  `non_numeric` per column, in :class:`CsvReport`. A row with more fields than the header is skipped
+  `non_numeric` per column, in :class:`CsvReport`; a value a declared column's kind refuses (a bad
+  boolean or timestamp, an undeclared level) is counted by reason and column in
+  :attr:`CsvReport.invalid`. A row with more fields than the header is skipped
   as `too_many_fields` (its values cannot be trusted to be aligned); a short row's absent fields are
   missing. A row with an empty client value belongs to no client and is counted as `no_client`.
   Blank lines are ignored and not counted.
@@ -46,6 +52,7 @@ import csv
 import gzip
 import io
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +63,9 @@ import numpy as np
 from streamfed.evaluation.datasets.adapters import NA_VALUES
 from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fleet
 from streamfed.evaluation.datasets.normalise import DEFAULT_WARMUP, normalise_streams
+
+# declared columns are encoded by the agent's encoder, so a replay lays x out as a fleet does
+from streamfed.fleet.columns import ColumnSpec, Invalid, suggest_column
 
 # the column checks' messages are the agent's: one user, one set of messages (the agent's module is numba-free)
 from streamfed.fleet.sources import columns_hint, open_binary, unknown_columns
@@ -71,9 +81,11 @@ class CsvReport:
     `rows` counts the data rows read (blank lines excluded); `samples` the rows that became samples
     (before any online warm-up); `skipped = rows - samples`. Every skipped row has exactly one
     primary reason: `no_client` (empty client value), `too_many_fields`, or bad values — a row can
-    then count under several columns in `missing` (empty or NA marker) and `non_numeric` (text that
-    is not a finite number), but once in `skipped`. `truncated` says that `max_rows` stopped the
-    reading before the end of the file.
+    then count under several columns in `missing` (empty or NA marker), `non_numeric` (text that
+    is not a finite number) and `invalid` (`{reason: {column: count}}`: values a declared column's kind
+    refuses, `bad_boolean`, `bad_timestamp`, `unknown_level`), but once in `skipped`. `truncated` says
+    that `max_rows` stopped the reading before the end of the file. With declared columns, `declared`
+    is their `--columns` text and `features` the names of the numbers they make (`site=north`, ...).
     """
 
     path: str
@@ -94,6 +106,25 @@ class CsvReport:
     ignored: Mapping[str, str] = field(default_factory=dict)  # column left out by feature detection -> why
     dropped_clients: tuple[str, ...] = ()
     truncated: bool = False
+    invalid: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    declared: str | None = None
+    suggested: Mapping[str, str] = field(default_factory=dict)  # text column left out -> a --columns item
+
+    def hint(self) -> str | None:
+        """One line naming the text columns feature detection left out and how to declare them (None when
+        it left none out, or the inputs were given).
+
+        >>> r = CsvReport("a.csv", "utf-8-sig", False, ("x", "site", "y"), "y", None, ("x",), ("a",), rows=3,
+        ...               samples=3, skipped=0, ignored={"site": "non-numeric"},
+        ...               suggested={"site": "site:category=n|s"})
+        >>> r.hint()
+        "text columns left out: 'site'; to learn from them declare the inputs, e.g. --columns 'x,site:category=n|s'"
+        """
+        if not self.suggested:
+            return None
+        example = ",".join([*self.features, *self.suggested.values()])
+        return (f"text columns left out: {', '.join(repr(c) for c in self.suggested)}; to learn from them declare "
+                f"the inputs, e.g. --columns {shlex.quote(example)}")
 
     def summary(self) -> str:
         """One line for a console: rows, samples, clients, features and the skipped rows by reason.
@@ -108,9 +139,12 @@ class CsvReport:
                  f"{self.samples} samples", f"{n} client{'s' if n != 1 else ''}"
                  + (f" by {self.client_column!r}" if self.client_column else ""),
                  f"features {list(self.features)}", f"target {self.target!r}"]
+        if self.declared is not None:
+            parts[3] = f"inputs {self.declared!r} ({len(self.features)} numbers)"
         text = ", ".join(parts) + f"; {self.skipped} skipped"
         why = [f"{c} missing {k}" for c, k in self.missing.items() if k]
         why += [f"{c} non-numeric {k}" for c, k in self.non_numeric.items() if k]
+        why += [f"{c} {r.replace('_', ' ')} {k}" for r, by in self.invalid.items() for c, k in by.items() if k]
         if self.too_many_fields:
             why.append(f"too many fields {self.too_many_fields}")
         if self.no_client:
@@ -184,13 +218,16 @@ def csv_fleet_with_report(
     na_values: Sequence[str] | frozenset[str] = NA_VALUES,
     warmup: int = DEFAULT_WARMUP,
     max_clients: int | None = 1000,
+    columns: ColumnSpec | str | None = None,
 ) -> tuple[Fleet, CsvReport]:
     """Read a CSV file into a :class:`Fleet` (see the module docstring) and say what was skipped.
 
     `path`: a CSV file with a header row (`.gz`: gzip-compressed). `target`: the column to predict
     (`None` raises, listing the columns). `client_column`: the column naming each row's client, or
     `None` for one client named after the file. `features`: input columns, a sequence or one
-    comma-separated string; `None` for every numeric column. `normalisation`: `"paper"` (default,
+    comma-separated string; `None` for every numeric column. `columns`: declared input columns instead of
+    `features` (a :class:`~streamfed.fleet.columns.ColumnSpec`, or its `--columns` text such as
+    `"temp,site:category=a|b,time:timestamp"`). `normalisation`: `"paper"` (default,
     not causal), `"online"` (causal) or `"none"`. `encoding`: the text encoding; UTF-8 is read as
     `utf-8-sig`, so a byte-order mark is dropped. `max_rows`: read at most this many data rows
     (skipped rows included). `max_clients`: refuse a client column with more distinct values (a
@@ -226,6 +263,14 @@ def csv_fleet_with_report(
         raise ValueError(f"{where}: max_rows must be >= 1, got {max_rows}")
     if warmup < 1:
         raise ValueError(f"{where}: warmup must be >= 1, got {warmup}")
+    spec: ColumnSpec | None = None
+    if columns is not None:
+        if features is not None:
+            raise ValueError(f"{where}: give features or declared input columns, not both")
+        try:
+            spec = columns if isinstance(columns, ColumnSpec) else ColumnSpec.parse(columns)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
     if not path.exists():
         raise ValueError(f"{where}: no such file")
     if not path.is_file():
@@ -300,7 +345,14 @@ def csv_fleet_with_report(
         if client_column == target:
             raise ValueError(f"{where}: the client column and the target are both {target!r}")
     ignored: dict[str, str] = {}
-    if features is not None:
+    suggested: dict[str, str] = {}
+    if spec is not None:
+        check("input column(s)", spec.names)
+        for bad, role in ((target, "target"), (client_column, "client column")):
+            if bad in spec.names:
+                raise ValueError(f"{where}: input column {bad!r} is also the {role}")
+        feats = list(spec.names)
+    elif features is not None:
         names = [f.strip() for f in features.split(",")] if isinstance(features, str) else [str(f) for f in features]
         names = [f for f in names if f]
         if not names:
@@ -343,10 +395,16 @@ def csv_fleet_with_report(
                 ignored[h] = "no value"
             else:
                 ignored[h] = f"non-numeric ({texts} of {numbers + texts} values are text, e.g. {example!r})"
+                present = [rec[j] for rec in records if j < len(rec) <= width and rec[j].strip() not in na]
+                item = suggest_column(h, present)
+                if item is not None:
+                    suggested[h] = item
         if not feats:
             others = f" and client column {client_column!r}" if client_column else ""
+            declare = (f"; declare text columns to use them, e.g. --columns {shlex.quote(','.join(suggested.values()))}"
+                       if suggested else "")
             raise ValueError(f"{where}: no numeric feature column besides target {target!r}{others}; "
-                             f"{columns_hint(header)}")
+                             f"{columns_hint(header)}{declare}")
 
     # -- rows into per-client samples ------------------------------------------------------------------
     used = [*feats, target]
@@ -357,6 +415,7 @@ def csv_fleet_with_report(
     clients: dict[str, _Client] = {}
     missing = dict.fromkeys(used, 0)
     non_numeric = dict.fromkeys(used, 0)
+    invalid: dict[str, dict[str, int]] = {}
     too_many = no_client = 0
     for i, rec in enumerate(records):
         if ci < 0:
@@ -375,6 +434,19 @@ def csv_fleet_with_report(
         if len(rec) > width:
             too_many += 1
             c.skipped += 1
+            continue
+        if spec is not None:
+            row = _encode_row(spec, rec, cols, na)
+            if isinstance(row, list):
+                c.values.append(row)
+                c.rows.append(i)
+                continue
+            c.skipped += 1
+            for col, v in zip(used, row, strict=True):
+                if v is not None:
+                    c.by_column[col] += 1
+                    counts = missing if v is False else non_numeric if v is True else invalid.setdefault(v, {})
+                    counts[col] = counts.get(col, 0) + 1
             continue
         values = [_classify(rec[j], na) if j < len(rec) else False for j in cols]
         if any(isinstance(v, bool) for v in values):
@@ -398,13 +470,15 @@ def csv_fleet_with_report(
         if len(c.values) < need:
             dropped.append(name)
             continue
-        arr = np.array(c.values, dtype=np.float64).reshape(len(c.values), len(used))
-        raw.append(ClientStream(name, arr[:, :-1], arr[:, -1], tuple(feats), skipped=c.skipped,
+        names = spec.outputs if spec is not None else tuple(feats)
+        arr = np.array(c.values, dtype=np.float64).reshape(len(c.values), len(names) + 1)
+        raw.append(ClientStream(name, arr[:, :-1], arr[:, -1], names, skipped=c.skipped,
                                 skipped_by_column=c.by_column, row=np.array(c.rows, dtype=np.int64)))
     samples = sum(len(c.values) for c in clients.values())
     if not raw:
         why = [f"{k} missing {v}" for k, v in missing.items() if v]
         why += [f"{k} non-numeric {v}" for k, v in non_numeric.items() if v]
+        why += [f"{k} {r.replace('_', ' ')} {v}" for r, by in invalid.items() for k, v in by.items() if v]
         why += [f"too many fields {too_many}"] if too_many else []
         why += [f"no client {no_client}"] if no_client else []
         extra = f" (online normalisation needs more than {warmup} per client)" if samples else ""
@@ -416,11 +490,40 @@ def csv_fleet_with_report(
                   target=target, scaling=scaling)
     report = CsvReport(
         path=where, encoding=codec, bom=bom, columns=tuple(header), target=target, client_column=client_column,
-        features=tuple(feats), clients=fleet.names, rows=len(records), samples=samples,
+        features=fleet.feature_names, clients=fleet.names, rows=len(records), samples=samples,
         skipped=len(records) - samples, missing=MappingProxyType(missing),
         non_numeric=MappingProxyType(non_numeric), too_many_fields=too_many, no_client=no_client,
-        ignored=MappingProxyType(ignored), dropped_clients=tuple(dropped), truncated=truncated)
+        ignored=MappingProxyType(ignored), dropped_clients=tuple(dropped), truncated=truncated,
+        invalid=MappingProxyType({r: MappingProxyType(by) for r, by in invalid.items()}),
+        declared=spec.text if spec is not None else None, suggested=MappingProxyType(suggested))
     return fleet, report
+
+
+_NUMBER_REASONS = ("non_numeric", "non_finite")  # a number column's refusals: counted as non-numeric, as before
+
+
+def _encode_row(spec: ColumnSpec, rec: list[str], cols: list[int],
+                na: frozenset[str]) -> list[float] | tuple[bool | str | None, ...]:
+    """One row through the declared columns: `[*x, y]`, or (a tuple) per used column — inputs, then the
+    target — what is wrong with it: False missing, True non-numeric, a reason the column's kind gave, None
+    nothing."""
+    x = np.zeros(spec.width)
+    problems: list[bool | str | None] = []
+    for col, where, j in zip(spec.columns, spec.slices, cols, strict=False):
+        cell = rec[j] if j < len(rec) else None
+        if cell is None or cell.strip() in na:
+            problems.append(False)
+            continue
+        bad = col.encode(cell, x[where])
+        if isinstance(bad, Invalid):
+            problems.append(True if bad.reason in _NUMBER_REASONS else bad.reason)
+        else:
+            problems.append(None)
+    y = _classify(rec[cols[-1]], na) if cols[-1] < len(rec) else False
+    problems.append(y if isinstance(y, bool) else None)
+    if any(p is not None for p in problems):
+        return tuple(problems)
+    return [*x.tolist(), float(y)]
 
 
 def csv_fleet(
@@ -436,6 +539,7 @@ def csv_fleet(
     na_values: Sequence[str] | frozenset[str] = NA_VALUES,
     warmup: int = DEFAULT_WARMUP,
     max_clients: int | None = 1000,
+    columns: ColumnSpec | str | None = None,
 ) -> Fleet:
     """The fleet of :func:`csv_fleet_with_report`, without the report.
 
@@ -454,4 +558,4 @@ def csv_fleet(
     return csv_fleet_with_report(
         path, target, client_column=client_column, features=features, normalisation=normalisation,
         encoding=encoding, delimiter=delimiter, max_rows=max_rows, na_values=na_values, warmup=warmup,
-        max_clients=max_clients)[0]
+        max_clients=max_clients, columns=columns)[0]
