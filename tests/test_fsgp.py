@@ -24,6 +24,7 @@ from river import checks, proba
 from streamfed import algorithms
 from streamfed.algorithms.base import Aggregation, Learner, NonFiniteError
 from streamfed.algorithms.fsgp import ALGORITHM, initial_hyper
+from streamfed.algorithms.fsgp.aggregation import check_statistics
 from streamfed.algorithms.fsgp.bound import collapsed_bound, collapsed_bound_and_grad, fit_hyper
 from streamfed.algorithms.fsgp.client import FSGPClient
 from streamfed.algorithms.fsgp.design import gaussian_design
@@ -359,6 +360,22 @@ def test_projection_with_unchanged_z_and_theta_is_exactly_the_identity() -> None
     sig = Hyper(h.kind, h.log_amp, h.log_ls, h.log_sigma + 0.5, h.Z)
     w = project(s, h, sig, epoch=1)
     assert np.allclose(w.P, s.P * math.exp(1.0), rtol=1e-15) and np.allclose(w.r, s.r * math.exp(1.0), rtol=1e-15)
+
+
+def test_carried_statistics_pass_the_servers_check_and_a_hostile_one_does_not() -> None:
+    h = make_hyper(m=6)
+    X, y = make_data(50, seed=16)
+    s = Stats.from_samples(cov(h, X, h.Z), y)
+    rng = np.random.default_rng(17)
+    for _ in range(5):  # σ up or down, Z and θ moved: [[P, r], [rᵀ, q]] stays positive semi-definite
+        new = Hyper(h.kind, h.log_amp + rng.normal(0, 0.3), h.log_ls + rng.normal(0, 0.3, h.d),
+                    h.log_sigma + rng.normal(0, 0.5), h.Z + rng.normal(0, 0.5, h.Z.shape))
+        check_statistics(project(s, h, new, 1), max_abs=1e100)
+    bad = s.copy()
+    bad.q = 0.0  # targets all zero but Σ k y ≠ 0: no samples have these statistics
+    with pytest.raises(ValueError):
+        check_statistics(bad, max_abs=1e100)
+    check_statistics(bad, max_abs=1e100, psd=False)  # noised or masked uploads: count and bound only
 
 
 def test_projection_to_moved_z_is_close_to_refitting_and_beats_reembedding_a_reservoir() -> None:

@@ -8,11 +8,14 @@ likelihood of `f(Z_a)` under the *new* prior and project `f(Z_a)` on the new ind
 `f(Z_a) ≈ c_b(Z_a, Z_b) C_b⁻¹ u_b`; the optimal `q(u_b)` is then that of pseudo-statistics
 
     W   = c_b(Z_b, Z_a) C_a⁻¹                     (M_b × M_a, by Cholesky solves with C_a)
-    P_b = (σ_b² / σ_a²) · W P_a Wᵀ,   r_b = (σ_b² / σ_a²) · W r_a,   n and q unchanged
+    P_b = (σ_b² / σ_a²) · W P_a Wᵀ,   r_b = (σ_b² / σ_a²) · W r_a,   q_b = (σ_b² / σ_a²) · q_a,   n unchanged
 
-added to whatever new data arrives. The map is linear in `(P_a, r_a)`, so projecting each client's
-statistics and summing equals projecting the sum: the server may project late uploads one by one. With
-the same `Z` and covariance it is the identity (`W = I`, taken exactly, not computed).
+added to whatever new data arrives (`q`, which no prediction reads, is scaled like `P` and `r` so that the
+augmented statistic `[[P, r], [rᵀ, q]]` stays positive semi-definite — the server's check of an upload
+holds for carried statistics too; `n` still counts samples). The map is linear in `(P_a, r_a, q_a)`, so
+projecting each client's statistics and summing equals projecting the sum: the server may project late
+uploads one by one. With the same `Z` and covariance it is the identity (`W = I`, taken exactly, not
+computed); the general formula differs from it by `O(ε·cond C)` since only `C_a` carries the jitter.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class ProjectionMap:
             P = self.ratio * (self.W @ stats.P @ self.W.T)
             P = 0.5 * (P + P.T)
             r = self.ratio * (self.W @ stats.r)
-        return Stats(P, r, stats.n, stats.q, self.epoch)
+        return Stats(P, r, stats.n, stats.q * self.ratio, self.epoch)
 
 
 def project(stats: Stats, old: Hyper, new: Hyper, epoch: int, jitter: float = 1e-6) -> Stats:
