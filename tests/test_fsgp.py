@@ -441,6 +441,27 @@ def test_server_carries_late_uploads_and_never_mixes_versions() -> None:
         b.apply_global(bad)
 
 
+def test_a_version_is_an_average_over_a_quorum_of_clients() -> None:
+    h = make_hyper(m=3, d=1)
+    server = FSGPServer(h, min_samples=1, min_proposal_weight=10.0, proposal_quorum=0.5, jitter=JITTER)
+    s = Stats.zeros(3)
+    s.add(np.array([0.1, 0.2, 0.3]), 1.0)
+    p1 = Hyper(h.kind, h.log_amp + 0.3, h.log_ls, h.log_sigma, h.Z + 0.1)
+    p2 = Hyper(h.kind, h.log_amp - 0.1, h.log_ls - 0.2, h.log_sigma + 0.4, h.Z - 0.3)
+    for c in "abcd":  # four clients heard from
+        server.apply(Upload(c, 1, 0, s.copy()))
+    server.apply(Upload("a", 2, 0, s.copy(), p1, 30.0))
+    assert server.publish().epoch == 0  # one proposer of four: below the quorum of two
+    server.apply(Upload("b", 2, 0, s.copy(), p2, 10.0))
+    g = server.publish()
+    assert g.epoch == 1 and server.proposers == set() and server.prop_weight == 0.0
+    expected = (30.0 * p1.to_vector() + 10.0 * p2.to_vector()) / 40.0  # FedAvg weighted by samples
+    assert max_abs(g.hyper.to_vector(), expected) < 1e-15
+    # a proposal fitted from version 0 arriving after the move counts for nothing
+    server.apply(Upload("c", 2, 0, s.copy(), p1, 100.0))
+    assert server.stale_proposals == 1 and server.prop_weight == 0.0
+
+
 # =========================================================================== 4. River, bad inputs
 
 

@@ -58,7 +58,8 @@ class FSGPParams(Params):
     fit_every: int = Field(128, ge=1)  # samples between local fits
     fit_steps: int = Field(10, ge=1)  # Adam steps per local fit
     learning_rate: float = Field(0.05, gt=0, allow_inf_nan=False)
-    min_proposal_weight: float = Field(256.0, gt=0)  # server: move to a new version once proposals weigh this
+    min_proposal_weight: float = Field(256.0, gt=0)  # server: a new version needs proposals of this many samples
+    proposal_quorum: float = Field(0.5, gt=0, le=1)  # ... from at least this share of the clients heard from
 
 
 def initial_hyper(cfg: FleetConfig) -> Hyper:
@@ -111,7 +112,8 @@ class FSGP(Algorithm):
 
         p = cfg.params
         server = FSGPServer(initial_hyper(cfg), jitter=p.jitter, min_samples=p.min_upload,
-                            learn_hyperparameters=p.learn_hyperparameters, min_proposal_weight=p.min_proposal_weight)
+                            learn_hyperparameters=p.learn_hyperparameters, min_proposal_weight=p.min_proposal_weight,
+                            proposal_quorum=p.proposal_quorum)
         return FSGPAggregation(server, max_abs=max_abs, check_stats=check_stats)
 
     def replay_variants(self) -> list[ReplayVariant]:

@@ -167,7 +167,8 @@ class FSGPAggregation:
         return PartialSum(stats, vec, float(msg.arrays["weight"]))
 
     def apply_partial(self, total: PartialSum, n_clients: int, included: Mapping[str, int]) -> None:
-        self.server.add_sums(total.stats, total.prop_sum, total.weight)
+        # a partial does not say which clients proposed (sharding with learned hyperparameters is not supported)
+        self.server.add_sums(total.stats, total.prop_sum, total.weight, set(included) if total.weight > 0 else set())
         self.server.included = dict(included)
         self.server.publish()
 

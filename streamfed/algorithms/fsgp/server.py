@@ -1,6 +1,8 @@
 """The server half of FSGP (docs/algorithms.md, "FSGP"): every upload summed exactly once under the
 current `(θ, σ, Z)`, proposals averaged (FedAvg, weighted by the samples they were fitted on), versioned
-globals.
+globals. A new version is adopted at a window's end once the proposals of the current one weigh at least
+`min_proposal_weight` samples and come from at least `proposal_quorum` of the clients heard from (so a
+version is an average over clients, not one client's local fit).
 
 Versions: the global carries `epoch`, the version of its `(θ, σ, Z)`. An upload computed under an older
 epoch is carried forward through every later version by the same linear projection the global went
@@ -41,12 +43,16 @@ class FSGPServer:
 
     def __init__(self, hyper: Hyper, *, jitter: float = 1e-6, min_samples: int = 32,
                  learn_hyperparameters: bool = True, min_proposal_weight: float = 64.0,
-                 max_buffered: int = 256, history: int = 16) -> None:
+                 proposal_quorum: float = 0.5, max_buffered: int = 256, history: int = 16) -> None:
         self.hyper = hyper
         self.jitter = float(jitter)
         self.min_samples = int(min_samples)
         self.learn = bool(learn_hyperparameters)
         self.min_proposal_weight = float(min_proposal_weight)
+        if not 0.0 < proposal_quorum <= 1.0:
+            raise ValueError(f"proposal_quorum must be in (0, 1], got {proposal_quorum!r}")
+        self.proposal_quorum = float(proposal_quorum)
+        self.proposers: set[str] = set()
         self.max_buffered, self.history = int(max_buffered), int(history)
         self.epoch = 0
         self.version = 0
@@ -130,19 +136,23 @@ class FSGPServer:
             if up.epoch == self.epoch:
                 self.prop_sum += up.weight * up.proposal.to_vector()
                 self.prop_weight += up.weight
+                self.proposers.add(up.client)
             else:
                 self.stale_proposals += 1
 
-    def add_sums(self, stats: Stats, prop_sum: np.ndarray, prop_weight: float) -> None:
+    def add_sums(self, stats: Stats, prop_sum: np.ndarray, prop_weight: float, proposers: set[str]) -> None:
         """Fold already-summed statistics and proposals of the current epoch (a reducer's partials)."""
         self.stats = self.stats + stats
         if prop_weight > 0:
             self.prop_sum += prop_sum
             self.prop_weight += prop_weight
+            self.proposers |= proposers
 
     # ------------------------------------------------------------------ versions
     def ready_to_move(self) -> bool:
-        return self.learn and self.prop_weight >= self.min_proposal_weight
+        heard = len(set(self.included) | self.proposers)
+        quorum = max(1, math.ceil(self.proposal_quorum * heard - 1e-9))
+        return self.learn and self.prop_weight >= self.min_proposal_weight and len(self.proposers) >= quorum
 
     def move(self) -> bool:
         """Adopt the weighted average of the proposals as version `epoch + 1`, carrying the global's
@@ -150,6 +160,7 @@ class FSGPServer:
         mean = self.prop_sum / self.prop_weight
         self.prop_sum = np.zeros_like(self.prop_sum)
         self.prop_weight = 0.0
+        self.proposers = set()
         try:
             new = Hyper.from_vector(self.hyper.kind, mean, self.hyper.m, self.hyper.d)
             cholesky(cov(new, new.Z, new.Z) + self.jitter * new.amplitude ** 2 * np.eye(new.m), "new c(Z, Z)")
