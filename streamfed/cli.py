@@ -19,6 +19,15 @@ app = typer.Typer(help="streamfed: online streaming federated learning over MQTT
 console = Console()
 
 
+# --columns: one help text for both commands (the syntax is streamfed.fleet.columns.ColumnSpec.parse's)
+_COLUMNS_HELP = ("declared input columns instead of --features, in vector order: NAME[:KIND[=OPTIONS]],... with "
+                 "KIND number (default), boolean (true/false, yes/no, on/off, 1/0), category=a|b|c (one-hot; "
+                 "a|b|* adds an 'other' slot, else an unknown level is skipped), hash=N (a category hashed into N "
+                 "buckets), timestamp[=TZ][|raw] (ISO 8601 or epoch seconds: hour and weekday as sin/cos on TZ's "
+                 "clock, default UTC; raw adds hour and weekday), e.g. 'temp, site:category=north|south|*, "
+                 "time:timestamp=Europe/Berlin, rain:boolean'")
+
+
 @app.callback()
 def _root() -> None:
     """streamfed: online streaming federated learning over MQTT."""
@@ -49,6 +58,10 @@ def replay(
     target: Annotated[str | None, typer.Option(help="with --dataset PATH.csv: the column to predict")] = None,
     client_column: Annotated[str | None, typer.Option(help="with a CSV: column naming each row's client")] = None,
     features: Annotated[str | None, typer.Option(help="with a CSV: input columns A,B,... (default: numeric)")] = None,
+    columns: Annotated[str | None, typer.Option(help="with a CSV: " + _COLUMNS_HELP)] = None,
+    columns_file: Annotated[Path | None, typer.Option(
+        help="with a CSV: a TOML file whose \\[inputs] section declares the input columns (e.g. the agents' "
+             "configuration file), instead of --columns")] = None,
     join: Annotated[list[str] | None, typer.Option(
         help="CLIENT@STEP: that client joins the running fleet at STEP (repeatable)")] = None,
     leave_one_out: Annotated[int | None, typer.Option(
@@ -81,12 +94,18 @@ def replay(
     elif dataset == "synthetic":
         fleet = synthetic_fleet(n_clients=8, n_steps=steps or 5000, n_inputs=5, seed=0)
     elif dataset.endswith((".csv", ".csv.gz")):
+        spec = _declared_columns(columns, columns_file)
         try:
             fleet, csv_report = csv_fleet_with_report(dataset, target, client_column=client_column,
-                                                      features=features, normalisation=normalisation)
+                                                      features=features, normalisation=normalisation, columns=spec)
         except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--dataset") from None
-        console.print(csv_report.summary())
+            _refuse(str(e))
+        console.print(csv_report.summary(), soft_wrap=True)
+        hint = csv_report.hint()
+        if hint is not None:
+            from rich.markup import escape
+
+            console.print(f"[yellow]note[/]: {escape(hint)}", soft_wrap=True)
     else:
         raise typer.BadParameter(f"unknown dataset {dataset!r}: beijing-air, synthetic or PATH.csv")
     samples = sum(len(s.y) for s in fleet.streams)
@@ -119,7 +138,8 @@ def replay(
             f"--n-kernels {n_kernels}", f"--n-features {n_features}", f"--bin-size {bin_size}",
             f"--out {shlex.quote(str(out))}"]
     for flag, value in (("--eta", eta), ("--lam", lam), ("--xi", xi), ("--steps", steps),
-                        ("--target", target), ("--client-column", client_column), ("--features", features)):
+                        ("--target", target), ("--client-column", client_column), ("--features", features),
+                        ("--columns", columns), ("--columns-file", columns_file)):
         if value is not None:
             opts.append(f"{flag} {shlex.quote(str(value))}")
     opts += [f"--param {shlex.quote(p)}" for p in param or []]
@@ -272,7 +292,7 @@ def _serve(build: Callable[[], Any], stats: list, metrics_port: int | None, desc
         console.print(f"[red]error[/]: {e}")
         raise typer.Exit(2) from None
     server = _serve_metrics(stats, metrics_port)
-    console.print(describe(svc))
+    console.print(describe(svc), soft_wrap=True)  # one line in a journal, however long
     _run_service(svc, server)
 
 
@@ -326,6 +346,49 @@ def _refuse(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def _declared_columns(text: str | None, file: Path | None) -> Any:
+    """The input columns declared by `--columns` or `--columns-file` (a TOML file's `[inputs]` section), or
+    None; a bad declaration or file is `error: …` on one line, exit 2."""
+    from streamfed.fleet.columns import ColumnSpec
+
+    if text is not None and file is not None:
+        _refuse("give --columns or --columns-file, not both")
+    if text is not None:
+        try:
+            return ColumnSpec.parse(text)
+        except ValueError as e:
+            _refuse(f"--columns: {e}")
+    if file is None:
+        return None
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from streamfed.fleet.config import InputsConfig
+
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        _refuse(f"--columns-file {file}: {e}")
+    if not isinstance(data.get("inputs"), dict):
+        _refuse(f"--columns-file {file}: no [inputs] section (declare [[inputs.columns]] tables)")
+    try:
+        return InputsConfig.model_validate(data["inputs"]).spec
+    except ValidationError as e:
+        _refuse(f"--columns-file {file}: {_validation_problem(e)}")
+
+
+def _validation_problem(e: Any) -> str:
+    """A pydantic ValidationError as `where: what; ...` — without the input values (a configuration's values
+    may be secrets)."""
+    parts = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        what = str(err.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{where}: {what}" if where else what)
+    return "; ".join(parts)
+
+
 def _agent_names(value: str | None, n_inputs: int) -> list[str] | None:
     """--features as names: none empty or repeated, as many as the fleet's inputs."""
     names = _names(value)
@@ -340,9 +403,11 @@ def _agent_names(value: str | None, n_inputs: int) -> list[str] | None:
     return names
 
 
-def _river_source(name: str, names: list[str] | None, n_inputs: int, rate: float | None) -> object:
+def _river_source(name: str, names: list[str] | None, n_inputs: int, rate: float | None,
+                  columns: Any = None) -> object:
     """A River dataset as a source, checked at start-up: the dataset exists and can be read, its first
-    sample has the features asked for (or, without --features, as many as the fleet's inputs)."""
+    sample has the features (or declared `columns`) asked for (or, without them, as many as the fleet's
+    inputs)."""
     import itertools
 
     from river import datasets
@@ -367,7 +432,8 @@ def _river_source(name: str, names: list[str] | None, n_inputs: int, rate: float
     unknown = [n for n in names or [] if n not in first[0]]
     if unknown:
         _refuse(f"River dataset {name!r}: feature(s) {unknown} not found; features are: {', '.join(keys[:40])}")
-    return sources.river_source(itertools.chain([first], it), rate_hz=rate, features=names)
+    return sources.river_source(itertools.chain([first], it), rate_hz=rate, features=None if columns else names,
+                                columns=columns)
 
 
 @app.command()
@@ -378,6 +444,9 @@ def agent(
     source: Annotated[str, typer.Option(
         help="mqtt (JSON readings on the sensor topic), csv:PATH, jsonl (stdin) or river:DATASET")] = "mqtt",
     features: Annotated[str | None, typer.Option(help="comma-separated input names, in order")] = None,
+    columns: Annotated[str | None, typer.Option(
+        help=_COLUMNS_HELP + "; overrides the configuration's \\[inputs] section; the numbers they make must be "
+             "the fleet's n_inputs")] = None,
     target: Annotated[str | None, typer.Option(help="CSV: the label column")] = None,
     encoding: Annotated[str, typer.Option(
         help="CSV / JSON lines: the text encoding (UTF-8 by default; a byte-order mark is dropped)")] = "utf-8",
@@ -395,19 +464,29 @@ def agent(
 ) -> None:
     """Run one edge agent: predict, learn, publish predictions and bounded updates.
 
+    Inputs are numbers named by --features, or declared input columns (booleans, categories, timestamps) from
+    --columns or the configuration's \\[inputs] section, encoded into the fleet's n_inputs numbers the same way
+    by every source (sensor topic, CSV, JSON lines, River).
+
     A source that cannot be used (no such file, text that is not --encoding, an empty or header-only file,
-    no such --target or --features column, ...) is refused in one line with exit status 2, before connecting.
-    Bad rows and messages are skipped, counted by reason and logged (the first few of each)."""
+    no such --target or --features column, a bad column declaration or one whose width is not n_inputs, ...)
+    is refused in one line with exit status 2, before connecting. Bad rows and messages are skipped, counted
+    by reason and logged (the first few of each)."""
     import math
+
+    from pydantic import ValidationError
 
     from streamfed.fleet import sources
     from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.columns import ColumnSpec
     from streamfed.fleet.config import load_config
     from streamfed.runtime.agent import AgentService
 
     try:
         cfg = load_config(config)
-    except (OSError, ValueError) as e:  # no file, bad TOML/JSON, a value the schema refuses
+    except ValidationError as e:  # a value the schema refuses: where and what, not the values
+        _refuse(f"--config {config}: {_validation_problem(e)}")
+    except (OSError, ValueError) as e:  # no file, bad TOML/JSON
         _refuse(f"--config {config}: {e}")
     if not (0.0 <= max_skip_share <= 1.0) or math.isnan(max_skip_share):
         _refuse(f"--max-skip-share must be between 0 and 1, got {max_skip_share}")
@@ -417,19 +496,40 @@ def agent(
         sources.check_encoding(encoding)
     except ValueError as e:
         _refuse(f"--encoding: {e}")
-    names = _agent_names(features, cfg.fleet.n_inputs)
+    spec: ColumnSpec | None = None
+    declared = "--columns" if columns is not None else f"[inputs] of {config}"
+    if columns is not None:
+        try:
+            spec = ColumnSpec.parse(columns)
+        except ValueError as e:
+            _refuse(f"--columns: {e}")
+    elif cfg.inputs is not None:
+        spec = cfg.inputs.spec
+    if spec is not None:
+        try:
+            spec.check_width(cfg.fleet.n_inputs)
+        except ValueError as e:
+            _refuse(f"{declared}: {e}")
+        if features is not None and _names(features) != list(spec.names):
+            _refuse(f"--features {features!r} differs from the input columns declared by {declared} "
+                    f"({','.join(spec.names)}): leave --features out")
+        names: list[str] | None = list(spec.names)
+    else:
+        names = _agent_names(features, cfg.fleet.n_inputs)
     src = None
     if source.startswith("csv:"):
         if not (names and target):
-            _refuse("a CSV source needs --features and --target")
+            _refuse("a CSV source needs --features and --target (--columns or [inputs] may replace --features)")
         try:
-            src = sources.csv_source(source[4:], target, names, rate_hz=rate, encoding=encoding)
+            src = sources.csv_source(source[4:], target, () if spec else names, rate_hz=rate, encoding=encoding,
+                                     columns=spec)
         except ValueError as e:
             _refuse(str(e))
     elif source == "jsonl":
-        src = sources.jsonl_source(features=names or [f"x{i}" for i in range(cfg.fleet.n_inputs)], encoding=encoding)
+        parser = sources.ReadingParser(names or [f"x{i}" for i in range(cfg.fleet.n_inputs)], columns=spec)
+        src = sources.jsonl_source(parser=parser, encoding=encoding)
     elif source.startswith("river:"):
-        src = _river_source(source[6:], names, cfg.fleet.n_inputs, rate)
+        src = _river_source(source[6:], names, cfg.fleet.n_inputs, rate, spec)
     elif source != "mqtt":
         _refuse(f"unknown source {source!r}: mqtt, csv:PATH, jsonl or river:DATASET")
     try:
@@ -437,12 +537,21 @@ def agent(
     except ValueError as e:
         _refuse(str(e))
     sensor = (names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None
-    _serve(lambda: AgentService(core, cfg.broker, src, state_dir=state_dir, sensor_features=sensor,
-                                max_skip_share=max_skip_share, skip_window=skip_window,
-                                wait_for_global=wait_for_global),
-           [core.stats], metrics_port,
+
+    def build() -> Any:
+        # AgentService sizes its sensor parser by n_inputs: it is given the encoded names, then the parser reads
+        # the declared columns — keeping the order and duplicate memory a restored state file gave it.
+        svc = AgentService(core, cfg.broker, src, state_dir=state_dir,
+                           sensor_features=list(spec.outputs) if spec is not None and sensor else sensor,
+                           max_skip_share=max_skip_share, skip_window=skip_window, wait_for_global=wait_for_global)
+        if svc.parser is not None and sensor is not None:
+            svc.parser = svc.parser.with_schema(() if spec is not None else sensor, columns=spec)
+        return svc
+
+    inputs = f", inputs {spec.text} ({spec.width} numbers)" if spec is not None else ""
+    _serve(build, [core.stats], metrics_port,
            lambda svc: f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
-                       f"{cfg.broker.host}:{cfg.broker.port}, source {source}"
+                       f"{cfg.broker.host}:{cfg.broker.port}, source {source}{inputs}"
                        + (f", resumed at item {svc.source_pos}" if svc.restored else ""))
 
 
