@@ -348,3 +348,20 @@ def test_bad_inputs_section_is_refused(edit, needle):
     with pytest.raises(ValidationError) as e:
         StreamfedConfig.from_toml(CONFIG.replace(*edit), env={})
     assert needle in str(e.value)
+
+
+def test_the_commented_example_in_edge_agent_toml_is_valid_and_as_wide_as_it_says():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from streamfed.fleet.config import InputsConfig
+
+    text = (Path(__file__).resolve().parents[1] / "edge" / "agent.toml").read_text(encoding="utf-8")
+    block = text[text.index("\n# [[inputs.columns]]\n"):]  # the example, not the prose naming the tables
+    toml = "\n".join(line.removeprefix("# ") for line in block.splitlines() if line.startswith("# "))
+    spec = InputsConfig.model_validate(tomllib.loads(toml)["inputs"]).spec
+    stated = int(re.search(r"makes [\d + ]+ = (\d+) inputs \(n_inputs = (\d+)\)", text).group(1))
+    assert spec.width == stated == 19
+    assert spec.text == ("TEMP,wd:category=N|E|S|W|*,station:hash=8,rain:boolean,"
+                         "time:timestamp=Asia/Shanghai")

@@ -373,7 +373,7 @@ class Column:
             if not self.other:
                 shown = ", ".join(list(self._index)[:20]) + (", ..." if len(self._index) > 20 else "")
                 return Invalid(UNKNOWN_LEVEL, f"{self.name!r}: {level!r} is not a declared level ({shown}; "
-                                              f"declare it, or add the other slot)")
+                                              f"declare it, or give the column an other slot: |* or other = true)")
             i = len(self._index)
         out[i] = 1.0
         return None
