@@ -127,14 +127,14 @@ def test_rank_one_cholesky_update_is_the_factor_of_the_sum() -> None:
 
 
 def federate(h: Hyper, X: np.ndarray, y: np.ndarray, owner: np.ndarray, min_upload: list[int],
-             rng: np.random.Generator) -> tuple[list[FSGPClient], FSGPServer, np.ndarray]:
+             rng: np.random.Generator, jitter: float = JITTER) -> tuple[list[FSGPClient], FSGPServer, np.ndarray]:
     """Clients learn their samples (in the given order), upload at their floors; the server receives every
     upload once, some twice, in a random order; returns clients (with the last global installed), the
     server and the mask of uploaded samples."""
     k = len(min_upload)
     clients = [FSGPClient(h, min_upload=min_upload[c], client_id=f"c{c}", learn_hyperparameters=False,
-                          jitter=JITTER) for c in range(k)]
-    server = FSGPServer(h, min_samples=1, learn_hyperparameters=False, jitter=JITTER)
+                          jitter=jitter) for c in range(k)]
+    server = FSGPServer(h, min_samples=1, learn_hyperparameters=False, jitter=jitter)
     uploaded = np.zeros(len(y), dtype=bool)
     mine: list[list[int]] = [[] for _ in range(k)]
     ups: list[Upload] = []
@@ -209,6 +209,64 @@ def test_the_exactness_check_can_fail() -> None:
     s.add(cov(h, X[:1], h.Z)[0], float(y[0]))
     m, _ = SparsePosterior(h, s, JITTER).predict_many(X[:5])
     assert max_abs(m, oracle_sgpr(h, X, y, X[:5])[0]) > 1e-6
+
+
+def gpytorch_sgpr(h: Hyper, X: np.ndarray, y: np.ndarray, Xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """gpytorch's SGPR (an ExactGP over an InducingPointKernel, float64): the predictive mean and variance
+    of y* and Titsias' bound (its marginal log likelihood in training mode, times n). Without its diagonal
+    correction (which turns the training covariance into FITC's) its variance is DTC's; Titsias' predictive
+    adds back c(x*, x*) - Q(x*, x*), computed here from gpytorch's own kernel."""
+    torch = pytest.importorskip("torch")
+    gpytorch = pytest.importorskip("gpytorch")
+    if h.kind != "se":
+        raise ValueError("the gpytorch oracle is set up for the SE-ARD covariance")
+    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)  # noqa: E731
+
+    class SGPR(gpytorch.models.ExactGP):
+        def __init__(self, lik):
+            super().__init__(t(X), t(y), lik)
+            self.mean_module = gpytorch.means.ZeroMean()
+            self.base = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=h.d))
+            self.covar_module = gpytorch.kernels.InducingPointKernel(self.base, inducing_points=t(h.Z),
+                                                                     likelihood=lik)
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    lik = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-10)).double()
+    model = SGPR(lik).double()
+    # float64 tensors, set after .double(): a Python float or a float32 parameter rounds σ², a² at ~1e-8
+    lik.noise = t(h.noise_var)
+    model.base.outputscale = t(h.amplitude ** 2)
+    model.base.base_kernel.lengthscale = t(np.exp(h.log_ls))
+    model.train()
+    lik.train()
+    with torch.no_grad():
+        bound = float(gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)(model(t(X)), t(y))) * len(y)
+    model.eval()
+    lik.eval()
+    with torch.no_grad(), gpytorch.settings.sgpr_diagonal_correction(False):
+        out = lik(model(t(Xs)))
+        kzz = model.base(t(h.Z), t(h.Z)).to_dense().numpy()
+        ksz = model.base(t(Xs), t(h.Z)).to_dense().numpy()
+    q = np.einsum("ij,ji->i", ksz, np.linalg.solve(kzz, ksz.T))
+    return out.mean.numpy(), out.variance.numpy() + (h.amplitude ** 2 - q), bound
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_federated_predictive_and_bound_equal_gpytorch_sgpr(seed: int) -> None:
+    """The second oracle (only where torch and gpytorch are installed: the optional `torch` extra)."""
+    pytest.importorskip("gpytorch")
+    rng = np.random.default_rng(100 + seed)
+    h = make_hyper("se", m=7, d=2, seed=seed)
+    X, y = make_data(90, seed=seed)
+    owner = rng.integers(0, 4, 90)
+    _, server, uploaded = federate(h, X, y, owner, [1, 2, 3, 1], rng, jitter=1e-12)
+    Xs = rng.uniform(-2.5, 2.5, (11, 2))
+    gm, gv, gbound = gpytorch_sgpr(h, X[uploaded], y[uploaded], Xs)
+    fm, fv = SparsePosterior(h, server.stats, 1e-12).predict_many(Xs)
+    assert max_abs(fm, gm) < 1e-8 and max_abs(fv, gv) < 1e-8
+    assert collapsed_bound(h, X[uploaded], y[uploaded], 1e-12) == pytest.approx(gbound, rel=1e-9)
 
 
 FIXED = {"learn_hyperparameters": False, "n_inducing": 8, "min_upload": 10, "lengthscale": 0.7, "sigma": 0.2}
