@@ -327,7 +327,9 @@ def test_from_csv_on_a_vendored_file_equals_the_loader(raw_fleet: Fleet) -> None
     assert s.name == "PRSA_Data_Gucheng_20130301-20170228"
     assert np.array_equal(s.X, ref.X) and np.array_equal(s.y, ref.y) and np.array_equal(s.row, ref.row)
     assert (s.skipped, dict(s.skipped_by_column)) == (ref.skipped, dict(ref.skipped_by_column))
-    auto = from_csv(path, target="CO", n=10)  # default features: the numeric columns (not wd, station)
+    # default features: the numeric columns; the text ones (wd, station) are named, not dropped silently
+    with pytest.warns(UserWarning, match=r"left out of the inputs: \['wd', 'station'\]"):
+        auto = from_csv(path, target="CO", n=10)
     assert auto.feature_names == ("No", "year", "month", "day", "hour", *INPUTS)
     assert len(auto) == 10
 

@@ -11,6 +11,7 @@ import gzip
 import io
 import math
 import numbers
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,9 @@ def from_csv(path: str | Path, target: str, features: Sequence[str] | None = Non
              na_values: Iterable[str] = NA_VALUES, encoding: str = "utf-8") -> ClientStream:
     """One client stream from a CSV file with a header row (`.gz` files are decompressed).
 
-    `features` defaults to every column except `target` that holds at least one number (so text
-    columns such as names are left out; pass `features` explicitly to be sure). Rows are kept in
+    `features` defaults to every column except `target` that holds at least one number; the columns
+    left out (text, dates, categories) are named in a `UserWarning` — declare them through
+    :func:`~streamfed.evaluation.datasets.csv_fleet.csv_fleet` (`columns=`) to learn from them. Rows are kept in
     file order; `n` stops reading once `n` samples have been taken (counts then cover the rows read).
     A short row's absent fields count as missing. `row` records each sample's 0-based data-row index.
 
@@ -49,7 +51,7 @@ def from_csv(path: str | Path, target: str, features: Sequence[str] | None = Non
     ...     p = os.path.join(tmp, "toy.csv")
     ...     with open(p, "w") as f:
     ...         _ = f.write("a,b,label,who\\n1,2,3,x\\nNA,5,6,y\\n7,8,oops,z\\n10,11,12,w\\n")
-    ...     s = from_csv(p, target="label")
+    ...     s = from_csv(p, target="label", features=["a", "b"])
     >>> s.feature_names, s.X.tolist(), s.y.tolist()
     (('a', 'b'), [[1.0, 2.0], [10.0, 11.0]], [3.0, 12.0])
     >>> s.skipped, dict(s.skipped_by_column)
@@ -73,6 +75,11 @@ def from_csv(path: str | Path, target: str, features: Sequence[str] | None = Non
         index = {h: j for j, h in enumerate(header)}
         features = [h for h in candidates
                     if any(index[h] < len(r) and _number(r[index[h]], na) is not None for r in rows)]
+        left_out = [h for h in candidates if h not in features]
+        if left_out:  # text, dates, categories: said, never dropped silently
+            warnings.warn(f"{path}: columns without a number left out of the inputs: {left_out}; declare them "
+                          "(categories, timestamps, booleans) with csv_fleet(..., columns=...) or "
+                          "`streamfed replay --columns`", UserWarning, stacklevel=2)
     else:
         rows = reader
         unknown = [f for f in features if f not in header]
