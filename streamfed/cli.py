@@ -42,7 +42,9 @@ def replay(
     seeds: Annotated[int, typer.Option(help="number of seeds (features and draws)")] = 1,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("out/replay"),
     steps: Annotated[int | None, typer.Option(help="cut each client's stream to this many samples")] = None,
-    normalisation: Annotated[str, typer.Option(help="paper, online or none")] = "paper",
+    normalisation: Annotated[str | None, typer.Option(
+        help="paper, online or none (default: paper for beijing-air and synthetic, the paper's protocol; "
+             "online for a CSV file, causal, as an agent standardises its stream)")] = None,
     split: Annotated[str, typer.Option(help="station or mixed")] = "station",
     schedule: Annotated[str, typer.Option(help="step, every:K or async:WINDOW:MAX_DELAY")] = "step",
     n_kernels: Annotated[int, typer.Option(help="Gaussian kernels in the dictionary (N)")] = 16,
@@ -70,6 +72,7 @@ def replay(
                        ] = "336,2000",
 ) -> None:
     """Replay a fleet in-process (no network) and compare algorithms: results.json, results.md, plots."""
+    from streamfed.core.features import standardised_dictionary
     from streamfed.evaluation.datasets import csv_fleet_with_report, load_beijing, synthetic_fleet
     from streamfed.evaluation.replay import AlgorithmConfig, Schedule, algorithm_titles
     from streamfed.evaluation.replay import replay as run_replay
@@ -89,11 +92,14 @@ def replay(
                               eta=eta, lam=lam, xi=xi)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    is_csv = dataset.endswith((".csv", ".csv.gz"))
+    if normalisation is None:
+        normalisation = "online" if is_csv else "paper"
     if dataset == "beijing-air":
         fleet = load_beijing(normalisation=normalisation, split=split, steps=steps)  # type: ignore[arg-type]
     elif dataset == "synthetic":
         fleet = synthetic_fleet(n_clients=8, n_steps=steps or 5000, n_inputs=5, seed=0)
-    elif dataset.endswith((".csv", ".csv.gz")):
+    elif is_csv:
         spec = _declared_columns(columns, columns_file)
         try:
             fleet, csv_report = csv_fleet_with_report(dataset, target, client_column=client_column,
@@ -101,6 +107,11 @@ def replay(
         except ValueError as e:
             _refuse(str(e))
         console.print(csv_report.summary(), soft_wrap=True)
+        if normalisation == "online" and cfg.kernels is None:
+            # unit-variance inputs: the agents' default dictionary (bandwidths around √(2d)), not the paper's
+            d = max(len(fleet.feature_names), 1)
+            unit = standardised_dictionary(cfg.n_kernels, d)
+            cfg.bandwidth_low, cfg.bandwidth_high = unit[0].bandwidth, unit[-1].bandwidth
         hint = csv_report.hint()
         if hint is not None:
             from rich.markup import escape

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from streamfed.cli import app
@@ -54,11 +55,16 @@ def test_replay_runs_any_csv_and_every_kind_of_algorithm(tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads((out / "results.json").read_text())
     assert set(data["algorithms"]) == {"fedbnr", "fedbnr-personal", "pofmkl"}
-    assert data["dataset"]["clients"] == 2 and data["dataset"]["samples"] == 240
+    # a user's CSV is normalised causally by default (as an agent standardises; 2 warm-up rows per client)
+    # and its dictionary is the one for unit-variance inputs (d = 2: bandwidths over [0.25, 8])
+    assert data["dataset"]["normalisation"] == "online"
+    assert data["dataset"]["clients"] == 2 and data["dataset"]["samples"] == 240 - 2 * 2
+    assert (data["config"]["bandwidth_low"], data["config"]["bandwidth_high"]) == (0.25, 8.0)
     assert data["config"]["params"] == {"fedbnr": {"min_upload": 8}, "fedbnr-personal": {"min_upload": 8}}
     # statistics of 8 samples, F = 2·8 + 1 per kernel: S_upper, b, n, q
     f = 2 * 8 + 1
-    assert data["algorithms"]["fedbnr"]["uploaded_per_client_step"] == (2 * (f * (f + 1) // 2 + f) + 2) / 8
+    per_upload = 2 * (f * (f + 1) // 2 + f) + 2
+    assert data["algorithms"]["fedbnr"]["uploaded_per_client_step"] == pytest.approx((118 // 8) * per_upload / 118)
     for a in data["algorithms"].values():
         assert np.isfinite(a["mse_mean"]) and a["rejected_steps"] == 0
 
@@ -78,7 +84,6 @@ def test_replay_refuses_bad_input_in_one_line(tmp_path):
 import math  # noqa: E402
 
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 
 DECLARED_CSV = ("time,site,rain,temp,load\n"
                 "2024-05-06T06:00:00Z,north,yes,1.5,10\n"   # Monday 06:00
