@@ -9,7 +9,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install --quiet -e '.[test]' 2>&1 | grep -v -E "^WARNING: Location|ignored: it is neither" || true
+# the tests take the optional torch extra too (torch==2.13.0 is the CPU wheel; gpytorch is a test oracle); the
+# core never imports it (tests/test_architecture.py runs it with torch hidden)
+.venv/bin/python -m pip install --quiet -e '.[test,torch]' 2>&1 | grep -v -E "^WARNING: Location|ignored: it is neither" || true
 .venv/bin/python -c "import streamfed, numba, river" >/dev/null
 
 # Debian packages used by the tests (real broker / real Prometheus). Installed only when missing.

@@ -81,3 +81,36 @@ def test_every_registered_algorithm_fills_the_contract(name: str) -> None:
     agg = alg.aggregation(cfg)
     assert isinstance(learner, Learner) and isinstance(agg, Aggregation)
     assert cfg.kernel_version == alg.kernel_version(cfg) and isinstance(cfg.kernel_version, str)
+
+
+def test_the_core_runs_without_torch() -> None:
+    """POF-MKL, RFF FedBNR and the agent/aggregator cores import and learn with torch unimportable (the
+    test environment has torch, for the optional learners' oracles: here it is hidden)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["torch"] = None  # `import torch` now raises ImportError
+import numpy as np
+from streamfed import algorithms
+from streamfed.algorithms.fedbnr.learner import FedBNRRegressor
+from streamfed.algorithms.pofmkl.learner import POFMKLRegressor
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.sources import Reading
+for m in (FedBNRRegressor(n_features=4), POFMKLRegressor(n_kernels=2, n_features=4)):
+    for t in range(40):
+        m.learn_one({"a": t / 40, "b": (t % 7) / 7}, float(np.sin(t)))
+    assert np.isfinite(m.predict_one({"a": 0.5, "b": 0.1}))
+for name in ("pofmkl", "fedbnr"):
+    cfg = FleetConfig(fleet="f", algorithm=name, n_inputs=2, n_kernels=2, n_features=4)
+    agent, agg = AgentCore(cfg, "a", 0), AggregatorCore(cfg, mode="async", window=0.0)
+    for t in range(40):
+        agent.on_reading(Reading(f"r{t}", np.array([t / 40, 0.5]), float(t), y=float(np.cos(t))))
+assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
