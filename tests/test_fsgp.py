@@ -518,6 +518,10 @@ def test_a_version_is_an_average_over_a_quorum_of_clients() -> None:
     # a proposal fitted from version 0 arriving after the move counts for nothing
     server.apply(Upload("c", 2, 0, s.copy(), p1, 100.0))
     assert server.stale_proposals == 1 and server.prop_weight == 0.0
+    # the quorum counts the clients heard since the last version: c (heard) and d (silent since) leave
+    # a alone, one of two, enough; so clients that stopped streaming do not hold the fleet back
+    server.apply(Upload("a", 3, 1, Stats(s.P.copy(), s.r.copy(), s.n, s.q, 1), g.hyper, 10.0))
+    assert server.publish().epoch == 2
 
 
 # =========================================================================== 4. River, bad inputs

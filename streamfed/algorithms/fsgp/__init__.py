@@ -59,7 +59,7 @@ class FSGPParams(Params):
     fit_steps: int = Field(10, ge=1)  # Adam steps per local fit
     learning_rate: float = Field(0.05, gt=0, allow_inf_nan=False)
     min_proposal_weight: float = Field(256.0, gt=0)  # server: a new version needs proposals of this many samples
-    proposal_quorum: float = Field(0.5, gt=0, le=1)  # ... from at least this share of the clients heard from
+    proposal_quorum: float = Field(0.5, gt=0, le=1)  # ... from this share of the clients heard since the last one
 
 
 def initial_hyper(cfg: FleetConfig) -> Hyper:

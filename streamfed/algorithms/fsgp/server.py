@@ -1,8 +1,9 @@
 """The server half of FSGP (docs/algorithms.md, "FSGP"): every upload summed exactly once under the
 current `(θ, σ, Z)`, proposals averaged (FedAvg, weighted by the samples they were fitted on), versioned
 globals. A new version is adopted at a window's end once the proposals of the current one weigh at least
-`min_proposal_weight` samples and come from at least `proposal_quorum` of the clients heard from (so a
-version is an average over clients, not one client's local fit).
+`min_proposal_weight` samples and come from at least `proposal_quorum` of the clients heard from since the
+last version (so a version is an average over the active clients, not one client's local fit, and clients
+that have stopped streaming do not hold the fleet back).
 
 Versions: the global carries `epoch`, the version of its `(θ, σ, Z)`. An upload computed under an older
 epoch is carried forward through every later version by the same linear projection the global went
@@ -53,6 +54,7 @@ class FSGPServer:
             raise ValueError(f"proposal_quorum must be in (0, 1], got {proposal_quorum!r}")
         self.proposal_quorum = float(proposal_quorum)
         self.proposers: set[str] = set()
+        self.heard: set[str] = set()  # clients whose uploads were summed since the last version change
         self.max_buffered, self.history = int(max_buffered), int(history)
         self.epoch = 0
         self.version = 0
@@ -127,6 +129,7 @@ class FSGPServer:
         return stats
 
     def _sum(self, up: Upload) -> None:
+        self.heard.add(up.client)
         st = self.to_current(up.stats)
         if st is None:
             self.stale_dropped += 1
@@ -147,10 +150,11 @@ class FSGPServer:
             self.prop_sum += prop_sum
             self.prop_weight += prop_weight
             self.proposers |= proposers
+            self.heard |= proposers
 
     # ------------------------------------------------------------------ versions
     def ready_to_move(self) -> bool:
-        heard = len(set(self.included) | self.proposers)
+        heard = len(self.heard | self.proposers)
         quorum = max(1, math.ceil(self.proposal_quorum * heard - 1e-9))
         return self.learn and self.prop_weight >= self.min_proposal_weight and len(self.proposers) >= quorum
 
@@ -161,6 +165,7 @@ class FSGPServer:
         self.prop_sum = np.zeros_like(self.prop_sum)
         self.prop_weight = 0.0
         self.proposers = set()
+        self.heard = set()
         try:
             new = Hyper.from_vector(self.hyper.kind, mean, self.hyper.m, self.hyper.d)
             cholesky(cov(new, new.Z, new.Z) + self.jitter * new.amplitude ** 2 * np.eye(new.m), "new c(Z, Z)")
