@@ -40,6 +40,7 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import decode, encode
+from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import Reading, array_source
 
 JITTER = 1e-6
@@ -331,6 +332,39 @@ def test_through_the_codec_and_the_cores_equals_centralised() -> None:
     assert max_abs(pm[:, 0], om) < 1e-8 and max_abs(pm[:, 1], ov) < 1e-8
 
 
+def test_shards_and_a_reducer_equal_centralised() -> None:
+    """Fixed hyperparameters: two shards (one update in two reaches both, a resend) and a reducer."""
+    fleet = synthetic_fleet(3, 35, 2, seed=8)
+    cfg = fixed_cfg(2, fleet="fsgp-shards")
+    names = list(fleet.names)
+    shards = [ShardCore(cfg, f"s{i}", clients=names, mode="async") for i in range(2)]
+    reducer = ReducerCore(cfg, clients=names, mode="async", window=3600.0)
+    for i, s in enumerate(fleet.streams):
+        core = AgentCore(cfg, s.name, i)
+        for t in range(len(s.y)):
+            _, msgs = core.on_reading(Reading(f"r{t}", s.X[t], float(t), float(s.y[t])), now=0.0)
+            for m in msgs:
+                shards[m.seq % 2].on_update(s.name, encode(m), now=0.0)
+                if m.seq == 1:
+                    shards[(m.seq + 1) % 2].on_update(s.name, encode(m), now=0.0)
+    queue = [(sh, p) for sh in shards for p in sh.flush(now=0.0)]
+    while queue:
+        sh, p = queue.pop(0)
+        for out in reducer.on_partial(sh.name, encode(p), now=0.0):
+            queue += [(sh, q) for q in sh.on_ack(out, now=0.0)]
+    reducer.tick(now=1e9)
+    g = reducer.global_message()
+    assert g.included == {n: 3 for n in names}
+    X = np.concatenate([s.X[:30] for s in fleet.streams])
+    y = np.concatenate([s.y[:30] for s in fleet.streams])
+    Xs = np.random.default_rng(3).uniform(-1, 1, (5, 2))
+    om, ov = oracle_sgpr(initial_hyper(cfg), X, y, Xs)
+    fresh = ALGORITHM.learner(cfg, "late", 9)
+    assert fresh.install_global(g)
+    pm = np.array([fresh.predict(x) for x in Xs])
+    assert max_abs(pm[:, 0], om) < 1e-8 and max_abs(pm[:, 1], ov) < 1e-8
+
+
 def test_replay_equals_centralised_and_learning_runs() -> None:
     fleet = synthetic_fleet(3, 95, 2, seed=2)
     acfg = AlgorithmConfig(params={"fsgp": FIXED})
@@ -573,6 +607,13 @@ def test_a_bad_sample_changes_nothing() -> None:
         learner.begin_learn(np.array([math.inf, 0.0]), 1.0)
     assert learner.predict(probe) == before.predict(probe)
     assert learner.client.n == before.n and np.array_equal(learner.client.pending.P, before.pending.P)
+    # a sum that would overflow: 1e154² is finite, twice 1.3e154² is not
+    learner.learn(np.array([0.0, 0.0]), 1e154)
+    after = copy.deepcopy(learner.client)
+    with pytest.raises(NonFiniteError):
+        learner.learn(np.array([0.0, 0.0]), 1.3e154)
+    assert learner.client.pending.q == after.pending.q and learner.client.n == after.n
+    assert all(math.isfinite(v) for v in learner.predict(probe))
     model = FSGPRegressor(n_inducing=4)
     model.learn_one({"a": 1.0}, 2.0)
     with pytest.raises(ValueError):

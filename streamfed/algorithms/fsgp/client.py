@@ -116,13 +116,21 @@ class FSGPClient:
         return self._res_x[: self._res_n].copy(), self._res_y[: self._res_n].copy()
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
-        return self.post.predict(_finite_input(x, self.hyper.d))
+        m, v = self.predict_many(_finite_input(x, self.hyper.d)[None, :])
+        return float(m[0]), float(v[0])
 
     def predict_many(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive means and variances; where rounding overflowed, the prior's `(0, a² + σ²)` instead
+        (no non-finite value leaves the learner)."""
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.hyper.d or not np.all(np.isfinite(X)):
             raise ValueError(f"expected finite inputs of shape (T, {self.hyper.d}), got {X.shape}")
-        return self.post.predict_many(X)
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean, var = self.post.predict_many(X)
+        bad = ~(np.isfinite(mean) & np.isfinite(var))
+        if np.any(bad):
+            mean, var = np.where(bad, 0.0, mean), np.where(bad, self.hyper.amplitude ** 2 + self.hyper.noise_var, var)
+        return mean, var
 
     # ------------------------------------------------------------------ learning
     def learn(self, x: np.ndarray, y: float, prediction: tuple[float, float] | None = None) -> tuple[float, float]:
@@ -132,6 +140,12 @@ class FSGPClient:
         y = finite_target(y)
         pred = self.post.predict(x) if prediction is None else prediction
         k = self.post.features(x)
+        with np.errstate(over="ignore", invalid="ignore"):  # every running sum must stay finite
+            grown = [st.q + y * y for st in (self.post.stats, self.pending, self._own0.stats)]
+            grown += [float(np.max(np.abs(st.r))) + float(np.max(np.abs(k))) * abs(y)
+                      for st in (self.post.stats, self.pending)]
+        if not all(math.isfinite(g) for g in grown):
+            raise NonFiniteError("a running sum would overflow")
         self.post.add_features(k, y)  # raises before changing anything
         self.pending.add(k, y)
         self._own0.stats.add(k if self.epoch == 0 else self._own0.features(x), y)
