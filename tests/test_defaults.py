@@ -64,7 +64,8 @@ def test_standardiser_refuses_an_overflowing_value_and_changes_nothing() -> None
 
 
 def _by_hand(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Past-only z-scores of inputs and target, and the target's offset and scale, by plain loops."""
+    """Past-only z-scores of inputs (winsorised at ±5) and target, and the target's offset and scale, by plain
+    loops."""
     n, d = x.shape
     zx, zy, off, sc = np.full((n, d), np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     for t in range(2, n):
@@ -72,7 +73,7 @@ def _by_hand(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
             past = x[:t, j]
             m, sd = past.mean(), past.std(ddof=1)
             sd = sd if sd > 0 else (abs(m) if m != 0 else 1.0)
-            zx[t, j] = (x[t, j] - m) / sd
+            zx[t, j] = min(max((x[t, j] - m) / sd, -5.0), 5.0)  # inputs winsorised at ±5 σ (INPUT_CLIP)
         m, sd = y[:t].mean(), y[:t].std(ddof=1)
         off[t], sc[t] = m, sd
         zy[t] = (y[t] - m) / sd
@@ -218,6 +219,7 @@ def test_agent_standardises_like_the_replays_online_normalisation(algorithm: str
 
     x, y = _stream(150, seed=6)
     zx, _, _ = online_standardise(x)
+    zx = np.clip(zx, -5.0, 5.0)  # the agents winsorise standardised inputs at ±5 σ (INPUT_CLIP), not the target
     zy, oy, sy = online_standardise(y)
     agent, bare = _agent_pair(algorithm)
     sent, expected = [], []
@@ -272,3 +274,22 @@ def test_an_agent_says_when_a_kernel_overflows(caplog: pytest.LogCaptureFixture)
     assert sum("overflowed" in r.getMessage() for r in caplog.records) == 3  # rate-limited
     agent.stats.update_from_learner(agent.learner)
     assert agent.stats.learner_values["kernel_overflows"] == 5
+
+
+def test_an_input_far_outside_the_past_is_winsorised() -> None:
+    """One reading 75 σ out must not make a random-feature model extrapolate wildly: inputs are clipped at
+    ±5 σ (the target never is), so the prediction is the model's answer at the edge of what it has seen."""
+    rng = np.random.default_rng(9)
+    model, edge = FedBNRRegressor(n_features=20), FedBNRRegressor(n_features=20)
+    for _ in range(300):
+        v = float(rng.normal())
+        y = 2.0 * math.tanh(v) + 0.1 * float(rng.normal())
+        for m in (model, edge):
+            m.learn_one({"rain": v}, y)
+    s = model._x_scale
+    assert s is not None
+    at_edge = float(s.mean[0] + 5.0 * s.scale[0])
+    assert model.predict_one({"rain": float(s.mean[0] + 75.0 * s.scale[0])}) == edge.predict_one({"rain": at_edge})
+    with pytest.raises(ValueError, match="clip"):
+        OnlineStandardiser(1, clip=0.0)
+

@@ -12,6 +12,12 @@ time: the first `warmup` samples (default 2, the fewest with a defined sample st
 initialise the statistics; a column whose past has zero spread falls back to `|mean|` (a relative
 change) or to 1.
 
+Inputs may also be winsorised: with `clip`, a standardised value is kept within `±clip`. The learners'
+defaults clip inputs at :data:`INPUT_CLIP` = 5 standard deviations (never the target): a random-feature
+model has no sensible answer far outside the data it has seen (`cos(ωᵀx)` does not decay), and one
+reading 75 σ out (heavy rain) made FedBNR predict CO 12 times the truth; clipped, the same reading is
+treated as "very rainy", which is what it is.
+
 A value that would make the statistics non-finite (say `1e300`, whose square overflows) is refused
 with a `ValueError` and changes nothing: one absurd reading must not wreck the scale of every later one.
 """
@@ -20,9 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["DEFAULT_WARMUP", "OnlineStandardiser"]
+__all__ = ["DEFAULT_WARMUP", "INPUT_CLIP", "OnlineStandardiser"]
 
 DEFAULT_WARMUP = 2
+INPUT_CLIP = 5.0  # standard deviations: where the defaults winsorise a standardised input
 
 
 class OnlineStandardiser:
@@ -38,13 +45,16 @@ class OnlineStandardiser:
     (1.414213562373095, 13.0)
     """
 
-    def __init__(self, n_columns: int, warmup: int = DEFAULT_WARMUP) -> None:
+    def __init__(self, n_columns: int, warmup: int = DEFAULT_WARMUP, clip: float | None = None) -> None:
         if n_columns < 1:
             raise ValueError(f"n_columns must be >= 1, got {n_columns}")
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
+        if clip is not None and not clip > 0:
+            raise ValueError(f"clip must be > 0 or None, got {clip!r}")
         self.n_columns = int(n_columns)
         self.warmup = int(warmup)
+        self.clip = None if clip is None else float(clip)
         self.count = 0
         self.mean = np.zeros(self.n_columns)
         self.m2 = np.zeros(self.n_columns)
@@ -65,8 +75,10 @@ class OnlineStandardiser:
         return s
 
     def transform(self, v: np.ndarray) -> np.ndarray:
-        """`(v - mean) / scale` with the statistics of the past (before :meth:`update` folds `v` in)."""
-        return (np.asarray(v, dtype=np.float64) - self.mean) / self.scale
+        """`(v - mean) / scale` with the statistics of the past (before :meth:`update` folds `v` in),
+        within `±clip` if set."""
+        z = (np.asarray(v, dtype=np.float64) - self.mean) / self.scale
+        return z if self.clip is None else np.clip(z, -self.clip, self.clip)
 
     def update(self, v: np.ndarray) -> None:
         """Fold `v` into the statistics (Welford). Refused with `ValueError`, nothing changed, if the
@@ -97,7 +109,7 @@ class OnlineStandardiser:
         rows = np.asarray(rows, dtype=np.float64)
         if rows.ndim != 2 or rows.shape[1] != self.n_columns:
             raise ValueError(f"expected rows of {self.n_columns} values, got shape {rows.shape}")
-        work = OnlineStandardiser(self.n_columns, self.warmup)
+        work = OnlineStandardiser(self.n_columns, self.warmup, self.clip)
         work.count, work.mean, work.m2 = self.count, self.mean.copy(), self.m2.copy()
         z = np.full(rows.shape, np.nan)
         ready = np.zeros(rows.shape[0], dtype=bool)
@@ -132,7 +144,8 @@ class OnlineStandardiser:
 
     def state(self) -> dict[str, object]:
         """Plain values for a snapshot (see :meth:`from_state`)."""
-        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(), "warmup": self.warmup}
+        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(), "warmup": self.warmup,
+                "clip": self.clip}
 
     @classmethod
     def from_state(cls, state: dict[str, object]) -> OnlineStandardiser:
@@ -143,7 +156,9 @@ class OnlineStandardiser:
         if mean.ndim != 1 or m2.shape != mean.shape or count < 0 or not (
                 np.all(np.isfinite(mean)) and np.all(np.isfinite(m2)) and np.all(m2 >= 0)):
             raise ValueError("corrupt standardiser state")
-        out = cls(mean.shape[0], int(state.get("warmup", DEFAULT_WARMUP)))  # type: ignore[call-overload]
+        clip = state.get("clip")
+        out = cls(mean.shape[0], int(state.get("warmup", DEFAULT_WARMUP)),  # type: ignore[call-overload]
+                  None if clip is None else float(clip))  # type: ignore[arg-type]
         out.count, out.mean, out.m2 = count, mean, m2
         return out
 

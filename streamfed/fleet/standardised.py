@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.algorithms.base import Learner, Regret, Update, learner_pending_samples
-from streamfed.core.standardise import OnlineStandardiser
+from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
 from streamfed.fleet.protocol import Message
 
 __all__ = ["StandardisedLearner"]
@@ -46,7 +46,7 @@ class StandardisedLearner:
 
     def __init__(self, inner: Learner, n_inputs: int) -> None:
         self.inner = inner
-        self.x_scale = OnlineStandardiser(n_inputs)
+        self.x_scale = OnlineStandardiser(n_inputs, clip=INPUT_CLIP)
         self.y_scale = OnlineStandardiser(1)
         self._next: tuple[OnlineStandardiser, OnlineStandardiser] | None = None
         self._inner_pending = False

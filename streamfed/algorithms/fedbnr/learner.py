@@ -60,7 +60,7 @@ from river import base
 from streamfed.algorithms.fedbnr import _layout as lay
 from streamfed.core.compiled import fedbnr as kern
 from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, standardised_dictionary
-from streamfed.core.standardise import OnlineStandardiser
+from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 
 if TYPE_CHECKING:
@@ -1315,7 +1315,7 @@ class FedBNRRegressor(base.Regressor):
         self.client = client
         self._keys = keys
         if self.standardise:
-            self._x_scale, self._y_scale = OnlineStandardiser(len(keys)), OnlineStandardiser(1)
+            self._x_scale, self._y_scale = OnlineStandardiser(len(keys), clip=INPUT_CLIP), OnlineStandardiser(1)
 
     @staticmethod
     def _sorted_keys(x: dict) -> list[Any]:

@@ -33,7 +33,7 @@ from streamfed.algorithms.pofmkl._layout import (
 )
 from streamfed.core.compiled import pofmkl as _kern
 from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary, standardised_dictionary
-from streamfed.core.standardise import OnlineStandardiser
+from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
 
 # the compiled kernels (ahead-of-time build or numba JIT: see streamfed.core.compiled)
 accumulate_checked = _kern.accumulate_checked
@@ -460,7 +460,8 @@ class POFMKLRegressor(base.Regressor):
             self._client = POFMKLClient(bank, self.eta, self.lam, self.xi, self.bin_size, rng)
             self._server = POFMKLServer(bank.n_kernels, bank.dim)
             if self.standardise:
-                self._x_scale, self._y_scale = OnlineStandardiser(bank.n_inputs), OnlineStandardiser(1)
+                self._x_scale = OnlineStandardiser(bank.n_inputs, clip=INPUT_CLIP)
+                self._y_scale = OnlineStandardiser(1)
             xv = np.array(vals) if vals else np.zeros(1)
         else:
             xv = self._vector(x) if self._keys else np.zeros(1)
