@@ -568,7 +568,8 @@ def test_river_check_estimator(params: dict) -> None:
 
 def test_river_regressor_is_a_plain_client_and_returns_gaussian() -> None:
     X, y = make_data(40, seed=13)
-    model = FSGPRegressor(n_inducing=5, learn_hyperparameters=False, standardise=False, sync_every=1000)
+    model = FSGPRegressor(n_inducing=5, lengthscale=1.0, learn_hyperparameters=False, standardise=False,
+                          sync_every=1000)
     h = Hyper.initial("se", gaussian_design(5, 2, seed=0), sigma=0.5)
     for xi, yi in zip(X, y, strict=True):
         model.learn_one({"zeta": xi[1], "alpha": xi[0]}, yi)  # sorted keys: alpha, zeta

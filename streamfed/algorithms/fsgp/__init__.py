@@ -22,6 +22,7 @@ Nguyen & Turner (2017).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -48,7 +49,9 @@ class FSGPParams(Params):
     kernel: Literal["se", "matern32", "matern52"] = "se"
     n_inducing: int = Field(32, ge=1, le=1024)  # M
     amplitude: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial a
-    lengthscale: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial ℓ_d, every input
+    # initial ℓ_d, every input; None: √(2d), the scale of distances between standardised inputs (as the
+    # kernel dictionaries of streamed fleets, FleetConfig.kernel_specs)
+    lengthscale: float | None = Field(None, gt=0, allow_inf_nan=False)
     sigma: float = Field(0.5, gt=0, allow_inf_nan=False)  # initial noise σ
     inducing_scale: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial Z ~ quasi-random N(0, scale²I)
     jitter: float = Field(1e-6, gt=0, le=1e-2)  # ε: C = c(Z, Z) + ε a² I
@@ -69,7 +72,8 @@ def initial_hyper(cfg: FleetConfig) -> Hyper:
 
     p = cfg.params
     Z = gaussian_design(p.n_inducing, cfg.n_inputs, seed=cfg.seed, scale=p.inducing_scale)
-    return Hyper.initial(p.kernel, Z, amplitude=p.amplitude, lengthscale=p.lengthscale, sigma=p.sigma)
+    ls = p.lengthscale if p.lengthscale is not None else math.sqrt(2.0 * cfg.n_inputs)
+    return Hyper.initial(p.kernel, Z, amplitude=p.amplitude, lengthscale=ls, sigma=p.sigma)
 
 
 class FSGP(Algorithm):

@@ -56,12 +56,13 @@ class FSGPRegressor(base.Regressor):
     """A streaming sparse GP regressor: a fleet of one (the local-only FSGP).
 
     Keys are mapped to an input vector in sorted order, fixed at the first `learn_one` (which builds the
-    model: `M = n_inducing` inducing inputs from the data-free Gaussian design); later a missing key
-    reads 0 and an unknown one is ignored; a None, NaN or non-numeric value raises `ValueError` and changes
-    nothing. Every `sync_every` samples the pending statistics (and a local fit of `θ, σ, Z` on the
-    reservoir, when `learn_hyperparameters`) go to the private server, whose global comes back —
-    carried to new hyperparameters by the Bui projection when they moved. With `standardise` (default)
-    inputs and target are standardised online from past samples only and predictions mapped back.
+    model: `M = n_inducing` inducing inputs from the data-free Gaussian design; `lengthscale` None starts
+    every `ℓ_d` at `√(2d)`); later a missing key reads 0 and an unknown one is ignored; a None, NaN or
+    non-numeric value raises `ValueError` and changes nothing. Every `sync_every` samples the pending
+    statistics (and a local fit of `θ, σ, Z` on the reservoir, when `learn_hyperparameters`) go to the
+    private server, whose global comes back — carried to new hyperparameters by the Bui projection when
+    they moved. With `standardise` (default) inputs and target are standardised online from past samples
+    only and predictions mapped back.
 
     >>> from river import datasets, evaluate, metrics
     >>> model = FSGPRegressor(n_inducing=8)
@@ -72,10 +73,10 @@ class FSGPRegressor(base.Regressor):
     𝒩(μ=..., σ=...)
     """
 
-    def __init__(self, n_inducing: int = 16, kernel: str = "se", lengthscale: float = 1.0, amplitude: float = 1.0,
-                 sigma: float = 0.5, learn_hyperparameters: bool = True, sync_every: int = 32, reservoir: int = 256,
-                 fit_every: int = 64, fit_steps: int = 10, learning_rate: float = 0.05, jitter: float = 1e-6,
-                 seed: int = 0, standardise: bool = True) -> None:
+    def __init__(self, n_inducing: int = 16, kernel: str = "se", lengthscale: float | None = None,
+                 amplitude: float = 1.0, sigma: float = 0.5, learn_hyperparameters: bool = True,
+                 sync_every: int = 32, reservoir: int = 256, fit_every: int = 64, fit_steps: int = 10,
+                 learning_rate: float = 0.05, jitter: float = 1e-6, seed: int = 0, standardise: bool = True) -> None:
         self.n_inducing = n_inducing
         self.kernel = kernel
         self.lengthscale = lengthscale
@@ -95,6 +96,8 @@ class FSGPRegressor(base.Regressor):
         if kernel not in KINDS:
             raise ValueError(f"kernel must be one of {KINDS}, got {kernel!r}")
         for name in ("lengthscale", "amplitude", "sigma", "jitter", "learning_rate"):
+            if getattr(self, name) is None:
+                continue
             v = float(getattr(self, name))
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {v!r}")
@@ -115,8 +118,8 @@ class FSGPRegressor(base.Regressor):
         if not keys:
             raise ValueError("cannot build a model from an input with no features")
         Z = gaussian_design(int(self.n_inducing), len(keys), seed=int(self.seed))
-        hyper = Hyper.initial(self.kernel, Z, amplitude=self.amplitude, lengthscale=self.lengthscale,
-                              sigma=self.sigma)
+        ls = self.lengthscale if self.lengthscale is not None else math.sqrt(2.0 * len(keys))
+        hyper = Hyper.initial(self.kernel, Z, amplitude=self.amplitude, lengthscale=ls, sigma=self.sigma)
         self.client = FSGPClient(hyper, jitter=self.jitter, min_upload=int(self.sync_every), client_id="local",
                                  learn_hyperparameters=bool(self.learn_hyperparameters),
                                  reservoir=int(self.reservoir), fit_every=int(self.fit_every),
