@@ -56,6 +56,7 @@ BENCHES: dict[str, Bench] = {
     "fleet": Bench("benchmarks/bench_fleet.py", ("--quick",), True),
     "sharding": Bench("benchmarks/bench_sharding.py", ("--quick",), True),
     "algorithms": Bench("benchmarks/bench_algorithms.py", ("--quick",), True),
+    "progressive": Bench("benchmarks/bench_progressive.py", ("--quick",), True),
 }
 
 HEADER = """# Benchmarks
