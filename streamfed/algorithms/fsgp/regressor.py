@@ -14,7 +14,7 @@ from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import KINDS, Hyper
 from streamfed.algorithms.fsgp.server import FSGPServer
-from streamfed.core.standardise import OnlineStandardiser
+from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
@@ -130,7 +130,9 @@ class FSGPRegressor(base.Regressor):
                                  learn_hyperparameters=bool(self.learn_hyperparameters), min_proposal_weight=1.0)
         self._keys = keys
         if self.standardise:
-            self._x_scale, self._y_scale = OnlineStandardiser(len(keys)), OnlineStandardiser(1)
+            # inputs winsorised at ±INPUT_CLIP standard deviations, as every default estimator (never the target)
+            self._x_scale = OnlineStandardiser(len(keys), clip=INPUT_CLIP)
+            self._y_scale = OnlineStandardiser(1)
 
     def _sync(self) -> None:
         assert self.client is not None and self.server is not None
