@@ -30,7 +30,7 @@ from streamfed.algorithms.fsgp.client import FSGPClient
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
-from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, chol_update
+from streamfed.algorithms.fsgp.posterior import RANK_ONE_FROM, SparsePosterior, Stats, chol_update
 from streamfed.algorithms.fsgp.projection import ProjectionMap, project, reembed
 from streamfed.algorithms.fsgp.regressor import FSGPRegressor
 from streamfed.algorithms.fsgp.server import FSGPServer
@@ -125,6 +125,20 @@ def test_rank_one_cholesky_update_is_the_factor_of_the_sum() -> None:
         L = chol_update(L, x)
         A = A + np.outer(x, x)
     assert max_abs(L, np.linalg.cholesky(A)) < 1e-12
+
+
+def test_large_m_follows_samples_by_rank_one_updates_to_the_same_predictive() -> None:
+    m = RANK_ONE_FROM
+    h = Hyper.initial("se", gaussian_design(m, 2, seed=1), lengthscale=1.5, sigma=0.3)
+    X, y = make_data(40, seed=18)
+    post = SparsePosterior(h, Stats.zeros(m), JITTER)
+    for xi, yi in zip(X, y, strict=True):
+        post.add(xi, yi)
+    fresh = SparsePosterior(h, post.stats, JITTER)  # refactorised from the sums
+    assert max_abs(post.L_B, fresh.L_B) < 1e-8 * float(np.max(np.abs(fresh.L_B)))
+    pm, pv = post.predict_many(X[:5])
+    om, ov = oracle_sgpr(h, X, y, X[:5])
+    assert max_abs(pm, om) < 1e-8 and max_abs(pv, ov) < 1e-8
 
 
 def federate(h: Hyper, X: np.ndarray, y: np.ndarray, owner: np.ndarray, min_upload: list[int],

@@ -10,8 +10,10 @@ and `B = C + σ⁻² P`, the variational (Titsias) sparse-GP predictive is
     var(x*)  = c(x*, x*) + σ² - k*ᵀ C⁻¹ k* + k*ᵀ B⁻¹ k*
 
 computed with the Cholesky factors `L_C`, `L_B` and triangular solves only (no inverse is formed).
-`L_B` follows every sample by one rank-one Cholesky update (`O(M²)`), and is refactorised whenever the
-statistics are replaced (a new global).
+Every sample is a rank-one update of the statistics (`O(M²)`). For large `M` (from `RANK_ONE_FROM`) `L_B`
+follows it by one rank-one Cholesky update (`O(M²)`); below, LAPACK's refactorisation of `C + σ⁻²P`
+(`O(M³/3)`, once before the next prediction) is faster than that interpreted loop (measured: 9 µs against
+100 µs at `M = 32`, equal near `M = 250`) and is exact from the sums.
 
 :class:`Stats` are tagged with the `(θ, Z)` version (`epoch`) they were computed under: adding statistics
 of two versions is an error, never a silent mix.
@@ -29,7 +31,9 @@ from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.core.stats import pack_upper, unpack_upper
 
-__all__ = ["SparsePosterior", "Stats", "chol_update", "cholesky"]
+__all__ = ["RANK_ONE_FROM", "SparsePosterior", "Stats", "chol_update", "cholesky"]
+
+RANK_ONE_FROM = 192  # from this M on, L_B takes a rank-one update per sample instead of a refactorisation
 
 
 @dataclass(eq=False)
@@ -161,20 +165,29 @@ class SparsePosterior:
         self.C = cov(hyper, hyper.Z, hyper.Z) + self.jitter * a2 * np.eye(hyper.m)
         self.L_C = cholesky(self.C, "c(Z, Z)")
         self.stats = stats.copy()
+        self._L_B: np.ndarray | None = None
         self._refactor()
 
     def _refactor(self) -> None:
         B = self.C + self.stats.P / self.hyper.noise_var
-        self.L_B = cholesky(0.5 * (B + B.T), "C + P/σ²")
+        self._L_B = cholesky(0.5 * (B + B.T), "C + P/σ²")
+
+    @property
+    def L_B(self) -> np.ndarray:
+        """The Cholesky factor of `B = C + σ⁻²P` (refreshed here if samples were added since)."""
+        if self._L_B is None:
+            self._refactor()
+        assert self._L_B is not None
+        return self._L_B
 
     def set_stats(self, stats: Stats) -> None:
         """Replace the statistics (one refactorisation); unchanged on a failure."""
-        old_stats, old_L = self.stats, self.L_B
+        old_stats, old_L = self.stats, self._L_B
         self.stats = stats.copy()
         try:
             self._refactor()
         except ValueError:
-            self.stats, self.L_B = old_stats, old_L
+            self.stats, self._L_B = old_stats, old_L
             raise
 
     def features(self, x: np.ndarray) -> np.ndarray:
@@ -182,12 +195,18 @@ class SparsePosterior:
         return cov(self.hyper, self.hyper.Z, np.asarray(x, dtype=np.float64).reshape(1, -1))[:, 0]
 
     def add_features(self, k: np.ndarray, y: float) -> None:
-        """One sample's `k = c(Z, x)` and `y`: `P += kkᵀ`, `r += ky`, `L_B` by a rank-one update."""
-        L = chol_update(self.L_B, k / self.hyper.sigma)
-        if not np.all(np.isfinite(L)):
-            raise NonFiniteError("the rank-one update made the factor non-finite")
-        self.stats.add(k, y)
-        self.L_B = L
+        """One sample's `k = c(Z, x)` and `y`: `P += kkᵀ`, `r += ky`; `L_B` by a rank-one update (large `M`)
+        or refreshed before the next prediction. Adding `kkᵀ` keeps `B` positive definite, so only a
+        non-finite value could fail, and the caller has checked for it (the rank-one path checks again)."""
+        if self.hyper.m >= RANK_ONE_FROM:
+            L = chol_update(self.L_B, k / self.hyper.sigma)
+            if not np.all(np.isfinite(L)):
+                raise NonFiniteError("the rank-one update made the factor non-finite")
+            self.stats.add(k, y)
+            self._L_B = L
+        else:
+            self.stats.add(k, y)
+            self._L_B = None
 
     def add(self, x: np.ndarray, y: float) -> None:
         self.add_features(self.features(x), float(y))
