@@ -173,7 +173,7 @@ def test_fleet_config_validation() -> None:
     with pytest.raises(ValidationError):
         FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["cosine:1"])
     with pytest.raises(ValidationError):
-        FleetConfig(standardise="none", fleet="f", algorithm="fsgp", n_inputs=1)  # type: ignore[arg-type]
+        FleetConfig(standardise="none", fleet="f", algorithm="magic", n_inputs=1)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="extra"):
         FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, typo=1)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):

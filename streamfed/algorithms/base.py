@@ -23,7 +23,7 @@ A new algorithm is a package with an ``ALGORITHM`` object and one line in
 
 >>> from streamfed import algorithms
 >>> sorted(algorithms.names())
-['em-kofl', 'fedbnr', 'fedbnr-personal', 'ofmkl-avg', 'ofskl', 'pofmkl', 'vm-kofl']
+['em-kofl', 'fedbnr', 'fedbnr-personal', 'fsgp', 'ofmkl-avg', 'ofskl', 'pofmkl', 'vm-kofl']
 >>> alg = algorithms.get("pofmkl")
 >>> alg.lockstep, alg.bayesian
 (True, False)
