@@ -138,8 +138,11 @@ class FSGPClient:
         A `ValueError` leaves everything unchanged."""
         x = _finite_input(x, self.hyper.d)
         y = finite_target(y)
-        pred = self.post.predict(x) if prediction is None else prediction
         k = self.post.features(x)
+        if prediction is None:
+            m, v = self.post.predict_features(k[:, None])
+            prediction = (float(m[0]), float(v[0]))
+        pred = prediction
         with np.errstate(over="ignore", invalid="ignore"):  # every running sum must stay finite
             grown = [st.q + y * y for st in (self.post.stats, self.pending, self._own0.stats)]
             grown += [float(np.max(np.abs(st.r))) + float(np.max(np.abs(k))) * abs(y)

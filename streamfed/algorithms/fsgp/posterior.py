@@ -25,13 +25,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import cho_solve, solve_triangular
+from scipy.linalg import cho_solve
+from scipy.linalg.lapack import dtrtrs
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.core.stats import pack_upper, unpack_upper
 
-__all__ = ["RANK_ONE_FROM", "SparsePosterior", "Stats", "chol_update", "cholesky"]
+__all__ = ["RANK_ONE_FROM", "SparsePosterior", "Stats", "chol_update", "cholesky", "lower_solve"]
 
 RANK_ONE_FROM = 192  # from this M on, L_B takes a rank-one update per sample instead of a refactorisation
 
@@ -120,6 +121,19 @@ def cholesky(A: np.ndarray, what: str = "matrix") -> np.ndarray:
     if not np.all(np.isfinite(L)):
         raise NonFiniteError(f"{what} has a non-finite Cholesky factor")
     return L
+
+
+def lower_solve(L: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """`L⁻¹ B` for a lower-triangular `L` (LAPACK's `dtrtrs` directly: a fifth of scipy's wrapper cost on
+    the per-sample path).
+
+    >>> lower_solve(np.array([[2.0, 0.0], [1.0, 1.0]]), np.array([2.0, 3.0])).tolist()
+    [1.0, 2.0]
+    """
+    x, info = dtrtrs(L, B, lower=1)
+    if info != 0:
+        raise NonFiniteError(f"triangular solve failed (LAPACK info {info})")
+    return x
 
 
 def chol_update(L: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -214,9 +228,10 @@ class SparsePosterior:
     def predict_features(self, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Means and variances for features `K = c(Z, X*)` (M, T)."""
         K = np.asarray(K, dtype=np.float64)
-        a_B = solve_triangular(self.L_B, K, lower=True, check_finite=False)
-        a_C = solve_triangular(self.L_C, K, lower=True, check_finite=False)
-        w = solve_triangular(self.L_B, self.stats.r, lower=True, check_finite=False)
+        t = K.shape[1]
+        both = lower_solve(self.L_B, np.column_stack((K, self.stats.r)))  # L_B⁻¹ [K, r] in one solve
+        a_B, w = both[:, :t], both[:, t]
+        a_C = lower_solve(self.L_C, K)
         mean = (a_B.T @ w) / self.hyper.noise_var
         var = (self.hyper.amplitude ** 2 + self.hyper.noise_var
                - np.sum(a_C * a_C, axis=0) + np.sum(a_B * a_B, axis=0))
