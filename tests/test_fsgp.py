@@ -552,6 +552,7 @@ def test_a_version_is_an_average_over_a_quorum_of_clients() -> None:
     server = FSGPServer(h, min_samples=1, min_proposal_weight=10.0, proposal_quorum=0.5, jitter=JITTER)
     s = Stats.zeros(3)
     s.add(np.array([0.1, 0.2, 0.3]), 1.0)
+    s.n = 50.0  # as if of 50 samples (the server does not look inside): proposals may weigh up to that
     p1 = Hyper(h.kind, h.log_amp + 0.3, h.log_ls, h.log_sigma, h.Z + 0.1)
     p2 = Hyper(h.kind, h.log_amp - 0.1, h.log_ls - 0.2, h.log_sigma + 0.4, h.Z - 0.3)
     for c in "abcd":  # four clients heard from
@@ -570,6 +571,15 @@ def test_a_version_is_an_average_over_a_quorum_of_clients() -> None:
     # a alone, one of two, enough; so clients that stopped streaming do not hold the fleet back
     server.apply(Upload("a", 3, 1, Stats(s.P.copy(), s.r.copy(), s.n, s.q, 1), g.hyper, 10.0))
     assert server.publish().epoch == 2
+    # a proposal weighs at most the samples its client has uploaded (4 × 50 for a by now, 50 for a newcomer)
+    server.apply(Upload("a", 4, 2, Stats(s.P.copy(), s.r.copy(), s.n, s.q, 2), p1, 1e9))
+    server.apply(Upload("e", 1, 2, Stats(s.P.copy(), s.r.copy(), s.n, s.q, 2), p2, 1e9))
+    assert server.prop_weight == 200.0 + 50.0
+    # proposed a, ℓ or σ outside the range every local fit keeps them in: refused, nothing changes
+    wild = Hyper(h.kind, h.log_amp, h.log_ls + 10.0, h.log_sigma, h.Z)
+    with pytest.raises(ValueError, match="outside"):
+        server.apply(Upload("f", 1, 2, Stats(s.P.copy(), s.r.copy(), s.n, s.q, 2), wild, 1.0))
+    assert "f" not in server.included and server.prop_weight == 250.0
 
 
 # =========================================================================== 4. River, bad inputs

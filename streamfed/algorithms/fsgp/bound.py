@@ -26,7 +26,7 @@ from scipy.linalg import cho_solve, solve_triangular
 from streamfed.algorithms.fsgp.kernels import Hyper, cov_and_h
 from streamfed.algorithms.fsgp.posterior import cholesky
 
-__all__ = ["collapsed_bound", "collapsed_bound_and_grad", "fit_hyper"]
+__all__ = ["LOG_BOUNDS", "collapsed_bound", "collapsed_bound_and_grad", "fit_hyper"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 LOG_BOUNDS = (math.log(1e-3), math.log(1e3))  # log a, log ℓ, log σ stay in [1e-3, 1e3]

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from streamfed.algorithms.fsgp.bound import LOG_BOUNDS
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
@@ -55,6 +56,7 @@ class FSGPServer:
         self.proposal_quorum = float(proposal_quorum)
         self.proposers: set[str] = set()
         self.heard: set[str] = set()  # clients whose uploads were summed since the last version change
+        self.samples: dict[str, float] = {}  # per client: samples of every upload summed (or dropped as stale)
         self.max_buffered, self.history = int(max_buffered), int(history)
         self.epoch = 0
         self.version = 0
@@ -91,6 +93,9 @@ class FSGPServer:
                 raise ValueError("proposal of another shape or covariance")
             if not (math.isfinite(up.weight) and up.weight >= 0):
                 raise ValueError(f"proposal weight {up.weight!r}")
+            logs = np.concatenate(([p.log_amp], p.log_ls, [p.log_sigma]))
+            if np.any(logs < LOG_BOUNDS[0]) or np.any(logs > LOG_BOUNDS[1]):
+                raise ValueError("proposed a, ℓ or σ outside [1e-3, 1e3] (where every local fit keeps them)")
 
     def apply(self, up: Upload) -> bool:
         """Sum an upload once (`False` for a duplicate). One whose predecessor is missing waits, so that
@@ -130,6 +135,7 @@ class FSGPServer:
 
     def _sum(self, up: Upload) -> None:
         self.heard.add(up.client)
+        self.samples[up.client] = self.samples.get(up.client, 0.0) + up.stats.n
         st = self.to_current(up.stats)
         if st is None:
             self.stale_dropped += 1
@@ -137,8 +143,11 @@ class FSGPServer:
             self.stats = self.stats + st
         if up.proposal is not None and up.weight > 0:
             if up.epoch == self.epoch:
-                self.prop_sum += up.weight * up.proposal.to_vector()
-                self.prop_weight += up.weight
+                # a reservoir holds at most the samples its client has seen, all of them uploaded by now
+                # (an upload takes every pending sample): a larger claimed weight counts for no more
+                w = min(float(up.weight), self.samples[up.client])
+                self.prop_sum += w * up.proposal.to_vector()
+                self.prop_weight += w
                 self.proposers.add(up.client)
             else:
                 self.stale_proposals += 1
