@@ -11,8 +11,9 @@ A client keeps, all under the current version's `(θ, σ, Z)`:
   (FedAvg's local update) and attaches the result to its next upload as a proposal.
 
 A global of a newer version `(θ', σ', Z')` carries everything the client holds to the new inducing inputs
-by the projection of Bui et al. (:mod:`.projection`) — pending, unacked and its own totals — so no
-statistics of two versions are ever added, and nothing learned is discarded.
+by the projection of Bui et al. (:mod:`.projection`) — pending and unacked statistics — so no statistics
+of two versions are ever added, and nothing learned is discarded. (The regret's comparator keeps its own
+statistics under the initial version, never carried: a fixed comparator class.)
 """
 
 from __future__ import annotations
@@ -126,10 +127,13 @@ class FSGPClient:
         if X.ndim != 2 or X.shape[1] != self.hyper.d or not np.all(np.isfinite(X)):
             raise ValueError(f"expected finite inputs of shape (T, {self.hyper.d}), got {X.shape}")
         with np.errstate(over="ignore", invalid="ignore"):
-            mean, var = self.post.predict_many(X)
+            return self._guarded(*self.post.predict_many(X))
+
+    def _guarded(self, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bad = ~(np.isfinite(mean) & np.isfinite(var))
         if np.any(bad):
-            mean, var = np.where(bad, 0.0, mean), np.where(bad, self.hyper.amplitude ** 2 + self.hyper.noise_var, var)
+            prior = self.hyper.amplitude ** 2 + self.hyper.noise_var
+            mean, var = np.where(bad, 0.0, mean), np.where(bad, prior, var)
         return mean, var
 
     # ------------------------------------------------------------------ learning
@@ -140,13 +144,15 @@ class FSGPClient:
         y = finite_target(y)
         k = self.post.features(x)
         if prediction is None:
-            m, v = self.post.predict_features(k[:, None])
+            with np.errstate(over="ignore", invalid="ignore"):
+                m, v = self._guarded(*self.post.predict_features(k[:, None]))
             prediction = (float(m[0]), float(v[0]))
         pred = prediction
         with np.errstate(over="ignore", invalid="ignore"):  # every running sum must stay finite
             grown = [st.q + y * y for st in (self.post.stats, self.pending, self._own0.stats)]
             grown += [float(np.max(np.abs(st.r))) + float(np.max(np.abs(k))) * abs(y)
                       for st in (self.post.stats, self.pending)]
+            grown.append(self.loss + (pred[0] - y) ** 2)
         if not all(math.isfinite(g) for g in grown):
             raise NonFiniteError("a running sum would overflow")
         self.post.add_features(k, y)  # raises before changing anything
@@ -246,5 +252,5 @@ class FSGPClient:
                 w = cho_solve((cholesky(0.5 * (A + A.T), "P + σ²C"), True), own.r, check_finite=False)
                 best = max(float(own.q - 2.0 * w @ own.r + w @ own.P @ w), 0.0)
             except ValueError:
-                best = math.nan
+                best = 0.0  # cannot happen (C is positive definite); never a non-finite value
         return {"n": float(self.n), "loss": float(self.loss), "best_loss": best}
