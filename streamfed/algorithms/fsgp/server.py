@@ -169,7 +169,8 @@ class FSGPServer:
 
     def move(self) -> bool:
         """Adopt the weighted average of the proposals as version `epoch + 1`, carrying the global's
-        statistics over; `False` (nothing changed) if the average is unusable."""
+        statistics over. `False` if the average is unusable: the version and the sums stay, the proposals
+        are discarded (the clients' next fits propose again)."""
         mean = self.prop_sum / self.prop_weight
         self.prop_sum = np.zeros_like(self.prop_sum)
         self.prop_weight = 0.0
