@@ -57,6 +57,7 @@ BENCHES: dict[str, Bench] = {
     "sharding": Bench("benchmarks/bench_sharding.py", ("--quick",), True),
     "algorithms": Bench("benchmarks/bench_algorithms.py", ("--quick",), True),
     "progressive": Bench("benchmarks/bench_progressive.py", ("--quick",), True),
+    "fsgp": Bench("benchmarks/bench_fsgp.py", ("--quick",), True),
 }
 
 HEADER = """# Benchmarks
