@@ -60,19 +60,13 @@ from river import base
 from streamfed.algorithms.fedbnr import _layout as lay
 from streamfed.core.compiled import fedbnr as kern
 from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, standardised_dictionary
+from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
 from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
-
-def _gaussian(mean: float, var: float) -> Gaussian:
-    """`river.proba.Gaussian(mean, var)`. Imported here, not at module level: `river.proba` imports
-    scipy.stats (~70 MiB resident, ~0.7 s), which an agent, predicting through the array path, never needs."""
-    from river.proba import Gaussian
-
-    return Gaussian._from_state(n=1, m=mean, var=var, ddof=0)  # noqa: SLF001 (River's; see above)
 
 __all__ = [
     "Upload",
@@ -753,7 +747,7 @@ class FedBNRClient:
         """River-style: the predictive mean, or with `with_dist` the predictive `river.proba.Gaussian`
         `N(φᵀm, σ² + φᵀA⁻¹φ)`."""
         mu, var = self.predict(x)
-        return _gaussian(mu, var) if with_dist else mu
+        return gaussian(mu, var) if with_dist else mu
 
     def learn_one(self, x: np.ndarray, y: float) -> None:
         """Alias of :meth:`learn` (River naming)."""
@@ -1212,22 +1206,6 @@ class FedBNRServer:
 # ============================================================================ River
 
 
-def _dict_to_vector(keys: Sequence[Any], x: dict) -> np.ndarray:
-    """`x` read in `keys` order (a missing key reads 0); `ValueError` for a None/NaN/non-numeric value."""
-    out = np.empty(len(keys))
-    for i, k in enumerate(keys):
-        v = x.get(k, 0.0)
-        if v is None or isinstance(v, (str, bytes)):
-            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}")
-        try:
-            out[i] = float(v)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}") from exc
-    if not np.all(np.isfinite(out)):
-        raise ValueError("input contains a non-finite value")
-    return out
-
-
 class FedBNRRegressor(base.Regressor):
     """Online FedBNR as a River regressor: one client with a private server (local-only FedBNR).
 
@@ -1317,13 +1295,6 @@ class FedBNRRegressor(base.Regressor):
         if self.standardise:
             self._x_scale, self._y_scale = OnlineStandardiser(len(keys), clip=INPUT_CLIP), OnlineStandardiser(1)
 
-    @staticmethod
-    def _sorted_keys(x: dict) -> list[Any]:
-        try:
-            return sorted(x)
-        except TypeError:  # mixed key types: still a deterministic order
-            return sorted(x, key=lambda k: (type(k).__name__, repr(k)))
-
     def _sync(self) -> None:
         assert self.client is not None and self.server is not None
         up = self.client.make_upload()
@@ -1334,12 +1305,12 @@ class FedBNRRegressor(base.Regressor):
     # ------------------------------------------------------------------ River protocol
     def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
         if self.client is None:
-            keys = self._sorted_keys(x)
-            _dict_to_vector(keys, x)  # validate before building anything
+            keys = sorted_keys(x)
+            dict_to_vector(keys, x)  # validate before building anything
             FedBNRClient._check_target(y)  # noqa: SLF001 (same module)
             self._build(keys)
         assert self.client is not None and self._keys is not None
-        xv = _dict_to_vector(self._keys, x)
+        xv = dict_to_vector(self._keys, x)
         xs, ys = self._x_scale, self._y_scale
         if xs is None or ys is None:
             self.client.learn(xv, y)  # type: ignore[arg-type]
@@ -1363,18 +1334,18 @@ class FedBNRRegressor(base.Regressor):
             mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
         elif xs is None or ys is None:
             assert self._keys is not None
-            mu, var = self.client.predict(_dict_to_vector(self._keys, x))
+            mu, var = self.client.predict(dict_to_vector(self._keys, x))
         elif not ys.ready:
             mu, var = ys.fallback()
         else:
             assert self._keys is not None
-            m, v = self.client.predict(xs.transform(_dict_to_vector(self._keys, x)))
+            m, v = self.client.predict(xs.transform(dict_to_vector(self._keys, x)))
             mu, var = ys.inverse_mean(m), ys.inverse_var(v)
             if not (math.isfinite(mu) and math.isfinite(var) and var > 0):
                 mu, var = ys.fallback()
         if not with_dist:
             return float(mu)
-        return _gaussian(float(mu), float(var))
+        return gaussian(float(mu), float(var))
 
     # ------------------------------------------------------------------ array path
     def _matrix(self, xs: Any) -> np.ndarray:
@@ -1388,7 +1359,7 @@ class FedBNRRegressor(base.Regressor):
         Same result as a loop of `learn_one`, without the dict overhead; bad input changes nothing."""
         if self.client is None:
             if hasattr(xs, "columns"):
-                keys = self._sorted_keys({c: None for c in xs.columns})
+                keys = sorted_keys({c: None for c in xs.columns})
             else:
                 keys = list(range(np.asarray(xs).shape[1] if np.ndim(xs) == 2 else 0))
             arr = np.asarray(xs[keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)

@@ -14,42 +14,13 @@ from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import KINDS, Hyper
 from streamfed.algorithms.fsgp.server import FSGPServer
+from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
 from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
 __all__ = ["FSGPRegressor"]
-
-
-def _gaussian(mean: float, var: float) -> Gaussian:
-    """`river.proba.Gaussian(mean, var)`, imported on use (river.proba pulls in scipy.stats)."""
-    from river.proba import Gaussian
-
-    return Gaussian._from_state(n=1, m=mean, var=var, ddof=0)  # noqa: SLF001 (River's own constructor)
-
-
-def _vector(keys: list[Any], x: dict) -> np.ndarray:
-    """`x` in `keys` order (a missing key reads 0); `ValueError` for a None/NaN/non-numeric value."""
-    out = np.empty(len(keys))
-    for i, k in enumerate(keys):
-        v = x.get(k, 0.0)
-        if v is None or isinstance(v, (str, bytes)):
-            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}")
-        try:
-            out[i] = float(v)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"feature {k!r} has the non-numeric value {v!r}") from exc
-    if not np.all(np.isfinite(out)):
-        raise ValueError("input contains a non-finite value")
-    return out
-
-
-def _sorted_keys(x: dict) -> list[Any]:
-    try:
-        return sorted(x)
-    except TypeError:  # mixed key types: still a deterministic order
-        return sorted(x, key=lambda k: (type(k).__name__, repr(k)))
 
 
 class FSGPRegressor(base.Regressor):
@@ -144,12 +115,12 @@ class FSGPRegressor(base.Regressor):
     # ------------------------------------------------------------------ River protocol
     def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
         if self.client is None:
-            keys = _sorted_keys(x)
-            _vector(keys, x)  # validate before building anything
+            keys = sorted_keys(x)
+            dict_to_vector(keys, x)  # validate before building anything
             finite_target(y)  # type: ignore[arg-type]
             self._build(keys)
         assert self.client is not None and self._keys is not None
-        xv = _vector(self._keys, x)
+        xv = dict_to_vector(self._keys, x)
         yv = finite_target(y)  # type: ignore[arg-type]
         xs, ys = self._x_scale, self._y_scale
         if xs is None or ys is None:
@@ -170,24 +141,24 @@ class FSGPRegressor(base.Regressor):
         if self.client is None or self._keys is None:
             mu, var = 0.0, float(self.amplitude) ** 2 + float(self.sigma) ** 2  # the prior predictive
         elif xs is None or ys is None:
-            mu, var = self.client.predict(_vector(self._keys, x))
+            mu, var = self.client.predict(dict_to_vector(self._keys, x))
         elif not ys.ready:
             mu, var = ys.fallback()
         else:
-            m, v = self.client.predict(xs.transform(_vector(self._keys, x)))
+            m, v = self.client.predict(xs.transform(dict_to_vector(self._keys, x)))
             mu, var = ys.inverse_mean(m), ys.inverse_var(v)
             if not (math.isfinite(mu) and math.isfinite(var) and var > 0):
                 mu, var = ys.fallback()
         if not with_dist:
             return float(mu)
-        return _gaussian(float(mu), float(var))
+        return gaussian(float(mu), float(var))
 
     # ------------------------------------------------------------------ array path
     def learn_many(self, xs: Any, ys: Any) -> None:
         """Learn the rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key):
         the same as a loop of `learn_one`. Bad input changes nothing."""
         if hasattr(xs, "columns"):
-            keys = self._keys or _sorted_keys({c: None for c in xs.columns})
+            keys = self._keys or sorted_keys({c: None for c in xs.columns})
             arr = np.asarray(xs[keys].to_numpy(), dtype=np.float64)
         else:
             arr = np.asarray(xs, dtype=np.float64)
