@@ -58,6 +58,7 @@ import numpy as np
 from river import base
 
 from streamfed.algorithms.fedbnr import _layout as lay
+from streamfed.algorithms.in_order import apply_in_order
 from streamfed.core.compiled import fedbnr as kern
 from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, standardised_dictionary
 from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
@@ -1158,25 +1159,10 @@ class FedBNRServer:
         An upload whose predecessor has not arrived waits in a buffer and is summed when the gap fills,
         so `included[client]` always means "every seq up to here"."""
         self.validate(up)
-        mark = self.included.get(up.client, 0)
-        waiting = self._buffer.setdefault(up.client, {})
-        if up.seq <= mark or up.seq in waiting:
-            return False
-        if up.seq > mark + 1:
-            if len(waiting) >= self.max_buffered:
-                raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for "
-                                 f"seq {mark + 1}")
-            waiting[up.seq] = up
-            return True
+        return apply_in_order(self.included, self._buffer, up.client, up.seq, up, self._sum, self.max_buffered)
+
+    def _sum(self, up: Upload) -> None:
         self.stats += up.stats
-        mark = up.seq
-        while mark + 1 in waiting:
-            mark += 1
-            self.stats += waiting.pop(mark).stats
-        self.included[up.client] = mark
-        if not waiting:
-            del self._buffer[up.client]
-        return True
 
     def waiting(self) -> dict[str, list[int]]:
         """Sequence numbers received out of order and not summed yet, per client."""

@@ -77,6 +77,7 @@ from streamfed.algorithms.fedbnr.learner import (
     fit_hyperparameters,
     spectral_log_evidence,
 )
+from streamfed.algorithms.in_order import apply_in_order
 from streamfed.core.features import FeatureMap
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 
@@ -775,24 +776,7 @@ class FedBNRHierServer:
     def apply(self, up: HierUpload) -> bool:
         """Sum an upload once (`False` for a duplicate); out-of-order ones wait for the gap."""
         self.validate(up)
-        mark = self.included.get(up.client, 0)
-        waiting = self._buffer.setdefault(up.client, {})
-        if up.seq <= mark or up.seq in waiting:
-            return False
-        if up.seq > mark + 1:
-            if len(waiting) >= self.max_buffered:
-                raise ValueError(f"client {up.client!r} has too many uploads waiting")
-            waiting[up.seq] = up
-            return True
-        self._add(up)
-        mark = up.seq
-        while mark + 1 in waiting:
-            mark += 1
-            self._add(waiting.pop(mark))
-        self.included[up.client] = mark
-        if not waiting:
-            del self._buffer[up.client]
-        return True
+        return apply_in_order(self.included, self._buffer, up.client, up.seq, up, self._add, self.max_buffered)
 
     def waiting(self) -> dict[str, list[int]]:
         """Sequence numbers received out of order and not summed yet, per client."""

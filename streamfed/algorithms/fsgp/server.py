@@ -24,6 +24,7 @@ from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
+from streamfed.algorithms.in_order import apply_in_order
 
 __all__ = ["FSGPServer"]
 
@@ -101,24 +102,7 @@ class FSGPServer:
         """Sum an upload once (`False` for a duplicate). One whose predecessor is missing waits, so that
         `included[client]` always means "every seq up to here"."""
         self.validate(up)
-        mark = self.included.get(up.client, 0)
-        waiting = self._buffer.setdefault(up.client, {})
-        if up.seq <= mark or up.seq in waiting:
-            return False
-        if up.seq > mark + 1:
-            if len(waiting) >= self.max_buffered:
-                raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for seq {mark + 1}")
-            waiting[up.seq] = up
-            return True
-        self._sum(up)
-        mark = up.seq
-        while mark + 1 in waiting:
-            mark += 1
-            self._sum(waiting.pop(mark))
-        self.included[up.client] = mark
-        if not waiting:
-            del self._buffer[up.client]
-        return True
+        return apply_in_order(self.included, self._buffer, up.client, up.seq, up, self._sum, self.max_buffered)
 
     def waiting(self) -> dict[str, list[int]]:
         return {c: sorted(w) for c, w in self._buffer.items() if w}
