@@ -286,7 +286,7 @@ def test_an_input_far_outside_the_past_is_winsorised() -> None:
         y = 2.0 * math.tanh(v) + 0.1 * float(rng.normal())
         for m in (model, edge):
             m.learn_one({"rain": v}, y)
-    s = model._x_scale
+    s = model._scales.x if model._scales is not None else None
     assert s is not None
     at_edge = float(s.mean[0] + 5.0 * s.scale[0])
     assert model.predict_one({"rain": float(s.mean[0] + 75.0 * s.scale[0])}) == edge.predict_one({"rain": at_edge})

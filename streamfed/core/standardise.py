@@ -24,9 +24,13 @@ with a `ValueError` and changes nothing: one absurd reading must not wreck the s
 
 from __future__ import annotations
 
+import copy
+import math
+from collections.abc import Callable
+
 import numpy as np
 
-__all__ = ["DEFAULT_WARMUP", "INPUT_CLIP", "OnlineStandardiser"]
+__all__ = ["DEFAULT_WARMUP", "INPUT_CLIP", "OnlineStandardiser", "StreamScales"]
 
 DEFAULT_WARMUP = 2
 INPUT_CLIP = 5.0  # standard deviations: where the defaults winsorise a standardised input
@@ -161,4 +165,70 @@ class OnlineStandardiser:
                   None if clip is None else float(clip))  # type: ignore[arg-type]
         out.count, out.mean, out.m2 = count, mean, m2
         return out
+
+
+
+class StreamScales:
+    """A stream's input and target standardisers, used the way every default learner uses them: learn in
+    standard units from the scales of the past, fold the sample in on copies (a refused sample changes
+    nothing), map predictions back to the stream's units. Inputs are winsorised at `±INPUT_CLIP`.
+
+    >>> scales, seen = StreamScales(1), []
+    >>> for v in (10.0, 12.0, 14.0):
+    ...     scales.learn(np.array([v]), v / 2, lambda z, zy: seen.append(round(zy, 6)))
+    >>> seen  # the third target, 7, in standard units of the first two (mean 5.5, scale 1/√2)
+    [2.12132]
+    >>> scales.predict(np.array([12.0]), lambda z: (0.0, 1.0))  # μ = 0, v = 1 mapped back: mean, variance
+    (6.0, 1.0)
+    """
+
+    def __init__(self, n_inputs: int, clip: float | None = INPUT_CLIP) -> None:
+        self.x = OnlineStandardiser(n_inputs, clip=clip)
+        self.y = OnlineStandardiser(1)
+
+    @property
+    def ready(self) -> bool:
+        return self.y.ready
+
+    def step(self, x: np.ndarray, y: float) -> tuple[np.ndarray | None, float, StreamScales]:
+        """`(z_x, z_y, the scales with the sample folded in)`; `z_x` is None while the scales are not ready.
+        `ValueError` (nothing changed) if the sample cannot be folded in."""
+        nxt = copy.deepcopy(self)
+        nxt.x.update(x)
+        nxt.y.update(np.array([y]))
+        if not self.ready:
+            return None, 0.0, nxt
+        return self.x.transform(x), float(self.y.transform(np.array([y]))[0]), nxt
+
+    def learn(self, x: np.ndarray, y: float, learn: Callable[[np.ndarray, float], object]) -> None:
+        """Call `learn(z_x, z_y)` once the scales are ready, then fold `(x, y)` in."""
+        zx, zy, nxt = self.step(x, y)
+        if zx is not None:
+            learn(zx, zy)
+        self.x, self.y = nxt.x, nxt.y
+
+    def predict(self, x: np.ndarray, predict: Callable[[np.ndarray], tuple[float, float | None]]
+                ) -> tuple[float, float | None]:
+        """`predict(z_x)` mapped back (mean `m_y + s_y·μ`, variance `s_y²·v`); the past mean and variance
+        (:meth:`OnlineStandardiser.fallback`) before the scales are ready or if the result is not finite."""
+        if not self.ready:
+            return self.y.fallback()
+        m, v = predict(self.x.transform(x))
+        mean = self.y.inverse_mean(m)
+        var = None if v is None else self.y.inverse_var(v)
+        if not math.isfinite(mean) or (var is not None and not (math.isfinite(var) and var > 0)):
+            fm, fv = self.y.fallback()
+            return fm, (None if v is None else fv)
+        return mean, var
+
+    def predict_many(self, x: np.ndarray, predict: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`predict` for the rows of `x` (`predict` returns means and variances of standard units)."""
+        x = np.asarray(x, dtype=np.float64)
+        if not self.ready:
+            m, v = self.y.fallback()
+            return np.full(x.shape[0], m), np.full(x.shape[0], v)
+        mean, var = predict(self.x.transform(x))
+        s = float(self.y.scale[0])
+        return float(self.y.mean[0]) + s * mean, s * s * var
 

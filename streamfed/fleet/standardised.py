@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.algorithms.base import Learner, Regret, Update, learner_pending_samples
-from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
+from streamfed.core.standardise import StreamScales
 from streamfed.fleet.protocol import Message
 
 __all__ = ["StandardisedLearner"]
@@ -46,9 +46,8 @@ class StandardisedLearner:
 
     def __init__(self, inner: Learner, n_inputs: int) -> None:
         self.inner = inner
-        self.x_scale = OnlineStandardiser(n_inputs, clip=INPUT_CLIP)
-        self.y_scale = OnlineStandardiser(1)
-        self._next: tuple[OnlineStandardiser, OnlineStandardiser] | None = None
+        self.scales = StreamScales(n_inputs)  # inputs winsorised at ±INPUT_CLIP, never the target
+        self._next: StreamScales | None = None  # the scales with the sample being learned folded in
         self._inner_pending = False
 
     # -- what the agent reads ------------------------------------------------------------------
@@ -70,29 +69,22 @@ class StandardisedLearner:
 
     def diagnostics(self) -> Mapping[str, float]:
         out = dict(self.inner.diagnostics())
-        if self.y_scale.count:
-            out["target_mean"] = float(self.y_scale.mean[0])
-            out["target_scale"] = float(self.y_scale.scale[0])
+        y = self.scales.y
+        if y.count:
+            out["target_mean"] = float(y.mean[0])
+            out["target_scale"] = float(y.scale[0])
         return out
 
     # -- predicting and learning ---------------------------------------------------------------
-    def _back(self, mean: float, var: float | None) -> tuple[float, float | None]:
-        m = self.y_scale.inverse_mean(mean)
-        v = None if var is None else self.y_scale.inverse_var(var)
-        if not math.isfinite(m) or (v is not None and not (math.isfinite(v) and v > 0)):
-            raise ValueError("prediction not finite in the stream's units")
-        return m, v
-
     def _fallback(self, with_var: bool) -> tuple[float, float | None]:
-        m, v = self.y_scale.fallback()
+        m, v = self.scales.y.fallback()
         return m, (v if with_var else None)
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
-        if not self.y_scale.ready:
+        if not self.scales.ready:
             _, var = self.inner.predict(np.zeros_like(np.asarray(x, dtype=np.float64)))
             return self._fallback(var is not None)
-        mean, var = self.inner.predict(self.x_scale.transform(x))
-        return self._back(mean, var)
+        return self.scales.predict(x, self.inner.predict)
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         """Predict and learn `(x, y)` in standard units (scales from the past), then fold it in — on
@@ -103,21 +95,15 @@ class StandardisedLearner:
         y = float(y)
         if not math.isfinite(y):
             raise ValueError(f"label is not finite: {y!r}")
-        xs, ys = copy.deepcopy(self.x_scale), copy.deepcopy(self.y_scale)
-        xs.update(x)  # ValueError: nothing changed
-        ys.update(np.array([y]))
-        if not self.y_scale.ready:
+        zx, zy, nxt = self.scales.step(x, y)  # ValueError: nothing changed
+        if zx is None:  # the first samples only set the scales
             _, var = self.inner.predict(np.zeros_like(np.asarray(x, dtype=np.float64)))
-            self._next, self._inner_pending = (xs, ys), False
+            self._next, self._inner_pending = nxt, False
             return self._fallback(var is not None)
-        zx = self.x_scale.transform(x)
-        zy = float(self.y_scale.transform(np.array([y]))[0])
         mean, var = self.inner.begin_learn(zx, zy)
-        self._next, self._inner_pending = (xs, ys), True
-        try:
-            return self._back(mean, var)
-        except ValueError:  # the learner has the sample; only its prediction is unusable in these units
-            return self._fallback(var is not None)
+        self._next, self._inner_pending = nxt, True
+        # mapped back with the scales of the past (a non-finite result: the past mean and variance instead)
+        return self.scales.predict(x, lambda _: (mean, var))
 
     def end_learn(self) -> None:
         if self._next is None:
@@ -126,7 +112,7 @@ class StandardisedLearner:
         self._next, self._inner_pending = None, False
         if pending:
             self.inner.end_learn()
-        self.x_scale, self.y_scale = nxt
+        self.scales = nxt
 
     def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         out = self.begin_learn(x, y)

@@ -62,7 +62,7 @@ from streamfed.algorithms.in_order import apply_in_order
 from streamfed.core.compiled import fedbnr as kern
 from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, standardised_dictionary
 from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
-from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
+from streamfed.core.standardise import StreamScales
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 
 if TYPE_CHECKING:
@@ -1257,8 +1257,7 @@ class FedBNRRegressor(base.Regressor):
         self._keys: list[Any] | None = None
         self.client: FedBNRClient | None = None
         self.server: FedBNRServer | None = None
-        self._x_scale: OnlineStandardiser | None = None
-        self._y_scale: OnlineStandardiser | None = None
+        self._scales: StreamScales | None = None
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -1278,8 +1277,8 @@ class FedBNRRegressor(base.Regressor):
         self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters))
         self.client = client
         self._keys = keys
-        if self.standardise:
-            self._x_scale, self._y_scale = OnlineStandardiser(len(keys), clip=INPUT_CLIP), OnlineStandardiser(1)
+        if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)
+            self._scales = StreamScales(len(keys))
 
     def _sync(self) -> None:
         assert self.client is not None and self.server is not None
@@ -1297,38 +1296,24 @@ class FedBNRRegressor(base.Regressor):
             self._build(keys)
         assert self.client is not None and self._keys is not None
         xv = dict_to_vector(self._keys, x)
-        xs, ys = self._x_scale, self._y_scale
-        if xs is None or ys is None:
+        if self._scales is None:
             self.client.learn(xv, y)  # type: ignore[arg-type]
         else:
             FedBNRClient._check_target(y)  # noqa: SLF001 (same module)
-            # scales from the past only; the folds are tried on copies so a refused sample changes nothing
-            yv = np.array([float(y)])  # type: ignore[arg-type]
-            nxs, nys = copy.deepcopy(xs), copy.deepcopy(ys)
-            nxs.update(xv)
-            nys.update(yv)
-            if ys.ready:
-                self.client.learn(xs.transform(xv), float(ys.transform(yv)[0]))
-            self._x_scale, self._y_scale = nxs, nys
+            self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
         if self.client.n_pending >= int(self.sync_every):
             self._sync()
 
     def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
-        xs, ys = self._x_scale, self._y_scale
         if self.client is None:
             # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
             mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
-        elif xs is None or ys is None:
+        elif self._scales is None:
             assert self._keys is not None
             mu, var = self.client.predict(dict_to_vector(self._keys, x))
-        elif not ys.ready:
-            mu, var = ys.fallback()
         else:
             assert self._keys is not None
-            m, v = self.client.predict(xs.transform(dict_to_vector(self._keys, x)))
-            mu, var = ys.inverse_mean(m), ys.inverse_var(v)
-            if not (math.isfinite(mu) and math.isfinite(var) and var > 0):
-                mu, var = ys.fallback()
+            mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
         if not with_dist:
             return float(mu)
         return gaussian(float(mu), float(var))
@@ -1360,14 +1345,14 @@ class FedBNRRegressor(base.Regressor):
         phis = self.client.features_many(arr)  # validates everything before any state changes
         if ys_arr.shape != (arr.shape[0],) or not _all_finite_squares(ys_arr):
             raise ValueError(f"expected finite targets of shape ({arr.shape[0]},), got {ys_arr.shape}")
-        if self._x_scale is not None and self._y_scale is not None:
+        if self._scales is not None:
             # as a loop of learn_one: past-only scales; rows before the scales are usable only set them
-            nxs, nys = copy.deepcopy(self._x_scale), copy.deepcopy(self._y_scale)
-            zx, ready = nxs.transform_many(arr)
-            zy, _ = nys.transform_many(ys_arr[:, None])
+            nxt = copy.deepcopy(self._scales)
+            zx, ready = nxt.x.transform_many(arr)
+            zy, _ = nxt.y.transform_many(ys_arr[:, None])
             phis = self.client.features_many(zx[ready])
             ys_arr = zy[ready, 0]
-            self._x_scale, self._y_scale = nxs, nys
+            self._scales = nxt
         start = 0
         while start < ys_arr.shape[0]:
             room = int(self.sync_every) - self.client.n_pending
@@ -1386,13 +1371,6 @@ class FedBNRRegressor(base.Regressor):
         if self.client is None:
             t = np.asarray(xs).shape[0]
             return np.zeros(t), np.full(t, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2)
-        xsc, ysc = self._x_scale, self._y_scale
-        if xsc is None or ysc is None:
+        if self._scales is None:
             return self.client.predict_many(self._matrix(xs))
-        arr = self._matrix(xs)
-        if not ysc.ready:
-            m, v = ysc.fallback()
-            return np.full(arr.shape[0], m), np.full(arr.shape[0], v)
-        mean, var = self.client.predict_many(xsc.transform(arr))
-        s = float(ysc.scale[0])
-        return float(ysc.mean[0]) + s * mean, s * s * var
+        return self._scales.predict_many(self._matrix(xs), self.client.predict_many)

@@ -15,7 +15,7 @@ from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import KINDS, Hyper
 from streamfed.algorithms.fsgp.server import FSGPServer
 from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
-from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
+from streamfed.core.standardise import StreamScales
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
@@ -75,8 +75,7 @@ class FSGPRegressor(base.Regressor):
         self._keys: list[Any] | None = None
         self.client: FSGPClient | None = None
         self.server: FSGPServer | None = None
-        self._x_scale: OnlineStandardiser | None = None
-        self._y_scale: OnlineStandardiser | None = None
+        self._scales: StreamScales | None = None
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -100,10 +99,8 @@ class FSGPRegressor(base.Regressor):
         self.server = FSGPServer(hyper, jitter=self.jitter, min_samples=int(self.sync_every),
                                  learn_hyperparameters=bool(self.learn_hyperparameters), min_proposal_weight=1.0)
         self._keys = keys
-        if self.standardise:
-            # inputs winsorised at ±INPUT_CLIP standard deviations, as every default estimator (never the target)
-            self._x_scale = OnlineStandardiser(len(keys), clip=INPUT_CLIP)
-            self._y_scale = OnlineStandardiser(1)
+        if self.standardise:  # inputs winsorised at ±INPUT_CLIP, as every default estimator (never the target)
+            self._scales = StreamScales(len(keys))
 
     def _sync(self) -> None:
         assert self.client is not None and self.server is not None
@@ -122,33 +119,20 @@ class FSGPRegressor(base.Regressor):
         assert self.client is not None and self._keys is not None
         xv = dict_to_vector(self._keys, x)
         yv = finite_target(y)  # type: ignore[arg-type]
-        xs, ys = self._x_scale, self._y_scale
-        if xs is None or ys is None:
+        if self._scales is None:
             self.client.learn(xv, yv)
         else:
-            # scales from the past only; folded on copies so a refused sample changes nothing
-            nxs, nys = copy.deepcopy(xs), copy.deepcopy(ys)
-            nxs.update(xv)
-            nys.update(np.array([yv]))
-            if ys.ready:
-                self.client.learn(xs.transform(xv), float(ys.transform(np.array([yv]))[0]))
-            self._x_scale, self._y_scale = nxs, nys
+            self._scales.learn(xv, yv, self.client.learn)
         if self.client.n_pending >= int(self.sync_every):
             self._sync()
 
     def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
-        xs, ys = self._x_scale, self._y_scale
         if self.client is None or self._keys is None:
             mu, var = 0.0, float(self.amplitude) ** 2 + float(self.sigma) ** 2  # the prior predictive
-        elif xs is None or ys is None:
+        elif self._scales is None:
             mu, var = self.client.predict(dict_to_vector(self._keys, x))
-        elif not ys.ready:
-            mu, var = ys.fallback()
         else:
-            m, v = self.client.predict(xs.transform(dict_to_vector(self._keys, x)))
-            mu, var = ys.inverse_mean(m), ys.inverse_var(v)
-            if not (math.isfinite(mu) and math.isfinite(var) and var > 0):
-                mu, var = ys.fallback()
+            mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
         if not with_dist:
             return float(mu)
         return gaussian(float(mu), float(var))
@@ -181,15 +165,9 @@ class FSGPRegressor(base.Regressor):
         if self.client is None:
             return (np.zeros(arr.shape[0]),
                     np.full(arr.shape[0], float(self.amplitude) ** 2 + float(self.sigma) ** 2))
-        xsc, ysc = self._x_scale, self._y_scale
-        if xsc is None or ysc is None:
+        if self._scales is None:
             return self.client.predict_many(arr)
-        if not ysc.ready:
-            m, v = ysc.fallback()
-            return np.full(arr.shape[0], m), np.full(arr.shape[0], v)
-        mean, var = self.client.predict_many(xsc.transform(arr))
-        s = float(ysc.scale[0])
-        return float(ysc.mean[0]) + s * mean, s * s * var
+        return self._scales.predict_many(arr, self.client.predict_many)
 
     def predict_many(self, xs: Any) -> np.ndarray:
         """Predictive means of the rows of a `(T, d)` array."""

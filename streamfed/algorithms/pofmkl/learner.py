@@ -13,7 +13,6 @@ The learner is split the way it is deployed:
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -33,7 +32,7 @@ from streamfed.algorithms.pofmkl._layout import (
 )
 from streamfed.core.compiled import pofmkl as _kern
 from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary, standardised_dictionary
-from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
+from streamfed.core.standardise import StreamScales
 
 # the compiled kernels (ahead-of-time build or numba JIT: see streamfed.core.compiled)
 accumulate_checked = _kern.accumulate_checked
@@ -417,8 +416,7 @@ class POFMKLRegressor(base.Regressor):
         self._keys: tuple = ()
         self._client: POFMKLClient | None = None
         self._server: POFMKLServer | None = None
-        self._x_scale: OnlineStandardiser | None = None
-        self._y_scale: OnlineStandardiser | None = None
+        self._scales: StreamScales | None = None
         self.n_missing = 0
         self.n_unknown = 0
 
@@ -459,24 +457,15 @@ class POFMKLRegressor(base.Regressor):
             rng = np.random.default_rng([self.seed, 0x50F])
             self._client = POFMKLClient(bank, self.eta, self.lam, self.xi, self.bin_size, rng)
             self._server = POFMKLServer(bank.n_kernels, bank.dim)
-            if self.standardise:
-                self._x_scale = OnlineStandardiser(bank.n_inputs, clip=INPUT_CLIP)
-                self._y_scale = OnlineStandardiser(1)
+            if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)
+                self._scales = StreamScales(bank.n_inputs)
             xv = np.array(vals) if vals else np.zeros(1)
         else:
             xv = self._vector(x) if self._keys else np.zeros(1)
-        xs, ys = self._x_scale, self._y_scale
-        if xs is None or ys is None:
+        if self._scales is None:
             self._learn(xv, y)
-            return
-        # scales from the past only: learn on this sample in standard units, then fold it in. The folds
-        # are tried on copies first, so a refused sample changes neither the scales nor the model.
-        nxs, nys = copy.deepcopy(xs), copy.deepcopy(ys)
-        nxs.update(xv)
-        nys.update(np.array([y]))
-        if ys.ready:
-            self._learn(xs.transform(xv), float(ys.transform(np.array([y]))[0]))
-        self._x_scale, self._y_scale = nxs, nys
+        else:  # scales from the past only, folded on copies: a refused sample changes nothing
+            self._scales.learn(xv, y, self._learn)
 
     def _learn(self, xv: np.ndarray, y: float) -> None:
         assert self._client is not None and self._server is not None
@@ -491,14 +480,11 @@ class POFMKLRegressor(base.Regressor):
         missing, unknown = self.n_missing, self.n_unknown
         xv = self._vector(x) if self._keys else np.zeros(1)
         self.n_missing, self.n_unknown = missing, unknown  # predicting does not count
-        xs, ys = self._x_scale, self._y_scale
-        if xs is None or ys is None:
-            yhat = self._client.predict(xv)
+        client = self._client
+        if self._scales is None:
+            yhat = client.predict(xv)
             return yhat if math.isfinite(yhat) else 0.0  # never a NaN out: the prior's prediction instead
-        if not ys.ready:
-            return ys.fallback()[0]
-        yhat = ys.inverse_mean(self._client.predict(xs.transform(xv)))
-        return yhat if math.isfinite(yhat) else ys.fallback()[0]
+        return self._scales.predict(xv, lambda z: (client.predict(z), None))[0]
 
 
 def reset_overflowed_rows(theta: np.ndarray) -> list[int]:
