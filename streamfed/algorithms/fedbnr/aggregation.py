@@ -11,17 +11,17 @@ global posterior improper for everyone.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from streamfed.algorithms.fedbnr.learner import FedBNRServer, Upload
 from streamfed.algorithms.fedbnr.wire import global_message, stats_fields
+from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats
 from streamfed.fleet.protocol import Message
 
-__all__ = ["FedBNRAggregation", "SummingWindow", "check_statistics"]
+__all__ = ["FedBNRAggregation", "check_statistics"]
 
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
 
@@ -60,34 +60,6 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
     jitter = 1e-9 * np.maximum(trace + abs(q), 1.0)
     aug[..., np.arange(f + 1), np.arange(f + 1)] += jitter[..., None]
     np.linalg.cholesky(aug)  # LinAlgError (a ValueError) when not positive semi-definite
-
-
-class SummingWindow:
-    """The window of an order-free statistics server (`server.apply` sums an upload once, buffering
-    out-of-order ones; `server.publish` makes the next global): a window that summed something publishes
-    when it closes. Shared by FedBNR and personalised FedBNR."""
-
-    server: Any
-    _dirty: bool = False  # something summed since the last global
-
-    def take(self, client: str, seq: int, item: Any) -> None:
-        if self.server.apply(item):
-            self._dirty = True
-
-    def pending(self) -> bool:
-        return self._dirty
-
-    def close_window(self, order: Mapping[str, int], mark: Callable[[str], int]) -> bool:
-        if not self._dirty:
-            return False
-        self.server.publish()
-        self._dirty = False
-        return True
-
-    def apply_round(self, round: int, items: Sequence[tuple[str, Any]]) -> None:
-        for client, up in items:  # sequence numbers come from the uploads themselves
-            self.take(client, up.seq, up)
-        self.close_window({}, lambda c: 0)
 
 
 class FedBNRAggregation(SummingWindow):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from streamfed.algorithms.base import Regret, Update
-from streamfed.algorithms.fedbnr.aggregation import SummingWindow, check_statistics
+from streamfed.algorithms.fedbnr.aggregation import check_statistics
 from streamfed.algorithms.fedbnr.learner import ridge_loss
 from streamfed.algorithms.fedbnr_personal.learner import (
     FedBNRHierClient,
@@ -23,6 +23,7 @@ from streamfed.algorithms.fedbnr_personal.learner import (
     HierUpload,
 )
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
+from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.fleet.protocol import Message, writable_copy
 

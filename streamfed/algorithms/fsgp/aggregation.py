@@ -15,7 +15,7 @@ cannot carry uploads across versions it has not seen, so with learned hyperparam
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,7 @@ from streamfed.algorithms.fsgp.messages import Upload
 from streamfed.algorithms.fsgp.posterior import Stats
 from streamfed.algorithms.fsgp.server import FSGPServer
 from streamfed.algorithms.fsgp.wire import global_message, read_update
+from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.fleet.protocol import Message
 
 __all__ = ["FSGPAggregation", "PartialSum", "check_statistics"]
@@ -70,7 +71,7 @@ class PartialSum:
         return PartialSum(self.stats + other.stats, self.prop_sum + other.prop_sum, self.weight + other.weight)
 
 
-class FSGPAggregation:
+class FSGPAggregation(SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of FSGP.
 
     >>> from streamfed.algorithms.fsgp.kernels import Hyper
@@ -116,25 +117,6 @@ class FSGPAggregation:
         if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
             raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
         return up
-
-    def take(self, client: str, seq: int, item: Upload) -> None:
-        if self.server.apply(item):
-            self._dirty = True
-
-    def pending(self) -> bool:
-        return self._dirty
-
-    def close_window(self, order: Mapping[str, int], mark: Callable[[str], int]) -> bool:
-        if not self._dirty:
-            return False
-        self.server.publish()
-        self._dirty = False
-        return True
-
-    def apply_round(self, round: int, items: Sequence[tuple[str, Upload]]) -> None:
-        for client, up in items:  # sequence numbers come from the uploads themselves
-            self.take(client, up.seq, up)
-        self.close_window({}, lambda c: 0)
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[Upload]) -> tuple[dict[str, np.ndarray], int, int]:
