@@ -293,3 +293,16 @@ def test_an_input_far_outside_the_past_is_winsorised() -> None:
     with pytest.raises(ValueError, match="clip"):
         OnlineStandardiser(1, clip=0.0)
 
+
+
+@pytest.mark.parametrize("algorithm", ["fedbnr", "fedbnr-personal", "fsgp"])
+def test_every_summing_learner_says_what_stays_below_its_floor(algorithm: str) -> None:
+    """The learners with a privacy floor report their pending samples, which a finite stream's end counts."""
+    from streamfed.fleet.sources import Reading
+
+    x, y = _stream(40, seed=10)
+    agent, _ = _agent_pair(algorithm, **{algorithm: {"min_upload": 32}})
+    for t in range(len(y)):
+        agent.on_reading(Reading(f"r{t}", x[t], float(t), y=float(y[t])))
+    _, held = agent.end_of_stream(durable=False)
+    assert held == 6 and agent.counters.skipped["below_privacy_floor"] == 6
