@@ -80,12 +80,7 @@ class FSGPLearner:
                       epoch=up.epoch)
 
     def flush(self) -> list[Update]:
-        return []  # statistics below the privacy floor never leave the device (see pending_samples)
-
-    @property
-    def pending_samples(self) -> int:
-        """Samples learned but not yet uploadable: below the privacy floor."""
-        return int(self.client.n_pending)
+        return []  # statistics below the privacy floor never leave the device
 
     def install_global(self, msg: Message) -> bool:
         return self.client.apply_global(read_global(msg, self.client.hyper.kind))
