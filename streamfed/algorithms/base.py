@@ -22,8 +22,8 @@ A new algorithm is a package with an ``ALGORITHM`` object and one line in
 :data:`streamfed.algorithms.BUILTIN` (or :func:`streamfed.algorithms.register` at run time):
 
 >>> from streamfed import algorithms
->>> sorted(algorithms.names())
-['em-kofl', 'fedbnr', 'fedbnr-personal', 'fsgp', 'ofmkl-avg', 'ofskl', 'pofmkl', 'vm-kofl']
+>>> {"pofmkl", "fedbnr", "fedbnr-personal", "fsgp"} <= set(algorithms.names())
+True
 >>> alg = algorithms.get("pofmkl")
 >>> alg.lockstep, alg.bayesian
 (True, False)
