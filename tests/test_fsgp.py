@@ -127,6 +127,53 @@ def test_rank_one_cholesky_update_is_the_factor_of_the_sum() -> None:
     assert max_abs(L, np.linalg.cholesky(A)) < 1e-12
 
 
+@pytest.mark.parametrize("kind", ["se", "matern32", "matern52"])
+@pytest.mark.parametrize("m", [3, 40])
+def test_compiled_per_sample_path_equals_the_plain_predictive_before_and_after_a_new_version(kind: str, m: int) -> None:
+    """Every prediction a client makes sample by sample (one compiled call: predict, then the rank-one
+    update of its augmented factor, rows staged into the sums 32 at a time) is the oracle's predictive
+    from the samples before it; the same after a global of a new (θ, σ, Z) carries its statistics over."""
+    h = make_hyper(kind, m=m, d=3, seed=m)
+    X, y = make_data(90, d=3, seed=m + 1)
+    c = FSGPClient(h, min_upload=10_000, learn_hyperparameters=False, jitter=JITTER)
+    for i in range(50):
+        mean, var = c.learn(X[i], y[i])
+        if i == 0:
+            om, ov = np.zeros(1), np.array([h.amplitude ** 2 + h.noise_var])
+        else:
+            om, ov = oracle_sgpr(h, X[:i], y[:i], X[i:i + 1])
+        assert abs(mean - om[0]) < 1e-9 * (1 + abs(om[0])) and abs(var - ov[0]) < 1e-9 * ov[0]
+        assert c.predict(X[i + 1]) == pytest.approx(tuple(np.ravel(oracle_sgpr(h, X[:i + 1], y[:i + 1],
+                                                                                 X[i + 1:i + 2]))), rel=1e-9)
+    assert c.n_pending == 50 and c.pending.n == 50  # staged rows reach the sums when read
+    new = Hyper(h.kind, h.log_amp + 0.1, h.log_ls - 0.2, h.log_sigma, h.Z + 0.1)
+    carried = project(c.pending, h, new, 1, JITTER)
+    assert c.apply_global(GlobalModel(1, 1, new, Stats.zeros(m, 1), {}))
+    post = SparsePosterior(new, carried, JITTER)
+    for i in range(50, 90):
+        mean, var = c.learn(X[i], y[i])
+        em, ev = post.predict(X[i])
+        assert abs(mean - em) < 1e-8 * (1 + abs(em)) and abs(var - ev) < 1e-8 * ev
+        post.add(X[i], y[i])
+    # the regret's comparator kept every sample under the initial version
+    assert c.regret()["n"] == 90
+
+
+def test_compiled_covariance_column_matches_the_formulas() -> None:
+    from streamfed.algorithms.fsgp.kernels import KIND_CODES
+    from streamfed.core.compiled import fsgp as kern
+
+    for kind in ("se", "matern32", "matern52"):
+        h = make_hyper(kind, m=5, d=3, seed=4)
+        x = np.random.default_rng(5).normal(size=3)
+        out = np.empty(5)
+        assert kern.covariance_column(np.ascontiguousarray(h.Z), np.exp(-h.log_ls), h.amplitude ** 2,
+                                      KIND_CODES[kind], x, out)
+        assert max_abs(out, oracle_cov(kind, h.Z, x[None, :], h.amplitude, np.exp(h.log_ls))[:, 0]) < 1e-14
+        assert not kern.covariance_column(np.ascontiguousarray(h.Z), np.exp(-h.log_ls), 1.0, 0,
+                                          np.array([0.0, np.nan, 0.0]), out)
+
+
 def test_large_m_follows_samples_by_rank_one_updates_to_the_same_predictive() -> None:
     m = RANK_ONE_FROM
     h = Hyper.initial("se", gaussian_design(m, 2, seed=1), lengthscale=1.5, sigma=0.3)

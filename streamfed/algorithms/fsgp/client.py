@@ -4,8 +4,9 @@ A client keeps, all under the current version's `(θ, σ, Z)`:
 
 * *pending* — statistics of samples not uploaded yet (they leave once there are `min_upload` of them);
 * *unacked* — its uploads no global includes yet, by sequence number;
-* a working posterior `global + unacked + pending` (:class:`~.posterior.SparsePosterior`), one rank-one
-  update per sample;
+* a working posterior `global + unacked + pending` (:class:`~.posterior.SparsePosterior`); per sample,
+  one compiled call (:mod:`._kernels`) predicts and makes the rank-one update of its augmented Cholesky
+  factor (`O(M²)`), and stages the sample's `[k, y]` row, which joins the sums `STAGE_ROWS` rows at a time;
 * a bounded reservoir of raw samples (Vitter's algorithm R), which never leaves the device: every
   `fit_every` samples it runs a few Adam steps on Titsias' bound from the global's hyperparameters
   (FedAvg's local update) and attaches the result to its next upload as a proposal.
@@ -26,16 +27,21 @@ from scipy.linalg import cho_solve
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp.bound import fit_hyper
-from streamfed.algorithms.fsgp.kernels import Hyper
+from streamfed.algorithms.fsgp.kernels import KIND_CODES, Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
-from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky
+from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky, lower_solve
 from streamfed.algorithms.fsgp.projection import ProjectionMap
+from streamfed.core.compiled import fsgp as kern
 
-__all__ = ["FSGPClient", "finite_target"]
+__all__ = ["STAGE_ROWS", "FSGPClient", "finite_target"]
+
+STAGE_ROWS = 32  # samples staged before they join the sums: one (32×M)ᵀ(32×M) product instead of 32 outer products
 
 
 def _finite_input(x: np.ndarray, d: int) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if type(x) is np.ndarray and x.dtype == np.float64 and x.shape == (d,) and x.flags.c_contiguous:
+        return x  # the per-sample path: the compiled step checks finiteness itself
+    x = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
     if x.shape != (d,):
         raise ValueError(f"expected an input of {d} values, got shape {x.shape}")
     if not np.all(np.isfinite(x)):
@@ -48,9 +54,8 @@ def finite_target(y: float) -> float:
         y = float(y)
     except (TypeError, ValueError) as e:
         raise ValueError(f"target {y!r} is not a number") from e
-    with np.errstate(over="ignore"):
-        if not (math.isfinite(y) and math.isfinite(y * y)):
-            raise NonFiniteError(f"target {y!r} (or its square) is not finite")
+    if not (math.isfinite(y) and math.isfinite(y * y)):  # a Python float overflows to inf, never raises
+        raise NonFiniteError(f"target {y!r} (or its square) is not finite")
     return y
 
 
@@ -85,7 +90,7 @@ class FSGPClient:
         self.fit_every, self.fit_steps, self.learning_rate = int(fit_every), int(fit_steps), float(learning_rate)
         m = hyper.m
         self.post = SparsePosterior(hyper, Stats.zeros(m, self.epoch), self.jitter)
-        self.pending = Stats.zeros(m, self.epoch)
+        self._pending = Stats.zeros(m, self.epoch)
         # every own sample under the *initial* (θ, σ, Z), never projected: the regret's fixed comparator class
         self._hyper0 = hyper
         self._own0 = SparsePosterior(hyper, Stats.zeros(m, self.epoch), self.jitter)
@@ -101,6 +106,19 @@ class FSGPClient:
         self._seen = 0
         self._rng = np.random.default_rng([int(seed), zlib.crc32(self.client_id.encode())])
         self.n, self.loss = 0, 0.0
+        # the per-sample path (see _kernels): staged rows, and the comparator's own rows once (θ, Z) moved on
+        self._stage = np.zeros((STAGE_ROWS, m + 1))
+        self._stage0 = np.zeros((STAGE_ROWS, m + 1))
+        self._staged = 0
+        self._staged_y2 = 0.0  # Σ y² and Σ |y| of the staged rows: cheap bounds on what the sums will hold
+        self._staged_ay = 0.0
+        self._r_max = 0.0  # max |r| of the working and pending sums at the last fold
+        self._work = np.empty(3 * (m + 1))
+        self._out = np.empty(2)
+        self._Z0 = np.ascontiguousarray(hyper.Z)
+        self._inv_ls0 = np.exp(-hyper.log_ls)
+        self._a2_0, self._kind0 = hyper.amplitude ** 2, KIND_CODES[hyper.kind]
+        self._sync()
 
     # ------------------------------------------------------------------ reading
     @property
@@ -108,8 +126,14 @@ class FSGPClient:
         return 0 if self.global_model is None else int(self.global_model.version)
 
     @property
+    def pending(self) -> Stats:
+        """The statistics of samples not uploaded yet."""
+        self._fold()
+        return self._pending
+
+    @property
     def n_pending(self) -> int:
-        return int(self.pending.n)
+        return int(self._pending.n) + self._staged
 
     @property
     def reservoir(self) -> tuple[np.ndarray, np.ndarray]:
@@ -117,8 +141,9 @@ class FSGPClient:
         return self._res_x[: self._res_n].copy(), self._res_y[: self._res_n].copy()
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
-        m, v = self.predict_many(_finite_input(x, self.hyper.d)[None, :])
-        return float(m[0]), float(v[0])
+        x = _finite_input(x, self.hyper.d)
+        self._step(x, 0.0, -1)
+        return self._prediction()
 
     def predict_many(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Predictive means and variances; where rounding overflowed, the prior's `(0, a² + σ²)` instead
@@ -126,6 +151,7 @@ class FSGPClient:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.hyper.d or not np.all(np.isfinite(X)):
             raise ValueError(f"expected finite inputs of shape (T, {self.hyper.d}), got {X.shape}")
+        self._fold()
         with np.errstate(over="ignore", invalid="ignore"):
             return self._guarded(*self.post.predict_many(X))
 
@@ -142,28 +168,88 @@ class FSGPClient:
         A `ValueError` leaves everything unchanged."""
         x = _finite_input(x, self.hyper.d)
         y = finite_target(y)
-        k = self.post.features(x)
-        if prediction is None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                m, v = self._guarded(*self.post.predict_features(k[:, None]))
-            prediction = (float(m[0]), float(v[0]))
-        pred = prediction
-        with np.errstate(over="ignore", invalid="ignore"):  # every running sum must stay finite
-            grown = [st.q + y * y for st in (self.post.stats, self.pending, self._own0.stats)]
-            grown += [float(np.max(np.abs(st.r))) + float(np.max(np.abs(k))) * abs(y)
-                      for st in (self.post.stats, self.pending)]
-            grown.append(self.loss + (pred[0] - y) ** 2)
-        if not all(math.isfinite(g) for g in grown):
+        ay = abs(y)
+        # every running sum must stay finite (Python floats: overflow gives inf, never an exception)
+        q_add = self._staged_y2 + y * y
+        if not (math.isfinite(self.post.stats.q + q_add) and math.isfinite(self._pending.q + q_add)
+                and math.isfinite(self._own0.stats.q + q_add)
+                and math.isfinite(self._r_max + self._a2_max * (self._staged_ay + ay))):
             raise NonFiniteError("a running sum would overflow")
-        self.post.add_features(k, y)  # raises before changing anything
-        self.pending.add(k, y)
-        self._own0.stats.add(k if self.epoch == 0 else self._own0.features(x), y)
+        row = self._staged
+        if self.hyper is not self._hyper0:  # the comparator's features under the initial (θ, σ, Z)
+            k0 = self._stage0[row]
+            if not kern.covariance_column(self._Z0, self._inv_ls0, self._a2_0, self._kind0, x, k0[:-1]):
+                raise NonFiniteError("input contains a non-finite value")
+            k0[-1] = y
+        if prediction is not None and not math.isfinite(self.loss + (prediction[0] - y) ** 2):
+            raise NonFiniteError("the running loss would overflow")
+        self._hyp[2] = self.loss if prediction is None else 0.0
+        self._step(x, y, row)  # raises before changing anything
+        pred = self._prediction() if prediction is None else prediction
+        self._staged += 1
+        self._staged_y2 += y * y
+        self._staged_ay += ay
+        if self._staged == STAGE_ROWS:
+            self._fold()
         self.n += 1
         self.loss += (pred[0] - y) ** 2
         self._keep(x, y)
         if self.learn_hyperparameters and self.n % self.fit_every == 0:
             self.fit()
         return pred
+
+    def _step(self, x: np.ndarray, y: float, row: int) -> None:
+        status = kern.step(self._Z, self._inv_ls, self._hyp, self._kind, x, y, self._uc, self._ra, self._stage,
+                           row, self._work, self._out)
+        if status == 1:
+            raise NonFiniteError("input contains a non-finite value")
+        if status == 2:
+            raise NonFiniteError("the target's square, the target times a feature or the running loss is not finite")
+
+    def _prediction(self) -> tuple[float, float]:
+        m, v = float(self._out[0]), float(self._out[1])
+        if math.isfinite(m) and math.isfinite(v):
+            return m, v
+        return 0.0, self.hyper.amplitude ** 2 + self.hyper.noise_var  # the prior: nothing non-finite leaves
+
+    def _fold(self) -> None:
+        """The staged rows into the working, pending (and comparator's) sums; one matrix product."""
+        n = self._staged
+        if n == 0:
+            return
+        m = self.hyper.m
+        rows = self._stage[:n]
+        add = Stats.from_samples(rows[:, :m], rows[:, m], self.epoch)
+        self.post.absorb(add)
+        self._pending.absorb(add)
+        if self.hyper is self._hyper0:
+            self._own0.stats.absorb(add)
+        else:
+            rows0 = self._stage0[:n]
+            self._own0.stats.absorb(Stats.from_samples(rows0[:, :m], rows0[:, m], self._own0.stats.epoch))
+        self._staged, self._staged_y2, self._staged_ay = 0, 0.0, 0.0
+        self._r_max = max(float(np.max(np.abs(self.post.stats.r))), float(np.max(np.abs(self._pending.r))))
+
+    def _sync(self) -> None:
+        """The per-sample path's arrays from `hyper` and the working posterior (after either changed):
+        `U_C = L_Cᵀ`, and `Rₐ = [[L_Bᵀ, u], [0, ρ]]` with `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`."""
+        h, post = self.hyper, self.post
+        m = h.m
+        self._Z = np.ascontiguousarray(h.Z)
+        self._inv_ls = np.exp(-h.log_ls)
+        self._kind = KIND_CODES[h.kind]
+        self._hyp = np.array([h.amplitude ** 2, h.noise_var, 0.0])
+        self._a2_max = max(h.amplitude ** 2, self._hyper0.amplitude ** 2)
+        self._uc = np.ascontiguousarray(post.L_C.T)
+        L_B = post.L_B
+        ra = np.zeros((m + 1, m + 1))
+        ra[:m, :m] = L_B.T
+        u = lower_solve(L_B, post.stats.r) / h.noise_var
+        ra[:m, m] = u
+        ra[m, m] = math.sqrt(max(post.stats.q / h.noise_var - float(u @ u), 0.0))
+        if not np.all(np.isfinite(ra)):
+            raise NonFiniteError("the working posterior's factor is not finite")
+        self._ra = ra
 
     def _keep(self, x: np.ndarray, y: float) -> None:
         self._seen += 1
@@ -194,12 +280,14 @@ class FSGPClient:
     def make_upload(self) -> Upload | None:
         """The pending statistics (and the latest proposal) as the next upload, once there are at least
         `min_upload` pending samples; `None` before (the privacy floor)."""
-        if self.pending.n < self.min_upload:
+        if self.n_pending < self.min_upload:
             return None
+        self._fold()
         prop, weight = self.proposal if self.proposal is not None else (None, 0.0)
-        up = Upload(self.client_id, self.next_seq, self.global_version, self.pending.copy(), prop, weight)
-        self.unacked[self.next_seq] = self.pending
-        self.pending = Stats.zeros(self.hyper.m, self.epoch)
+        up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight)
+        self.unacked[self.next_seq] = self._pending
+        self._pending = Stats.zeros(self.hyper.m, self.epoch)
+        self._r_max = float(np.max(np.abs(self.post.stats.r)))
         self.proposal = None
         self.next_seq += 1
         return up
@@ -219,7 +307,8 @@ class FSGPClient:
             return False  # an older (θ, Z): never go back
         if g.epoch == self.epoch and not g.hyper.same_as(self.hyper):
             raise ValueError(f"global version {g.version} changes (θ, σ, Z) without a new epoch")
-        pending, unacked = self.pending, dict(self.unacked)
+        self._fold()  # staged rows are of the current version: into the sums before anything moves
+        pending, unacked = self._pending, dict(self.unacked)
         if g.epoch != self.epoch:
             carry = ProjectionMap(self.hyper, g.hyper, g.epoch, self.jitter)
             pending = carry(pending)
@@ -233,7 +322,9 @@ class FSGPClient:
         if g.epoch != self.epoch:
             self.proposal = None  # fitted from an older version: FedAvg averages from the new one
         self.hyper, self.epoch, self.post = g.hyper, int(g.epoch), post
-        self.pending, self.unacked = pending, unacked
+        self._pending, self.unacked = pending, unacked
+        self._sync()
+        self._r_max = max(float(np.max(np.abs(post.stats.r))), float(np.max(np.abs(pending.r))))
         self.next_seq = max(self.next_seq, inc + 1)
         self.global_model = g
         return True
@@ -244,6 +335,7 @@ class FSGPClient:
         samples, `k = c(Z₀, x)` under the initial `(θ, σ, Z)` (a fixed comparator class, whatever versions
         came since) — the same ridge problem as the posterior mean, `w = (P + σ²C)⁻¹ r`, loss
         `q - 2wᵀr + wᵀPw`, from those statistics alone."""
+        self._fold()
         own = self._own0.stats
         best = 0.0
         if own.n > 0:

@@ -23,10 +23,11 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["KINDS", "Hyper", "Kind", "cov", "cov_and_h"]
+__all__ = ["KINDS", "KIND_CODES", "Hyper", "Kind", "cov", "cov_and_h"]
 
 Kind = Literal["se", "matern32", "matern52"]
 KINDS: tuple[str, ...] = ("se", "matern32", "matern52")
+KIND_CODES = {k: i for i, k in enumerate(KINDS)}  # the covariance as the compiled kernels (_kernels.py) know it
 _S3, _S5 = math.sqrt(3.0), math.sqrt(5.0)
 
 

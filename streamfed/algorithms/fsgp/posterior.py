@@ -79,6 +79,14 @@ class Stats:
         self.n += 1.0
         self.q += y * y
 
+    def absorb(self, other: Stats) -> None:
+        """Add `other`'s sums in place (same version and `M`)."""
+        self._check(other)
+        self.P += other.P
+        self.r += other.r
+        self.n += other.n
+        self.q += other.q
+
     def _check(self, other: Stats) -> None:
         if self.epoch != other.epoch:
             raise ValueError(f"statistics of (θ, Z) versions {self.epoch} and {other.epoch} cannot be added")
@@ -224,6 +232,11 @@ class SparsePosterior:
 
     def add(self, x: np.ndarray, y: float) -> None:
         self.add_features(self.features(x), float(y))
+
+    def absorb(self, stats: Stats) -> None:
+        """Add a block of samples' statistics (the factor is refreshed before the next prediction)."""
+        self.stats.absorb(stats)
+        self._L_B = None
 
     def predict_features(self, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Means and variances for features `K = c(Z, X*)` (M, T)."""

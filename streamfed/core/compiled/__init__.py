@@ -1,7 +1,8 @@
 """Where the learners get their compiled loops: an ahead-of-time build, or numba's JIT.
 
 The per-sample kernels are numba functions (`streamfed/core/_feature_kernels.py`,
-`streamfed/algorithms/pofmkl/_kernels.py`, `streamfed/algorithms/fedbnr/_kernels.py`), written to be read
+`streamfed/algorithms/pofmkl/_kernels.py`, `streamfed/algorithms/fedbnr/_kernels.py`,
+`streamfed/algorithms/fsgp/_kernels.py`), written to be read
 against docs/algorithms.md. Run through numba's JIT they need numba and LLVM in the process: ~140 MB of
 an edge agent's resident memory before it learns anything. `streamfed kernels build`
 (:mod:`streamfed.core.compiled.build`) compiles the same functions ahead of time, with numba, into one
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BACKEND", "ENTRIES", "Entry", "build_key", "build_path", "features", "fedbnr", "kernel_dir",
+__all__ = ["BACKEND", "ENTRIES", "Entry", "build_key", "build_path", "features", "fedbnr", "fsgp", "kernel_dir",
            "load_aot", "pofmkl"]
 
 _PKG = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ class Entry:
 _FK = "streamfed.core._feature_kernels"
 _PK = "streamfed.algorithms.pofmkl._kernels"
 _BK = "streamfed.algorithms.fedbnr._kernels"
+_GK = "streamfed.algorithms.fsgp._kernels"
 
 ENTRIES: tuple[Entry, ...] = (
     Entry("features", _FK, "rff_transform_into", ("f8[2]", "f8[1]", "!f8[1]", "!f8[2]")),
@@ -96,12 +98,16 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fedbnr", _BK, "packed_predict", ("!f8[1]", "f8[1]")),
     Entry("fedbnr", _BK, "packed_learn", ("!f8[1]", "f8")),
     Entry("fedbnr", _BK, "packed_step", ("!f8[1]", "f8[1]", "f8")),
+    Entry("fsgp", _GK, "covariance_column", ("f8[2]", "f8[1]", "f8", "i8", "f8[1]", "!f8[1]")),
+    Entry("fsgp", _GK, "step",
+          ("f8[2]", "f8[1]", "f8[1]", "i8", "f8[1]", "f8", "f8[2]", "!f8[2]", "!f8[2]", "i8", "!f8[1]", "!f8[1]")),
 )
-GROUPS = ("features", "pofmkl", "fedbnr")
+GROUPS = ("features", "pofmkl", "fedbnr", "fsgp")
 
 # What a build is made from: the kernel sources (and what they import), this table and the builder.
 SOURCES = ("core/_feature_kernels.py", "core/numerics.py", "algorithms/pofmkl/_kernels.py",
            "algorithms/pofmkl/_layout.py", "algorithms/fedbnr/_kernels.py", "algorithms/fedbnr/_layout.py",
+           "algorithms/fsgp/_kernels.py",
            "core/compiled/__init__.py", "core/compiled/build.py")
 
 _DTYPES = {"f8": np.dtype(np.float64), "i8": np.dtype(np.int64), "u1": np.dtype(np.uint8)}
@@ -254,3 +260,4 @@ BACKEND, _NS = _select()
 features: SimpleNamespace = _NS["features"]
 pofmkl: SimpleNamespace = _NS["pofmkl"]
 fedbnr: SimpleNamespace = _NS["fedbnr"]
+fsgp: SimpleNamespace = _NS["fsgp"]
