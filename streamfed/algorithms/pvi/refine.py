@@ -1,0 +1,140 @@
+"""A client's local step of PVI (docs/algorithms.md, "PVI"; ALGORITHMS §7): maximise its local free energy
+(:mod:`.free_energy`) over its own factor with Adam, against the cavity of the state it last received,
+and return the new factor `t_k = q / q_\\k`.
+
+Initialisation (warm start): the client's previous factor when it has one; otherwise DPO pseudo-inputs at
+a random subset of its reservoir's inputs with `m = y`, `s = σ² M_k / N_k` (Gaussian: the exact factor of
+those samples, scaled to stand for all `N_k`) or `m = 0`, `s = 1` (Bernoulli); CPO `m = 0`, `s = 1`.
+`q(φ)` starts at the current `q(φ)` — or, before anyone has a `t(φ)`, at the initial design `Z` and
+configured `β` with variance 0.01 (the paper's initial precision 100).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.pvi.factors import DiagGauss, Factor
+from streamfed.algorithms.pvi.free_energy import Cavity, FreeEnergy
+from streamfed.algorithms.pvi.state import GlobalQ
+
+__all__ = ["RefineSettings", "refine"]
+
+_INIT_VAR = 0.01
+
+
+@dataclass(frozen=True)
+class RefineSettings:
+    """How a client refines: likelihood, parameterisation (``dpo`` / ``cpo``), `M_k`, Adam steps and
+    rate, Monte Carlo draws of `φ` per step, `α`, jitter, Gauss–Hermite points.
+
+    >>> RefineSettings(n_pseudo=8).parameterisation
+    'dpo'
+    """
+
+    likelihood: str = "gaussian"
+    parameterisation: str = "dpo"
+    n_pseudo: int = 32
+    steps: int = 50
+    learning_rate: float = 0.01
+    n_samples: int = 1
+    alpha: float = 0.1
+    jitter: float = 1e-6
+    n_quadrature: int = 20
+
+
+def _t(a: np.ndarray | float) -> torch.Tensor:
+    return torch.as_tensor(np.array(a, dtype=np.float64))  # a copy: factors' arrays are read-only
+
+
+def _initial(g: GlobalQ, warm: Factor | None, X: np.ndarray, y: np.ndarray, n_total: float, s: RefineSettings,
+             rng: np.random.Generator) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    mk = g.m if s.parameterisation == "cpo" else s.n_pseudo
+    if warm is not None and warm.n_pseudo == mk and (warm.V is None) == (s.parameterisation == "cpo"):
+        return (None if warm.V is None else warm.V.copy()), warm.m.copy(), warm.log_s.copy()
+    if s.parameterisation == "cpo":
+        return None, np.zeros(mk), np.zeros(mk)
+    idx = rng.choice(len(y), size=mk, replace=len(y) < mk)
+    if s.likelihood == "gaussian":
+        sigma2 = math.exp(2.0 * float(g.beta[-1]))
+        return X[idx].copy(), y[idx].copy(), np.full(mk, math.log(sigma2 * mk / max(n_total, 1.0)))
+    return X[idx].copy(), np.zeros(mk), np.zeros(mk)
+
+
+def refine(g: GlobalQ, client: str, X: np.ndarray, y: np.ndarray, *, n_total: float, seq: int,
+           settings: RefineSettings, warm: Factor | None = None, seed: int = 0) -> Factor:
+    """Client `client`'s new factor (its `seq`-th) from its samples `X, y` standing for `n_total` samples,
+    against the cavity of `g`. `NonFiniteError` (nothing produced) when the cavity is improper or the
+    optimisation leaves the finite numbers.
+
+    >>> g = GlobalQ.initial("se", np.array([[-1.0], [0.0], [1.0]]), np.array([0.0, 0.0, np.log(0.1)]), "fixed")
+    >>> X = np.linspace(-1, 1, 20)[:, None]; y = np.sin(2 * X[:, 0])
+    >>> f = refine(g, "a", X, y, n_total=20, seq=1, settings=RefineSettings(n_pseudo=5, steps=20))
+    >>> f.n_pseudo, f.V.shape, f.phi is None
+    (5, (5, 1), True)
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if X.ndim != 2 or X.shape != (y.size, g.d) or y.size < 1:
+        raise ValueError(f"expected X (N, {g.d}) and y (N,), got {X.shape} and {y.shape}")
+    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+        raise NonFiniteError("a sample is not finite")
+    rng = np.random.default_rng(seed)
+    s = settings
+    cav_phi = g.q_phi(exclude=client)
+    if g.phi_size and not cav_phi.proper:
+        raise NonFiniteError("the cavity q_\\k(φ) is improper (a negative precision)")
+    if g.phi_size:
+        cur = g.q_phi() if (warm is not None or any(f.phi is not None for f in g.factors.values())) else None
+        if cur is not None and cur.proper:
+            mean0, var0 = cur.mean, cur.var
+        else:
+            mean0 = np.concatenate((g.Z.ravel()[: g.n_z], g.beta if g.learn_beta else np.zeros(0)))
+            var0 = np.full(g.phi_size, _INIT_VAR)
+        cav = Cavity([(None if f.V is None else _t(f.V), _t(f.m), _t(f.log_s)) for f in g.others(client)],
+                     _t(cav_phi.mean), _t(cav_phi.var))
+    else:
+        mean0, var0 = np.zeros(0), np.zeros(0)
+        cav = Cavity([(None if f.V is None else _t(f.V), _t(f.m), _t(f.log_s)) for f in g.others(client)],
+                     _t(np.zeros(0)), _t(np.zeros(0)))
+    V0, m0, log_s0 = _initial(g, warm, X, y, n_total, s, rng)
+    fe = FreeEnergy(g.kind, s.likelihood, cav, _t(g.Z), _t(g.beta), n_z=g.n_z, learn_beta=g.learn_beta,
+                    X=_t(X), y=_t(y), scale=float(n_total) / y.size, kl_weights=_t(g.kl_weights(s.alpha)),
+                    jitter=s.jitter, n_quadrature=s.n_quadrature)
+    V = None if V0 is None else _t(V0).requires_grad_(True)
+    m, log_s = _t(m0).requires_grad_(True), _t(log_s0).requires_grad_(True)
+    phi_mean = _t(mean0).requires_grad_(True)
+    phi_log_sd = _t(0.5 * np.log(var0)).requires_grad_(True)
+    Z = _t(g.Z).requires_grad_(True) if g.inducing == "fedavg" else None
+    params = [p for p in (V, m, log_s, phi_mean, phi_log_sd, Z) if p is not None and p.numel()]
+    opt = torch.optim.Adam(params, lr=s.learning_rate)
+    n_draws = s.n_samples if g.phi_size else 1
+    for _ in range(s.steps):
+        opt.zero_grad()
+        eps = _t(rng.standard_normal((n_draws, g.phi_size)))
+        try:
+            loss = -fe((V, m, log_s), phi_mean, phi_log_sd, eps, Z)
+        except torch.linalg.LinAlgError as e:
+            raise NonFiniteError(f"local free energy: {e}") from None
+        if not torch.isfinite(loss):
+            raise NonFiniteError("the local free energy is not finite")
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            log_s.clamp_(-20.0, 20.0)  # within Factor's e^±50, and K + B stays factorisable
+            phi_log_sd.clamp_(-12.0, 3.0)
+    with torch.no_grad():
+        vals = [p.detach().numpy().copy() for p in (m, log_s, phi_mean, phi_log_sd)]
+        Vn = None if V is None else V.detach().numpy().copy()
+        Zn = None if Z is None else Z.detach().numpy().copy()
+    if not all(np.all(np.isfinite(v)) for v in vals) or (Vn is not None and not np.all(np.isfinite(Vn))):
+        raise NonFiniteError("the refined factor is not finite")
+    phi = None
+    if g.phi_size:
+        q_new = DiagGauss.from_moments(vals[2], np.exp(2.0 * vals[3]))
+        phi = q_new / cav_phi
+    return Factor(client, int(seq), float(n_total), Vn, vals[0], vals[1], phi, Zn)
