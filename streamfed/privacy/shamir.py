@@ -1,0 +1,73 @@
+"""Shamir secret sharing over the prime field `GF(2^521 - 1)` (a Mersenne prime: every 256-bit key or seed
+fits in one element).
+
+A secret `s` is the constant term of a random polynomial of degree `t - 1`; share `i` is its value at
+`x = i` (`i = 1..n`). Any `t` shares give `s` back by Lagrange interpolation at 0; any `t - 1` shares are
+uniformly distributed whatever `s` is (they reveal nothing).
+
+>>> import random
+>>> shares = split(1234, n=5, t=3, rng=random.Random(0))
+>>> reconstruct(shares[1:4]), reconstruct([shares[0], shares[4], shares[2]])
+(1234, 1234)
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Sequence
+
+__all__ = ["PRIME", "SHARE_BYTES", "from_bytes", "reconstruct", "split", "to_bytes"]
+
+PRIME = 2**521 - 1
+SHARE_BYTES = 66  # one field element, big-endian
+
+
+def split(secret: int, n: int, t: int, rng: random.Random | None = None) -> list[tuple[int, int]]:
+    """`n` shares `(x, y)` of `secret`, any `t` of which reconstruct it. `rng` only for tests: by default
+    the coefficients come from the operating system's CSPRNG."""
+    if not 1 <= t <= n:
+        raise ValueError(f"need 1 <= t <= n, got t={t}, n={n}")
+    if not 0 <= secret < PRIME:
+        raise ValueError("secret out of the field")
+    draw = (lambda: rng.randrange(PRIME)) if rng is not None else (lambda: secrets.randbelow(PRIME))
+    coeffs = [secret] + [draw() for _ in range(t - 1)]
+    out = []
+    for x in range(1, n + 1):
+        y = 0
+        for c in reversed(coeffs):  # Horner
+            y = (y * x + c) % PRIME
+        out.append((x, y))
+    return out
+
+
+def reconstruct(shares: Sequence[tuple[int, int]]) -> int:
+    """The constant term of the polynomial through `shares` (distinct non-zero `x`). With fewer shares than
+    the threshold the result is some unrelated field element — nothing says so: use exactly `t` or more."""
+    xs = [int(x) % PRIME for x, _ in shares]
+    if len(set(xs)) != len(xs) or 0 in xs:
+        raise ValueError("share abscissae must be distinct and non-zero")
+    total = 0
+    for i, (xi, yi) in enumerate(shares):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if j != i:
+                num = num * (-xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
+    return total
+
+
+def to_bytes(y: int) -> bytes:
+    """A field element as :data:`SHARE_BYTES` big-endian bytes."""
+    return int(y).to_bytes(SHARE_BYTES, "big")
+
+
+def from_bytes(b: bytes) -> int:
+    """Inverse of :func:`to_bytes`; `ValueError` for the wrong length or a value outside the field."""
+    if len(b) != SHARE_BYTES:
+        raise ValueError(f"a share is {SHARE_BYTES} bytes, got {len(b)}")
+    y = int.from_bytes(b, "big")
+    if y >= PRIME:
+        raise ValueError("share outside the field")
+    return y
