@@ -1,0 +1,97 @@
+"""What a URK-FedBNR agent runs: the client half behind the :class:`~streamfed.algorithms.base.Learner`
+contract. Order-free; the learner numbers its own uploads (statistics and chunks alike)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+
+from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.urk.client import URKClient
+from streamfed.algorithms.urk.wire import read_global
+from streamfed.fleet.protocol import Message
+
+__all__ = ["URKLearner"]
+
+
+class URKLearner:
+    """`predict` is the Bayesian last layer's predictive (mean, variance) under the current network;
+    `begin_learn` predicts, `end_learn` learns (and, every `fit_every` samples, fits the network locally).
+
+    >>> from streamfed.algorithms.urk.network import URKArch, initial_weights, omega
+    >>> arch = URKArch(n_inputs=1, widths=(), n_omega=4)
+    >>> learner = URKLearner(URKClient(initial_weights(arch, 0), omega(arch, 0), "v", min_upload=2,
+    ...                                learn_kernel=False))
+    >>> learner.learn(np.array([0.5]), 1.0), learner.take_update()  # σ² + λ²·m/(m−1) = 0.25 + 4/3
+    ((0.0, 1.5833333333333337), None)
+    >>> _ = learner.learn(np.array([0.6]), 1.0)
+    >>> up = learner.take_update()
+    >>> up.seq, up.n_samples, up.epoch
+    (1, 2, 0)
+    """
+
+    def __init__(self, client: URKClient) -> None:
+        self.client = client
+        self._staged: tuple[np.ndarray, float, tuple[float, float]] | None = None
+
+    @property
+    def global_version(self) -> int:
+        return self.client.global_version
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return ("urk",)
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return None
+
+    @property
+    def pending_samples(self) -> int:
+        """Samples below the privacy floor `min_upload` (they never leave the device on their own)."""
+        return self.client.n_pending
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return self.client.predict(x)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        pred = self.client.predict(x)
+        self._staged = (np.array(x, dtype=np.float64), float(y), pred)
+        return pred
+
+    def end_learn(self) -> None:
+        if self._staged is not None:
+            x, y, pred = self._staged
+            self._staged = None
+            self.client.learn(x, y, pred)
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
+
+    def take_update(self) -> Update | None:
+        return self.client.take_update()
+
+    def flush(self) -> list[Update]:
+        return []  # statistics below the privacy floor never leave the device; chunks leave one per upload
+
+    def install_global(self, msg: Message) -> bool:
+        return self.client.apply_global(read_global(msg))
+
+    def regret(self) -> Regret:
+        r = self.client.regret()
+        return Regret(r["n"], r["loss"], r["best_loss"])
+
+    def diagnostics(self) -> dict[str, float]:
+        c = self.client
+        return {"epoch": float(c.epoch), "sigma": float(c.phase2.sigma[0]), "lam": float(c.phase2.lam[0]),
+                "local_fits": float(c.n_fits), "proposals": float(c.n_proposals),
+                "chunks_queued": float(len(c.queue))}
+
+    def warm_up(self, x: np.ndarray) -> None:
+        twin = copy.deepcopy(self.client)
+        twin.predict(x)
+        twin.learn(x, 0.0)

@@ -1,0 +1,116 @@
+"""What a URK-FedBNR aggregator, shard or reducer runs: every valid upload applied once, in its client's seq
+order — statistics of the current kernel version summed, chunks reassembled into proposals — and a new global
+at the end of a window in which something was applied.
+
+An upload is validated completely before anything changes: statistics as FedBNR's (values bounded by
+`max_abs`, `n` a whole number, `[[S, b], [bᵀ, q]]` positive semi-definite, `tr S ≤ n·m/(m−1)`, the exact
+`‖φ‖²` of a URK feature vector), chunks consistent with their siblings and of the network's length.
+
+Sharding sums statistics exactly while the kernel version does not move; proposals do not travel through
+shards, so with kernel learning run one aggregator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from streamfed.algorithms.fedbnr.aggregation import check_statistics
+from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.algorithms.urk.messages import ChunkItem, StatsItem
+from streamfed.algorithms.urk.server import URKServer
+from streamfed.algorithms.urk.wire import global_message, read_update
+from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
+from streamfed.fleet.protocol import Message
+
+__all__ = ["URKAggregation"]
+
+
+class URKAggregation(SummingWindow):
+    """The :class:`~streamfed.algorithms.base.Aggregation` of URK-FedBNR.
+
+    >>> from streamfed.algorithms.urk.network import URKArch, initial_weights, omega
+    >>> arch = URKArch(n_inputs=1, widths=(), n_omega=2)
+    >>> agg = URKAggregation(URKServer(initial_weights(arch, 0), omega(arch, 0), "v", min_samples=1, fit=False))
+    >>> st = SufficientStats.from_samples(np.full((2, 1, 4), 0.5), np.ones(2), "v")
+    >>> agg.take("a", 1, StatsItem("a", 1, 0, 0, st)); agg.pending()
+    True
+    >>> agg.close_window({}, lambda c: 0), agg.version, agg.included()
+    (True, 1, {'a': 1})
+    """
+
+    def __init__(self, server: URKServer, *, max_abs: float = 1e100, check_stats: bool = True) -> None:
+        if not max_abs > 0:
+            raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
+        self.server = server
+        self.max_abs = float(max_abs)
+        self.check_stats = bool(check_stats)
+        m = server.weights.arch.n_omega
+        self.phi_sq = m / (m - 1)  # ‖s(x)‖² = Σ (cos² + sin²)/(m − 1), for every x and every network
+        self._dirty = False
+
+    @property
+    def version(self) -> int:
+        return int(self.server.version)
+
+    def included(self) -> dict[str, int]:
+        return dict(self.server.included)
+
+    def diagnostics(self) -> dict[str, float]:
+        s = self.server
+        return {"epoch": float(s.epoch), "sigma": float(s.sigma), "lam": float(s.lam),
+                "proposal_weight": s.prop_weight, "stale_stats": float(s.stale_stats),
+                "stale_chunks": float(s.stale_chunks), "refused_proposals": float(s.refused_proposals)}
+
+    # ---------------------------------------------------------------- updates
+    def check(self, msg: Message) -> StatsItem | ChunkItem:
+        s = self.server
+        item = read_update(msg, s.weights.arch, s.kernel_version)
+        if isinstance(item, StatsItem):
+            check_statistics(item.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if self.check_stats else None)
+        elif float(np.max(np.abs(item.chunk.data))) > self.max_abs or item.weight > self.max_abs:
+            raise ValueError(f"a proposed value is beyond ±{self.max_abs:g}")
+        s.validate(item)
+        waiting = s.waiting().get(item.client, [])
+        if len(waiting) >= s.max_buffered and item.seq > s.included.get(item.client, 0) + 1:
+            raise ValueError(f"client {item.client!r} has {len(waiting)} uploads waiting for an earlier seq")
+        return item
+
+    # ---------------------------------------------------------------- shards and reducer
+    def partial(self, items: Sequence[StatsItem | ChunkItem]) -> tuple[dict[str, np.ndarray], int, int]:
+        s = self.server
+        f = s.weights.arch.dim
+        total = SufficientStats.zeros(f, (1,), s.kernel_version, s.epoch)
+        for it in items:
+            if isinstance(it, StatsItem) and it.epoch == s.epoch:
+                total += SufficientStats(it.stats.S, it.stats.b, it.stats.n, it.stats.q, s.kernel_version, s.epoch)
+        arrays = {"S_upper": pack_upper(total.S[0]), "b": total.b[0].copy(), "n": np.asarray(total.n),
+                  "q": np.asarray(total.q)}
+        return arrays, int(total.n), int(s.epoch)
+
+    def read_partial(self, msg: Message) -> SufficientStats:
+        s = self.server
+        if msg.epoch != s.epoch:
+            raise ValueError(f"partial of kernel version {msg.epoch}; the reducer is at {s.epoch}")
+        f = s.weights.arch.dim
+        st = SufficientStats(unpack_upper(np.array(msg.arrays["S_upper"], dtype=np.float64), f)[None],
+                             np.array(msg.arrays["b"], dtype=np.float64)[None], float(msg.arrays["n"]),
+                             float(msg.arrays["q"]), s.kernel_version, s.epoch)
+        n = float(st.n)
+        if not (n >= 1 and n == math.floor(n)):
+            raise ValueError(f"n = {n!r} is not a count of samples")
+        return st
+
+    def apply_partial(self, total: SufficientStats, n_clients: int, included: Mapping[str, int]) -> None:
+        self.server.stats += total
+        self.server.included = dict(included)
+        self.server.publish()
+
+    # ---------------------------------------------------------------- output
+    def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
+        return global_message(fleet, sender, self.server.global_model(), kernel_version)
+
+    def warm_up(self) -> None:
+        pass
