@@ -159,6 +159,22 @@ def test_compiled_per_sample_path_equals_the_plain_predictive_before_and_after_a
     assert c.regret()["n"] == 90
 
 
+def test_reservoir_is_a_uniform_sample_of_the_stream() -> None:
+    """Algorithm L keeps every sample of the stream with the same probability `cap / seen`."""
+    h = make_hyper(m=3, d=1)
+    counts = np.zeros(1000)
+    for seed in range(300):
+        c = FSGPClient(h, learn_hyperparameters=False, min_upload=10_000, reservoir=50, seed=seed)
+        for i in range(1000):
+            c.learn(np.array([i / 1000.0]), 0.0)
+        kept = np.rint(c.reservoir[0][:, 0] * 1000).astype(int)
+        assert len(set(kept.tolist())) == 50
+        counts[kept] += 1
+    # each sample kept 300 · 50/1000 = 15 times in expectation (sd ≈ 3.8 per sample, ≈ 0.17 per mean of 500)
+    assert abs(counts[:500].mean() - 15.0) < 0.2 and abs(counts[500:].mean() - 15.0) < 0.2  # sums to 15 exactly
+    assert abs(counts[:100].mean() - counts[-100:].mean()) < 1.6  # first and last samples alike (≈ 3 sd)
+
+
 def test_compiled_covariance_column_matches_the_formulas() -> None:
     from streamfed.algorithms.fsgp.kernels import KIND_CODES
     from streamfed.core.compiled import fsgp as kern

@@ -24,7 +24,7 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr._kernels import chol_update, solve_rt
 
-__all__ = ["covariance_column", "step"]
+__all__ = ["covariance_column", "predictive", "step"]
 
 _FAST = {"reassoc", "contract", "arcp", "nsz"}  # not "nnan"/"ninf": NaN and Inf must stay visible
 _S3, _S5 = np.sqrt(3.0), np.sqrt(5.0)
@@ -57,14 +57,15 @@ def covariance_column(Z: np.ndarray, inv_ls: np.ndarray, a2: float, kind: int, x
 
 @numba.njit(cache=True, fastmath=_FAST)
 def step(Z: np.ndarray, inv_ls: np.ndarray, hyp: np.ndarray, kind: int, x: np.ndarray, y: float,
-         uc: np.ndarray, ra: np.ndarray, stage: np.ndarray, row: int, work: np.ndarray, out: np.ndarray) -> int:
-    """One sample: the predictive at `x` into `out = [mean, var]`, then (if `row >= 0`) learn `(x, y)`:
-    the rank-one update of `ra` and `[k, y]` staged into `stage[row]`.
+         uc: np.ndarray, ra: np.ndarray, stage: np.ndarray, row: int, predict: int, work: np.ndarray,
+         out: np.ndarray) -> int:
+    """One sample: (if `predict`) the predictive at `x` into `out = [mean, var]`, then (if `row >= 0`)
+    learn `(x, y)`: the rank-one update of `ra` and `[k, y]` staged into `stage[row]`.
 
     `kind`: :data:`.kernels.KIND_CODES` of the covariance; `hyp = [a², σ², loss]` (`loss`: the running
     squared loss the prediction's error joins); `uc`: the upper factor of `C`; `work`: `3(M+1)` entries.
     Status: 0 done, 1 `x` not finite, 2 `y²`, `k y` or the loss would not be finite (nothing learned in
-    1 or 2; in 2 `out` holds the prediction).
+    1 or 2; in 2 `out` holds the prediction). Without `predict`, the caller predicted and checked the loss.
     """
     m = Z.shape[0]
     a2, s2 = hyp[0], hyp[1]
@@ -73,6 +74,33 @@ def step(Z: np.ndarray, inv_ls: np.ndarray, hyp: np.ndarray, kind: int, x: np.nd
     w = work[2 * m + 2:3 * m + 2]
     if not covariance_column(Z, inv_ls, a2, kind, x, k):
         return 1
+    if predict:
+        predictive(ra, uc, k, a2, s2, v, w, out)
+        e = out[0] - y
+        if row >= 0 and not np.isfinite(hyp[2] + e * e):
+            return 2
+    if row < 0:
+        return 0
+    if not np.isfinite(y * y):
+        return 2
+    for i in range(m):
+        if not np.isfinite(k[i] * y):
+            return 2
+    inv_s = 1.0 / np.sqrt(s2)
+    for i in range(m):
+        stage[row, i] = k[i]
+        v[i] = k[i] * inv_s  # v is free again: the update vector σ⁻¹[k; y] (chol_update destroys it)
+    stage[row, m] = y
+    v[m] = y * inv_s
+    chol_update(ra, v[:m + 1])
+    return 0
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def predictive(ra: np.ndarray, uc: np.ndarray, k: np.ndarray, a2: float, s2: float, v: np.ndarray, w: np.ndarray,
+               out: np.ndarray) -> None:
+    """`out = [vᵀu, a² + σ² - wᵀw + vᵀv]` with `v = R⁻ᵀk`, `w = U_C⁻ᵀk` (the module's docstring)."""
+    m = k.shape[0]
     solve_rt(ra, k, v, m)
     solve_rt(uc, k, w, m)
     mean = 0.0
@@ -86,19 +114,3 @@ def step(Z: np.ndarray, inv_ls: np.ndarray, hyp: np.ndarray, kind: int, x: np.nd
     # c(x,x) - kᵀC⁻¹k >= 0 in exact arithmetic; rounding must not take the variance below σ²
     out[0] = mean
     out[1] = var if var > s2 else s2
-    if row < 0:
-        return 0
-    e = mean - y
-    if not (np.isfinite(y * y) and np.isfinite(hyp[2] + e * e)):
-        return 2
-    for i in range(m):
-        if not np.isfinite(k[i] * y):
-            return 2
-    inv_s = 1.0 / np.sqrt(s2)
-    for i in range(m):
-        stage[row, i] = k[i]
-        v[i] = k[i] * inv_s  # v is free again: the update vector σ⁻¹[k; y] (chol_update destroys it)
-    stage[row, m] = y
-    v[m] = y * inv_s
-    chol_update(ra, v[:m + 1])
-    return 0

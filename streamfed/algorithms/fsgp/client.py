@@ -104,6 +104,7 @@ class FSGPClient:
         self._res_y = np.zeros(int(reservoir))
         self._res_n = 0
         self._seen = 0
+        self._w_keep, self._next_keep = 1.0, 0  # algorithm L's state once the reservoir is full
         self._rng = np.random.default_rng([int(seed), zlib.crc32(self.client_id.encode())])
         self.n, self.loss = 0, 0.0
         # the per-sample path (see _kernels): staged rows, and the comparator's own rows once (θ, Z) moved on
@@ -142,7 +143,7 @@ class FSGPClient:
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
         x = _finite_input(x, self.hyper.d)
-        self._step(x, 0.0, -1)
+        self._step(x, 0.0, -1, True)
         return self._prediction()
 
     def predict_many(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,8 +184,8 @@ class FSGPClient:
             k0[-1] = y
         if prediction is not None and not math.isfinite(self.loss + (prediction[0] - y) ** 2):
             raise NonFiniteError("the running loss would overflow")
-        self._hyp[2] = self.loss if prediction is None else 0.0
-        self._step(x, y, row)  # raises before changing anything
+        self._hyp[2] = self.loss
+        self._step(x, y, row, prediction is None)  # raises before changing anything
         pred = self._prediction() if prediction is None else prediction
         self._staged += 1
         self._staged_y2 += y * y
@@ -198,9 +199,9 @@ class FSGPClient:
             self.fit()
         return pred
 
-    def _step(self, x: np.ndarray, y: float, row: int) -> None:
+    def _step(self, x: np.ndarray, y: float, row: int, predict: bool) -> None:
         status = kern.step(self._Z, self._inv_ls, self._hyp, self._kind, x, y, self._uc, self._ra, self._stage,
-                           row, self._work, self._out)
+                           row, int(predict), self._work, self._out)
         if status == 1:
             raise NonFiniteError("input contains a non-finite value")
         if status == 2:
@@ -252,16 +253,30 @@ class FSGPClient:
         self._ra = ra
 
     def _keep(self, x: np.ndarray, y: float) -> None:
+        """A uniform sample of the stream (Li's algorithm L: once the reservoir is full, the gap to the next
+        sample kept is drawn when the last one is kept, so a sample not kept costs no random draw)."""
         self._seen += 1
         cap = self._res_y.size
         if self._res_n < cap:
             i = self._res_n
             self._res_n += 1
+            if self._res_n == cap:
+                self._w_keep = math.exp(math.log(self._uniform()) / cap)
+                self._next_keep = self._seen + self._gap()
+        elif self._seen == self._next_keep:
+            i = int(self._rng.integers(cap))
+            self._w_keep *= math.exp(math.log(self._uniform()) / cap)
+            self._next_keep = self._seen + self._gap()
         else:
-            i = int(self._rng.integers(self._seen))
-            if i >= cap:
-                return
+            return
         self._res_x[i], self._res_y[i] = x, y
+
+    def _uniform(self) -> float:
+        return float(self._rng.random()) or 1e-300  # (0, 1): log of it is finite
+
+    def _gap(self) -> int:
+        w = min(self._w_keep, 1.0 - 1e-16)
+        return int(math.log(self._uniform()) / math.log1p(-w)) + 1
 
     def fit(self) -> bool:
         """FedAvg's local update: Adam on Titsias' bound over the reservoir, from the current version's

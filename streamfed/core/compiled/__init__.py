@@ -100,7 +100,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fedbnr", _BK, "packed_step", ("!f8[1]", "f8[1]", "f8")),
     Entry("fsgp", _GK, "covariance_column", ("f8[2]", "f8[1]", "f8", "i8", "f8[1]", "!f8[1]")),
     Entry("fsgp", _GK, "step",
-          ("f8[2]", "f8[1]", "f8[1]", "i8", "f8[1]", "f8", "f8[2]", "!f8[2]", "!f8[2]", "i8", "!f8[1]", "!f8[1]")),
+          ("f8[2]", "f8[1]", "f8[1]", "i8", "f8[1]", "f8", "f8[2]", "!f8[2]", "!f8[2]", "i8", "i8", "!f8[1]",
+           "!f8[1]")),
 )
 GROUPS = ("features", "pofmkl", "fedbnr", "fsgp")
 
