@@ -178,3 +178,199 @@ def test_a_local_fit_raises_the_evidence_and_finds_the_noise() -> None:
     after = oracle_log_evidence(features(w1, om, X), y, w1.sigma, w1.lam)
     assert after > before + 50
     assert 0.07 < w1.sigma < 0.15
+
+
+# =========================================================================== 3. phase 1 + phase 2: the two halves
+
+from streamfed import algorithms  # noqa: E402
+from streamfed.algorithms.urk.client import URKClient  # noqa: E402
+from streamfed.algorithms.urk.messages import ChunkItem, StatsItem  # noqa: E402
+from streamfed.algorithms.urk.server import URKServer  # noqa: E402
+from streamfed.core.stats import SufficientStats  # noqa: E402
+from streamfed.fleet.config import FleetConfig  # noqa: E402
+from streamfed.fleet.protocol import Message, ProtocolError, decode, encode  # noqa: E402
+
+ARCH = URKArch(n_inputs=2, widths=(6, 3), n_omega=8)
+LIMIT = 96  # bytes per chunk: at most 12 numbers, so a proposal of ARCH.n_params = 44 numbers takes 4 chunks of 11
+
+
+def two_clients(seed: int = 0, reservoir: int = 40) -> tuple[list[URKClient], list[tuple[np.ndarray, np.ndarray]]]:
+    w0, om = initial_weights(ARCH, seed, lengthscale=1.5), omega(ARCH, seed)
+    clients = [URKClient(w0, om, "v", client_id=f"c{i}", min_upload=10, reservoir=reservoir, fit_every=50,
+                         fit_steps=5, learning_rate=0.05, max_chunk_numbers=LIMIT // 8, seed=seed) for i in range(2)]
+    rng = np.random.default_rng(seed)
+    data = []
+    for i in range(2):
+        X = rng.uniform(-2, 2, (50, 2)) + (2.0 * i - 1.0)  # non-i.i.d.: shifted inputs per client
+        data.append((X, np.sin(2 * X[:, 0]) * np.cos(X[:, 1]) + 0.1 * rng.standard_normal(50)))
+    return clients, data
+
+
+def drain(c: URKClient) -> list:
+    out = []
+    while (up := c.take_update()) is not None:
+        out.append(up)
+    return out
+
+
+def to_item(client: str, up) -> StatsItem | ChunkItem:
+    """An Update through the wire's reader, as the aggregation sees it (independent of the client's objects)."""
+    from streamfed.algorithms.urk.wire import UPDATE, read_update
+
+    msg = Message("f", client, UPDATE, up.seq, up.global_version, "v", up.n_samples, 0.0, dict(up.arrays),
+                  epoch=up.epoch)
+    return read_update(msg, ARCH, "v")
+
+
+def test_a_round_fedavg_new_epoch_re_embedding_and_stale_uploads() -> None:
+    clients, data = two_clients()
+    w0, om = clients[0].weights, clients[0].omega
+    server = URKServer(w0, om, "v", min_samples=10, min_proposal_weight=10, proposal_quorum=1.0,
+                       max_proposal_weight=40)
+    ups = []
+    for c, (X, y) in zip(clients, data, strict=True):
+        for xi, yi in zip(X, y, strict=True):
+            c.learn(xi, yi)
+        assert c.n_proposals == 1 and len(c.queue) == 4  # fitted at sample 50; 44 numbers in chunks of ≤ 12
+        ups.append(drain(c))
+    # every upload within the bound; statistics and chunks numbered together, 1, 2, …
+    for u in ups:
+        assert [x.seq for x in u] == list(range(1, len(u) + 1))
+        assert all(x.arrays["chunk"].nbytes <= LIMIT for x in u)
+    # the FedAvg oracle: θ₀ + Σ w_c δ_c / Σ w_c, the deltas read back from the chunks' arrays
+    deltas = [np.concatenate([x.arrays["chunk"] for x in u if x.arrays["chunk"].size]) for u in ups]
+    weights = [float(u[-1].arrays["weight"]) for u in ups]
+    assert weights == [40.0, 40.0]
+    expected = w0.to_vector() + (weights[0] * deltas[0] + weights[1] * deltas[1]) / sum(weights)
+
+    # one stats upload of client 1 held back: it will arrive after the kernel version moved
+    late = ups[1].pop(0)
+    for i, u in enumerate(ups):
+        for x in u[::-1]:  # reversed: the server applies in seq order anyway
+            server.apply(to_item(f"c{i}", x))
+    assert server.waiting() == {"c1": list(range(2, len(ups[1]) + 2))}  # c1's seq 1 is missing: all wait
+    assert server.apply(to_item("c1", late)) is True
+    g = server.publish()
+    assert g.epoch == 1 and np.allclose(g.theta, expected, rtol=0, atol=1e-13)
+    assert g.stats.n == 0  # a new epoch starts with empty sums: nothing of the old network's statistics
+    assert g.included == {"c0": len(ups[0]), "c1": len(ups[1]) + 1}
+
+    # an old-epoch upload arriving now is not summed; one claiming a future epoch is refused
+    stale = SufficientStats.from_samples(np.full((10, 1, ARCH.dim), 0.1), np.ones(10), "v", 0)
+    assert server.apply(StatsItem("c9", 1, 0, 0, stale)) is True and server.stale_stats == 1
+    assert server.stats.n == 0 and server.included["c9"] == 1
+    with pytest.raises(ValueError, match="kernel version 5"):
+        server.validate(StatsItem("c9", 2, 0, 5, stale))
+
+    # the clients install the new version: they re-embed their reservoirs under the new network
+    new_w = URKWeights.from_vector(ARCH, g.theta)
+    for c in clients:
+        assert c.apply_global(g) and c.epoch == 1 and c.n_pending == 40 and not c.queue
+    for i, c in enumerate(clients):
+        for x in drain(c):
+            assert x.epoch == 1
+            server.apply(to_item(f"c{i}", x))
+    g2 = server.publish()
+    # the oracle: statistics of both reservoirs under the new network, from the plain feature transcription
+    W = [new_w.arrays["W0"], new_w.arrays["W1"]]
+    cs = [new_w.arrays["c0"], new_w.arrays["c1"]]
+    Xr = np.concatenate([c.reservoir[0] for c in clients])
+    yr = np.concatenate([c.reservoir[1] for c in clients])
+    Phi = np.stack([reorder(oracle_features(x, W, cs, np.exp(new_w.arrays["log_ls"]), om)) for x in Xr])
+    assert g2.epoch == 1 and g2.stats.n == 80
+    assert np.allclose(g2.stats.S[0], Phi.T @ Phi, rtol=0, atol=1e-11)
+    assert np.allclose(g2.stats.b[0], Phi.T @ yr, rtol=0, atol=1e-11)
+    # ... and the posterior every client predicts with is the centralised one on those samples
+    for c in clients:
+        assert c.apply_global(g2)
+        x = np.array([0.3, -0.2])
+        phi = reorder(oracle_features(x, W, cs, np.exp(new_w.arrays["log_ls"]), om))
+        A = Phi.T @ Phi / g2.sigma**2 + np.eye(ARCH.dim) / g2.lam**2
+        mean = phi @ np.linalg.solve(A, Phi.T @ yr) / g2.sigma**2
+        var = g2.sigma**2 + phi @ np.linalg.solve(A, phi)
+        assert c.predict(x) == pytest.approx((mean, var), rel=1e-9, abs=1e-10)
+
+
+def test_a_proposal_counts_only_with_all_its_chunks() -> None:
+    clients, data = two_clients(1)
+    c = clients[0]
+    for xi, yi in zip(*data[0], strict=True):
+        c.learn(xi, yi)
+    ups = drain(c)
+    server = URKServer(c.weights, c.omega, "v", min_samples=10, min_proposal_weight=1, proposal_quorum=1.0)
+    chunks = [u for u in ups if u.arrays["chunk"].size]
+    assert len(chunks) == 4
+    for u in ups:
+        if u is not chunks[2]:
+            item = to_item("c0", u)
+            if u.seq < chunks[2].seq:
+                server.apply(item)
+    assert server.prop_weight == 0 and not server.ready_to_move()
+    server.apply(to_item("c0", chunks[2]))
+    server.apply(to_item("c0", chunks[3]))
+    assert server.prop_weight > 0 and server.ready_to_move()
+    # a chunk repeated (a retransmission) changes nothing
+    assert server.apply(to_item("c0", chunks[3])) is False
+
+
+def test_bad_chunks_are_refused_before_anything_changes() -> None:
+    cfg = FleetConfig(fleet="f", algorithm="urk-fedbnr", n_inputs=2, standardise="none",
+                      params={"widths": [6, 3], "n_omega": 8, "max_chunk_bytes": LIMIT, "min_upload": 10})
+    alg = algorithms.get("urk-fedbnr")
+    agg = alg.aggregation(cfg, max_abs=1e100)
+
+    def chunk_msg(seq: int, part: list[int], data: np.ndarray, weight: float = 10.0) -> Message:
+        return Message("f", "a", "urk.update", seq, 0, cfg.kernel_version, 0, 0.0,
+                       {"S_upper": np.zeros(0), "b": np.zeros(0), "n": np.asarray(0.0), "q": np.asarray(0.0),
+                        "chunk": data, "part": np.array(part, dtype=np.int64), "weight": np.asarray(weight)})
+
+    P = ARCH.n_params
+    assert P == 44
+    agg.take("a", 1, agg.check(chunk_msg(1, [1, 0, 4, P], np.zeros(11))))
+    for bad in (chunk_msg(2, [1, 1, 5, P], np.zeros(9)),       # another count than its sibling
+                chunk_msg(2, [1, 1, 4, P + 1], np.zeros(12)),  # another length than the network
+                chunk_msg(2, [1, 1, 4, P], np.zeros(10)),      # wrong size for its position
+                chunk_msg(2, [1, 1, 4, P], np.full(11, 1e200)),  # beyond max_abs
+                chunk_msg(2, [1, 4, 4, P], np.zeros(11))):     # index out of range
+        with pytest.raises(ValueError):
+            agg.check(bad)
+    # more numbers than max_chunk_bytes allows: the codec itself refuses, before any algorithm code runs
+    assert decode(encode(chunk_msg(2, [1, 1, 4, P], np.zeros(12))), cfg.protocol_schema, kinds=("urk.update",))
+    with pytest.raises(ProtocolError, match=r"'chunk'.*length 13, allowed 0\.\.12"):
+        decode(encode(chunk_msg(2, [1, 1, 4, P], np.zeros(13))), cfg.protocol_schema, kinds=("urk.update",))
+    assert agg.server.chunks.open_vectors() == {"a": [1]}
+
+
+def oracle_kd_loss(w: URKWeights, clients: list[URKWeights], om: np.ndarray, X: np.ndarray, y: np.ndarray,
+                   alpha: float) -> float:
+    """Thesis eq. 3.4 in numpy: −log p_kd(y)/n + α·MSE(ΦΦᵀ − mean_c Φ_cΦ_cᵀ)."""
+    target = np.mean([features(c, om, X) @ features(c, om, X).T for c in clients], axis=0)
+    phi = features(w, om, X)
+    return (-oracle_log_evidence(phi, y, w.sigma, w.lam) / len(y)
+            + alpha * float(np.mean((phi @ phi.T - target) ** 2)))
+
+
+def test_distillation_lowers_the_theses_kd_loss_from_the_average() -> None:
+    clients, data = two_clients(2)
+    w0, om = clients[0].weights, clients[0].omega
+    rng = np.random.default_rng(5)
+    Xkd = rng.uniform(-3, 3, (16, 2))
+    ykd = np.sin(2 * Xkd[:, 0]) * np.cos(Xkd[:, 1])
+    servers = {a: URKServer(w0, om, "v", min_samples=10, min_proposal_weight=10, proposal_quorum=1.0,
+                            aggregation=a, distill_set=(Xkd, ykd), distill_alpha=1.0, distill_steps=30,
+                            distill_learning_rate=0.02) for a in ("fedavg", "distill")}
+    for i, (c, (X, y)) in enumerate(zip(clients, data, strict=True)):
+        for xi, yi in zip(X, y, strict=True):
+            c.learn(xi, yi)
+        for u in drain(c):
+            for s in servers.values():
+                s.apply(to_item(f"c{i}", u))
+    props = [URKWeights.from_vector(ARCH, p) for p in servers["fedavg"].proposals]
+    avg, kd = (URKWeights.from_vector(ARCH, s.publish().theta) for s in servers.values())
+    assert servers["distill"].epoch == servers["fedavg"].epoch == 1
+    assert oracle_kd_loss(kd, props, om, Xkd, ykd, 1.0) < oracle_kd_loss(avg, props, om, Xkd, ykd, 1.0) - 1e-3
+
+
+def test_params_refuse_distillation_without_a_set() -> None:
+    with pytest.raises(ValueError, match="server-held"):
+        FleetConfig(fleet="f", algorithm="urk-fedbnr", n_inputs=2, params={"aggregation": "distill"})
