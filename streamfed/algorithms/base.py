@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from streamfed.fleet.protocol import Message
 
 __all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode",
-           "aggregation_diagnostics", "learner_pending_samples"]
+           "UploadSensitivity", "aggregation_diagnostics", "learner_pending_samples", "learner_upload_sensitivity"]
 
 Mode = Literal["lockstep", "async"]
 
@@ -119,6 +119,10 @@ class Learner(Protocol):
 
     Optional: `pending_samples: int`, samples learned that no upload may carry yet (FedBNR: below its
     privacy floor); read through :func:`learner_pending_samples`, said at the end of a finite stream.
+
+    Optional: `upload_sensitivity(label_bound) -> UploadSensitivity`, how far one sample (its label clipped
+    to `±label_bound`) can move an upload; read through :func:`learner_upload_sensitivity`. Differential
+    privacy (:mod:`streamfed.privacy`) uses it; without it every upload is clipped as a whole.
     """
 
     @property
@@ -166,6 +170,33 @@ class Aggregation(Protocol):
     def read_partial(self, msg: Message) -> Any: ...  # a sum: `+` adds two partials' sums
     def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None: ...
     def warm_up(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class UploadSensitivity:
+    """What differential privacy must know of a learner's uploads (docs/privacy.md).
+
+    `arrays`: the floating arrays that carry information about samples (noised); the others are public
+    (counts, kernel indices) — None: every floating array. `l2`: the L2 norm by which adding or removing
+    one sample (label within the bound asked for) can move those arrays together; None: not bounded per
+    sample, so each upload is clipped to a norm `C` as a whole (two uploads then differ by at most `2C`).
+    `scatter`: packed upper triangles of scatter matrices, by array name → matrix size; their noise is
+    symmetric, and a public shift on their diagonal keeps the noisy sum positive semi-definite.
+
+    >>> UploadSensitivity(("S_upper", "b", "q"), 1.7, {"S_upper": 5}).l2
+    1.7
+    """
+
+    arrays: tuple[str, ...] | None = None
+    l2: float | None = None
+    scatter: Mapping[str, int] = field(default_factory=dict)
+
+
+def learner_upload_sensitivity(learner: Learner, label_bound: float) -> UploadSensitivity:
+    """A learner's optional `upload_sensitivity(label_bound)` (the default when it has none: every floating
+    array, no per-sample bound — clip each upload whole)."""
+    read = getattr(learner, "upload_sensitivity", None)
+    return UploadSensitivity() if read is None else read(float(label_bound))
 
 
 def learner_pending_samples(learner: Learner) -> int:
