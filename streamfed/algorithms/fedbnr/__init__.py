@@ -93,7 +93,10 @@ class FedBNR(Algorithm):
 
         if mode == "lockstep":
             raise ValueError("lock-step mode is POF-MKL's protocol; FedBNR is order-free (use async)")
-        return StatsLearner(self._client(cfg, client_id))
+        client = self._client(cfg, client_id)
+        # RFF features have a constant norm: any input gives the bound (differential privacy needs it)
+        phi_sq = float(np.max(np.sum(client.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)))
+        return StatsLearner(client, phi_sq=phi_sq)
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FedBNRAggregation:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.base import Regret, Update, UploadSensitivity
 from streamfed.algorithms.fedbnr.wire import global_fields
 from streamfed.fleet.protocol import Message
 
@@ -32,8 +32,9 @@ class StatsLearner:
     (1, 2, 2.0)
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, phi_sq: float | None = None) -> None:
         self.client = client
+        self.phi_sq = phi_sq  # max ‖φ(x)‖² over inputs, where the feature map bounds it (differential privacy)
         self._pending: tuple[np.ndarray, float] | None = None
 
     @property
@@ -93,6 +94,17 @@ class StatsLearner:
     def pending_samples(self) -> int:
         """Samples learned but not yet uploadable: below the privacy floor `min_upload`."""
         return int(self.client.n_pending)
+
+    def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
+        """One sample (`‖φ‖² <= P` for every kernel, `|y| <= label_bound`) moves `(S_upper, b, q)` by at most
+        `sqrt(K·(P² + P·C²) + C⁴)`; `n` is the upload's size, public (docs/privacy.md)."""
+        from streamfed.privacy.dp import stats_sensitivity
+
+        if getattr(self, "phi_sq", None) is None:  # (also a state pickled before phi_sq existed)
+            raise ValueError("this FedBNR learner was built without a bound on ‖φ‖²: its sensitivity is unknown")
+        k, f = int(self.client.n_kernels), int(self.client.dim)
+        return UploadSensitivity(("S_upper", "b", "q"), stats_sensitivity(float(self.phi_sq), label_bound, k),
+                                 {"S_upper": f})
 
     def install_global(self, msg: Message) -> bool:
         from streamfed.algorithms.fedbnr.learner import GlobalModel
