@@ -1,0 +1,195 @@
+"""Differential privacy for any learner of the plug-in contract (docs/privacy.md): a wrapper that clips
+labels, noises uploads with the Gaussian mechanism calibrated to the learner's declared sensitivity
+(:func:`~streamfed.algorithms.base.learner_upload_sensitivity`), accounts every upload, and stops
+uploading — it keeps learning and predicting — once the next upload would exceed the budget.
+
+It never asks which algorithm it wraps. Learners that declare a per-sample L2 bound (FedBNR's
+statistics) are noised at that bound; the others have each upload clipped to `clip_norm` as a whole and
+are noised at `2·clip_norm`. Local DP: `noise_share = 1`. Distributed DP behind secure aggregation:
+each of `n` clients adds the share `1/n` of the variance, so only the unmasked sum carries the full
+noise; the accountant then records the multiplier the *sum* has.
+
+>>> from streamfed import algorithms
+>>> from streamfed.fleet.config import FleetConfig
+>>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=3, kernels=["gaussian:1.0"],
+...                   params={"min_upload": 2})
+>>> private = PrivateLearner(algorithms.get("fedbnr").learner(cfg, "a", 0), epsilon=1.0, delta=1e-5,
+...                          budget=1.5, label_bound=3.0, rng=0)
+>>> for y in (1.0, 2.0, 50.0, 0.0):
+...     _ = private.learn(np.array([0.1]), y)
+...     up = private.take_update()
+...     if up is not None: print(float(up.arrays["n"]), round(private.epsilon, 2))
+2.0 1.09
+>>> private.exhausted  # a second upload would have made ε > 2
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from streamfed.algorithms.base import (
+    Learner,
+    Regret,
+    Update,
+    learner_pending_samples,
+    learner_upload_sensitivity,
+)
+from streamfed.fleet.protocol import Message
+from streamfed.privacy import dp
+from streamfed.privacy.accountant import Method, PrivacyAccountant
+
+__all__ = ["PrivateLearner"]
+
+log = logging.getLogger("streamfed.privacy")
+
+
+class PrivateLearner:
+    """A :class:`~streamfed.algorithms.base.Learner` whose uploads are `(epsilon, delta)`-DP each, composed
+    by a :class:`~streamfed.privacy.accountant.PrivacyAccountant` and capped at `budget` (ε at `delta`;
+    None: no cap). See the module docstring; `rng` seeds the noise only in tests (default: OS entropy)."""
+
+    def __init__(self, inner: Learner, *, epsilon: float, delta: float, budget: float | None = None,
+                 label_bound: float = 3.0, clip_norm: float = 1.0, noise_share: float = 1.0,
+                 method: Method = "rdp", rng: np.random.Generator | int | None = None,
+                 client: str = "") -> None:
+        if not (epsilon > 0 and 0 < delta < 1 and label_bound > 0 and clip_norm > 0 and 0 < noise_share <= 1):
+            raise ValueError("need epsilon > 0, 0 < delta < 1, label_bound > 0, clip_norm > 0, 0 < noise_share <= 1")
+        if budget is not None and not budget > 0:
+            raise ValueError(f"budget must be > 0, got {budget!r}")
+        self.inner = inner
+        self.client = client
+        self.label_bound = float(label_bound)
+        self.clip_norm = float(clip_norm)
+        self.budget = budget
+        self.sensitivity = learner_upload_sensitivity(inner, label_bound)
+        self.l2 = self.sensitivity.l2 if self.sensitivity.l2 is not None else 2.0 * self.clip_norm
+        self.z = dp.noise_multiplier(epsilon, delta)  # one upload is (ε, δ)-DP, of the sum's noise
+        self.noise_share = float(noise_share)
+        self.std = self.z * self.l2 * math.sqrt(self.noise_share)  # this client's share of the noise
+        self.accountant = PrivacyAccountant(delta, method)
+        self.rng = np.random.default_rng(rng)
+        self.exhausted = False
+
+    # ---------------------------------------------------------------- privacy state
+    @property
+    def epsilon(self) -> float:
+        """ε spent so far (at the accountant's δ)."""
+        return self.accountant.epsilon()
+
+    @property
+    def delta(self) -> float:
+        return self.accountant.delta
+
+    def _privatise(self, up: Update) -> Update:
+        names = self.sensitivity.arrays
+        if names is None:
+            names = tuple(k for k, v in up.arrays.items() if np.asarray(v).dtype.kind == "f")
+        arrays = dict(up.arrays)
+        if self.sensitivity.l2 is None:  # no per-sample bound: clip the upload as a whole
+            flat = np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in names])
+            norm = float(np.linalg.norm(flat))
+            if not math.isfinite(norm):
+                raise dp_error("an upload holds a non-finite value")
+            if norm > self.clip_norm:
+                for k in names:
+                    arrays[k] = np.asarray(arrays[k], dtype=np.float64) * (self.clip_norm / norm)
+        noisy = dp.add_gaussian_noise(arrays, names, self.std, self.rng)
+        for k, dim in self.sensitivity.scatter.items():
+            # a public shift on the diagonal keeps the noisy sum positive semi-definite (privacy.dp)
+            diag = _diagonal_positions(int(dim))
+            noisy[k] = np.array(noisy[k], dtype=np.float64)
+            noisy[k][..., diag] += dp.psd_shift(int(dim), self.std)
+        self.accountant.spend(self.z)
+        return Update(noisy, up.n_samples, up.global_version, up.seq, up.epoch)
+
+    def _may_upload(self) -> bool:
+        if self.exhausted:
+            return False
+        if self.accountant.can_spend(self.z, self.budget):
+            return True
+        self.exhausted = True
+        log.warning("agent %s: privacy budget ε = %g (δ = %g) reached after %d uploads (ε spent %.3f): it stops "
+                    "uploading and keeps learning and predicting locally", self.client or "?", self.budget,
+                    self.delta, self.accountant.uploads, self.epsilon)
+        return False
+
+    # ---------------------------------------------------------------- the Learner contract
+    @property
+    def global_version(self) -> int:
+        return self.inner.global_version
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return self.inner.kernel_names
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return self.inner.kernel_weights
+
+    @property
+    def pending_samples(self) -> int:
+        return learner_pending_samples(self.inner)
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return self.inner.predict(x)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        return self.inner.begin_learn(x, dp.clip_label(y, self.label_bound))
+
+    def end_learn(self) -> None:
+        self.inner.end_learn()
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        return self.inner.learn(x, dp.clip_label(y, self.label_bound))
+
+    def take_update(self) -> Update | None:
+        if not self._may_upload():
+            return None  # what is pending stays in the learner: it never leaves
+        up = self.inner.take_update()
+        return None if up is None else self._privatise(up)
+
+    def flush(self) -> list[Update]:
+        if not self._may_upload():
+            return []
+        out = []
+        for up in self.inner.flush():
+            if out and not self._may_upload():
+                break  # the rest is dropped with the process: it may not leave
+            out.append(self._privatise(up))
+        return out
+
+    def install_global(self, msg: Message) -> bool:
+        return self.inner.install_global(msg)
+
+    def regret(self) -> Regret:
+        return self.inner.regret()
+
+    def diagnostics(self) -> dict[str, float]:
+        out = dict(self.inner.diagnostics())
+        out.update(dp_epsilon=self.epsilon, dp_uploads=float(self.accountant.uploads))
+        return out
+
+    def warm_up(self, x: np.ndarray) -> None:
+        self.inner.warm_up(x)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes this wrapper lacks: optional parts of the contract it does not know
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def dp_error(detail: str) -> ValueError:
+    return ValueError(f"differential privacy: {detail}")
+
+
+def _diagonal_positions(f: int) -> np.ndarray:
+    """Positions of the diagonal in a packed upper triangle (numpy.triu_indices order)."""
+    rows, cols = np.triu_indices(f)
+    return np.flatnonzero(rows == cols)
