@@ -39,6 +39,7 @@ from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, pre
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
 from streamfed.fleet.standardised import StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
+from streamfed.privacy.learner import PrivateLearner
 
 __all__ = ["AGENT_STATE_FORMAT", "AgentCore", "GlobalResult", "PendingLearn", "Prediction"]
 
@@ -106,6 +107,17 @@ class GlobalResult(NamedTuple):
     detail: str = ""
 
 
+def _private_part(learner: object) -> PrivateLearner | None:
+    """The :class:`PrivateLearner` in a chain of wrappers (each holding the next as `inner`), if any."""
+    for _ in range(8):  # wrappers are few; a bound instead of trusting a cycle-free chain
+        if isinstance(learner, PrivateLearner):
+            return learner
+        learner = getattr(learner, "inner", None)
+        if learner is None:
+            return None
+    return None
+
+
 class AgentCore:
     """One agent's state and logic, transport-free.
 
@@ -128,6 +140,14 @@ class AgentCore:
         if mode == "lockstep" and not self.algorithm.lockstep:
             raise ValueError(f"lock-step mode is not {cfg.algorithm}'s protocol: it is order-free (use async)")
         self.learner: Learner = self.algorithm.learner(cfg, client_id, index, mode)
+        # differential privacy wraps the learner itself: labels are clipped in the learner's units (inside
+        # the standardiser), uploads noised as they leave it (docs/privacy.md)
+        self.privacy: PrivateLearner | None = None
+        if cfg.dp_epsilon is not None:
+            self.learner = self.privacy = PrivateLearner(
+                self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,
+                label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id)
+        self.status_changed = False  # something the status message says changed (the budget ran out)
         if cfg.standardise == "online":
             self.learner = StandardisedLearner(self.learner, cfg.n_inputs)
         self.kernel_version = self.algorithm.kernel_version(cfg)
@@ -150,6 +170,27 @@ class AgentCore:
         self.stats = stats or AgentStats(client_id, fleet=cfg.fleet, algorithm=cfg.algorithm)
         self.stats_every = max(1, int(stats_every))
         self.stats.update_from_learner(self.learner, regret=self.algorithm.cheap_regret)
+        self._note_privacy()
+
+    # ------------------------------------------------------------------ privacy
+    def _note_privacy(self) -> None:
+        """Copy the privacy spent to the metrics; note when the budget has just run out (the status says so)."""
+        p = self.privacy
+        if p is None:
+            return
+        was = self.stats.dp_exhausted
+        self.stats.set_privacy(p.epsilon, p.delta, p.exhausted, p.budget)
+        if p.exhausted and not was:
+            self.status_changed = True
+
+    def status_meta(self) -> dict[str, float | bool]:
+        """What a `status` message says of this agent besides its state: the `(ε, δ)` spent and whether the
+        privacy budget is exhausted (with differential privacy on; else nothing)."""
+        p = self.privacy
+        if p is None:
+            return {}
+        return {"dp_epsilon": float(min(p.epsilon, 1e300)), "dp_delta": float(p.delta),
+                "dp_exhausted": bool(p.exhausted)}
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -296,7 +337,9 @@ class AgentCore:
         self.global_version = int(state["global_version"])
         self.counters = state["counters"]
         self.outbox = outbox
+        self.privacy = _private_part(learner)
         self.stats.update_from_learner(self.learner, regret=self.algorithm.cheap_regret)
+        self._note_privacy()
 
     # ------------------------------------------------------------------ the work
     def _prediction(self, reading: Reading, mean: float, var: float | None, now: float) -> Prediction:
@@ -356,6 +399,8 @@ class AgentCore:
         if self.mode != "lockstep" and (self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1):
             return []
         up = self.learner.take_update()
+        if self.privacy is not None:
+            self._note_privacy()
         return [] if up is None else [up]
 
     def flush(self) -> list[Message]:
@@ -363,6 +408,7 @@ class AgentCore:
         feedback, at most `M` kernels each; FedBNR: nothing below the privacy floor)."""
         out = [self._update_message(up) for up in self.learner.flush()]
         self.stats.update_from_learner(self.learner)
+        self._note_privacy()
         return out
 
     def end_of_stream(self, durable: bool) -> tuple[list[Message], int]:

@@ -123,6 +123,8 @@ class AggregatorCore:
         self.round_timeout = round_timeout
         self.window = window
         self.sender = sender
+        # noised uploads are not the statistics of real samples: only bounds and shapes can be checked
+        check_stats = check_stats and cfg.dp_epsilon is None
         self.aggregation: Aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs, check_stats=check_stats)
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self.tracker = SeqTracker(cfg.seq_window)

@@ -300,6 +300,18 @@ class FleetConfig(BaseModel):
     max_prediction_batch: int = Field(256, ge=1)
     seq_window: int = Field(1024, ge=1)  # out-of-order seqs tracked per client
     sensor_topic: str = "streamfed/v1/{fleet}/sensors/{client}"
+    # Differential privacy of uploads (docs/privacy.md; off while dp_epsilon is None): every upload is
+    # (dp_epsilon, dp_delta)-DP on its own, a per-client accountant composes them, and an agent whose next
+    # upload would take it past dp_budget (ε at dp_delta) stops uploading. Labels are clipped to ±clip_label
+    # (in the learner's units: standardised when the agent standardises); learners without a per-sample
+    # sensitivity have each upload clipped to L2 norm clip_norm.
+    dp_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
+    dp_delta: float = Field(1e-5, gt=0, lt=1)
+    dp_budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    clip_label: float = Field(3.0, gt=0, allow_inf_nan=False)
+    clip_norm: float = Field(0.1, gt=0, allow_inf_nan=False)
+    # Secure aggregation (SecAgg+, streamfed.privacy.secagg): the aggregator sees only masked uploads and their sum.
+    secure_aggregation: bool = False
 
     @field_validator("fleet")
     @classmethod

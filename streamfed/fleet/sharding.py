@@ -148,7 +148,8 @@ class ShardCore:
         self.mode: Mode = mode if self.algorithm.lockstep else "async"
         # The single aggregator's validation (same checks, same reasons); this aggregation is only asked to
         # check updates and to sum them into partials, never to fold anything into a global.
-        self.aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs, check_stats=check_stats)
+        self.aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs,
+                                                      check_stats=check_stats and cfg.dp_epsilon is None)
         self.stats = stats or AggregatorStats(cfg.fleet)
         self.clients = list(clients or [])
         self.order = {c: i for i, c in enumerate(self.clients)}

@@ -193,6 +193,7 @@ class AgentStats:
         "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
         "learner_values", "recent_skip_ratio",
         "upload_bytes", "upload_messages", "global_version", "global_received_at", "newest_version",
+        "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget",
     )
 
     def __init__(self, client: str, *, fleet: str = "default", algorithm: str = "unknown", window: int = 100,
@@ -222,6 +223,17 @@ class AgentStats:
         self.global_version: int | None = None
         self.global_received_at: float | None = None
         self.newest_version = 0
+        # differential privacy (None while off): ε spent at δ, the budget, and whether uploads stopped for it
+        self.dp_epsilon: float | None = None
+        self.dp_delta: float | None = None
+        self.dp_budget: float | None = None
+        self.dp_exhausted = False
+
+    def set_privacy(self, epsilon: float, delta: float, exhausted: bool, budget: float | None = None) -> None:
+        """The privacy spent so far: `(epsilon, delta)`, the budget, and whether it stopped the uploads."""
+        self.dp_epsilon, self.dp_delta = float(epsilon), float(delta)
+        self.dp_budget = None if budget is None else float(budget)
+        self.dp_exhausted = bool(exhausted)
 
     # ------------------------------------------------------------------ hot path
     def observe_prediction(self, y: float, yhat: float, latency_s: float | None = None,

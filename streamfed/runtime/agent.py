@@ -572,7 +572,9 @@ class AgentService:
                 joining = not self._prior_ready.is_set()
                 if joining and self.wait_for_global > 0:
                     await self._await_prior(receiver)
-                meta = {"prior_version": int(self.core.global_version)} if joining else None
+                meta = {"prior_version": int(self.core.global_version)} if joining else {}
+                meta.update(self.core.status_meta())  # (ε, δ) spent, with differential privacy on
+                self.core.status_changed = False
                 await until_lost(client.publish(
                     status_topic(self.fleet, self.client_id), encode(status_message(self.fleet, self.client_id,
                                                                                     "online", meta=meta)),
@@ -702,6 +704,10 @@ class AgentService:
                 if self._finished() or self._stop.is_set():
                     return
                 self._resend_overdue()
+                if self.core.status_changed:  # e.g. the privacy budget ran out: the retained status says so
+                    self.core.status_changed = False
+                    paho.publish(status_topic(self.fleet, self.client_id), encode(status_message(
+                        self.fleet, self.client_id, "online", meta=self.core.status_meta())), 1, True)
                 if self.updates or self.predictions:
                     continue
                 await self._wait_work(self._idle_timeout())

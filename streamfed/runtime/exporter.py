@@ -31,6 +31,10 @@ name                                                     type      labels
 ``streamfed_agent_global_staleness_seconds``             gauge     fleet, client
 ``streamfed_agent_global_versions_behind``               gauge     fleet, client
 ``streamfed_agent_prediction_duration_seconds``          histogram fleet, client (small fleets)
+``streamfed_agent_dp_epsilon``                           gauge     fleet, client (differential privacy on)
+``streamfed_agent_dp_delta``                             gauge     fleet, client (differential privacy on)
+``streamfed_agent_dp_budget``                            gauge     fleet, client (with a budget)
+``streamfed_agent_dp_budget_exhausted``                  gauge     fleet, client (differential privacy on)
 ``streamfed_prediction_duration_seconds``                histogram fleet
 ``streamfed_aggregator_updates_accepted_total``          counter   fleet
 ``streamfed_aggregator_updates_rejected_total``          counter   fleet, reason
@@ -184,6 +188,10 @@ class StreamfedCollector(Collector):
             g("streamfed_agent_global_staleness_seconds", "Seconds since the global model in use was received.",
               unit="seconds"),
             g("streamfed_agent_global_versions_behind", "Global versions between the one in use and the newest known."),
+            g("streamfed_agent_dp_epsilon", "Differential privacy spent by this agent's uploads: epsilon at dp_delta."),
+            g("streamfed_agent_dp_delta", "The delta at which streamfed_agent_dp_epsilon is accounted."),
+            g("streamfed_agent_dp_budget", "The epsilon budget after which the agent stops uploading."),
+            g("streamfed_agent_dp_budget_exhausted", "1 when the privacy budget stopped this agent's uploads."),
             _histogram("streamfed_prediction_duration_seconds", "Prediction latency of a fleet's agents.",
                        ("fleet",)),
             c("streamfed_aggregator_updates_accepted", "Model updates accepted.", ("fleet",)),
@@ -247,6 +255,12 @@ class StreamfedCollector(Collector):
                     lab, s.staleness_seconds())
             f["streamfed_agent_global_versions_behind"].add_metric(  # type: ignore[attr-defined]
                 lab, s.versions_behind(newest.get(s.fleet, 0)))
+            if s.dp_epsilon is not None and s.dp_delta is not None:
+                f["streamfed_agent_dp_epsilon"].add_metric(lab, s.dp_epsilon)  # type: ignore[attr-defined]
+                f["streamfed_agent_dp_delta"].add_metric(lab, s.dp_delta)  # type: ignore[attr-defined]
+                f["streamfed_agent_dp_budget_exhausted"].add_metric(lab, float(s.dp_exhausted))  # type: ignore[attr-defined]
+                if s.dp_budget is not None:
+                    f["streamfed_agent_dp_budget"].add_metric(lab, s.dp_budget)  # type: ignore[attr-defined]
 
             counts = list(s.latency.counts)
             if per_client:
