@@ -1,0 +1,196 @@
+"""Differential privacy through the plug-in contract (streamfed.privacy.learner) and in the fleet cores:
+each sample's influence on a real learner's upload is bounded by the declared sensitivity, the noisy
+FedBNR global stays installable, and an agent past its budget stops uploading, keeps predicting, and
+says so in its metrics and status."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+
+from streamfed import algorithms
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl import POFMKLParams
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.protocol import decode, encode
+from streamfed.fleet.sources import Reading
+from streamfed.privacy import dp
+from streamfed.privacy.learner import PrivateLearner
+from streamfed.runtime.exporter import StreamfedCollector, make_registry
+
+
+def fedbnr_cfg(**kw: object) -> FleetConfig:
+    kw.setdefault("standardise", "none")
+    return FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=3, n_features=5,
+                       kernels=["gaussian:1.0", "gaussian:2.0"],
+                       fedbnr=FedBNRParams(min_upload=8, fit_hyperparameters=False), **kw)
+
+
+def pof_cfg(**kw: object) -> FleetConfig:
+    return FleetConfig(standardise="none", fleet="t", algorithm="pofmkl", n_inputs=3, n_kernels=4, n_features=5,
+                       bin_size=2, seed=3, pofmkl=POFMKLParams(eta=0.05, lam=1e-4, xi=0.2), **kw)
+
+
+def _flat(arrays: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
+    return np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in names])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.integers(0, 7), st.floats(-1e4, 1e4), st.floats(0.2, 5.0))
+def test_one_sample_moves_a_fedbnr_upload_by_at_most_the_sensitivity(seed: int, which: int, y_other: float,
+                                                                      c_y: float) -> None:
+    cfg = fedbnr_cfg()
+    rng = np.random.default_rng(seed)
+    xs, ys = rng.normal(0, 2, (8, 3)), rng.normal(0, 20, 8)
+    ups = []
+    for replace in (False, True):
+        learner = PrivateLearner(algorithms.get("fedbnr").learner(cfg, "a", 0), epsilon=1.0, delta=1e-5,
+                                 label_bound=c_y, rng=seed)  # the same noise draws: differences are the data's
+        for i in range(8):
+            x, y = (-3 * xs[i], y_other) if (replace and i == which) else (xs[i], ys[i])
+            learner.learn(x, y)
+        up = learner.take_update()
+        assert up is not None and up.n_samples == 8
+        ups.append(up)
+    sens = ups[0]
+    names = ("S_upper", "b", "q")
+    delta = np.linalg.norm(_flat(ups[0].arrays, names) - _flat(ups[1].arrays, names))
+    bound = learner.sensitivity.l2
+    assert bound == pytest.approx(dp.stats_sensitivity(2.0, c_y, 2))
+    assert delta <= 2 * bound * (1 + 1e-9)  # replace one = remove one, add one
+    assert float(sens.arrays["n"]) == 8.0  # the count is public: not noised
+
+
+def test_gradient_learners_are_clipped_per_upload() -> None:
+    cfg = pof_cfg()
+    outs = []
+    for scale in (1.0, -500.0):
+        inner = algorithms.get("pofmkl").learner(cfg, "a", 0, "lockstep")
+        learner = PrivateLearner(inner, epsilon=2.0, delta=1e-5, clip_norm=0.05, label_bound=1e6, rng=1)
+        assert learner.sensitivity.l2 is None and learner.l2 == pytest.approx(0.1)
+        rows = []
+        for t in range(20):
+            learner.learn(np.full(3, 0.1 * t), scale * np.sin(t))
+            up = learner.take_update()
+            assert up is not None and up.arrays["kernels"].dtype.kind == "i"  # indices pass through
+            rows.append(np.asarray(up.arrays["delta"]))
+        outs.append(rows)
+    for a, b in zip(*outs, strict=True):
+        if a.shape == b.shape:  # the same kernels drawn: the same noise, so the difference is the data's
+            assert np.linalg.norm(a - b) <= 2 * 0.05 * (1 + 1e-9)
+
+
+def test_noise_has_the_calibrated_scale() -> None:
+    cfg = pof_cfg()
+    learner = PrivateLearner(algorithms.get("pofmkl").learner(cfg, "a", 0, "lockstep"), epsilon=1.0,
+                             delta=1e-5, clip_norm=1e-12, rng=2)
+    draws = []
+    for t in range(400):
+        learner.learn(np.full(3, 0.01 * t), 0.0)
+        draws.append(np.asarray(learner.take_update().arrays["delta"]).ravel())  # type: ignore[union-attr]
+    std = float(np.std(np.concatenate(draws)))
+    assert std == pytest.approx(dp.noise_multiplier(1.0, 1e-5) * 2e-12, rel=0.05)
+    assert learner.accountant.uploads == 400
+
+
+def _run(agents: list[AgentCore], agg: AggregatorCore, cfg: FleetConfig, steps: int, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 1, cfg.n_inputs)
+    preds = []
+    for t in range(steps):
+        msgs = []
+        for a in agents:
+            x = rng.normal(0, 1, cfg.n_inputs)
+            pred, out = a.on_reading(Reading(f"{t}", x, float(t), float(np.tanh(x @ w))))
+            preds.append(pred)
+            msgs += out
+        queue = list(msgs)
+        while queue:
+            m = queue.pop(0)
+            payload = encode(m, cfg)
+            if m.kind.endswith(".update"):
+                queue += agg.on_update(m.client, payload, now=0.0)
+            elif m.kind.endswith(".global"):
+                for a in agents:
+                    result = a.install_global(decode(payload, cfg, kernel_version=a.kernel_version), now=0.0)
+                    assert result.reason is None, result  # the noisy global stays positive definite
+    return preds
+
+
+def test_noisy_fedbnr_fleet_installs_every_global_and_stops_at_its_budget(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = fedbnr_cfg(dp_epsilon=2.0, dp_budget=6.0)
+    names = ["a", "b", "c"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.0)
+    with caplog.at_level(logging.WARNING, logger="streamfed.privacy"):
+        preds = _run(agents, agg, cfg, 200)
+    assert all(p is not None and np.isfinite(p.mean) and p.var > 0 for p in preds)  # predicting throughout
+    assert agg.rejected == {}
+    for a in agents:
+        p = a.privacy
+        assert p is not None and p.exhausted and p.epsilon <= 6.0
+        assert p.accountant.epsilon_after(p.z) > 6.0
+        assert len(a.outbox) + agg.included().get(a.client_id, 0) == p.accountant.uploads
+        meta = a.status_meta()
+        assert meta["dp_exhausted"] is True and meta["dp_epsilon"] == pytest.approx(p.epsilon)
+        assert a.status_changed
+        assert a.stats.dp_exhausted and a.stats.dp_epsilon == pytest.approx(p.epsilon)
+    assert "stops uploading" in caplog.text
+    uploads = agg.counters.accepted
+    _run(agents, agg, cfg, 50, seed=1)  # no more uploads past the budget
+    assert agg.counters.accepted == uploads
+    text = generate_latest(make_registry(StreamfedCollector([a.stats for a in agents]))).decode()
+    assert 'streamfed_agent_dp_budget_exhausted{client="a",fleet="t"} 1.0' in text
+    assert 'streamfed_agent_dp_delta{client="a",fleet="t"} 1e-05' in text
+    assert "streamfed_agent_dp_epsilon{" in text and 'streamfed_agent_dp_budget{client="a",fleet="t"} 6.0' in text
+
+
+def test_a_fleet_without_dp_still_refuses_statistics_that_are_not_of_samples() -> None:
+    noisy = fedbnr_cfg(dp_epsilon=1.0)
+    plain = fedbnr_cfg()
+    agent = AgentCore(noisy, "a", 0)
+    msgs = []
+    rng = np.random.default_rng(0)
+    for t in range(8):
+        msgs += agent.on_reading(Reading(f"{t}", rng.normal(0, 1, 3), float(t), 0.1))[1]
+    assert len(msgs) == 1
+    payload = encode(msgs[0], noisy)
+    assert AggregatorCore(plain, clients=["a"], window=0.0).on_update("a", payload, now=0.0) == []
+    strict = AggregatorCore(plain, clients=["a"], window=0.0)
+    strict.on_update("a", payload, now=0.0)
+    assert strict.rejected == {"invalid_update": 1}
+    lenient = AggregatorCore(noisy, clients=["a"], window=0.0)
+    assert [m.kind for m in lenient.on_update("a", payload, now=0.0)] == ["fedbnr.global"]
+
+
+def test_the_accountant_survives_a_restart() -> None:
+    cfg = fedbnr_cfg(dp_epsilon=1.0, standardise="online")
+    agent = AgentCore(cfg, "a", 0)
+    rng = np.random.default_rng(0)
+    for t in range(40):
+        agent.on_reading(Reading(f"{t}", rng.normal(0, 1, 3), float(t), float(rng.normal())))
+    spent = agent.privacy.epsilon  # type: ignore[union-attr]
+    assert spent > 0
+    state = pickle.loads(pickle.dumps(agent.snapshot()))
+    again = AgentCore(cfg, "a", 0)
+    assert again.privacy is not None and again.privacy.epsilon == 0.0
+    again.restore(state)
+    assert again.privacy is not None and again.privacy.epsilon == pytest.approx(spent)
+    assert again.stats.dp_epsilon == pytest.approx(spent)
+
+
+def test_bad_privacy_settings_are_refused_clearly() -> None:
+    with pytest.raises(ValueError, match="dp_epsilon"):
+        fedbnr_cfg(dp_epsilon=float("inf"))
+    with pytest.raises(ValueError, match="dp_delta"):
+        fedbnr_cfg(dp_epsilon=1.0, dp_delta=1.0)
+    with pytest.raises(ValueError, match="epsilon"):
+        PrivateLearner(algorithms.get("fedbnr").learner(fedbnr_cfg(), "a", 0), epsilon=0.0, delta=1e-5)
