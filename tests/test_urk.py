@@ -374,3 +374,112 @@ def test_distillation_lowers_the_theses_kd_loss_from_the_average() -> None:
 def test_params_refuse_distillation_without_a_set() -> None:
     with pytest.raises(ValueError, match="server-held"):
         FleetConfig(fleet="f", algorithm="urk-fedbnr", n_inputs=2, params={"aggregation": "distill"})
+
+
+# =========================================================================== 4. in the fleet: replay, MQTT, no torch
+
+from streamfed.evaluation.datasets import synthetic_fleet  # noqa: E402
+from streamfed.evaluation.replay import AlgorithmConfig  # noqa: E402
+from tests.test_plugins import rel_diff, replay_keeping_arrangement, run_mqtt_fleet  # noqa: E402
+
+URK = "urk-fedbnr"
+FLEET_PARAMS = {"widths": [6, 3], "n_omega": 8, "min_upload": 10, "fit_every": 40, "fit_steps": 3,
+                "reservoir": 40, "min_proposal_weight": 40, "max_chunk_bytes": LIMIT}
+
+
+def fleet_cfg(name: str, n_inputs: int, **params: object) -> FleetConfig:
+    return FleetConfig(standardise="none", fleet=name, algorithm=URK, n_inputs=n_inputs, seed=3,
+                       params={**FLEET_PARAMS, **params})
+
+
+def test_replay_with_kernel_learning_moves_versions_and_rejects_nothing() -> None:
+    fleet = synthetic_fleet(3, 200, 2, seed=4)
+    acfg = AlgorithmConfig(n_kernels=1, n_features=8, params={URK: FLEET_PARAMS})
+    result, arr = replay_keeping_arrangement(fleet, URK, acfg, seed=3)
+    agg = arr.aggregations[0]
+    assert int(result.rejected.sum()) == 0 and agg.server.epoch >= 2
+    assert agg.server.refused_proposals == 0
+    for learner in arr.learners:
+        assert learner.client.epoch == agg.server.epoch  # every client follows the kernel version
+        m, v = learner.predict(np.zeros(fleet.n_inputs))
+        assert math.isfinite(m) and v > 0
+
+
+def test_fixed_kernel_over_mosquitto_equals_replay(mosquitto_dev) -> None:
+    """With the network fixed (no phase 1) and σ, λ fixed, the last global over a real broker equals the
+    replay's: the same summed statistics, the same predictions at every agent."""
+    fleet = synthetic_fleet(3, 60, 2, seed=11)
+    names = [f"c{i}" for i in range(len(fleet))]
+    params = {"learn_kernel": False, "fit_hyperparameters": False}
+    cfg = fleet_cfg("urk-fixed", fleet.n_inputs, **params)
+    acfg = AlgorithmConfig(n_kernels=1, n_features=8, params={URK: {**FLEET_PARAMS, **params}})
+    _, arr = replay_keeping_arrangement(fleet, URK, acfg, seed=3)
+    ref = arr.global_message(arr.aggregations[0])
+    agg, agents = run_mqtt_fleet(cfg, mosquitto_dev.broker_config(), fleet, names)
+    assert agg.core.rejected == {}
+    g = agg.core.global_message()
+    assert g.included == ref.included == {n: 6 for n in names}
+    for k in ("S_upper", "b", "n", "q", "theta"):
+        assert rel_diff(g.arrays[k], ref.arrays[k]) <= 1e-12
+    probes = np.random.default_rng(0).uniform(-1, 1, (4, fleet.n_inputs))
+    for i, a in enumerate(agents):
+        mine = np.array([a.core.learner.predict(x) for x in probes])
+        theirs = np.array([arr.learners[i].predict(x) for x in probes])
+        assert rel_diff(mine, theirs) <= 1e-10
+
+
+def test_kernel_learning_over_mosquitto(mosquitto_dev) -> None:
+    """Chunks and statistics over a real broker: nothing rejected, the kernel version moves, every agent ends on
+    the aggregator's last global (and so on its network)."""
+    fleet = synthetic_fleet(3, 160, 2, seed=12)
+    names = [f"c{i}" for i in range(len(fleet))]
+    cfg = fleet_cfg("urk-learn", fleet.n_inputs)
+    agg, agents = run_mqtt_fleet(cfg, mosquitto_dev.broker_config(), fleet, names)
+    assert agg.core.rejected == {}
+    server = agg.core.aggregation.server
+    assert server.epoch >= 1 and server.refused_proposals == 0
+    g = agg.core.global_message()
+    for a in agents:
+        assert a.core.global_version == agg.core.version and not a.core.outbox
+        assert a.core.learner.client.epoch == server.epoch == g.epoch
+        assert np.array_equal(a.core.learner.client.weights.to_vector(), g.arrays["theta"])
+
+
+def test_an_agent_without_torch_predicts_and_contributes() -> None:
+    """torch hidden: the package imports, an agent learns and uploads statistics (and never fits), the
+    aggregator sums them; no torch module gets loaded. (Hidden by an import hook, not `sys.modules["torch"] =
+    None`: scipy.stats, which the fleet's privacy layer imports, probes `sys.modules["torch"].Tensor`.)"""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is hidden")
+sys.meta_path.insert(0, NoTorch())
+import numpy as np
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.protocol import encode
+from streamfed.fleet.sources import Reading
+cfg = FleetConfig(fleet="f", algorithm="urk-fedbnr", n_inputs=2, params={"n_omega": 8, "min_upload": 10,
+                  "fit_every": 20})
+agent, agg = AgentCore(cfg, "a", 0), AggregatorCore(cfg, mode="async", window=0.0)
+sent = 0
+for t in range(60):
+    _, msgs = agent.on_reading(Reading(f"r{t}", np.array([t / 60, 0.5]), float(t), y=float(np.cos(t))))
+    for m in msgs:
+        sent += 1
+        agg.on_update("a", encode(m), now=0.0)
+d = agent.learner.diagnostics()
+assert sent >= 5 and d["local_fits"] == 0 and d["proposals"] == 0
+assert agg.aggregation.server.stats.n >= 50 and agg.rejected == {}
+assert np.isfinite(agent.learner.predict(np.zeros(2))[0])
+assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

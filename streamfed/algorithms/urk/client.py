@@ -39,7 +39,7 @@ def torch_available() -> bool:
     """Whether this process can train (phase 1): torch importable."""
     try:
         return importlib.util.find_spec("torch") is not None
-    except ValueError:  # `sys.modules["torch"] = None` (hidden on purpose)
+    except (ImportError, ValueError):  # hidden on purpose (a blocking import hook, `sys.modules["torch"] = None`)
         return False
 
 
