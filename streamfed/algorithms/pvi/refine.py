@@ -12,7 +12,6 @@ configured `β` with variance 0.01 (the paper's initial precision 100).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,31 +19,12 @@ import torch
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.pvi.factors import DiagGauss, Factor
 from streamfed.algorithms.pvi.free_energy import Cavity, FreeEnergy
+from streamfed.algorithms.pvi.settings import RefineSettings
 from streamfed.algorithms.pvi.state import GlobalQ
 
 __all__ = ["RefineSettings", "refine"]
 
 _INIT_VAR = 0.01
-
-
-@dataclass(frozen=True)
-class RefineSettings:
-    """How a client refines: likelihood, parameterisation (``dpo`` / ``cpo``), `M_k`, Adam steps and
-    rate, Monte Carlo draws of `φ` per step, `α`, jitter, Gauss–Hermite points.
-
-    >>> RefineSettings(n_pseudo=8).parameterisation
-    'dpo'
-    """
-
-    likelihood: str = "gaussian"
-    parameterisation: str = "dpo"
-    n_pseudo: int = 32
-    steps: int = 50
-    learning_rate: float = 0.01
-    n_samples: int = 1
-    alpha: float = 0.1
-    jitter: float = 1e-6
-    n_quadrature: int = 20
 
 
 def _t(a: np.ndarray | float) -> torch.Tensor:

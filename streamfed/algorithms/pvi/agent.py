@@ -1,0 +1,96 @@
+"""What a PVI agent runs (docs/algorithms.md, "PVI"): the streaming client behind the
+:class:`~streamfed.algorithms.base.Learner` contract. Order-free; the learner numbers its own uploads
+(one per refinement: its newest factor, which replaces the previous one at the server)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+
+from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.pvi.client import PVIClient
+from streamfed.algorithms.pvi.wire import factor_arrays, read_global
+from streamfed.fleet.protocol import Message
+
+__all__ = ["PVILearner"]
+
+
+class PVILearner:
+    """`predict` is the current `q`'s predictive (mean, variance); `begin_learn` predicts, `end_learn`
+    learns (and refines every `refine_every` samples).
+
+    >>> from streamfed.algorithms.pvi.settings import RefineSettings
+    >>> from streamfed.algorithms.pvi.state import GlobalQ
+    >>> g = GlobalQ.initial("se", np.zeros((2, 1)), np.array([0.0, 0.0, np.log(0.5)]), "fixed")
+    >>> learner = PVILearner(PVIClient(g, RefineSettings(n_pseudo=2, steps=2), client_id="a", refine_every=2))
+    >>> learner.learn(np.array([0.5]), 1.0), learner.take_update()
+    ((0.0, 1.25), None)
+    >>> _ = learner.learn(np.array([0.6]), 1.0)
+    >>> up = learner.take_update()
+    >>> up.seq, up.n_samples, sorted(up.arrays)
+    (1, 2, ['V', 'log_s', 'm', 'n'])
+    """
+
+    def __init__(self, client: PVIClient) -> None:
+        self.client = client
+        self._staged: tuple[np.ndarray, float, tuple[float, float]] | None = None
+        self._uploaded = 0  # samples covered by the factors uploaded so far
+
+    @property
+    def global_version(self) -> int:
+        return self.client.version
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return (self.client.global_state.kind,)
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return None
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return self.client.predict(x)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        pred = self.client.predict(x)
+        self._staged = (np.array(x, dtype=np.float64), float(y), pred)
+        return pred
+
+    def end_learn(self) -> None:
+        if self._staged is not None:
+            x, y, pred = self._staged
+            self._staged = None
+            self.client.learn(x, y, pred)
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
+
+    def take_update(self) -> Update | None:
+        f = self.client.take_factor()
+        if f is None:
+            return None
+        new = max(int(f.n) - self._uploaded, 1)  # samples this factor adds to the previous one's
+        self._uploaded = int(f.n)
+        return Update(factor_arrays(f), new, self.client.version, seq=f.seq)
+
+    def flush(self) -> list[Update]:
+        return []  # samples since the last refinement wait for the next one
+
+    def install_global(self, msg: Message) -> bool:
+        return self.client.install(read_global(msg, self.client.global_state))
+
+    def regret(self) -> Regret:
+        r = self.client.regret()
+        return Regret(r["n"], r["loss"], r["best_loss"])
+
+    def diagnostics(self) -> dict[str, float]:
+        c = self.client
+        return {"refinements": float(c.n_refined), "failed_refinements": float(c.n_failed),
+                "factors_in_global": float(len(c.global_state.factors))}
+
+    def warm_up(self, x: np.ndarray) -> None:
+        copy.deepcopy(self.client).predict(x)
