@@ -29,6 +29,7 @@ BUILTIN: dict[str, str] = {
     "vm-kofl": "streamfed.algorithms.kofl:VM_KOFL",
     "em-kofl": "streamfed.algorithms.kofl:EM_KOFL",
     "fsgp": "streamfed.algorithms.fsgp:ALGORITHM",
+    "pvi": "streamfed.algorithms.pvi:ALGORITHM",
     "urk-fedbnr": "streamfed.algorithms.urk:ALGORITHM",
 }
 DEFAULT = "pofmkl"  # what the demo and the CLI run when nobody says
