@@ -333,20 +333,48 @@ def aggregator(
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="persist the global state here; resume from it")] = None,
     wait_offline: Annotated[bool, typer.Option(help="lock-step: rounds wait for clients that went offline")] = False,
+    dp_epsilon: Annotated[float | None, typer.Option(help=_DP_HELP)] = None,
+    secure_aggregation: Annotated[bool | None, typer.Option(help=_SECAGG_HELP)] = None,
 ) -> None:
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.fleet.config import load_config
     from streamfed.runtime.aggregator import AggregatorService
 
-    cfg = load_config(config)
-    core = AggregatorCore(cfg.fleet, clients=_names(clients), mode=mode, quorum=quorum,  # type: ignore[arg-type]
-                          round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop")
+    cfg = _with_privacy(load_config(config), dp_epsilon, secure_aggregation)
+    try:
+        core = AggregatorCore(cfg.fleet, clients=_names(clients), mode=mode, quorum=quorum,  # type: ignore[arg-type]
+                              round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop")
+    except ValueError as e:
+        _refuse(str(e))
     _serve(lambda: AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir),
            [core.stats], metrics_port,
            lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
                        f"{cfg.broker.host}:{cfg.broker.port}"
                        + (f", global v{core.version} resumed" if svc.restored else ""))
+
+
+_DP_HELP = ("differential privacy: every upload (ε, δ)-DP with this ε (overrides the configuration's dp_epsilon; "
+            "docs/privacy.md); give the aggregator the same")
+_SECAGG_HELP = "secure aggregation of uploads (overrides the configuration's secure_aggregation; docs/privacy.md)"
+
+
+def _with_privacy(cfg: Any, dp_epsilon: float | None, secure_aggregation: bool | None) -> Any:
+    """`cfg` (a StreamfedConfig) with the command line's privacy switches applied (validated like the file)."""
+    from pydantic import ValidationError
+
+    update: dict[str, Any] = {}
+    if dp_epsilon is not None:
+        update["dp_epsilon"] = dp_epsilon
+    if secure_aggregation is not None:
+        update["secure_aggregation"] = secure_aggregation
+    if not update:
+        return cfg
+    try:
+        fleet = type(cfg.fleet).model_validate({**cfg.fleet.model_dump(), "params": cfg.fleet.params, **update})
+    except ValidationError as e:
+        _refuse(f"--dp-epsilon/--secure-aggregation: {_validation_problem(e)}")
+    return cfg.model_copy(update={"fleet": fleet})
 
 
 def _refuse(message: str) -> NoReturn:
@@ -472,6 +500,8 @@ def agent(
     wait_for_global: Annotated[float, typer.Option(
         help="joining a running fleet: wait up to this many seconds for its global before the first sample, so "
              "that the first prediction already uses it as the prior (0: start at once)")] = 2.0,
+    dp_epsilon: Annotated[float | None, typer.Option(help=_DP_HELP)] = None,
+    secure_aggregation: Annotated[bool | None, typer.Option(help=_SECAGG_HELP)] = None,
 ) -> None:
     """Run one edge agent: predict, learn, publish predictions and bounded updates.
 
@@ -499,6 +529,7 @@ def agent(
         _refuse(f"--config {config}: {_validation_problem(e)}")
     except (OSError, ValueError) as e:  # no file, bad TOML/JSON
         _refuse(f"--config {config}: {e}")
+    cfg = _with_privacy(cfg, dp_epsilon, secure_aggregation)
     if not (0.0 <= max_skip_share <= 1.0) or math.isnan(max_skip_share):
         _refuse(f"--max-skip-share must be between 0 and 1, got {max_skip_share}")
     if skip_window < 1:

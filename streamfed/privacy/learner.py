@@ -52,12 +52,13 @@ log = logging.getLogger("streamfed.privacy")
 class PrivateLearner:
     """A :class:`~streamfed.algorithms.base.Learner` whose uploads are `(epsilon, delta)`-DP each, composed
     by a :class:`~streamfed.privacy.accountant.PrivacyAccountant` and capped at `budget` (ε at `delta`;
-    None: no cap). See the module docstring; `rng` seeds the noise only in tests (default: OS entropy)."""
+    None: no cap). See the module docstring; `rng` seeds the noise only in tests (default: OS entropy);
+    `noise_multiplier` replaces the one `epsilon` implies (e.g. calibrated for a stream's composition)."""
 
     def __init__(self, inner: Learner, *, epsilon: float, delta: float, budget: float | None = None,
                  label_bound: float = 3.0, clip_norm: float = 1.0, noise_share: float = 1.0,
                  method: Method = "rdp", rng: np.random.Generator | int | None = None,
-                 client: str = "") -> None:
+                 client: str = "", noise_multiplier: float | None = None) -> None:
         if not (epsilon > 0 and 0 < delta < 1 and label_bound > 0 and clip_norm > 0 and 0 < noise_share <= 1):
             raise ValueError("need epsilon > 0, 0 < delta < 1, label_bound > 0, clip_norm > 0, 0 < noise_share <= 1")
         if budget is not None and not budget > 0:
@@ -69,7 +70,10 @@ class PrivateLearner:
         self.budget = budget
         self.sensitivity = learner_upload_sensitivity(inner, label_bound)
         self.l2 = self.sensitivity.l2 if self.sensitivity.l2 is not None else 2.0 * self.clip_norm
-        self.z = dp.noise_multiplier(epsilon, delta)  # one upload is (ε, δ)-DP, of the sum's noise
+        # one upload is (ε, δ)-DP — or the multiplier is given (calibrated for a whole stream's composition)
+        self.z = dp.noise_multiplier(epsilon, delta) if noise_multiplier is None else float(noise_multiplier)
+        if not (self.z > 0 and math.isfinite(self.z)):
+            raise ValueError(f"noise multiplier must be finite and > 0, got {self.z!r}")
         self.noise_share = float(noise_share)
         self.std = self.z * self.l2 * math.sqrt(self.noise_share)  # this client's share of the noise
         self.accountant = PrivacyAccountant(delta, method)
