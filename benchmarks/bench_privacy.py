@@ -1,0 +1,241 @@
+"""Privacy: what differential privacy costs in accuracy, and what secure aggregation costs in time and bytes.
+
+    .venv/bin/python benchmarks/bench_privacy.py [--out benchmarks/results/privacy.md] [--quick]
+
+**Utility** — the 12 Beijing stations (paper normalisation, `T` samples each), run through the real fleet
+cores in process (`AgentCore` → codec → `AggregatorCore` → codec → every agent), prequentially: each
+prediction is made before its label is learned. FedBNR (one Gaussian kernel, D = 10, uploads of 32
+samples, σ and λ fitted by the evidence) and POF-MKL (lock-step, N = 8, D = 50, M = 2). At a total
+per-client budget ε ∈ {1, 4, 8} (δ = 1e-5) the noise multiplier is calibrated (`dp_accounting`, RDP) so
+that the client's `U` uploads compose to exactly ε; ∞ is the noiseless fleet. *Local* DP: each upload
+carries the whole noise; *distributed* DP: each of the 12 clients adds 1/12 of the variance and only the
+sum (behind secure aggregation) carries the whole noise. Labels clipped to `|y| <= 1` (the normalised
+range: nothing is clipped), POF-MKL updates clipped to `‖Δ‖ <= C` (C = the median norm of its noiseless
+updates). MSE and NLPD (Gaussian, FedBNR only) over every prediction of every station; NLPD uses the
+predictive variance the learner reports (the noise's share of it is not added: docs/privacy.md).
+
+**Secure aggregation** — one SecAgg+ round in process (`streamfed.privacy.secagg.run_round`: key
+advertisement, encrypted Shamir shares, masked inputs, unmasking) over FedBNR uploads of the Beijing
+streams encoded in fixed point (`Z_{2^64}`), at 10, 100 and 1,000 clients, with no dropout and with a
+tenth of the clients dropping after sharing their keys; vs the plain round (the float64 sum of the same
+uploads and their encoded `fedbnr.update` messages). Whether the unmasked sum equals the plain fixed-point
+sum bit for bit, and its largest deviation from the float64 sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from streamfed.algorithms.fedbnr import FedBNRParams  # noqa: E402
+from streamfed.algorithms.fedbnr.wire import stats_update_message  # noqa: E402
+from streamfed.algorithms.pofmkl import POFMKLParams  # noqa: E402
+from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.evaluation.datasets import load_beijing  # noqa: E402
+from streamfed.fleet.agent import AgentCore  # noqa: E402
+from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
+from streamfed.fleet.config import FleetConfig  # noqa: E402
+from streamfed.fleet.protocol import decode, encode  # noqa: E402
+from streamfed.fleet.sources import Reading  # noqa: E402
+from streamfed.privacy import fixed_point  # noqa: E402
+from streamfed.privacy.accountant import calibrate_noise_multiplier  # noqa: E402
+from streamfed.privacy.learner import PrivateLearner  # noqa: E402
+from streamfed.privacy.secagg import SecAggSettings, run_round  # noqa: E402
+
+DELTA = 1e-5
+EPSILONS = (1.0, 4.0, 8.0, math.inf)
+UPLOAD = 32
+# FedBNR's utility runs use D = 10 (F = 21: 252 noised numbers an upload, against 5,253 at D = 50): at D = 50 the
+# noise swamps the scatter and the evidence fit drives σ towards 0 (NLPD ~1e7 at ε = 8; docs/privacy.md)
+UTILITY_FEATURES = 10
+
+
+def fedbnr_cfg(n_features: int = 50) -> FleetConfig:
+    return FleetConfig(fleet="bench", algorithm="fedbnr", n_inputs=10, n_features=n_features, kernels=["gaussian:2.0"],
+                       standardise="none", fedbnr=FedBNRParams(min_upload=UPLOAD))
+
+
+def pofmkl_cfg() -> FleetConfig:
+    return FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=8, n_features=50, bin_size=2,
+                       standardise="none", seed=1, pofmkl=POFMKLParams())
+
+
+def run_fleet(cfg: FleetConfig, fleet, steps: int, z: float | None, share: float, clip_norm: float,
+              seed: int = 0) -> dict[str, float]:
+    """The fleet, prequentially; `z` None: no noise. Returns MSE, NLPD and the measured update norms."""
+    streams = fleet.streams
+    names = [s.name for s in streams]
+    lockstep = cfg.algorithm == "pofmkl"
+    mode = "lockstep" if lockstep else "async"
+    agents = [AgentCore(cfg, n, i, mode=mode) for i, n in enumerate(names)]
+    if z is not None:
+        for i, a in enumerate(agents):
+            # public attributes of the core: the bench sets the calibrated multiplier the config cannot say
+            a.learner = a.privacy = PrivateLearner(a.learner, epsilon=1.0, delta=DELTA, label_bound=1.0,
+                                                   clip_norm=clip_norm, noise_share=share, noise_multiplier=z,
+                                                   rng=seed * 1000 + i, client=a.client_id)
+    agg = AggregatorCore(cfg, clients=names, mode=mode, window=0.0, check_stats=z is None)
+    sq, nlpd, norms, rejected_globals = [], [], [], 0
+    for t in range(steps):
+        msgs = []
+        for a, s in zip(agents, streams, strict=True):
+            pred, out = a.on_reading(Reading(f"{t}", s.X[t], float(t), float(s.y[t])))
+            y = float(s.y[t])
+            sq.append((pred.mean - y) ** 2)
+            if pred.var is not None:
+                nlpd.append(0.5 * math.log(2 * math.pi * pred.var) + (pred.mean - y) ** 2 / (2 * pred.var))
+            msgs += out
+        queue = list(msgs)
+        while queue:
+            m = queue.pop(0)
+            payload = encode(m, cfg)
+            if m.kind.endswith(".update"):
+                if z is None and lockstep:
+                    norms.append(float(np.linalg.norm(m.arrays["delta"])))
+                queue += agg.on_update(m.client, payload, now=float(t))
+            elif m.kind.endswith(".global"):
+                for a in agents:
+                    r = a.install_global(decode(payload, cfg, kernel_version=a.kernel_version), now=float(t))
+                    rejected_globals += r.reason is not None
+    return {"mse": float(np.mean(sq)), "nlpd": float(np.mean(nlpd)) if nlpd else math.nan,
+            "median_norm": float(np.median(norms)) if norms else math.nan,
+            "rejected_updates": float(sum(agg.rejected.values())), "rejected_globals": float(rejected_globals)}
+
+
+def utility(steps: int) -> tuple[list[str], dict]:
+    fleet = load_beijing("paper", steps=steps)
+    n = len(fleet.streams)
+    out: dict = {}
+    lines = ["", f"### Utility under differential privacy (Beijing, 12 stations × {steps} samples, δ = {DELTA:g})", "",
+             "| algorithm | ε (per client, whole stream) | uploads per client | noise multiplier z | DP | MSE | NLPD |",
+             "|---|---|---|---|---|---|---|"]
+    for name, make in (("fedbnr", lambda: fedbnr_cfg(UTILITY_FEATURES)), ("pofmkl", pofmkl_cfg)):
+        cfg = make()
+        uploads = steps // UPLOAD if name == "fedbnr" else steps
+        t0 = time.perf_counter()
+        plain = run_fleet(cfg, fleet, steps, None, 1.0, 1.0)
+        clip = plain["median_norm"] if name == "pofmkl" else 1.0
+        rows = {"inf": plain}
+        for eps in EPSILONS:
+            if eps == math.inf:
+                lines.append(f"| {name} | ∞ | {uploads} | 0 | none | {plain['mse']:.5f} | {_f(plain['nlpd'])} |")
+                continue
+            z = calibrate_noise_multiplier(eps, DELTA, uploads)
+            for mode, share in (("local", 1.0), ("distributed", 1.0 / n)):
+                r = run_fleet(cfg, fleet, steps, z, share, clip)
+                r["z"] = z
+                rows[f"{eps:g}/{mode}"] = r
+                lines.append(f"| {name} | {eps:g} | {uploads} | {z:.2f} | {mode} | {r['mse']:.5f} | {_f(r['nlpd'])} |")
+        out[name] = {"uploads": uploads, "clip_norm": clip, "rows": rows, "seconds": time.perf_counter() - t0}
+    lines += ["", "POF-MKL's clip norm C = the median L2 norm of its noiseless updates "
+              f"({out['pofmkl']['clip_norm']:.3g}). Globals rejected by an agent and updates rejected by the "
+              "aggregator, over every run: "
+              f"{sum(r['rejected_globals'] for a in out.values() for r in a['rows'].values()):.0f} and "
+              f"{sum(r['rejected_updates'] for a in out.values() for r in a['rows'].values()):.0f}."]
+    return lines, out
+
+
+def _f(x: float) -> str:
+    return "—" if math.isnan(x) else f"{x:.3f}"
+
+
+def fedbnr_uploads(count: int) -> list[np.ndarray]:
+    """`count` real FedBNR uploads (S_upper, b, n, q of 32 samples) from the Beijing stations, flattened."""
+    cfg = fedbnr_cfg()
+    per = max(1, math.ceil(count / 12))
+    fleet = load_beijing("paper", steps=per * UPLOAD)
+    out = []
+    for i, s in enumerate(fleet.streams):
+        agent = AgentCore(cfg, s.name, i)
+        for t in range(per * UPLOAD):
+            for m in agent.on_reading(Reading(f"{t}", s.X[t], float(t), float(s.y[t])))[1]:
+                out.append(np.concatenate([np.ravel(m.arrays[k]) for k in ("S_upper", "b", "n", "q")]))
+    return out[:count]
+
+
+def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
+    cfg = fedbnr_cfg()
+    ups = fedbnr_uploads(max(sizes))
+    length = ups[0].size
+    f = cfg.feature_dim
+    k = f * (f + 1) // 2
+    plain_bytes = len(encode(stats_update_message("bench", "c0000", 1, ups[0][:k].reshape(1, -1),
+                                                  ups[0][k:k + f].reshape(1, -1), ups[0][-2], ups[0][-1],
+                                                  global_version=0, kernel_version="k")))
+    out: dict = {"vector_length": length, "plain_upload_bytes": plain_bytes, "rows": []}
+    lines = ["", "### Secure aggregation cost (in process, FedBNR uploads: "
+             f"{length} numbers = S_upper, b, n, q of F = {cfg.feature_dim})", "",
+             "| clients | neighbours k | threshold t | dropped | round (s) | per client (ms) | bytes up / client "
+             "| bytes down / client | plain round (ms) | plain bytes up | exact | max deviation from float64 sum |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n in sizes:
+        vecs = {f"c{i:04d}": ups[i % len(ups)] for i in range(n)}
+        bound = max(float(np.max(np.abs(v))) for v in vecs.values())
+        fbits = fixed_point.frac_bits_for(bound, n)
+        enc = {c: fixed_point.encode(v, fbits) for c, v in vecs.items()}
+        plain_int = np.zeros(length, dtype=np.uint64)
+        for v in enc.values():
+            plain_int += v
+        settings = SecAggSettings(1, tuple(sorted(enc)), length)
+        for drop_share in (0.0, 0.1):
+            dropped = sorted(enc)[: int(n * drop_share)]
+            times, stats = [], {}
+            for r in range(repeats):
+                t0 = time.perf_counter()
+                total = run_round(enc, round_id=r + 1, drop_before_masking=dropped, stats=stats)
+                times.append(time.perf_counter() - t0)
+            want = plain_int.copy()
+            for c in dropped:
+                want -= enc[c]
+            exact = bool(np.array_equal(total, want))
+            kept = [vecs[c] for c in sorted(vecs) if c not in dropped]
+            dev = float(np.max(np.abs(fixed_point.decode(total, fbits) - np.sum(kept, axis=0))))
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                np.sum(kept, axis=0)
+            plain_ms = (time.perf_counter() - t0) / repeats * 1e3
+            sec = float(np.median(times))
+            row = {"clients": n, "degree": settings.degree, "threshold": settings.threshold, "dropped": len(dropped),
+                   "round_s": sec, "per_client_ms": sec / n * 1e3, "bytes_up": stats["bytes_up"],
+                   "bytes_down": stats["bytes_down"], "plain_ms": plain_ms, "exact": exact, "max_dev": dev,
+                   "frac_bits": fbits}
+            out["rows"].append(row)
+            lines.append(f"| {n} | {settings.degree} | {settings.threshold} | {len(dropped)} | {sec:.3f} | "
+                         f"{sec / n * 1e3:.2f} | {stats['bytes_up']:,.0f} | {stats['bytes_down']:,.0f} | "
+                         f"{plain_ms:.3f} | {plain_bytes:,} | {'yes' if exact else 'NO'} | {dev:.1e} |")
+    lines += ["", "Round time = every client's and the server's work in one process, one after the other (what a "
+              "fleet spreads over its devices); per client = round / clients. Bytes up = keys, encrypted shares, "
+              "the masked vector (8 bytes a number) and the unmasking shares; down = the neighbours' keys, the "
+              "forwarded shares and the survivor list. The plain upload is one encoded `fedbnr.update` "
+              "(float64). Deviation: the unmasked fixed-point sum decoded, against numpy's float64 sum of the same "
+              f"uploads ({max(r['frac_bits'] for r in out['rows'])} fractional bits at most)."]
+    return lines, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--steps", type=int, default=None)
+    args = ap.parse_args()
+    steps = args.steps or (200 if args.quick else 2000)
+    sizes = (10, 100) if args.quick else (10, 100, 1000)
+    t0 = time.perf_counter()
+    u_lines, u = utility(steps)
+    s_lines, s = secagg_cost(sizes, 1 if args.quick else 3)
+    cmd = ".venv/bin/python benchmarks/bench_privacy.py" + (" --quick" if args.quick else "")
+    lines = ["## Privacy: differential privacy and secure aggregation", "",
+             f"`{cmd}` — {machine()}, load {load_average()}; {time.perf_counter() - t0:.0f} s.",
+             *(__doc__ or "").split("\n\n", 1)[1].strip().split("\n"), *u_lines, *s_lines]
+    write_section(args.out, lines, {"utility": u, "secagg": s}, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
