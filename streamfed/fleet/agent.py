@@ -136,6 +136,9 @@ class AgentCore:
         self.client_id = client_id
         self.index = index
         self.mode: Mode = mode
+        if cfg.secure_aggregation:  # the protocol runs in process (streamfed.privacy.secagg), not yet over MQTT
+            raise ValueError("secure aggregation is not available over MQTT yet (docs/privacy.md): "
+                             "set secure_aggregation = false")
         self.algorithm = algorithms.get(cfg.algorithm)
         if mode == "lockstep" and not self.algorithm.lockstep:
             raise ValueError(f"lock-step mode is not {cfg.algorithm}'s protocol: it is order-free (use async)")

@@ -114,6 +114,9 @@ class AggregatorCore:
                  sender: str = "aggregator", stats: AggregatorStats | None = None,
                  offline: Literal["drop", "wait"] = "drop", max_abs: float = 1e100,
                  check_stats: bool = True) -> None:
+        if cfg.secure_aggregation:  # the protocol runs in process (streamfed.privacy.secagg), not yet over MQTT
+            raise ValueError("secure aggregation is not available over MQTT yet (docs/privacy.md): "
+                             "set secure_aggregation = false")
         self.cfg = cfg
         self.algorithm = algorithms.get(cfg.algorithm)
         self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.algorithm.lockstep)
