@@ -59,6 +59,7 @@ BENCHES: dict[str, Bench] = {
     "progressive": Bench("benchmarks/bench_progressive.py", ("--quick",), True),
     "fsgp": Bench("benchmarks/bench_fsgp.py", ("--quick",), True),
     "privacy": Bench("benchmarks/bench_privacy.py", ("--quick",), True),
+    "urk": Bench("benchmarks/bench_urk.py", ("--quick",), True),
 }
 
 HEADER = """# Benchmarks
