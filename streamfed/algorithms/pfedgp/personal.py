@@ -1,0 +1,116 @@
+"""A client's personal GP-Tree classifier on embeddings (pFedGP §4.1 full model, §4.3 FITC): the tree over
+the classes it has seen, one Pólya–Gamma Gibbs posterior per node, and class probabilities as products along
+the paths (eq. 15) of each node's predictive (eq. 18, averaged over the Gibbs samples).
+
+Samples carry ids, so a refresh continues each node's chains where it left them: a kept sample keeps its `ω`,
+a new one starts from a `PG(1, 0)` draw. A class never seen before rebuilds the tree (and restarts chains).
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> E = np.concatenate([rng.normal(-1, 0.3, (10, 2)), rng.normal(1, 0.3, (10, 2)), rng.normal([1, -1], 0.3, (10, 2))])
+>>> y = np.repeat([0, 4, 7], 10)
+>>> model = GPTree(lengthscale=1.0, outputscale=4.0, chains=4, steps=10, seed=0)
+>>> model.fit(E, y, ids=np.arange(30))
+>>> p = model.proba(np.array([[1.0, 1.0]]))
+>>> model.classes, int(model.classes[int(np.argmax(p[0]))]), bool(abs(p.sum() - 1) < 1e-12)
+((0, 4, 7), 4, True)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamfed.algorithms.pfedgp.fitc import FITCPosterior, fitc_gibbs
+from streamfed.algorithms.pfedgp.gibbs import FullPosterior, gibbs
+from streamfed.algorithms.pfedgp.kernels import rbf
+from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
+from streamfed.algorithms.pfedgp.tree import Tree, build_tree
+
+__all__ = ["GPTree", "prototypes"]
+
+
+def prototypes(E: np.ndarray, y: np.ndarray, classes: tuple[int, ...]) -> np.ndarray:
+    """The mean embedding of each class (rows in `classes` order)."""
+    return np.stack([np.mean(E[y == c], axis=0) for c in classes])
+
+
+class GPTree:
+    """The personal classifier. `inducing (M, D)`: FITC with those shared inducing inputs; None: the full GP.
+    `chains` parallel Gibbs chains, `steps` sweeps per refresh (`burn_in` when chains start afresh).
+    """
+
+    def __init__(self, *, lengthscale: float = 1.0, outputscale: float = 8.0, chains: int = 10, steps: int = 5,
+                 burn_in: int | None = None, inducing: np.ndarray | None = None, seed: int = 0) -> None:
+        if not (lengthscale > 0 and outputscale > 0 and chains >= 1 and steps >= 1):
+            raise ValueError("lengthscale, outputscale > 0; chains, steps >= 1")
+        self.lengthscale, self.outputscale = float(lengthscale), float(outputscale)
+        self.chains, self.steps = int(chains), int(steps)
+        self.burn_in = int(burn_in) if burn_in is not None else 2 * int(steps)
+        self.inducing = None if inducing is None else np.array(inducing, dtype=np.float64)
+        self.rng = np.random.default_rng(seed)
+        self.tree: Tree | None = None
+        self.E = np.zeros((0, 0))
+        self.posteriors: list[FullPosterior | FITCPosterior] = []
+        self._omega: list[dict[int, np.ndarray]] = []  # per node: sample id → its ω in each chain
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        return () if self.tree is None else self.tree.classes
+
+    def k(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        return rbf(A, B, lengthscale=self.lengthscale, outputscale=self.outputscale)
+
+    def fit(self, E: np.ndarray, y: np.ndarray, ids: np.ndarray, *, rebuild: bool = False) -> None:
+        """Refresh the posterior on embeddings `E (N, D)` with class labels `y` and sample ids `ids`; the tree is
+        rebuilt when the classes changed or `rebuild`."""
+        E, y, ids = np.asarray(E, dtype=np.float64), np.asarray(y).astype(np.int64), np.asarray(ids).astype(np.int64)
+        if E.ndim != 2 or y.shape != (E.shape[0],) or ids.shape != y.shape or not np.all(np.isfinite(E)):
+            raise ValueError("expected finite embeddings (N, D) with one label and one id per row")
+        classes = tuple(int(c) for c in np.unique(y))
+        if not classes:
+            self.tree, self.posteriors, self._omega, self.E = None, [], [], E
+            return
+        if rebuild or self.tree is None or self.tree.classes != classes:
+            self.tree = build_tree(classes, prototypes(E, y, classes), self.rng)
+            self._omega = [{} for _ in self.tree.nodes]
+        self.E = E
+        self.posteriors = []
+        for v, node in enumerate(self.tree.nodes):
+            mask, yv = node.labels(y)
+            Ev, iv = E[mask], ids[mask]
+            known = [self._omega[v].get(int(i)) for i in iv]
+            fresh = all(w is None for w in known)
+            omega0 = np.empty((self.chains, iv.size))
+            for j, w in enumerate(known):
+                omega0[:, j] = w if w is not None else 0.0
+            unknown = np.array([w is None for w in known])
+            if unknown.any():
+                omega0[:, unknown] = sample_pg(np.zeros((self.chains, int(unknown.sum()))), self.rng)
+            steps = self.burn_in if fresh else self.steps
+            if self.inducing is None:
+                post: FullPosterior | FITCPosterior = gibbs(self.k(Ev, Ev), yv, chains=self.chains, steps=steps,
+                                                            rng=self.rng, omega0=omega0)
+            else:
+                Z = self.inducing
+                post = fitc_gibbs(self.k(Z, Z), self.k(Ev, Z), np.full(iv.size, self.outputscale), yv,
+                                  chains=self.chains, steps=steps, rng=self.rng, omega0=omega0)
+            self._omega[v] = {int(i): post.omega[:, j].copy() for j, i in enumerate(iv)}
+            self.posteriors.append(post)
+        self._masks = [node.labels(y)[0] for node in self.tree.nodes]
+
+    def node_probabilities(self, Es: np.ndarray) -> np.ndarray:
+        """`p(left)` at every node for the rows of `Es` → `(T, n_nodes)`."""
+        assert self.tree is not None
+        Es = np.asarray(Es, dtype=np.float64)
+        out = np.empty((Es.shape[0], len(self.tree.nodes)))
+        kss = np.full(Es.shape[0], self.outputscale)
+        for v, post in enumerate(self.posteriors):
+            base = self.E[self._masks[v]] if self.inducing is None else self.inducing
+            out[:, v] = post.prob(self.k(base, Es), kss)
+        return out
+
+    def proba(self, Es: np.ndarray) -> np.ndarray:
+        """Class probabilities `(T, len(classes))` of the rows of `Es` (empty columns before any sample)."""
+        if self.tree is None:
+            return np.zeros((np.shape(Es)[0], 0))
+        return self.tree.class_probabilities(self.node_probabilities(Es))
