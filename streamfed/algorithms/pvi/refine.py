@@ -5,8 +5,8 @@ and return the new factor `t_k = q / q_\\k`.
 Initialisation (warm start): the client's previous factor when it has one; otherwise DPO pseudo-inputs at
 a random subset of its reservoir's inputs with `m = y`, `s = σ² M_k / N_k` (Gaussian: the exact factor of
 those samples, scaled to stand for all `N_k`) or `m = 0`, `s = 1` (Bernoulli); CPO `m = 0`, `s = 1`.
-`q(φ)` starts at the current `q(φ)` — or, before anyone has a `t(φ)`, at the initial design `Z` and
-configured `β` with variance 0.01 (the paper's initial precision 100).
+`t_k(φ)` (a precision >= 0) starts at the previous one — or, for a first factor, where it puts `q(φ)` at
+the initial design `Z` and configured `β` with variance 0.01 (the paper's initial precision 100).
 """
 
 from __future__ import annotations
@@ -45,6 +45,18 @@ def _initial(g: GlobalQ, warm: Factor | None, X: np.ndarray, y: np.ndarray, n_to
     return X[idx].copy(), np.zeros(mk), np.zeros(mk)
 
 
+def _initial_phi(g: GlobalQ, warm: Factor | None, cav: DiagGauss) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of `q(φ)` and the precision of `t_k(φ)` to start from: the previous factor's, or those that
+    put `q(φ)` at the initial design `Z` and configured `β` with variance 0.01 (or as close as a non-negative
+    precision can)."""
+    cav_prec = -2.0 * cav.nat2
+    if warm is not None and warm.phi is not None and warm.phi.size == g.phi_size:
+        t_prec = np.maximum(-2.0 * warm.phi.nat2, 0.0)
+        return (cav.nat1 + warm.phi.nat1) / (cav_prec + t_prec), t_prec
+    mean = np.concatenate((g.Z.ravel()[: g.n_z], g.beta if g.learn_beta else np.zeros(0)))
+    return mean, np.maximum(1.0 / _INIT_VAR - cav_prec, 1e-6)
+
+
 def refine(g: GlobalQ, client: str, X: np.ndarray, y: np.ndarray, *, n_total: float, seq: int,
            settings: RefineSettings, warm: Factor | None = None, seed: int = 0) -> Factor:
     """Client `client`'s new factor (its `seq`-th) from its samples `X, y` standing for `n_total` samples,
@@ -68,36 +80,42 @@ def refine(g: GlobalQ, client: str, X: np.ndarray, y: np.ndarray, *, n_total: fl
     cav_phi = g.q_phi(exclude=client)
     if g.phi_size and not cav_phi.proper:
         raise NonFiniteError("the cavity q_\\k(φ) is improper (a negative precision)")
+    cav_n1 = cav_phi.nat1
+    cav_prec = -2.0 * cav_phi.nat2
     if g.phi_size:
-        cur = g.q_phi() if (warm is not None or any(f.phi is not None for f in g.factors.values())) else None
-        if cur is not None and cur.proper:
-            mean0, var0 = cur.mean, cur.var
-        else:
-            mean0 = np.concatenate((g.Z.ravel()[: g.n_z], g.beta if g.learn_beta else np.zeros(0)))
-            var0 = np.full(g.phi_size, _INIT_VAR)
-        cav = Cavity([(None if f.V is None else _t(f.V), _t(f.m), _t(f.log_s)) for f in g.others(client)],
-                     _t(cav_phi.mean), _t(cav_phi.var))
+        q_mean0, t_prec = _initial_phi(g, warm, cav_phi)
+        cav_mean, cav_var = cav_phi.mean, cav_phi.var
     else:
-        mean0, var0 = np.zeros(0), np.zeros(0)
-        cav = Cavity([(None if f.V is None else _t(f.V), _t(f.m), _t(f.log_s)) for f in g.others(client)],
-                     _t(np.zeros(0)), _t(np.zeros(0)))
+        q_mean0, t_prec, cav_mean, cav_var = (np.zeros(0),) * 4
+    cav = Cavity([(None if f.V is None else _t(f.V), _t(f.m), _t(f.log_s)) for f in g.others(client)],
+                 _t(cav_mean), _t(cav_var))
     V0, m0, log_s0 = _initial(g, warm, X, y, n_total, s, rng)
     fe = FreeEnergy(g.kind, s.likelihood, cav, _t(g.Z), _t(g.beta), n_z=g.n_z, learn_beta=g.learn_beta,
                     X=_t(X), y=_t(y), scale=float(n_total) / y.size, kl_weights=_t(g.kl_weights(s.alpha)),
                     jitter=s.jitter, n_quadrature=s.n_quadrature)
     V = None if V0 is None else _t(V0).requires_grad_(True)
     m, log_s = _t(m0).requires_grad_(True), _t(log_s0).requires_grad_(True)
-    phi_mean = _t(mean0).requires_grad_(True)
-    phi_log_sd = _t(0.5 * np.log(var0)).requires_grad_(True)
+    # t_k(φ) itself is the variable, its precision kept >= 0 (softplus): then q = q_\k · t_k is at least as
+    # precise as its cavity and every cavity of every client stays a density (the product of the prior and
+    # factors of non-negative precision). Without it, factors of negative precision make other clients'
+    # cavities improper after a few communications (measured on the synthetic experiment).
+    # (q's mean is the other variable: Adam's steps are then in the units of Z and log β)
+    q_mean = _t(q_mean0).requires_grad_(True)
+    t_raw = _t(np.log(np.expm1(np.maximum(t_prec, 1e-12)))).requires_grad_(True)
+    c_prec = _t(cav_prec)
+
+    def q_moments() -> tuple[torch.Tensor, torch.Tensor]:
+        return q_mean, -0.5 * torch.log(c_prec + torch.nn.functional.softplus(t_raw))
+
     Z = _t(g.Z).requires_grad_(True) if g.inducing == "fedavg" else None
-    params = [p for p in (V, m, log_s, phi_mean, phi_log_sd, Z) if p is not None and p.numel()]
+    params = [p for p in (V, m, log_s, q_mean, t_raw, Z) if p is not None and p.numel()]
     opt = torch.optim.Adam(params, lr=s.learning_rate)
     n_draws = s.n_samples if g.phi_size else 1
     for _ in range(s.steps):
         opt.zero_grad()
         eps = _t(rng.standard_normal((n_draws, g.phi_size)))
         try:
-            loss = -fe((V, m, log_s), phi_mean, phi_log_sd, eps, Z)
+            loss = -fe((V, m, log_s), *q_moments(), eps, Z)
         except torch.linalg.LinAlgError as e:
             raise NonFiniteError(f"local free energy: {e}") from None
         if not torch.isfinite(loss):
@@ -106,15 +124,15 @@ def refine(g: GlobalQ, client: str, X: np.ndarray, y: np.ndarray, *, n_total: fl
         opt.step()
         with torch.no_grad():
             log_s.clamp_(-20.0, 20.0)  # within Factor's e^±50, and K + B stays factorisable
-            phi_log_sd.clamp_(-12.0, 3.0)
+            t_raw.clamp_(max=30.0)  # a factor's precision below e^30
     with torch.no_grad():
-        vals = [p.detach().numpy().copy() for p in (m, log_s, phi_mean, phi_log_sd)]
+        vals = [p.detach().numpy().copy() for p in (m, log_s, q_mean, torch.nn.functional.softplus(t_raw))]
         Vn = None if V is None else V.detach().numpy().copy()
         Zn = None if Z is None else Z.detach().numpy().copy()
     if not all(np.all(np.isfinite(v)) for v in vals) or (Vn is not None and not np.all(np.isfinite(Vn))):
         raise NonFiniteError("the refined factor is not finite")
     phi = None
     if g.phi_size:
-        q_new = DiagGauss.from_moments(vals[2], np.exp(2.0 * vals[3]))
-        phi = q_new / cav_phi
+        # t_k = q / q_\k: η₁ = μ_q (λ_\k + λ_t) - η₁_\k, η₂ = -λ_t / 2
+        phi = DiagGauss(vals[2] * (cav_prec + vals[3]) - cav_n1, -0.5 * vals[3])
     return Factor(client, int(seq), float(n_total), Vn, vals[0], vals[1], phi, Zn)
