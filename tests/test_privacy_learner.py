@@ -194,11 +194,3 @@ def test_bad_privacy_settings_are_refused_clearly() -> None:
         fedbnr_cfg(dp_epsilon=1.0, dp_delta=1.0)
     with pytest.raises(ValueError, match="epsilon"):
         PrivateLearner(algorithms.get("fedbnr").learner(fedbnr_cfg(), "a", 0), epsilon=0.0, delta=1e-5)
-
-
-def test_secure_aggregation_is_refused_by_the_cores_until_it_runs_over_mqtt() -> None:
-    cfg = fedbnr_cfg(secure_aggregation=True)
-    with pytest.raises(ValueError, match="secure aggregation"):
-        AgentCore(cfg, "a", 0)
-    with pytest.raises(ValueError, match="secure aggregation"):
-        AggregatorCore(cfg, clients=["a"])

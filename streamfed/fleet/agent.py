@@ -39,6 +39,7 @@ from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, pre
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
 from streamfed.fleet.standardised import StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
+from streamfed.privacy.fleet import SecAggAgent
 from streamfed.privacy.learner import PrivateLearner
 
 __all__ = ["AGENT_STATE_FORMAT", "AgentCore", "GlobalResult", "PendingLearn", "Prediction"]
@@ -136,9 +137,6 @@ class AgentCore:
         self.client_id = client_id
         self.index = index
         self.mode: Mode = mode
-        if cfg.secure_aggregation:  # the protocol runs in process (streamfed.privacy.secagg), not yet over MQTT
-            raise ValueError("secure aggregation is not available over MQTT yet (docs/privacy.md): "
-                             "set secure_aggregation = false")
         self.algorithm = algorithms.get(cfg.algorithm)
         if mode == "lockstep" and not self.algorithm.lockstep:
             raise ValueError(f"lock-step mode is not {cfg.algorithm}'s protocol: it is order-free (use async)")
@@ -174,6 +172,33 @@ class AgentCore:
         self.stats_every = max(1, int(stats_every))
         self.stats.update_from_learner(self.learner, regret=self.algorithm.cheap_regret)
         self._note_privacy()
+        # secure aggregation: updates stay in the outbox and leave only masked, summed in SecAgg+ rounds
+        self.secagg: SecAggAgent | None = None
+        if cfg.secure_aggregation:
+            self._local_sum = self.algorithm.aggregation(cfg, check_stats=False)
+            self.secagg = SecAggAgent(cfg, client_id, self._contribution)
+
+    # ------------------------------------------------------------------ secure aggregation
+    def _contribution(self) -> tuple[dict[str, np.ndarray], int, int, int] | None:
+        """What this agent adds in a secure-aggregation round: every update not yet in a global, summed in
+        its algorithm's partial form, with the newest seq, the samples and the epoch."""
+        if not self.outbox:
+            return None
+        msgs = [self.outbox[s] for s in sorted(self.outbox)]
+        arrays, n, epoch = self._local_sum.partial([self._local_sum.check(m) for m in msgs])
+        return dict(arrays), msgs[-1].seq, n, max(int(epoch), max(m.epoch for m in msgs))
+
+    def on_secagg(self, msg: Message, now: float | None = None) -> list[Message]:
+        """A `secagg.*` message from the aggregator: the replies to publish on the updates topic."""
+        if self.secagg is None:
+            return []
+        return self.secagg.on_message(msg, time.time() if now is None else now)
+
+    def secagg_tick(self, now: float | None = None) -> list[Message]:
+        """Start (or restart, after a stalled round) a secure-aggregation round when updates wait."""
+        if self.secagg is None:
+            return []
+        return self.secagg.tick(time.time() if now is None else now, pending=bool(self.outbox))
 
     # ------------------------------------------------------------------ privacy
     def _note_privacy(self) -> None:
@@ -268,6 +293,9 @@ class AgentCore:
         self.global_received_at = time.time() if now is None else now
         self.stats.global_received(msg.global_version)
         self._prune_outbox(msg)
+        done = msg.global_version if self.mode == "lockstep" else int(msg.included.get(self.client_id, 0))
+        if self.secagg is not None and 0 < self.secagg.sent_seq <= done:
+            self.secagg.done()  # the round's sum is in: the next tick starts another if updates wait
         inc = msg.included.get(self.client_id, 0)
         if self.mode == "async" and inc > self.seq:
             # a restarted agent without its state must not reuse sequence numbers already applied
@@ -293,11 +321,16 @@ class AgentCore:
     def on_ack(self, msg: Message) -> list[Message]:
         """An `ack` from the aggregator: the updates above its `included` mark, to send again (the
         aggregator lost them in a crash, or they are missing; it drops any duplicate)."""
+        if self.secagg is not None:  # an update never leaves unmasked
+            return []
         mark = int(msg.included.get(self.client_id, 0))
         return [m for s, m in sorted(self.outbox.items()) if s > mark]
 
     def unacknowledged(self) -> list[Message]:
-        """Every update not yet included in an installed global, in seq order."""
+        """Every update not yet included in an installed global, in seq order (none to send with secure
+        aggregation: updates leave only masked)."""
+        if self.secagg is not None:
+            return []
         return [self.outbox[s] for s in sorted(self.outbox)]
 
     # ------------------------------------------------------------------ durable state
@@ -373,6 +406,8 @@ class AgentCore:
         try:
             self.learner.end_learn()
             msgs = [self._update_message(up) for up in self._take_updates()]
+            if self.secagg is not None:  # kept in the outbox; what leaves is a round's messages
+                msgs = self.secagg_tick() if msgs else []
         except ValueError as e:  # predicted, but the sample cannot be learned
             self._refused(p.reading, e)
             return []
@@ -412,6 +447,8 @@ class AgentCore:
         out = [self._update_message(up) for up in self.learner.flush()]
         self.stats.update_from_learner(self.learner)
         self._note_privacy()
+        if self.secagg is not None:
+            return self.secagg_tick() if out else []
         return out
 
     def end_of_stream(self, durable: bool) -> tuple[list[Message], int]:

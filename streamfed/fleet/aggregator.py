@@ -43,6 +43,8 @@ from streamfed.algorithms.base import Aggregation, Mode, aggregation_diagnostics
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, SeqCheck, SeqTracker, ack_message, decode, encode
 from streamfed.fleet.telemetry import AggregatorStats
+from streamfed.privacy.fleet import UP_KINDS as SECAGG_UP
+from streamfed.privacy.fleet import SecAggCoordinator
 
 __all__ = ["AGGREGATOR_STATE_FORMAT", "AggregatorCore", "note_status", "roster"]
 
@@ -114,9 +116,6 @@ class AggregatorCore:
                  sender: str = "aggregator", stats: AggregatorStats | None = None,
                  offline: Literal["drop", "wait"] = "drop", max_abs: float = 1e100,
                  check_stats: bool = True) -> None:
-        if cfg.secure_aggregation:  # the protocol runs in process (streamfed.privacy.secagg), not yet over MQTT
-            raise ValueError("secure aggregation is not available over MQTT yet (docs/privacy.md): "
-                             "set secure_aggregation = false")
         self.cfg = cfg
         self.algorithm = algorithms.get(cfg.algorithm)
         self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.algorithm.lockstep)
@@ -140,6 +139,12 @@ class AggregatorCore:
         self._round_started: float | None = None
         self.window_started: float | None = None  # when the open asynchronous window took its first update
         self.last_seen: dict[str, float] = {}
+        # secure aggregation: rounds of masked uploads; the unmasked sum is folded in as a shard's partial is
+        self.secagg: SecAggCoordinator | None = None
+        if cfg.secure_aggregation:
+            expected = (lambda: set(self.expected)) if self.mode == "lockstep" else (lambda: set(self.clients))
+            self.secagg = SecAggCoordinator(cfg, expected, gather=window if self.mode == "async" else round_timeout,
+                                            timeout=round_timeout)
 
     # ------------------------------------------------------------------ state
     @property
@@ -165,6 +170,8 @@ class AggregatorCore:
     def on_update(self, topic_client: str, payload: bytes, now: float | None = None) -> list[Message]:
         """Validate and take in one update payload; returns messages to publish (globals, acks)."""
         now = time.time() if now is None else now
+        if self.secagg is not None:
+            return self._on_secagg(topic_client, payload, now)
         try:
             msg = decode(payload, self.schema, kernel_version=self.kernel_version, client=topic_client,
                          kinds=self._update_kinds)
@@ -214,11 +221,54 @@ class AggregatorCore:
     def tick(self, now: float | None = None) -> list[Message]:
         """Close what a clock closes: lock-step rounds past their timeout (with a quorum), windows."""
         now = time.time() if now is None else now
+        if self.secagg is not None:
+            return self._secagg_result(*self.secagg.tick(now), now)
         if self.mode == "lockstep":
             return self._commit(self._close_ready_rounds(now))
         if self.window_started is None or now - self.window_started < self.window:
             return []
         return self._commit(self._close_window(now))
+
+    # ------------------------------------------------------------------ secure aggregation
+    def _on_secagg(self, topic_client: str, payload: bytes, now: float) -> list[Message]:
+        assert self.secagg is not None
+        try:
+            msg = decode(payload, self.schema, client=topic_client, kinds=SECAGG_UP)
+        except ProtocolError as e:
+            self.counters.reject(e.reason.value)
+            return []
+        if self.clients and msg.client not in self.order:
+            self.counters.reject("unknown_client")
+            return []
+        before = sum(self.secagg.rejected.values())
+        out, result = self.secagg.on_message(msg, now)
+        if sum(self.secagg.rejected.values()) > before:
+            self.counters.reject("invalid_secagg")
+        self.last_seen[msg.client] = now
+        return self._secagg_result(out, result, now)
+
+    def _secagg_result(self, out: list[Message], result: Any, now: float) -> list[Message]:
+        """Fold a round's unmasked sum in, as the reducer folds a partial; returns the messages to publish."""
+        if result is None:
+            return out
+        arrays, n_clients, included, samples, epoch = result
+        t0 = time.perf_counter()
+        partial = Message(self.cfg.fleet, self.sender, self.cfg.partial_kind, 0, self.version, self.kernel_version,
+                          int(samples), now, arrays, epoch=int(epoch))
+        try:
+            total = self.aggregation.read_partial(partial)
+        except ValueError as e:  # e.g. a count that is not whole: a member lied about its upload
+            self.counters.reject("invalid_update")
+            log.warning("secure aggregation: a round's sum was refused: %s", e)
+            return out
+        marks = self.aggregation.included()
+        for c, s in included.items():
+            marks[c] = max(int(s), marks.get(c, 0))
+        self.aggregation.apply_partial(total, int(n_clients), marks)
+        self.counters.accepted += int(n_clients)
+        for c in included:
+            self.stats.accepted(c)
+        return self._commit(out + self._published(now, t0))
 
     def hello(self) -> list[Message]:
         """Acks for every known client, sent when the shell (re)connects: each says which seqs this

@@ -312,6 +312,8 @@ class FleetConfig(BaseModel):
     clip_norm: float = Field(0.1, gt=0, allow_inf_nan=False)
     # Secure aggregation (SecAgg+, streamfed.privacy.secagg): the aggregator sees only masked uploads and their sum.
     secure_aggregation: bool = False
+    # the public bound of every summed number (fixes the fixed-point scale: no sum of max_clients values overflows)
+    secagg_max_abs: float = Field(1e6, gt=0, allow_inf_nan=False)
 
     @field_validator("fleet")
     @classmethod
@@ -452,6 +454,10 @@ def _protocol_schema(cfg: FleetConfig) -> ProtocolSchema:
     from streamfed.algorithms import get
 
     schemas = get(cfg.algorithm).schemas(cfg) + common_schemas(cfg)
+    if cfg.secure_aggregation:
+        from streamfed.privacy import fleet as secagg  # lazy: the fleet configuration does not need cryptography
+
+        schemas += secagg.schemas(cfg)
     kinds = {s.kind: s for s in schemas}
     if len(kinds) != len(schemas):
         raise ValueError("two schema builders define the same kind")

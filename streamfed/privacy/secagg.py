@@ -218,13 +218,15 @@ class SecAggClient:
     [3, 6]
     """
 
-    def __init__(self, client: str, settings: SecAggSettings) -> None:
+    def __init__(self, client: str, settings: SecAggSettings,
+                 keys: tuple[X25519PrivateKey, X25519PrivateKey] | None = None) -> None:
         if client not in settings.neighbours:
             raise SecAggError("unknown_client", f"{client!r} is not in the round's roster")
         self.client = client
         self.settings = settings
-        self._c_sk = X25519PrivateKey.generate()
-        self._s_sk = X25519PrivateKey.generate()
+        # `keys`: the pair advertised before the roster was known (a fleet agent makes them first)
+        self._c_sk, self._s_sk = keys if keys is not None else (X25519PrivateKey.generate(),
+                                                                X25519PrivateKey.generate())
         self._b = secrets.token_bytes(SEED_BYTES)
         self._roster: dict[str, Keys] = {}
         self._received: dict[str, bytes] = {}  # sender → ciphertext of my shares of its secrets

@@ -1,0 +1,458 @@
+"""Secure aggregation over the fleet's MQTT topics (docs/privacy.md): the message kinds, the agent's half
+(:class:`SecAggAgent`) and the aggregator's (:class:`SecAggCoordinator`), both transport-free.
+
+What is summed is generic: each agent turns its not-yet-included updates into the *partial sum* form its
+algorithm already defines for sharded aggregation (`Aggregation.partial`), encodes the partial's floating
+arrays in fixed point, and takes part in one SecAgg+ round (:mod:`.secagg`); the aggregator unmasks the sum of
+the survivors and folds it in with `Aggregation.read_partial` / `apply_partial` — as a reducer folds a shard's
+partial. Nothing asks which algorithm runs.
+
+Kinds (meta `round` on each: the aggregator's round id), on the existing topics and ACLs:
+
+* agent → aggregator on `updates/<client>`: ``secagg.keys`` (two X25519 public keys), ``secagg.shares`` (one
+  148-byte ciphertext per neighbour), ``secagg.masked`` (the masked vector, uint64; its `seq` and `n_samples`
+  are those of the newest update it sums), ``secagg.unmask`` (66-byte shares);
+* aggregator → one agent on `acks/<client>`: ``secagg.roster`` (the round's members as `included` =
+  {name: index} and their keys), ``secagg.forward`` (the ciphertexts addressed to it), ``secagg.survivors``.
+
+The aggregator closes a stage when every member of the previous one has answered, or after `timeout` seconds
+with enough of them; a round that cannot finish is dropped (counted), and its agents start a new one with
+fresh keys after their own timeout. The fixed-point scale is public: `frac_bits_for(secagg_max_abs,
+max_clients)`.
+
+>>> from streamfed.fleet.config import FleetConfig
+>>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=1, kernels=["gaussian:1.0"],
+...                   secure_aggregation=True)
+>>> sorted(k for k in cfg.protocol_schema.kinds if k.startswith("secagg."))[:3]
+['secagg.forward', 'secagg.keys', 'secagg.masked']
+>>> summed_layout(cfg)
+[('S_upper', (1, 6)), ('b', (1, 3)), ('n', ()), ('q', ())]
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec
+from streamfed.fleet.protocol import Message
+from streamfed.fleet.topics import Channel
+from streamfed.privacy import fixed_point, shamir
+from streamfed.privacy.secagg import (
+    CIPHERTEXT_BYTES,
+    KEY_BYTES,
+    Keys,
+    SecAggClient,
+    SecAggError,
+    SecAggServer,
+    SecAggSettings,
+)
+
+if TYPE_CHECKING:
+    from streamfed.fleet.config import FleetConfig
+
+__all__ = ["DOWN_KINDS", "UP_KINDS", "SecAggAgent", "SecAggCoordinator", "frac_bits", "schemas", "summed_layout"]
+
+log = logging.getLogger("streamfed.privacy")
+
+KEYS, SHARES, MASKED, UNMASK = "secagg.keys", "secagg.shares", "secagg.masked", "secagg.unmask"
+ROSTER, FORWARD, SURVIVORS = "secagg.roster", "secagg.forward", "secagg.survivors"
+UP_KINDS = (KEYS, SHARES, MASKED, UNMASK)
+DOWN_KINDS = (ROSTER, FORWARD, SURVIVORS)
+
+
+def max_degree(max_clients: int) -> int:
+    """The largest neighbourhood any round of up to `max_clients` clients has (bounds message sizes)."""
+    return max(15, 2 * math.ceil(2 * math.log2(max(max_clients, 2))))
+
+
+def summed_layout(cfg: FleetConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """The floating arrays of the fleet's partial kind with their (fixed) shapes: what is secure-summed."""
+    from streamfed import algorithms
+
+    # from the algorithm's own kinds, not the fleet's protocol schema (which is being built from this)
+    partial = next(k for k in algorithms.get(cfg.algorithm).schemas(cfg) if k.channel == Channel.PARTIALS)
+    out = []
+    for a in partial.arrays:
+        if a.dtype.startswith("float"):
+            if not all(isinstance(d, int) for d in a.shape):
+                raise ValueError(f"secure aggregation needs fixed-size partial sums; {a.name!r} has shape {a.shape}")
+            out.append((a.name, tuple(int(d) for d in a.shape)))
+    return out
+
+
+def vector_length(cfg: FleetConfig) -> int:
+    return sum(math.prod(s) for _, s in summed_layout(cfg))
+
+
+def frac_bits(cfg: FleetConfig) -> int:
+    """The public fixed-point scale: no sum of `max_clients` values within `±secagg_max_abs` overflows."""
+    return fixed_point.frac_bits_for(cfg.secagg_max_abs, cfg.max_clients)
+
+
+def schemas(cfg: FleetConfig) -> list[MessageSchema]:
+    """The secure-aggregation kinds of a fleet (sizes bounded by its configuration)."""
+    k, n, length = max_degree(cfg.max_clients), cfg.max_clients, vector_length(cfg)
+    rnd = (MetaSpec("round"),)
+    return [
+        MessageSchema(KEYS, Channel.UPDATES, (ArraySpec("c_pk", "uint8", (KEY_BYTES,)),
+                                              ArraySpec("s_pk", "uint8", (KEY_BYTES,))), meta=rnd),
+        MessageSchema(SHARES, Channel.UPDATES, (ArraySpec("to", "int64", ("k",), index_bound=n, distinct=True),
+                                                ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES))),
+                      {"k": (1, k)}, meta=rnd),
+        MessageSchema(MASKED, Channel.UPDATES, (ArraySpec("y", "uint64", (length,)),), meta=rnd),
+        MessageSchema(UNMASK, Channel.UPDATES, (ArraySpec("of", "int64", ("k",), index_bound=n, distinct=True),
+                                                ArraySpec("which", "uint8", ("k",), index_bound=2),
+                                                ArraySpec("share", "uint8", ("k", shamir.SHARE_BYTES))),
+                      {"k": (0, k)}, meta=rnd),
+        MessageSchema(ROSTER, Channel.ACKS, (ArraySpec("c_pk", "uint8", ("n", KEY_BYTES)),
+                                             ArraySpec("s_pk", "uint8", ("n", KEY_BYTES))),
+                      {"n": (2, n)}, meta=rnd, max_included=n),
+        MessageSchema(FORWARD, Channel.ACKS, (ArraySpec("from", "int64", ("k",), index_bound=n, distinct=True),
+                                              ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES))),
+                      {"k": (0, k)}, meta=rnd),
+        MessageSchema(SURVIVORS, Channel.ACKS, (ArraySpec("alive", "int64", ("s",), index_bound=n, distinct=True),),
+                      {"s": (1, n)}, meta=rnd),
+    ]
+
+
+def _u8(b: bytes) -> np.ndarray:
+    return np.frombuffer(b, dtype=np.uint8).copy()
+
+
+def _round_of(msg: Message) -> int:
+    r = msg.meta.get("round")
+    if type(r) is not int or r < 1:
+        raise SecAggError("bad_round", f"meta round {r!r}")
+    return r
+
+
+# =========================================================================== the agent's half
+
+
+class SecAggAgent:
+    """One agent's part in the fleet's secure-aggregation rounds. `contribution()` gives what it has to add
+    now — `(partial arrays, newest seq, samples, epoch)` or None — read when its masked input is due.
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=1, kernels=["gaussian:1.0"],
+    ...                   secure_aggregation=True)
+    >>> agent = SecAggAgent(cfg, "a", lambda: None)
+    >>> agent.tick(0.0)  # nothing to add: nothing to say
+    []
+    """
+
+    def __init__(self, cfg: FleetConfig, client: str,
+                 contribution: Callable[[], tuple[Mapping[str, np.ndarray], int, int, int] | None],
+                 timeout: float = 10.0) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.contribution = contribution
+        self.timeout = float(timeout)
+        self.layout = summed_layout(cfg)
+        self.frac_bits = frac_bits(cfg)
+        self._keys: tuple[X25519PrivateKey, X25519PrivateKey] | None = None
+        self._round: int | None = None
+        self._sa: SecAggClient | None = None
+        self._names: tuple[str, ...] = ()
+        self._since = 0.0
+        self._sent_seq = 0  # newest seq of the masked input sent in the current round
+        self.rounds_started = 0
+        self.refused = 0  # messages of the aggregator refused (a reason is logged)
+
+    def _msg(self, kind: str, arrays: dict[str, np.ndarray], seq: int = 0, n_samples: int = 0,
+             epoch: int = 0) -> Message:
+        return Message(self.cfg.fleet, self.client, kind, seq, 0, "", n_samples, time.time(), arrays,
+                       {"round": int(self._round or 0) or 1}, epoch=epoch)
+
+    def tick(self, now: float, pending: bool | None = None) -> list[Message]:
+        """Start a round (fresh keys) when something waits to be added and no round is under way, or the
+        round under way stalled for `timeout` seconds."""
+        if pending is None:
+            pending = self.contribution() is not None
+        if not pending:
+            return []
+        if self._keys is not None and now - self._since < self.timeout:
+            return []
+        self._keys = (X25519PrivateKey.generate(), X25519PrivateKey.generate())
+        self._round, self._sa, self._since = None, None, now
+        self.rounds_started += 1
+        pub = [k.public_key().public_bytes_raw() for k in self._keys]
+        return [Message(self.cfg.fleet, self.client, KEYS, 0, 0, "", 0, time.time(),
+                        {"c_pk": _u8(pub[0]), "s_pk": _u8(pub[1])}, {"round": 1})]
+
+    def done(self) -> None:
+        """The global includes the round's contribution: forget the round (the next tick may start another)."""
+        self._keys, self._round, self._sa = None, None, None
+
+    @property
+    def sent_seq(self) -> int:
+        return self._sent_seq
+
+    def on_message(self, msg: Message, now: float) -> list[Message]:
+        """A `secagg.*` message from the aggregator; what to publish in reply (refusals are logged)."""
+        try:
+            return self._on_message(msg, now)
+        except SecAggError as e:
+            self.refused += 1
+            if self.refused <= 3 or self.refused % 100 == 0:
+                log.warning("agent %s: secure-aggregation message %s refused (%d so far): %s", self.client,
+                            msg.kind, self.refused, e)
+            return []
+
+    def _on_message(self, msg: Message, now: float) -> list[Message]:
+        rid = _round_of(msg)
+        if msg.kind == ROSTER:
+            if self._keys is None or self._sa is not None:
+                raise SecAggError("out_of_order", "a roster while not waiting for one")
+            names = tuple(sorted(msg.included, key=msg.included.__getitem__))
+            if sorted(msg.included.values()) != list(range(len(names))) or list(names) != sorted(names):
+                raise SecAggError("bad_roster", "indices must number the sorted names 0..n-1")
+            c_pk, s_pk = msg.arrays["c_pk"], msg.arrays["s_pk"]
+            if c_pk.shape[0] != len(names) or s_pk.shape[0] != len(names) or self.client not in msg.included:
+                raise SecAggError("bad_roster", "keys and names disagree, or I am not in it")
+            mine = msg.included[self.client]
+            pub = [k.public_key().public_bytes_raw() for k in self._keys]
+            if bytes(c_pk[mine]) != pub[0] or bytes(s_pk[mine]) != pub[1]:
+                raise SecAggError("bad_roster", "my keys in the roster are not mine")
+            settings = SecAggSettings(rid, names, sum(math.prod(s) for _, s in self.layout),
+                                      graph_seed=self.cfg.seed)
+            self._round, self._names, self._since = rid, names, now
+            self._sa = SecAggClient(self.client, settings, keys=self._keys)
+            roster = {c: Keys(c, bytes(c_pk[i]), bytes(s_pk[i])) for i, c in enumerate(names)}
+            cts = self._sa.share_keys(roster)
+            to = sorted(cts, key=names.index)
+            return [self._msg(SHARES, {"to": np.array([names.index(v) for v in to], dtype=np.int64),
+                                       "ct": np.stack([_u8(cts[v]) for v in to])})]
+        if self._sa is None or rid != self._round:
+            raise SecAggError("wrong_round", f"round {rid}, mine is {self._round}")
+        if msg.kind == FORWARD:
+            idx = msg.arrays["from"].tolist()
+            if any(i >= len(self._names) for i in idx):
+                raise SecAggError("bad_index", "a sender outside the roster")
+            received = {self._names[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(idx)}
+            got = self.contribution()
+            if got is None:  # nothing to add any more (a global included it meanwhile): add zeros
+                arrays, seq, n, epoch = {k: np.zeros(s) for k, s in self.layout}, 0, 0, 0
+            else:
+                arrays, seq, n, epoch = got
+            flat = np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k, _ in self.layout])
+            try:
+                enc = fixed_point.encode(flat, self.frac_bits, max_abs=self.cfg.secagg_max_abs)
+            except ValueError as e:
+                raise SecAggError("out_of_range", f"{e} (raise secagg_max_abs)") from None
+            y = self._sa.masked_input(enc, received)
+            self._sent_seq, self._since = seq, now
+            return [self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch)]
+        if msg.kind == SURVIVORS:
+            idx = msg.arrays["alive"].tolist()
+            if any(i >= len(self._names) for i in idx):
+                raise SecAggError("bad_index", "a survivor outside the roster")
+            shares = self._sa.unmask({self._names[i] for i in idx})
+            of = sorted(shares, key=self._names.index)
+            self._since = now
+            return [self._msg(UNMASK, {
+                "of": np.array([self._names.index(u) for u in of], dtype=np.int64),
+                "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
+                "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
+                          else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))})]
+        raise SecAggError("unknown_kind", msg.kind)
+
+
+# =========================================================================== the aggregator's half
+
+
+class SecAggCoordinator:
+    """The aggregator's part: one round at a time, stages closed by answers or by the clock. `on_message`
+    and `tick` return `(messages for the agents, result)`; a result is `(arrays, n_clients, included, samples,
+    epoch)`: the unmasked sum of the survivors' partial arrays, ready for `Aggregation.apply_partial`.
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=1, kernels=["gaussian:1.0"],
+    ...                   secure_aggregation=True)
+    >>> SecAggCoordinator(cfg, expected=lambda: {"a", "b"}).tick(0.0)
+    ([], None)
+    """
+
+    def __init__(self, cfg: FleetConfig, expected: Callable[[], set[str]], *, gather: float = 0.5,
+                 timeout: float = 5.0, min_clients: int = 2) -> None:
+        self.cfg = cfg
+        self.expected = expected  # who a stage waits for before its timer (the lock-step roster, or nobody)
+        self.gather = float(gather)  # keys are gathered this long after the first (unless all expected are in)
+        self.timeout = float(timeout)
+        self.min_clients = max(2, int(min_clients))
+        self.layout = summed_layout(cfg)
+        self.length = sum(math.prod(s) for _, s in self.layout)
+        self.frac_bits = frac_bits(cfg)
+        self.next_round = 1
+        self.rounds = 0
+        self.aborted = 0
+        self.rejected: dict[str, int] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.stage = "keys"
+        self._keys: dict[str, Keys] = {}
+        self._since: float | None = None
+        self._srv: SecAggServer | None = None
+        self._names: tuple[str, ...] = ()
+        self._meta: dict[str, tuple[int, int, int]] = {}  # client → (seq, n_samples, epoch) of its masked input
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        log.debug("secure aggregation: refused (%s) %s", reason, detail)
+
+    def on_message(self, msg: Message, now: float) -> tuple[list[Message], Any]:
+        """One `secagg.*` message from an agent (decoded and validated by the codec)."""
+        try:
+            self._take(msg, now)
+        except SecAggError as e:
+            self._reject(e.reason, str(e))
+            return [], None
+        return self.tick(now)
+
+    def _take(self, msg: Message, now: float) -> None:
+        c = msg.client
+        if msg.kind == KEYS:
+            if self.stage != "keys":
+                raise SecAggError("busy", f"keys of {c!r} while a round is under way (it retries)")
+            self._keys[c] = Keys(c, bytes(msg.arrays["c_pk"]), bytes(msg.arrays["s_pk"]))
+            if self._since is None:
+                self._since = now
+            return
+        if self._srv is None or _round_of(msg) != self._srv.settings.round_id:
+            raise SecAggError("wrong_round", f"{msg.kind} of {c!r} for round {msg.meta.get('round')!r}")
+        names = self._names
+        if msg.kind == SHARES:
+            if self.stage != "shares":
+                raise SecAggError("out_of_order", f"shares of {c!r} in stage {self.stage}")
+            to = msg.arrays["to"].tolist()
+            if any(i >= len(names) for i in to):
+                raise SecAggError("bad_index", f"shares of {c!r} to a client outside the roster")
+            self._srv.add_shares(c, {names[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(to)})
+        elif msg.kind == MASKED:
+            if self.stage != "masked":
+                raise SecAggError("out_of_order", f"masked input of {c!r} in stage {self.stage}")
+            self._srv.add_masked(c, np.array(msg.arrays["y"], dtype=np.uint64))
+            self._meta[c] = (int(msg.seq), int(msg.n_samples), int(msg.epoch))
+        elif msg.kind == UNMASK:
+            if self.stage != "unmask":
+                raise SecAggError("out_of_order", f"unmasking of {c!r} in stage {self.stage}")
+            of, which, share = msg.arrays["of"].tolist(), msg.arrays["which"].tolist(), msg.arrays["share"]
+            if any(i >= len(names) for i in of):
+                raise SecAggError("bad_index", f"unmasking of {c!r} names a client outside the roster")
+            self._srv.add_unmasking(c, {names[i]: ("b" if w == 0 else "s", bytes(share[j]))
+                                        for j, (i, w) in enumerate(zip(of, which, strict=True))})
+        else:
+            raise SecAggError("unknown_kind", msg.kind)
+
+    def _down(self, kind: str, client: str, arrays: dict[str, np.ndarray],
+              included: Mapping[str, int] | None = None) -> Message:
+        assert self._srv is not None
+        return Message(self.cfg.fleet, client, kind, self._srv.settings.round_id, 0, "", 0, time.time(), arrays,
+                       {"round": self._srv.settings.round_id}, dict(included or {}))
+
+    def _ready(self, got: set[str], want: set[str], now: float, wait: float) -> bool:
+        """A stage closes when everyone it waits for answered, or after `wait` seconds with enough answers."""
+        return bool(got) and (want <= got or (self._since is not None and now - self._since >= wait))
+
+    def tick(self, now: float) -> tuple[list[Message], Any]:
+        """Close whatever stage is due; abort a round that cannot finish."""
+        try:
+            return self._tick(now)
+        except SecAggError as e:
+            self.aborted += 1
+            log.warning("secure aggregation: round %s dropped in stage %s: %s", self.next_round - 1, self.stage, e)
+            self._reset()
+            return [], None
+
+    def _tick(self, now: float) -> tuple[list[Message], Any]:
+        if self.stage == "keys":
+            want = self.expected() or set(self._keys)
+            if not (len(self._keys) >= self.min_clients and self._ready(set(self._keys), want, now, self.gather)):
+                return [], None
+            names = tuple(sorted(self._keys))
+            settings = SecAggSettings(self.next_round, names, self.length, graph_seed=self.cfg.seed)
+            self.next_round += 1
+            self._srv = SecAggServer(settings)
+            for k in self._keys.values():
+                self._srv.add_keys(k)
+            self._names, self.stage, self._since = names, "shares", now
+            roster = {"c_pk": np.stack([_u8(self._keys[c].c_pk) for c in names]),
+                      "s_pk": np.stack([_u8(self._keys[c].s_pk) for c in names])}
+            index = {c: i for i, c in enumerate(names)}
+            self._srv.roster()  # refuses a round below the threshold
+            return [self._down(ROSTER, c, roster, index) for c in names], None
+        assert self._srv is not None
+        srv = self._srv
+        if self.stage == "shares":
+            if not self._ready(set(srv.shares), set(srv.keys), now, self.timeout):
+                return self._stalled(now)
+            self.stage, self._since = "masked", now
+            out = []
+            for c in sorted(srv.shares):
+                fwd = srv.forwarded(c)
+                frm = sorted(fwd, key=self._names.index)
+                out.append(self._down(FORWARD, c, {
+                    "from": np.array([self._names.index(u) for u in frm], dtype=np.int64),
+                    "ct": (np.stack([_u8(fwd[u]) for u in frm]) if frm
+                           else np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8))}))
+            return out, None
+        if self.stage == "masked":
+            if not self._ready(set(srv.masked), set(srv.shares), now, self.timeout):
+                return self._stalled(now)
+            alive = srv.survivors()
+            self.stage, self._since = "unmask", now
+            idx = np.array(sorted(self._names.index(c) for c in alive), dtype=np.int64)
+            return [self._down(SURVIVORS, c, {"alive": idx}) for c in sorted(alive)], None
+        # unmask
+        if not self._ready(set(srv.unmasking), set(srv.masked), now, self.timeout):
+            return self._stalled(now)
+        total = fixed_point.decode(srv.result(), self.frac_bits)
+        meta = dict(self._meta)
+        epochs = {m[2] for m in meta.values()}
+        if len(epochs) != 1:
+            raise SecAggError("mixed_epochs", f"survivors computed against epochs {sorted(epochs)}")
+        arrays, pos = {}, 0
+        for k, shape in self.layout:
+            size = math.prod(shape)
+            arrays[k] = total[pos:pos + size].reshape(shape)
+            pos += size
+        if not np.all(np.isfinite(total)):
+            raise SecAggError("non_finite", "the unmasked sum")
+        included = {c: s for c, (s, _, _) in meta.items() if s > 0}
+        samples = sum(n for _, n, _ in meta.values())
+        self.rounds += 1
+        self._reset()
+        return [], (arrays, len(meta), included, samples, epochs.pop())
+
+    def _stalled(self, now: float) -> tuple[list[Message], Any]:
+        if self._since is not None and now - self._since >= 2 * self.timeout:
+            raise SecAggError("stalled", f"no answer for {2 * self.timeout:g} s")
+        return [], None
+
+
+def run_in_process(agents: Sequence[SecAggAgent], coordinator: SecAggCoordinator, now: float = 0.0) -> Any:
+    """Route one round's messages between `agents` and `coordinator` directly (tests): returns the result."""
+    box = {a.client: a for a in agents}
+    queue = [m for a in agents for m in a.tick(now)]
+    result = None
+    while queue:
+        m = queue.pop(0)
+        if m.kind in UP_KINDS:
+            out, res = coordinator.on_message(m, now)
+            result = res or result
+        else:
+            out = box[m.client].on_message(m, now)
+        queue += out
+        if not queue and result is None:
+            out, res = coordinator.tick(now + coordinator.gather)
+            queue += out
+            result = res or result
+    return result
