@@ -58,6 +58,7 @@ BENCHES: dict[str, Bench] = {
     "algorithms": Bench("benchmarks/bench_algorithms.py", ("--quick",), True),
     "progressive": Bench("benchmarks/bench_progressive.py", ("--quick",), True),
     "fsgp": Bench("benchmarks/bench_fsgp.py", ("--quick",), True),
+    "pvi": Bench("benchmarks/bench_pvi.py", ("--quick",), True),
     "privacy": Bench("benchmarks/bench_privacy.py", ("--quick",), True),
     "urk": Bench("benchmarks/bench_urk.py", ("--quick",), True),
 }
