@@ -483,3 +483,20 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_rff_normalisation_reproduces_the_rff_bank_exactly() -> None:
+    """normalisation="rff", identity extractor, h = ω/ℓ: the features are docs/algorithms.md §1's RFF map of the
+    frequencies ω/ℓ — the library's RFFBank, bit for bit up to rounding (sines first, m^{-1/2})."""
+    from streamfed.core.features import RFFBank
+
+    arch = URKArch(n_inputs=3, widths=(), n_omega=16, normalisation="rff")
+    w = initial_weights(arch, 4, lengthscale=0.8)
+    om = omega(arch, 4)
+    bank = RFFBank.from_frequencies(om / 0.8)
+    X = np.random.default_rng(1).standard_normal((5, 3))
+    ref = np.stack([bank.transform_one(x)[0] for x in X])
+    assert np.max(np.abs(features(w, om, X) - ref)) <= 1e-13
+    assert np.allclose(np.sum(features(w, om, X) ** 2, axis=1), 1.0, rtol=0, atol=1e-14)
+    torch_feats = features_t(torch.tensor(w.to_vector()), arch, torch.tensor(om), torch.tensor(X)).numpy()
+    assert np.max(np.abs(torch_feats - ref)) <= 1e-13

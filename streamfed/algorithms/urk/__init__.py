@@ -53,6 +53,8 @@ class URKParams(Params):
     widths: tuple[int, ...] = (32, 8)  # f: hidden widths then the latent size k (empty: identity, k = d)
     n_omega: int = Field(32, ge=2, le=1024)  # m: F = 2m features
     shifter_width: int = Field(0, ge=0, le=1024)  # h's residual MLP (0: h is the per-dimension scaling ω/ℓ)
+    # "thesis": [cos; sin]/√(m−1) (eq. 3.2); "rff": [sin; cos]/√m, docs/algorithms.md §1 exactly
+    normalisation: Literal["thesis", "rff"] = "thesis"
     lengthscale: float | None = Field(None, gt=0, allow_inf_nan=False)  # initial ℓ (None: √(2k))
     sigma: float = Field(0.5, gt=0, allow_inf_nan=False)  # initial noise σ
     lam: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial prior scale λ of the last layer
@@ -87,7 +89,8 @@ def arch_of(cfg: FleetConfig) -> URKArch:
     from streamfed.algorithms.urk.network import URKArch
 
     p = cfg.params
-    return URKArch(cfg.n_inputs, tuple(int(w) for w in p.widths), int(p.n_omega), int(p.shifter_width))
+    return URKArch(cfg.n_inputs, tuple(int(w) for w in p.widths), int(p.n_omega), int(p.shifter_width),
+                   p.normalisation)
 
 
 def initial_of(cfg: FleetConfig) -> URKWeights:
@@ -122,7 +125,8 @@ class URKFedBNR(Algorithm):
         arch, w = arch_of(cfg), initial_of(cfg)
         digest = hashlib.sha256(w.to_vector().tobytes() + omega(arch, cfg.seed).tobytes()).hexdigest()[:12]
         widths = "x".join(str(v) for v in arch.widths) or "id"
-        return f"urk-d{arch.n_inputs}-w{widths}-m{arch.n_omega}-h{arch.shifter_width}-{digest}"
+        norm = "" if arch.normalisation == "thesis" else "-rff"
+        return f"urk-d{arch.n_inputs}-w{widths}-m{arch.n_omega}-h{arch.shifter_width}{norm}-{digest}"
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> URKLearner:
         from streamfed.algorithms.urk.agent import URKLearner

@@ -3,8 +3,9 @@ order — statistics of the current kernel version summed, chunks reassembled in
 at the end of a window in which something was applied.
 
 An upload is validated completely before anything changes: statistics as FedBNR's (values bounded by
-`max_abs`, `n` a whole number, `[[S, b], [bᵀ, q]]` positive semi-definite, `tr S ≤ n·m/(m−1)`, the exact
-`‖φ‖²` of a URK feature vector), chunks consistent with their siblings and of the network's length.
+`max_abs`, `n` a whole number, `[[S, b], [bᵀ, q]]` positive semi-definite, `tr S ≤ n·‖φ‖²` with the exact
+`‖φ‖²` of a URK feature vector: `m/(m−1)`, or 1 under the "rff" normalisation), chunks consistent with their
+siblings and of the network's length.
 
 Sharding sums statistics exactly while the kernel version does not move; proposals do not travel through
 shards, so with kernel learning run one aggregator.
@@ -47,8 +48,7 @@ class URKAggregation(SummingWindow):
         self.server = server
         self.max_abs = float(max_abs)
         self.check_stats = bool(check_stats)
-        m = server.weights.arch.n_omega
-        self.phi_sq = m / (m - 1)  # ‖s(x)‖² = Σ (cos² + sin²)/(m − 1), for every x and every network
+        self.phi_sq = server.weights.arch.phi_sq  # ‖s(x)‖² = m·scale², for every x and every network
         self._dirty = False
 
     @property

@@ -8,8 +8,11 @@ once from the fleet seed and never travel. The features, with `u_i = h(ω_i)ᵀ 
 
     s(x) = [cos u_1, …, cos u_m, sin u_1, …, sin u_m] / √(m − 1)      (F = 2m numbers)
 
-the thesis's normalisation (eq. 3.2), so `s(x)ᵀs(x') = m/(m−1) · (the RFF estimate of k(x, x'))`. Plain RFF
-of a Gaussian kernel of bandwidth `ℓ` is `widths = ()`, no shifter, `log_ls = log ℓ`.
+the thesis's normalisation (eq. 3.2), so `s(x)ᵀs(x') = m/(m−1) · (the RFF estimate of k(x, x'))` (the
+thesis's `s^m_ω` interleaves `(cos u_i, sin u_i)`; all cosines first is a fixed permutation of it, which
+changes neither the kernel nor the posterior under the isotropic prior). `normalisation="rff"` instead gives
+docs/algorithms.md §1 exactly — `m^{-1/2}`, all sines first — so that plain RFF of a Gaussian kernel of
+bandwidth `ℓ` (`widths = ()`, no shifter, `log_ls = log ℓ`) is the special case bit for bit.
 
 Nothing here imports torch: an agent that only predicts and contributes statistics runs this.
 
@@ -38,7 +41,8 @@ _INIT_TAG = zlib.crc32(b"urk-init")
 @dataclass(frozen=True)
 class URKArch:
     """The shapes of a kernel network: `n_inputs` (d), the MLP `widths` (empty: identity extractor),
-    `n_omega` (m ≥ 2, as √(m − 1) divides), `shifter_width` (0: `h` is the scaling alone).
+    `n_omega` (m ≥ 2, as √(m − 1) divides), `shifter_width` (0: `h` is the scaling alone), and the features'
+    `normalisation`: "thesis" (`[cos; sin]/√(m−1)`) or "rff" (`[sin; cos]/√m`, docs/algorithms.md §1).
 
     >>> a = URKArch(n_inputs=3, widths=(4, 2), n_omega=8, shifter_width=5)
     >>> a.latent, a.dim, a.n_params
@@ -49,10 +53,26 @@ class URKArch:
     widths: tuple[int, ...] = (32, 8)
     n_omega: int = 32
     shifter_width: int = 0
+    normalisation: str = "thesis"
 
     def __post_init__(self) -> None:
-        if self.n_inputs < 1 or self.n_omega < 2 or any(w < 1 for w in self.widths) or self.shifter_width < 0:
+        if (self.n_inputs < 1 or self.n_omega < 2 or any(w < 1 for w in self.widths) or self.shifter_width < 0
+                or self.normalisation not in ("thesis", "rff")):
             raise ValueError(f"bad architecture {self}")
+
+    @property
+    def scale(self) -> float:
+        """The features' factor: `1/√(m−1)` (thesis) or `1/√m` (rff)."""
+        return 1.0 / math.sqrt(self.n_omega - (1 if self.normalisation == "thesis" else 0))
+
+    @property
+    def sines_first(self) -> bool:
+        return self.normalisation == "rff"
+
+    @property
+    def phi_sq(self) -> float:
+        """`‖s(x)‖²`, the same for every `x` and every network: `m·scale²`."""
+        return self.n_omega * self.scale**2
 
     @property
     def latent(self) -> int:
@@ -175,8 +195,12 @@ def shift(w: URKWeights, om: np.ndarray) -> np.ndarray:
 
 def features(w: URKWeights, om: np.ndarray, X: np.ndarray) -> np.ndarray:
     """The URK features `(T, 2m)` of the rows of `X` (eq. 3.2's normalisation, see the module docstring)."""
-    u = extract(w, X) @ shift(w, om).T
-    return np.concatenate([np.cos(u), np.sin(u)], axis=1) / math.sqrt(w.arch.n_omega - 1)
+    return _trig(extract(w, X) @ shift(w, om).T, w.arch)
+
+
+def _trig(u: np.ndarray, arch: URKArch) -> np.ndarray:
+    parts = [np.sin(u), np.cos(u)] if arch.sines_first else [np.cos(u), np.sin(u)]
+    return np.concatenate(parts, axis=1) * arch.scale
 
 
 class URKFeatureMap:
@@ -193,7 +217,6 @@ class URKFeatureMap:
         self.weights = weights
         self.omega = np.asarray(om, dtype=np.float64)
         self._shifted = shift(weights, self.omega)
-        self._scale = 1.0 / math.sqrt(weights.arch.n_omega - 1)
         self._version = str(version)
 
     @property
@@ -208,8 +231,7 @@ class URKFeatureMap:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.weights.arch.n_inputs or not np.all(np.isfinite(X)):
             raise ValueError(f"expected finite inputs of shape (T, {self.weights.arch.n_inputs}), got {X.shape}")
-        u = extract(self.weights, X) @ self._shifted.T
-        return np.concatenate([np.cos(u), np.sin(u)], axis=1) * self._scale
+        return _trig(extract(self.weights, X) @ self._shifted.T, self.weights.arch)
 
     def transform_one(self, x: np.ndarray) -> np.ndarray:
         return self.transform_many(np.asarray(x, dtype=np.float64).reshape(1, -1))[0]

@@ -63,7 +63,8 @@ def features_t(v: torch.Tensor, arch: URKArch, om: torch.Tensor, X: torch.Tensor
     if arch.shifter_width:
         w = w + torch.tanh(om @ p["H1"].T + p["h1"]) @ p["H2"].T
     u = h @ w.T
-    return torch.cat([torch.cos(u), torch.sin(u)], dim=1) / math.sqrt(arch.n_omega - 1)
+    parts = [torch.sin(u), torch.cos(u)] if arch.sines_first else [torch.cos(u), torch.sin(u)]
+    return torch.cat(parts, dim=1) * arch.scale
 
 
 def log_evidence(phi: torch.Tensor, y: torch.Tensor, log_sigma: torch.Tensor, log_lam: torch.Tensor
