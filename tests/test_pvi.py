@@ -497,3 +497,38 @@ def test_over_mosquitto_agents_end_on_the_last_global(mosquitto_dev) -> None:
         assert a.core.global_version == agg.core.version
         got = np.array([a.core.learner.predict(x) for x in probes])
         assert np.max(np.abs(got[:, 0] - rm)) < 1e-12 and np.max(np.abs(got[:, 1] - rv)) < 1e-12
+
+
+def test_shards_and_a_reducer_end_on_the_aggregators_global() -> None:
+    """Factor updates split over two shards (each client's seqs alternate between them, one update sent to
+    both): the reducer's global holds each client's newest factor, as one aggregator's does."""
+    from streamfed.fleet.sharding import ReducerCore, ShardCore
+
+    rng = np.random.default_rng(21)
+    cfg = pvi_cfg(1, fleet="pvi-shards")
+    g = initial_state(cfg)
+    names = ["a", "b", "c"]
+    ups = [Factor(c, s, 10.0 * s, rng.normal(size=(6, 1)), rng.normal(size=6), rng.normal(size=6),
+                  DiagGauss(rng.normal(size=g.phi_size), -rng.uniform(0.1, 1.0, g.phi_size)))
+           for c in names for s in (1, 2, 3)]
+    shards = [ShardCore(cfg, f"s{i}", clients=names, mode="async") for i in range(2)]
+    reducer = ReducerCore(cfg, clients=names, mode="async", window=3600.0)
+    agg = AggregatorCore(cfg, clients=names, mode="async", window=0.0)
+    for f in ups:
+        payload = encode(update_message(cfg, f, n_samples=10))
+        shards[f.seq % 2].on_update(f.client, payload, now=0.0)
+        if f.seq == 1:
+            shards[0].on_update(f.client, payload, now=0.0)
+        agg.on_update(f.client, payload, now=0.0)
+    agg.tick(now=1e9)
+    queue = [(sh, p) for sh in shards for p in sh.flush(now=0.0)]
+    while queue:
+        sh, p = queue.pop(0)
+        for out in reducer.on_partial(sh.name, encode(p), now=0.0):
+            queue += [(sh, q) for q in sh.on_ack(out, now=0.0)]
+    reducer.tick(now=1e9)
+    mine, ref = read_global(reducer.global_message(), g), read_global(agg.global_message(), g)
+    assert reducer.global_message().included == agg.global_message().included == {c: 3 for c in names}
+    for c in names:
+        a, b = mine.factors[c], ref.factors[c]
+        assert a.seq == b.seq == 3 and np.array_equal(a.V, b.V) and np.array_equal(a.phi.nat1, b.phi.nat1)

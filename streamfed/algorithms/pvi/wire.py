@@ -1,5 +1,5 @@
 """PVI on the wire (docs/algorithms.md, "PVI"). Sizes: `k = M_k` pseudo-observations (`M` for CPO),
-`P = |φ|` (`M·d` for ``hvm``, plus `d + 2` when `β` is learned), `c` factors.
+`P = |φ|` (`M·d` for ``hvm``, plus `d + 2` when `β` is learned), `f` factors.
 
 * ``pvi.update`` — one factor: `n`, `m (k)`, `log_s (k)`, DPO `V (k, d)`, `phi_nat1`, `phi_nat2 (P)`
   (when `P > 0`), FedAvg's local `Z (M, d)`: at most `M_k(d + 2) + 2Md` numbers (plus `2(d + 2)` with
@@ -61,15 +61,15 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
     m = int(p.n_inducing)
     local_z = (ArraySpec("Z", "float64", (m, d)),) if p.inducing == "fedavg" else ()
     point = (ArraySpec("Z", "float64", (m, d)), ArraySpec("beta", "float64", (d + 2,)))
-    slots = {"c": (0, int(p.max_factors))}
-    fz = (ArraySpec("Zk", "float64", ("c", m, d)),) if p.inducing == "fedavg" else ()
+    slots = {"f": (0, int(p.max_factors))}  # "f": factors ("c" is the contributor lists' own dimension)
+    fz = (ArraySpec("Zk", "float64", ("f", m, d)),) if p.inducing == "fedavg" else ()
     return [
         MessageSchema(UPDATE, Channel.UPDATES, _factor_specs(p, d, ()) + local_z),
-        MessageSchema(GLOBAL, Channel.GLOBAL, (ArraySpec("slot", "int64", ("c",), nonnegative=True),)
-                      + _factor_specs(p, d, ("c",)) + point, slots, max_included=cfg.max_clients),
-        MessageSchema(PARTIAL, Channel.PARTIALS, (ArraySpec("fslot", "int64", ("c",), nonnegative=True),
-                                                  ArraySpec("fseq", "int64", ("c",), nonnegative=True))
-                      + _factor_specs(p, d, ("c",)) + fz + contributor_arrays(),
+        MessageSchema(GLOBAL, Channel.GLOBAL, (ArraySpec("slot", "int64", ("f",), nonnegative=True),)
+                      + _factor_specs(p, d, ("f",)) + point, slots, max_included=cfg.max_clients),
+        MessageSchema(PARTIAL, Channel.PARTIALS, (ArraySpec("fslot", "int64", ("f",), nonnegative=True),
+                                                  ArraySpec("fseq", "int64", ("f",), nonnegative=True))
+                      + _factor_specs(p, d, ("f",)) + fz + contributor_arrays(),
                       {**slots, **contributor_dims(cfg)}, meta=(MetaSpec("round"),), max_included=cfg.max_clients),
     ]
 
