@@ -77,6 +77,7 @@ from streamfed.fleet.topics import (
     status_topic,
     updates_topic,
 )
+from streamfed.privacy.fleet import DOWN_KINDS as SECAGG_DOWN
 from streamfed.runtime.mqtt import connect_refusal_text, paho_of, pending_publishes
 
 __all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "check_subscription", "no_delay",
@@ -437,6 +438,8 @@ class AgentService:
         self.connect_timeout = connect_timeout
         self.refusals: dict[str, int] = {}
         self.rejected_acks = 0
+        # the acks topic also carries the aggregator's secure-aggregation steps when the fleet uses them
+        self._ack_kinds: tuple[str, ...] = ("ack", *(SECAGG_DOWN if core.secagg is not None else ()))
         self._work = asyncio.Event()
         self._global_event = asyncio.Event()
         # Joining a running fleet: before its first sample, wait (at most this long, once connected) for the
@@ -704,6 +707,8 @@ class AgentService:
                 if self._finished() or self._stop.is_set():
                     return
                 self._resend_overdue()
+                if self.core.secagg is not None:  # start or restart a round when updates wait
+                    self._secagg(self.core.secagg_tick())
                 if self.core.status_changed:  # e.g. the privacy budget ran out: the retained status says so
                     self.core.status_changed = False
                     paho.publish(status_topic(self.fleet, self.client_id), encode(status_message(
@@ -765,8 +770,16 @@ class AgentService:
         """The broker is not taking updates as fast as they come: stop reading the source for a while."""
         return len(self.updates) >= self.update_buffer
 
+    def _secagg(self, msgs: list[Message]) -> None:
+        """Queue secure-aggregation messages (not write-ahead: a round lost in a crash is simply run again)."""
+        if msgs:
+            self.updates.extend(msgs)
+            self._work.set()
+
     def resend(self, msgs: list[Message]) -> int:
         """Queue updates again unless they are waiting or in flight already; returns how many were."""
+        if self.core.secagg is not None:  # an update never leaves unmasked
+            return 0
         waiting = {m.seq for m in self.updates} | self._inflight | {m.seq for m in self._fresh}
         again = [m for m in msgs if m.seq not in waiting and m.seq in self.core.outbox]
         if again:
@@ -878,10 +891,13 @@ class AgentService:
 
     def _ack(self, payload: bytes) -> None:
         try:
-            msg = decode(payload, self.core.cfg, client=self.client_id, kinds=("ack",))
+            msg = decode(payload, self.core.cfg, client=self.client_id, kinds=self._ack_kinds)
         except ProtocolError as e:
             self.rejected_acks += 1
             log.warning("agent %s: ack rejected: %s", self.client_id, e)
+            return
+        if msg.kind != "ack":  # a secure-aggregation step: the replies go out with the updates
+            self._secagg(self.core.on_secagg(msg))
             return
         now = time.monotonic()
         missing = set(msg.arrays["missing"].tolist()) if "missing" in msg.arrays else set()

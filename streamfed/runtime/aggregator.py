@@ -101,7 +101,7 @@ class AggregatorService(MqttService):
         return [self.core.global_message(), *self.core.hello()]
 
     def route(self, msg: Message) -> Outgoing:
-        if msg.kind == "ack":
+        if msg.kind == "ack" or self.core.schema.kinds[msg.kind].channel == Channel.ACKS:  # acks, secagg.* steps
             return Outgoing(acks_topic(self.fleet, msg.client))
         return Outgoing(global_topic(self.fleet), retain=True)
 

@@ -1,0 +1,271 @@
+"""Secure aggregation in the fleet cores (streamfed.privacy.fleet wired into AgentCore / AggregatorCore): the
+global of a secure fleet equals the plain sums (exactly as integers, to the fixed-point grid as floats), in
+windowed and lock-step modes, with a member dropping out mid-round; and over a real Mosquitto an eavesdropper
+subscribed to `#` sees only masked vectors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from streamfed.algorithms.fedbnr import FedBNRParams
+from streamfed.algorithms.pofmkl import POFMKLParams
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.protocol import Message, decode, encode
+from streamfed.fleet.sources import Reading
+from streamfed.fleet.topics import Channel
+from streamfed.privacy import fixed_point
+from streamfed.privacy.fleet import DOWN_KINDS, UP_KINDS, frac_bits, summed_layout
+
+
+def fedbnr_cfg(secure: bool, **kw: object) -> FleetConfig:
+    return FleetConfig(fleet="s", algorithm="fedbnr", n_inputs=3, n_features=4, kernels=["gaussian:1.0"],
+                       standardise="none", secure_aggregation=secure,
+                       fedbnr=FedBNRParams(min_upload=8, fit_hyperparameters=False), **kw)
+
+
+def pof_cfg(secure: bool) -> FleetConfig:
+    return FleetConfig(fleet="s", algorithm="pofmkl", n_inputs=3, n_kernels=4, n_features=5, bin_size=2, seed=3,
+                       standardise="none", secure_aggregation=secure, pofmkl=POFMKLParams(eta=0.05, xi=0.2))
+
+
+class Router:
+    """A broker in a list: agent messages to the aggregator, the aggregator's to one agent or to all."""
+
+    def __init__(self, cfg: FleetConfig, agents: list[AgentCore], agg: AggregatorCore,
+                 drop: Callable[[Message], bool] = lambda m: False) -> None:
+        self.cfg, self.agents, self.agg, self.drop = cfg, {a.client_id: a for a in agents}, agg, drop
+        self.seen: list[Message] = []  # everything that crossed the "broker", decoded
+
+    def deliver(self, msgs: list[Message], now: float) -> None:
+        queue = list(msgs)
+        while queue:
+            m = queue.pop(0)
+            if self.drop(m):
+                continue
+            payload = encode(m, self.cfg)
+            self.seen.append(decode(payload, self.cfg))
+            kind = self.cfg.protocol_schema.kinds[m.kind]
+            if kind.channel == Channel.UPDATES:
+                queue += self.agg.on_update(m.client, payload, now=now)
+            elif kind.channel == Channel.ACKS and m.kind in DOWN_KINDS:
+                a = self.agents[m.client]
+                queue += a.on_secagg(decode(payload, self.cfg, client=m.client, kinds=DOWN_KINDS), now=now)
+            elif kind.channel == Channel.GLOBAL:
+                for a in self.agents.values():
+                    a.install_global(decode(payload, self.cfg, kernel_version=a.kernel_version), now=now)
+
+    def settle(self, now: float, rounds: int = 20, step: float = 1.0) -> float:
+        for _ in range(rounds):  # let the clocks close whatever stage waits
+            now += step
+            self.deliver(self.agg.tick(now), now)
+            for a in self.agents.values():
+                self.deliver(a.secagg_tick(now), now)
+        return now
+
+
+def _record(agent: AgentCore, log: list) -> None:
+    """Note every contribution an agent's masked input is built from (client, arrays)."""
+    assert agent.secagg is not None
+    inner = agent.secagg.contribution
+
+    def recorded():  # type: ignore[no-untyped-def]
+        got = inner()
+        if got is not None:
+            log.append((agent.client_id, {k: np.array(v) for k, v in got[0].items()}))
+        return got
+
+    agent.secagg.contribution = recorded
+
+
+def _readings(rng: np.random.Generator, t: int) -> tuple[np.ndarray, float]:
+    x = rng.normal(0, 1, 3)
+    return x, float(np.sin(x.sum()) + 0.1 * rng.normal())
+
+
+def test_windowed_fedbnr_global_equals_the_plain_sums_exactly() -> None:
+    secure, plain = fedbnr_cfg(True), fedbnr_cfg(False)
+    names = ["a", "b", "c", "d"]
+    agents = [AgentCore(secure, n, i) for i, n in enumerate(names)]
+    twins = [AgentCore(plain, n, i) for i, n in enumerate(names)]  # the same learners, uploads in the clear
+    agg = AggregatorCore(secure, clients=names, window=0.5, round_timeout=2.0)
+    router = Router(secure, agents, agg)
+    contributions: list = []
+    for a in agents:
+        _record(a, contributions)
+    uploads = []
+    rng = np.random.default_rng(0)
+    now = 0.0
+    for t in range(64):
+        for a, tw in zip(agents, twins, strict=True):
+            x, y = _readings(rng, t)
+            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+            uploads += tw.on_reading(Reading(f"{t}", x, now, y), now=now)[1]
+        now = router.settle(now, rounds=1, step=0.3)
+    now = router.settle(now)
+    st = agg.aggregation.server.stats  # type: ignore[attr-defined]
+    assert agg.version >= 2 and agg.secagg is not None and agg.secagg.aborted == 0
+    assert float(st.n) == 64 * 4 == sum(u.n_samples for u in uploads)  # every sample, exactly once
+    # exact: the global equals the decoded integer sum of the fixed-point encodings of what was added
+    f = frac_bits(secure)
+    layout = summed_layout(secure)
+    enc = np.zeros(sum(int(np.prod(s)) for _, s in layout), dtype=np.uint64)
+    for _, arrays in contributions:
+        enc += fixed_point.encode(np.concatenate([np.ravel(arrays[k]) for k, _ in layout]), f)
+    packed = st.to_packed()
+    got = np.concatenate([np.ravel(packed[k]) for k, _ in layout])
+    assert np.array_equal(got, fixed_point.decode(enc, f))
+    # and the plain float sums of the same uploads, to the fixed-point grid
+    plain_sum = sum(np.concatenate([np.ravel(u.arrays[k]) for k, _ in layout]) for u in uploads)
+    assert np.max(np.abs(got - plain_sum)) <= len(contributions) * 2.0 ** -f + 1e-12 * np.max(np.abs(plain_sum))
+    # the aggregator never saw an update, only masked vectors, keys, shares and sums
+    assert not any(m.kind == "fedbnr.update" for m in router.seen)
+    assert {m.kind for m in router.seen} >= set(UP_KINDS) | set(DOWN_KINDS) | {"fedbnr.global"}
+
+
+def test_lockstep_pofmkl_with_secure_aggregation_follows_the_plain_fleet() -> None:
+    names = ["a", "b", "c"]
+    fleets = {}
+    for secure in (True, False):
+        cfg = pof_cfg(secure)
+        agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+        agg = AggregatorCore(cfg, clients=names, mode="lockstep", round_timeout=2.0)
+        router = Router(cfg, agents, agg)
+        rng = np.random.default_rng(1)
+        now = 0.0
+        for t in range(12):
+            for a in agents:
+                x, y = _readings(rng, t)
+                router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+            now = router.settle(now, rounds=3, step=0.6)
+            assert agg.version == t + 1 and all(a.waiting_for is None for a in agents)
+        fleets[secure] = agg.aggregation.server.theta  # type: ignore[attr-defined]
+    # θ ← θ − ΣΔ/|C|: the same rounds, sums exact in fixed point instead of float64 — each round's sum within
+    # the grid (2^-f, f = 29 at the default bound and fleet size), carried through 12 rounds of learning
+    assert np.max(np.abs(fleets[True] - fleets[False])) <= 12 * 3 * 2.0 ** -frac_bits(pof_cfg(True))
+
+
+def test_a_member_dropping_mid_round_does_not_stop_the_fleet() -> None:
+    cfg = fedbnr_cfg(True)
+    names = ["a", "b", "c", "d", "e"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=1.0)
+    gone = {"on": True}
+    router = Router(cfg, agents, agg, drop=lambda m: gone["on"] and m.client == "e" and m.kind == "secagg.masked")
+    rng = np.random.default_rng(2)
+    now = 0.0
+    for t in range(8):
+        for a in agents:
+            x, y = _readings(rng, t)
+            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+    now = router.settle(now, rounds=6)
+    assert agg.version == 1
+    assert agg.included() == {c: 1 for c in "abcd"}  # e's pairwise masks removed from its shares
+    assert float(agg.aggregation.server.stats.n) == 32  # type: ignore[attr-defined]
+    # alone, e's update waits: a round needs two members (a sum of one would be the update itself)
+    now = router.settle(now + 20.0, rounds=4)
+    assert agg.version == 1
+    gone["on"] = False  # e is back, and everyone has new samples: e's held update joins the next round
+    for t in range(8, 16):
+        for a in agents:
+            x, y = _readings(rng, t)
+            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+    now = router.settle(now + 20.0, rounds=8)
+    assert agg.included() == {c: 2 for c in names}
+    assert float(agg.aggregation.server.stats.n) == 80  # type: ignore[attr-defined]
+
+
+def test_bad_secure_aggregation_messages_are_counted_not_raised() -> None:
+    cfg = fedbnr_cfg(True)
+    agg = AggregatorCore(cfg, clients=["a", "b"], window=0.5)
+    keys = Message("s", "a", "secagg.keys", 0, arrays={"c_pk": np.zeros(31, np.uint8), "s_pk": np.zeros(32, np.uint8)},
+                   meta={"round": 1})
+    assert agg.on_update("a", encode(keys)) == []
+    assert agg.rejected == {"wrong_shape": 1}
+    masked = Message("s", "a", "secagg.masked", 1, arrays={"y": np.zeros(56, np.uint64)}, meta={"round": 3})
+    assert agg.on_update("a", encode(masked)) == []
+    assert agg.rejected == {"wrong_shape": 1, "invalid_secagg": 1}  # no round 3 under way
+    update = AgentCore(fedbnr_cfg(False), "a", 0)
+    for t in range(8):
+        msgs = update.on_reading(Reading(f"{t}", np.zeros(3), 0.0, 0.0))[1]
+    assert agg.on_update("a", encode(msgs[0])) == []  # a plain update is not what a secure fleet takes
+    assert agg.rejected["unknown_kind"] == 1
+
+
+@pytest.mark.parametrize("n_agents", [3])
+def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, n_agents: int) -> None:  # type: ignore[no-untyped-def]
+    import aiomqtt
+
+    from streamfed.fleet.sources import array_source
+    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.aggregator import AggregatorService
+
+    cfg = FleetConfig(fleet="eaves", algorithm="fedbnr", n_inputs=3, n_features=4, kernels=["gaussian:1.0"],
+                      standardise="none", secure_aggregation=True,
+                      fedbnr=FedBNRParams(min_upload=8, fit_hyperparameters=False))
+    plain = cfg.model_copy(update={"secure_aggregation": False})
+    names = [f"e{i}" for i in range(n_agents)]
+    rng = np.random.default_rng(3)
+    data = {n: (rng.normal(0, 1, (16, 3)), rng.normal(0, 1, 16)) for n in names}
+    broker = mosquitto_dev.broker_config()
+
+    async def main() -> tuple[list[tuple[str, bytes]], AggregatorService]:
+        seen: list[tuple[str, bytes]] = []
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs("eaves.spy")) as spy:
+            await spy.subscribe("#", qos=1)
+
+            async def listen() -> None:
+                async for m in spy.messages:
+                    seen.append((m.topic.value, bytes(m.payload)))
+
+            listener = asyncio.create_task(listen())
+            agg = AggregatorService(AggregatorCore(cfg, clients=names, window=0.3, round_timeout=3.0), broker)
+            agg_task = asyncio.create_task(agg.run())
+            await asyncio.wait_for(agg.connected.wait(), 10)
+            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(*data[n]), linger=0.5)
+                      for i, n in enumerate(names)]
+            tasks = [asyncio.create_task(a.run()) for a in agents]
+
+            async def done() -> None:
+                while agg.core.included() != {n: 2 for n in names}:
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(done(), 60)
+            for a in agents:
+                a.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks), 20)
+            agg.stop()
+            await asyncio.wait_for(agg_task, 10)
+            await asyncio.sleep(0.2)
+            listener.cancel()
+        return seen, agg
+
+    seen, agg = asyncio.run(main())
+    kinds: dict[str, int] = {}
+    schema = cfg.protocol_schema
+    for topic, payload in seen:
+        if "/eaves/" not in topic or "/predictions/" in topic or "/status/" in topic:
+            continue
+        m = decode(payload, schema)
+        kinds[m.kind] = kinds.get(m.kind, 0) + 1
+        assert m.kind != "fedbnr.update"  # no statistics in the clear, ever
+        if m.kind == "secagg.masked":
+            y = np.asarray(m.arrays["y"])
+            # masked: the top bytes of a fixed-point encoding of statistics would be 0x00 or 0xff
+            top = (y >> np.uint64(56)).astype(np.int64)
+            assert len(set(top.tolist())) > 10
+    assert kinds.get("secagg.masked", 0) >= n_agents and kinds.get("fedbnr.global", 0) >= 2
+    # the unmasked sums equal the plain sums: every sample, and the statistics of the data
+    st = agg.core.aggregation.server.stats  # type: ignore[attr-defined]
+    twin = AgentCore(plain, "t", 0)
+    phi = np.concatenate([[twin.learner.client.features(x) for x in data[n][0]] for n in names])  # type: ignore[attr-defined]
+    ys = np.concatenate([data[n][1] for n in names])
+    assert float(st.n) == 16 * n_agents
+    f = frac_bits(cfg)
+    np.testing.assert_allclose(st.S[0], phi[:, 0].T @ phi[:, 0], atol=4 * n_agents * 2.0**-f + 1e-12)
+    np.testing.assert_allclose(st.b[0], phi[:, 0].T @ ys, atol=4 * n_agents * 2.0**-f + 1e-12)
