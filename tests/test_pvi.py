@@ -532,3 +532,31 @@ def test_shards_and_a_reducer_end_on_the_aggregators_global() -> None:
     for c in names:
         a, b = mine.factors[c], ref.factors[c]
         assert a.seq == b.seq == 3 and np.array_equal(a.V, b.V) and np.array_equal(a.phi.nat1, b.phi.nat1)
+
+
+def test_synchronous_server_applies_a_window_at_its_end() -> None:
+    g = GlobalQ.initial("se", np.zeros((2, 1)), np.zeros(3), "fixed")
+    server = PVIServer(g, n_pseudo=1, asynchronous=False)
+    f = Factor("a", 1, 5.0, np.zeros((1, 1)), np.ones(1), np.zeros(1))
+    assert server.receive(f) and not server.receive(f)  # a repeat within the window
+    assert server.state.factors == {} and server.pending()
+    assert server.close_window() and server.state.factors == {"a": f} and server.version == 1
+    assert not server.close_window()  # nothing new: no new version
+
+
+def test_streaming_client_refines_every_r_samples_and_predicts_from_q_in_between() -> None:
+    from streamfed.algorithms.pvi.client import PVIClient
+
+    g = GlobalQ.initial("se", np.linspace(-1, 1, 4)[:, None], np.array([0.0, math.log(0.5), math.log(0.2)]), "fixed")
+    c = PVIClient(g, RefineSettings(n_pseudo=4, steps=10), client_id="a", reservoir=8, refine_every=10)
+    probe = np.array([0.3])
+    xs = np.random.default_rng(2).uniform(-1, 1, 25)
+    seen = []
+    for i, x in enumerate(xs):
+        c.learn(np.array([x]), math.sin(3 * x))
+        seen.append((i + 1, c.predict(probe)))
+    by_n = dict(seen)
+    assert len({by_n[n] for n in range(10, 20)}) == 1  # one q between refinements
+    assert by_n[19] != by_n[20] and c.n_refined == 2
+    f = c.take_factor()
+    assert (f.seq, f.n) == (2, 20.0) and c.take_factor() is None  # the newest factor, once
