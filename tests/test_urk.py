@@ -500,3 +500,28 @@ def test_rff_normalisation_reproduces_the_rff_bank_exactly() -> None:
     assert np.allclose(np.sum(features(w, om, X) ** 2, axis=1), 1.0, rtol=0, atol=1e-14)
     torch_feats = features_t(torch.tensor(w.to_vector()), arch, torch.tensor(om), torch.tensor(X)).numpy()
     assert np.max(np.abs(torch_feats - ref)) <= 1e-13
+
+
+def test_regret_comparator_is_ridge_on_the_initial_features_and_state_pickles() -> None:
+    """The regret's best fixed predictor: min_w Σ(y − φ₀ᵀw)² + (σ₀²/λ₀²)‖w‖² over the initial network's
+    features φ₀ of every own sample (numpy, from the plain feature transcription), whatever versions came;
+    and a client pickled mid-stream resumes exactly."""
+    import pickle
+
+    clients, data = two_clients(3)
+    c = clients[0]
+    X, y = data[0]
+    w0 = c.weights
+    for xi, yi in zip(X[:37], y[:37], strict=True):
+        c.learn(xi, yi)
+    twin = pickle.loads(pickle.dumps(c))
+    for xi, yi in zip(X[37:], y[37:], strict=True):
+        assert c.learn(xi, yi) == twin.learn(xi, yi)
+    W = [w0.arrays["W0"], w0.arrays["W1"]]
+    cs = [w0.arrays["c0"], w0.arrays["c1"]]
+    Phi0 = np.stack([reorder(oracle_features(x, W, cs, np.exp(w0.arrays["log_ls"]), c.omega)) for x in X])
+    ridge = y @ y - (Phi0.T @ y) @ np.linalg.solve(Phi0.T @ Phi0 + (w0.sigma / w0.lam) ** 2 * np.eye(ARCH.dim),
+                                                   Phi0.T @ y)
+    r = c.regret()
+    assert r["n"] == 50 and r["best_loss"] == pytest.approx(ridge, rel=1e-9)
+    assert r == twin.regret()

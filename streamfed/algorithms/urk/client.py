@@ -73,25 +73,27 @@ class URKClient:
         self.weights = weights
         self.epoch = 0
         self.global_version = 0
-        self.phase2 = self._phase2(weights, weights.sigma, weights.lam)
+        # the regret's comparator: ridge on the *initial* network's features, a fixed class whatever versions come;
+        # until the first new version phase 2 uses the same map (one feature evaluation per sample)
+        self._map0 = URKFeatureMap(weights, self.omega, self.kernel_version)
+        self.phase2 = self._phase2(self._map0, weights.sigma, weights.lam)
         self.next_seq = 1
         self._stats_seq: dict[int, int] = {}  # upload seq → the FedBNR client's seq, this epoch's statistics
         self.queue: deque[Update] = deque()  # chunks of the proposal being sent
         self.next_proposal = 1
         self.n_fits = self.n_proposals = 0
         f = weights.arch.dim
-        # the regret's comparator: ridge on the *initial* network's features, a fixed class whatever versions come
-        self._map0 = URKFeatureMap(weights, self.omega, self.kernel_version)
         self._sigma0, self._lam0 = weights.sigma, weights.lam
         self._S0, self._b0, self._q0 = np.zeros((f, f)), np.zeros(f), 0.0
+        # the comparator's rows wait here and are folded 32 at a time (one matrix product, not 32 outer products)
+        self._stage0, self._stage_n = np.zeros((32, f)), 0
         self.n, self.loss = 0, 0.0
         self._res_x = np.zeros((int(reservoir), weights.arch.n_inputs))
         self._res_y = np.zeros(int(reservoir))
         self._res_n = self._seen = 0
         self._rng = np.random.default_rng([int(seed), zlib.crc32(self.client_id.encode())])
 
-    def _phase2(self, weights: URKWeights, sigma: float, lam: float) -> FedBNRClient:
-        fmap = URKFeatureMap(weights, self.omega, self.kernel_version)
+    def _phase2(self, fmap: URKFeatureMap, sigma: float, lam: float) -> FedBNRClient:
         return FedBNRClient(fmap, sigma=sigma, lam=lam, min_upload=self.min_upload, client_id=self.client_id)
 
     # ------------------------------------------------------------------ reading
@@ -123,7 +125,10 @@ class URKClient:
         if not all(math.isfinite(g) for g in grown):
             raise NonFiniteError("a running sum would overflow")
         self.phase2.learn(x, y)  # raises before changing anything
-        self._S0 += np.outer(phi0, phi0)
+        self._stage0[self._stage_n] = phi0
+        self._stage_n += 1
+        if self._stage_n == self._stage0.shape[0]:
+            self._fold0()
         self._b0 += phi0 * y
         self._q0 += y * y
         self.n += 1
@@ -132,6 +137,11 @@ class URKClient:
         if self.trains and self.n % self.fit_every == 0:
             self.fit()
         return pred
+
+    def _fold0(self) -> None:
+        rows = self._stage0[: self._stage_n]
+        self._S0 += rows.T @ rows
+        self._stage_n = 0
 
     def _keep(self, x: np.ndarray, y: float) -> None:
         self._seen += 1
@@ -195,7 +205,7 @@ class URKClient:
         phase2 = self.phase2
         stats_seq = dict(self._stats_seq)
         if g.epoch > self.epoch:
-            phase2 = self._phase2(weights, g.sigma, g.lam)
+            phase2 = self._phase2(URKFeatureMap(weights, self.omega, self.kernel_version), g.sigma, g.lam)
             X, y = self.reservoir
             for xi, yi in zip(X, y, strict=True):  # re-embed: the reservoir's statistics under the new network
                 phase2.learn(xi, float(yi))
@@ -220,6 +230,7 @@ class URKClient:
         over the *initial* network's features (at the initial `σ, λ`)."""
         if self.n == 0:
             return {"n": 0.0, "loss": 0.0, "best_loss": 0.0}
+        self._fold0()
         own = SufficientStats(self._S0, self._b0, float(self.n), self._q0)
         try:
             best = max(float(ridge_loss(own, self._sigma0, self._lam0)), 0.0)
