@@ -25,6 +25,7 @@ sum bit for bit, and its largest deviation from the float64 sum.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
 import time
@@ -219,6 +220,92 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
     return lines, out
 
 
+def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
+    """One round of a fleet of `n` real agents and an aggregator (`AgentService`, `AggregatorService`, one
+    process, one event loop) over a private Mosquitto, secure vs plain: from the first upload message on the
+    broker to the global that includes every client, and the bytes on the broker per client (a subscriber to
+    `#` counts them)."""
+    import asyncio
+
+    import aiomqtt
+
+    from streamfed.evaluation.loadtest import MosquittoProcess
+    from streamfed.fleet.sources import array_source
+    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.aggregator import AggregatorService
+
+    logging.getLogger("mqtt").setLevel(logging.ERROR)
+    fleet = load_beijing("paper", steps=UPLOAD)
+    out: dict = {"rows": []}
+    lines = ["", "### Secure aggregation over Mosquitto (one round, FedBNR uploads of F = 101, one process)", "",
+             "| clients | mode | round (s) | up / client (bytes) | down / client (bytes) | messages / client |",
+             "|---|---|---|---|---|---|"]
+    for n in sizes:
+        for secure in (False, True):
+            cfg = fedbnr_cfg().model_copy(update={"fleet": f"b{n}{'s' if secure else 'p'}",
+                                                  "secure_aggregation": secure, "max_clients": max(n, 2)})
+            names = [f"c{i:04d}" for i in range(n)]
+            mosq = MosquittoProcess()
+            try:
+                broker = mosq.config
+
+                async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker) -> dict:  # noqa: ANN001
+                    seen: list[tuple[float, str, int]] = []
+                    complete: list[float] = []  # when the spy saw the global that includes every client
+                    async with aiomqtt.Client(**broker.aiomqtt_kwargs("spy")) as spy:
+                        await spy.subscribe("#", qos=0)
+
+                        async def listen() -> None:
+                            async for m in spy.messages:
+                                t, payload = time.perf_counter(), bytes(m.payload)
+                                seen.append((t, m.topic.value, len(payload)))
+                                if m.topic.value.endswith("/global") and not complete:
+                                    g = decode(payload, cfg)
+                                    if set(g.included) == set(names):
+                                        complete.append(t)
+
+                        listener = asyncio.create_task(listen())
+                        # secure: one round of everyone (keys are gathered until all are in); plain: 50 ms windows
+                        window = 120.0 if cfg.secure_aggregation else 0.05
+                        agg = AggregatorService(AggregatorCore(cfg, clients=names, window=window, round_timeout=60.0),
+                                                broker)
+                        agg_task = asyncio.create_task(agg.run())
+                        await asyncio.wait_for(agg.connected.wait(), 30)
+                        agents = [AgentService(AgentCore(cfg, c, i), broker,
+                                               array_source(fleet.streams[i % 12].X, fleet.streams[i % 12].y),
+                                               linger=1.0, wait_for_global=0.0) for i, c in enumerate(names)]
+                        tasks = [asyncio.create_task(a.run()) for a in agents]
+                        while not complete:
+                            await asyncio.sleep(0.01)
+                        done = complete[0]
+                        for a in agents:
+                            a.stop()
+                        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+                        agg.stop()
+                        await asyncio.wait_for(agg_task, 30)
+                        listener.cancel()
+                    ups = [(t, b) for t, topic, b in seen if "/updates/" in topic]
+                    downs = [b for _, topic, b in seen if "/acks/" in topic]
+                    return {"round_s": done - min(t for t, _ in ups), "up": sum(b for _, b in ups) / len(names),
+                            "down": sum(downs) / len(names), "messages": (len(ups) + len(downs)) / len(names)}
+
+                r = asyncio.run(main())
+            finally:
+                mosq.close()
+            r.update(clients=n, secure=secure)
+            out["rows"].append(r)
+            lines.append(f"| {n} | {'SecAgg+' if secure else 'plain'} | {r['round_s']:.2f} | {r['up']:,.0f} | "
+                         f"{r['down']:,.0f} | {r['messages']:.1f} |")
+    lines += ["", "Round = from the first upload-topic message to the global that includes every client's update, "
+              "both as a subscriber to `#` sees them (plain: each agent's `fedbnr.update`; secure: the round's "
+              "unmasked sum); it includes "
+              "each agent learning its 32 samples and, for SecAgg+, the four steps' key agreements, encryption, "
+              "PRG masks and the server's unmasking — all on the one event loop of this process (and the broker "
+              "on the other core). Down = the aggregator's messages to one client's acks topic (roster, forwarded "
+              "shares, survivors; plain: none but acks), not the global, which both modes broadcast."]
+    return lines, out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None)
@@ -230,11 +317,12 @@ def main() -> None:
     t0 = time.perf_counter()
     u_lines, u = utility(steps)
     s_lines, s = secagg_cost(sizes, 1 if args.quick else 3)
+    m_lines, m = mqtt_cost((10,) if args.quick else (10, 100))
     cmd = ".venv/bin/python benchmarks/bench_privacy.py" + (" --quick" if args.quick else "")
     lines = ["## Privacy: differential privacy and secure aggregation", "",
              f"`{cmd}` — {machine()}, load {load_average()}; {time.perf_counter() - t0:.0f} s.",
-             *(__doc__ or "").split("\n\n", 1)[1].strip().split("\n"), *u_lines, *s_lines]
-    write_section(args.out, lines, {"utility": u, "secagg": s}, quick=args.quick)
+             *(__doc__ or "").split("\n\n", 2)[2].strip().split("\n"), *u_lines, *s_lines, *m_lines]
+    write_section(args.out, lines, {"utility": u, "secagg": s, "mosquitto": m}, quick=args.quick)
 
 
 if __name__ == "__main__":
