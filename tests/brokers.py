@@ -1,17 +1,17 @@
 """Real Mosquitto brokers for integration tests, started from the shipped configurations.
 
 :func:`start_mosquitto` renders `broker_config/mosquitto/dev.conf` or `prod.conf` with test-local
-values (a free loopback port, a private work directory, the password file and certificates made by
-`broker_config/scripts/make-users.sh` and `make-certs.sh`, the ACL copied verbatim) and runs it with
+values (a free loopback port, a private work directory, the dynamic-security JSON made from a fleet
+roster by `broker_config/scripts/make-dynsec.py` and the certificates by `make-certs.sh`) and runs it with
 the shared launcher :class:`streamfed.runtime.mosquitto.Mosquitto`, which waits until the listener
 accepts TCP connections, retries with another port if the chosen one was taken meanwhile, and stops
 it (SIGTERM, then SIGKILL) when the returned :class:`Broker` is closed — also when start-up fails, and
 at interpreter exit for anything left over.
 
-Running as root: Mosquitto started as root switches to the `mosquitto` user before it reads the
-password file, ACL and TLS key and before it writes persistence. The launcher's work directory is
-made outside pytest's `tmp_path` (whose parent `/tmp/pytest-of-root` is mode 0700, untraversable for
-`mosquitto`) with mode 0755, the persistence directory belongs to `mosquitto`
+Running as root: Mosquitto started as root switches to the `mosquitto` user before its security plugin
+reads the dynamic-security JSON, before it reads the TLS key and before it writes persistence. The
+launcher's work directory is made outside pytest's `tmp_path` (whose parent `/tmp/pytest-of-root` is
+mode 0700, untraversable for `mosquitto`) with mode 0755, the persistence directory belongs to `mosquitto`
 (:meth:`~streamfed.runtime.mosquitto.Mosquitto.writable_dir`), the rendered config says
 `user mosquitto` explicitly (`user root` only if that account does not exist), and secret files are
 `root:mosquitto 0640` exactly as the scripts make them for a production host — so the tests exercise
@@ -21,9 +21,10 @@ belongs to that user.
 
 from __future__ import annotations
 
-import secrets
+import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ __all__ = [
     "INSTALL_HINT",
     "MosquittoUnavailable",
     "Broker",
+    "DEFAULT_USERS",
+    "DYNSEC_PLUGIN",
+    "roster_toml",
     "find_mosquitto",
     "free_port",
     "render_conf",
@@ -54,15 +58,71 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_CONFIG = REPO / "broker_config"
+DEFAULT_USERS = ("aggregator", "viewer", "monitor", "a1", "a2")
+_SERVICES = {"aggregator", "reducer", "viewer", "monitor"}
+
+
+def _plugin_path() -> str:
+    """The dynamic-security plugin named by prod.conf (the tests fail, not skip, if it is missing)."""
+    for line in (BROKER_CONFIG / "mosquitto" / "prod.conf").read_text().splitlines():
+        if line.startswith("plugin "):
+            return line.split(None, 1)[1].strip()
+    raise ValueError("prod.conf loads no plugin")
+
+
+DYNSEC_PLUGIN = _plugin_path()
+
+
+def roster_toml(roster: Mapping[str, object]) -> str:
+    """A roster for `make-dynsec.py` as TOML (the subset it reads: strings, booleans, lists of names).
+
+    >>> print(roster_toml({"monitor": "monitor", "fleet": [{"name": "f", "agents": ["a1"], "reducer": False}]}))
+    monitor = "monitor"
+    <BLANKLINE>
+    [[fleet]]
+    name = "f"
+    agents = ["a1"]
+    reducer = false
+    <BLANKLINE>
+    """
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(f"roster value {v!r}")
+
+    lines = [f"{k} = {value(v)}" for k, v in roster.items() if k != "fleet"]
+    for f in roster.get("fleet", []):  # type: ignore[attr-defined]
+        lines += ["", "[[fleet]]", *(f"{k} = {value(v)}" for k, v in f.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _legacy_roster(users: Iterable[str], fleet: str = "f") -> dict[str, object]:
+    """The roster the old `users=` argument meant: agents and services of one fleet `f`."""
+    users = list(users)
+    if "shard" in users:
+        raise ValueError("shards have one account each now: pass roster= with the fleet's shard names")
+    fl: dict[str, object] = {"name": fleet, "agents": [u for u in users if u not in _SERVICES],
+                             "aggregator": "aggregator" in users, "reducer": "reducer" in users}
+    if "viewer" in users:
+        fl["viewers"] = ["viewer"]
+    roster: dict[str, object] = {"fleet": [fl]}
+    if "monitor" in users:
+        roster["monitor"] = "monitor"
+    return roster
 
 
 def require_tools() -> str:
-    """Path of `mosquitto`; raises :class:`MosquittoUnavailable` if it, `mosquitto_passwd` or `openssl`
-    (which the prod flavour's scripts need) is missing."""
+    """Path of `mosquitto`; raises :class:`MosquittoUnavailable` if it, `openssl` (which the prod
+    flavour's certificate script needs) or the dynamic-security plugin is missing."""
     path = require_mosquitto()
-    for tool in ("mosquitto_passwd", "openssl"):
-        if shutil.which(tool) is None:
-            raise MosquittoUnavailable(f"`{tool}` is missing. {INSTALL_HINT}")
+    if shutil.which("openssl") is None:
+        raise MosquittoUnavailable(f"`openssl` is missing. {INSTALL_HINT}")
+    if not Path(DYNSEC_PLUGIN).is_file():
+        raise MosquittoUnavailable(f"the dynamic-security plugin {DYNSEC_PLUGIN} is missing. {INSTALL_HINT}")
     return path
 
 
@@ -112,7 +172,8 @@ class Broker:
     port: int | None = None  # plain listener (dev)
     tls_port: int | None = None  # TLS listener (prod)
     ca: Path | None = None
-    users: dict[str, str] = field(default_factory=dict)
+    users: dict[str, str] = field(default_factory=dict)  # prod: user name -> password
+    client_ids: dict[str, str] = field(default_factory=dict)  # prod: user name -> its bound client id
 
     @property
     def workdir(self) -> Path:
@@ -168,12 +229,15 @@ def _run(cmd: list[str], **kw: object) -> None:
 
 
 def start_mosquitto(flavour: Literal["dev", "prod"] = "dev", *,
-                    users: Iterable[str] = ("aggregator", "viewer", "a1", "a2"),
+                    users: Iterable[str] = DEFAULT_USERS, roster: Mapping[str, object] | None = None,
                     client_certs: Iterable[str] = (), attempts: int = 3) -> Broker:
     """Start a Mosquitto from the shipped `flavour` config; see the module docstring.
 
-    `prod`: every user in `users` gets a random password (in `Broker.users`), `client_certs` names
-    clients to issue certificates for. Retries with new ports if one was taken meanwhile.
+    `prod`: the accounts of `roster` (a `make-dynsec.py` roster as a mapping; default: fleet `f` with
+    agents and services named by `users` — `aggregator` is `f.aggregator`, `viewer`, `monitor` and
+    `reducer` likewise) get random passwords (`Broker.users`, by user name) and are bound to their
+    client ids (`Broker.client_ids`). `client_certs` names clients to issue certificates for. Retries
+    with new ports if one was taken meanwhile.
     """
     require_tools()
     template = (BROKER_CONFIG / "mosquitto" / f"{flavour}.conf").read_text()
@@ -187,16 +251,20 @@ def start_mosquitto(flavour: Literal["dev", "prod"] = "dev", *,
         settings["persistence_location"] = f"{mosquitto.writable_dir('data')}/"
         broker = Broker(flavour, mosquitto, host=host)
         if flavour == "prod":
-            broker.users = {u: secrets.token_urlsafe(12) for u in users}
-            _run(["bash", str(BROKER_CONFIG / "scripts" / "make-users.sh"), "-f", str(workdir / "passwd"),
-                  *(f"{u}:{p}" for u, p in broker.users.items())])
+            (workdir / "roster.toml").write_text(roster_toml(roster or _legacy_roster(users)))
+            dynsec = workdir / "dynamic-security.json"
+            # The generator makes every password up and prints it once, as an operator would see it.
+            made = subprocess.run([sys.executable, str(BROKER_CONFIG / "scripts" / "make-dynsec.py"),
+                                   "-o", str(dynsec), str(workdir / "roster.toml")], capture_output=True, text=True)
+            if made.returncode:
+                raise RuntimeError(f"make-dynsec.py failed ({made.returncode}): {made.stderr.strip()}")
+            broker.users = dict(line.split(":", 1) for line in made.stdout.splitlines())
+            broker.client_ids = {c["username"]: c["clientid"] for c in json.loads(dynsec.read_text())["clients"]}
             certs = workdir / "certs"
             _run(["bash", str(BROKER_CONFIG / "scripts" / "make-certs.sh"), "-d", str(certs), *client_certs])
             certs.chmod(0o755)
-            shutil.copyfile(BROKER_CONFIG / "mosquitto" / "acl", workdir / "acl")
-            (workdir / "acl").chmod(0o644)
             broker.ca = certs / "ca.crt"
-            settings |= {"password_file": str(workdir / "passwd"), "acl_file": str(workdir / "acl"),
+            settings |= {"plugin_opt_config_file": str(dynsec),
                          "cafile": str(certs / "ca.crt"), "certfile": str(certs / "server.crt"),
                          "keyfile": str(certs / "server.key")}
         try:

@@ -9,9 +9,15 @@ PUBACK code is checked separately with paho)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import importlib.util
 import itertools
+import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -83,40 +89,96 @@ def test_prod_conf_is_tls_only_authenticated_and_persistent() -> None:
     d = dict(_directives(BROKER_CONFIG / "mosquitto" / "prod.conf"))
     assert d["allow_anonymous"] == "false" and d["persistence"] == "true"
     assert [v for k, v in _directives(BROKER_CONFIG / "mosquitto" / "prod.conf") if k == "listener"] == ["8883"]
-    for key in ("password_file", "acl_file", "cafile", "certfile", "keyfile"):
+    for key in ("plugin_opt_config_file", "cafile", "certfile", "keyfile"):
         assert d[key].startswith("/etc/mosquitto/streamfed/")
+    # accounts and roles come from the dynamic-security plugin only (see README: why not acl_file)
+    assert d["plugin"].endswith("mosquitto_dynamic_security.so")
+    assert "password_file" not in d and "acl_file" not in d
 
 
-def _acl_allows(user: str, access: str, topic: str) -> bool:
-    """A small model of Mosquitto's ACL file semantics (patterns for all, topics per user)."""
-    current, allowed = None, False
-    for key, value in _directives(BROKER_CONFIG / "mosquitto" / "acl"):
-        if key == "user":
-            current = value
-            continue
-        acc, _, filt = value.partition(" ")
-        if key == "pattern":
-            filt = filt.replace("%u", user)
-        elif key != "topic" or current != user:
-            continue
-        if acc in (access, "readwrite") and topic_matches_sub(filt, topic):
-            allowed = True
-    return allowed
+def _load_generator() -> Any:
+    spec = importlib.util.spec_from_file_location("make_dynsec", BROKER_CONFIG / "scripts" / "make-dynsec.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def test_acl_grants_each_agent_only_its_own_topics() -> None:
+dynsec = _load_generator()
+ROSTER = {"monitor": "monitor",
+          "fleet": [{"name": "f", "agents": ["a1", "a2"], "shards": ["s0", "s1"], "viewers": ["viewer"]},
+                    {"name": "g", "agents": ["b1"], "viewers": ["viewer"]}]}
+
+
+def _allows(user: str, access: str, topic: str) -> bool:
+    """What the generated roles grant `user` (no role denies, and the default denies everything):
+    `access` is an acltype — publishClientSend, publishClientReceive, subscribeLiteral (the filter exactly)
+    or subscribePattern (a filter covered by the role's filter)."""
+    accounts, roles = dynsec.build(ROSTER)
+    [acc] = [a for a in accounts if a.username == user]
+    acls = [acl for r in roles if r["rolename"] in acc.roles for acl in r["acls"]]
+    for acl in acls:
+        if access == "subscribe":
+            if (acl["acltype"] == "subscribeLiteral" and acl["topic"] == topic) or (
+                    acl["acltype"] == "subscribePattern" and topic_matches_sub(acl["topic"], topic)):
+                return True
+        elif acl["acltype"] == access and topic_matches_sub(acl["topic"], topic):
+            return True
+    return False
+
+
+def test_generated_roles_grant_each_agent_only_its_own_topics() -> None:
+    send, recv = "publishClientSend", "publishClientReceive"
     own = [topics.updates_topic("f", "a1"), topics.predictions_topic("f", "a1"), topics.status_topic("f", "a1")]
-    assert all(_acl_allows("a1", "write", t) for t in own)
-    assert _acl_allows("a1", "read", topics.global_topic("f"))
-    assert _acl_allows("a1", "read", topics.acks_topic("f", "a1"))
-    assert not _acl_allows("a1", "write", topics.updates_topic("f", "a2"))
-    assert not _acl_allows("a1", "write", topics.global_topic("f"))
-    assert not _acl_allows("a1", "write", topics.acks_topic("f", "a1"))
-    assert not _acl_allows("a1", "read", topics.acks_topic("f", "a2"))
-    assert not _acl_allows("a1", "read", topics.updates_topic("f", "a2"))
-    assert _acl_allows("aggregator", "read", topics.updates_topic("f", "a2"))
-    assert _acl_allows("aggregator", "write", topics.global_topic("f"))
-    assert _acl_allows("aggregator", "write", topics.acks_topic("f", "a2"))
+    assert all(_allows("a1", send, t) for t in own)
+    assert _allows("a1", recv, topics.global_topic("f")) and _allows("a1", "subscribe", topics.global_topic("f"))
+    assert _allows("a1", recv, topics.acks_topic("f", "a1"))
+    assert not _allows("a1", send, topics.updates_topic("f", "a2"))
+    assert not _allows("a1", send, topics.global_topic("f"))
+    assert not _allows("a1", send, topics.acks_topic("f", "a1"))
+    assert not _allows("a1", recv, topics.acks_topic("f", "a2"))
+    assert not _allows("a1", "subscribe", topics.topic_filter("acks", "f"))
+    assert not _allows("a1", "subscribe", topics.topic_filter("updates", "f"))
+    assert not _allows("a1", "subscribe", topics.shared_filter("shards", "f"))
+    # another fleet's agent gets nothing in f
+    assert not any(_allows("b1", a, t) for a in (send, recv, "subscribe")
+                   for t in (topics.updates_topic("f", "b1"), topics.global_topic("f")))
+    assert _allows("f.aggregator", recv, topics.updates_topic("f", "a2"))
+    assert _allows("f.aggregator", send, topics.global_topic("f"))
+    assert _allows("f.aggregator", send, topics.acks_topic("f", "a2"))
+    assert not _allows("f.aggregator", send, topics.global_topic("g"))
+
+
+def test_generated_roles_give_services_and_readers_no_update_rights() -> None:
+    for user in ("f.aggregator", "f.shard.s0", "f.reducer", "viewer", "monitor", "g.aggregator"):
+        assert not _allows(user, "publishClientSend", topics.updates_topic("f", user)), user
+        assert not _allows(user, "publishClientSend", topics.updates_topic("f", "a1")), user
+    # only shards may join the shards' group, and only with their own fleet's filter
+    who = [a.username for a in dynsec.build(ROSTER)[0]
+           if _allows(a.username, "subscribe", topics.shared_filter("shards", "f"))]
+    assert who == ["f.shard.s0", "f.shard.s1"]
+    assert not _allows("f.shard.s0", "subscribe", topics.shared_filter("other", "f"))
+    assert _allows("f.shard.s0", "publishClientSend", "streamfed/v1/f/partials/s0")
+    assert not _allows("f.shard.s0", "publishClientSend", "streamfed/v1/f/partials/s1")
+    assert _allows("viewer", "publishClientReceive", topics.predictions_topic("g", "b1"))  # one account, two fleets
+    assert _allows("monitor", "subscribe", "$SYS/#") and not _allows("viewer", "subscribe", "$SYS/#")
+
+
+def test_generated_accounts_are_each_bound_to_one_client_id() -> None:
+    accounts, _ = dynsec.build(ROSTER)
+    bound = {a.username: a.clientid for a in accounts}
+    assert bound == {"a1": "f.a1", "a2": "f.a2", "f.aggregator": "f.aggregator", "f.shard.s0": "f.shard.s0",
+                     "f.shard.s1": "f.shard.s1", "f.reducer": "f.reducer", "viewer": "viewer", "b1": "g.b1",
+                     "g.aggregator": "g.aggregator", "monitor": "monitor"}
+
+
+def test_password_hash_is_the_plugins_pbkdf2() -> None:
+    # computed with mosquitto_ctrl 2.0.11 (`dynsec setClientPassword a1 pw1`) and read from its JSON
+    salt = base64.b64decode("1cx+d9tIBmOK246r")
+    assert dynsec.hash_password("pw1", salt) == {
+        "password": "UnkUgr5skRb4os+F0P8joLjBKKOEj0NR8xRNMQM8vCLrR/YQ7irlH6BjdD3toXF+xmL5avZeE0vyu8eD8XALsg==",
+        "salt": "1cx+d9tIBmOK246r", "iterations": 101}
 
 
 # =========================================================================== dev broker
@@ -228,8 +290,8 @@ def test_prod_refuses_bad_credentials(mosquitto_prod: Broker, username: str | No
 def test_prod_tls_needs_the_generated_ca(mosquitto_prod: Broker) -> None:
     async def with_config(cfg: BrokerConfig) -> None:
         # Plain MQTT to a TLS port gets no answer at all: bound the wait for the CONNACK.
-        async with connect(cfg, unique("t"), timeout=2.0) as c:
-            await c.publish(topics.status_topic(unique("tls"), "a1"), b"", qos=1)
+        async with connect(cfg, "f.a1", timeout=2.0) as c:  # the client id bound to a1
+            await c.publish(topics.status_topic("f", "a1"), b"", qos=1)
 
     run(with_config(mosquitto_prod.broker_config("a1")))  # TLS with the test CA: fine
     with pytest.raises(aiomqtt.MqttError):  # system CAs do not know the test CA
@@ -241,15 +303,15 @@ def test_prod_tls_needs_the_generated_ca(mosquitto_prod: Broker) -> None:
 
 def _forbidden_never_arrives(broker: Broker, watcher: str, watch: list[str], forbidden: str,
                              sentinel: str) -> list[str]:
-    """`watcher` subscribes to `watch`; agent a1 publishes to `forbidden`, then to its own `sentinel`
-    topic. Messages of one publisher are delivered in order, so once the sentinel is in, the forbidden
-    one would have been too. Returns the topics the watcher received."""
+    """`watcher` (an account whose role may receive `forbidden`) subscribes to `watch`; agent a1 publishes
+    to `forbidden`, then to its own `sentinel` topic. Messages of one publisher are delivered in order, so
+    once the sentinel is in, the forbidden one would have been too. Returns the topics the watcher received."""
 
     async def scenario() -> list[str]:
-        async with connect(broker.broker_config(watcher), unique("w")) as w:
+        async with connect(broker.broker_config(watcher), broker.client_ids[watcher]) as w:
             for t in watch:
-                await w.subscribe(t, qos=1)
-            async with connect(broker.broker_config("a1"), "a1") as a1:
+                assert [c.value for c in await w.subscribe(t, qos=1)] == [1]
+            async with connect(broker.broker_config("a1"), "f.a1") as a1:
                 await a1.publish(forbidden, b"spoofed", qos=1)  # no error: PUBACK codes are not surfaced
                 await a1.publish(sentinel, b"sentinel", qos=1)
             got = await receive_until(w, lambda m: m.payload == b"sentinel")
@@ -259,7 +321,7 @@ def _forbidden_never_arrives(broker: Broker, watcher: str, watch: list[str], for
 
 
 def test_agent_cannot_publish_another_agents_update(mosquitto_prod: Broker) -> None:
-    got = _forbidden_never_arrives(mosquitto_prod, "aggregator", [topics.shared_filter("aggregators", "f")],
+    got = _forbidden_never_arrives(mosquitto_prod, "f.aggregator", [topics.topic_filter("updates", "f")],
                                    topics.updates_topic("f", "a2"), topics.updates_topic("f", "a1"))
     assert got == [topics.updates_topic("f", "a1")]
 
@@ -272,16 +334,25 @@ def test_agent_cannot_publish_the_global(mosquitto_prod: Broker) -> None:
 
 
 def test_agent_cannot_acknowledge_itself(mosquitto_prod: Broker) -> None:
-    got = _forbidden_never_arrives(mosquitto_prod, "aggregator", [topics.topic_filter("updates", "f")],
-                                   topics.acks_topic("f", "a1"), topics.updates_topic("f", "a1"))
-    assert got == [topics.updates_topic("f", "a1")]
+    # a1 itself is the one account that may receive its acks: it watches them on its own connection,
+    # with its sensor topic (which it may publish and read) as the sentinel.
+    async def scenario() -> list[str]:
+        async with connect(mosquitto_prod.broker_config("a1"), "f.a1") as a1:
+            for t in (topics.acks_topic("f", "a1"), topics.sensor_topic("f", "a1")):
+                assert [c.value for c in await a1.subscribe(t, qos=1)] == [1]
+            await a1.publish(topics.acks_topic("f", "a1"), b"spoofed", qos=1)
+            await a1.publish(topics.sensor_topic("f", "a1"), b"sentinel", qos=1)
+            got = await receive_until(a1, lambda m: m.payload == b"sentinel")
+        return [m.topic.value for m in got]
+
+    assert run(scenario()) == [topics.sensor_topic("f", "a1")]
 
 
 def test_denied_publish_gets_not_authorized_puback_in_v5(mosquitto_prod: Broker) -> None:
     """What aiomqtt hides: Mosquitto answers a denied QoS 1 publish with PUBACK reason 0x87."""
     codes: dict[int, int] = {}
     done = threading.Event()
-    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=unique("a1-"), protocol=paho.MQTTv5)
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="f.a1", protocol=paho.MQTTv5)
     c.username_pw_set("a1", mosquitto_prod.users["a1"])
     c.tls_set(ca_certs=str(mosquitto_prod.ca))
 
@@ -305,17 +376,18 @@ def test_denied_publish_gets_not_authorized_puback_in_v5(mosquitto_prod: Broker)
 
 
 def test_agent_cannot_read_other_agents_traffic(mosquitto_prod: Broker) -> None:
-    fleet = unique("r")
+    fleet = "f"
 
     async def scenario() -> list[str]:
-        async with connect(mosquitto_prod.broker_config("a1"), "a1") as a1:
-            # Mosquitto grants wildcard subscriptions and filters each delivery by the ACL.
-            await a1.subscribe(topics.topic_filter("acks", fleet), qos=1)
-            await a1.subscribe(topics.topic_filter("updates", fleet), qos=1)
-            async with connect(mosquitto_prod.broker_config("aggregator"), "aggregator") as agg:
+        async with connect(mosquitto_prod.broker_config("a1"), "f.a1") as a1:
+            # The plugin refuses a wildcard subscription beyond the role (acl_file granted it and filtered).
+            for f in (topics.topic_filter("acks", fleet), topics.topic_filter("updates", fleet)):
+                assert [c.value for c in await a1.subscribe(f, qos=1)] == [0x87]
+            await a1.subscribe(topics.acks_topic(fleet, "a1"), qos=1)
+            async with connect(mosquitto_prod.broker_config("f.aggregator"), "f.aggregator") as agg:
                 await agg.publish(topics.acks_topic(fleet, "a2"), b"for a2", qos=1)
                 await agg.publish(topics.acks_topic(fleet, "a1"), b"sentinel", qos=1)
-            async with connect(mosquitto_prod.broker_config("a2"), "a2") as a2:
+            async with connect(mosquitto_prod.broker_config("a2"), "f.a2") as a2:
                 await a2.publish(topics.updates_topic(fleet, "a2"), b"a2's update", qos=1)
             got = await receive_until(a1, lambda m: m.payload == b"sentinel")
         return [m.topic.value for m in got]
@@ -324,9 +396,9 @@ def test_agent_cannot_read_other_agents_traffic(mosquitto_prod: Broker) -> None:
 
 
 def test_last_will_marks_an_agent_offline(mosquitto_prod: Broker) -> None:
-    fleet = unique("lw")
+    fleet = "f"
     status = topics.status_topic(fleet, "a2")
-    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="a2", protocol=paho.MQTTv5)
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id="f.a2", protocol=paho.MQTTv5)
     c.username_pw_set("a2", mosquitto_prod.users["a2"])
     c.tls_set(ca_certs=str(mosquitto_prod.ca))
     c.will_set(status, encode(status_message(fleet, "a2", "offline", created=1.0)), qos=1, retain=True)
@@ -339,7 +411,7 @@ def test_last_will_marks_an_agent_offline(mosquitto_prod: Broker) -> None:
     c.socket().close()  # the connection drops without a DISCONNECT packet: the broker sends the will
 
     async def read_status() -> list[str]:
-        async with connect(mosquitto_prod.broker_config("viewer"), unique("v")) as v:
+        async with connect(mosquitto_prod.broker_config("viewer"), "viewer") as v:
             await v.subscribe(status, qos=1)
             [m] = await receive_until(v, lambda m: True)
         assert m.retain
@@ -349,16 +421,52 @@ def test_last_will_marks_an_agent_offline(mosquitto_prod: Broker) -> None:
     assert run(read_status()) == ["offline"]
 
 
-def test_scripts_refuse_bad_names(tmp_path: Path) -> None:
-    import subprocess
+def _generate(tmp_path: Path, roster: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    (tmp_path / "roster.toml").write_text(roster)
+    return subprocess.run([sys.executable, str(BROKER_CONFIG / "scripts" / "make-dynsec.py"), "-o",
+                           str(tmp_path / "d.json"), str(tmp_path / "roster.toml"), *args],
+                          capture_output=True, text=True, input=stdin)
 
-    res = subprocess.run(["bash", str(BROKER_CONFIG / "scripts" / "make-users.sh"), "-f", str(tmp_path / "p"),
-                          "a/b:x"], capture_output=True, text=True)
-    assert res.returncode == 2 and "invalid user name" in res.stderr
-    res = subprocess.run(["bash", str(BROKER_CONFIG / "scripts" / "make-users.sh"), "-f", str(tmp_path / "p"),
-                          "a1"], capture_output=True, text=True)
-    assert res.returncode == 0 and re.fullmatch(r"a1 \S{16,}\n", res.stdout)  # generated password shown once
-    assert (tmp_path / "p").read_text().startswith("a1:$7$")  # only the hash is stored
+
+@pytest.mark.parametrize("roster, error", [
+    ('[[fleet]]\nname = "f"\nagents = ["a/b"]\n', "invalid agent: 'a/b'"),
+    ('[[fleet]]\nname = "f"\nagents = ["aggregator"]\n', "collides with the service client id f.aggregator"),
+    ('[[fleet]]\nname = "f"\nagents = ["shard.s0"]\n', "collides with the service client id f.shard.s0"),
+    ('[[fleet]]\nname = "f"\nagents = ["a1"]\n[[fleet]]\nname = "g"\nagents = ["a1"]\n',
+     "user name 'a1' is used twice"),
+    ('[[fleet]]\nname = "f"\nagents = ["x.y"]\n[[fleet]]\nname = "f.x"\nagents = ["y"]\n',
+     "client id 'f.x.y' is bound twice"),
+    ('[[fleet]]\nname = "g"\nagents = ["f.aggregator"]\n[[fleet]]\nname = "f"\n', "user name 'f.aggregator'"),
+    ('[[fleet]]\nname = "f"\nagents = ["a1", "a1"]\n', "agents listed twice: a1"),
+    ('[[fleet]]\nname = "f"\nagent = ["a1"]\n', "unknown key(s) in fleet 'f': agent"),
+    ('monitor = "m"\n', "the roster names no fleet"),
+    ('[[fleet]\n', "cannot read roster"),
+], ids=["bad-name", "agent-as-aggregator", "agent-as-shard", "agent-in-two-fleets", "dotted-names-meet",
+        "agent-as-other-fleets-aggregator", "duplicate", "typo", "no-fleet", "not-toml"])
+def test_generator_refuses_bad_rosters_in_one_line(tmp_path: Path, roster: str, error: str) -> None:
+    res = _generate(tmp_path, roster)
+    assert res.returncode == 2 and res.stdout == "" and not (tmp_path / "d.json").exists()
+    assert res.stderr.startswith("make-dynsec.py: error: ") and error in res.stderr
+    assert res.stderr.count("\n") == 1
+
+
+def test_generator_prints_new_passwords_once_and_keeps_old_hashes(tmp_path: Path) -> None:
+    roster = '[[fleet]]\nname = "f"\nagents = ["a1"]\n'
+    res = _generate(tmp_path, roster)
+    assert res.returncode == 0 and re.fullmatch(r"a1:\S{16,}\nf\.aggregator:\S{16,}\n", res.stdout)
+    first = {c["username"]: c for c in json.loads((tmp_path / "d.json").read_text())["clients"]}
+    assert (tmp_path / "d.json").stat().st_mode & 0o777 == (0o640 if os.geteuid() == 0 else 0o600)
+    assert res.stdout.split("\n")[0].split(":", 1)[1] not in (tmp_path / "d.json").read_text()  # hashes only
+    # a second run adds a2 (new password printed), a1 keeps its hash, f.aggregator gets the given one
+    res = _generate(tmp_path, roster.replace('["a1"]', '["a1", "a2"]'), "--passwords", "-",
+                    stdin="f.aggregator:s3cret\n")
+    assert res.returncode == 0 and re.fullmatch(r"a2:\S{16,}\n", res.stdout)
+    second = {c["username"]: c for c in json.loads((tmp_path / "d.json").read_text())["clients"]}
+    assert second["a1"]["password"] == first["a1"]["password"]
+    agg = second["f.aggregator"]
+    assert agg == agg | dynsec.hash_password("s3cret", base64.b64decode(agg["salt"]))
+    res = _generate(tmp_path, roster, "--passwords", "-", stdin="nobody:x\n")
+    assert res.returncode == 2 and "not in the roster: nobody" in res.stderr
 
 
 # =========================================================================== the shared launcher

@@ -400,14 +400,16 @@ async def _run_fleet(agg, agents, timeout=30.0):
             await asyncio.wait_for(agg_task, 5)
 
 
-def test_services_run_end_to_end_on_the_production_broker(mosquitto_prod, streams):
-    """TLS with the test CA, each service its own user (the ACL's %u is the agent's client id)."""
+def test_services_run_end_to_end_on_the_production_broker(mosquitto_factory, streams):
+    """TLS with the test CA, each service its own account bound to its client id (agents log in as
+    themselves, the aggregator as `<fleet>.aggregator`)."""
     cfg = bnr_cfg("acl-bnr")
     names = ["a1", "a2"]
+    mosquitto_prod = mosquitto_factory("prod", roster={"fleet": [{"name": "acl-bnr", "agents": names}]})
 
     async def main():
         agg = AggregatorService(AggregatorCore(cfg, clients=names, window=0.05),
-                                mosquitto_prod.broker_config("aggregator"))
+                                mosquitto_prod.broker_config("acl-bnr.aggregator"))
         agents = [AgentService(AgentCore(cfg, n, i), mosquitto_prod.broker_config(n),
                                array_source(s.X[:40], s.y[:40]))
                   for i, (n, s) in enumerate(zip(names, streams[:2], strict=True))]
@@ -442,11 +444,11 @@ def test_refused_connections_surface_with_the_mqtt_reason(mosquitto_prod):
     err, _ = asyncio.run(run(agg))
     assert err.reason in AUTH_REFUSALS and agg.refusals == {err.reason: 3}
     auth_reason = err.reason
-    # user a1 posing as client a2: the ACL refuses a1 to write a2's topics (PUBACK 0x87), so it stops
+    # user a1 posing as client a2: the broker binds a1 to its own client id and refuses the connection
     impostor = AgentService(AgentCore(cfg, "a2", 1), mosquitto_prod.broker_config("a1"),
                             sensor_features=[f"x{i}" for i in range(10)])
     err, _ = asyncio.run(run(impostor))
-    assert err.reason == "publish to 'streamfed/v1/acl-refused/status/a2' refused: Not authorized"
+    assert err.reason == "Not authorized" and impostor.refusals == {"Not authorized": 3}
     # a broker certificate that does not verify (the system CAs do not know the test CA)
     untrusted = wrong.model_copy(update={"tls_ca": None, "tls": True, "password": None, "username": None})
     agent = AgentService(AgentCore(cfg, "a1", 0), untrusted, sensor_features=[f"x{i}" for i in range(10)])

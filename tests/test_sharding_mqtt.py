@@ -32,10 +32,14 @@ def streams():
 
 async def run_sharded(cfg, broker, names, agents, n_shards=2, mode="lockstep", window=0.05, timeout=90.0,
                       reducer_broker=None):
-    """`broker`: the shards' broker configuration (`reducer_broker`: the reducer's, default the same)."""
+    """`broker`: the shards' broker configuration, or a function of the shard's user name giving it (one
+    account per shard on the production broker); `reducer_broker`: the reducer's, default the same."""
+    def shard_broker(i):
+        return broker(f"{cfg.fleet}.shard.s{i}") if callable(broker) else broker
+
     reducer = ReducerService(ReducerCore(cfg, clients=names, mode=mode, window=window,
                                          shards=[f"s{i}" for i in range(n_shards)]), reducer_broker or broker)
-    shards = [ShardService(ShardCore(cfg, f"s{i}", clients=names, mode=mode), broker, group="agg")
+    shards = [ShardService(ShardCore(cfg, f"s{i}", clients=names, mode=mode), shard_broker(i), group="agg")
               for i in range(n_shards)]
     services = [reducer, *shards]
     tasks = [asyncio.create_task(s.run()) for s in services]
@@ -58,15 +62,17 @@ LOCKSTEP = FleetConfig(standardise="none", fleet="sharded", algorithm="pofmkl", 
 
 @pytest.mark.parametrize("flavour", ["dev", "prod"])
 def test_sharded_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, mosquitto_factory, streams, flavour):
-    """`prod`: the shipped production configuration — TLS, passwords, the ACL (agents log in as themselves,
-    shards as `shard`, the reducer as `reducer`)."""
+    """`prod`: the shipped production configuration — TLS, the dynamic-security accounts (agents log in as
+    themselves, each shard as `sharded.shard.<name>`, the reducer as `sharded.reducer`, each bound to its
+    client id; only the shards may join the `$share` group)."""
     cfg = LOCKSTEP
     names = [s.name for s in streams]
     if flavour == "dev":
         def login(user):
             return mosquitto_dev.broker_config()
     else:
-        prod = mosquitto_factory("prod", users=["shard", "reducer", *names])
+        prod = mosquitto_factory("prod", roster={"fleet": [{"name": cfg.fleet, "agents": names, "aggregator": False,
+                                                             "shards": ["s0", "s1"], "shard_group": "agg"}]})
 
         def login(user):
             return prod.broker_config(user)
@@ -74,7 +80,7 @@ def test_sharded_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, mosq
     async def main():
         agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), login(n), array_source(s.X, s.y), linger=0.3)
                   for i, (n, s) in enumerate(zip(names, streams, strict=True))]
-        reducer, shards = await run_sharded(cfg, login("shard"), names, agents, reducer_broker=login("reducer"))
+        reducer, shards = await run_sharded(cfg, login, names, agents, reducer_broker=login(f"{cfg.fleet}.reducer"))
         return reducer, shards, agents
 
     reducer, shards, agents = asyncio.run(main())
