@@ -269,3 +269,33 @@ def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, n_age
     f = frac_bits(cfg)
     np.testing.assert_allclose(st.S[0], phi[:, 0].T @ phi[:, 0], atol=4 * n_agents * 2.0**-f + 1e-12)
     np.testing.assert_allclose(st.b[0], phi[:, 0].T @ ys, atol=4 * n_agents * 2.0**-f + 1e-12)
+
+
+def test_distributed_dp_adds_a_share_of_the_noise_and_needs_secure_aggregation() -> None:
+    with pytest.raises(ValueError, match="secure_aggregation"):
+        fedbnr_cfg(False, dp_epsilon=1.0, dp_round_clients=4)
+    local = AgentCore(fedbnr_cfg(True, dp_epsilon=1.0), "a", 0).privacy
+    shared = AgentCore(fedbnr_cfg(True, dp_epsilon=1.0, dp_round_clients=4), "a", 0).privacy
+    assert local is not None and shared is not None
+    assert shared.std == pytest.approx(local.std / 2)  # a quarter of the variance
+    assert shared.z == local.z  # the round's sum carries the whole noise: the same guarantee is accounted
+
+
+def test_a_secure_fleet_with_distributed_dp_publishes_installable_globals() -> None:
+    cfg = fedbnr_cfg(True, dp_epsilon=2.0, dp_round_clients=3)
+    names = ["a", "b", "c"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=1.0)
+    router = Router(cfg, agents, agg)
+    rng = np.random.default_rng(4)
+    now = 0.0
+    for t in range(32):
+        for a in agents:
+            x, y = _readings(rng, t)
+            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        now = router.settle(now, rounds=1, step=0.4)
+    now = router.settle(now)
+    assert agg.version >= 2 and agg.rejected == {}
+    for a in agents:
+        assert a.global_version == agg.version and a.counters.rejected_globals == 0
+        assert a.privacy is not None and a.privacy.accountant.uploads == 4

@@ -314,6 +314,9 @@ class FleetConfig(BaseModel):
     secure_aggregation: bool = False
     # the public bound of every summed number (fixes the fixed-point scale: no sum of max_clients values overflows)
     secagg_max_abs: float = Field(1e6, gt=0, allow_inf_nan=False)
+    # distributed DP (needs secure aggregation): each agent adds 1/dp_round_clients of the noise variance, so the
+    # sum of a round of that many carries the whole noise; None: local DP (each upload carries all of it)
+    dp_round_clients: int | None = Field(None, ge=1)
 
     @field_validator("fleet")
     @classmethod
@@ -377,6 +380,9 @@ class FleetConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetConfig:
+        if self.dp_round_clients is not None and not (self.secure_aggregation and self.dp_epsilon is not None):
+            raise ValueError("dp_round_clients (distributed DP) needs dp_epsilon and secure_aggregation: "
+                             "without it every upload would leave with a fraction of its noise")
         if self.kernels is not None and len(self.kernels) != self.n_kernels:
             raise ValueError(f"n_kernels={self.n_kernels} but {len(self.kernels)} kernels are listed")
         if self.bin_size > self.n_kernels:
