@@ -525,3 +525,35 @@ def test_regret_comparator_is_ridge_on_the_initial_features_and_state_pickles() 
     r = c.regret()
     assert r["n"] == 50 and r["best_loss"] == pytest.approx(ridge, rel=1e-9)
     assert r == twin.regret()
+
+
+# =========================================================================== 5. River
+
+from river import checks  # noqa: E402
+
+from streamfed.algorithms.urk.regressor import URKRegressor  # noqa: E402
+
+
+@pytest.mark.parametrize("params", list(URKRegressor._unit_test_params()))  # noqa: SLF001
+def test_river_check_estimator(params: dict) -> None:
+    checks.check_estimator(URKRegressor(**params))
+
+
+def test_river_regressor_with_a_fixed_kernel_is_the_bayesian_posterior() -> None:
+    """learn_kernel off, no standardisation: after the syncs, the predictive is the posterior of Bayesian linear
+    regression on the plain transcription of the features (σ, λ refitted on the sums by the server)."""
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, (64, 2))
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(64)
+    model = URKRegressor(widths=None, n_omega=8, learn_kernel=False, standardise=False, sync_every=32)
+    for xi, yi in zip(X, y, strict=True):
+        model.learn_one({"zeta": xi[1], "alpha": xi[0]}, yi)  # sorted keys: alpha, zeta
+    assert model.client is not None and model.server is not None and model.client.n_pending == 0
+    w = model.client.weights
+    Phi = np.stack([reorder(oracle_features(x, [], [], np.exp(w.arrays["log_ls"]), model.client.omega)) for x in X])
+    sig, lam = model.server.sigma, model.server.lam
+    A = Phi.T @ Phi / sig**2 + np.eye(16) / lam**2
+    phi = reorder(oracle_features(np.array([0.2, -0.3]), [], [], np.exp(w.arrays["log_ls"]), model.client.omega))
+    mean, var = phi @ np.linalg.solve(A, Phi.T @ y) / sig**2, sig**2 + phi @ np.linalg.solve(A, phi)
+    dist = model.predict_one({"alpha": 0.2, "zeta": -0.3, "unknown": 5.0}, with_dist=True)
+    assert dist.mu == pytest.approx(mean, abs=1e-9) and dist.sigma == pytest.approx(math.sqrt(var), abs=1e-9)

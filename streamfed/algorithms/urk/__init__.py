@@ -12,7 +12,8 @@ their reservoirs.
 * :mod:`.network` — the network and its features in numpy (no torch: enough to predict and contribute);
 * :mod:`.training` — torch: the evidence, local fits, distillation (only where kernels are trained);
 * :mod:`.client` / :mod:`.server` — the two halves; :mod:`.messages`, :mod:`.wire` — what they exchange;
-* :mod:`.agent`, :mod:`.aggregation` — the plug-in contract. Chunks: :mod:`streamfed.algorithms.chunks`.
+* :mod:`.agent`, :mod:`.aggregation` — the plug-in contract; :mod:`.regressor` — River. Chunks:
+  :mod:`streamfed.algorithms.chunks`.
 
 >>> import numpy as np
 >>> from streamfed.fleet.config import FleetConfig
@@ -171,7 +172,9 @@ class URKFedBNR(Algorithm):
                               "local")]
 
     def estimator(self, **params: Any) -> Any:
-        raise NotImplementedError("URK-FedBNR has no River estimator yet (run it in a fleet or the replay)")
+        from streamfed.algorithms.urk.regressor import URKRegressor
+
+        return URKRegressor(**params)
 
     def demo_settings(self) -> dict[str, Any]:
         return {"params": {"widths": [16, 4], "n_omega": 16, "min_upload": 32, "fit_every": 64,
