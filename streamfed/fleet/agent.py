@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -40,7 +41,9 @@ from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
 from streamfed.fleet.standardised import StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
 from streamfed.privacy.fleet import SecAggAgent
-from streamfed.privacy.learner import PrivateLearner
+
+if TYPE_CHECKING:
+    from streamfed.privacy.learner import PrivateLearner
 
 __all__ = ["AGENT_STATE_FORMAT", "AgentCore", "GlobalResult", "PendingLearn", "Prediction"]
 
@@ -110,6 +113,10 @@ class GlobalResult(NamedTuple):
 
 def _private_part(learner: object) -> PrivateLearner | None:
     """The :class:`PrivateLearner` in a chain of wrappers (each holding the next as `inner`), if any."""
+    module = sys.modules.get("streamfed.privacy.learner")
+    if module is None:  # never imported: no learner of this process (restored ones included) can be one
+        return None
+    PrivateLearner = module.PrivateLearner  # noqa: N806
     for _ in range(8):  # wrappers are few; a bound instead of trusting a cycle-free chain
         if isinstance(learner, PrivateLearner):
             return learner
@@ -145,6 +152,9 @@ class AgentCore:
         # the standardiser), uploads noised as they leave it (docs/privacy.md)
         self.privacy: PrivateLearner | None = None
         if cfg.dp_epsilon is not None:
+            # lazy: the accountant's dp_accounting pulls in scipy, which a fleet without DP does not need
+            from streamfed.privacy.learner import PrivateLearner
+
             self.learner = self.privacy = PrivateLearner(
                 self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,
                 label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id,
