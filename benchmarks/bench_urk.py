@@ -1,6 +1,6 @@
 """URK-FedBNR experiments: the thesis's 1-D two-client problem, the Beijing streams, and the numpy-only agent.
 
-    .venv/bin/python benchmarks/bench_urk.py [--quick] [--out PATH.md] [--parts abc]
+    .venv/bin/python benchmarks/bench_urk.py [--quick] [--out PATH.md] [--parts abdc]
 
 * (a) 1-D, after the thesis §3.2.1: 200 points uniform on [−5, 5], `y = f(x) + N(0, 0.5²)` with
   `f(x) = sin(1.5x) + 0.3x` (the thesis does not print its function: this one is ours), client 1 holds the
@@ -20,6 +20,15 @@
   coverage pooled over clients. Phase 1 per round: bytes of one client's proposal (its chunk messages as
   encoded) and of the global, wall time of one local fit (J = 10 Adam steps on a full reservoir of 256) and
   of the server's distillation (20 steps, 12 proposals), medians.
+* (d) Another bundled real dataset through the CSV path: scikit-learn's diabetes (442 rows, 10 inputs), written
+  to a CSV with a client column made by the thesis's split (rows sorted by the input most correlated with the
+  target, cut into 2C chunks, 2 chunks per client at random; C = 4; each client's rows in a random order),
+  read back by `csv_fleet(normalisation="paper")` (whole-file constants; 110-sample streams are too short for
+  causal scales): URK-FedBNR vs RFF FedBNR (best of {1, 2, 4, 8}, D = 32)
+  vs FedAvg of the same MLP (`widths = (32, 8)`) with a linear head (every client: predict, keep the sample;
+  every 32 samples 10 Adam steps on its last 128 on the squared error; then the server averages the clients'
+  weights by their sample counts and sends the average back). Prequential MSE (and NLPD, coverage where there
+  is a variance), 3 seeds (the split's pairing and the orders change with the seed).
 * (c) Agents on station 0 (2000 samples), each in its own process: per-sample `learn` (which predicts
   first) + `take_update`, and the process's peak RSS: URK-FedBNR with torch hidden (numpy network: predicts
   and contributes statistics), RFF FedBNR (D = 32, one kernel), and URK-FedBNR with torch (trains: local
@@ -34,6 +43,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import copy  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -321,6 +331,124 @@ def part_b(quick: bool) -> list[str]:
     return lines
 
 
+# =========================================================================== (d) a bundled dataset through the CSV path
+
+
+def thesis_split_csv(path: Path, X: np.ndarray, y: np.ndarray, names: list[str], clients: int, seed: int) -> None:
+    """The thesis's split: sort by the input most correlated with y, 2·clients chunks, 2 per client at random."""
+    rng = np.random.default_rng(seed)
+    best = int(np.argmax([abs(np.corrcoef(X[:, j], y)[0, 1]) for j in range(X.shape[1])]))
+    order = np.argsort(X[:, best], kind="stable")
+    chunks = np.array_split(order, 2 * clients)
+    pick = rng.permutation(2 * clients)
+    lines = [",".join(["client", *names, "y"])]
+    for c in range(clients):
+        rows = np.concatenate([chunks[pick[2 * c]], chunks[pick[2 * c + 1]]])
+        for r in rng.permutation(rows):
+            lines.append(",".join([f"c{c}", *(repr(float(v)) for v in X[r]), repr(float(y[r]))]))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def fedavg_mlp(fleet: Fleet, widths: tuple[int, ...], seed: int, every: int = 32, window: int = 128, steps: int = 10,
+               lr: float = 0.01) -> dict[str, Any]:
+    """FedAvg of an MLP with a linear head, streaming: predict each sample, and every `every` steps each client
+    takes `steps` Adam steps on its last `window` samples, then the weights are averaged by sample counts."""
+    torch.manual_seed(seed)
+    d = fleet.n_inputs
+    sizes = (d, *widths)
+    layers: list[torch.nn.Module] = []
+    for i in range(len(widths)):
+        layers += [torch.nn.Linear(sizes[i], sizes[i + 1]).double(), torch.nn.Tanh()]
+    layers.append(torch.nn.Linear(sizes[-1], 1).double())
+    glob = torch.nn.Sequential(*layers)
+    models = [copy.deepcopy(glob) for _ in fleet.streams]
+    opts = [torch.optim.Adam(m.parameters(), lr=lr) for m in models]
+    t_max = max(len(s.y) for s in fleet.streams)
+    sq, seen = [], [0] * len(models)
+    for t in range(t_max):
+        for c, s in enumerate(fleet.streams):
+            if t >= len(s.y):
+                continue
+            with torch.no_grad():
+                pred = float(models[c](torch.tensor(s.X[t][None, :]))[0, 0])
+            sq.append((pred - float(s.y[t])) ** 2)
+            seen[c] = t + 1
+        if (t + 1) % every == 0:
+            for c, s in enumerate(fleet.streams):
+                lo = max(0, seen[c] - window)
+                Xw, yw = torch.tensor(s.X[lo:seen[c]]), torch.tensor(s.y[lo:seen[c]])
+                for _ in range(steps):
+                    opts[c].zero_grad()
+                    loss = torch.mean((models[c](Xw)[:, 0] - yw) ** 2)
+                    loss.backward()
+                    opts[c].step()
+            total = float(sum(seen))
+            with torch.no_grad():
+                for pg, *pcs in zip(glob.parameters(), *[m.parameters() for m in models], strict=True):
+                    pg.copy_(sum(pc * (n / total) for pc, n in zip(pcs, seen, strict=True)))
+                for m in models:
+                    m.load_state_dict(glob.state_dict())
+    return {"mse": float(np.mean(sq)), "nlpd": None, "coverage95": None}
+
+
+def part_d(quick: bool) -> list[str]:
+    import tempfile
+
+    from sklearn.datasets import load_diabetes
+
+    from streamfed.evaluation.datasets import csv_fleet
+
+    data = load_diabetes()
+    X, y = np.asarray(data.data), np.asarray(data.target, dtype=np.float64)
+    names = [str(n) for n in data.feature_names]
+    seeds = [0] if quick else [0, 1, 2]
+    clients = 4
+    urk = {"min_upload": 16, "fit_every": 32, "reservoir": 128, "min_proposal_weight": 64, "widths": [32, 8],
+           "n_omega": 32}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    probe: dict[float, float] = {}
+    bws = [1.0, 2.0, 4.0, 8.0]
+    tmp = Path(tempfile.mkdtemp())
+    for seed in seeds:
+        path = tmp / f"diabetes-split{seed}.csv"
+        thesis_split_csv(path, X, y, names, clients, seed)
+        fleet = csv_fleet(path, "y", client_column="client", normalisation="paper")
+        for label, name, cfg in (("urk-fedbnr (FedAvg)", "urk-fedbnr", AlgorithmConfig(params={"urk-fedbnr": urk})),
+                                 ("urk-fedbnr-local (no federation)", "urk-fedbnr-local",
+                                  AlgorithmConfig(params={"urk-fedbnr-local": urk}))):
+            res = replay(fleet, name, cfg, seed=seed)
+            rows.setdefault(label, []).append({"seed": seed, **pooled(res)})
+        if seed == 0:
+            for bw in bws:
+                res = replay(fleet, "fedbnr", AlgorithmConfig(kernels=(f"gaussian:{bw}",), n_features=32), seed=0)
+                probe[bw] = float(pooled(res)["mse"])  # type: ignore[arg-type]
+        best = min(probe, key=lambda b: probe[b])
+        res = replay(fleet, "fedbnr", AlgorithmConfig(kernels=(f"gaussian:{best}",), n_features=32), seed=seed)
+        rows.setdefault(f"fedbnr, RFF bandwidth {best:g} (best of 1, 2, 4, 8)", []).append({"seed": seed,
+                                                                                           **pooled(res)})
+        rows.setdefault("FedAvg of the MLP (32, 8) + linear head", []).append(
+            {"seed": seed, **fedavg_mlp(fleet, (32, 8), seed)})
+        print(seed, {k: v[-1] for k, v in rows.items()}, flush=True)
+    RESULTS["d"] = {"dataset": "sklearn diabetes", "clients": clients, "seeds": seeds, "rows": rows,
+                    "fedbnr_probe_mse": {str(k): v for k, v in probe.items()}}
+    lines = ["## (d) scikit-learn's diabetes through the CSV path, the thesis's split", "",
+             f"442 rows, 10 inputs, {clients} clients of 2 chunks each (sorted by the input most correlated with the "
+             f"target), `csv_fleet(normalisation=\"paper\")` (whole-file constants: 110-sample streams are too "
+             f"short for causal scales), seeds {seeds}; prequential, pooled over clients. "
+             "URK-FedBNR: widths (32, 8), m = 32, a local fit every 32 samples on a reservoir of 128, "
+             "`min_upload = 16`. FedBNR seed-0 MSE by bandwidth: "
+             + ", ".join(f"{k:g}: {v:.4f}" for k, v in probe.items()) + ".", "",
+             "| model | MSE | ± std | NLPD | 95% coverage |", "|---|---|---|---|---|"]
+    for name, rs in rows.items():
+        mse = [r["mse"] for r in rs]
+        nl = [r["nlpd"] for r in rs if r["nlpd"] is not None]
+        cv = [r["coverage95"] for r in rs if r["coverage95"] is not None]
+        lines.append(f"| {name} | {np.mean(mse):.4f} | {np.std(mse):.4f} | "
+                     f"{'—' if not nl else f'{np.mean(nl):.3f}'} | {'—' if not cv else f'{np.mean(cv):.3f}'} |")
+    lines.append("")
+    return lines
+
+
 # =========================================================================== (c) numpy agent
 
 
@@ -406,11 +534,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--parts", default="abc")
+    ap.add_argument("--parts", default="abdc")
     args = ap.parse_args()
     t0 = time.perf_counter()
     lines = ["# URK-FedBNR experiments", ""]
-    for p, fn in (("a", part_a), ("b", part_b), ("c", part_c)):
+    for p, fn in (("a", part_a), ("b", part_b), ("d", part_d), ("c", part_c)):
         if p in args.parts:
             t = time.perf_counter()
             lines += fn(args.quick)
