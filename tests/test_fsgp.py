@@ -573,6 +573,31 @@ def test_projection_with_unchanged_z_and_theta_is_exactly_the_identity() -> None
     assert np.allclose(w.P, s.P * math.exp(1.0), rtol=1e-15) and np.allclose(w.r, s.r * math.exp(1.0), rtol=1e-15)
 
 
+def test_projection_through_an_ill_conditioned_c_keeps_b_positive_definite() -> None:
+    """A projection met in a Beijing replay (M = 128, lengthscales from 2.5 to 345, so cond C ≈ 10⁸): the
+    direct `W P Wᵀ` has an eigenvalue of -4.7e-3 and `C + P/σ²` is indefinite; the Gram form is
+    positive semi-definite, equal to the direct product to rounding, and the posterior builds."""
+    from pathlib import Path
+
+    f = np.load(Path(__file__).parent / "fixtures" / "fsgp_illconditioned_projection.npz")
+    m, d = int(f["m"]), int(f["d"])
+    old, new = Hyper.from_vector("se", f["old"], m, d), Hyper.from_vector("se", f["new"], m, d)
+    stats = Stats(f["P"].copy(), f["r"].copy(), float(f["n"]), float(f["q"]), 0)
+    assert np.linalg.eigvalsh(stats.P)[0] > -1e-9 * np.linalg.eigvalsh(stats.P)[-1]  # a sum of outer products
+    pm = ProjectionMap(old, new, 1)
+    direct = pm.ratio * (pm.W @ stats.P @ pm.W.T)
+    direct = 0.5 * (direct + direct.T)
+    with pytest.raises(ValueError, match="not positive definite"):
+        SparsePosterior(new, Stats(direct, pm.ratio * (pm.W @ stats.r), stats.n, stats.q, 1))
+    carried = pm(stats)
+    ev = np.linalg.eigvalsh(carried.P)
+    assert ev[0] > -1e-12 * ev[-1]
+    # they differ by the input's rounding-level negative part (-2.7e-7 of 2.6e6) carried through W, whose
+    # norm is what makes this case hard: neither is exact, one is positive semi-definite
+    assert max_abs(carried.P, direct) < 1e-5 * np.max(np.abs(direct))
+    SparsePosterior(new, carried)  # builds
+
+
 def test_carried_statistics_pass_the_servers_check_and_a_hostile_one_does_not() -> None:
     h = make_hyper(m=6)
     X, y = make_data(50, seed=16)

@@ -16,6 +16,8 @@ holds for carried statistics too; `n` still counts samples). The map is linear i
 projecting each client's statistics and summing equals projecting the sum: the server may project late
 uploads one by one. With the same `Z` and covariance it is the identity (`W = I`, taken exactly, not
 computed); the general formula differs from it by `O(ε·cond C)` since only `C_a` carries the jitter.
+`W P_a Wᵀ` is computed as the Gram matrix `G Gᵀ`, `G = W V Λ^½` (`P_a = V Λ Vᵀ`), so that it stays positive
+semi-definite whatever the conditioning of `C_a` (the direct product does not, see `ProjectionMap`).
 """
 
 from __future__ import annotations
@@ -56,8 +58,13 @@ class ProjectionMap:
                 P *= self.ratio
                 r *= self.ratio
         else:
-            P = self.ratio * (self.W @ stats.P @ self.W.T)
-            P = 0.5 * (P + P.T)
+            # P is a sum of outer products, so positive semi-definite; W P Wᵀ formed directly loses that by
+            # rounding of order ε‖W‖²‖P‖ — with an ill-conditioned C_a (long lengthscales, close inducing inputs)
+            # enough to make B = C + P/σ² indefinite. As a Gram matrix G Gᵀ, G = W V Λ^½ from P = V Λ Vᵀ
+            # (rounding-level negative Λ dropped), it stays positive semi-definite to ε‖P_b‖.
+            lam, V = np.linalg.eigh(0.5 * (stats.P + stats.P.T))
+            G = self.W @ (V * np.sqrt(np.clip(lam, 0.0, None)))
+            P = self.ratio * (G @ G.T)
             r = self.ratio * (self.W @ stats.r)
         return Stats(P, r, stats.n, stats.q * self.ratio, self.epoch)
 
