@@ -728,6 +728,45 @@ def subscribe(
         pass
 
 
+@app.command("broker-metrics")
+def broker_metrics(
+    config: Annotated[Path | None, typer.Option(help="a TOML file whose [broker] table is the monitor's login")] = None,
+    host: Annotated[str, typer.Option(help="broker host (without --config)")] = "127.0.0.1",
+    port: Annotated[int | None, typer.Option(help="broker port (without --config; default 8883 with TLS)")] = None,
+    username: Annotated[str, typer.Option(help="user name (without --config); password: STREAMFED_BROKER__PASSWORD")
+                        ] = "monitor",
+    tls_ca: Annotated[Path | None, typer.Option(help="CA certificate of the broker (without --config)")] = None,
+    client_id: Annotated[str | None, typer.Option(help="MQTT client id (default: the user name)")] = None,
+    metrics_port: Annotated[int, typer.Option(help="serve Prometheus metrics on this port")] = 9412,
+) -> None:
+    """Export the broker's $SYS statistics (dropped messages, clients, queued messages, load) to Prometheus."""
+    import os
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from streamfed.fleet.config import BrokerConfig
+    from streamfed.runtime.broker_metrics import BrokerMetrics, SysSubscriber
+    from streamfed.runtime.exporter import make_registry, serve_metrics
+
+    password = os.environ.get("STREAMFED_BROKER__PASSWORD")
+    try:
+        if config is not None:
+            section = tomllib.loads(config.read_text(encoding="utf-8")).get("broker", {})
+            broker = BrokerConfig.model_validate(section | ({"password": password} if password else {}))
+        else:
+            broker = BrokerConfig.model_validate(
+                {"host": host, "username": username, "password": password,
+                 **({"port": port} if port is not None else {}), **({"tls_ca": str(tls_ca)} if tls_ca else {})})
+    except (OSError, tomllib.TOMLDecodeError, ValidationError) as e:
+        _refuse(f"broker configuration: {_validation_problem(e) if isinstance(e, ValidationError) else e}")
+    metrics = BrokerMetrics()
+    server, bound = serve_metrics(make_registry(metrics), port=metrics_port)
+    console.print(f"broker metrics of {broker.host}:{broker.port} ($SYS as {broker.username!r}) on "
+                  f"http://127.0.0.1:{bound}/metrics", soft_wrap=True)
+    _run_service(SysSubscriber(broker, metrics, client_id=client_id), server)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

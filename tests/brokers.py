@@ -230,19 +230,21 @@ def _run(cmd: list[str], **kw: object) -> None:
 
 def start_mosquitto(flavour: Literal["dev", "prod"] = "dev", *,
                     users: Iterable[str] = DEFAULT_USERS, roster: Mapping[str, object] | None = None,
-                    client_certs: Iterable[str] = (), attempts: int = 3) -> Broker:
+                    client_certs: Iterable[str] = (), overrides: Mapping[str, str] | None = None,
+                    attempts: int = 3) -> Broker:
     """Start a Mosquitto from the shipped `flavour` config; see the module docstring.
 
     `prod`: the accounts of `roster` (a `make-dynsec.py` roster as a mapping; default: fleet `f` with
     agents and services named by `users` — `aggregator` is `f.aggregator`, `viewer`, `monitor` and
     `reducer` likewise) get random passwords (`Broker.users`, by user name) and are bound to their
-    client ids (`Broker.client_ids`). `client_certs` names clients to issue certificates for. Retries
-    with new ports if one was taken meanwhile.
+    client ids (`Broker.client_ids`). `client_certs` names clients to issue certificates for.
+    `overrides` replaces the values of directives of the shipped file (e.g. `sys_interval`; each must be
+    in it). Retries with new ports if one was taken meanwhile.
     """
     require_tools()
     template = (BROKER_CONFIG / "mosquitto" / f"{flavour}.conf").read_text()
     listener = "1883" if flavour == "dev" else "8883"
-    settings: dict[str, str] = {}
+    settings: dict[str, str] = dict(overrides or {})
     host = "127.0.0.1"
     mosquitto = Mosquitto(lambda port: render_conf(template, {listener: f"{port} {host}"}, settings),
                           host=host, attempts=attempts, prefix=f"streamfed-mosquitto-{flavour}-")
