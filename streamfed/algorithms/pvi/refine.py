@@ -5,8 +5,8 @@ and return the new factor `t_k = q / q_\\k`.
 Initialisation (warm start): the client's previous factor when it has one; otherwise DPO pseudo-inputs at
 a random subset of its reservoir's inputs with `m = y`, `s = σ² M_k / N_k` (Gaussian: the exact factor of
 those samples, scaled to stand for all `N_k`) or `m = 0`, `s = 1` (Bernoulli); CPO `m = 0`, `s = 1`.
-`t_k(φ)` (a precision >= 0) starts at the previous one — or, for a first factor, where it puts `q(φ)` at
-the initial design `Z` and configured `β` with variance 0.01 (the paper's initial precision 100).
+`t_k(φ)` (a precision >= 0) starts at the previous one — or, for a first factor, with precision 100 (the
+paper's initial precisions) and `q(φ)`'s mean at the initial design `Z` and configured `β`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from streamfed.algorithms.pvi.state import GlobalQ
 
 __all__ = ["RefineSettings", "refine"]
 
-_INIT_VAR = 0.01
+_INIT_PRECISION = 100.0  # a first factor t_k(φ)'s precision (the paper's initial precisions)
 
 
 def _t(a: np.ndarray | float) -> torch.Tensor:
@@ -46,15 +46,14 @@ def _initial(g: GlobalQ, warm: Factor | None, X: np.ndarray, y: np.ndarray, n_to
 
 
 def _initial_phi(g: GlobalQ, warm: Factor | None, cav: DiagGauss) -> tuple[np.ndarray, np.ndarray]:
-    """The mean of `q(φ)` and the precision of `t_k(φ)` to start from: the previous factor's, or those that
-    put `q(φ)` at the initial design `Z` and configured `β` with variance 0.01 (or as close as a non-negative
-    precision can)."""
+    """The mean of `q(φ)` and the precision of `t_k(φ)` to start from: the previous factor's, or `q(φ)` at the
+    initial design `Z` and configured `β` with `t_k(φ)` of precision 100."""
     cav_prec = -2.0 * cav.nat2
     if warm is not None and warm.phi is not None and warm.phi.size == g.phi_size:
         t_prec = np.maximum(-2.0 * warm.phi.nat2, 0.0)
         return (cav.nat1 + warm.phi.nat1) / (cav_prec + t_prec), t_prec
     mean = np.concatenate((g.Z.ravel()[: g.n_z], g.beta if g.learn_beta else np.zeros(0)))
-    return mean, np.maximum(1.0 / _INIT_VAR - cav_prec, 1e-6)
+    return mean, np.full(g.phi_size, _INIT_PRECISION)
 
 
 def refine(g: GlobalQ, client: str, X: np.ndarray, y: np.ndarray, *, n_total: float, seq: int,
@@ -95,17 +94,18 @@ def refine(g: GlobalQ, client: str, X: np.ndarray, y: np.ndarray, *, n_total: fl
                     jitter=s.jitter, n_quadrature=s.n_quadrature)
     V = None if V0 is None else _t(V0).requires_grad_(True)
     m, log_s = _t(m0).requires_grad_(True), _t(log_s0).requires_grad_(True)
-    # t_k(φ) itself is the variable, its precision kept >= 0 (softplus): then q = q_\k · t_k is at least as
+    # t_k(φ)'s precision is the variable, kept >= 0: then q = q_\k · t_k is at least as
     # precise as its cavity and every cavity of every client stays a density (the product of the prior and
     # factors of non-negative precision). Without it, factors of negative precision make other clients'
     # cavities improper after a few communications (measured on the synthetic experiment).
     # (q's mean is the other variable: Adam's steps are then in the units of Z and log β)
     q_mean = _t(q_mean0).requires_grad_(True)
-    t_raw = _t(np.log(np.expm1(np.maximum(t_prec, 1e-12)))).requires_grad_(True)
+    # as a log-precision: Adam moves it by ~lr per step whatever its scale (a softplus stalled near 0)
+    t_raw = _t(np.log(np.maximum(t_prec, 1e-8))).requires_grad_(True)
     c_prec = _t(cav_prec)
 
     def q_moments() -> tuple[torch.Tensor, torch.Tensor]:
-        return q_mean, -0.5 * torch.log(c_prec + torch.nn.functional.softplus(t_raw))
+        return q_mean, -0.5 * torch.log(c_prec + torch.exp(t_raw))
 
     Z = _t(g.Z).requires_grad_(True) if g.inducing == "fedavg" else None
     params = [p for p in (V, m, log_s, q_mean, t_raw, Z) if p is not None and p.numel()]
@@ -124,9 +124,9 @@ def refine(g: GlobalQ, client: str, X: np.ndarray, y: np.ndarray, *, n_total: fl
         opt.step()
         with torch.no_grad():
             log_s.clamp_(-20.0, 20.0)  # within Factor's e^±50, and K + B stays factorisable
-            t_raw.clamp_(max=30.0)  # a factor's precision below e^30
+            t_raw.clamp_(-18.0, 18.0)  # a factor's precision within e^±18
     with torch.no_grad():
-        vals = [p.detach().numpy().copy() for p in (m, log_s, q_mean, torch.nn.functional.softplus(t_raw))]
+        vals = [p.detach().numpy().copy() for p in (m, log_s, q_mean, torch.exp(t_raw))]
         Vn = None if V is None else V.detach().numpy().copy()
         Zn = None if Z is None else Z.detach().numpy().copy()
     if not all(np.all(np.isfinite(v)) for v in vals) or (Vn is not None and not np.all(np.isfinite(Vn))):
