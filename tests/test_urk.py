@@ -557,3 +557,39 @@ def test_river_regressor_with_a_fixed_kernel_is_the_bayesian_posterior() -> None
     mean, var = phi @ np.linalg.solve(A, Phi.T @ y) / sig**2, sig**2 + phi @ np.linalg.solve(A, phi)
     dist = model.predict_one({"alpha": 0.2, "zeta": -0.3, "unknown": 5.0}, with_dist=True)
     assert dist.mu == pytest.approx(mean, abs=1e-9) and dist.sigma == pytest.approx(math.sqrt(var), abs=1e-9)
+
+
+def test_fixed_kernel_through_two_shards_and_a_reducer_equals_the_replay() -> None:
+    """Statistics split across shards sum exactly (a resent update included): the reducer's global equals the
+    replay's single aggregation."""
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.sharding import ReducerCore, ShardCore
+    from streamfed.fleet.sources import Reading
+
+    fleet = synthetic_fleet(3, 60, 2, seed=13)
+    names = [f"c{i}" for i in range(len(fleet))]
+    params = {"learn_kernel": False, "fit_hyperparameters": False}
+    cfg = fleet_cfg("urk-shards", fleet.n_inputs, **params)
+    acfg = AlgorithmConfig(n_kernels=1, n_features=8, params={URK: {**FLEET_PARAMS, **params}})
+    _, arr = replay_keeping_arrangement(fleet, URK, acfg, seed=3)
+    ref = arr.global_message(arr.aggregations[0])
+    shards = [ShardCore(cfg, f"s{i}", clients=names, mode="async") for i in range(2)]
+    reducer = ReducerCore(cfg, clients=names, mode="async", window=3600.0)
+    for i, s in enumerate(fleet.streams):
+        core = AgentCore(cfg, names[i], i)
+        for t in range(len(s.y)):
+            _, msgs = core.on_reading(Reading(f"r{t}", s.X[t], float(t), float(s.y[t])), now=0.0)
+            for m in msgs:
+                shards[m.seq % 2].on_update(names[i], encode(m), now=0.0)
+                if m.seq == 1:
+                    shards[(m.seq + 1) % 2].on_update(names[i], encode(m), now=0.0)
+    queue = [(sh, p) for sh in shards for p in sh.flush(now=0.0)]
+    while queue:
+        sh, p = queue.pop(0)
+        for out in reducer.on_partial(sh.name, encode(p), now=0.0):
+            queue += [(sh, q) for q in sh.on_ack(out, now=0.0)]
+    assert [m.kind for m in reducer.tick(now=1e9)] == ["urk.global"]
+    g = reducer.global_message()
+    assert g.included == ref.included == {n: 6 for n in names}
+    for k in ("S_upper", "b", "n", "q", "theta"):
+        assert rel_diff(g.arrays[k], ref.arrays[k]) <= 1e-12
