@@ -421,6 +421,22 @@ def test_last_will_marks_an_agent_offline(mosquitto_prod: Broker) -> None:
     assert run(read_status()) == ["offline"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a broker started as root drops to another user")
+def test_prod_with_a_json_only_root_can_read_refuses_everyone(mosquitto_factory: Callable[..., Broker]) -> None:
+    broker = mosquitto_factory("prod")
+    (broker.workdir / "dynamic-security.json").chmod(0o600)  # root:mosquitto 0600: the broker's user cannot read
+    broker.restart()
+
+    async def login() -> None:
+        async with connect(broker.broker_config("a1"), "f.a1"):
+            pass
+
+    with pytest.raises(aiomqtt.MqttCodeError) as e:
+        run(login())
+    assert getattr(e.value.rc, "value", e.value.rc) == 135
+    assert "Error loading Dynamic security plugin config: File is not readable" in broker.log()
+
+
 def _generate(tmp_path: Path, roster: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     (tmp_path / "roster.toml").write_text(roster)
     return subprocess.run([sys.executable, str(BROKER_CONFIG / "scripts" / "make-dynsec.py"), "-o",
