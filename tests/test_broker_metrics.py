@@ -167,3 +167,20 @@ def test_cli_refuses_the_wrong_password_and_a_bad_config(broker: brokers.Broker,
     proc = _cli("--config", str(bad), "--metrics-port", "0")
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2 and out.startswith("error: broker configuration: port") and out.count("\n") == 1, out
+
+
+def test_promtool_checks_and_unit_tests_the_broker_rules() -> None:
+    prom.require(lambda msg: pytest.fail(msg, pytrace=False))
+    res = prom.promtool("check", "rules", str(RULES))
+    assert res.returncode == 0 and "2 rules found" in res.stdout, res.stdout + res.stderr
+    res = prom.promtool("test", "rules", str(prom.PROMETHEUS_CONFIG / "tests" / "mosquitto.rules.test.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_exporter_doctests() -> None:
+    import doctest
+
+    from streamfed.runtime import broker_metrics
+
+    result = doctest.testmod(broker_metrics)
+    assert result.attempted > 0 and result.failed == 0
