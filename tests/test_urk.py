@@ -593,3 +593,15 @@ def test_fixed_kernel_through_two_shards_and_a_reducer_equals_the_replay() -> No
     assert g.included == ref.included == {n: 6 for n in names}
     for k in ("S_upper", "b", "n", "q", "theta"):
         assert rel_diff(g.arrays[k], ref.arrays[k]) <= 1e-12
+
+
+def test_a_server_never_publishes_a_non_finite_value() -> None:
+    """A fixed σ so small that σ⁻² overflows makes the evidence non-finite: the global carries σ, λ as they were
+    and no evidence (0), never an inf or a NaN (the codec would refuse to publish it)."""
+    w0, om = initial_weights(ARCH, 0), omega(ARCH, 0)
+    server = URKServer(w0, om, "v", min_samples=1, fit=False)
+    server.sigma = 1e-200  # σ⁻² overflows: the evidence is not finite
+    st = SufficientStats(np.zeros((1, ARCH.dim, ARCH.dim)), np.zeros((1, ARCH.dim)), 3.0, 5.0, "v", 0)
+    server.apply(StatsItem("a", 1, 0, 0, st))
+    g = server.publish()
+    assert math.isfinite(g.log_evidence) and g.sigma == 1e-200 and server.failed_fits == 1

@@ -84,7 +84,7 @@ class URKServer:
         self.chunks = Reassembly()
         self.theta = weights.to_vector()
         self._reset_proposals()
-        self.stale_stats = self.stale_chunks = self.refused_proposals = self.failed_moves = 0
+        self.stale_stats = self.stale_chunks = self.refused_proposals = self.failed_moves = self.failed_fits = 0
 
     def _zeros(self) -> SufficientStats:
         return SufficientStats.zeros(self.weights.arch.dim, (1,), self.kernel_version, self.epoch)
@@ -201,12 +201,21 @@ class URKServer:
         if self.ready_to_move():
             self.move()
         st = self.stats
+        fitted: tuple[float, float, float] = (self.sigma, self.lam, 0.0)
         if st.n > 0 and st.q > 0:
-            if self.fit:
-                self.sigma, self.lam, self.log_ev = fit_hyperparameters(st.S[0], st.b[0], st.n, st.q)
-            else:
-                self.log_ev = float(np.atleast_1d(log_evidence(st, self.sigma, self.lam))[0])
-        else:
+            try:
+                with np.errstate(all="ignore"):  # a non-finite result is handled below
+                    if self.fit:
+                        fitted = fit_hyperparameters(st.S[0], st.b[0], st.n, st.q)
+                    else:
+                        ev = float(np.atleast_1d(log_evidence(st, self.sigma, self.lam))[0])
+                        fitted = (self.sigma, self.lam, ev)
+            except np.linalg.LinAlgError:
+                fitted = (self.sigma, self.lam, math.nan)
+        if all(math.isfinite(v) for v in fitted) and fitted[0] > 0 and fitted[1] > 0:
+            self.sigma, self.lam, self.log_ev = fitted
+        else:  # no non-finite value leaves the server: keep σ, λ, say nothing of the evidence
+            self.failed_fits += 1
             self.log_ev = 0.0
         self.version += 1
         return self.global_model()
