@@ -62,7 +62,8 @@ class URKAggregation(SummingWindow):
         s = self.server
         return {"epoch": float(s.epoch), "sigma": float(s.sigma), "lam": float(s.lam),
                 "proposal_weight": s.prop_weight, "stale_stats": float(s.stale_stats),
-                "stale_chunks": float(s.stale_chunks), "refused_proposals": float(s.refused_proposals)}
+                "stale_chunks": float(s.stale_chunks), "refused_proposals": float(s.refused_proposals),
+                "failed_moves": float(s.failed_moves), "failed_fits": float(s.failed_fits)}
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> StatsItem | ChunkItem:
