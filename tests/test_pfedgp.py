@@ -295,3 +295,252 @@ def test_gp_tree_classifies_and_sums_to_one() -> None:
         p = model.proba(centres)
         assert model.classes == (2, 5, 6, 9) and np.allclose(p.sum(1), 1.0)
         assert [model.classes[i] for i in p.argmax(1)] == [2, 5, 6, 9]
+
+
+# =========================================================================== 6. streaming: budget, client, server
+
+from river import checks  # noqa: E402
+
+from streamfed import algorithms  # noqa: E402
+from streamfed.algorithms.base import Aggregation, Learner  # noqa: E402
+from streamfed.algorithms.chunks import split_vector  # noqa: E402
+from streamfed.algorithms.pfedgp import ALGORITHM, layout_of  # noqa: E402
+from streamfed.algorithms.pfedgp.budget import ClassBudget  # noqa: E402
+from streamfed.algorithms.pfedgp.classifier import PFedGPClassifier  # noqa: E402
+from streamfed.algorithms.pfedgp.client import PFedGPClient  # noqa: E402
+from streamfed.algorithms.pfedgp.messages import ChunkItem, PFedGPGlobal  # noqa: E402
+from streamfed.algorithms.pfedgp.network import Layout, initial_theta, omega_of  # noqa: E402
+from streamfed.algorithms.pfedgp.server import PFedGPServer  # noqa: E402
+from streamfed.algorithms.urk.network import URKArch  # noqa: E402
+from streamfed.fleet.config import FleetConfig  # noqa: E402
+
+
+def urk_embedding_plain(theta: np.ndarray, arch: URKArch, om: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """URK's features written out: MLP (tanh between layers), u = f(x)·(ω/ℓ)ᵀ, [cos u, sin u]/√(m−1)."""
+    i, h = 0, X.copy()
+    sizes = (arch.n_inputs, *arch.widths)
+    for layer in range(len(arch.widths)):
+        W = theta[i:i + sizes[layer + 1] * sizes[layer]].reshape(sizes[layer + 1], sizes[layer])
+        i += W.size
+        c = theta[i:i + sizes[layer + 1]]
+        i += c.size
+        h = h @ W.T + c
+        if layer < len(arch.widths) - 1:
+            h = np.tanh(h)
+    log_ls = theta[i:i + arch.latent]
+    u = h @ (om / np.exp(log_ls)).T
+    return np.concatenate([np.cos(u), np.sin(u)], axis=1) / math.sqrt(arch.n_omega - 1)
+
+
+def blobs(n_per: int, classes: list[int], seed: int, d: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centres = {c: np.array([math.cos(c), math.sin(c)] + [0.0] * (d - 2)) * 2.5 for c in classes}
+    y = np.array([classes[i % len(classes)] for i in range(n_per * len(classes))])
+    rng.shuffle(y)
+    return np.stack([centres[c] + rng.normal(0, 0.4, d) for c in y]), y
+
+
+def small_client(**kw: object) -> PFedGPClient:
+    layout = Layout(URKArch(n_inputs=2, widths=(4,), n_omega=8), int(kw.pop("inducing", 0)))  # type: ignore[call-overload]
+    args = {"n_classes": 6, "budget": 8, "chains": 4, "learn_kernel": False, "lengthscale": 0.5, "seed": 0, **kw}
+    return PFedGPClient(layout, initial_theta(layout, 0), omega_of(layout, 0), **args)  # type: ignore[arg-type]
+
+
+@settings(max_examples=25, deadline=None)
+@given(capacity=st.integers(1, 6), labels=st.lists(st.integers(0, 3), min_size=1, max_size=60), seed=st.integers(0, 99))
+def test_budget_is_bounded_per_class_and_keeps_ids(capacity: int, labels: list[int], seed: int) -> None:
+    b = ClassBudget(n_inputs=1, capacity=capacity, seed=seed)
+    for t, c in enumerate(labels):
+        b.add(np.array([float(t)]), c)
+    X, y, ids = b.arrays()
+    for c in set(labels):
+        assert np.sum(y == c) == min(capacity, labels.count(c))
+    assert np.array_equal(X[:, 0], ids.astype(float))  # a kept row is the sample its id names
+    assert all(labels[i] == c for i, c in zip(ids, y, strict=True)) and len(set(ids.tolist())) == len(ids)
+
+
+def test_budget_reservoir_is_uniform() -> None:
+    counts = np.zeros(20)
+    for seed in range(3000):
+        b = ClassBudget(n_inputs=1, capacity=5, seed=seed)
+        for t in range(20):
+            b.add(np.array([float(t)]), 0)
+        counts[b.arrays()[2]] += 1
+    expected = 3000 * 5 / 20
+    assert np.all(np.abs(counts - expected) < 5 * math.sqrt(expected))
+
+
+def test_client_streams_probabilities_and_rebuilds_for_a_new_class() -> None:
+    c = small_client()
+    X, y = blobs(10, [1, 4], seed=0)
+    for xi, yi in zip(X, y, strict=True):
+        p = c.learn(xi, float(yi))
+        assert p.shape == (6,) and abs(p.sum() - 1) < 1e-12 and np.all(p >= 0)
+    assert c.model.classes == (1, 4) and len(c.model.tree.nodes) == 1
+    tree_before = c.model.tree
+    X3, _ = blobs(1, [5], seed=1)
+    c.learn(X3[0], 5.0)
+    assert c.model.classes == (1, 4, 5) and c.model.tree is not tree_before and len(c.model.tree.nodes) == 2
+    p = c.predict(X3[0])
+    assert p[[0, 2, 3]].sum() == 0.0  # unseen classes have no mass
+    Xt, yt = blobs(10, [1, 4], seed=9)
+    assert np.mean(np.argmax(c.predict_many(Xt), axis=1) == yt) > 0.9
+
+
+def test_client_refuses_bad_labels_and_inputs_without_changing() -> None:
+    c = small_client()
+    c.learn(np.array([1.0, 0.0]), 1.0)
+    n, seen = c.n, c.budget.seen
+    for y in (0.5, -1.0, 6.0, math.nan):
+        with pytest.raises(ValueError):
+            c.learn(np.array([1.0, 0.0]), y)
+    with pytest.raises(ValueError):
+        c.learn(np.array([math.inf, 0.0]), 1.0)
+    assert (c.n, c.budget.seen) == (n, seen)
+
+
+def test_chains_continue_for_kept_samples() -> None:
+    c = small_client(budget=50)
+    X, y = blobs(5, [0, 3], seed=2)
+    for xi, yi in zip(X, y, strict=True):
+        c.learn(xi, float(yi))
+    before = {i: w.copy() for i, w in c.model._omega[0].items()}
+    c.learn(X[0], float(y[0]))
+    after = c.model._omega[0]
+    assert set(before) < set(after)  # one more sample, the others kept their chains (then moved on)
+    assert len(after) == len(before) + 1
+
+
+def test_new_network_version_reembeds_the_budget() -> None:
+    c = small_client(budget=6)
+    X, y = blobs(8, [0, 2], seed=3)
+    for xi, yi in zip(X, y, strict=True):
+        c.learn(xi, float(yi))
+    rng = np.random.default_rng(3)
+    theta = c.theta + 0.1 * rng.standard_normal(c.theta.size)
+    assert c.apply_global(PFedGPGlobal(1, 1, theta, {})) and c.epoch == 1
+    Xb, _, _ = c.budget.arrays()
+    assert np.allclose(c.model.E, urk_embedding_plain(theta, c.layout.arch, c.omega, Xb), atol=1e-12)
+    assert not c.apply_global(PFedGPGlobal(1, 1, theta, {}))  # not newer
+    with pytest.raises(ValueError, match="without a new network version"):
+        c.apply_global(PFedGPGlobal(2, 1, theta + 1.0, {}))
+    with pytest.raises(ValueError):
+        c.apply_global(PFedGPGlobal(3, 2, np.full_like(theta, np.nan), {}))
+    assert c.epoch == 1 and np.array_equal(c.theta, theta)
+
+
+def test_local_update_is_chunked_and_bounded() -> None:
+    pytest.importorskip("torch")
+    c = small_client(learn_kernel=True, fit_every=20, fit_steps=2, max_chunk_numbers=7)
+    X, y = blobs(10, [0, 3], seed=4)
+    for xi, yi in zip(X, y, strict=True):
+        c.learn(xi, float(yi))
+    ups = []
+    while (up := c.take_update()) is not None:
+        ups.append(up)
+    assert ups and all(u.arrays["chunk"].size <= 7 and u.n_samples == 0 for u in ups)
+    assert [u.seq for u in ups] == list(range(1, len(ups) + 1))
+    whole = np.concatenate([u.arrays["chunk"] for u in ups])
+    assert whole.size == c.layout.n_params and np.any(whole != 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), n_clients=st.integers(1, 4), chunk=st.integers(1, 5))
+def test_server_fedavg_from_chunks_in_any_order(seed: int, n_clients: int, chunk: int) -> None:
+    """θ₀ + Σ w δ / Σ w, whatever the order and however often pieces are repeated."""
+    rng = np.random.default_rng(seed)
+    theta0 = rng.normal(size=9)
+    deltas = {f"c{i}": rng.normal(size=9) for i in range(n_clients)}
+    weights = {f"c{i}": float(rng.integers(1, 50)) for i in range(n_clients)}
+    server = PFedGPServer(theta0, min_proposal_weight=1.0, proposal_quorum=1.0)
+    items = []
+    for name, d in deltas.items():
+        for k, ch in enumerate(split_vector(1, d, chunk)):
+            items.append(ChunkItem(name, k + 1, 0, 0, ch, weights[name]))
+    order = list(rng.permutation(len(items))) + list(rng.integers(0, len(items), 5))  # with repeats
+    for i in order:
+        server.apply(items[int(i)])
+    g = server.publish()
+    expected = theta0 + sum(weights[n] * deltas[n] for n in deltas) / sum(weights.values())
+    assert g.epoch == 1 and np.allclose(g.theta, expected, atol=1e-12)
+    assert g.included == {n: len(split_vector(1, deltas[n], chunk)) for n in deltas}
+
+
+def test_server_quorum_stale_and_refusals() -> None:
+    server = PFedGPServer(np.zeros(4), min_proposal_weight=10.0, proposal_quorum=1.0)
+    one = split_vector(1, np.ones(4), 4)[0]
+    server.apply(ChunkItem("a", 1, 0, 0, one, 20.0))
+    server.heard.add("b")  # b was heard but proposed nothing: the quorum (all heard) is not met
+    assert server.publish().epoch == 0
+    server.apply(ChunkItem("b", 1, 0, 0, one, 5.0))
+    g = server.publish()
+    assert g.epoch == 1 and np.allclose(g.theta, np.ones(4))
+    server.apply(ChunkItem("a", 2, 0, 0, split_vector(2, np.ones(4), 4)[0], 20.0))  # computed on version 0
+    assert server.stale_chunks == 1 and server.prop_weight == 0.0
+    for bad in (ChunkItem("a", 3, 0, 2, one, 1.0), ChunkItem("a", 3, 0, 1, split_vector(3, np.ones(5), 5)[0], 1.0),
+                ChunkItem("a", 3, 0, 1, one, math.inf), ChunkItem("a", 0, 0, 1, one, 1.0)):
+        with pytest.raises(ValueError):
+            server.validate(bad)
+
+
+def test_contract_learner_and_aggregation() -> None:
+    cfg = FleetConfig(fleet="f", algorithm="pfedgp", n_inputs=2,
+                      params={"n_classes": 3, "widths": [4], "n_omega": 8, "budget": 8, "chains": 4})
+    learner, agg = ALGORITHM.learner(cfg, "a", 0), ALGORITHM.aggregation(cfg)
+    assert isinstance(learner, Learner) and isinstance(agg, Aggregation)
+    assert "pfedgp" in algorithms.names() and algorithms.get("pfedgp") is ALGORITHM
+    assert learner.predict(np.zeros(2)) == (0.0, None)
+    with pytest.raises(ValueError):
+        learner.learn(np.zeros(2), 3.0)
+    assert learner.regret().n == 0
+    X, y = blobs(6, [0, 2], seed=5)
+    for xi, yi in zip(X, y, strict=True):
+        cls, var = learner.learn(xi, float(yi))
+        assert var is None and cls in (0.0, 1.0, 2.0)
+    r = learner.regret()
+    assert r.n == 12 and math.isfinite(r.loss) and r.best_loss == pytest.approx(12 * math.log(2))
+    assert layout_of(cfg).n_params == agg.server.theta.size
+
+
+def test_agent_without_torch_predicts_and_learns() -> None:
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["torch"] = None
+sys.modules["polyagamma"] = None  # the series sampler takes over
+import numpy as np
+from streamfed.algorithms import get
+from streamfed.fleet.config import FleetConfig
+cfg = FleetConfig(fleet="f", algorithm="pfedgp", n_inputs=2, params={"n_classes": 3, "widths": [4], "n_omega": 8,
+                  "budget": 6, "chains": 3, "fit_every": 4})
+learner = get("pfedgp").learner(cfg, "a", 0)
+for t in range(12):
+    learner.learn(np.array([t % 2 * 2.0 - 1.0, 0.5]), float(t % 2))
+assert learner.predict(np.array([1.0, 0.5]))[0] == 1.0 and learner.take_update() is None
+assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("params", list(PFedGPClassifier._unit_test_params()))
+def test_river_check_estimator(params: dict) -> None:
+    checks.check_estimator(PFedGPClassifier(**params))
+
+
+def test_river_classifier_learns_blobs() -> None:
+    model = PFedGPClassifier(widths=(4,), n_omega=8, budget=16, chains=4, learn_kernel=False)
+    X, y = blobs(20, [0, 1, 2], seed=6)
+    names = {0: "a", 1: "b", 2: "c"}
+    for xi, yi in zip(X, y, strict=True):
+        model.learn_one({"u": xi[0], "v": xi[1]}, names[int(yi)])
+    Xt, yt = blobs(10, [0, 1, 2], seed=7)
+    preds = [model.predict_one({"u": a, "v": b}) for a, b in Xt]
+    assert np.mean([p == names[int(t)] for p, t in zip(preds, yt, strict=True)]) > 0.85
+    proba = model.predict_proba_one({"u": 0.0, "v": 0.0})
+    assert set(proba) == {"a", "b", "c"} and sum(proba.values()) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        model.learn_one({"u": None, "v": 1.0}, "a")

@@ -5,7 +5,7 @@ The embedding network is URK's (:mod:`streamfed.algorithms.urk.network`, reused,
 then a random-Fourier layer with learned lengthscales (and optionally a learned spectral shifter),
 `g_θ(x) = s(x) = [cos u, sin u] / √(m − 1)`, `u = h(ω)ᵀ f(x)`, of dimension `D = 2m`. The GP kernel is the RBF
 on `g_θ(x)` (the paper's deep kernel, §3). The vector is URK's flat vector (its `log σ, log λ` tail unused
-here, kept so the layout is URK's), then `X̄` row by row.
+here, kept so the layout is URK's), then `X̄` row by row, then (the softmax baseline only) a head's `n_head` numbers.
 
 >>> from streamfed.algorithms.urk.network import URKArch
 >>> layout = Layout(URKArch(n_inputs=3, widths=(4,), n_omega=5), n_inducing=2)
@@ -32,10 +32,12 @@ _IP_TAG = zlib.crc32(b"pfedgp-inducing")
 
 @dataclass(frozen=True)
 class Layout:
-    """The network's shapes and the number `M` of inducing inputs (0: the full GP, no inducing inputs)."""
+    """The network's shapes, the number `M` of inducing inputs (0: the full GP, no inducing inputs) and the
+    numbers of a head after them (0 for pFedGP; the softmax baseline's weights and biases)."""
 
     arch: URKArch
     n_inducing: int = 0
+    n_head: int = 0
 
     @property
     def n_net(self) -> int:
@@ -47,6 +49,10 @@ class Layout:
 
     @property
     def n_params(self) -> int:
+        return self.n_net + self.n_inducing * self.embed_dim + self.n_head
+
+    @property
+    def head_start(self) -> int:
         return self.n_net + self.n_inducing * self.embed_dim
 
 
@@ -61,7 +67,8 @@ def weights_of(layout: Layout, theta: np.ndarray) -> URKWeights:
 
 def inducing_of(layout: Layout, theta: np.ndarray) -> np.ndarray:
     """`X̄ (M, D)` (empty when `M = 0`)."""
-    return np.asarray(theta, dtype=np.float64)[layout.n_net:].reshape(layout.n_inducing, layout.embed_dim).copy()
+    v = np.asarray(theta, dtype=np.float64)[layout.n_net:layout.head_start]
+    return v.reshape(layout.n_inducing, layout.embed_dim).copy()
 
 
 def embed(layout: Layout, theta: np.ndarray, om: np.ndarray, X: np.ndarray) -> np.ndarray:
@@ -71,10 +78,8 @@ def embed(layout: Layout, theta: np.ndarray, om: np.ndarray, X: np.ndarray) -> n
 
 def initial_theta(layout: Layout, seed: int, lengthscale: float = 1.0) -> np.ndarray:
     """Version 0 from the fleet seed: URK's initial network; `X̄` = embeddings of `M` standard-normal inputs
-    (standardised inputs' scale), so they start where data lands."""
+    (standardised inputs' scale), so they start where data lands; a head starts at zero."""
     w = initial_weights(layout.arch, seed, lengthscale=lengthscale)
-    if layout.n_inducing == 0:
-        return w.to_vector()
     rng = np.random.default_rng([int(seed), _IP_TAG])
     Xbar = features(w, omega(layout.arch, seed), rng.standard_normal((layout.n_inducing, layout.arch.n_inputs)))
-    return np.concatenate([w.to_vector(), Xbar.ravel()])
+    return np.concatenate([w.to_vector(), Xbar.ravel(), np.zeros(layout.n_head)])

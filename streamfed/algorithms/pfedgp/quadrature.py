@@ -4,7 +4,7 @@ with 1D Gauss–Hermite quadrature").
 With nodes `t_i` and weights `w_i` of `∫ e^{−t²} g(t) dt`: `∫ σ(f) N(f; μ, v) df ≈ Σ_i w_i σ(μ + √(2v) t_i) / √π`.
 
 >>> import numpy as np
->>> float(sigmoid_gauss(np.array(0.0), np.array(4.0)))  # symmetric: exactly ½
+>>> round(float(sigmoid_gauss(np.array(0.0), np.array(4.0))), 12)  # symmetric: ½
 0.5
 >>> bool(abs(float(sigmoid_gauss(np.array(1.0), np.array(1e-12))) - 1 / (1 + np.exp(-1))) < 1e-9)
 True

@@ -1,0 +1,116 @@
+"""What a pFedGP agent runs: the client half behind the :class:`~streamfed.algorithms.base.Learner` contract.
+
+The contract's prediction is `(mean, variance)` of a number; a classifier's is the most probable class as the
+"mean" and no variance. Its class probabilities are read through the optional `class_probabilities(x)`
+(and `n_classes`), which a shell that knows classification can publish and score (accuracy, log loss,
+calibration) — see :func:`learner_class_probabilities`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.pfedgp.client import PFedGPClient
+from streamfed.algorithms.pfedgp.wire import read_global
+from streamfed.fleet.protocol import Message
+
+__all__ = ["PFedGPLearner", "learner_class_probabilities"]
+
+
+def learner_class_probabilities(learner: Any, x: np.ndarray) -> np.ndarray | None:
+    """A learner's optional class probabilities of `x` (None for a learner that is not a classifier)."""
+    read = getattr(learner, "class_probabilities", None)
+    return None if read is None else np.asarray(read(x), dtype=np.float64)
+
+
+class PFedGPLearner:
+    """`predict` is `(most probable class, None)`; `class_probabilities` the whole vector; `begin_learn`
+    predicts (and stages the probabilities), `end_learn` learns.
+
+    >>> from streamfed.algorithms.urk.network import URKArch
+    >>> from streamfed.algorithms.pfedgp.network import Layout, initial_theta, omega_of
+    >>> layout = Layout(URKArch(n_inputs=1, widths=(), n_omega=4))
+    >>> learner = PFedGPLearner(PFedGPClient(layout, initial_theta(layout, 0), omega_of(layout, 0), n_classes=2,
+    ...                                      learn_kernel=False))
+    >>> learner.learn(np.array([0.5]), 1.0), learner.take_update()
+    ((0.0, None), None)
+    >>> learner.predict(np.array([0.5])), learner.class_probabilities(np.array([0.5])).tolist()
+    ((1.0, None), [0.0, 1.0])
+    """
+
+    def __init__(self, client: PFedGPClient) -> None:
+        self.client = client
+        self._staged: tuple[np.ndarray, float, np.ndarray] | None = None
+        self.last_probabilities: np.ndarray | None = None  # of the last prediction made while learning
+
+    @property
+    def n_classes(self) -> int:
+        return self.client.n_classes
+
+    @property
+    def global_version(self) -> int:
+        return self.client.global_version
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return ("pfedgp",)
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return None
+
+    def class_probabilities(self, x: np.ndarray) -> np.ndarray:
+        return self.client.predict(x)
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return float(np.argmax(self.client.predict(x))), None
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        from streamfed.algorithms.pfedgp.client import class_label
+
+        class_label(y, self.client.n_classes)  # refuse a bad label before anything is staged
+        p = self.client.predict(x)
+        self._staged = (np.array(x, dtype=np.float64), float(y), p)
+        self.last_probabilities = p
+        return float(np.argmax(p)), None
+
+    def end_learn(self) -> None:
+        if self._staged is not None:
+            x, y, p = self._staged
+            self._staged = None
+            self.client.learn(x, y, p)
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
+
+    def take_update(self) -> Update | None:
+        return self.client.take_update()
+
+    def flush(self) -> list[Update]:
+        return []  # chunks leave one per upload; the personal GP never leaves
+
+    def install_global(self, msg: Message) -> bool:
+        return self.client.apply_global(read_global(msg))
+
+    def regret(self) -> Regret:
+        r = self.client.regret()
+        return Regret(r["n"], r["loss"], r["best_loss"])
+
+    def diagnostics(self) -> dict[str, float]:
+        c = self.client
+        return {"epoch": float(c.epoch), "accuracy": c.correct / c.n if c.n else 0.0,
+                "log_loss": c.loss / c.n if c.n else 0.0, "classes_seen": float(len(c.budget.classes)),
+                "budget": float(len(c.budget)), "local_fits": float(c.n_fits), "proposals": float(c.n_proposals),
+                "chunks_queued": float(len(c.queue))}
+
+    def warm_up(self, x: np.ndarray) -> None:
+        twin = copy.deepcopy(self.client)
+        twin.predict(x)
+        twin.learn(x, 0.0)

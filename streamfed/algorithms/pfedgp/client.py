@@ -1,0 +1,213 @@
+"""The client half of pFedGP: a personal GP-Tree classifier on the shared embedding, streaming.
+
+* A bounded budget of labelled samples per class (:mod:`.budget`, raw inputs, never uploaded).
+* Every `refresh_every` samples (and at once for a class never seen before, which rebuilds the tree) the
+  personal GP is refreshed on the budget's embeddings: each node's Gibbs chains continue where they were
+  (`gibbs_steps` sweeps; `burn_in` for fresh chains). Predictions in between use the last refresh.
+* Where torch is installed and `learn_kernel`: every `fit_every` samples, a local update of the shared
+  parameters on the budget (:func:`~.training.fit_local`); the delta to the current version is split into
+  chunks of at most `max_chunk_numbers` (:mod:`streamfed.algorithms.chunks`) and queued; `take_update` hands
+  out one chunk per call, numbered `seq`. A new local update waits until the previous one is sent.
+* A global of a newer network version replaces the parameters, re-embeds the budget and rebuilds the tree
+  (fresh chains); queued chunks of the old version are dropped.
+
+Predictions are class-probability vectors over `n_classes` (zero for a class the client has not seen: its
+GP models only its own classes; uniform before any sample).
+
+>>> from streamfed.algorithms.urk.network import URKArch
+>>> from streamfed.algorithms.pfedgp.network import Layout, initial_theta, omega_of
+>>> layout = Layout(URKArch(n_inputs=2, widths=(), n_omega=8))
+>>> c = PFedGPClient(layout, initial_theta(layout, 0), omega_of(layout, 0), n_classes=3, learn_kernel=False)
+>>> c.predict(np.zeros(2)).round(3).tolist()
+[0.333, 0.333, 0.333]
+>>> for t in range(12):
+...     _ = c.learn(np.array([(t % 2) * 2.0 - 1.0, 0.0]), 2 * (t % 2))
+>>> p = c.predict(np.array([1.0, 0.0]))
+>>> int(np.argmax(p)), float(p[1]), bool(abs(p.sum() - 1) < 1e-12)
+(2, 0.0, True)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import zlib
+from collections import deque
+
+import numpy as np
+
+from streamfed.algorithms.base import NonFiniteError, Update
+from streamfed.algorithms.chunks import split_vector
+from streamfed.algorithms.pfedgp.budget import ClassBudget
+from streamfed.algorithms.pfedgp.messages import PFedGPGlobal
+from streamfed.algorithms.pfedgp.network import Layout, embed, inducing_of
+from streamfed.algorithms.pfedgp.personal import GPTree
+from streamfed.algorithms.pfedgp.wire import chunk_update
+
+__all__ = ["PFedGPClient", "class_label", "torch_available"]
+
+#: Probabilities are floored here when scoring the log loss (a class the GP does not know has probability 0).
+LOG_FLOOR = 1e-15
+
+
+def torch_available() -> bool:
+    """Whether this process can train the network: torch importable."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # hidden on purpose (a blocking import hook)
+        return False
+
+
+def class_label(y: float, n_classes: int) -> int:
+    """`y` as a class index in `[0, n_classes)`; `ValueError` for anything else (a fraction, NaN, out of range)."""
+    v = float(y)
+    if not (math.isfinite(v) and v == math.floor(v) and 0 <= v < n_classes):
+        raise ValueError(f"label {y!r} is not a class in [0, {n_classes})")
+    return int(v)
+
+
+class PFedGPClient:
+    """One client (see the module docstring)."""
+
+    def __init__(self, layout: Layout, theta: np.ndarray, om: np.ndarray, *, n_classes: int, client_id: str = "client",
+                 budget: int = 32, lengthscale: float = 1.0, outputscale: float = 8.0, chains: int = 8,
+                 gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1, learn_kernel: bool = True,
+                 objective: str = "predictive", fit_every: int = 64, fit_steps: int = 5, learning_rate: float = 0.01,
+                 train_chains: int = 4, max_chunk_numbers: int = 512, seed: int = 0) -> None:
+        if n_classes < 2 or min(budget, chains, gibbs_steps, refresh_every, fit_every, fit_steps,
+                                max_chunk_numbers) < 1:
+            raise ValueError("n_classes >= 2; budget, chains, steps and intervals >= 1")
+        self.layout, self.n_classes, self.client_id = layout, int(n_classes), str(client_id)
+        self.omega = np.asarray(om, dtype=np.float64)
+        self.theta = np.array(theta, dtype=np.float64)
+        self.gp_args = {"lengthscale": float(lengthscale), "outputscale": float(outputscale), "chains": int(chains),
+                        "steps": int(gibbs_steps), "burn_in": int(burn_in)}
+        self.refresh_every = int(refresh_every)
+        self.trains = bool(learn_kernel) and torch_available()
+        self.objective, self.fit_every, self.fit_steps = objective, int(fit_every), int(fit_steps)
+        self.learning_rate, self.train_chains = float(learning_rate), int(train_chains)
+        self.max_chunk_numbers = int(max_chunk_numbers)
+        self._seed = [int(seed), zlib.crc32(self.client_id.encode())]
+        self._rng = np.random.default_rng([*self._seed, 1])
+        self.budget = ClassBudget(layout.arch.n_inputs, int(budget), [*self._seed, 2])
+        self.model = self._new_model()
+        self.epoch = self.global_version = 0
+        self.next_seq = self.next_proposal = 1
+        self.queue: deque[Update] = deque()
+        self.n = self.n_fits = self.n_proposals = self.refreshes = 0
+        self.loss = 0.0  # prequential log loss
+        self.correct = 0
+        self.counts = np.zeros(self.n_classes)
+        self._stale = False  # samples kept since the last refresh
+
+    def _new_model(self) -> GPTree:
+        inducing = inducing_of(self.layout, self.theta) if self.layout.n_inducing else None
+        return GPTree(**self.gp_args, inducing=inducing, seed=int(self._rng.integers(2**63)))
+
+    # ------------------------------------------------------------------ predicting
+    def embed(self, X: np.ndarray) -> np.ndarray:
+        return embed(self.layout, self.theta, self.omega, X)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class probabilities `(n_classes,)` of input `x`."""
+        return self.predict_many(np.asarray(x, dtype=np.float64).reshape(1, -1))[0]
+
+    def predict_many(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities `(T, n_classes)` of the rows of `X`."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.layout.arch.n_inputs or not np.all(np.isfinite(X)):
+            raise NonFiniteError(f"expected finite inputs of {self.layout.arch.n_inputs} values")
+        out = np.zeros((X.shape[0], self.n_classes))
+        if not self.model.classes:
+            out[:] = 1.0 / self.n_classes
+            return out
+        out[:, list(self.model.classes)] = self.model.proba(self.embed(X))
+        return out
+
+    # ------------------------------------------------------------------ learning
+    def learn(self, x: np.ndarray, y: float, probs: np.ndarray | None = None) -> np.ndarray:
+        """Learn one labelled sample; returns the probabilities predicted before it. A `ValueError` (bad input,
+        bad label) leaves everything unchanged."""
+        x = np.asarray(x, dtype=np.float64).reshape(-1)
+        c = class_label(y, self.n_classes)
+        p = self.predict(x) if probs is None else np.asarray(probs, dtype=np.float64)
+        new_class = c not in self.budget.classes
+        kept = self.budget.add(x, c)
+        self.n += 1
+        self.counts[c] += 1
+        self.loss += -math.log(max(float(p[c]), LOG_FLOOR))
+        self.correct += int(int(np.argmax(p)) == c)
+        self._stale = self._stale or kept
+        if new_class or (self._stale and self.n % self.refresh_every == 0):
+            self.refresh()
+        if self.trains and self.n % self.fit_every == 0:
+            self.fit()
+        return p
+
+    def refresh(self, rebuild: bool = False) -> None:
+        """Refresh the personal GP on the budget's embeddings (continuing the chains)."""
+        X, y, ids = self.budget.arrays()
+        self.model.fit(self.embed(X), y, ids, rebuild=rebuild)
+        self.refreshes += 1
+        self._stale = False
+
+    def fit(self) -> bool:
+        """The local update of the shared parameters on the budget; its delta, chunked, joins the queue."""
+        if self.queue or len(self.budget) < 2:
+            return False
+        from streamfed.algorithms.pfedgp.training import fit_local
+
+        X, y, _ = self.budget.arrays()
+        new = fit_local(self.layout, self.theta, self.omega, X, y, rng=self._rng, steps=self.fit_steps,
+                        learning_rate=self.learning_rate, objective=self.objective,
+                        lengthscale=self.gp_args["lengthscale"], outputscale=self.gp_args["outputscale"],
+                        chains=self.train_chains, gibbs_steps=self.gp_args["steps"] + 1)
+        self.n_fits += 1
+        if new is None:
+            return False
+        for ch in split_vector(self.next_proposal, new - self.theta, self.max_chunk_numbers):
+            self.queue.append(chunk_update(ch, float(len(self.budget)), 0, 0, self.epoch))
+        self.next_proposal += 1
+        self.n_proposals += 1
+        return True
+
+    def take_update(self) -> Update | None:
+        """The next chunk of the proposal being sent, numbered; None when there is none."""
+        if not self.queue:
+            return None
+        c = self.queue.popleft()
+        out = Update(c.arrays, 0, self.global_version, seq=self.next_seq, epoch=c.epoch)
+        self.next_seq += 1
+        return out
+
+    # ------------------------------------------------------------------ globals
+    def apply_global(self, g: PFedGPGlobal) -> bool:
+        """Install a global; `False` (nothing changed) for one not newer than the installed one or of an older
+        network version. A newer version replaces the parameters and re-embeds the budget."""
+        if g.version <= self.global_version or g.epoch < self.epoch:
+            return False
+        theta = np.asarray(g.theta, dtype=np.float64)
+        if theta.shape != self.theta.shape or not np.all(np.isfinite(theta)):
+            raise ValueError(f"global parameters of shape {theta.shape} or not finite")
+        if g.epoch == self.epoch and not np.array_equal(theta, self.theta):
+            raise ValueError(f"global version {g.version} changes the network without a new network version")
+        inc = int(g.included.get(self.client_id, 0))
+        if g.epoch > self.epoch:
+            self.theta = theta.copy()
+            self.epoch = int(g.epoch)
+            self.queue.clear()  # deltas relative to the old network: void
+            self.model = self._new_model()
+            if len(self.budget):
+                self.refresh(rebuild=True)
+        self.global_version = int(g.version)
+        self.next_seq = max(self.next_seq, inc + 1)
+        return True
+
+    # ------------------------------------------------------------------ regret
+    def regret(self) -> dict[str, float]:
+        """Prequential log loss, and that of the best fixed class-probability vector in hindsight (the
+        empirical class frequencies: `n · H(counts / n)`)."""
+        if self.n == 0:
+            return {"n": 0.0, "loss": 0.0, "best_loss": 0.0}
+        f = self.counts[self.counts > 0] / self.n
+        return {"n": float(self.n), "loss": float(self.loss), "best_loss": float(-self.n * np.sum(f * np.log(f)))}
