@@ -321,6 +321,7 @@ def main() -> None:
     cmd = ".venv/bin/python benchmarks/bench_privacy.py" + (" --quick" if args.quick else "")
     lines = ["## Privacy: differential privacy and secure aggregation", "",
              f"`{cmd}` — {machine()}, load {load_average()}; {time.perf_counter() - t0:.0f} s.",
+             "",
              *(__doc__ or "").split("\n\n", 2)[2].strip().split("\n"), *u_lines, *s_lines, *m_lines]
     write_section(args.out, lines, {"utility": u, "secagg": s, "mosquitto": m}, quick=args.quick)
 
