@@ -27,7 +27,8 @@ from tests import brokers
 
 NOT_AUTHORIZED = 0x87
 ROSTER = {"monitor": "monitor",
-          "fleet": [{"name": "f", "agents": ["a1", "a2"], "shards": ["s0", "s1"], "viewers": ["viewer"]},
+          "fleet": [{"name": "f", "agents": ["a1", "a2"], "shards": ["s0", "s1"], "viewers": ["viewer"],
+                     "sensor_adapters": True},
                     {"name": "g", "agents": ["b1"]}]}
 
 
@@ -217,3 +218,21 @@ def test_the_monitor_reads_sys_and_nothing_of_the_fleet(broker: brokers.Broker) 
     codes, got = run(scenario())
     assert codes == [0, NOT_AUTHORIZED, NOT_AUTHORIZED]
     assert "$SYS/broker/version" in got and all(t.startswith("$SYS/") for t in got)
+
+
+def test_a_sensor_adapter_feeds_its_agent_and_nothing_else(broker: brokers.Broker) -> None:
+    """The adapter (edge/sensor_adapter.py, client id `<fleet>.<client>.sensor`) has its own account: it
+    cannot take the agent's client id, and may only publish the agent's sensor topic."""
+    assert broker.client_ids["a1.sensor"] == "f.a1.sensor"
+    assert connack(broker, "a1.sensor", "f.a1") == NOT_AUTHORIZED
+    forbidden = [topics.updates_topic("f", "a1"), topics.status_topic("f", "a1"), topics.sensor_topic("f", "a2")]
+
+    async def scenario() -> list[bytes]:
+        async with client(broker, "a1") as a1:
+            await a1.subscribe(topics.sensor_topic("f", "a1"), qos=1)
+            codes = await asyncio.to_thread(puback_codes, broker, "a1.sensor",
+                                            [*forbidden, topics.sensor_topic("f", "a1")])
+            assert codes == [NOT_AUTHORIZED] * len(forbidden) + [0], codes
+            return [bytes(m.payload) for m in await drain(a1, 1.0)]  # type: ignore[arg-type]
+
+    assert run(scenario()) == [b"x"]

@@ -15,11 +15,14 @@ ROSTER.toml names who may connect (see broker_config/README.md, "Users and roles
     shard_group = "shards"            # the shards' $share group (streamfed shard --group)
     reducer = true                    # default: true when there are shards
     viewers = ["viewer"]              # read-only accounts (the same name in several fleets: one account)
+    sensor_adapters = false           # true: an account per agent for its sensor adapter (below)
 
 Every account is bound to exactly one MQTT client id, so nobody can take over another client's id:
 an agent logs in as `<client>` with client id `<fleet>.<client>`; every other account's user name *is*
 its client id (`<fleet>.aggregator`, `<fleet>.shard.<name>`, `<fleet>.reducer`, a viewer's name, the
-monitor's name). Everything not granted is refused: subscriptions, publishes and deliveries.
+monitor's name). With `sensor_adapters = true`, agent `<client>` also gets `<client>.sensor`, bound
+to `<fleet>.<client>.sensor` (edge/sensor_adapter.py's client id), which may only publish the agent's
+sensor topic. Everything not granted is refused: subscriptions, publishes and deliveries.
 
 Passwords: `--passwords FILE` (or `-` for stdin) gives `user:password` lines. An account that is in
 FILE already (the previous output) and gets no new password keeps its hash; every other account gets a
@@ -101,7 +104,7 @@ def _names(value: Any, what: str) -> list[str]:
     return names
 
 
-FLEET_KEYS = {"name", "agents", "aggregator", "shards", "shard_group", "reducer", "viewers"}
+FLEET_KEYS = {"name", "agents", "aggregator", "shards", "shard_group", "reducer", "viewers", "sensor_adapters"}
 
 
 def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
@@ -142,8 +145,9 @@ def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
         viewers = _names(f.get("viewers", []), "viewers")
         group = _name(f.get("shard_group", "shards"), "shard group")
         with_aggregator, with_reducer = f.get("aggregator", True), f.get("reducer", bool(shards))
-        if not isinstance(with_aggregator, bool) or not isinstance(with_reducer, bool):
-            raise RosterError(f"fleet {fleet!r}: aggregator and reducer are true or false")
+        adapters = f.get("sensor_adapters", False)
+        if not all(isinstance(v, bool) for v in (with_aggregator, with_reducer, adapters)):
+            raise RosterError(f"fleet {fleet!r}: aggregator, reducer and sensor_adapters are true or false")
         for a in agents:
             # An agent's client id is <fleet>.<client>: these names would be a service's client id.
             if a in ("aggregator", "reducer") or a.startswith("shard."):
@@ -154,6 +158,11 @@ def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
             roles.append(_role(role, send=[f"{p}/{ch}/{a}" for ch in ("updates", "predictions", "status", "sensors")],
                                read=[f"{p}/global", f"{p}/acks/{a}", f"{p}/sensors/{a}"]))
             add(Account(a, f"{fleet}.{a}", [role], f"agent {a} of fleet {fleet}"))
+            if adapters:
+                # A separate process on the device: its own account, so it cannot take the agent's id.
+                roles.append(_role(f"{role}.sensor", send=[f"{p}/sensors/{a}"]))
+                add(Account(f"{a}.sensor", f"{fleet}.{a}.sensor", [f"{role}.sensor"],
+                            f"sensor adapter of agent {a} of fleet {fleet}"))
         if with_aggregator:
             role = f"{fleet}.aggregator"
             roles.append(_role(role, send=[f"{p}/global", f"{p}/acks/+"], read=[f"{p}/updates/+", f"{p}/status/+"]))
