@@ -79,10 +79,19 @@ def test_agent_toml_is_a_valid_complete_configuration():
     prod = (REPO / "broker_config" / "mosquitto" / "prod.conf").read_text()
     max_packet = int(re.search(r"^max_packet_size (\d+)", prod, re.M).group(1))
     assert f.protocol_schema.max_bytes < max_packet
-    # the sensor topic is the one the production ACL lets an agent (and its adapter) read and write
-    acl = (REPO / "broker_config" / "mosquitto" / "acl").read_text()
-    assert "pattern readwrite streamfed/v1/+/sensors/%u" in acl
-    assert sensor_topic(f.fleet, "station-01", f.sensor_topic) == f"streamfed/v1/{f.fleet}/sensors/station-01"
+    # the sensor topic is the one the production broker's generated roles let the agent read and write
+    topic = sensor_topic(f.fleet, "station-01", f.sensor_topic)
+    assert topic == f"streamfed/v1/{f.fleet}/sensors/station-01"
+    gen = importlib.util.spec_from_file_location("make_dynsec_edge",
+                                                 REPO / "broker_config" / "scripts" / "make-dynsec.py")
+    dynsec = importlib.util.module_from_spec(gen)
+    sys.modules[gen.name] = dynsec  # dataclasses look their module up
+    gen.loader.exec_module(dynsec)
+    accounts, roles = dynsec.build({"fleet": [{"name": f.fleet, "agents": ["station-01"]}]})
+    [agent] = [a for a in accounts if a.username == "station-01"]
+    acls = [(acl["acltype"], acl["topic"]) for r in roles if r["rolename"] in agent.roles for acl in r["acls"]]
+    assert ("publishClientSend", topic) in acls and ("publishClientReceive", topic) in acls
+    assert agent.clientid == f"{f.fleet}.station-01"  # the id the agent connects with (runtime/agent.py)
 
 
 def test_agent_toml_takes_credentials_from_the_environment():
