@@ -34,8 +34,9 @@ def mosquitto_dev() -> Iterator[brokers.Broker]:
 
 @pytest.fixture(scope="session")
 def mosquitto_prod() -> Iterator[brokers.Broker]:
-    """A production-flavour broker (TLS only, password file, the shipped ACL) shared by the session.
-    Users `aggregator`, `viewer`, `a1`, `a2` with random passwords (`broker.users`)."""
+    """A production-flavour broker (TLS only, the dynamic-security plugin with a generated roster) shared by
+    the session. Accounts `f.aggregator`, `viewer`, `monitor`, `a1`, `a2` with random passwords
+    (`broker.users`), each bound to one client id (`broker.client_ids`)."""
     with _start("prod") as broker:
         yield broker
 
