@@ -233,7 +233,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="the agent's TOML configuration (broker, fleet, sensor topic)")
     p.add_argument("--host", help="broker host (default 127.0.0.1, or the configuration's)")
     p.add_argument("--port", type=int, help="broker port (default 1883, or the configuration's)")
-    p.add_argument("--username", help="broker user (the agent's client name on a production broker)")
+    p.add_argument("--username", help="broker user (default on a production broker: <client>.sensor, the adapter's "
+                                      "own account from the roster's sensor_adapters)")
     p.add_argument("--tls-ca", help="CA certificate: connect with TLS")
     p.add_argument("--fleet", help="fleet name (default: the configuration's)")
     p.add_argument("--client", required=True, help="the agent's client name")
@@ -271,12 +272,15 @@ async def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)  # applies STREAMFED_BROKER__PASSWORD & co. from the environment
         broker, fleet = cfg.broker, args.fleet or cfg.fleet.fleet
         template, n_inputs = cfg.fleet.sensor_topic, cfg.fleet.n_inputs
+        if broker.username is not None and args.username is None:
+            # the production broker gives the adapter its own account, bound to <fleet>.<client>.sensor
+            broker = BrokerConfig.model_validate(broker.model_dump() | {"username": f"{args.client}.sensor"})
     else:
         if not args.fleet:
             raise SystemExit("--fleet is needed without --config")
         password = os.environ.get("STREAMFED_BROKER__PASSWORD")
-        broker = BrokerConfig(host="127.0.0.1", username=args.username or (args.client if password else None),
-                              password=password, tls_ca=args.tls_ca)
+        user = args.username or (f"{args.client}.sensor" if password else None)
+        broker = BrokerConfig(host="127.0.0.1", username=user, password=password, tls_ca=args.tls_ca)
         fleet = args.fleet
     update = {k: v for k, v in (("host", args.host), ("port", args.port), ("username", args.username))
               if v is not None}
