@@ -70,6 +70,8 @@ def replay(
         help="cold start: each client in turn joins at this step, scored over its first --windows samples")] = None,
     windows: Annotated[str, typer.Option(help="with --leave-one-out: sample counts to score, e.g. 336,2000")
                        ] = "336,2000",
+    dp_epsilon: Annotated[float | None, typer.Option(
+        help="differential privacy of the federated rows: every upload (ε, 1e-5)-DP (docs/privacy.md)")] = None,
 ) -> None:
     """Replay a fleet in-process (no network) and compare algorithms: results.json, results.md, plots."""
     from streamfed.core.features import standardised_dictionary
@@ -88,8 +90,10 @@ def replay(
         joins = _joins(join or [])
         score = [int(w) for w in windows.split(",") if w.strip()]
         own = _params(param or [])
+        if dp_epsilon is not None and not dp_epsilon > 0:
+            raise ValueError(f"--dp-epsilon must be > 0, got {dp_epsilon}")
         cfg = AlgorithmConfig(n_kernels=n_kernels, n_features=n_features, bin_size=bin_size, params=own,
-                              eta=eta, lam=lam, xi=xi)
+                              eta=eta, lam=lam, xi=xi, privacy={"dp_epsilon": dp_epsilon})
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     is_csv = dataset.endswith((".csv", ".csv.gz"))
@@ -189,6 +193,8 @@ def demo(
     algorithm: Annotated[str, typer.Option(help="any algorithm that runs in a fleet (see `streamfed algorithms`)")
                          ] = algorithms.DEFAULT,
     metrics_port: Annotated[int, typer.Option(help="Prometheus endpoint port (0: a free one)")] = 0,
+    dp_epsilon: Annotated[float | None, typer.Option(help=_DP_HELP)] = None,
+    secure_aggregation: Annotated[bool, typer.Option(help=_SECAGG_HELP)] = False,
 ) -> None:
     """A whole fleet on this machine: broker, aggregator and agents on the Beijing streams, live."""
     import asyncio
@@ -197,8 +203,11 @@ def demo(
 
     if algorithm not in algorithms.fleet_names():
         raise typer.BadParameter(f"algorithm must be one of {', '.join(algorithms.fleet_names())}")
+    if dp_epsilon is not None and not dp_epsilon > 0:
+        raise typer.BadParameter(f"--dp-epsilon must be > 0, got {dp_epsilon}")
     asyncio.run(run_demo(DemoOptions(duration=duration, agents=min(max(agents, 1), 12), rate=rate,
-                                     algorithm=algorithm, metrics_port=metrics_port), console))
+                                     algorithm=algorithm, metrics_port=metrics_port, dp_epsilon=dp_epsilon,
+                                     secure_aggregation=secure_aggregation), console))
 
 
 def _run_service(svc: object, server: object | None) -> None:

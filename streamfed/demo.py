@@ -49,6 +49,8 @@ class DemoOptions:
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     out_dir: str = "out/demo"
+    dp_epsilon: float | None = None  # differentially private uploads (docs/privacy.md)
+    secure_aggregation: bool = False
 
 
 def _prometheus_config(out_dir: str, port: int) -> Path:
@@ -101,7 +103,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     if "eta" in alg.Params.model_fields:
         params.setdefault("eta", opts.eta)
     cfg = FleetConfig(fleet="demo", algorithm=opts.algorithm, n_inputs=streams[0].X.shape[1],
-                      params=alg.Params(**params), **settings)
+                      params=alg.Params(**params), dp_epsilon=opts.dp_epsilon,
+                      secure_aggregation=opts.secure_aggregation, **settings)
     bcfg = broker.config
     agg = AggregatorService(AggregatorCore(cfg, clients=[s.name for s in streams], mode="async", window=opts.window),
                             bcfg)

@@ -194,3 +194,21 @@ def test_bad_privacy_settings_are_refused_clearly() -> None:
         fedbnr_cfg(dp_epsilon=1.0, dp_delta=1.0)
     with pytest.raises(ValueError, match="epsilon"):
         PrivateLearner(algorithms.get("fedbnr").learner(fedbnr_cfg(), "a", 0), epsilon=0.0, delta=1e-5)
+
+
+def test_replay_with_dp_noises_the_federated_rows_only() -> None:
+    from streamfed.evaluation.datasets import load_beijing
+    from streamfed.evaluation.replay import AlgorithmConfig, build_arrangement, replay
+
+    fleet = load_beijing("paper", steps=96)
+    plain = AlgorithmConfig(n_kernels=1, n_features=5, params={"fedbnr": {"min_upload": 16}})
+    noisy = AlgorithmConfig(n_kernels=1, n_features=5, params={"fedbnr": {"min_upload": 16}},
+                            privacy={"dp_epsilon": 1.0, "clip_label": 1.0})
+    a = replay(fleet, "fedbnr", plain, steps=96)
+    b = replay(fleet, "fedbnr", noisy, steps=96)
+    assert np.isfinite(b.mse) and b.mse != a.mse
+    arr = build_arrangement("fedbnr", 2, fleet.n_inputs, noisy, seed=0)
+    assert all(isinstance(lr, PrivateLearner) for lr in arr.learners)
+    local = build_arrangement("fedbnr-local", 2, fleet.n_inputs, noisy, seed=0)
+    assert not any(isinstance(lr, PrivateLearner) for lr in local.learners)  # nothing leaves a local learner
+    assert noisy.as_dict()["privacy"] == {"dp_epsilon": 1.0, "clip_label": 1.0}

@@ -101,19 +101,23 @@ class AlgorithmConfig:
 
     def __init__(self, n_kernels: int = 16, n_features: int = 100, bandwidth_low: float = 0.05,
                  bandwidth_high: float = 5.0, kernels: tuple[str, ...] | None = None, bin_size: int = 1,
-                 params: Mapping[str, Mapping[str, Any]] | None = None, **shared: Any) -> None:
+                 params: Mapping[str, Mapping[str, Any]] | None = None,
+                 privacy: Mapping[str, Any] | None = None, **shared: Any) -> None:
         self.n_kernels, self.n_features = int(n_kernels), int(n_features)
         self.bandwidth_low, self.bandwidth_high = float(bandwidth_low), float(bandwidth_high)
         self.kernels = tuple(kernels) if kernels else None
         self.bin_size = int(bin_size)
         self.params = {k: dict(v) for k, v in (params or {}).items()}
         self.shared = {k: v for k, v in shared.items() if v is not None}
+        # FleetConfig's differential-privacy fields (dp_epsilon, dp_delta, clip_label, ...): docs/privacy.md
+        self.privacy = {k: v for k, v in (privacy or {}).items() if v is not None}
 
     def as_dict(self) -> dict[str, Any]:
         """Plain, JSON-able: what a report records."""
         return {"n_kernels": self.n_kernels, "n_features": self.n_features, "bandwidth_low": self.bandwidth_low,
                 "bandwidth_high": self.bandwidth_high, "kernels": list(self.kernels) if self.kernels else None,
-                "bin_size": self.bin_size, "shared": dict(self.shared), "params": dict(self.params)}
+                "bin_size": self.bin_size, "shared": dict(self.shared), "params": dict(self.params),
+                **({"privacy": dict(self.privacy)} if self.privacy else {})}
 
     def specs(self) -> list[KernelSpec]:
         if self.kernels:
@@ -135,7 +139,7 @@ class AlgorithmConfig:
         return FleetConfig(fleet=_FLEET, algorithm=algorithm, n_inputs=n_inputs,
                            kernels=tuple(s.key for s in self.specs()), n_features=self.n_features,
                            bin_size=self.bin_size, seed=seed, max_clients=100_000, standardise="none",
-                           params=alg.Params(**self.params_for(alg, variant)))
+                           params=alg.Params(**self.params_for(alg, variant)), **self.privacy)
 
 
 @dataclass
@@ -191,6 +195,14 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
     else:
         learners = [alg.learner(fcfg, names[c], c, mode) for c in range(n)]
         aggs, of = [alg.aggregation(fcfg)], [0] * n
+    if fcfg.dp_epsilon is not None and v.arrangement == "federated":
+        # what an agent of the fleet runs (AgentCore): uploads noised, accounted; the server checks bounds only
+        from streamfed.privacy.learner import PrivateLearner
+
+        learners = [PrivateLearner(lr, epsilon=fcfg.dp_epsilon, delta=fcfg.dp_delta, budget=fcfg.dp_budget,
+                                   label_bound=fcfg.clip_label, clip_norm=fcfg.clip_norm, rng=[seed, c],
+                                   client=names[c]) for c, lr in enumerate(learners)]
+        aggs = [alg.aggregation(fcfg, check_stats=False)]
     arr = Arrangement(v.name, alg, fcfg, learners, aggs, of, federated=v.arrangement == "federated",
                       centralised=v.arrangement == "centralised", kernel_names=list(learners[0].kernel_names),
                       names=names, kernel_version=alg.kernel_version(fcfg))
