@@ -141,6 +141,8 @@ class ShardCore:
     def __init__(self, cfg: FleetConfig, name: str, clients: Sequence[str] | None = None,
                  mode: Mode = "lockstep", *, max_abs: float = 1e100, check_stats: bool = True,
                  stats: AggregatorStats | None = None, max_unacked: int = 10_000, resend_after: float = 5.0) -> None:
+        if cfg.secure_aggregation:  # a shard would see masked vectors it cannot sum apart from the others
+            raise ValueError("secure aggregation runs with a single aggregator, not sharded (docs/privacy.md)")
         self.cfg = cfg
         self.name = name
         self.resend_after = float(resend_after)  # a partial not acknowledged by then is sent again
@@ -315,6 +317,8 @@ class ReducerCore:
     def __init__(self, cfg: FleetConfig, clients: Sequence[str] | None = None, mode: Mode = "lockstep", *,
                  window: float = 0.5, sender: str = "reducer", offline: Literal["drop", "wait"] = "drop",
                  stats: AggregatorStats | None = None, shards: Sequence[str] | None = None) -> None:
+        if cfg.secure_aggregation:  # a shard would see masked vectors it cannot sum apart from the others
+            raise ValueError("secure aggregation runs with a single aggregator, not sharded (docs/privacy.md)")
         self.cfg = cfg
         self.algorithm = algorithms.get(cfg.algorithm)
         self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.algorithm.lockstep)

@@ -53,7 +53,16 @@ class PrivateLearner:
     """A :class:`~streamfed.algorithms.base.Learner` whose uploads are `(epsilon, delta)`-DP each, composed
     by a :class:`~streamfed.privacy.accountant.PrivacyAccountant` and capped at `budget` (ε at `delta`;
     None: no cap). See the module docstring; `rng` seeds the noise only in tests (default: OS entropy);
-    `noise_multiplier` replaces the one `epsilon` implies (e.g. calibrated for a stream's composition)."""
+    `noise_multiplier` replaces the one `epsilon` implies (e.g. calibrated for a stream's composition).
+
+    >>> from streamfed import algorithms
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=2, n_features=2)
+    >>> p = PrivateLearner(algorithms.get("pofmkl").learner(cfg, "a", 0, "lockstep"), epsilon=2.0, delta=1e-5,
+    ...                    clip_norm=0.1, rng=0)
+    >>> p.sensitivity.l2 is None, p.l2, round(p.z, 3)  # no per-sample bound: uploads clipped whole, Δ₂ = 2C
+    (True, 0.2, 1.994)
+    """
 
     def __init__(self, inner: Learner, *, epsilon: float, delta: float, budget: float | None = None,
                  label_bound: float = 3.0, clip_norm: float = 1.0, noise_share: float = 1.0,

@@ -194,7 +194,11 @@ class SecAggSettings:
 
 @dataclass(frozen=True)
 class Keys:
-    """Step 1's message: a client's two public keys."""
+    """Step 1's message: a client's two public keys (32 raw bytes each: one to encrypt shares, one for masks).
+
+    >>> Keys("a", bytes(32), bytes(range(32))).client
+    'a'
+    """
 
     client: str
     c_pk: bytes
