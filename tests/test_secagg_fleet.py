@@ -299,3 +299,52 @@ def test_a_secure_fleet_with_distributed_dp_publishes_installable_globals() -> N
     for a in agents:
         assert a.global_version == agg.version and a.counters.rejected_globals == 0
         assert a.privacy is not None and a.privacy.accountant.uploads == 4
+
+
+def test_an_agent_past_its_budget_says_so_in_its_retained_status_over_mosquitto(mosquitto_dev) -> None:  # type: ignore[no-untyped-def]
+    import aiomqtt
+
+    from streamfed.fleet.sources import array_source
+    from streamfed.fleet.topics import status_topic
+    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.aggregator import AggregatorService
+
+    cfg = FleetConfig(fleet="budget", algorithm="fedbnr", n_inputs=3, n_features=4, kernels=["gaussian:1.0"],
+                      standardise="none", dp_epsilon=1.0, dp_budget=2.5,
+                      fedbnr=FedBNRParams(min_upload=8, fit_hyperparameters=False))
+    rng = np.random.default_rng(5)
+    X, y = rng.normal(0, 1, (80, 3)), rng.normal(0, 1, 80)
+    broker = mosquitto_dev.broker_config()
+
+    async def main() -> tuple[AgentService, list[Message]]:
+        statuses: list[Message] = []
+        async with aiomqtt.Client(**broker.aiomqtt_kwargs("budget.spy")) as spy:
+            await spy.subscribe(status_topic("budget", "b1"), qos=1)
+
+            async def listen() -> None:
+                async for m in spy.messages:
+                    statuses.append(decode(bytes(m.payload), cfg, kinds=("status",)))
+
+            listener = asyncio.create_task(listen())
+            agg = AggregatorService(AggregatorCore(cfg, clients=["b1"], window=0.05), broker)
+            agg_task = asyncio.create_task(agg.run())
+            await asyncio.wait_for(agg.connected.wait(), 10)
+            agent = AgentService(AgentCore(cfg, "b1", 0), broker, array_source(X, y), linger=0.5)
+            await asyncio.wait_for(agent.run(), 30)  # a finite stream: it ends by itself
+            agg.stop()
+            await asyncio.wait_for(agg_task, 10)
+            await asyncio.sleep(0.3)
+            listener.cancel()
+        return agent, statuses
+
+    agent, statuses = asyncio.run(main())
+    p = agent.core.privacy
+    # RDP: 1.09, 1.60, 1.99, 2.33 after 1..4 uploads; a 5th would pass 2.5
+    assert p is not None and p.exhausted and p.accountant.uploads == 4 and agent.core.counters.updates == 4
+    said = [(m.meta["state"], m.meta.get("dp_exhausted")) for m in statuses]
+    assert said[0] == ("online", False)  # it says its privacy state as it joins
+    assert ("online", True) in said  # ... again the moment its budget runs out, while it keeps predicting
+    last = statuses[-1]
+    assert last.meta["state"] == "offline" and last.meta["dp_exhausted"] is True  # and in its last word
+    assert last.meta["dp_epsilon"] == pytest.approx(p.epsilon) and last.meta["dp_delta"] == 1e-5
+    assert agent.core.counters.samples == 80  # predicted every sample, budget or not

@@ -597,7 +597,10 @@ class AgentService:
                 await self._send(client, receiver, watch)
                 if self._finished():
                     await self._last_global()
-                    await until_lost(client.publish(status_topic(self.fleet, self.client_id), offline, qos=1,
+                    # the last word keeps what the agent says of itself (e.g. its privacy budget ran out)
+                    last = encode(status_message(self.fleet, self.client_id, "offline",
+                                                 meta=self.core.status_meta())) if self.core.privacy else offline
+                    await until_lost(client.publish(status_topic(self.fleet, self.client_id), last, qos=1,
                                                     retain=True, timeout=OP_TIMEOUT), receiver)
             except asyncio.CancelledError:
                 # Cancelled (Ctrl-C): the clean DISCONNECT that follows makes the broker discard the last
