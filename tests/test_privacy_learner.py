@@ -212,3 +212,32 @@ def test_replay_with_dp_noises_the_federated_rows_only() -> None:
     local = build_arrangement("fedbnr-local", 2, fleet.n_inputs, noisy, seed=0)
     assert not any(isinstance(lr, PrivateLearner) for lr in local.learners)  # nothing leaves a local learner
     assert noisy.as_dict()["privacy"] == {"dp_epsilon": 1.0, "clip_label": 1.0}
+
+
+def test_predictive_variance_accounts_for_the_globals_noise() -> None:
+    cfg = fedbnr_cfg(dp_epsilon=2.0)
+    names = ["a", "b", "c"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.0)
+    _run(agents, agg, cfg, 40)
+    p = agents[0].privacy
+    assert p is not None and agg.version > 0
+    uploads = sum(a.privacy.accountant.uploads for a in agents)  # type: ignore[union-attr]
+    assert p.global_uploads == sum(agg.included().values()) == uploads  # every noised upload is in the global
+    x = np.array([0.3, -0.2, 0.5])
+    mean, var = p.predict(x)
+    inner_mean, inner_var = p.inner.predict(x)
+    extra = p.inner.noise_variance(x, p.std * np.sqrt(uploads))  # type: ignore[attr-defined]
+    assert mean == inner_mean and extra > 0
+    assert var == pytest.approx(inner_var + extra, rel=1e-12)
+    # the oracle: the first-order formula on each kernel's posterior, mixed by the weights squared
+    client = p.inner.client  # type: ignore[attr-defined]
+    w = client.kernel_weights()
+    want = 0.0
+    for k in range(client.n_kernels):
+        m, cov = client.posterior(k)
+        a = cov @ client.features(x)[k]
+        s2 = (p.std**2) * uploads
+        quad = a @ a + (a @ a) * (m @ m) + (a @ m) ** 2 - np.sum(a * a * m * m)
+        want += w[k] ** 2 * s2 * quad / client.sigma[k] ** 4
+    assert extra == pytest.approx(want, rel=1e-9)

@@ -122,7 +122,9 @@ class Learner(Protocol):
 
     Optional: `upload_sensitivity(label_bound) -> UploadSensitivity`, how far one sample (its label clipped
     to `±label_bound`) can move an upload; read through :func:`learner_upload_sensitivity`. Differential
-    privacy (:mod:`streamfed.privacy`) uses it; without it every upload is clipped as a whole.
+    privacy (:mod:`streamfed.privacy`) uses it; without it every upload is clipped as a whole. And, for a
+    Bayesian learner, `noise_variance(x, noise_std) -> float`: what noise of that per-entry scale in the
+    global adds to the predictive variance at `x` (differential privacy adds it to `predict`'s).
     """
 
     @property

@@ -88,6 +88,7 @@ class PrivateLearner:
         self.accountant = PrivacyAccountant(delta, method)
         self.rng = np.random.default_rng(rng)
         self.exhausted = False
+        self.global_uploads = 0  # noised uploads summed in the installed global (its `included` seqs)
 
     # ---------------------------------------------------------------- privacy state
     @property
@@ -149,17 +150,33 @@ class PrivateLearner:
     def pending_samples(self) -> int:
         return learner_pending_samples(self.inner)
 
+    def noise_std(self) -> float:
+        """Per-entry scale of the noise summed in the installed global: `U` uploads of std `s` each give `√U·s`
+        (every client of the fleet noises alike; the shares of distributed DP are in `s`)."""
+        return self.std * math.sqrt(self.global_uploads)
+
+    def _with_noise(self, x: np.ndarray, out: tuple[float, float | None]) -> tuple[float, float | None]:
+        # a Bayesian learner that can say what the global's noise adds to its predictive variance gets it added
+        mean, var = out
+        read = getattr(self.inner, "noise_variance", None)
+        if var is None or read is None or not self.global_uploads:
+            return out
+        extra = float(read(x, self.noise_std()))
+        return mean, var + extra if math.isfinite(extra) and extra >= 0 else var
+
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
-        return self.inner.predict(x)
+        return self._with_noise(x, self.inner.predict(x))
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        return self.inner.begin_learn(x, dp.clip_label(y, self.label_bound))
+        return self._with_noise(x, self.inner.begin_learn(x, dp.clip_label(y, self.label_bound)))
 
     def end_learn(self) -> None:
         self.inner.end_learn()
 
     def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        return self.inner.learn(x, dp.clip_label(y, self.label_bound))
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
 
     def take_update(self) -> Update | None:
         if not self._may_upload():
@@ -178,7 +195,10 @@ class PrivateLearner:
         return out
 
     def install_global(self, msg: Message) -> bool:
-        return self.inner.install_global(msg)
+        installed = self.inner.install_global(msg)
+        if installed:
+            self.global_uploads = sum(int(v) for v in msg.included.values())
+        return installed
 
     def regret(self) -> Regret:
         return self.inner.regret()

@@ -35,6 +35,7 @@ class StatsLearner:
     def __init__(self, client: Any, phi_sq: float | None = None) -> None:
         self.client = client
         self.phi_sq = phi_sq  # max ‖φ(x)‖² over inputs, where the feature map bounds it (differential privacy)
+        self._posteriors: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None  # (global version, (m, A⁻¹))
         self._pending: tuple[np.ndarray, float] | None = None
 
     @property
@@ -105,6 +106,22 @@ class StatsLearner:
         k, f = int(self.client.n_kernels), int(self.client.dim)
         return UploadSensitivity(("S_upper", "b", "q"), stats_sensitivity(float(self.phi_sq), label_bound, k),
                                  {"S_upper": f})
+
+    def noise_variance(self, x: np.ndarray, noise_std: float) -> float:
+        """The variance that noise of per-entry scale `noise_std` on the global's `S_upper` and `b` adds to the
+        predictive mean at `x`, to first order (`privacy.dp.noise_variance_of_mean`, kernels mixed with their
+        weights squared: their noises are independent). The posteriors are taken once per global (`O(K·F³)`),
+        then `O(K·F²)` per call."""
+        from streamfed.privacy.dp import noise_variance_of_mean
+
+        c = self.client
+        cached = getattr(self, "_posteriors", None)
+        if cached is None or cached[0] != c.global_version:
+            cached = self._posteriors = (c.global_version, [c.posterior(k) for k in range(c.n_kernels)])
+        phi = c.features(x)
+        w = c.kernel_weights()
+        return float(sum(w[k] ** 2 * noise_variance_of_mean(cov @ phi[k], m, float(c.sigma[k]), noise_std, noise_std)
+                         for k, (m, cov) in enumerate(cached[1])))
 
     def install_global(self, msg: Message) -> bool:
         from streamfed.algorithms.fedbnr.learner import GlobalModel
