@@ -12,7 +12,7 @@ carries the whole noise; *distributed* DP: each of the 12 clients adds 1/12 of t
 sum (behind secure aggregation) carries the whole noise. Labels clipped to `|y| <= 1` (the normalised
 range: nothing is clipped), POF-MKL updates clipped to `‖Δ‖ <= C` (C = the median norm of its noiseless
 updates). MSE and NLPD (Gaussian, FedBNR only) over every prediction of every station; NLPD uses the
-predictive variance the learner reports (the noise's share of it is not added: docs/privacy.md).
+predictive variance the agent reports, which adds the global's noise to first order (docs/privacy.md).
 
 **Secure aggregation** — one SecAgg+ round in process (`streamfed.privacy.secagg.run_round`: key
 advertisement, encrypted Shamir shares, masked inputs, unmasking) over FedBNR uploads of the Beijing
