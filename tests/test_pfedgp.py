@@ -12,6 +12,8 @@ this file (explicit inverses, no shared code with the package's factorised forms
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 
 import numpy as np
@@ -544,3 +546,79 @@ def test_river_classifier_learns_blobs() -> None:
     assert set(proba) == {"a", "b", "c"} and sum(proba.values()) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         model.learn_one({"u": None, "v": 1.0}, "a")
+
+
+# =========================================================================== 7. in the replay and over MQTT
+
+
+def blob_fleet(n_clients: int, n_per: int, seed: int):  # noqa: ANN201
+    from streamfed.evaluation.datasets.base import ClientStream, Fleet
+
+    streams = []
+    for c in range(n_clients):
+        X, y = blobs(n_per, [c % 4, (c + 1) % 4], seed=seed + c)
+        streams.append(ClientStream(f"c{c}", X, y.astype(float), ("u", "v")))
+    return Fleet(tuple(streams), dataset="blobs", normalisation="none", split="custom")
+
+
+def small_params(**kw: object) -> dict:
+    return {"n_classes": 4, "widths": [4], "n_omega": 8, "budget": 8, "chains": 4, "fit_every": 10, "fit_steps": 2,
+            "min_proposal_weight": 8.0, "max_chunk_bytes": 256, **kw}
+
+
+def test_replay_moves_versions_and_classifies() -> None:
+    pytest.importorskip("torch")
+    from streamfed.evaluation.replay import AlgorithmConfig, replay
+
+    fleet = blob_fleet(3, 20, seed=30)
+    r = replay(fleet, "pfedgp", AlgorithmConfig(params={"pfedgp": small_params()}), seed=0)
+    learners = r.arrangement.learners
+    assert r.rejected.sum() == 0 and r.uploaded_numbers.sum() > 0
+    assert min(lr.client.epoch for lr in learners) >= 1  # a new network version reached every client
+    assert len({lr.client.theta.tobytes() for lr in learners}) == 1
+    hits = [np.mean(m[20:] == y[20:]) for m, y in zip(r.means, r.ys, strict=True)]
+    assert np.mean(hits) > 0.8
+
+
+def test_over_mosquitto(mosquitto_dev) -> None:
+    pytest.importorskip("torch")
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.sources import array_source
+    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.aggregator import AggregatorService
+
+    fleet = blob_fleet(3, 20, seed=40)
+    names = [s.name for s in fleet.streams]
+    # the agents must not standardise the target: it is a class index (see docs/drafts/pfedgp.md)
+    cfg = FleetConfig(fleet="pfedgp-mqtt", algorithm="pfedgp", n_inputs=2, standardise="none",
+                      params=small_params())
+
+    async def main():  # noqa: ANN202
+        agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05),
+                                mosquitto_dev.broker_config())
+        agents = [AgentService(AgentCore(cfg, n, i), mosquitto_dev.broker_config(),
+                               array_source(s.X, s.y, rate_hz=200.0), linger=2.0)
+                  for i, (n, s) in enumerate(zip(names, fleet.streams, strict=True))]
+        agg_task = asyncio.create_task(agg.run())
+        await asyncio.wait_for(agg.connected.wait(), 10)
+        tasks = [asyncio.create_task(a.run()) for a in agents]
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        finally:
+            agg.stop()
+            for a in agents:
+                a.stop()
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(agg_task, 5)
+        return agg, agents
+
+    agg, agents = asyncio.run(main())
+    server = agg.core.aggregation.server
+    assert agg.core.rejected == {} and server.epoch >= 1
+    for a in agents:
+        learner = a.core.learner
+        assert learner.global_version == agg.core.version and learner.client.epoch == server.epoch
+        assert np.array_equal(learner.client.theta, server.theta)
+        p = learner.class_probabilities(np.zeros(2))
+        assert abs(p.sum() - 1) < 1e-12

@@ -77,9 +77,10 @@ class PFedGPClassifier(base.Classifier):
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
-        yield {"widths": (4,), "n_omega": 4, "budget": 8, "fit_every": 32, "fit_steps": 1, "chains": 4}
-        yield {"widths": (3,), "n_omega": 4, "budget": 8, "inducing": 4, "learn_kernel": False, "chains": 4,
-               "standardise": False}
+        yield {"widths": (4,), "n_omega": 4, "budget": 8, "fit_every": 400, "fit_steps": 1, "chains": 3,
+               "refresh_every": 4}
+        yield {"widths": (3,), "n_omega": 4, "budget": 8, "inducing": 4, "learn_kernel": False, "chains": 3,
+               "refresh_every": 4, "standardise": False}
 
     @property
     def _multiclass(self) -> bool:

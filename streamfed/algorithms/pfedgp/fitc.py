@@ -42,15 +42,17 @@ def _kmm_factor(Kmm: np.ndarray) -> np.ndarray:
 
 def fitc_terms(Kmm: np.ndarray, Knm: np.ndarray, kdiag: np.ndarray, kappa: np.ndarray, omega: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For one `ω (N,)`: `c = B⁻¹ K_MN Λ⁻¹ Ω⁻¹ κ (M,)`, `B⁻¹ (M, M)` and `d = diag(K_NN − Q) (N,)`."""
+    """For `ω (C, N)` (a chain per row): `c = B⁻¹ K_MN Λ⁻¹ Ω⁻¹ κ (C, M)`, `B⁻¹ (C, M, M)` and
+    `d = diag(K_NN − Q) (N,)`. Batched over the chains."""
     Lm = _kmm_factor(Kmm)
     V = solve_triangular(Lm, Knm.T, lower=True)  # (M, N): Q = VᵀV
     d = np.maximum(kdiag - np.sum(V * V, axis=0), 0.0)
-    lam_inv = omega / (1.0 + omega * d)
-    B = Kmm + (Knm.T * lam_inv) @ Knm
-    LB = cholesky(B + _JITTER * max(float(np.max(np.diag(B))), 1e-300) * np.eye(B.shape[0]), lower=True)
-    Binv = cho_solve((LB, True), np.eye(B.shape[0]))
-    c = Binv @ (Knm.T @ (kappa / (1.0 + omega * d)))
+    lam_inv = omega / (1.0 + omega * d)  # (C, N)
+    m = Kmm.shape[0]
+    B = Kmm[None] + np.einsum("nm,cn,nk->cmk", Knm, lam_inv, Knm)
+    B += _JITTER * np.max(np.diagonal(B, axis1=1, axis2=2), axis=1)[:, None, None] * np.eye(m)
+    Binv = np.linalg.inv(B)
+    c = np.einsum("cmk,ck->cm", Binv, (kappa / (1.0 + omega * d)) @ Knm)
     return c, Binv, d
 
 
@@ -67,12 +69,9 @@ class FITCPosterior:
     @classmethod
     def of(cls, Kmm: np.ndarray, Knm: np.ndarray, kdiag: np.ndarray, kappa: np.ndarray, omega: np.ndarray
            ) -> FITCPosterior:
-        C, m = omega.shape[0], Kmm.shape[0]
-        cs, Bs = np.empty((C, m)), np.empty((C, m, m))
-        for i in range(C):
-            cs[i], Bs[i], _ = fitc_terms(Kmm, Knm, kdiag, kappa, omega[i])
+        c, Binv, _ = fitc_terms(Kmm, Knm, kdiag, kappa, omega)
         Lm = _kmm_factor(Kmm)
-        return cls(omega, cs, Bs, cho_solve((Lm, True), np.eye(m)))
+        return cls(omega, c, Binv, cho_solve((Lm, True), np.eye(Kmm.shape[0])))
 
     def moments(self, kstar: np.ndarray, kss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Eq. 22 per chain: `kstar (M, T)` = `k(X̄, x*)`, `kss (T,)` → `μ*, Σ*` of shape `(C, T)`."""
@@ -104,11 +103,9 @@ def fitc_gibbs(Kmm: np.ndarray, Knm: np.ndarray, kdiag: np.ndarray, y: np.ndarra
     V = solve_triangular(Lm, Knm.T, lower=True)
     q = np.sum(V * V, axis=0)
     for _ in range(int(steps)):
-        f = np.empty_like(omega)
-        for i in range(omega.shape[0]):
-            c, Binv, _ = fitc_terms(Kmm, Knm, kdiag, kappa, omega[i])
-            mean = Knm @ c
-            var = np.maximum(kdiag - q + np.einsum("nm,mk,nk->n", Knm, Binv, Knm), 1e-12)
-            f[i] = mean + np.sqrt(var) * rng.standard_normal(n)
+        c, Binv, _ = fitc_terms(Kmm, Knm, kdiag, kappa, omega)
+        mean = c @ Knm.T
+        var = np.maximum(kdiag - q + np.einsum("nm,cmk,nk->cn", Knm, Binv, Knm), 1e-12)
+        f = mean + np.sqrt(var) * rng.standard_normal(omega.shape)
         omega = sample_pg(f, rng)
     return FITCPosterior.of(Kmm, Knm, kdiag, kappa, omega)
