@@ -31,6 +31,7 @@ BUILTIN: dict[str, str] = {
     "fsgp": "streamfed.algorithms.fsgp:ALGORITHM",
     "pvi": "streamfed.algorithms.pvi:ALGORITHM",
     "urk-fedbnr": "streamfed.algorithms.urk:ALGORITHM",
+    "pfedgp": "streamfed.algorithms.pfedgp:ALGORITHM",
 }
 DEFAULT = "pofmkl"  # what the demo and the CLI run when nobody says
 _LOADED: dict[str, Algorithm] = {}
