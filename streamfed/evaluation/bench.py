@@ -61,6 +61,7 @@ BENCHES: dict[str, Bench] = {
     "pvi": Bench("benchmarks/bench_pvi.py", ("--quick",), True),
     "privacy": Bench("benchmarks/bench_privacy.py", ("--quick",), True),
     "urk": Bench("benchmarks/bench_urk.py", ("--quick",), True),
+    "pfedgp": Bench("benchmarks/bench_pfedgp.py", ("--quick",), True),
 }
 
 HEADER = """# Benchmarks
