@@ -622,3 +622,27 @@ def test_over_mosquitto(mosquitto_dev) -> None:
         assert np.array_equal(learner.client.theta, server.theta)
         p = learner.class_probabilities(np.zeros(2))
         assert abs(p.sum() - 1) < 1e-12
+
+
+def test_shards_and_reducer_average_like_one_aggregator() -> None:
+    from streamfed.fleet.protocol import Message
+
+    cfg = FleetConfig(fleet="f", algorithm="pfedgp", n_inputs=2,
+                      params={"n_classes": 3, "widths": [3], "n_omega": 4, "min_proposal_weight": 1.0,
+                              "proposal_quorum": 1.0})
+    theta0 = ALGORITHM.aggregation(cfg).server.theta
+    rng = np.random.default_rng(11)
+    deltas = {"a": rng.normal(size=theta0.size), "b": rng.normal(size=theta0.size)}
+    weights = {"a": 10.0, "b": 30.0}
+    shards = [ALGORITHM.aggregation(cfg), ALGORITHM.aggregation(cfg)]
+    reducer = ALGORITHM.aggregation(cfg)
+    total = None
+    for shard, name in zip(shards, deltas, strict=True):
+        pieces = split_vector(1, deltas[name], 5)
+        items = [ChunkItem(name, k + 1, 0, 0, ch, weights[name]) for k, ch in enumerate(pieces)]
+        arrays, n, epoch = shard.partial(items)
+        part = reducer.read_partial(Message("f", "shard", "pfedgp.partial", 1, 0, "", n, 0.0, arrays, epoch=epoch))
+        total = part if total is None else total + part
+    reducer.apply_partial(total, 2, {"a": 1, "b": 1})
+    expected = theta0 + (10 * deltas["a"] + 30 * deltas["b"]) / 40
+    assert reducer.server.epoch == 1 and np.allclose(reducer.server.theta, expected, atol=1e-12)
