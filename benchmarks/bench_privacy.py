@@ -251,18 +251,12 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
 
                 async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker) -> dict:  # noqa: ANN001
                     seen: list[tuple[float, str, int]] = []
-                    complete: list[float] = []  # when the spy saw the global that includes every client
                     async with aiomqtt.Client(**broker.aiomqtt_kwargs("spy")) as spy:
                         await spy.subscribe("#", qos=0)
 
                         async def listen() -> None:
                             async for m in spy.messages:
-                                t, payload = time.perf_counter(), bytes(m.payload)
-                                seen.append((t, m.topic.value, len(payload)))
-                                if m.topic.value.endswith("/global") and not complete:
-                                    g = decode(payload, cfg)
-                                    if set(g.included) == set(names):
-                                        complete.append(t)
+                                seen.append((time.perf_counter(), m.topic.value, len(bytes(m.payload))))
 
                         listener = asyncio.create_task(listen())
                         # secure: one round of everyone (keys are gathered until all are in); plain: 50 ms windows
@@ -271,13 +265,23 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
                                                 broker)
                         agg_task = asyncio.create_task(agg.run())
                         await asyncio.wait_for(agg.connected.wait(), 30)
-                        agents = [AgentService(AgentCore(cfg, c, i), broker,
-                                               array_source(fleet.streams[i % 12].X, fleet.streams[i % 12].y),
-                                               linger=1.0, wait_for_global=0.0) for i, c in enumerate(names)]
+                        go = asyncio.Event()  # the streams start once every agent's session is up
+
+                        async def gated(i: int):  # noqa: ANN202
+                            await go.wait()
+                            async for r in array_source(fleet.streams[i % 12].X, fleet.streams[i % 12].y):
+                                yield r
+
+                        agents = [AgentService(AgentCore(cfg, c, i), broker, gated(i), linger=1.0, wait_for_global=0.0)
+                                  for i, c in enumerate(names)]
                         tasks = [asyncio.create_task(a.run()) for a in agents]
-                        while not complete:
-                            await asyncio.sleep(0.01)
-                        done = complete[0]
+                        for a in agents:
+                            await asyncio.wait_for(a.connected.wait(), 60)
+                        start = time.perf_counter()
+                        go.set()
+                        while set(agg.core.included()) != set(names):
+                            await asyncio.sleep(0.005)
+                        done = time.perf_counter()
                         for a in agents:
                             a.stop()
                         await asyncio.wait_for(asyncio.gather(*tasks), 60)
@@ -286,7 +290,7 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
                         listener.cancel()
                     ups = [(t, b) for t, topic, b in seen if "/updates/" in topic]
                     downs = [b for _, topic, b in seen if "/acks/" in topic]
-                    return {"round_s": done - min(t for t, _ in ups), "up": sum(b for _, b in ups) / len(names),
+                    return {"round_s": done - start, "up": sum(b for _, b in ups) / len(names),
                             "down": sum(downs) / len(names), "messages": (len(ups) + len(downs)) / len(names)}
 
                 r = asyncio.run(main())
@@ -296,8 +300,8 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
             out["rows"].append(r)
             lines.append(f"| {n} | {'SecAgg+' if secure else 'plain'} | {r['round_s']:.2f} | {r['up']:,.0f} | "
                          f"{r['down']:,.0f} | {r['messages']:.1f} |")
-    lines += ["", "Round = from the first upload-topic message to the global that includes every client's update, "
-              "both as a subscriber to `#` sees them (plain: each agent's `fedbnr.update`; secure: the round's "
+    lines += ["", "Round = from the moment every agent's session is up and the streams start to the aggregator "
+              "holding every client's update (plain: each agent's `fedbnr.update`; secure: the round's "
               "unmasked sum); it includes "
               "each agent learning its 32 samples and, for SecAgg+, the four steps' key agreements, encryption, "
               "PRG masks and the server's unmasking — all on the one event loop of this process (and the broker "
