@@ -560,3 +560,36 @@ def test_streaming_client_refines_every_r_samples_and_predicts_from_q_in_between
     assert by_n[19] != by_n[20] and c.n_refined == 2
     f = c.take_factor()
     assert (f.seq, f.n) == (2, 20.0) and c.take_factor() is None  # the newest factor, once
+
+
+@pytest.mark.parametrize("order_seed", [0, 1])
+def test_sequential_refinements_in_any_order_reach_the_exact_sparse_gp(order_seed: int) -> None:
+    """Actual local optimisations (Adam, from perturbed factors), clients refined in a random order: the state
+    approaches the exact sparse GP (fixed `Z`, Gaussian likelihood, `M_k = N_k`), whatever the order — to
+    Adam's convergence (the exact fixed point and its order-independence are the property tests above)."""
+    rng = np.random.default_rng(5)
+    h = make_hyper(rng, 4, 1)
+    beta = np.concatenate(([h.log_amp], h.log_ls, [h.log_sigma]))
+    X = rng.normal(size=(12, 1))
+    y = np.sin(2 * X[:, 0]) + 0.3 * rng.normal(size=12)
+    parts = [(X[i::3], y[i::3]) for i in range(3)]
+    g = GlobalQ.initial("se", h.Z, beta, "fixed")
+    server = PVIServer(g, n_pseudo=4)
+    own = {k: Factor(f"c{k}", 1, 4.0, Xk + 0.3, yk + 0.5, np.zeros(4)) for k, (Xk, yk) in enumerate(parts)}
+    for f in own.values():
+        server.receive(f)
+    initial = server.state
+    order = np.random.default_rng(order_seed)
+    s = RefineSettings(n_pseudo=4, steps=300, learning_rate=0.03)
+    for i in range(6):
+        k = int(order.integers(3)) if i >= 3 else [2, 0, 1][i]  # everyone once, then at random
+        Xk, yk = parts[k]
+        f = refine(server.state, f"c{k}", Xk, yk, n_total=4.0, seq=own[k].seq + 1, settings=s, warm=own[k])
+        own[k] = f
+        server.receive(f)
+    Xs = rng.normal(size=(5, 1))
+    got = Predictor(server.state, "gaussian", 0).predict_many(Xs)
+    ref = SparsePosterior(h, Stats.from_samples(cov(h, X, h.Z), y), JITTER).predict_many(Xs)
+    assert np.max(np.abs(got[0] - ref[0])) < 5e-3 and np.max(np.abs(got[1] - ref[1])) < 5e-3
+    start = Predictor(initial, "gaussian", 0).predict_many(Xs)  # ... from far away
+    assert np.max(np.abs(start[0] - ref[0])) > 0.1
