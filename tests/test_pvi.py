@@ -451,9 +451,8 @@ def test_replay_runs_and_learns(inducing: str) -> None:
 
 
 def test_the_package_reads_a_configuration_and_predicts_without_torch() -> None:
-    """Configuration, learner, aggregation, prediction and the global with torch unimportable (until a
-    client's first refinement). The agent core is left out: its import of the privacy package pulls scipy's
-    array-API layer, which itself fails with torch hidden this way, whatever the algorithm."""
+    """Configuration, the agent and aggregator cores, learner, aggregation, prediction and the global with
+    torch unimportable (until a client's first refinement)."""
     import subprocess
     import sys
 
@@ -462,14 +461,17 @@ import sys
 sys.modules["torch"] = None
 import numpy as np
 from streamfed import algorithms
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.sources import Reading
 cfg = FleetConfig(fleet="f", algorithm="pvi", n_inputs=2, params={"n_inducing": 4, "n_pseudo": 4, "refine_every": 1000})
-alg = algorithms.get("pvi")
-learner, agg = alg.learner(cfg, "a", 0), alg.aggregation(cfg)
+agent, core = AgentCore(cfg, "a", 0), AggregatorCore(cfg, mode="async", window=0.0)
 for t in range(40):
-    learner.learn(np.array([t / 40, 0.5]), float(np.cos(t)))
-msg = agg.global_message(cfg.fleet, "agg", cfg.kernel_version)
-learner.install_global(msg)
+    agent.on_reading(Reading(f"r{t}", np.array([t / 40, 0.5]), float(t), y=float(np.cos(t))))
+alg = algorithms.get("pvi")
+learner, agg = alg.learner(cfg, "b", 1), alg.aggregation(cfg)
+agg.global_message(cfg.fleet, "agg", cfg.kernel_version)
 m, v = learner.predict(np.zeros(2))
 assert np.isfinite(m) and v > 0
 assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
