@@ -646,3 +646,36 @@ def test_shards_and_reducer_average_like_one_aggregator() -> None:
     reducer.apply_partial(total, 2, {"a": 1, "b": 1})
     expected = theta0 + (10 * deltas["a"] + 30 * deltas["b"]) / 40
     assert reducer.server.epoch == 1 and np.allclose(reducer.server.theta, expected, atol=1e-12)
+
+
+def test_objective_gradients_against_finite_differences() -> None:
+    """Fisher's identity: the gradient for fixed ω. Autograd through the embedding's scale against central
+    differences of the plain transcriptions (scipy's log-density for eq. 16 and eq. 23)."""
+    torch = pytest.importorskip("torch")
+    from streamfed.algorithms.pfedgp.objectives import log_marginal_fitc, log_marginal_full, rbf_t
+
+    X, y = toy(8, seed=12)
+    Z = np.array([[-1.0], [0.5], [2.0]])
+    om = np.random.default_rng(12).uniform(0.05, 0.6, (2, 8))
+
+    def plain(a: float, fitc: bool) -> float:
+        Xa, Za = a * X, a * Z
+        if fitc:
+            return float(np.mean([multivariate_normal(np.zeros(8), (p := fitc_plain(
+                rbf_plain(Za, Za, 1.0, 2.0), rbf_plain(Xa, Za, 1.0, 2.0), np.full(8, 2.0), y, o))["marg_cov"])
+                .logpdf(p["z"]) for o in om]))
+        return float(np.mean([multivariate_normal(np.zeros(8), rbf_plain(Xa, Xa, 1.0, 2.0) + np.diag(1 / o))
+                              .logpdf((y - 0.5) / o) for o in om]))
+
+    for fitc in (False, True):
+        a = torch.tensor(0.8, dtype=torch.float64, requires_grad=True)
+        Xt, Zt, yt, omt = (torch.tensor(v) for v in (X, Z, y, om))
+        if fitc:
+            val = log_marginal_fitc(rbf_t(a * Zt, a * Zt, 1.0, 2.0), rbf_t(a * Xt, a * Zt, 1.0, 2.0),
+                                    torch.full((8,), 2.0, dtype=torch.float64), yt, omt)
+        else:
+            val = log_marginal_full(rbf_t(a * Xt, a * Xt, 1.0, 2.0), yt, omt)
+        val.backward()
+        h = 1e-5
+        fd = (plain(0.8 + h, fitc) - plain(0.8 - h, fitc)) / (2 * h)
+        assert float(a.grad) == pytest.approx(fd, rel=1e-4, abs=1e-6)
