@@ -36,10 +36,11 @@ from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 if TYPE_CHECKING:
     from streamfed.algorithms.pvi.agent import PVILearner
     from streamfed.algorithms.pvi.aggregation import PVIAggregation
+    from streamfed.algorithms.pvi.settings import RefineSettings
     from streamfed.algorithms.pvi.state import GlobalQ
     from streamfed.fleet.config import FleetConfig, MessageSchema
 
-__all__ = ["ALGORITHM", "PVI", "PVIParams", "initial_state"]
+__all__ = ["ALGORITHM", "PVI", "PVIParams", "initial_state", "refine_settings"]
 
 
 class PVIParams(Params):
@@ -100,7 +101,13 @@ def initial_state(cfg: FleetConfig) -> GlobalQ:
 
 
 class PVI(Algorithm):
-    """PVI for sparse GPs: order-free, Bayesian (predictions carry a variance)."""
+    """PVI for sparse GPs: order-free, Bayesian (predictions carry a variance).
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="pvi", n_inputs=1, params={"n_inducing": 2, "n_pseudo": 3})
+    >>> ALGORITHM.bayesian, ALGORITHM.lockstep, ALGORITHM.kernel_version(cfg).startswith("pvi-se-hvm-dpo-m2-d1")
+    (True, False, True)
+    """
 
     name = "pvi"
     title = "PVI sparse GP (HVM on Z, decoupled pseudo-observations, asynchronous)"
@@ -152,8 +159,8 @@ class PVI(Algorithm):
         return {"params": {"n_inducing": 16, "n_pseudo": 16, "refine_every": 64}}
 
 
-def refine_settings(p: PVIParams) -> Any:
-    """The :class:`~.refine.RefineSettings` of parameters `p` (no torch needed)."""
+def refine_settings(p: PVIParams) -> RefineSettings:
+    """The :class:`~.settings.RefineSettings` of parameters `p` (no torch needed)."""
     from streamfed.algorithms.pvi.settings import RefineSettings
 
     return RefineSettings(likelihood=p.likelihood, parameterisation=p.parameterisation, n_pseudo=p.n_pseudo,

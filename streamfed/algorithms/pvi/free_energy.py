@@ -54,7 +54,12 @@ def torch_cov(kind: str, log_amp: torch.Tensor, log_ls: torch.Tensor, A: torch.T
 @dataclass(frozen=True)
 class Cavity:
     """What client `k` holds of the others: their pseudo-observations `(V or None, m, log s)` and the
-    cavity `q_\\k(φ)` as mean and variance (empty when `φ` is)."""
+    cavity `q_\\k(φ)` as mean and variance (empty when `φ` is).
+
+    >>> one = torch.zeros(1, dtype=torch.float64)
+    >>> len(Cavity([(None, one, one)], one, one + 1.0).factors)
+    1
+    """
 
     factors: Sequence[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]]
     phi_mean: torch.Tensor
