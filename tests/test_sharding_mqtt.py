@@ -125,20 +125,34 @@ def test_sharded_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, s
         assert a.core.learner.global_version == reducer.core.version
 
 
-def test_acl_gives_shards_and_the_reducer_only_their_topics():
-    from streamfed.fleet import topics
-    from tests.test_broker_config import _acl_allows
+def test_broker_roles_give_shards_and_the_reducer_only_their_topics():
+    """The production broker's generated roles (broker_config/scripts/make-dynsec.py): what each shard, the
+    reducer and an agent (even one named like a shard) may publish and receive."""
+    from paho.mqtt.client import topic_matches_sub
 
+    from streamfed.fleet import topics
+    from tests.test_broker_config import dynsec
+
+    accounts, roles = dynsec.build({"fleet": [{"name": "f", "agents": ["a1", "s0"], "shards": ["s0", "s1"]}]})
+
+    def allows(user: str, acltype: str, topic: str) -> bool:
+        [acc] = [a for a in accounts if a.username == user]
+        return any(acl["acltype"] == acltype and acl["allow"] and topic_matches_sub(acl["topic"], topic)
+                   for r in roles if r["rolename"] in acc.roles for acl in r["acls"])
+
+    send, recv = "publishClientSend", "publishClientReceive"
     upd, glob = topics.updates_topic("f", "a1"), topics.global_topic("f")
     part, sack = topics.channel_topic("f", "partials", "s0"), topics.channel_topic("f", "shard_acks", "s0")
-    assert _acl_allows("shard", "read", upd) and _acl_allows("shard", "read", glob)
-    assert _acl_allows("shard", "write", part) and _acl_allows("shard", "read", sack)
-    assert not _acl_allows("shard", "write", glob) and not _acl_allows("shard", "write", sack)
-    assert _acl_allows("reducer", "read", part) and _acl_allows("reducer", "write", glob)
-    assert _acl_allows("reducer", "write", sack) and _acl_allows("reducer", "write", topics.acks_topic("f", "a1"))
-    assert not _acl_allows("reducer", "read", upd)  # the reducer sees partial sums, never an agent's update
+    shard, reducer = "f.shard.s0", "f.reducer"
+    assert allows(shard, recv, upd) and allows(shard, recv, glob)
+    assert allows(shard, send, part) and allows(shard, recv, sack)
+    assert not allows(shard, send, glob) and not allows(shard, send, sack)
+    assert not allows("f.shard.s1", send, part)  # one shard cannot forge another's partial
+    assert allows(reducer, recv, part) and allows(reducer, send, glob)
+    assert allows(reducer, send, sack) and allows(reducer, send, topics.acks_topic("f", "a1"))
+    assert not allows(reducer, recv, upd)  # the reducer sees partial sums, never an agent's update
     for agent in ("a1", "s0"):  # an agent (even one named like a shard) cannot forge partials or acks
-        assert not _acl_allows(agent, "write", part) and not _acl_allows(agent, "read", sack)
+        assert not allows(agent, send, part) and not allows(agent, recv, sack)
 
 
 def test_cli_reducer_and_shards_serve_an_async_fleet(mosquitto_dev, streams, tmp_path):
