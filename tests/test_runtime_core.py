@@ -332,3 +332,28 @@ def test_a_target_the_learner_refuses_is_counted_not_fatal_and_changes_nothing(a
     assert ([agent.learner.predict(x) for x in probes], agent.learner.regret()) == before
     _, msgs = agent.on_reading(Reading("next", np.array([0.2, 0.2]), 2.0, 0.4))  # and it goes on learning
     assert agent.counters.learned == 2
+
+
+def test_predictions_state_and_metrics_carry_the_epoch_of_the_global_in_use():
+    """A global of a new epoch (a learned kernel or (θ, Z) version) is named in every prediction the agent
+    publishes under it, in its metrics and in its state; predictions before it say epoch 0."""
+    from streamfed.algorithms import get
+    from streamfed.runtime.exporter import StreamfedCollector
+
+    cfg = FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2, standardise="none", params={"n_inducing": 4})
+    agent = AgentCore(cfg, "a", 0, mode="async")
+    before, _ = agent.on_reading(Reading("r0", np.zeros(2), 0.0))
+    assert before is not None and agent.prediction_message(before).epoch == 0
+    agg = get("fsgp").aggregation(cfg)
+    g = agg.global_message(cfg.fleet, "aggregator", agent.kernel_version)
+    g = dataclasses.replace(g, global_version=3, epoch=2)  # the same (θ, σ, Z) as version 2 of the kernel
+    assert agent.on_global(decode(encode(g, cfg), cfg))
+    pred, _ = agent.on_reading(Reading("r1", np.ones(2), 1.0))
+    msg = decode(encode(agent.prediction_message(pred), cfg), cfg)
+    assert (msg.global_version, msg.epoch) == (3, 2)
+    assert agent.stats.global_epoch == 2
+    samples = {s.name: s.value for fam in StreamfedCollector([agent.stats]).collect() for s in fam.samples}
+    assert samples["streamfed_agent_global_epoch"] == 2
+    twin = AgentCore(cfg, "a", 0, mode="async")
+    twin.restore(pickle.loads(pickle.dumps(agent.snapshot())))
+    assert twin.global_epoch == 2

@@ -62,6 +62,7 @@ class Prediction:
     var: float | None
     global_version: int
     latency_s: float
+    epoch: int = 0  # the global's epoch (kernel version of learned-kernel families): nothing mixes versions
 
 
 class PendingLearn(NamedTuple):
@@ -173,6 +174,7 @@ class AgentCore:
         self.steps = 0  # samples learned
         self.counters = AgentCounters()
         self.global_version = 0
+        self.global_epoch = 0  # the epoch of the global in use, in every prediction and metric
         self.global_received_at: float | None = None
         # Set by the transport when its outgoing buffer is full: learning goes on, but updates stay in
         # the learner (error feedback, pending statistics) instead of becoming messages.
@@ -301,8 +303,9 @@ class AgentCore:
             self.counters.ignored_globals += 1
             return GlobalResult(False)
         self.global_version = msg.global_version
+        self.global_epoch = int(msg.epoch)
         self.global_received_at = time.time() if now is None else now
-        self.stats.global_received(msg.global_version)
+        self.stats.global_received(msg.global_version, epoch=msg.epoch)
         self._prune_outbox(msg)
         done = msg.global_version if self.mode == "lockstep" else int(msg.included.get(self.client_id, 0))
         if self.secagg is not None and 0 < self.secagg.sent_seq <= done:
@@ -356,7 +359,7 @@ class AgentCore:
             "client": self.client_id, "index": self.index, "mode": self.mode,
             "learner": self.learner, "join": self.join,
             "seq": self.seq, "pred_seq": self.pred_seq, "steps": self.steps,
-            "global_version": self.global_version, "counters": self.counters,
+            "global_version": self.global_version, "global_epoch": self.global_epoch, "counters": self.counters,
             "outbox": [encode(self.outbox[s]) for s in sorted(self.outbox)],
         }
 
@@ -382,6 +385,7 @@ class AgentCore:
         self.learner, self.join = learner, state["join"]
         self.seq, self.pred_seq, self.steps = int(state["seq"]), int(state["pred_seq"]), int(state["steps"])
         self.global_version = int(state["global_version"])
+        self.global_epoch = int(state.get("global_epoch", 0))
         self.counters = state["counters"]
         self.outbox = outbox
         self.privacy = _private_part(learner)
@@ -390,7 +394,7 @@ class AgentCore:
 
     # ------------------------------------------------------------------ the work
     def _prediction(self, reading: Reading, mean: float, var: float | None, now: float) -> Prediction:
-        return Prediction(reading.id, mean, var, self.global_version, max(0.0, time.time() - now))
+        return Prediction(reading.id, mean, var, self.global_version, max(0.0, time.time() - now), self.global_epoch)
 
     def _learn(self, reading: Reading, y: float, now: float, predicted: bool = False
                ) -> tuple[Prediction | None, list[Message]]:
@@ -495,7 +499,7 @@ class AgentCore:
         return prediction_message(
             self.cfg.fleet, self.client_id, self.pred_seq, np.array([pred.mean]),
             None if pred.var is None else np.array([pred.var]), global_version=pred.global_version,
-            kernel_version=self.kernel_version,
+            kernel_version=self.kernel_version, epoch=pred.epoch,
             meta={"reading": pred.reading_id[:MAX_META_STR], "latency_s": float(pred.latency_s)})
 
     def warm_up(self) -> None:

@@ -9,7 +9,8 @@ Envelope (schema version 1), a msgpack map with exactly these keys::
     seq             int   per-(client, kind) sequence number, >= 0
     global_version  int   the global this message was computed against (a global: its own version)
     kernel_version  str   feature-map version the arrays belong to ("" when irrelevant)
-    epoch           int   FedBNR epoch (a new kernel version starts a new one), else 0
+    epoch           int   the version of learned kernel parameters (URK network, FSGP (θ, σ, Z); FedBNR: a
+                          new kernel version) the arrays or the prediction belong to, else 0
     n_samples       int   samples the message summarises
     created         float unix time at the sender
     arrays          {name: {"dtype": "float64" | "int64" | ..., "shape": [int, ...], "data": bin}}
@@ -757,11 +758,12 @@ def ack_message(fleet: str, client: str, included_seq: int, missing: Iterable[in
 
 
 def prediction_message(fleet: str, client: str, seq: int, mean: np.ndarray, var: np.ndarray | None = None,
-                       *, global_version: int = 0, kernel_version: str = "",
+                       *, global_version: int = 0, kernel_version: str = "", epoch: int = 0,
                        created: float | None = None, meta: Mapping[str, MetaValue] | None = None) -> Message:
-    """A `prediction` of one or more samples (`var` only for Bayesian learners)."""
+    """A `prediction` of one or more samples (`var` only for Bayesian learners), made under the global
+    `global_version` of epoch `epoch`."""
     arrays = {"mean": np.atleast_1d(np.asarray(mean, dtype=np.float64))}
     if var is not None:
         arrays["var"] = np.atleast_1d(np.asarray(var, dtype=np.float64))
     return Message(fleet, client, "prediction", seq, global_version, kernel_version,
-                   int(arrays["mean"].shape[0]), _now(created), arrays, dict(meta or {}))
+                   int(arrays["mean"].shape[0]), _now(created), arrays, dict(meta or {}), epoch=int(epoch))

@@ -192,7 +192,7 @@ class AgentStats:
         "samples", "skipped", "sq_error_sum", "window", "interval_hits", "interval_total", "latency",
         "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
         "learner_values", "recent_skip_ratio",
-        "upload_bytes", "upload_messages", "global_version", "global_received_at", "newest_version",
+        "upload_bytes", "upload_messages", "global_version", "global_epoch", "global_received_at", "newest_version",
         "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget",
     )
 
@@ -220,6 +220,7 @@ class AgentStats:
         self.recent_skip_ratio: float | None = None  # share of the source's recent items skipped (the runtime's)
         self.upload_bytes = 0
         self.upload_messages = 0
+        self.global_epoch = 0
         self.global_version: int | None = None
         self.global_received_at: float | None = None
         self.newest_version = 0
@@ -267,9 +268,10 @@ class AgentStats:
         self.upload_bytes += nbytes
         self.upload_messages += messages
 
-    def global_received(self, version: int, at: float | None = None) -> None:
-        """A global of `version` was installed at `at` (default: now on `clock`)."""
+    def global_received(self, version: int, at: float | None = None, epoch: int = 0) -> None:
+        """A global of `version` (and `epoch`) was installed at `at` (default: now on `clock`)."""
         self.global_version = int(version)
+        self.global_epoch = int(epoch)
         self.global_received_at = self.clock() if at is None else float(at)
         if version > self.newest_version:
             self.newest_version = int(version)

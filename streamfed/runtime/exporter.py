@@ -28,6 +28,7 @@ name                                                     type      labels
 ``streamfed_agent_upload_bytes_total``                   counter   fleet, client
 ``streamfed_agent_upload_messages_total``                counter   fleet, client
 ``streamfed_agent_global_version``                       gauge     fleet, client
+``streamfed_agent_global_epoch``                         gauge     fleet, client
 ``streamfed_agent_global_staleness_seconds``             gauge     fleet, client
 ``streamfed_agent_global_versions_behind``               gauge     fleet, client
 ``streamfed_agent_prediction_duration_seconds``          histogram fleet, client (small fleets)
@@ -185,6 +186,8 @@ class StreamfedCollector(Collector):
             c("streamfed_agent_upload_bytes", "Payload bytes of model updates uploaded.", unit="bytes"),
             c("streamfed_agent_upload_messages", "Model update messages uploaded."),
             g("streamfed_agent_global_version", "Version of the global model in use."),
+            g("streamfed_agent_global_epoch", "Epoch of the global model in use (a new learned kernel or (θ, Z) "
+              "starts one)."),
             g("streamfed_agent_global_staleness_seconds", "Seconds since the global model in use was received.",
               unit="seconds"),
             g("streamfed_agent_global_versions_behind", "Global versions between the one in use and the newest known."),
@@ -251,6 +254,7 @@ class StreamfedCollector(Collector):
                 f["streamfed_agent_learner_value"].add_metric([*lab, name], v)  # type: ignore[attr-defined]
             if s.global_version is not None:
                 f["streamfed_agent_global_version"].add_metric(lab, s.global_version)  # type: ignore[attr-defined]
+                f["streamfed_agent_global_epoch"].add_metric(lab, s.global_epoch)  # type: ignore[attr-defined]
                 f["streamfed_agent_global_staleness_seconds"].add_metric(  # type: ignore[attr-defined]
                     lab, s.staleness_seconds())
             f["streamfed_agent_global_versions_behind"].add_metric(  # type: ignore[attr-defined]
