@@ -723,6 +723,8 @@ def subscribe(
     port: Annotated[int, typer.Option(help="broker port (without --config)")] = 1883,
     count: Annotated[int | None, typer.Option(help="exit after this many predictions")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON line per prediction")] = False,
+    client_id: Annotated[str | None, typer.Option(help="MQTT client id (default: the user name if there is one, "
+                                                  "as a production broker's viewer account requires)")] = None,
 ) -> None:
     """A live view of a fleet's predictions (or JSON lines with --json)."""
     import asyncio
@@ -732,7 +734,7 @@ def subscribe(
 
     broker = load_config(config).broker if config else BrokerConfig(host=host, port=port)
     try:
-        asyncio.run(watch(fleet, broker, console, count=count, as_json=as_json))
+        asyncio.run(watch(fleet, broker, console, count=count, as_json=as_json, client_id=client_id))
     except KeyboardInterrupt:
         pass
 

@@ -13,6 +13,7 @@ MQTT v5 reason codes are read with paho (aiomqtt's `publish()` does not surface 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -236,3 +237,30 @@ def test_a_sensor_adapter_feeds_its_agent_and_nothing_else(broker: brokers.Broke
             return [bytes(m.payload) for m in await drain(a1, 1.0)]  # type: ignore[arg-type]
 
     assert run(scenario()) == [b"x"]
+
+
+def test_streamfed_subscribe_watches_predictions_as_a_viewer_account(broker: brokers.Broker,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`streamfed subscribe` (runtime.subscribe.watch) logs in as a viewer: its bound client id is its user
+    name, which is what watch connects with by default; an agent's prediction reaches it."""
+    import io
+
+    import numpy as np
+    from rich.console import Console
+
+    from streamfed.fleet.protocol import encode, prediction_message
+    from streamfed.runtime.subscribe import watch
+
+    async def scenario() -> int:
+        out = io.StringIO()
+        watcher = asyncio.create_task(watch("f", broker.broker_config("viewer"), Console(file=out), count=1,
+                                            as_json=True))
+        await asyncio.sleep(1.0)
+        async with client(broker, "a1") as a1:
+            msg = prediction_message("f", "a1", 1, np.array([0.5]), np.array([0.1]), global_version=2, epoch=1)
+            await a1.publish(topics.predictions_topic("f", "a1"), encode(msg), qos=1)
+        return await asyncio.wait_for(watcher, 10)
+
+    assert run(scenario()) == 1
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (row["client"], row["mean"], row["global_version"], row["epoch"]) == ("a1", 0.5, 2, 1)

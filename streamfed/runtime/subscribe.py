@@ -47,7 +47,7 @@ class PredictionDecoder:
 def _row(msg: Message) -> dict[str, Any]:
     var = msg.arrays.get("var")
     return {"client": msg.client, "seq": msg.seq, "mean": float(msg.arrays["mean"][-1]),
-            "var": None if var is None else float(var[-1]), "global_version": msg.global_version,
+            "var": None if var is None else float(var[-1]), "global_version": msg.global_version, "epoch": msg.epoch,
             "reading": msg.meta.get("reading"), "latency_s": msg.meta.get("latency_s"), "created": msg.created}
 
 
@@ -65,13 +65,16 @@ def _table(fleet: str, latest: dict[str, dict[str, Any]], counts: dict[str, int]
 
 
 async def watch(fleet: str, broker: BrokerConfig, console: Console, count: int | None = None,
-                as_json: bool = False) -> int:
-    """Subscribe to `streamfed/v1/<fleet>/predictions/+` until `count` predictions (or forever)."""
+                as_json: bool = False, client_id: str | None = None) -> int:
+    """Subscribe to `streamfed/v1/<fleet>/predictions/+` until `count` predictions (or forever).
+
+    The client id is `client_id`, else the user name when there is one — the production broker binds each
+    viewer account to the client id equal to its name — else a random one."""
     dec = PredictionDecoder(fleet)
     latest: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
     seen = rejected = 0
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs()) as client:
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs(client_id or broker.username)) as client:
         await client.subscribe(topic_filter(Channel.PREDICTIONS, fleet), qos=1)
         live = None if as_json else Live(_table(fleet, latest, counts, 0), console=console, refresh_per_second=4)
         if live is not None:
