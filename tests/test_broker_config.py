@@ -545,3 +545,15 @@ def test_docstring_examples() -> None:
 
     result = doctest.testmod(brokers, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_an_operator_account_reads_every_fleet_topic_and_publishes_nothing() -> None:
+    """`operators`: the broker operator of the privacy threat model (tests/test_secagg_fleet.py watches a
+    secure fleet through one) — every topic readable, nothing publishable, bound to its own name."""
+    accounts, roles = dynsec.build({"operators": ["ops"], "fleet": [{"name": "f", "agents": ["a1"]}]})
+    [ops] = [a for a in accounts if a.username == "ops"]
+    acls = [acl for r in roles if r["rolename"] in ops.roles for acl in r["acls"]]
+    assert ops.clientid == "ops"
+    assert {(a["acltype"], a["topic"]) for a in acls} == {("subscribePattern", "#"), ("publishClientReceive", "#")}
+    with pytest.raises(dynsec.RosterError, match="used twice"):
+        dynsec.build({"operators": ["a1"], "fleet": [{"name": "f", "agents": ["a1"]}]})

@@ -15,7 +15,7 @@ from streamfed.algorithms.fedbnr import FedBNRParams
 from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.protocol import Message, decode, encode
 from streamfed.fleet.sources import Reading
 from streamfed.fleet.topics import Channel
@@ -197,26 +197,36 @@ def test_bad_secure_aggregation_messages_are_counted_not_raised() -> None:
     assert agg.rejected["unknown_kind"] == 1
 
 
-@pytest.mark.parametrize("n_agents", [3])
-def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, n_agents: int) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("flavour", ["dev", "prod"])
+def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, flavour: str) -> None:  # type: ignore[no-untyped-def]
+    """Dev: an anonymous client on `#`. Prod (TLS, the generated roster): the broker's *operator* account,
+    which may read every topic — the threat model's broker operator — on `#`."""
     import aiomqtt
 
     from streamfed.fleet.sources import array_source
     from streamfed.runtime.agent import AgentService
     from streamfed.runtime.aggregator import AggregatorService
+    from tests import brokers
 
     cfg = FleetConfig(fleet="eaves", algorithm="fedbnr", n_inputs=3, n_features=4, kernels=["gaussian:1.0"],
                       standardise="none", secure_aggregation=True,
                       fedbnr=FedBNRParams(min_upload=8, fit_hyperparameters=False))
     plain = cfg.model_copy(update={"secure_aggregation": False})
+    n_agents = 3
     names = [f"e{i}" for i in range(n_agents)]
     rng = np.random.default_rng(3)
     data = {n: (rng.normal(0, 1, (16, 3)), rng.normal(0, 1, 16)) for n in names}
-    broker = mosquitto_dev.broker_config()
+    prod = None
+    if flavour == "prod":
+        prod = brokers.start_mosquitto("prod", roster={"operators": ["ops"],
+                                                       "fleet": [{"name": "eaves", "agents": names}]})
+
+    def login(user: str) -> BrokerConfig:
+        return mosquitto_dev.broker_config() if prod is None else prod.broker_config(user)
 
     async def main() -> tuple[list[tuple[str, bytes]], AggregatorService]:
         seen: list[tuple[str, bytes]] = []
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs("eaves.spy")) as spy:
+        async with aiomqtt.Client(**login("ops").aiomqtt_kwargs("ops" if prod else "eaves.spy")) as spy:
             await spy.subscribe("#", qos=1)
 
             async def listen() -> None:
@@ -224,10 +234,11 @@ def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, n_age
                     seen.append((m.topic.value, bytes(m.payload)))
 
             listener = asyncio.create_task(listen())
-            agg = AggregatorService(AggregatorCore(cfg, clients=names, window=0.3, round_timeout=3.0), broker)
+            agg = AggregatorService(AggregatorCore(cfg, clients=names, window=0.3, round_timeout=3.0),
+                                    login("eaves.aggregator"))
             agg_task = asyncio.create_task(agg.run())
             await asyncio.wait_for(agg.connected.wait(), 10)
-            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(*data[n]), linger=0.5)
+            agents = [AgentService(AgentCore(cfg, n, i), login(n), array_source(*data[n]), linger=0.5)
                       for i, n in enumerate(names)]
             tasks = [asyncio.create_task(a.run()) for a in agents]
 
@@ -245,7 +256,11 @@ def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, n_age
             listener.cancel()
         return seen, agg
 
-    seen, agg = asyncio.run(main())
+    try:
+        seen, agg = asyncio.run(main())
+    finally:
+        if prod is not None:
+            prod.close()
     kinds: dict[str, int] = {}
     schema = cfg.protocol_schema
     for topic, payload in seen:

@@ -6,6 +6,7 @@
 ROSTER.toml names who may connect (see broker_config/README.md, "Users and roles"):
 
     monitor = "monitor"               # optional: the $SYS reader (streamfed broker-metrics)
+    operators = ["ops"]               # optional: read every topic, publish nothing (the broker's operator)
 
     [[fleet]]
     name = "beijing"
@@ -20,7 +21,7 @@ ROSTER.toml names who may connect (see broker_config/README.md, "Users and roles
 Every account is bound to exactly one MQTT client id, so nobody can take over another client's id:
 an agent logs in as `<client>` with client id `<fleet>.<client>`; every other account's user name *is*
 its client id (`<fleet>.aggregator`, `<fleet>.shard.<name>`, `<fleet>.reducer`, a viewer's name, the
-monitor's name). With `sensor_adapters = true`, agent `<client>` also gets `<client>.sensor`, bound
+monitor's name, an operator's name). With `sensor_adapters = true`, agent `<client>` also gets `<client>.sensor`, bound
 to `<fleet>.<client>.sensor` (edge/sensor_adapter.py's client id), which may only publish the agent's
 sensor topic. Everything not granted is refused: subscriptions, publishes and deliveries.
 
@@ -109,9 +110,10 @@ FLEET_KEYS = {"name", "agents", "aggregator", "shards", "shard_group", "reducer"
 
 def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
     """Accounts and roles for a parsed roster; raises :class:`RosterError` on a bad one."""
-    unknown = set(roster) - {"fleet", "monitor"}
+    unknown = set(roster) - {"fleet", "monitor", "operators"}
     if unknown:
-        raise RosterError(f"unknown roster key(s): {', '.join(sorted(unknown))} (expected [[fleet]], monitor)")
+        raise RosterError(f"unknown roster key(s): {', '.join(sorted(unknown))} "
+                          "(expected [[fleet]], monitor, operators)")
     fleets = roster.get("fleet", [])
     if not isinstance(fleets, list) or not fleets:
         raise RosterError("the roster names no fleet (add a [[fleet]] table)")
@@ -190,6 +192,13 @@ def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
         m = _name(roster["monitor"], "monitor name")
         roles.append(_role("monitor", read=["$SYS/#"]))
         add(Account(m, m, ["monitor"], f"monitor {m}"))
+    operators = _names(roster.get("operators", []), "operators")
+    if operators:
+        # The broker's operator: reads every topic (what a broker administrator can see anyway), publishes
+        # nothing. The privacy threat model's "broker operator" (docs/privacy.md); give it to nobody else.
+        roles.append(_role("operator", read=["#"]))
+        for o in operators:
+            add(Account(o, o, ["operator"], f"operator {o}"))
     return list(accounts.values()), roles
 
 
