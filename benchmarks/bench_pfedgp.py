@@ -9,10 +9,12 @@
   plug-in contract (`build_arrangement`: the same learners and aggregation an agent and an aggregator run; the
   aggregation takes each step's uploads as one round and every client gets the new global). Test accuracy,
   log loss and expected calibration error (15 bins on the top probability) over all clients' test images,
-  and the prequential accuracy of the first pass; 3 seeds. Rows: pFedGP (full GP), pFedGP-IP (FITC,
-  `M` shared inducing inputs), FedAvg (the same network with a softmax head, everything averaged),
-  local-only GP classifiers on the fixed random network (no learning), and a local River classifier
-  (Gaussian naive Bayes). Inputs: pixels / 16, standardised with the training pixels' mean and spread.
+  and the prequential accuracy of the first pass; 3 seeds; reliability diagrams (pooled over seeds) to
+  `docs/img/pfedgp_reliability_digits_<N>.png`. Rows: pFedGP (full GP), pFedGP-IP (FITC, `M` shared inducing
+  inputs), FedAvg (the same network with a softmax head, everything averaged), pFedGP with a private network
+  per client (the paper's "Local"), local-only GP classifiers on the fixed random network (no learning), and a
+  local River classifier (Gaussian naive Bayes). Inputs: pixels / 16, standardised with the training pixels'
+  mean and spread.
 * (b) The Beijing stations as clients predicting the PM2.5 air-quality band (six Chinese AQI bands) from the
   other readings (`streamfed.algorithms.pfedgp.aqi`), the first `--beijing-steps` hours of each station,
   inputs standardised online (past only, winsorised at ±5σ); prequential accuracy, log loss and ECE; 3 seeds.
@@ -53,6 +55,7 @@ from streamfed.fleet.protocol import encode  # noqa: E402
 torch.set_num_threads(1)
 RESULTS: dict[str, Any] = {}
 ECE_BINS = 15
+IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 
 
 # =========================================================================== metrics
@@ -67,7 +70,40 @@ def metrics(P: np.ndarray, y: np.ndarray) -> dict[str, float]:
     bins = np.minimum((conf * ECE_BINS).astype(int), ECE_BINS - 1)
     ece = sum(abs(hit[bins == b].mean() - conf[bins == b].mean()) * np.mean(bins == b)
               for b in range(ECE_BINS) if np.any(bins == b))
-    return {"accuracy": float(hit.mean()), "log_loss": float(ll.mean()), "ece": float(ece)}
+    counts = np.bincount(bins, minlength=ECE_BINS)
+    return {"accuracy": float(hit.mean()), "log_loss": float(ll.mean()), "ece": float(ece),
+            "bin_count": counts.tolist(), "bin_correct": np.bincount(bins, hit, ECE_BINS).tolist(),
+            "bin_confidence": np.bincount(bins, conf, ECE_BINS).tolist()}
+
+
+def reliability_plot(curves: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """Reliability diagrams (accuracy against confidence per bin, pooled over seeds) side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(3.0 * len(curves), 3.2), sharey=True)
+    for ax, (name, m) in zip(np.atleast_1d(axes), curves.items(), strict=True):
+        n, k, c = (np.array(m[key], dtype=float) for key in ("bin_count", "bin_correct", "bin_confidence"))
+        ok = n > 0
+        edges = np.linspace(0, 1, ECE_BINS + 1)
+        ax.bar(edges[:-1][ok], k[ok] / n[ok], width=1 / ECE_BINS, align="edge", edgecolor="k", alpha=0.7)
+        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        ax.plot(c[ok] / n[ok], k[ok] / n[ok], "r.", ms=4)
+        ece = float(np.sum(np.abs(k[ok] - c[ok])) / n.sum())
+        ax.set_title(f"{name}\nECE {ece:.3f}", fontsize=8)
+        ax.set_xlabel("confidence")
+    np.atleast_1d(axes)[0].set_ylabel("accuracy")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def short(m: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {m[k]:.3f}" for k in ("accuracy", "log_loss", "ece"))
 
 
 def mean_std(rows: list[dict[str, float]], key: str) -> tuple[float, float]:
@@ -241,6 +277,7 @@ def methods_a(quick: bool) -> dict[str, tuple[str, dict[str, Any]] | None]:
         "pFedGP": ("pfedgp", common),
         "pFedGP-IP (M=16)": ("pfedgp", {**common, "inducing": 16}),
         "FedAvg (softmax head)": ("pfedgp", {**common, "head": "softmax", "fit_steps": 10, "learning_rate": 0.02}),
+        "pFedGP local (own network per client)": ("pfedgp-local", common),
         "local GP, fixed random network": ("pfedgp", {**common, "learn_kernel": False}),
         "local River GaussianNB": None,
     }
@@ -253,6 +290,7 @@ def part_a(quick: bool, passes: int) -> list[str]:
              f"{passes} pass(es) over each client's training images; test metrics on its held-out 20 %; "
              f"mean ± std over seeds {seeds}.", ""]
     table: dict[str, Any] = {}
+    curves: dict[int, dict[str, Any]] = {}
     for n in sizes:
         lines += [f"### {n} clients", "",
                   "| method | test accuracy | test log loss | test ECE | prequential acc. (pass 1) | MB/round | s |",
@@ -268,7 +306,7 @@ def part_a(quick: bool, passes: int) -> list[str]:
                 else:
                     r = run_federated(spec[0], spec[1], train, seed, passes, tests)
                 rows.append(r)
-                print(f"  digits N={n} {name} seed {seed}: {r['test']} ({r['wall_s']:.0f} s)", flush=True)
+                print(f"  digits N={n} {name} seed {seed}: {short(r['test'])} ({r['wall_s']:.0f} s)", flush=True)
             flat = [{"acc": r["test"]["accuracy"], "ll": r["test"]["log_loss"], "ece": r["test"]["ece"],
                      "pre": r["prequential"]["accuracy"], "mb": r["bytes_per_round"] / 1e6, "s": r["wall_s"]}
                     for r in rows]
@@ -276,8 +314,14 @@ def part_a(quick: bool, passes: int) -> list[str]:
             lines.append(f"| {name} | {' | '.join(cells)} | {mean_std(flat, 'mb')[0]:.3f} | "
                          f"{mean_std(flat, 's')[0]:.0f} |")
             table[f"N{n}/{name}"] = rows
+            curves.setdefault(n, {})[name] = {key: np.sum([r["test"][key] for r in rows], axis=0).tolist()
+                                              for key in ("bin_count", "bin_correct", "bin_confidence")}
         lines.append("")
     RESULTS["digits"] = table
+    for n, cv in curves.items():
+        path = IMG / f"pfedgp_reliability_digits_{n}.png"
+        reliability_plot(cv, path, f"digits, {n} clients, 2 classes each: test reliability (pooled over seeds)")
+        lines += [f"![reliability, {n} clients](../../docs/img/{path.name})", ""]
     return lines
 
 
@@ -313,7 +357,7 @@ def part_b(quick: bool, steps: int) -> list[str]:
             else:
                 r = run_federated(spec[0], spec[1], clients, seed, 1, None, scale_online=True)
             rows.append(r)
-            print(f"  beijing {name} seed {seed}: {r['prequential']} ({r['wall_s']:.0f} s)", flush=True)
+            print(f"  beijing {name} seed {seed}: {short(r['prequential'])} ({r['wall_s']:.0f} s)", flush=True)
         flat = [{"acc": r["prequential"]["accuracy"], "ll": r["prequential"]["log_loss"],
                  "ece": r["prequential"]["ece"], "us": r["us_per_step"], "mb": r["bytes_per_round"] / 1e6,
                  "s": r["wall_s"]} for r in rows]
