@@ -122,6 +122,8 @@ class PFedGPClient:
             out[:] = 1.0 / self.n_classes
             return out
         out[:, list(self.model.classes)] = self.model.proba(self.embed(X))
+        if not np.all(np.isfinite(out)):  # never publish what is not a probability
+            raise NonFiniteError("class probabilities are not finite")
         return out
 
     # ------------------------------------------------------------------ learning
