@@ -679,3 +679,22 @@ def test_objective_gradients_against_finite_differences() -> None:
         h = 1e-5
         fd = (plain(0.8 + h, fitc) - plain(0.8 - h, fitc)) / (2 * h)
         assert float(a.grad) == pytest.approx(fd, rel=1e-4, abs=1e-6)
+
+
+def test_a_failed_refresh_changes_nothing(monkeypatch) -> None:
+    c = small_client()
+    X, y = blobs(4, [1, 4], seed=13)
+    for xi, yi in zip(X, y, strict=True):
+        c.learn(xi, float(yi))
+    before = (c.n, c.loss, c.correct, c.budget.arrays(), c.model.tree, c.model.posteriors, c.counts.copy())
+
+    def boom(*args: object, **kw: object) -> None:
+        raise ValueError("not finite")
+
+    monkeypatch.setattr("streamfed.algorithms.pfedgp.personal.gibbs", boom)
+    with pytest.raises(ValueError, match="not finite"):
+        c.learn(X[0], float(y[0]))
+    after = (c.n, c.loss, c.correct, c.budget.arrays(), c.model.tree, c.model.posteriors, c.counts)
+    assert after[:3] == before[:3] and after[4] is before[4] and after[5] is before[5]
+    assert all(np.array_equal(a, b) for a, b in zip(after[3], before[3], strict=True))
+    assert np.array_equal(after[6], before[6])

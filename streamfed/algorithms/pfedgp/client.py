@@ -29,6 +29,7 @@ GP models only its own classes; uniform before any sample).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import zlib
@@ -129,29 +130,35 @@ class PFedGPClient:
     # ------------------------------------------------------------------ learning
     def learn(self, x: np.ndarray, y: float, probs: np.ndarray | None = None) -> np.ndarray:
         """Learn one labelled sample; returns the probabilities predicted before it. A `ValueError` (bad input,
-        bad label) leaves everything unchanged."""
+        bad label, a refresh that would not be finite) leaves everything unchanged."""
         x = np.asarray(x, dtype=np.float64).reshape(-1)
         c = class_label(y, self.n_classes)
         p = self.predict(x) if probs is None else np.asarray(probs, dtype=np.float64)
         new_class = c not in self.budget.classes
-        kept = self.budget.add(x, c)
+        budget = copy.deepcopy(self.budget)  # the sample joins a copy: a failed refresh changes nothing
+        kept = budget.add(x, c)
+        stale = self._stale or kept
+        if new_class or (stale and (self.n + 1) % self.refresh_every == 0):
+            self._refresh(budget)
+            stale = False
+        self.budget, self._stale = budget, stale
         self.n += 1
         self.counts[c] += 1
         self.loss += -math.log(max(float(p[c]), LOG_FLOOR))
         self.correct += int(int(np.argmax(p)) == c)
-        self._stale = self._stale or kept
-        if new_class or (self._stale and self.n % self.refresh_every == 0):
-            self.refresh()
         if self.trains and self.n % self.fit_every == 0:
             self.fit()
         return p
 
     def refresh(self, rebuild: bool = False) -> None:
         """Refresh the personal GP on the budget's embeddings (continuing the chains)."""
-        X, y, ids = self.budget.arrays()
-        self.model.fit(self.embed(X), y, ids, rebuild=rebuild)
-        self.refreshes += 1
+        self._refresh(self.budget, rebuild)
         self._stale = False
+
+    def _refresh(self, budget: ClassBudget, rebuild: bool = False) -> None:
+        X, y, ids = budget.arrays()
+        self.model.fit(self.embed(X), y, ids, rebuild=rebuild)  # installs nothing if it raises
+        self.refreshes += 1
 
     def fit(self) -> bool:
         """The local update of the shared parameters on the budget; its delta, chunked, joins the queue."""

@@ -52,6 +52,7 @@ class GPTree:
         self.E = np.zeros((0, 0))
         self.posteriors: list[FullPosterior | FITCPosterior] = []
         self._omega: list[dict[int, np.ndarray]] = []  # per node: sample id → its ω in each chain
+        self._masks: list[np.ndarray] = []  # per node: which rows of E reach it
 
     @property
     def classes(self) -> tuple[int, ...]:
@@ -68,17 +69,19 @@ class GPTree:
             raise ValueError("expected finite embeddings (N, D) with one label and one id per row")
         classes = tuple(int(c) for c in np.unique(y))
         if not classes:
-            self.tree, self.posteriors, self._omega, self.E = None, [], [], E
+            self.tree, self.posteriors, self._omega, self.E, self._masks = None, [], [], E, []
             return
-        if rebuild or self.tree is None or self.tree.classes != classes:
-            self.tree = build_tree(classes, prototypes(E, y, classes), self.rng)
-            self._omega = [{} for _ in self.tree.nodes]
-        self.E = E
-        self.posteriors = []
-        for v, node in enumerate(self.tree.nodes):
+        # built aside and installed at the end: a failure (ValueError) leaves the model as it was
+        tree, omegas = self.tree, self._omega
+        if rebuild or tree is None or tree.classes != classes:
+            tree = build_tree(classes, prototypes(E, y, classes), self.rng)
+            omegas = [{} for _ in tree.nodes]
+        posteriors: list[FullPosterior | FITCPosterior] = []
+        new_omegas: list[dict[int, np.ndarray]] = []
+        for v, node in enumerate(tree.nodes):
             mask, yv = node.labels(y)
             Ev, iv = E[mask], ids[mask]
-            known = [self._omega[v].get(int(i)) for i in iv]
+            known = [omegas[v].get(int(i)) for i in iv]
             fresh = all(w is None for w in known)
             omega0 = np.empty((self.chains, iv.size))
             for j, w in enumerate(known):
@@ -94,9 +97,12 @@ class GPTree:
                 Z = self.inducing
                 post = fitc_gibbs(self.k(Z, Z), self.k(Ev, Z), np.full(iv.size, self.outputscale), yv,
                                   chains=self.chains, steps=steps, rng=self.rng, omega0=omega0)
-            self._omega[v] = {int(i): post.omega[:, j].copy() for j, i in enumerate(iv)}
-            self.posteriors.append(post)
-        self._masks = [node.labels(y)[0] for node in self.tree.nodes]
+            if not all(np.all(np.isfinite(a)) for a in vars(post).values()):
+                raise ValueError(f"node {v}: the Gibbs posterior is not finite")
+            new_omegas.append({int(i): post.omega[:, j].copy() for j, i in enumerate(iv)})
+            posteriors.append(post)
+        self.tree, self._omega, self.posteriors, self.E = tree, new_omegas, posteriors, E
+        self._masks = [node.labels(y)[0] for node in tree.nodes]
 
     def node_probabilities(self, Es: np.ndarray) -> np.ndarray:
         """`p(left)` at every node for the rows of `Es` → `(T, n_nodes)`."""

@@ -17,6 +17,7 @@ import numpy as np
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.chunks import split_vector
+from streamfed.algorithms.pfedgp.budget import ClassBudget
 from streamfed.algorithms.pfedgp.client import PFedGPClient
 from streamfed.algorithms.pfedgp.wire import chunk_update
 
@@ -69,6 +70,9 @@ class SoftmaxClient(PFedGPClient):
 
     def refresh(self, rebuild: bool = False) -> None:
         self._stale = False  # nothing personal to refresh
+
+    def _refresh(self, budget: ClassBudget, rebuild: bool = False) -> None:
+        pass
 
     def fit(self) -> bool:
         if self.queue or len(self.budget) < 2:
