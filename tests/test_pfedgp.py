@@ -698,3 +698,20 @@ def test_a_failed_refresh_changes_nothing(monkeypatch) -> None:
     assert after[:3] == before[:3] and after[4] is before[4] and after[5] is before[5]
     assert all(np.array_equal(a, b) for a, b in zip(after[3], before[3], strict=True))
     assert np.array_equal(after[6], before[6])
+
+
+@pytest.mark.parametrize("objective", ["marginal", "predictive"])
+@pytest.mark.parametrize("inducing", [0, 3])
+def test_local_update_runs_for_every_objective_and_variant(objective: str, inducing: int) -> None:
+    pytest.importorskip("torch")
+    from streamfed.algorithms.pfedgp.training import fit_local
+
+    layout = Layout(URKArch(n_inputs=2, widths=(4,), n_omega=8), inducing)
+    theta = initial_theta(layout, 0)
+    X, y = blobs(8, [0, 2, 5], seed=14)
+    new = fit_local(layout, theta, omega_of(layout, 0), X, y, rng=np.random.default_rng(0), steps=3,
+                    objective=objective, lengthscale=0.5)
+    assert new is not None and new.shape == theta.shape and np.all(np.isfinite(new))
+    moved = new - theta
+    assert np.any(moved[: layout.n_net] != 0) and (inducing == 0 or np.any(moved[layout.n_net:] != 0))
+    assert fit_local(layout, theta, omega_of(layout, 0), X, np.zeros_like(y), rng=np.random.default_rng(0)) is None
