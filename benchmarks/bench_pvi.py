@@ -1,7 +1,7 @@
 """PVI for federated sparse GPs (issue 19): the paper's synthetic experiment, real regression data over 10
 clients, binary classification, and cost.
 
-    .venv/bin/python benchmarks/bench_pvi.py [--quick] [--out PATH.md] [--parts abcd]
+    .venv/bin/python benchmarks/bench_pvi.py [--quick] [--out PATH.md] [--parts abcde]
 
 Sequential PVI throughout (one client refines per communication, in turn; the server applies each factor
 as it arrives — the asynchronous mode with one message in flight), as in the paper, with no damping.
@@ -27,6 +27,9 @@ as it arrives — the asynchronous mode with one message in flight), as in the p
   `M = 30`, 4 passes (40 communications).
 * (d) Cost on this machine: local refinement time per communication (from (b)) and bytes per message
   (encoded ``pvi.update`` and ``pvi.global``).
+* (e) The streaming plug-in through `streamfed.evaluation.replay` on the Beijing streams (12 stations, first
+  500 steps, online standardisation): PVI (q(Z), β learned; and fixed Z, β fixed) against FSGP, `M = 32`,
+  prequential MSE and NLPD.
 
 With `--out PATH.md`, the figures also go to `PATH.json` and the plots to `docs/img/pvi_*.png`.
 """
@@ -444,15 +447,55 @@ def part_d(quick: bool) -> list[str]:
     return [*rows, "", "FedAvg's update carries its local Z (M·d) instead of t_k(Z) (2Md).", ""]
 
 
+# =========================================================================== (e) streaming
+
+
+def part_e(quick: bool) -> list[str]:
+    """The streaming plug-in through the replay on the Beijing streams (prequential: every prediction made
+    before its sample is learned), PVI against FSGP with the same M."""
+    from streamfed.evaluation.datasets.beijing import load_beijing
+    from streamfed.evaluation.replay import AlgorithmConfig, replay
+
+    steps = 200 if quick else 500
+    fleet = load_beijing(normalisation="online", split="station", steps=steps)
+    common = {"n_inducing": 32, "sigma": 0.5}
+    rows = [("pvi", "PVI + DPO, q(Z) (HVM), β learned", {**common, "n_pseudo": 32, "learn_beta": True}),
+            ("pvi", "PVI + DPO, fixed Z, β fixed", {**common, "n_pseudo": 32, "inducing": "fixed"}),
+            ("fsgp", "FSGP (exact sums, FedAvg-learned θ, σ, Z)", {**common, "min_upload": 32})]
+    lines = [f"## (e) Streaming: the plug-in on the Beijing streams (12 stations, first {steps} steps, online "
+             "standardisation, seed 0)", "",
+             "PVI: reservoir 256, a refinement (30 Adam steps) every 64 samples, predictions from the current q "
+             "(8 draws of φ). Prequential MSE and NLPD over every station's stream.", "",
+             "| algorithm | MSE | NLPD | replay wall s |", "|---|---|---|---|"]
+    out = {}
+    for name, title, params in rows:
+        t0 = time.perf_counter()
+        result = replay(fleet, name, AlgorithmConfig(params={name: params}), seed=0)
+        wall = time.perf_counter() - t0
+        m = np.concatenate(result.means)
+        v = np.concatenate(result.variances)
+        y = np.concatenate(result.ys)
+        mse = float(np.mean((m - y) ** 2))
+        nlpd = float(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * (y - m) ** 2 / v))
+        out[title] = {"mse": mse, "nlpd": nlpd, "wall_s": wall}
+        lines.append(f"| {title} | {mse:.3f} | {nlpd:.3f} | {wall:.1f} |")
+    RESULTS["e"] = out
+    lines += ["", "PVI's predictions change only when a refinement or a global arrives (every 64 samples here), while "
+              "FSGP's posterior takes every sample at once: on these autocorrelated streams the lag costs PVI most "
+              "of its gap (fixed Z, refining every 16 samples instead: MSE 1.133 → 0.803, measured once, at four "
+              "times the refinements)."]
+    return [*lines, ""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--parts", default="abcd")
+    ap.add_argument("--parts", default="abcde")
     args = ap.parse_args()
     t0 = time.perf_counter()
     lines = ["# PVI for federated sparse GPs", ""]
-    for p, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d)):
+    for p, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e)):
         if p in args.parts:
             lines += fn(args.quick)
             print("\n".join(lines), flush=True)
