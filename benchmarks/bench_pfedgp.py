@@ -10,11 +10,11 @@
   aggregation takes each step's uploads as one round and every client gets the new global). Test accuracy,
   log loss and expected calibration error (15 bins on the top probability) over all clients' test images,
   and the prequential accuracy of the first pass; 3 seeds; reliability diagrams (pooled over seeds) to
-  `docs/img/pfedgp_reliability_digits_<N>.png`. Rows: pFedGP (full GP), pFedGP-IP (FITC, `M` shared inducing
-  inputs), FedAvg (the same network with a softmax head, everything averaged), pFedGP with a private network
-  per client (the paper's "Local"), local-only GP classifiers on the fixed random network (no learning), and a
-  local River classifier (Gaussian naive Bayes). Inputs: pixels / 16, standardised with the training pixels'
-  mean and spread.
+  `docs/img/pfedgp_reliability_digits_<N>.png`. Rows: pFedGP (full GP; the predictive likelihood, and the
+  marginal one), pFedGP-IP (FITC, `M` shared inducing inputs), FedAvg (the same network with a softmax head,
+  everything averaged), pFedGP with a private network per client (the paper's "Local"), local-only GP
+  classifiers on the fixed random network (no learning), and a local River classifier (Gaussian naive Bayes).
+  Inputs: pixels / 16, standardised with the training pixels' mean and spread.
 * (b) The Beijing stations as clients predicting the PM2.5 air-quality band (six Chinese AQI bands) from the
   other readings (`streamfed.algorithms.pfedgp.aqi`), the first `--beijing-steps` hours of each station,
   inputs standardised online (past only, winsorised at ±5σ); prequential accuracy, log loss and ECE; 3 seeds.
@@ -275,6 +275,7 @@ def methods_a(quick: bool) -> dict[str, tuple[str, dict[str, Any]] | None]:
               "learning_rate": 0.01, "min_proposal_weight": 32.0, "proposal_quorum": 0.2, "max_chunk_bytes": 8192}
     return {
         "pFedGP": ("pfedgp", common),
+        "pFedGP, marginal likelihood": ("pfedgp", {**common, "objective": "marginal"}),
         "pFedGP-IP (M=16)": ("pfedgp", {**common, "inducing": 16}),
         "FedAvg (softmax head)": ("pfedgp", {**common, "head": "softmax", "fit_steps": 10, "learning_rate": 0.02}),
         "pFedGP local (own network per client)": ("pfedgp-local", common),
