@@ -231,12 +231,15 @@ class Algorithm:
     otherwise it is order-free and always aggregates in windows. `bayesian`: predictions carry a
     variance. `cheap_regret`: `Learner.regret()` is cheap enough to read every few samples (else the
     agent reads it once per upload). `in_fleet`: it runs over MQTT (the paper's comparison baselines
-    run in the replay only).
+    run in the replay only). `task`: ``"regression"`` (a real target; predictions are a mean and maybe a
+    variance) or ``"classification"`` (the target is a class index 0, 1, …; the prediction's mean is the most
+    probable class) — the agents standardise a regression target only.
     """
 
     name: ClassVar[str]
     title: ClassVar[str]
     Params: ClassVar[type[Params]]
+    task: ClassVar[Literal["regression", "classification"]] = "regression"
     lockstep: ClassVar[bool] = False
     bayesian: ClassVar[bool] = False
     cheap_regret: ClassVar[bool] = True

@@ -162,7 +162,8 @@ class AgentCore:
                 noise_share=1.0 / (cfg.dp_round_clients or 1))
         self.status_changed = False  # something the status message says changed (the budget ran out)
         if cfg.standardise == "online":
-            self.learner = StandardisedLearner(self.learner, cfg.n_inputs)
+            self.learner = StandardisedLearner(self.learner, cfg.n_inputs,
+                                               target=self.algorithm.task == "regression")
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self._update_kind = cfg.update_kind  # resolved once: read for every update message
         self.upload_every = max(1, int(upload_every))

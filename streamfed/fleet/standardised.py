@@ -44,9 +44,11 @@ class StandardisedLearner:
     100.1
     """
 
-    def __init__(self, inner: Learner, n_inputs: int) -> None:
+    def __init__(self, inner: Learner, n_inputs: int, target: bool = True) -> None:
         self.inner = inner
         self.scales = StreamScales(n_inputs)  # inputs winsorised at ±INPUT_CLIP, never the target
+        # a classifier's target is a class index: it is passed on as it is, and predictions are not mapped back
+        self.target = bool(target)
         self._next: StreamScales | None = None  # the scales with the sample being learned folded in
         self._inner_pending = False
 
@@ -81,6 +83,8 @@ class StandardisedLearner:
         return m, (v if with_var else None)
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        if not self.target:
+            return self.inner.predict(self._inputs(x))
         if not self.scales.ready:
             _, var = self.inner.predict(np.zeros_like(np.asarray(x, dtype=np.float64)))
             return self._fallback(var is not None)
@@ -96,6 +100,13 @@ class StandardisedLearner:
         if not math.isfinite(y):
             raise ValueError(f"label is not finite: {y!r}")
         zx, zy, nxt = self.scales.step(x, y)  # ValueError: nothing changed
+        if not self.target:
+            if zx is None:  # the first samples only set the input scales
+                self._next, self._inner_pending = nxt, False
+                return self.inner.predict(self._inputs(x))
+            out = self.inner.begin_learn(zx, y)
+            self._next, self._inner_pending = nxt, True
+            return out
         if zx is None:  # the first samples only set the scales
             _, var = self.inner.predict(np.zeros_like(np.asarray(x, dtype=np.float64)))
             self._next, self._inner_pending = nxt, False
@@ -118,6 +129,11 @@ class StandardisedLearner:
         out = self.begin_learn(x, y)
         self.end_learn()
         return out
+
+    def _inputs(self, x: np.ndarray) -> np.ndarray:
+        """`x` in standard units (zeros until the scales are ready)."""
+        x = np.asarray(x, dtype=np.float64)
+        return self.scales.x.transform(x) if self.scales.ready else np.zeros_like(x)
 
     # -- the federated side, unchanged ---------------------------------------------------------
     def take_update(self) -> Update | None:

@@ -107,6 +107,7 @@ class PFedGP(Algorithm):
     title = "pFedGP (shared deep kernel by FedAvg, personal Pólya–Gamma GP-Tree classifier per client)"
     Params = PFedGPParams
     bayesian = False
+    task = "classification"
     cheap_regret = True
 
     def feature_dim(self, cfg: FleetConfig) -> int:
