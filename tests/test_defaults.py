@@ -306,3 +306,31 @@ def test_every_summing_learner_says_what_stays_below_its_floor(algorithm: str) -
         agent.on_reading(Reading(f"r{t}", x[t], float(t), y=float(y[t])))
     _, held = agent.end_of_stream(durable=False)
     assert held == 6 and agent.counters.skipped["below_privacy_floor"] == 6
+
+
+def test_an_agent_standardises_a_classifiers_inputs_but_never_its_class_labels():
+    """On the agents' default (`standardise = "online"`) a classifier (Algorithm.task) gets its inputs in
+    standard units and its labels as they are: every labelled reading is learned, none refused, and the
+    predictions are class indices — not a label mapped through a target scale."""
+    import numpy as np
+
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+
+    cfg = FleetConfig(fleet="f", algorithm="pfedgp", n_inputs=2,
+                      params={"n_classes": 2, "learn_kernel": False, "budget": 8, "chains": 2, "burn_in": 2})
+    assert cfg.standardise == "online"
+    agent = AgentCore(cfg, "a", 0)
+    rng = np.random.default_rng(0)
+    means = []
+    for t in range(120):
+        x = rng.normal(0, 1, 2) * 1000.0 + 5000.0  # raw units far from the unit scale
+        pred, _ = agent.on_reading(Reading(f"{t}", x, float(t), float(x[0] > 5000.0)), now=float(t))
+        means.append(pred.mean)
+    assert sum(agent.counters.skipped.values()) == 0 and agent.counters.learned == 120
+    assert set(means[-60:]) <= {0.0, 1.0}
+    # it learned the rule from standardised inputs: the last half mostly right
+    xs = rng.normal(0, 1, (40, 2)) * 1000.0 + 5000.0
+    hits = [agent.learner.predict(x)[0] == float(x[0] > 5000.0) for x in xs]
+    assert np.mean(hits) > 0.8
