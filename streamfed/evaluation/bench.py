@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHES", "Bench", "ROOT", "RESULTS", "DOCS", "assemble", "run_bench", "machine", "load_average",
+__all__ = ["BENCHES", "Bench", "ROOT", "RESULTS", "DOCS", "assemble", "run_bench", "machine", "load_average", "section",
            "write_section", "check_numbers"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,14 +131,28 @@ def write_section(out: Path | None, lines: Iterable[str], data: Mapping[str, Any
     return text
 
 
+def section(text: str) -> str:
+    r"""A result file as one section of the document: a file titled at level 1 (`# ...`) has every heading
+    moved one level down, so that the document keeps a single title.
+
+    >>> section("# FSGP\n\n## (a) 1-D\ntext")
+    '## FSGP\n\n### (a) 1-D\ntext'
+    >>> section("## Replay\ntext")
+    '## Replay\ntext'
+    """
+    if not text.startswith("# "):
+        return text
+    return "\n".join("#" + line if line.startswith("#") else line for line in text.split("\n"))
+
+
 def assemble(results: Path = RESULTS, docs: Path = DOCS) -> Path:
     """Write `docs` from the sections in `results` (registered benches in order, then any others)."""
     results = Path(results)
     names = [n for n in BENCHES if (results / f"{n}.md").exists()]
-    sections = [(results / f"{n}.md").read_text() for n in names]
+    sections = [section((results / f"{n}.md").read_text()) for n in names]
     extra = sorted(p for p in results.glob("*.md") if p.stem not in BENCHES and p.resolve() != Path(docs).resolve()
                    and p.name != "benchmarks.md")
-    sections += [p.read_text() for p in extra]
+    sections += [section(p.read_text()) for p in extra]
     text = HEADER.format(machine=machine(), load=load_average(),
                          names=", ".join(names + [p.stem for p in extra]) or "none") + "\n".join(sections)
     Path(docs).parent.mkdir(parents=True, exist_ok=True)
