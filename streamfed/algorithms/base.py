@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from streamfed.fleet.protocol import Message
 
 __all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode",
-           "UploadSensitivity", "aggregation_diagnostics", "learner_pending_samples", "learner_upload_sensitivity"]
+           "UploadSensitivity", "aggregation_diagnostics", "learner_class_probabilities", "learner_last_probabilities",
+           "learner_pending_samples", "learner_upload_sensitivity"]
 
 Mode = Literal["lockstep", "async"]
 
@@ -206,6 +207,20 @@ def learner_pending_samples(learner: Learner) -> int:
     return int(getattr(learner, "pending_samples", 0))
 
 
+def learner_class_probabilities(learner: Learner, x: np.ndarray) -> np.ndarray | None:
+    """A classifier's optional `class_probabilities(x)` (None for a learner without them: a regressor)."""
+    read = getattr(learner, "class_probabilities", None)
+    out = None if read is None else read(x)
+    return None if out is None else np.asarray(out, dtype=np.float64)
+
+
+def learner_last_probabilities(learner: Learner) -> np.ndarray | None:
+    """A classifier's optional `last_probabilities`: those of its last `begin_learn` (read instead of
+    predicting a second time). None when it has none."""
+    out = getattr(learner, "last_probabilities", None)
+    return None if out is None else np.asarray(out, dtype=np.float64)
+
+
 def aggregation_diagnostics(aggregation: Aggregation) -> dict[str, float]:
     """An aggregation's optional diagnostics (`{}` when it has none), finite values only."""
     read = getattr(aggregation, "diagnostics", None)
@@ -276,6 +291,12 @@ class Algorithm:
     def estimator(self, **params: Any) -> Any:
         """Its River estimator (a fleet of one)."""
         raise NotImplementedError
+
+    def n_classes(self, cfg: FleetConfig) -> int | None:
+        """A classifier's number of classes (its params' `n_classes`); None for a regressor."""
+        if self.task != "classification":
+            return None
+        return int(cfg.params.n_classes)  # type: ignore[attr-defined]
 
     def demo_settings(self) -> dict[str, Any]:
         """Fleet-configuration fields (and `params`) that make a good live demo of it on the Beijing streams."""

@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from streamfed import algorithms
-from streamfed.algorithms.base import Learner, Mode, NonFiniteError, Update, learner_pending_samples
+from streamfed.algorithms.base import (
+    Learner,
+    Mode,
+    NonFiniteError,
+    Update,
+    learner_class_probabilities,
+    learner_last_probabilities,
+    learner_pending_samples,
+)
 from streamfed.fleet.config import MAX_META_STR, FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, prediction_message
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
@@ -63,6 +71,7 @@ class Prediction:
     global_version: int
     latency_s: float
     epoch: int = 0  # the global's epoch (kernel version of learned-kernel families): nothing mixes versions
+    proba: np.ndarray | None = None  # a classifier's class probabilities (`mean` is their argmax); None: regressor
 
 
 class PendingLearn(NamedTuple):
@@ -75,6 +84,7 @@ class PendingLearn(NamedTuple):
     mean: float
     var: float | None
     global_version: int  # the global the step saw
+    proba: np.ndarray | None = None  # a classifier's class probabilities of the reading, taken at begin_learn
 
 
 @dataclass
@@ -256,15 +266,19 @@ class AgentCore:
         before: POF-MKL's fused step, FedBNR's prediction alone)."""
         now = time.time() if now is None else now
         if reading.y is None:
-            mean, var = self.learner.predict(reading.x)
+            proba = self._class_probabilities(reading.x)
+            if proba is None:
+                mean, var = self.learner.predict(reading.x)
+            else:  # one prediction: the class is the vector's argmax (the learner's own rule)
+                mean, var = float(np.argmax(proba)), None
             if self.join.add(reading) is not None:  # the oldest unlabelled reading was dropped
                 self.on_skip(Skip(SkipReason.LABEL_EVICTED))
             self.counters.samples += 1
-            return self._prediction(reading, mean, var, now), None
+            return self._prediction(reading, mean, var, now, proba), None
         pending = self._learn_begin(reading, reading.y, now)
         if pending is None:
             return None, None
-        return self._prediction(reading, pending.mean, pending.var, now), pending
+        return self._prediction(reading, pending.mean, pending.var, now, pending.proba), pending
 
     def finish_reading(self, pending: PendingLearn | None) -> list[Message]:
         """The rest of a labelled reading begun with :meth:`begin_reading`: learn, take the update, count.
@@ -394,8 +408,16 @@ class AgentCore:
         self._note_privacy()
 
     # ------------------------------------------------------------------ the work
-    def _prediction(self, reading: Reading, mean: float, var: float | None, now: float) -> Prediction:
-        return Prediction(reading.id, mean, var, self.global_version, max(0.0, time.time() - now), self.global_epoch)
+    def _prediction(self, reading: Reading, mean: float, var: float | None, now: float,
+                    proba: np.ndarray | None = None) -> Prediction:
+        return Prediction(reading.id, mean, var, self.global_version, max(0.0, time.time() - now), self.global_epoch,
+                          proba)
+
+    def _class_probabilities(self, x: np.ndarray) -> np.ndarray | None:
+        """A classifier's probabilities of `x` (None for a regressor: it is never asked)."""
+        if self.algorithm.task != "classification":
+            return None
+        return learner_class_probabilities(self.learner, x)
 
     def _learn(self, reading: Reading, y: float, now: float, predicted: bool = False
                ) -> tuple[Prediction | None, list[Message]]:
@@ -403,7 +425,7 @@ class AgentCore:
         if pending is None:
             return None, []
         msgs = self._learn_finish(pending)
-        return (None if predicted else self._prediction(reading, pending.mean, pending.var, now)), msgs
+        return (None if predicted else self._prediction(reading, pending.mean, pending.var, now, pending.proba)), msgs
 
     def _learn_begin(self, reading: Reading, y: float, now: float, predicted: bool = False) -> PendingLearn | None:
         wait = self.waiting_for
@@ -414,9 +436,11 @@ class AgentCore:
         except ValueError as e:  # the learner refused the sample and changed nothing: counted, not fatal
             self._refused(reading, e)
             return None
+        # a classifier staged the probabilities of this very prediction: read, not predicted again
+        proba = learner_last_probabilities(self.learner) if self.algorithm.task == "classification" else None
         # the global this step saw: an update computed from it says so even if a newer one is installed
         # before the update message is built
-        return PendingLearn(reading, y, now, predicted, mean, var, self.global_version)
+        return PendingLearn(reading, y, now, predicted, mean, var, self.global_version, proba)
 
     def _learn_finish(self, p: PendingLearn) -> list[Message]:
         try:
@@ -501,7 +525,8 @@ class AgentCore:
             self.cfg.fleet, self.client_id, self.pred_seq, np.array([pred.mean]),
             None if pred.var is None else np.array([pred.var]), global_version=pred.global_version,
             kernel_version=self.kernel_version, epoch=pred.epoch,
-            meta={"reading": pred.reading_id[:MAX_META_STR], "latency_s": float(pred.latency_s)})
+            meta={"reading": pred.reading_id[:MAX_META_STR], "latency_s": float(pred.latency_s)},
+            proba=None if pred.proba is None else pred.proba[None, :])
 
     def warm_up(self) -> None:
         """Run the per-sample path once on throw-away copies (numba dispatch and cache loading, the codec),

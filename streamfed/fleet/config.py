@@ -71,6 +71,8 @@ MAX_META_ITEMS = 16
 MAX_META_KEY = 32
 MAX_META_STR = 256
 MAX_KERNEL_VERSION_LEN = 128
+SIMPLEX_TOL = 1e-9  # how far from 1 a published probability vector may sum (float64 rounding is ~1e-15)
+MAX_CLASSES = 1000  # the most classes a classifier's `proba` may carry (pFedGP's `n_classes` bound)
 # Bytes a message may need besides its array data: field names, names, kernel version and a full meta
 # dict, generously rounded (see MessageSchema.max_bytes).
 _ENVELOPE_OVERHEAD = 1024 + MAX_META_ITEMS * (MAX_META_KEY + MAX_META_STR + 16)
@@ -88,7 +90,8 @@ class ArraySpec:
     `shape` holds ints (fixed axes) and strings naming a variable dimension whose bounds the
     :class:`MessageSchema` gives in `dims` (several arrays sharing a name must agree on its length).
     Value constraints: `finite` (floating arrays), `index_bound` (integer arrays: every value in
-    `[0, index_bound)`), `distinct`, `nonnegative`, `positive`.
+    `[0, index_bound)`), `distinct`, `nonnegative`, `positive`, `simplex` (floating arrays: every row along
+    the last axis is a probability vector — values in `[0, 1]` summing to 1 within `SIMPLEX_TOL`).
 
     >>> a = ArraySpec("delta", "float64", ("m", 20))
     >>> a.max_shape({"m": (1, 4)}), a.max_nbytes({"m": (1, 4)})
@@ -103,12 +106,15 @@ class ArraySpec:
     distinct: bool = False
     nonnegative: bool = False
     positive: bool = False
+    simplex: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in WIRE_DTYPES:
             raise ValueError(f"array {self.name!r}: unsupported dtype {self.dtype!r}; one of {list(WIRE_DTYPES)}")
         if (self.index_bound is not None or self.distinct) and not self.dtype.startswith(("int", "uint")):
             raise ValueError(f"array {self.name!r}: index/distinct constraints need an integer dtype")
+        if self.simplex and not self.dtype.startswith("float"):
+            raise ValueError(f"array {self.name!r}: a simplex constraint needs a floating dtype")
 
     @property
     def itemsize(self) -> int:
@@ -222,16 +228,22 @@ def contributor_dims(cfg: FleetConfig, lower: int = 1) -> dict[str, tuple[int, i
     return {"c": (lower, cfg.max_clients * 4)}
 
 
-def prediction_schema(bayesian: bool, max_batch: int = 256) -> MessageSchema:
-    """The `prediction` kind: `mean`, and `var` for Bayesian learners, of up to `max_batch` samples.
+def prediction_schema(bayesian: bool, max_batch: int = 256, n_classes: int | None = None) -> MessageSchema:
+    """The `prediction` kind: `mean`, and `var` for Bayesian learners, of up to `max_batch` samples; a
+    classifier's (`n_classes` given) also carries `proba (b, k)`, each row its class probabilities
+    (`k ≤ n_classes`, values in [0, 1] summing to 1).
 
-    >>> prediction_schema(True).array_names
-    ('mean', 'var')
+    >>> prediction_schema(True).array_names, prediction_schema(False, n_classes=3).array_names
+    (('mean', 'var'), ('mean', 'proba'))
     """
     pred = [ArraySpec("mean", "float64", ("b",))]
+    dims = {"b": (1, max_batch)}
     if bayesian:
         pred.append(ArraySpec("var", "float64", ("b",), nonnegative=True))
-    return MessageSchema("prediction", Channel.PREDICTIONS, tuple(pred), {"b": (1, max_batch)})
+    if n_classes is not None:
+        pred.append(ArraySpec("proba", "float64", ("b", "k"), simplex=True))
+        dims["k"] = (1, int(n_classes))
+    return MessageSchema("prediction", Channel.PREDICTIONS, tuple(pred), dims)
 
 
 def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
@@ -245,7 +257,7 @@ def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
         MessageSchema("ack", Channel.ACKS, (
             ArraySpec("missing", "int64", ("g",), distinct=True, nonnegative=True),
         ), {"g": (0, cfg.seq_window)}, max_included=1),
-        prediction_schema(get(cfg.algorithm).bayesian, cfg.max_prediction_batch),
+        prediction_schema(get(cfg.algorithm).bayesian, cfg.max_prediction_batch, get(cfg.algorithm).n_classes(cfg)),
         # reducer → shard: partial `meta.partial` was applied, or refused because it repeats the
         # (client, seq) pairs listed (already applied from another shard); the shard sends the rest again.
         MessageSchema("partial.ack", Channel.SHARD_ACKS, contributor_arrays(), contributor_dims(cfg, lower=0),

@@ -47,6 +47,7 @@ from streamfed.fleet.config import (
     MAX_KERNEL_VERSION_LEN,
     MAX_META_ITEMS,
     MAX_META_STR,
+    SIMPLEX_TOL,
     WIRE_DTYPES,
     ArraySpec,
     FleetConfig,
@@ -266,7 +267,7 @@ class _ArrayPlan:
         self.fixed_nbytes = math.prod(spec.shape) * self.itemsize if fixed else -1
         self.finite = spec.finite and self.np_dtype.kind == "f"
         self.value_checks = (spec.index_bound is not None or spec.distinct or spec.nonnegative
-                             or spec.positive)
+                             or spec.positive or spec.simplex)
 
 
 class _KindPlan:
@@ -562,6 +563,12 @@ def _check_constraints(arr: np.ndarray, spec: ArraySpec) -> None:
         raise _fail(Reason.BAD_ARRAY, f"array {name!r}: negative value")
     if spec.positive and not (arr > 0).all():
         raise _fail(Reason.BAD_ARRAY, f"array {name!r}: value <= 0")
+    if spec.simplex:
+        # finite already checked: a NaN never gets here
+        if arr.min() < 0 or arr.max() > 1:
+            raise _fail(Reason.BAD_ARRAY, f"array {name!r}: a probability outside [0, 1]")
+        if arr.ndim and not (np.abs(arr.sum(axis=-1) - 1.0) <= SIMPLEX_TOL).all():
+            raise _fail(Reason.BAD_ARRAY, f"array {name!r}: probabilities do not sum to 1 (within {SIMPLEX_TOL:g})")
 
 
 # =========================================================================== sequence numbers
@@ -759,11 +766,14 @@ def ack_message(fleet: str, client: str, included_seq: int, missing: Iterable[in
 
 def prediction_message(fleet: str, client: str, seq: int, mean: np.ndarray, var: np.ndarray | None = None,
                        *, global_version: int = 0, kernel_version: str = "", epoch: int = 0,
-                       created: float | None = None, meta: Mapping[str, MetaValue] | None = None) -> Message:
-    """A `prediction` of one or more samples (`var` only for Bayesian learners), made under the global
-    `global_version` of epoch `epoch`."""
+                       created: float | None = None, meta: Mapping[str, MetaValue] | None = None,
+                       proba: np.ndarray | None = None) -> Message:
+    """A `prediction` of one or more samples (`var` only for Bayesian learners, `proba` — a row of class
+    probabilities per sample — only for classifiers), made under the global `global_version` of epoch `epoch`."""
     arrays = {"mean": np.atleast_1d(np.asarray(mean, dtype=np.float64))}
     if var is not None:
         arrays["var"] = np.atleast_1d(np.asarray(var, dtype=np.float64))
+    if proba is not None:
+        arrays["proba"] = np.atleast_2d(np.asarray(proba, dtype=np.float64))
     return Message(fleet, client, "prediction", seq, global_version, kernel_version,
                    int(arrays["mean"].shape[0]), _now(created), arrays, dict(meta or {}), epoch=int(epoch))

@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.base import Learner, Regret, Update, learner_pending_samples
+from streamfed.algorithms.base import (
+    Learner,
+    Regret,
+    Update,
+    learner_class_probabilities,
+    learner_last_probabilities,
+    learner_pending_samples,
+)
 from streamfed.core.standardise import StreamScales
 from streamfed.fleet.protocol import Message
 
@@ -51,6 +58,8 @@ class StandardisedLearner:
         self.target = bool(target)
         self._next: StreamScales | None = None  # the scales with the sample being learned folded in
         self._inner_pending = False
+        # a classifier's probabilities of its last begin_learn: class probabilities are not mapped back
+        self.last_probabilities: np.ndarray | None = None
 
     # -- what the agent reads ------------------------------------------------------------------
     @property
@@ -90,6 +99,11 @@ class StandardisedLearner:
             return self._fallback(var is not None)
         return self.scales.predict(x, self.inner.predict)
 
+    def class_probabilities(self, x: np.ndarray) -> np.ndarray | None:
+        """A classifier's class probabilities of `x` (inputs standardised as for `predict`); None for a
+        learner without them."""
+        return learner_class_probabilities(self.inner, self._inputs(x))
+
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         """Predict and learn `(x, y)` in standard units (scales from the past), then fold it in — on
         copies first, so a refused sample (a value whose square overflows, or the learner's refusal)
@@ -100,11 +114,18 @@ class StandardisedLearner:
         if not math.isfinite(y):
             raise ValueError(f"label is not finite: {y!r}")
         zx, zy, nxt = self.scales.step(x, y)  # ValueError: nothing changed
+        self.last_probabilities = None
         if not self.target:
             if zx is None:  # the first samples only set the input scales
                 self._next, self._inner_pending = nxt, False
-                return self.inner.predict(self._inputs(x))
+                p = learner_class_probabilities(self.inner, self._inputs(x))
+                if p is None:
+                    return self.inner.predict(self._inputs(x))
+                # one prediction gives both: the most probable class and the vector published with it
+                self.last_probabilities = p
+                return float(np.argmax(p)), None
             out = self.inner.begin_learn(zx, y)
+            self.last_probabilities = learner_last_probabilities(self.inner)
             self._next, self._inner_pending = nxt, True
             return out
         if zx is None:  # the first samples only set the scales

@@ -7,11 +7,12 @@ import time
 from typing import Any
 
 import aiomqtt
+import numpy as np
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from streamfed.fleet.config import BrokerConfig, ProtocolSchema, prediction_schema
+from streamfed.fleet.config import MAX_CLASSES, BrokerConfig, ProtocolSchema, prediction_schema
 from streamfed.fleet.protocol import Message, ProtocolError, decode
 from streamfed.fleet.topics import Channel, topic_filter
 
@@ -20,7 +21,7 @@ __all__ = ["PredictionDecoder", "watch"]
 
 class PredictionDecoder:
     """Strictly decodes `prediction` messages of a fleet without knowing its learner: a prediction
-    carries `mean`, and `var` for Bayesian learners.
+    carries `mean`, `var` for Bayesian learners and `proba` for classifiers.
 
     >>> import numpy as np
     >>> from streamfed.fleet.protocol import encode, prediction_message
@@ -30,8 +31,10 @@ class PredictionDecoder:
     """
 
     def __init__(self, fleet: str) -> None:
-        # the prediction schema depends only on whether the learner is Bayesian: try both
-        self._schemas = [ProtocolSchema(fleet, {"prediction": prediction_schema(b)}) for b in (False, True)]
+        # the prediction schema depends only on whether the learner is Bayesian and whether it classifies
+        # (its class count unknown here: up to the most any classifier may have): try each
+        self._schemas = [ProtocolSchema(fleet, {"prediction": prediction_schema(b, n_classes=k)})
+                         for k in (None, MAX_CLASSES) for b in (False, True)]
 
     def decode(self, payload: bytes) -> Message:
         err: ProtocolError | None = None
@@ -45,21 +48,41 @@ class PredictionDecoder:
 
 
 def _row(msg: Message) -> dict[str, Any]:
+    """One prediction as a JSON-able row (its last sample); a classifier's adds `class` (the most probable)
+    and `p` (its probability).
+
+    >>> import numpy as np
+    >>> from streamfed.fleet.protocol import prediction_message
+    >>> r = _row(prediction_message("f", "a1", 1, np.array([2.0]), proba=np.array([[0.1, 0.2, 0.7]])))
+    >>> r["class"], r["p"]
+    (2, 0.7)
+    """
     var = msg.arrays.get("var")
-    return {"client": msg.client, "seq": msg.seq, "mean": float(msg.arrays["mean"][-1]),
-            "var": None if var is None else float(var[-1]), "global_version": msg.global_version, "epoch": msg.epoch,
-            "reading": msg.meta.get("reading"), "latency_s": msg.meta.get("latency_s"), "created": msg.created}
+    row = {"client": msg.client, "seq": msg.seq, "mean": float(msg.arrays["mean"][-1]),
+           "var": None if var is None else float(var[-1]), "global_version": msg.global_version, "epoch": msg.epoch,
+           "reading": msg.meta.get("reading"), "latency_s": msg.meta.get("latency_s"), "created": msg.created}
+    proba = msg.arrays.get("proba")
+    if proba is not None:
+        k = int(np.argmax(proba[-1]))
+        row["class"], row["p"] = k, float(proba[-1][k])
+    return row
 
 
 def _table(fleet: str, latest: dict[str, dict[str, Any]], counts: dict[str, int], rejected: int) -> Table:
     t = Table(title=f"predictions of fleet {fleet!r}")
-    for col in ("client", "count", "last mean", "± sd", "global", "age s"):
+    classifier = any("class" in r for r in latest.values())
+    cols = ("client", "count", "last class", "p", "global", "age s") if classifier else (
+        "client", "count", "last mean", "± sd", "global", "age s")
+    for col in cols:
         t.add_column(col, justify="left" if col == "client" else "right")
     now = time.time()
     for c in sorted(latest):
         r = latest[c]
-        sd = "—" if r["var"] is None else f"{r['var'] ** 0.5:.4f}"
-        t.add_row(c, str(counts[c]), f"{r['mean']:.4f}", sd, str(r["global_version"]), f"{now - r['created']:.1f}")
+        if "class" in r:
+            shown, spread = str(r["class"]), f"{r['p']:.3f}"
+        else:
+            shown, spread = f"{r['mean']:.4f}", ("—" if r["var"] is None else f"{r['var'] ** 0.5:.4f}")
+        t.add_row(c, str(counts[c]), shown, spread, str(r["global_version"]), f"{now - r['created']:.1f}")
     t.caption = f"{rejected} malformed messages ignored"
     return t
 
