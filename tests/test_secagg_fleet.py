@@ -180,6 +180,42 @@ def test_a_member_dropping_mid_round_does_not_stop_the_fleet() -> None:
     assert float(agg.aggregation.server.stats.n) == 80  # type: ignore[attr-defined]
 
 
+def test_a_round_survives_a_broker_slower_than_the_agents_fixed_timeout() -> None:
+    """Every message of the aggregator reaches its agent 12 s late — as the last of a 1,000-member roster did
+    over Mosquitto, the aggregator sending one QoS 1 message at a time: each agent's plain 10 s timeout expires
+    before its roster (it advertises fresh keys; the roster, with the first ones, must still be taken) and
+    between its later steps (a round's patience grows with its members). With a fixed 10 s no agent finished."""
+    cfg = fedbnr_cfg(True)
+    names = [f"c{i:02d}" for i in range(60)]
+    agents = {n: AgentCore(cfg, n, i) for i, n in enumerate(names)}
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=30.0)
+    delay, late = 12.0, []  # (due, message) of the aggregator's messages to one agent
+
+    def up(msgs: list[Message], now: float) -> None:
+        for m in msgs:
+            late.extend((now + delay, d) for d in agg.on_update(m.client, encode(m, cfg), now=now))
+
+    rng = np.random.default_rng(4)
+    for t in range(8):
+        for a in agents.values():
+            x, y = _readings(rng, t)
+            up(a.on_reading(Reading(f"{t}", x, 0.0, y), now=0.0)[1], 0.0)
+    now = 0.0
+    while agg.version == 0 and now < 120.0:
+        now += 1.0
+        for a in agents.values():  # the agents' clocks first: a timer due now fires before a message due now
+            up(a.secagg_tick(now), now)
+        late.extend((now + delay, d) for d in agg.tick(now))
+        due = [m for t, m in late if t <= now]
+        late[:] = [(t, m) for t, m in late if t > now]
+        for m in due:
+            if m.kind in DOWN_KINDS:
+                up(agents[m.client].on_secagg(decode(encode(m, cfg), cfg, client=m.client, kinds=DOWN_KINDS),
+                                              now=now), now)
+    assert agg.included() == {c: 1 for c in names}, f"round not done at {now:g} s: {agg.secagg.rejected}"  # type: ignore[union-attr]
+    assert all(a.secagg.refused == 0 for a in agents.values())  # type: ignore[union-attr]
+
+
 def test_bad_secure_aggregation_messages_are_counted_not_raised() -> None:
     cfg = fedbnr_cfg(True)
     agg = AggregatorCore(cfg, clients=["a", "b"], window=0.5)

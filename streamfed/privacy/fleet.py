@@ -65,6 +65,16 @@ KEYS, SHARES, MASKED, UNMASK = "secagg.keys", "secagg.shares", "secagg.masked", 
 ROSTER, FORWARD, SURVIVORS = "secagg.roster", "secagg.forward", "secagg.survivors"
 UP_KINDS = (KEYS, SHARES, MASKED, UNMASK)
 DOWN_KINDS = (ROSTER, FORWARD, SURVIVORS)
+# An agent's patience in a round grows with the round: the aggregator sends each stage's messages to the members
+# one at a time (QoS 1, one PUBACK each) and closes a stage only when all have answered, so the wait between two
+# of an agent's steps is up to two passes over the members — with 1,000 agents and the aggregator on one loop of a
+# loaded machine, 1,000 rosters (64 kB each: every member's keys) took 45 s; over a WAN it is a round trip each.
+# A fixed 10 s made most members of a 1,000-agent round give up and start again, and the round never finished.
+PATIENCE_PER_MEMBER = 0.1
+# Before its roster an agent does not know how many members there are; it advertises fresh keys after `timeout`,
+# then after twice that, and so on (the aggregator may be distributing a large roster, or be busy with a round
+# that refused the keys), and keeps its last pairs: a roster is taken with whichever of them it carries.
+KEPT_KEY_PAIRS = 5
 
 
 def max_degree(max_clients: int) -> int:
@@ -158,6 +168,7 @@ class SecAggAgent:
         self.layout = summed_layout(cfg)
         self.frac_bits = frac_bits(cfg)
         self._keys: tuple[X25519PrivateKey, X25519PrivateKey] | None = None
+        self._advertised: list[tuple[X25519PrivateKey, X25519PrivateKey]] = []  # since the last roster, newest last
         self._round: int | None = None
         self._sa: SecAggClient | None = None
         self._names: tuple[str, ...] = ()
@@ -171,16 +182,27 @@ class SecAggAgent:
         return Message(self.cfg.fleet, self.client, kind, seq, 0, "", n_samples, time.time(), arrays,
                        {"round": int(self._round or 0) or 1}, epoch=epoch)
 
+    def patience(self) -> float:
+        """How long a step may wait for the aggregator's next message before the round counts as stalled:
+        `timeout` plus `PATIENCE_PER_MEMBER` a member once the roster says how many there are; before it,
+        `timeout` doubled with each key pair advertised since the last roster."""
+        if self._sa is not None:
+            return self.timeout + PATIENCE_PER_MEMBER * len(self._names)
+        return self.timeout * 2 ** max(0, len(self._advertised) - 1)
+
     def tick(self, now: float, pending: bool | None = None) -> list[Message]:
         """Start a round (fresh keys) when something waits to be added and no round is under way, or the
-        round under way stalled for `timeout` seconds."""
+        round under way stalled for `patience()` seconds."""
         if pending is None:
             pending = self.contribution() is not None
         if not pending:
             return []
-        if self._keys is not None and now - self._since < self.timeout:
+        if self._keys is not None and now - self._since < self.patience():
             return []
+        if self._sa is not None:  # a round we were in stalled: its keys are spent
+            self._advertised = []
         self._keys = (X25519PrivateKey.generate(), X25519PrivateKey.generate())
+        self._advertised = [*self._advertised[-(KEPT_KEY_PAIRS - 1):], self._keys]
         self._round, self._sa, self._since = None, None, now
         self.rounds_started += 1
         pub = [k.public_key().public_bytes_raw() for k in self._keys]
@@ -190,6 +212,7 @@ class SecAggAgent:
     def done(self) -> None:
         """The global includes the round's contribution: forget the round (the next tick may start another)."""
         self._keys, self._round, self._sa = None, None, None
+        self._advertised = []
 
     @property
     def sent_seq(self) -> int:
@@ -218,9 +241,12 @@ class SecAggAgent:
             if c_pk.shape[0] != len(names) or s_pk.shape[0] != len(names) or self.client not in msg.included:
                 raise SecAggError("bad_roster", "keys and names disagree, or I am not in it")
             mine = msg.included[self.client]
-            pub = [k.public_key().public_bytes_raw() for k in self._keys]
-            if bytes(c_pk[mine]) != pub[0] or bytes(s_pk[mine]) != pub[1]:
+            theirs = (bytes(c_pk[mine]), bytes(s_pk[mine]))
+            pair = next((p for p in reversed(self._advertised)
+                         if tuple(k.public_key().public_bytes_raw() for k in p) == theirs), None)
+            if pair is None:
                 raise SecAggError("bad_roster", "my keys in the roster are not mine")
+            self._keys, self._advertised = pair, []
             settings = SecAggSettings(rid, names, sum(math.prod(s) for _, s in self.layout),
                                       graph_seed=self.cfg.seed)
             self._round, self._names, self._since = rid, names, now
