@@ -102,3 +102,75 @@ def test_a_malformed_probability_vector_is_refused_with_a_reason(proba: list[lis
     assert decode(encode(ok), cfg).arrays["proba"].shape == (1, 3)
     with pytest.raises(ProtocolError):  # a classifier's prediction must carry its probabilities
         decode(encode(prediction_message("f", "a", 1, np.array([1.0]))), cfg)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def _plain_scores(ys: list[int], probas: list[np.ndarray], bins: int = 15) -> tuple[float, float, float]:
+    """Accuracy, log loss and ECE transcribed from their definitions, one bin at a time."""
+    n = len(ys)
+    acc = sum(int(np.argmax(p)) == y for y, p in zip(ys, probas, strict=True)) / n
+    ll = -sum(np.log(max(p[y] if y < len(p) else 0.0, 1e-12)) for y, p in zip(ys, probas, strict=True)) / n
+    ece = 0.0
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        members = [(y, p) for y, p in zip(ys, probas, strict=True)
+                   if lo <= p.max() < hi or (b == bins - 1 and p.max() == 1.0)]
+        if members:
+            acc_b = np.mean([int(np.argmax(p)) == y for y, p in members])
+            conf_b = np.mean([p.max() for _, p in members])
+            ece += len(members) / n * abs(acc_b - conf_b)
+    return acc, ll, ece
+
+
+def test_accuracy_log_loss_and_calibration_match_their_definitions() -> None:
+    from streamfed.fleet.telemetry import AgentStats
+
+    rng = np.random.default_rng(3)
+    ys, probas = [], []
+    for i in range(400):
+        p = rng.dirichlet(np.full(4, 0.3 if i % 3 else 3.0))
+        if i % 50 == 0:
+            p = np.array([1.0, 0.0, 0.0, 0.0])  # confidence exactly 1: the top bin; a true class at p = 0
+        ys.append(int(rng.integers(0, 4)) if i % 5 else int(np.argmax(p)))
+        probas.append(p)
+    stats = AgentStats("a", algorithm="pfedgp")
+    for y, p in zip(ys, probas, strict=True):
+        stats.observe_prediction(float(y), float(np.argmax(p)), 0.001, None, p)
+    c = stats.classification
+    assert c is not None and c.n == 400
+    acc, ll, ece = _plain_scores(ys, probas)
+    assert c.accuracy == pytest.approx(acc, abs=1e-12)
+    assert c.log_loss == pytest.approx(ll, rel=1e-12)
+    assert c.expected_calibration_error == pytest.approx(ece, abs=1e-12)
+    assert ll > 1.0  # the floored zeros weigh in: -log(1e-12) ≈ 27.6
+    # known small case: two predictions, one right at 0.9, one wrong at 0.8
+    s2 = AgentStats("b")
+    s2.observe_prediction(0.0, 0.0, proba=np.array([0.9, 0.1]))
+    s2.observe_prediction(1.0, 0.0, proba=np.array([0.8, 0.2]))
+    assert s2.classification is not None
+    assert s2.classification.expected_calibration_error == pytest.approx((0.1 + 0.8) / 2)
+    assert s2.classification.log_loss == pytest.approx(-(np.log(0.9) + np.log(0.2)) / 2)
+
+
+def test_exporter_emits_classification_metrics_for_a_classifier_only() -> None:
+    from streamfed.runtime.exporter import StreamfedCollector
+
+    clf = AgentCore(pfedgp_cfg(), "c", 0, mode="async")
+    reg = AgentCore(FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_features=4, kernels=["gaussian:1.0"]),
+                    "r", 1, mode="async")
+    for reading in class_stream(8):
+        clf.on_reading(reading)
+        reg.on_reading(reading)
+    samples = [s for fam in StreamfedCollector([clf.stats, reg.stats]).collect() for s in fam.samples]
+    names = ("streamfed_agent_accuracy", "streamfed_agent_log_loss", "streamfed_agent_expected_calibration_error")
+    for name in names:
+        got = {s.labels["client"]: s.value for s in samples if s.name == name}
+        assert set(got) == {"c"}, name
+        assert np.isfinite(got["c"])
+    c = clf.stats.classification
+    assert c is not None and c.n == clf.stats.samples == 8
+    got = {s.name: s.value for s in samples if s.labels.get("client") == "c"}
+    assert got["streamfed_agent_accuracy"] == c.accuracy
+    assert reg.stats.classification is None

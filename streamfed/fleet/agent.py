@@ -456,7 +456,7 @@ class AgentCore:
         if not p.predicted:
             self.counters.samples += 1
         self.counters.sq_loss += (p.mean - p.y) ** 2
-        self.stats.observe_prediction(p.y, p.mean, max(0.0, time.time() - p.now), p.var)
+        self.stats.observe_prediction(p.y, p.mean, max(0.0, time.time() - p.now), p.var, p.proba)
         if self.algorithm.cheap_regret:
             if self.steps % self.stats_every == 0:
                 self.stats.update_from_learner(self.learner)

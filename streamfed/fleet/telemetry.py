@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_REJECT_REASONS",
     "LatencyHistogram",
     "WindowedMSE",
+    "ClassificationStats",
     "AgentStats",
     "AggregatorStats",
 ]
@@ -60,6 +61,8 @@ DEFAULT_REJECT_REASONS: tuple[str, ...] = (
 )
 
 _INF = math.inf
+ECE_BINS = 15  # equal-width bins of the top probability for the expected calibration error
+PROBA_FLOOR = 1e-12  # log loss floor: a class a client never saw has probability 0 under pFedGP
 
 
 # =========================================================================== building blocks
@@ -160,6 +163,60 @@ class WindowedMSE:
         return self._buf[self._pos :] + self._buf[: self._pos]
 
 
+class ClassificationStats:
+    """A classifier's prequential scores, as running sums: accuracy, log loss (the true class's probability
+    floored at `PROBA_FLOOR`) and expected calibration error over `ECE_BINS` equal-width bins of the top
+    probability (per bin: count, Σ correct, Σ confidence; ECE = Σ_b |Σ correct_b − Σ conf_b| / n).
+
+    >>> c = ClassificationStats()
+    >>> c.observe(0, np.array([0.9, 0.1])); c.observe(1, np.array([0.8, 0.2]))
+    >>> c.n, c.accuracy, round(c.log_loss, 6), round(c.expected_calibration_error, 6)
+    (2, 0.5, 0.857399, 0.45)
+    """
+
+    __slots__ = ("n", "correct", "log_loss_sum", "bin_n", "bin_correct", "bin_confidence")
+
+    def __init__(self, bins: int = ECE_BINS) -> None:
+        self.n = 0
+        self.correct = 0
+        self.log_loss_sum = 0.0
+        self.bin_n = [0] * bins
+        self.bin_correct = [0] * bins
+        self.bin_confidence = [0.0] * bins
+
+    def observe(self, y: int, proba: np.ndarray) -> None:
+        """Score the probabilities `proba` of a reading whose class turned out to be `y` (made before
+        learning it). A class beyond the vector has probability 0."""
+        y = int(y)
+        k = int(np.argmax(proba))
+        conf = float(proba[k])
+        p_true = float(proba[y]) if 0 <= y < len(proba) else 0.0
+        hit = int(k == y)
+        bins = len(self.bin_n)
+        b = min(int(conf * bins), bins - 1)  # a confidence of exactly 1 belongs to the top bin
+        self.n += 1
+        self.correct += hit
+        self.log_loss_sum -= math.log(max(p_true, PROBA_FLOOR))
+        self.bin_n[b] += 1
+        self.bin_correct[b] += hit
+        self.bin_confidence[b] += conf
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else math.nan
+
+    @property
+    def log_loss(self) -> float:
+        return self.log_loss_sum / self.n if self.n else math.nan
+
+    @property
+    def expected_calibration_error(self) -> float:
+        """Σ_b (n_b / n)·|accuracy_b − confidence_b| (NaN before the first)."""
+        if not self.n:
+            return math.nan
+        return sum(abs(c - s) for c, s in zip(self.bin_correct, self.bin_confidence, strict=True)) / self.n
+
+
 # =========================================================================== agent
 
 
@@ -193,7 +250,7 @@ class AgentStats:
         "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
         "learner_values", "recent_skip_ratio",
         "upload_bytes", "upload_messages", "global_version", "global_epoch", "global_received_at", "newest_version",
-        "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget",
+        "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget", "classification",
     )
 
     def __init__(self, client: str, *, fleet: str = "default", algorithm: str = "unknown", window: int = 100,
@@ -229,6 +286,8 @@ class AgentStats:
         self.dp_delta: float | None = None
         self.dp_budget: float | None = None
         self.dp_exhausted = False
+        # a classifier's scores: created by its first scored probabilities (a regressor never has them)
+        self.classification: ClassificationStats | None = None
 
     def set_privacy(self, epsilon: float, delta: float, exhausted: bool, budget: float | None = None) -> None:
         """The privacy spent so far: `(epsilon, delta)`, the budget, and whether it stopped the uploads."""
@@ -238,11 +297,12 @@ class AgentStats:
 
     # ------------------------------------------------------------------ hot path
     def observe_prediction(self, y: float, yhat: float, latency_s: float | None = None,
-                           var: float | None = None) -> None:
+                           var: float | None = None, proba: np.ndarray | None = None) -> None:
         """Score one prediction `yhat` of target `y` (made before learning `y`): squared error into
         the running and windowed MSE; with `var` (predictive variance) a hit if `y` lies in the
-        central 95% interval; `latency_s` into the latency histogram. A non-finite error is counted
-        as a skipped sample (reason `non_finite`) instead of poisoning the sums."""
+        central 95% interval; with `proba` (a classifier's class probabilities) accuracy, log loss and
+        calibration (:class:`ClassificationStats`); `latency_s` into the latency histogram. A non-finite
+        error is counted as a skipped sample (reason `non_finite`) instead of poisoning the sums."""
         e = y - yhat
         e2 = e * e
         if not e2 < _INF:  # NaN or overflow
@@ -255,6 +315,10 @@ class AgentStats:
             self.interval_total += 1
             if var >= 0.0 and abs(e) <= Z95 * math.sqrt(var):  # as FedBNR's own PrequentialMetrics
                 self.interval_hits += 1
+        if proba is not None:
+            if self.classification is None:
+                self.classification = ClassificationStats()
+            self.classification.observe(int(y), proba)
         if latency_s is not None:
             self.latency.observe(latency_s)
 

@@ -22,6 +22,9 @@ name                                                     type      labels
 ``streamfed_agent_interval_hits_total``                  counter   fleet, client
 ``streamfed_agent_interval_predictions_total``           counter   fleet, client
 ``streamfed_agent_interval_coverage_ratio``              gauge     fleet, client
+``streamfed_agent_accuracy``                             gauge     fleet, client (classifiers)
+``streamfed_agent_log_loss``                             gauge     fleet, client (classifiers)
+``streamfed_agent_expected_calibration_error``           gauge     fleet, client (classifiers)
 ``streamfed_agent_kernel_weight``                        gauge     fleet, client, kernel
 ``streamfed_agent_learner_value``                        gauge     fleet, client, name
 ``streamfed_agent_recent_skip_ratio``                    gauge     fleet, client
@@ -179,6 +182,11 @@ class StreamfedCollector(Collector):
             c("streamfed_agent_interval_hits", "Targets inside the central 95% predictive interval."),
             c("streamfed_agent_interval_predictions", "Predictions made with a predictive variance."),
             g("streamfed_agent_interval_coverage_ratio", "Fraction of targets inside the 95% predictive interval."),
+            g("streamfed_agent_accuracy", "A classifier's prequential accuracy (the most probable class, predicted "
+              "before learning the label)."),
+            g("streamfed_agent_log_loss", "A classifier's mean log loss, -log p(true class) floored at 1e-12."),
+            g("streamfed_agent_expected_calibration_error", "A classifier's expected calibration error (15 "
+              "equal-width bins of the top probability)."),
             g("streamfed_agent_kernel_weight", "Normalised kernel weight.", (*_A, "kernel")),
             g("streamfed_agent_recent_skip_ratio", "Share of the source's recent items skipped (bad input)."),
             g("streamfed_agent_learner_value", "A number the learner reports about itself (e.g. shared vs own log "
@@ -246,6 +254,12 @@ class StreamfedCollector(Collector):
                 f["streamfed_agent_interval_hits"].add_metric(lab, hits)  # type: ignore[attr-defined]
                 f["streamfed_agent_interval_predictions"].add_metric(lab, total)  # type: ignore[attr-defined]
                 f["streamfed_agent_interval_coverage_ratio"].add_metric(lab, hits / total)  # type: ignore[attr-defined]
+            cls = s.classification
+            if cls is not None and cls.n:  # classifiers only, once they have scored a prediction
+                f["streamfed_agent_accuracy"].add_metric(lab, cls.accuracy)  # type: ignore[attr-defined]
+                f["streamfed_agent_log_loss"].add_metric(lab, cls.log_loss)  # type: ignore[attr-defined]
+                f["streamfed_agent_expected_calibration_error"].add_metric(  # type: ignore[attr-defined]
+                    lab, cls.expected_calibration_error)
             for kernel, w in zip(s.kernel_names, list(s.kernel_weights), strict=False):
                 f["streamfed_agent_kernel_weight"].add_metric([*lab, kernel], w)  # type: ignore[attr-defined]
             if s.recent_skip_ratio is not None:
