@@ -12,7 +12,7 @@ Algorithm 1) and a fixed `Z` run in the same code. Kernel hyperparameters `β` a
 * :mod:`.free_energy` (the local free energy), :mod:`.refine` (a client's Adam step) — torch, imported
   on a client's first refinement only;
 * :mod:`.client` / :mod:`.server` — the two halves; :mod:`.agent`, :mod:`.aggregation`, :mod:`.wire` —
-  the plug-in contract.
+  the plug-in contract; :mod:`.regressor` — River.
 
 >>> import numpy as np
 >>> from streamfed.fleet.config import FleetConfig
@@ -154,6 +154,11 @@ class PVI(Algorithm):
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title)]
+
+    def estimator(self, **params: Any) -> Any:
+        from streamfed.algorithms.pvi.regressor import PVIRegressor
+
+        return PVIRegressor(**params)
 
     def demo_settings(self) -> dict[str, Any]:
         return {"params": {"n_inducing": 16, "n_pseudo": 16, "refine_every": 64}}

@@ -1,0 +1,212 @@
+"""PVI as a River regressor: one client with a private server (docs/algorithms.md, "PVI")."""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from river import base
+
+from streamfed.algorithms.pvi.client import PVIClient
+from streamfed.algorithms.pvi.server import PVIServer
+from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
+from streamfed.core.standardise import StreamScales
+
+if TYPE_CHECKING:
+    from river.proba import Gaussian
+
+    from streamfed.fleet.config import FleetConfig
+
+__all__ = ["PVIRegressor"]
+
+
+def _finite_target(y: Any) -> float:
+    """`y` as a float; `ValueError` for a None, NaN, infinite or non-numeric target."""
+    if y is None or isinstance(y, (str, bytes, bool)):
+        raise ValueError(f"target {y!r} is not a finite number")
+    try:
+        v = float(y)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"target {y!r} is not a finite number") from exc
+    if not math.isfinite(v):
+        raise ValueError(f"target {y!r} is not a finite number")
+    return v
+
+
+class PVIRegressor(base.Regressor):
+    """A streaming PVI sparse-GP regressor (Gaussian likelihood): a fleet of one.
+
+    Keys are mapped to an input vector in sorted order, fixed at the first `learn_one` (which builds the
+    model: `M = n_inducing` inducing inputs from the data-free Gaussian design, the fleet's version 0;
+    `lengthscale` None starts every `ℓ_d` at `√(2d)`); later a missing key reads 0 and an unknown one is
+    ignored; a None, NaN or non-numeric value (input or target) raises `ValueError` and changes nothing.
+    Every `refine_every` samples the client refines its factor (`steps` Adam steps on its reservoir) and
+    it goes to the private server, whose new state comes back. The refinement needs torch: without it
+    the regressor still learns (its reservoir, its scales) and predicts from the prior, the refinement
+    skipped and counted in `n_skipped`. With `standardise` (default) inputs and target are standardised
+    online from past samples only and predictions mapped back.
+
+    >>> from river import datasets, evaluate, metrics
+    >>> model = PVIRegressor(n_inducing=8, n_pseudo=8, steps=10, predict_draws=2)
+    >>> evaluate.progressive_val_score(datasets.TrumpApproval().take(200), model, metrics.MAE())
+    MAE: ...
+    >>> model.predict_one({"ordinal_date": 736389, "gallup": 43.8, "ipsos": 46.2, "morning_consult": 48.0,
+    ...                    "rasmussen": 44.1, "you_gov": 43.2}, with_dist=True)
+    𝒩(μ=..., σ=...)
+    """
+
+    def __init__(self, n_inducing: int = 16, n_pseudo: int = 16, kernel: str = "se", inducing: str = "hvm",
+                 parameterisation: str = "dpo", learn_beta: bool = False, lengthscale: float | None = None,
+                 amplitude: float = 1.0, sigma: float = 0.5, alpha: float = 0.1, reservoir: int = 256,
+                 refine_every: int = 64, steps: int = 30, learning_rate: float = 0.01, mc_samples: int = 1,
+                 predict_draws: int = 8, jitter: float = 1e-6, seed: int = 0, standardise: bool = True) -> None:
+        self.n_inducing = n_inducing
+        self.n_pseudo = n_pseudo
+        self.kernel = kernel
+        self.inducing = inducing
+        self.parameterisation = parameterisation
+        self.learn_beta = learn_beta
+        self.lengthscale = lengthscale
+        self.amplitude = amplitude
+        self.sigma = sigma
+        self.alpha = alpha
+        self.reservoir = reservoir
+        self.refine_every = refine_every
+        self.steps = steps
+        self.learning_rate = learning_rate
+        self.mc_samples = mc_samples
+        self.predict_draws = predict_draws
+        self.jitter = jitter
+        self.seed = seed
+        self.standardise = standardise
+        self._params()  # validated now (a pydantic ValidationError is a ValueError), not at the first sample
+        self._keys: list[Any] | None = None
+        self.client: PVIClient | None = None
+        self.server: PVIServer | None = None
+        self._scales: StreamScales | None = None
+        self.n_skipped = 0  # refinements skipped for want of torch
+
+    @classmethod
+    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
+        yield {"n_inducing": 4, "n_pseudo": 4, "refine_every": 100, "steps": 3, "predict_draws": 2}
+        yield {"n_inducing": 3, "n_pseudo": 3, "kernel": "matern32", "inducing": "fixed", "refine_every": 150,
+               "steps": 2, "predict_draws": 0, "reservoir": 64, "standardise": False}
+
+    # ------------------------------------------------------------------ plumbing
+    def _params(self) -> Any:
+        from streamfed.algorithms.pvi import PVIParams
+
+        return PVIParams(likelihood="gaussian", kernel=self.kernel, inducing=self.inducing,
+                         parameterisation=self.parameterisation, learn_beta=self.learn_beta,
+                         n_inducing=self.n_inducing, n_pseudo=self.n_pseudo, amplitude=self.amplitude,
+                         lengthscale=self.lengthscale, sigma=self.sigma, alpha=self.alpha, reservoir=self.reservoir,
+                         refine_every=self.refine_every, steps=self.steps, learning_rate=self.learning_rate,
+                         mc_samples=self.mc_samples, predict_draws=self.predict_draws, jitter=self.jitter,
+                         max_factors=1)
+
+    def _config(self, n_inputs: int) -> FleetConfig:
+        from streamfed.fleet.config import FleetConfig
+
+        return FleetConfig(fleet="local", algorithm="pvi", n_inputs=n_inputs, params=self._params(),
+                           seed=int(self.seed))
+
+    def _build(self, keys: list[Any]) -> None:
+        from streamfed.algorithms.pvi import initial_state, refine_settings
+
+        if not keys:
+            raise ValueError("cannot build a model from an input with no features")
+        cfg = self._config(len(keys))
+        p = cfg.params
+        # the regressor refines (and syncs) itself every `refine_every` samples: the client never does
+        self.client = PVIClient(initial_state(cfg), refine_settings(p), client_id="local", reservoir=p.reservoir,
+                                refine_every=sys.maxsize, predict_draws=p.predict_draws, seed=cfg.seed,
+                                jitter=p.jitter)
+        self.server = PVIServer(initial_state(cfg), n_pseudo=p.n_pseudo, parameterisation=p.parameterisation,
+                                asynchronous=True, max_factors=1)
+        self._keys = keys
+        if self.standardise:  # inputs winsorised at ±INPUT_CLIP, as every default estimator (never the target)
+            self._scales = StreamScales(len(keys))
+
+    def _learn(self, x: np.ndarray, y: float) -> None:
+        """The client learns one sample (standard units); refine and sync every `refine_every`."""
+        assert self.client is not None and self.server is not None
+        self.client.learn(x, y)
+        if self.client.n % int(self.refine_every) != 0:
+            return
+        try:
+            refined = self.client.refine()
+        except ImportError:  # no torch: the refinement is skipped, learning and predicting go on
+            self.n_skipped += 1
+            return
+        f = self.client.take_factor() if refined else None
+        if f is not None and self.server.receive(f):
+            self.client.install(self.server.publish())
+
+    def _prior(self) -> tuple[float, float]:
+        return 0.0, float(self.amplitude) ** 2 + float(self.sigma) ** 2
+
+    # ------------------------------------------------------------------ River protocol
+    def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
+        if self.client is None:
+            keys = sorted_keys(x)
+            dict_to_vector(keys, x)  # validate before building anything
+            _finite_target(y)
+            self._build(keys)
+        assert self.client is not None and self._keys is not None
+        xv = dict_to_vector(self._keys, x)
+        yv = _finite_target(y)
+        if self._scales is None:
+            self._learn(xv, yv)
+        else:
+            self._scales.learn(xv, yv, self._learn)
+
+    def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
+        if self.client is None or self._keys is None:
+            mu, var = self._prior()
+        elif self._scales is None:
+            mu, var = self.client.predict(dict_to_vector(self._keys, x))
+        else:
+            mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
+        if not with_dist:
+            return float(mu)
+        return gaussian(float(mu), float(var))
+
+    # ------------------------------------------------------------------ array path
+    def learn_many(self, xs: Any, ys: Any) -> None:
+        """Learn the rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key):
+        the same as a loop of `learn_one`. Bad input changes nothing."""
+        if hasattr(xs, "columns"):
+            keys = self._keys or sorted_keys({c: None for c in xs.columns})
+            arr = np.asarray(xs[keys].to_numpy(), dtype=np.float64)
+        else:
+            arr = np.asarray(xs, dtype=np.float64)
+            keys = self._keys or list(range(arr.shape[1] if arr.ndim == 2 else 0))
+        yarr = np.asarray(ys, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] != len(keys) or yarr.shape != (arr.shape[0],) \
+                or not np.all(np.isfinite(arr)) or not np.all(np.isfinite(yarr)):
+            raise ValueError(f"expected finite xs (T, {len(keys)}) and ys (T,), got {arr.shape} and {yarr.shape}")
+        before = copy.deepcopy(self.__dict__)
+        try:
+            for row, target in zip(arr, yarr, strict=True):
+                self.learn_one(dict(zip(keys, row.tolist(), strict=True)), float(target))
+        except ValueError:
+            self.__dict__.update(before)
+            raise
+
+    def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive means and variances of the rows of a `(T, d)` array."""
+        arr = np.asarray(xs[self._keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
+        if self.client is None:
+            m, v = self._prior()
+            return np.full(arr.shape[0], m), np.full(arr.shape[0], v)
+        if self._scales is None:
+            return self.client.predict_many(arr)
+        return self._scales.predict_many(arr, self.client.predict_many)
+
+    def predict_many(self, xs: Any) -> np.ndarray:
+        """Predictive means of the rows of a `(T, d)` array."""
+        return self.predict_dist_many(xs)[0]
