@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,9 @@ from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from streamfed.evaluation.datasets.synthetic import synthetic_fleet
+from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.sources import Reading
 from streamfed.fleet.telemetry import AgentStats, AggregatorStats
 from streamfed.runtime.exporter import MetricsServer, StreamfedCollector, make_registry, serve_metrics
 from tests import prometheus as prom
@@ -142,7 +146,9 @@ def test_dashboard_structure() -> None:
                    "streamfed_agent_kernel_weight", "streamfed_agent_upload_bytes_total",
                    "streamfed_agent_upload_messages_total", "histogram_quantile(",
                    "streamfed_aggregator_updates_rejected_total", "streamfed_aggregator_active_clients",
-                   "streamfed_aggregator_rounds_total", "streamfed_aggregator_global_version"):
+                   "streamfed_aggregator_rounds_total", "streamfed_aggregator_global_version",
+                   "streamfed_agent_accuracy", "streamfed_agent_log_loss",
+                   "streamfed_agent_expected_calibration_error"):
         assert needed in exprs, needed
     # every per-agent query filters on the client variable (fleet-level recording rules have no client)
     for p in qp:
@@ -175,7 +181,10 @@ def test_provisioning_and_compose_agree_with_the_files() -> None:
 @dataclass
 class Fleet:
     """Three POF-MKL agents and a FedBNR agent in lock-step rounds, with their aggregator; stats fed as
-    the runtime feeds them (uploads, globals, a rejection or skip now and then)."""
+    the runtime feeds them (uploads, globals, a rejection or skip now and then). A pFedGP agent (a whole
+    AgentCore, its stats fed by the core itself) classifies the FedBNR client's inputs into three bands of
+    its target: the dashboard's classifier panels are checked on a real classifier's numbers, the other
+    panels on the regressors' as before."""
 
     data: Any
     clients: list[POFMKLClient]
@@ -185,6 +194,7 @@ class Fleet:
     aggregator: AggregatorStats
     agent_collector: StreamfedCollector
     aggregator_collector: StreamfedCollector
+    classifier: AgentCore
     t: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -198,9 +208,14 @@ class Fleet:
         agents = [AgentStats.from_learner(POFMKLLearner(cl, "lockstep"), data.names[c], fleet=FLEET,
                                           algorithm="pofmkl") for c, cl in enumerate(clients)]
         agents.append(AgentStats.from_learner(StatsLearner(bayes), "bayes-0", fleet=FLEET, algorithm="fedbnr"))
+        cfg = FleetConfig(fleet=FLEET, algorithm="pfedgp", n_inputs=2, params={
+            "n_classes": 3, "learn_kernel": False, "budget": 8, "chains": 2, "burn_in": 2})
+        classifier = AgentCore(cfg, "classifier-0", 4, stats=AgentStats("classifier-0", fleet=FLEET,
+                                                                         algorithm="pfedgp"))
+        agents.append(classifier.stats)
         aggregator = AggregatorStats(FLEET)
         return cls(data, clients, POFMKLServer(bank.n_kernels, bank.dim), bayes, agents, aggregator,
-                   StreamfedCollector(agents), StreamfedCollector([], [aggregator]))
+                   StreamfedCollector(agents), StreamfedCollector([], [aggregator]), classifier)
 
     def run_rounds(self, n: int) -> None:
         with self.lock:
@@ -225,7 +240,7 @@ class Fleet:
             cl.set_global(g, version)
             stats.global_received(version)
             stats.update_from_learner(POFMKLLearner(cl, "lockstep"))
-        b, bstats = self.bayes, self.agents[-1]
+        b, bstats = self.bayes, self.agents[-2]
         x, y = self.data[3].X[t], float(self.data[3].y[t])
         t0 = time.perf_counter()
         mu, var = b.predict(x)
@@ -235,6 +250,8 @@ class Fleet:
         if up is not None:
             bstats.uploaded(sum(v.nbytes for v in up.to_message().values() if isinstance(v, np.ndarray)) + 64)
             bstats.update_from_learner(StatsLearner(b))
+        band = float(np.searchsorted(self.bands, y))  # the class: which third of the target's range
+        self.classifier.on_reading(Reading(f"r{self.t}", x, float(self.t), band))
         if self.t % 40 == 7:
             self.aggregator.rejected("stale_seq")
         if self.t % 90 == 13:
@@ -246,7 +263,13 @@ class Fleet:
         with self.lock:
             for cl, stats in zip(self.clients, self.agents, strict=False):
                 stats.update_from_learner(POFMKLLearner(cl, "lockstep"))
-            self.agents[-1].update_from_learner(StatsLearner(self.bayes))
+            self.agents[-2].update_from_learner(StatsLearner(self.bayes))
+            self.classifier.stats.update_from_learner(self.classifier.learner)
+
+    @cached_property
+    def bands(self) -> np.ndarray:
+        """Tertiles of the FedBNR client's target: the classifier's three classes."""
+        return np.quantile(self.data[3].y, [1 / 3, 2 / 3])
 
 
 @dataclass
@@ -333,9 +356,17 @@ def test_regret_query_returns_the_stats_value_exactly(live: Live) -> None:
         kernels = p.values(f'streamfed_agent_kernel_weight{{client="{stats.client}"}}')
         assert {dict(k)["kernel"]: v for k, v in kernels.items()} == dict(
             zip(cl.bank.kernel_names, cl.kernel_weights.tolist(), strict=True))
-    bayes = live.fleet.agents[-1]
+    bayes = live.fleet.agents[-2]
     assert p.value('streamfed_agent_regret{client="bayes-0"}') == bayes.regret
     assert p.value('streamfed_agent_interval_coverage_ratio{client="bayes-0"}') == bayes.coverage
+    scores = live.fleet.classifier.stats.classification
+    assert scores is not None and scores.n == live.fleet.t
+    assert p.value('streamfed_agent_accuracy{client="classifier-0"}') == scores.accuracy
+    assert p.value('streamfed_agent_log_loss{client="classifier-0"}') == scores.log_loss
+    assert p.value('streamfed_agent_expected_calibration_error{client="classifier-0"}') == (
+        scores.expected_calibration_error)
+    for name in ("accuracy", "log_loss", "expected_calibration_error"):  # classifiers only
+        assert [dict(k)["client"] for k in p.values(f"streamfed_agent_{name}")] == ["classifier-0"]
     assert p.value(f'streamfed_aggregator_rounds_total{{fleet="{FLEET}"}}') == live.fleet.aggregator.rounds
 
 
