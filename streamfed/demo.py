@@ -3,7 +3,9 @@
 A broker (Mosquitto from `broker_config/` when installed, else an in-process one — it says which),
 one aggregator and one agent per Beijing station (the vendored streams, online standardisation as a
 real agent would see them), all in this process over real MQTT; a live table of per-agent MSE and
-regret; a Prometheus endpoint; a summary at the end. `duration` bounds it.
+regret; a Prometheus endpoint; a summary at the end. `duration` bounds it. A classifier (e.g. pFedGP)
+predicts each station's PM2.5 AQI band (:mod:`streamfed.algorithms.pfedgp.aqi`) and its table shows
+accuracy, log loss and calibration instead of MSE.
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ def _fmt(v: float | None, spec: str = ".4f") -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def _table(services: list[AgentService], agg: AggregatorService, title: str) -> Table:
+def _table(services: list[AgentService], agg: AggregatorService, title: str, classifier: bool = False) -> Table:
     t = Table(title=title, expand=False)
-    for col in ("agent", "n", "MSE", "MSE100", "R(T)", "R/T", "cov95", "v", "kB up", "p99 ms"):
+    scores = ("acc", "log loss", "ECE") if classifier else ("MSE", "MSE100")
+    for col in ("agent", "n", *scores, "R(T)", "R/T", *(() if classifier else ("cov95",)), "v", "kB up", "p99 ms"):
         t.add_column(col, justify="left" if col == "agent" else "right")
     for s in services:
         st = s.core.stats
@@ -81,6 +84,13 @@ def _table(services: list[AgentService], agg: AggregatorService, title: str) -> 
         p99 = lat[int(0.99 * (len(lat) - 1))] * 1e3 if lat else None
         r = st.regret
         rt = r / st.learner_steps if r is not None and st.learner_steps else None
+        c = st.classification
+        if classifier:
+            shown = (("—", "—", "—") if c is None else
+                     (_fmt(c.accuracy, ".3f"), _fmt(c.log_loss, ".3f"), _fmt(c.expected_calibration_error, ".3f")))
+            t.add_row(s.client_id[:12], str(st.samples), *shown, _fmt(r, ".3f"), _fmt(rt, ".2e"),
+                      str(st.global_version or 0), f"{st.upload_bytes / 1e3:.0f}", _fmt(p99, ".2f"))
+            continue
         t.add_row(s.client_id[:12], str(st.samples), _fmt(st.mse), _fmt(st.windowed_mse), _fmt(r, ".3f"),
                   _fmt(rt, ".2e"), _fmt(st.coverage, ".3f"), str(st.global_version or 0),
                   f"{st.upload_bytes / 1e3:.0f}", _fmt(p99, ".2f"))
@@ -94,9 +104,15 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     console = console or Console()
     broker = await EmbeddedBroker().start()
     console.print(f"[bold]broker[/]: {broker.description}")
-    fleet = load_beijing(normalisation="online", split="station")
-    streams = fleet.streams[: opts.agents]
     alg = algorithms.get(opts.algorithm)
+    classifier = alg.task == "classification"
+    if classifier:  # a class target: each station's PM2.5 AQI band, inputs as read (the agents standardise them)
+        from streamfed.algorithms.pfedgp.aqi import beijing_aqi
+
+        fleet = beijing_aqi()
+    else:
+        fleet = load_beijing(normalisation="online", split="station")
+    streams = fleet.streams[: opts.agents]
     settings: dict[str, Any] = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size}
     settings.update(alg.demo_settings())  # what makes a good live demo of this algorithm (e.g. one kernel)
     params = dict(settings.pop("params", {}))
@@ -135,18 +151,19 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     try:
         await asyncio.wait_for(agg.connected.wait(), 10)
         tasks = [asyncio.create_task(a.run()) for a in agents]
-        with Live(_table(agents, agg, "streamfed demo"), console=console, refresh_per_second=4,
+        with Live(_table(agents, agg, "streamfed demo", classifier), console=console, refresh_per_second=4,
                   transient=False) as live:
             while time.monotonic() - started < opts.duration and not all(t.done() for t in tasks):
                 await asyncio.sleep(0.25)
-                live.update(_table(agents, agg, f"streamfed demo — {time.monotonic() - started:.0f}s"))
+                live.update(_table(agents, agg, f"streamfed demo — {time.monotonic() - started:.0f}s", classifier))
             for a in agents:
                 a.stop()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
             for a in agents:
                 a.core.stats.update_from_learner(a.core.learner)
-            live.update(_table(agents, agg, f"streamfed demo — final after {time.monotonic() - started:.0f}s"))
+            live.update(_table(agents, agg, f"streamfed demo — final after {time.monotonic() - started:.0f}s",
+                               classifier))
     finally:
         agg.stop()
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
@@ -164,8 +181,16 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                                       for a in agents) / len(agents),
         "wall_s": time.monotonic() - started,
     }
+    score = f"fleet MSE {mse:.4f} (standardised CO)"
+    if classifier:
+        scored = [a.core.stats.classification for a in agents if a.core.stats.classification is not None]
+        n = sum(c.n for c in scored)
+        summary["fleet_accuracy"] = sum(c.correct for c in scored) / n if n else math.nan
+        summary["fleet_log_loss"] = sum(c.log_loss_sum for c in scored) / n if n else math.nan
+        score = (f"fleet accuracy {summary['fleet_accuracy']:.3f}, log loss {summary['fleet_log_loss']:.3f} "
+                 "(PM2.5 AQI band)")
     console.print(f"\n[bold]summary[/]: {samples} samples learned by {len(agents)} agents in "
-                  f"{summary['wall_s']:.1f}s; fleet MSE {mse:.4f} (standardised CO); mean R(T)/T "
+                  f"{summary['wall_s']:.1f}s; {score}; mean R(T)/T "
                   f"{summary['mean_regret_per_sample']:.2e}; global v{agg.core.version} from "
                   f"{agg.core.counters.accepted} updates; " + _rejections(summary["rejected_by_reason"]) + ".")
     return summary

@@ -174,3 +174,50 @@ def test_exporter_emits_classification_metrics_for_a_classifier_only() -> None:
     got = {s.name: s.value for s in samples if s.labels.get("client") == "c"}
     assert got["streamfed_agent_accuracy"] == c.accuracy
     assert reg.stats.classification is None
+
+
+# ---------------------------------------------------------------------------------------------- demo
+
+
+def test_demo_runs_a_classifier_fleet_on_the_aqi_bands(tmp_path) -> None:
+    """`streamfed demo --algorithm pfedgp`: the stations' PM2.5 AQI bands over real MQTT; the table and the
+    summary score classes (accuracy, log loss), the endpoint exports the classifier metrics."""
+    import asyncio
+    import io
+    import urllib.request
+
+    from rich.console import Console
+
+    from streamfed import demo as demo_mod
+    from streamfed.demo import DemoOptions, run_demo
+
+    scraped: dict[str, str] = {}
+    real_serve = demo_mod.serve_metrics
+
+    def serve_and_remember(registry, host, port):  # type: ignore[no-untyped-def]
+        server, bound = real_serve(registry, host=host, port=port)
+        scraped["url"] = server.url
+        return server, bound
+
+    out = io.StringIO()
+    console = Console(file=out, width=140)
+
+    async def main() -> tuple[dict, str]:
+        opts = DemoOptions(duration=4.0, agents=2, rate=50.0, algorithm="pfedgp", out_dir=str(tmp_path))
+        task = asyncio.create_task(run_demo(opts, console))
+        while "url" not in scraped or "ready" not in out.getvalue():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.5)
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(scraped["url"], timeout=5).read().decode())
+        return await task, body
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(demo_mod, "serve_metrics", serve_and_remember)
+        summary, body = asyncio.run(main())
+    text = out.getvalue()
+    assert summary["agents"] == 2 and summary["samples"] > 20
+    assert 0.0 <= summary["fleet_accuracy"] <= 1.0 and summary["fleet_log_loss"] > 0
+    assert "fleet accuracy" in text and "AQI band" in text and "ECE" in text
+    assert 'streamfed_agent_accuracy{client="Aotizhongxin",fleet="demo"}' in body
+    assert "streamfed_agent_expected_calibration_error" in body
+    assert set(summary["rejected_by_reason"]) <= {"stale_seq"}, summary["rejected_by_reason"]
