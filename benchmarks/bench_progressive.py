@@ -122,6 +122,9 @@ def streamfed_models() -> tuple[list[Model], dict[str, str]]:
         except Exception as e:  # noqa: BLE001 — a registered family that does not import is a finding too
             skipped[name] = f"algorithms.get() raised {type(e).__name__}: {e}"
             continue
+        if alg.task != "regression":
+            skipped[name] = f"a {alg.task} algorithm (these streams are regression)"
+            continue
         try:
             est = alg.estimator()
         except NotImplementedError:
