@@ -5,7 +5,7 @@ one aggregator and one agent per Beijing station (the vendored streams, online s
 real agent would see them), all in this process over real MQTT; a live table of per-agent MSE and
 regret; a Prometheus endpoint; a summary at the end. `duration` bounds it. A classifier (e.g. pFedGP)
 predicts each station's PM2.5 AQI band (:mod:`streamfed.algorithms.pfedgp.aqi`) and its table shows
-accuracy, log loss and calibration instead of MSE.
+accuracy, log loss and calibration instead of MSE (its streams: `Algorithm.demo_fleet`).
 """
 
 from __future__ import annotations
@@ -106,11 +106,9 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     console.print(f"[bold]broker[/]: {broker.description}")
     alg = algorithms.get(opts.algorithm)
     classifier = alg.task == "classification"
-    if classifier:  # a class target: each station's PM2.5 AQI band, inputs as read (the agents standardise them)
-        from streamfed.algorithms.pfedgp.aqi import beijing_aqi
-
-        fleet = beijing_aqi()
-    else:
+    # a classifier's own streams (the stations' PM2.5 AQI bands, inputs as read: the agents standardise them)
+    fleet = alg.demo_fleet()
+    if fleet is None:
         fleet = load_beijing(normalisation="online", split="station")
     streams = fleet.streams[: opts.agents]
     settings: dict[str, Any] = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size}

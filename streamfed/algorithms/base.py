@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
+    from streamfed.evaluation.datasets.base import Fleet as DatasetFleet
     from streamfed.fleet.config import FleetConfig, MessageSchema
     from streamfed.fleet.protocol import Message
 
@@ -297,6 +298,16 @@ class Algorithm:
         if self.task != "classification":
             return None
         return int(cfg.params.n_classes)  # type: ignore[attr-defined]
+
+    def demo_fleet(self) -> DatasetFleet | None:
+        """The streams `streamfed demo` runs it on, when not the Beijing regression streams (None). A
+        classifier's default: the stations' PM2.5 AQI bands, the class streams the engine ships."""
+        if self.task != "classification":
+            return None
+        # the AQI streams live beside the engine's first classifier; read here so the demo names no plug-in
+        from streamfed.algorithms.pfedgp.aqi import beijing_aqi
+
+        return beijing_aqi()
 
     def demo_settings(self) -> dict[str, Any]:
         """Fleet-configuration fields (and `params`) that make a good live demo of it on the Beijing streams."""
