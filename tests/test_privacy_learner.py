@@ -241,3 +241,26 @@ def test_predictive_variance_accounts_for_the_globals_noise() -> None:
         quad = a @ a + (a @ a) * (m @ m) + (a @ m) ** 2 - np.sum(a * a * m * m)
         want += w[k] ** 2 * s2 * quad / client.sigma[k] ** 4
     assert extra == pytest.approx(want, rel=1e-9)
+
+
+def test_a_private_classifier_learns_its_class_labels_unclipped():
+    """DP clips a regression target to `clip_label`; a classifier's label is a class index and passes as it is
+    (class 5 stays 5 with clip_label = 3): the agent's classifier gives class 5 probability once it saw it."""
+    import numpy as np
+
+    from streamfed.algorithms.base import learner_class_probabilities
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+
+    cfg = FleetConfig(fleet="f", algorithm="pfedgp", n_inputs=2, standardise="none", dp_epsilon=8.0,
+                      params={"n_classes": 6, "learn_kernel": False, "budget": 8, "chains": 2, "burn_in": 2})
+    assert cfg.clip_label < 5
+    agent = AgentCore(cfg, "a", 0)
+    rng = np.random.default_rng(1)
+    for t in range(40):
+        label = 5 if t % 2 else 0
+        agent.on_reading(Reading(f"{t}", rng.normal(label, 0.3, 2), float(t), float(label)), now=float(t))
+    assert sum(agent.counters.skipped.values()) == 0
+    p = learner_class_probabilities(agent.learner, np.full(2, 5.0))
+    assert p is not None and p[5] > 0.5 and p[3] == 0.0  # class 5 learned as 5, nothing clipped to 3

@@ -300,14 +300,9 @@ class Algorithm:
         return int(cfg.params.n_classes)  # type: ignore[attr-defined]
 
     def demo_fleet(self) -> DatasetFleet | None:
-        """The streams `streamfed demo` runs it on, when not the Beijing regression streams (None). A
-        classifier's default: the stations' PM2.5 AQI bands, the class streams the engine ships."""
-        if self.task != "classification":
-            return None
-        # the AQI streams live beside the engine's first classifier; read here so the demo names no plug-in
-        from streamfed.algorithms.pfedgp.aqi import beijing_aqi
-
-        return beijing_aqi()
+        """The streams `streamfed demo` runs it on, when not the Beijing regression streams (None: those).
+        A classifier says which class streams it runs on (pFedGP: the stations' PM2.5 AQI bands)."""
+        return None
 
     def demo_settings(self) -> dict[str, Any]:
         """Fleet-configuration fields (and `params`) that make a good live demo of it on the Beijing streams."""

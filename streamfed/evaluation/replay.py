@@ -201,7 +201,8 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
 
         learners = [PrivateLearner(lr, epsilon=fcfg.dp_epsilon, delta=fcfg.dp_delta, budget=fcfg.dp_budget,
                                    label_bound=fcfg.clip_label, clip_norm=fcfg.clip_norm, rng=[seed, c],
-                                   client=names[c]) for c, lr in enumerate(learners)]
+                                   client=names[c], clip_labels=alg.task == "regression")
+                    for c, lr in enumerate(learners)]
         aggs = [alg.aggregation(fcfg, check_stats=False)]
     arr = Arrangement(v.name, alg, fcfg, learners, aggs, of, federated=v.arrangement == "federated",
                       centralised=v.arrangement == "centralised", kernel_names=list(learners[0].kernel_names),

@@ -169,7 +169,7 @@ class AgentCore:
             self.learner = self.privacy = PrivateLearner(
                 self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,
                 label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id,
-                noise_share=1.0 / (cfg.dp_round_clients or 1))
+                noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task == "regression")
         self.status_changed = False  # something the status message says changed (the budget ran out)
         if cfg.standardise == "online":
             self.learner = StandardisedLearner(self.learner, cfg.n_inputs,

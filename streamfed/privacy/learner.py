@@ -67,7 +67,7 @@ class PrivateLearner:
     def __init__(self, inner: Learner, *, epsilon: float, delta: float, budget: float | None = None,
                  label_bound: float = 3.0, clip_norm: float = 1.0, noise_share: float = 1.0,
                  method: Method = "rdp", rng: np.random.Generator | int | None = None,
-                 client: str = "", noise_multiplier: float | None = None) -> None:
+                 client: str = "", noise_multiplier: float | None = None, clip_labels: bool = True) -> None:
         if not (epsilon > 0 and 0 < delta < 1 and label_bound > 0 and clip_norm > 0 and 0 < noise_share <= 1):
             raise ValueError("need epsilon > 0, 0 < delta < 1, label_bound > 0, clip_norm > 0, 0 < noise_share <= 1")
         if budget is not None and not budget > 0:
@@ -75,6 +75,9 @@ class PrivateLearner:
         self.inner = inner
         self.client = client
         self.label_bound = float(label_bound)
+        # a classifier's label is a class index: clipping it would change the class (its uploads have no
+        # per-sample bound through the label, they are clipped whole)
+        self.clip_labels = bool(clip_labels)
         self.clip_norm = float(clip_norm)
         self.budget = budget
         self.sensitivity = learner_upload_sensitivity(inner, label_bound)
@@ -168,7 +171,8 @@ class PrivateLearner:
         return self._with_noise(x, self.inner.predict(x))
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        return self._with_noise(x, self.inner.begin_learn(x, dp.clip_label(y, self.label_bound)))
+        y = dp.clip_label(y, self.label_bound) if self.clip_labels else y
+        return self._with_noise(x, self.inner.begin_learn(x, y))
 
     def end_learn(self) -> None:
         self.inner.end_learn()
