@@ -215,6 +215,28 @@ def test_parser_state_survives_pickling():
     assert reason({"id": "c", "ts": 1, "x": X}, old) == SkipReason.OUT_OF_ORDER
 
 
+def test_a_timestamp_far_ahead_is_refused_never_stored_and_a_stored_one_is_dropped_on_load():
+    """One reading stamped `1e308` (or in epoch milliseconds) used to become the order mark and make every
+    later timestamped reading "out of order" — across restarts, since the parser is in the agent's state."""
+    import time
+
+    p = ReadingParser(FEATURES)
+    now = time.time()
+    assert isinstance(p.parse({"id": "a", "ts": now, "x": X}), Reading)
+    for ts in (1e308, now * 1000.0, now + 301.0):
+        skip = p.parse({"id": f"f{ts}", "ts": ts, "x": X})
+        assert isinstance(skip, Skip) and skip.reason == SkipReason.FUTURE_TIMESTAMP, skip
+    assert p.last_ts == now  # never stored
+    assert isinstance(p.parse({"id": "b", "ts": now + 1.0, "x": X}), Reading)
+    assert isinstance(p.parse({"id": "c", "ts": now + 200.0, "x": X}), Reading)  # clock skew within tolerance
+    # a state written before the check, holding a future mark, loads without it
+    old = ReadingParser.__new__(ReadingParser)
+    old.__setstate__({"features": tuple(FEATURES), "check_order": True, "last_ts": 1e308, "_seq": 1})
+    assert isinstance(old.parse({"id": "d", "ts": now, "x": X}), Reading)
+    with pytest.raises(ValueError, match="future_tolerance"):
+        ReadingParser(FEATURES, future_tolerance=-1.0)
+
+
 def test_schema_and_limits():
     with pytest.raises(ValueError):
         ReadingParser([])

@@ -46,6 +46,7 @@ from streamfed.fleet.columns import to_number as _number
 from streamfed.fleet.config import MAX_META_STR
 
 __all__ = [
+    "FUTURE_TOLERANCE",
     "MAX_ID_LEN",
     "Label",
     "LabelJoin",
@@ -76,6 +77,9 @@ log = logging.getLogger("streamfed.fleet.sources")
 _CSV_NA = frozenset({"", "NA", "N/A", "NaN", "nan", "NULL", "null", "None", "?", "-"})
 
 
+FUTURE_TOLERANCE = 300.0  # seconds a reading's timestamp may be ahead of this clock (clock skew)
+
+
 class SkipReason:
     """Why a sample was skipped (stable strings: they are metric labels).
 
@@ -88,6 +92,7 @@ class SkipReason:
     NON_NUMERIC = "non_numeric"
     NON_FINITE = "non_finite"  # NaN, ±inf, or a number too large for a float64
     OUT_OF_ORDER = "out_of_order"  # timestamp older than the last accepted reading's
+    FUTURE_TIMESTAMP = "future_timestamp"  # timestamp beyond now + tolerance (never stored: see ReadingParser)
     UNKNOWN_READING = "unknown_reading"  # a label for a reading we never saw (or already labelled)
     LABEL_EVICTED = "label_evicted"  # waited too long for its label: the join buffer was full
     DUPLICATE = "duplicate"  # a reading id seen before (QoS 1 delivers at least once)
@@ -183,7 +188,7 @@ class ReadingParser:
     """
 
     def __init__(self, features: Sequence[str] = (), check_order: bool = True, dedup_window: int = 10_000, *,
-                 columns: ColumnSpec | None = None) -> None:
+                 columns: ColumnSpec | None = None, future_tolerance: float = FUTURE_TOLERANCE) -> None:
         if columns is not None:
             if features and tuple(features) != columns.names:
                 raise ValueError(f"features {list(features)} are not the declared input columns {list(columns.names)}")
@@ -197,6 +202,9 @@ class ReadingParser:
         if dedup_window < 0:
             raise ValueError(f"dedup_window must be >= 0, got {dedup_window}")
         self.check_order = check_order
+        if not future_tolerance >= 0:
+            raise ValueError(f"future_tolerance must be >= 0, got {future_tolerance!r}")
+        self.future_tolerance = float(future_tolerance)
         self.last_ts = -math.inf
         self.dedup_window = dedup_window
         self._recent: deque[str] = deque()
@@ -282,6 +290,11 @@ class ReadingParser:
                 return Skip(SkipReason.MALFORMED, f"bad id (a string or integer of 1..{MAX_ID_LEN} characters)")
             if key in self._recent_set:
                 return Skip(SkipReason.DUPLICATE, f"reading {key!r} seen before")
+        if ts is not None and t > time.time() + self.future_tolerance:
+            # one clock far ahead (or a unit error: epoch milliseconds) would otherwise become the order mark
+            # and make every later reading "out of order" — refused and counted, never stored
+            return Skip(SkipReason.FUTURE_TIMESTAMP, f"timestamp {t} is more than {self.future_tolerance:g} s "
+                                                     "ahead of this clock (epoch seconds expected)")
         if self.check_order and ts is not None:
             if t < self.last_ts:
                 return Skip(SkipReason.OUT_OF_ORDER, f"timestamp {t} < last {self.last_ts}")
@@ -297,8 +310,10 @@ class ReadingParser:
         # Agents pickle their parser into their state file (streamfed.fleet.persistence): a file written before
         # a field existed still loads, with that field's default.
         defaults: dict[str, Any] = {"check_order": True, "last_ts": -math.inf, "dedup_window": 10_000, "_seq": 0,
-                                    "columns": None}
+                                    "columns": None, "future_tolerance": FUTURE_TOLERANCE}
         self.__dict__.update(defaults | state)
+        if self.last_ts > time.time() + self.future_tolerance:
+            self.last_ts = -math.inf  # a future mark stored before the check existed would block the stream
         if "_recent" not in state:
             self._recent, self._recent_set = deque(), set()
 

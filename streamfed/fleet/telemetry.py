@@ -49,7 +49,8 @@ AGGREGATION_BUCKETS: tuple[float, ...] = (
 # Kept literal (this module imports nothing of the runtime); tests/test_telemetry.py checks that they
 # cover streamfed.fleet.sources.SkipReason and streamfed.fleet.protocol.Reason.
 DEFAULT_SKIP_REASONS: tuple[str, ...] = (
-    "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "unknown_reading",
+    "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "future_timestamp",
+    "unknown_reading",
     "label_evicted", "duplicate", "unlearnable",
     "bad_boolean", "bad_timestamp", "unknown_level",  # values declared input columns refuse (fleet/columns.py)
     "below_privacy_floor",  # learned, but the stream ended below the upload floor and nothing keeps them
