@@ -12,12 +12,13 @@ import numpy as np
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
 from streamfed.algorithms.fsgp.wire import read_global, update_arrays
+from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.fleet.protocol import Message
 
 __all__ = ["FSGPLearner"]
 
 
-class FSGPLearner:
+class FSGPLearner(PredictThenLearn):
     """`predict` is the sparse-GP predictive (mean, variance); `begin_learn` predicts (and checks the
     target), `end_learn` makes the rank-one update, so a prediction is published before the `O(M²)` work.
 
@@ -56,21 +57,8 @@ class FSGPLearner:
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return self.client.predict(x)
 
-    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        pred = self.client.predict(x)
-        self._staged = (np.array(x, dtype=np.float64), finite_target(y), pred)
-        return pred
-
-    def end_learn(self) -> None:
-        if self._staged is not None:
-            x, y, pred = self._staged
-            self._staged = None
-            self.client.learn(x, y, pred)
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
+    def _target(self, y: float) -> float:
+        return finite_target(y)
 
     def take_update(self) -> Update | None:
         up = self.client.make_upload()

@@ -17,6 +17,7 @@ import numpy as np
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.pfedgp.client import PFedGPClient
 from streamfed.algorithms.pfedgp.wire import read_global
+from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.fleet.protocol import Message
 
 __all__ = ["PFedGPLearner", "learner_class_probabilities"]
@@ -28,7 +29,7 @@ def learner_class_probabilities(learner: Any, x: np.ndarray) -> np.ndarray | Non
     return None if read is None else np.asarray(read(x), dtype=np.float64)
 
 
-class PFedGPLearner:
+class PFedGPLearner(PredictThenLearn):
     """`predict` is `(most probable class, None)`; `class_probabilities` the whole vector; `begin_learn`
     predicts (and stages the probabilities), `end_learn` learns.
 
@@ -70,25 +71,18 @@ class PFedGPLearner:
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return float(np.argmax(self.client.predict(x))), None
 
-    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+    def _target(self, y: float) -> float:
         from streamfed.algorithms.pfedgp.client import class_label
 
         class_label(y, self.client.n_classes)  # refuse a bad label before anything is staged
-        p = self.client.predict(x)
-        self._staged = (np.array(x, dtype=np.float64), float(y), p)
+        return float(y)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        y = self._target(y)
+        p = self.client.predict(x)  # the class probabilities are what the client's learn takes
+        self._stage(x, y, p)
         self.last_probabilities = p
         return float(np.argmax(p)), None
-
-    def end_learn(self) -> None:
-        if self._staged is not None:
-            x, y, p = self._staged
-            self._staged = None
-            self.client.learn(x, y, p)
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
 
     def take_update(self) -> Update | None:
         return self.client.take_update()

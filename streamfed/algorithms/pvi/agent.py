@@ -12,12 +12,13 @@ import numpy as np
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.pvi.client import PVIClient
 from streamfed.algorithms.pvi.wire import factor_arrays, read_global
+from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.fleet.protocol import Message
 
 __all__ = ["PVILearner"]
 
 
-class PVILearner:
+class PVILearner(PredictThenLearn):
     """`predict` is the current `q`'s predictive (mean, variance); `begin_learn` predicts, `end_learn`
     learns (and refines every `refine_every` samples).
 
@@ -52,22 +53,6 @@ class PVILearner:
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return self.client.predict(x)
-
-    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        pred = self.client.predict(x)
-        self._staged = (np.array(x, dtype=np.float64), float(y), pred)
-        return pred
-
-    def end_learn(self) -> None:
-        if self._staged is not None:
-            x, y, pred = self._staged
-            self._staged = None
-            self.client.learn(x, y, pred)
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
 
     def take_update(self) -> Update | None:
         f = self.client.take_factor()

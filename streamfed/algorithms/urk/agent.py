@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.algorithms.urk.client import URKClient
 from streamfed.algorithms.urk.wire import read_global
 from streamfed.fleet.protocol import Message
@@ -16,7 +17,7 @@ from streamfed.fleet.protocol import Message
 __all__ = ["URKLearner"]
 
 
-class URKLearner:
+class URKLearner(PredictThenLearn):
     """`predict` is the Bayesian last layer's predictive (mean, variance) under the current network;
     `begin_learn` predicts, `end_learn` learns (and, every `fit_every` samples, fits the network locally).
 
@@ -55,22 +56,6 @@ class URKLearner:
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return self.client.predict(x)
-
-    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        pred = self.client.predict(x)
-        self._staged = (np.array(x, dtype=np.float64), float(y), pred)
-        return pred
-
-    def end_learn(self) -> None:
-        if self._staged is not None:
-            x, y, pred = self._staged
-            self._staged = None
-            self.client.learn(x, y, pred)
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
 
     def take_update(self) -> Update | None:
         return self.client.take_update()
