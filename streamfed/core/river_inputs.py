@@ -20,7 +20,7 @@ import numpy as np
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
-__all__ = ["dict_to_vector", "gaussian", "sorted_keys"]
+__all__ = ["dict_to_vector", "gaussian", "learn_rows", "sorted_keys"]
 
 
 def sorted_keys(x: dict) -> list[Any]:
@@ -45,6 +45,50 @@ def dict_to_vector(keys: Sequence[Any], x: dict) -> np.ndarray:
     if not np.all(np.isfinite(out)):
         raise ValueError("input contains a non-finite value")
     return out
+
+
+def learn_rows(estimator: Any, keys: Sequence[Any] | None, xs: Any, ys: Any, *, square_finite: bool = False) -> None:
+    """`estimator.learn_one` over the rows of a `(T, d)` array (columns in `keys` order; a DataFrame is
+    selected by key; `keys` None: the array's columns, or the DataFrame's sorted) — all or nothing: a shape
+    mismatch or a non-finite value (with `square_finite`, a target whose square overflows) is a `ValueError`
+    before anything is learned, and a row the estimator refuses restores its state as it was.
+
+    >>> class Est:
+    ...     def __init__(self): self.seen = []
+    ...     def learn_one(self, x, y):
+    ...         if y < 0: raise ValueError("negative")
+    ...         self.seen.append((x, y))
+    >>> e = Est()
+    >>> learn_rows(e, None, np.array([[1.0, 2.0]]), np.array([3.0])); e.seen
+    [({0: 1.0, 1: 2.0}, 3.0)]
+    >>> learn_rows(e, None, np.array([[1.0, 2.0], [0.0, 0.0]]), np.array([1.0, -1.0]))
+    Traceback (most recent call last):
+    ...
+    ValueError: negative
+    >>> len(e.seen)
+    1
+    """
+    import copy
+
+    if hasattr(xs, "columns"):
+        keys = list(keys) if keys else sorted_keys({c: None for c in xs.columns})
+        arr = np.asarray(xs[keys].to_numpy(), dtype=np.float64)
+    else:
+        arr = np.asarray(xs, dtype=np.float64)
+        keys = list(keys) if keys else list(range(arr.shape[1] if arr.ndim == 2 else 0))
+    yarr = np.asarray(ys, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        finite_y = np.all(np.isfinite(yarr * yarr if square_finite else yarr))
+    if arr.ndim != 2 or arr.shape[1] != len(keys) or yarr.shape != (arr.shape[0],) \
+            or not np.all(np.isfinite(arr)) or not finite_y:
+        raise ValueError(f"expected finite xs (T, {len(keys)}) and ys (T,), got {arr.shape} and {yarr.shape}")
+    before = copy.deepcopy(estimator.__dict__)
+    try:
+        for row, target in zip(arr, yarr, strict=True):
+            estimator.learn_one(dict(zip(keys, row.tolist(), strict=True)), float(target))
+    except ValueError:
+        estimator.__dict__.update(before)
+        raise
 
 
 def gaussian(mean: float, var: float) -> Gaussian:

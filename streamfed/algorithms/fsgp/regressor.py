@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,7 @@ from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import KINDS, Hyper
 from streamfed.algorithms.fsgp.server import FSGPServer
-from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
+from streamfed.core.river_inputs import dict_to_vector, gaussian, learn_rows, sorted_keys
 from streamfed.core.standardise import StreamScales
 
 if TYPE_CHECKING:
@@ -141,23 +140,7 @@ class FSGPRegressor(base.Regressor):
     def learn_many(self, xs: Any, ys: Any) -> None:
         """Learn the rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key):
         the same as a loop of `learn_one`. Bad input changes nothing."""
-        if hasattr(xs, "columns"):
-            keys = self._keys or sorted_keys({c: None for c in xs.columns})
-            arr = np.asarray(xs[keys].to_numpy(), dtype=np.float64)
-        else:
-            arr = np.asarray(xs, dtype=np.float64)
-            keys = self._keys or list(range(arr.shape[1] if arr.ndim == 2 else 0))
-        yarr = np.asarray(ys, dtype=np.float64)
-        if arr.ndim != 2 or arr.shape[1] != len(keys) or yarr.shape != (arr.shape[0],) \
-                or not np.all(np.isfinite(arr)) or not np.all(np.isfinite(yarr * yarr)):
-            raise ValueError(f"expected finite xs (T, {len(keys)}) and ys (T,), got {arr.shape} and {yarr.shape}")
-        before = copy.deepcopy(self.__dict__)
-        try:
-            for row, target in zip(arr, yarr, strict=True):
-                self.learn_one(dict(zip(keys, row.tolist(), strict=True)), float(target))
-        except ValueError:
-            self.__dict__.update(before)
-            raise
+        learn_rows(self, self._keys, xs, ys, square_finite=True)
 
     def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
         """Predictive means and variances of the rows of a `(T, d)` array."""

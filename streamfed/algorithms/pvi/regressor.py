@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import sys
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from river import base
 
 from streamfed.algorithms.pvi.client import PVIClient
 from streamfed.algorithms.pvi.server import PVIServer
-from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
+from streamfed.core.river_inputs import dict_to_vector, gaussian, learn_rows, sorted_keys
 from streamfed.core.standardise import StreamScales
 
 if TYPE_CHECKING:
@@ -179,23 +178,7 @@ class PVIRegressor(base.Regressor):
     def learn_many(self, xs: Any, ys: Any) -> None:
         """Learn the rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key):
         the same as a loop of `learn_one`. Bad input changes nothing."""
-        if hasattr(xs, "columns"):
-            keys = self._keys or sorted_keys({c: None for c in xs.columns})
-            arr = np.asarray(xs[keys].to_numpy(), dtype=np.float64)
-        else:
-            arr = np.asarray(xs, dtype=np.float64)
-            keys = self._keys or list(range(arr.shape[1] if arr.ndim == 2 else 0))
-        yarr = np.asarray(ys, dtype=np.float64)
-        if arr.ndim != 2 or arr.shape[1] != len(keys) or yarr.shape != (arr.shape[0],) \
-                or not np.all(np.isfinite(arr)) or not np.all(np.isfinite(yarr)):
-            raise ValueError(f"expected finite xs (T, {len(keys)}) and ys (T,), got {arr.shape} and {yarr.shape}")
-        before = copy.deepcopy(self.__dict__)
-        try:
-            for row, target in zip(arr, yarr, strict=True):
-                self.learn_one(dict(zip(keys, row.tolist(), strict=True)), float(target))
-        except ValueError:
-            self.__dict__.update(before)
-            raise
+        learn_rows(self, self._keys, xs, ys)
 
     def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
         """Predictive means and variances of the rows of a `(T, d)` array."""
