@@ -144,6 +144,28 @@ def streaming(X: np.ndarray, y: np.ndarray, parts: list[np.ndarray], m: int, see
     return None if arr is None else arr.aggregations[0]
 
 
+def four_ways(h0: Hyper, X: np.ndarray, y: np.ndarray, Xt: np.ndarray, yt: np.ndarray, parts: list[np.ndarray],
+              m: int, seed: int, *, steps: int, rounds: int, per_round: int) -> tuple[tuple, Hyper, Any, list[Hyper]]:
+    """One problem four ways — the centralised SGPR (`steps` Adam steps), the paper's FedAvg (`rounds` of
+    `per_round` clients × 3 local steps), the streaming plug-in, local-only — from the same `h0`: the row
+    (RMSE, NLPD of each; the plug-in's epochs; the first three's wall seconds), the centralised fit, the
+    plug-in's aggregation and the local fits."""
+    t0 = time.perf_counter()
+    hc = fit_hyper(h0, X, y, steps=steps, learning_rate=0.05, jitter=JITTER) or h0
+    t1 = time.perf_counter()
+    hf = fedavg(h0, X, y, parts, rounds=rounds, local=3, per_round=per_round, lr=0.05,
+                rng=np.random.default_rng(seed))
+    t2 = time.perf_counter()
+    agg = streaming(X, y, parts, m, seed)
+    t3 = time.perf_counter()
+    sc = scores(hc, stats_of(hc, X, y), Xt, yt)
+    sf = scores(hf, stats_of(hf, X, y), Xt, yt)
+    ss = scores(agg.server.hyper, agg.server.stats, Xt, yt) if agg is not None else (math.nan, math.nan)
+    lo_r, lo_n, lo_h = local_only(h0, X, y, parts, Xt, yt, steps)
+    row = (*sc, *sf, *ss, lo_r, lo_n, agg.server.epoch if agg is not None else 0, t1 - t0, t2 - t1, t3 - t2)
+    return row, hc, agg, lo_h
+
+
 def part_a(quick: bool) -> list[str]:
     lines = ["## (a) The paper's 1-D problem (test RMSE of the mean / NLPD; noise σ = 0.5 is the floor: RMSE 0.5, "
              "NLPD 0.73)", "",
@@ -158,21 +180,9 @@ def part_a(quick: bool) -> list[str]:
             X, y, Xt, yt, parts = paper_data(seed)
             h0 = Hyper.initial("se", gaussian_design(m, 1, seed=seed), lengthscale=1.0, sigma=0.5)
             init = scores(h0, stats_of(h0, X, y), Xt, yt)
-            t0 = time.perf_counter()
-            steps = 150 if quick else 500
-            hc = fit_hyper(h0, X, y, steps=steps, learning_rate=0.05, jitter=JITTER) or h0
-            t1 = time.perf_counter()
-            hf = fedavg(h0, X, y, parts, rounds=30 if quick else 100, local=3, per_round=2, lr=0.05,
-                        rng=np.random.default_rng(seed))
-            t2 = time.perf_counter()
-            agg = streaming(X, y, parts, m, seed)
-            t3 = time.perf_counter()
-            sc = scores(hc, stats_of(hc, X, y), Xt, yt)
-            sf = scores(hf, stats_of(hf, X, y), Xt, yt)
-            ss = scores(agg.server.hyper, agg.server.stats, Xt, yt) if agg is not None else (math.nan, math.nan)
-            lo_r, lo_n, lo_h = local_only(h0, X, y, parts, Xt, yt, steps)
-            rows.append((*init, *sc, *sf, *ss, lo_r, lo_n, agg.server.epoch if agg is not None else 0,
-                         t1 - t0, t2 - t1, t3 - t2))
+            row, hc, agg, lo_h = four_ways(h0, X, y, Xt, yt, parts, m, seed, steps=150 if quick else 500,
+                                           rounds=30 if quick else 100, per_round=2)
+            rows.append((*init, *row))
             if seed == 0 and m == 10:
                 plot_1d(X, y, Xt, parts, hc, stats_of(hc, X, y), agg, lo_h[0], parts[0])
         r = np.array(rows)
@@ -377,21 +387,9 @@ def part_d(quick: bool) -> list[str]:
         for seed in seeds:
             X, y, Xt, yt, parts = grid_data(seed)
             h0 = Hyper.initial("se", gaussian_design(m, 2, seed=seed), lengthscale=1.0, sigma=0.5)
-            steps = 100 if quick else 300
-            t0 = time.perf_counter()
-            hc = fit_hyper(h0, X, y, steps=steps, learning_rate=0.05, jitter=JITTER) or h0
-            t1 = time.perf_counter()
-            hf = fedavg(h0, X, y, parts, rounds=20 if quick else 60, local=3, per_round=5, lr=0.05,
-                        rng=np.random.default_rng(seed))
-            t2 = time.perf_counter()
-            agg = streaming(X, y, parts, m, seed)
-            t3 = time.perf_counter()
-            sc = scores(hc, stats_of(hc, X, y), Xt, yt)
-            sf = scores(hf, stats_of(hf, X, y), Xt, yt)
-            ss = scores(agg.server.hyper, agg.server.stats, Xt, yt) if agg is not None else (math.nan, math.nan)
-            lo_r, lo_n, _ = local_only(h0, X, y, parts, Xt, yt, steps)
-            rows.append((*sc, *sf, *ss, lo_r, lo_n, agg.server.epoch if agg is not None else 0,
-                         t1 - t0, t2 - t1, t3 - t2))
+            row, _, agg, _ = four_ways(h0, X, y, Xt, yt, parts, m, seed, steps=100 if quick else 300,
+                                       rounds=20 if quick else 60, per_round=5)
+            rows.append(row)
             if seed == 0 and m == 20 and agg is not None:
                 plot_2d(agg.server.hyper, agg.server.stats)
         r = np.array(rows)
