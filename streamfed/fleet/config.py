@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, fi
 
 from streamfed.algorithms.base import Params
 from streamfed.fleet.columns import Column, ColumnSpec
+from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.topics import Channel, name_problem
 
 __all__ = [
@@ -329,6 +330,9 @@ class FleetConfig(BaseModel):
     # distributed DP (needs secure aggregation): each agent adds 1/dp_round_clients of the noise variance, so the
     # sum of a round of that many carries the whole noise; None: local DP (each upload carries all of it)
     dp_round_clients: int | None = Field(None, ge=1)
+    # How far one member can move the fleet: label bound, rate limits, exact or robust aggregation
+    # (streamfed.fleet.robustness; docs/reliability.md)
+    robust: Robustness = Field(default_factory=Robustness)
 
     @field_validator("fleet")
     @classmethod
