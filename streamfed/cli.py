@@ -301,6 +301,17 @@ def _names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",")] if value else None
 
 
+def _roster(option: str | None, cfg: Any, role: str) -> list[str] | None:
+    """The fleet's members for an aggregating `role`: `--clients`, else the configuration's `[fleet] clients`.
+    On an authenticated broker (production) one of them is required: an aggregator that takes updates from
+    whoever the broker lets in is one leaked password from a poisoned global."""
+    names = _names(option) or (list(cfg.fleet.clients) if cfg.fleet.clients else None)
+    if names is None and cfg.broker.username is not None:
+        _refuse(f"the {role} of an authenticated (production) broker needs its fleet's roster: set [fleet] clients "
+                "in the configuration or give --clients")
+    return names
+
+
 def _serve(build: Callable[[], Any], stats: list, metrics_port: int | None, describe: Callable[[Any], str]) -> None:
     """Build a service (a damaged, foreign or locked state file is exit 2, with its reason), serve its metrics,
     say what runs (`describe(service)`), and run it."""
@@ -352,7 +363,7 @@ def aggregator(
 
     cfg = _with_privacy(load_config(config), dp_epsilon, secure_aggregation)
     try:
-        core = AggregatorCore(cfg.fleet, clients=_names(clients), mode=mode, quorum=quorum,  # type: ignore[arg-type]
+        core = AggregatorCore(cfg.fleet, clients=_roster(clients, cfg, "aggregator"), mode=mode, quorum=quorum,  # type: ignore[arg-type]
                               round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop")
     except ValueError as e:
         _refuse(str(e))
@@ -626,7 +637,7 @@ def shard(
 
     cfg = load_config(config)
     stats = AggregatorStats(cfg.fleet.fleet)
-    core = ShardCore(cfg.fleet, name, clients=_names(clients), mode=mode, stats=stats)  # type: ignore[arg-type]
+    core = ShardCore(cfg.fleet, name, clients=_roster(clients, cfg, "shard"), mode=mode, stats=stats)  # type: ignore[arg-type]
     _serve(lambda: ShardService(core, cfg.broker, group=group, flush_interval=flush_interval),  # None: by mode
            [stats], metrics_port,
            lambda svc: f"shard {name!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) in "
@@ -651,7 +662,7 @@ def reducer(
     from streamfed.runtime.shard import ReducerService
 
     cfg = load_config(config)
-    core = ReducerCore(cfg.fleet, clients=_names(clients), mode=mode, window=window,  # type: ignore[arg-type]
+    core = ReducerCore(cfg.fleet, clients=_roster(clients, cfg, "reducer"), mode=mode, window=window,  # type: ignore[arg-type]
                        shards=_names(shards), offline="wait" if wait_offline else "drop")
     _serve(lambda: ReducerService(core, cfg.broker, state_dir=state_dir), [core.stats], metrics_port,
            lambda svc: f"reducer of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ from streamfed.algorithms.base import (
     learner_last_probabilities,
     learner_pending_samples,
 )
+from streamfed.fleet.bounded_labels import BoundedLabels
 from streamfed.fleet.config import MAX_META_STR, FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, prediction_message
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
@@ -171,9 +173,12 @@ class AgentCore:
                 label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id,
                 noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task == "regression")
         self.status_changed = False  # something the status message says changed (the budget ran out)
+        regression = self.algorithm.task == "regression"
+        if regression:  # a classifier's label is a class index, checked by the learner itself
+            self.learner = BoundedLabels(self.learner, cfg.robust.label_bound)
         if cfg.standardise == "online":
-            self.learner = StandardisedLearner(self.learner, cfg.n_inputs,
-                                               target=self.algorithm.task == "regression")
+            self.learner = StandardisedLearner(self.learner, cfg.n_inputs, target=regression,
+                                               label_bound=cfg.robust.label_bound if regression else None)
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self._update_kind = cfg.update_kind  # resolved once: read for every update message
         self.upload_every = max(1, int(upload_every))
@@ -432,6 +437,8 @@ class AgentCore:
         if wait is not None:
             raise RuntimeError(f"lock-step agent {self.client_id!r} must wait for global version {wait}")
         try:
+            if not math.isfinite(y * y):  # beyond any range, and its squared error would overflow every metric
+                raise ValueError(f"label {y!r} is too large: its square overflows")
             mean, var = self.learner.begin_learn(reading.x, y)
         except ValueError as e:  # the learner refused the sample and changed nothing: counted, not fatal
             self._refused(reading, e)

@@ -16,11 +16,14 @@ The algorithm is a plug-in (:mod:`streamfed.algorithms`); this core holds its
     when the aggregation says something changed.
 
 Every rejection has a reason (a :class:`~streamfed.fleet.protocol.Reason` value, or ``invalid_update`` /
-``unknown_client`` / ``late``) counted in :attr:`AggregatorCore.rejected`; nothing rejected reaches
+``unknown_client`` / ``late`` / ``rate_limited``) counted in :attr:`AggregatorCore.rejected`; nothing rejected reaches
 the model, and :meth:`AggregatorCore.on_update` never raises. Beyond the codec's checks (schema,
 shapes, dtypes, finiteness, indices, sequence numbers) the aggregation validates an update completely
 *before* anything is changed (`Aggregation.check`): every value bounded by `max_abs` (1e100), and
-whatever else the algorithm knows (FedBNR: statistics of some samples).
+whatever else the algorithm knows (the largest update an honest client can produce from the fleet's
+configuration; FedBNR: statistics of some samples). Then each client is held to its rate
+(:class:`~streamfed.fleet.admission.Admission`: token buckets on samples and uploads, `cfg.robust`); a
+refusal is logged at warning at most once a minute per client and reason.
 
 Durability: the shell sets :attr:`AggregatorCore.checkpoint` (a callable); it is called with the new
 state *before* any global reflecting it is returned for publishing, so a published global is always
@@ -40,6 +43,7 @@ from typing import Any, Literal
 
 from streamfed import algorithms
 from streamfed.algorithms.base import Aggregation, Mode, aggregation_diagnostics
+from streamfed.fleet.admission import Admission
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, SeqCheck, SeqTracker, ack_message, decode, encode
 from streamfed.fleet.telemetry import AggregatorStats
@@ -139,6 +143,8 @@ class AggregatorCore:
         self._round_started: float | None = None
         self.window_started: float | None = None  # when the open asynchronous window took its first update
         self.last_seen: dict[str, float] = {}
+        self.admission = Admission(cfg.robust)  # per-client token buckets on samples and uploads
+        self._warned: dict[tuple[str, str], float] = {}  # (client, reason) → when last logged at warning
         # secure aggregation: rounds of masked uploads; the unmasked sum is folded in as a shard's partial is
         self.secagg: SecAggCoordinator | None = None
         if cfg.secure_aggregation:
@@ -195,10 +201,17 @@ class AggregatorCore:
             item = self.aggregation.check(msg)
         except ValueError as e:  # well-formed but unusable (out of range, improper, below the privacy floor)
             self.counters.reject("invalid_update")
-            log.debug("update from %r seq %d rejected: %s", msg.client, msg.seq, e)
+            self._warn(msg.client, "invalid_update", now, "update from %r seq %d refused: %s", msg.client, msg.seq, e)
             return []
         if self.mode == "lockstep" and msg.seq <= self.version:
             self.counters.reject("late")  # its round is closed (it was left out after a timeout)
+            return []
+        if not self.admission.admit(msg.client, msg.n_samples, now):
+            # over its rate: refused before it counts for anything; an honest agent sends it again later
+            self.counters.reject("rate_limited")
+            self._warn(msg.client, "rate_limited", now, "client %r is over its rate (%g samples/s, %g uploads/s): "
+                       "update seq %d refused for now", msg.client, self.cfg.robust.max_sample_rate,
+                       self.cfg.robust.max_upload_rate, msg.seq)
             return []
         client = msg.client
         self.last_seen[client] = now
@@ -207,6 +220,18 @@ class AggregatorCore:
         self.counters.accepted += 1
         self.stats.accepted(client)
         return self._commit(out) if out else out
+
+    def _warn(self, client: str, reason: str, now: float, fmt: str, *args: Any) -> None:
+        """Log a refusal at warning, at most once a minute per client and reason (debug otherwise): loud enough
+        to be seen, bounded whatever a hostile client sends."""
+        key = (client, reason)
+        if now - self._warned.get(key, -float("inf")) < 60.0:
+            log.debug(fmt, *args)
+            return
+        if len(self._warned) >= 10_000:
+            self._warned.clear()
+        self._warned[key] = now
+        log.warning(fmt, *args)
 
     def on_status(self, client: str, state: str, now: float | None = None) -> list[Message]:
         """An agent went offline (or came back): adjust who a lock-step round waits for."""
@@ -377,6 +402,7 @@ class AggregatorCore:
             "round": {r: dict(got) for r, got in self._round.items()},
             "expected": sorted(self.expected),
             "counters": {"accepted": c.accepted, "rejected": dict(c.rejected), "rounds": c.rounds, "gaps": c.gaps},
+            "admission": self.admission.to_dict(),
         }
 
     def restore(self, state: Mapping[str, Any], now: float | None = None) -> None:
@@ -403,6 +429,7 @@ class AggregatorCore:
         self.counters.accepted, self.counters.rounds = int(counters["accepted"]), int(counters["rounds"])
         self.counters.rejected = dict(counters["rejected"])
         self.counters.gaps = int(counters["gaps"])
+        self.admission.load(state.get("admission", {}))
         self._round_started = now if self._round else None
         self.window_started = now if self.aggregation.pending() else None
         self.stats.set_global_version(self.version)

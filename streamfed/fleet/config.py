@@ -333,6 +333,23 @@ class FleetConfig(BaseModel):
     # How far one member can move the fleet: label bound, rate limits, exact or robust aggregation
     # (streamfed.fleet.robustness; docs/reliability.md)
     robust: Robustness = Field(default_factory=Robustness)
+    # The fleet's members in fleet order (the aggregator's roster: an update from anyone else is refused as
+    # unknown_client). Required by the aggregator, shards and reducer on an authenticated broker (production);
+    # `--clients` on their command lines overrides it.
+    clients: tuple[str, ...] | None = None
+
+    @field_validator("clients")
+    @classmethod
+    def _client_names(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        for c in v:
+            problem = name_problem(c)
+            if problem:
+                raise ValueError(f"client {c!r}: name {problem}")
+        if len(set(v)) != len(v) or not v:
+            raise ValueError("clients must be distinct and not empty")
+        return v
 
     @field_validator("fleet")
     @classmethod

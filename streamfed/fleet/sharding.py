@@ -38,6 +38,7 @@ import numpy as np
 
 from streamfed import algorithms
 from streamfed.algorithms.base import Mode, aggregation_diagnostics
+from streamfed.fleet.admission import Admission
 from streamfed.fleet.aggregator import note_status, roster
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message, ProtocolError, SeqTracker, ack_message, decode
@@ -153,6 +154,7 @@ class ShardCore:
         self.aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs,
                                                       check_stats=check_stats and cfg.dp_epsilon is None)
         self.stats = stats or AggregatorStats(cfg.fleet)
+        self.admission = Admission(cfg.robust)  # each shard holds the clients it hears from to their rates
         self.clients = list(clients or [])
         self.order = {c: i for i, c in enumerate(self.clients)}
         self.kernel_version = self.algorithm.kernel_version(cfg)
@@ -211,6 +213,9 @@ class ShardCore:
             return []
         if self.held >= self.max_unacked:  # the reducer is gone: refuse rather than grow; agents resend
             self.reject("shard_full")
+            return []
+        if not self.admission.admit(msg.client, msg.n_samples, time.time() if now is None else now):
+            self.reject("rate_limited")  # as the single aggregator (fleet/admission.py); agents resend
             return []
         self._seen[msg.client].add(msg.seq)
         rnd = msg.seq if self.mode == "lockstep" else 0

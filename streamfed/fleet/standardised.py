@@ -51,8 +51,14 @@ class StandardisedLearner:
     100.1
     """
 
-    def __init__(self, inner: Learner, n_inputs: int, target: bool = True) -> None:
+    def __init__(self, inner: Learner, n_inputs: int, target: bool = True, label_bound: float | None = None) -> None:
         self.inner = inner
+        # a target beyond mean ± label_bound·scale (the range learned so far) is folded into the scales at that
+        # edge: one reading of 1e50 must not blow the scales up for every later sample (the learner below clips
+        # the standardised label itself, fleet/bounded_labels.py)
+        self.label_bound = None if label_bound is None else float(label_bound)
+        self.targets_winsorised = 0
+        self._winsorising = False
         self.scales = StreamScales(n_inputs)  # inputs winsorised at ±INPUT_CLIP, never the target
         # a classifier's target is a class index: it is passed on as it is, and predictions are not mapped back
         self.target = bool(target)
@@ -84,6 +90,8 @@ class StandardisedLearner:
         if y.count:
             out["target_mean"] = float(y.mean[0])
             out["target_scale"] = float(y.scale[0])
+        if self.label_bound is not None:
+            out["targets_winsorised"] = float(self.targets_winsorised)
         return out
 
     # -- predicting and learning ---------------------------------------------------------------
@@ -113,6 +121,9 @@ class StandardisedLearner:
         y = float(y)
         if not math.isfinite(y):
             raise ValueError(f"label is not finite: {y!r}")
+        self._winsorising = False
+        if self.target and self.label_bound is not None and self.scales.ready:
+            y, self._winsorising = self._winsorised(y)
         zx, zy, nxt = self.scales.step(x, y)  # ValueError: nothing changed
         self.last_probabilities = None
         if not self.target:
@@ -145,11 +156,24 @@ class StandardisedLearner:
         if pending:
             self.inner.end_learn()
         self.scales = nxt
+        self.targets_winsorised += self._winsorising
+        self._winsorising = False
 
     def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         out = self.begin_learn(x, y)
         self.end_learn()
         return out
+
+    def _winsorised(self, y: float) -> tuple[float, bool]:
+        """`y` within the learned range `mean ± label_bound·scale` (the scales of the past), and whether it
+        was outside."""
+        assert self.label_bound is not None
+        ys = self.scales.y
+        mean, scale = float(ys.mean[0]), float(ys.scale[0])
+        bound = self.label_bound * scale
+        if abs(y - mean) <= bound:
+            return y, False
+        return mean + math.copysign(bound, y - mean), True
 
     def _inputs(self, x: np.ndarray) -> np.ndarray:
         """`x` in standard units (zeros until the scales are ready)."""

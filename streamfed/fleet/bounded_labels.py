@@ -1,0 +1,76 @@
+"""Labels within the fleet's bound before any learner sees them (issue 15: one reading can move the fleet).
+
+A regression learner's update grows with its label: one sensor reading `y = 1e50` became an accepted
+POF-MKL update of ~9e48 and a global θ ~1e50 for everyone; `y = 1e150` an update the aggregator refused,
+after which the agent resent ~590 updates every 10 s forever. :class:`BoundedLabels` clips every label to
+`±bound` in the learner's units (standard units when the agent standardises: then the bound is a robust
+range learned from the stream, `mean ± bound·scale`, and the standardiser folds in the clipped value, see
+:class:`~streamfed.fleet.standardised.StandardisedLearner`), and counts what it clipped. Each algorithm's
+aggregation derives the largest honest update from the same bound (`cfg.robust.label_bound`) and refuses
+anything beyond it, so an honest agent's uploads are never refused for their size.
+
+Everything else passes through to the wrapped learner unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from streamfed.algorithms.base import Learner
+
+__all__ = ["BoundedLabels"]
+
+
+class BoundedLabels:
+    """A :class:`~streamfed.algorithms.base.Learner` whose labels are clipped to `±bound` (counted).
+
+    >>> from streamfed import algorithms
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=2, n_features=3, standardise="none")
+    >>> learner = BoundedLabels(algorithms.get("pofmkl").learner(cfg, "a", 0), bound=10.0)
+    >>> _ = learner.learn(np.array([0.5]), 1e50)
+    >>> learner.labels_clipped, learner.diagnostics()["labels_clipped"]
+    (1, 1.0)
+    """
+
+    def __init__(self, inner: Learner, bound: float) -> None:
+        if not (bound > 0 and math.isfinite(bound)):
+            raise ValueError(f"label bound must be finite and > 0, got {bound!r}")
+        self.inner = inner
+        self.bound = float(bound)
+        self.labels_clipped = 0
+        self._clipping = False  # the sample between begin_learn and end_learn was clipped
+
+    def _clip(self, y: float) -> float:
+        y = float(y)
+        if not math.isfinite(y):
+            raise ValueError(f"label is not finite: {y!r}")
+        self._clipping = abs(y) > self.bound
+        return math.copysign(self.bound, y) if self._clipping else y
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        return self.inner.begin_learn(x, self._clip(y))
+
+    def end_learn(self) -> None:
+        self.inner.end_learn()
+        self.labels_clipped += self._clipping
+        self._clipping = False
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.inner.learn(x, self._clip(y))  # a refused sample raises here: nothing is counted
+        self.labels_clipped += self._clipping
+        self._clipping = False
+        return out
+
+    def diagnostics(self) -> dict[str, float]:
+        return {**self.inner.diagnostics(), "labels_clipped": float(self.labels_clipped)}
+
+    def __getattr__(self, name: str) -> Any:
+        # everything else is the wrapped learner's (read only when not found here; never for dunders,
+        # so that copying and pickling see this object's own state)
+        if name.startswith("__") or name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
