@@ -46,6 +46,13 @@ class FedBNRParams(Params):
     forgetting: float = Field(1.0, gt=0, le=1)
     fit_hyperparameters: bool = True
     bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
+    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §3.13): an upload whose residual ratio
+    # under the current global exceeds robust_screen × the median of the other clients' latest ratios is
+    # taken with weight 0, once robust_screen_clients others have one; any client may hold
+    # robust_share_floor samples whatever the share cap (None: 4 × min_upload, the cold start)
+    robust_screen: float = Field(9.0, gt=1, allow_inf_nan=False)
+    robust_screen_clients: int = Field(3, ge=1)
+    robust_share_floor: int | None = Field(None, ge=1)
 
 
 def feature_maps(cfg: FleetConfig) -> list[RFFMap]:
@@ -100,13 +107,24 @@ class FedBNR(Algorithm):
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FedBNRAggregation:
-        from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation
+        from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation, Robust, RobustFedBNRServer
         from streamfed.algorithms.fedbnr.learner import FedBNRServer
 
         probe = self._client(cfg)
-        phi_sq = float(np.max(np.sum(probe.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)))
-        server = FedBNRServer.for_client(probe, fit_hyperparameters=cfg.params.fit_hyperparameters)
-        return FedBNRAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats)
+        norms = np.sum(probe.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)
+        # RFF features (plus the constant bias) have one norm for every input (docs/algorithms.md §1.1), so
+        # the largest and the smallest ‖φ‖² are those of any input
+        phi_sq, phi_sq_min = float(np.max(norms)), float(np.min(norms))
+        p, r = cfg.params, cfg.robust
+        robust = None
+        if r.aggregation == "robust":
+            floor = p.robust_share_floor if p.robust_share_floor is not None else 4 * p.min_upload
+            robust = Robust(share_cap=r.share_cap, floor=float(floor), screen=p.robust_screen,
+                            screen_clients=p.robust_screen_clients)
+        server = (RobustFedBNRServer if robust else FedBNRServer).for_client(
+            probe, fit_hyperparameters=p.fit_hyperparameters)
+        return FedBNRAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats,
+                                 label_bound=r.label_bound, phi_sq_min=phi_sq_min, robust=robust)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

@@ -3,15 +3,24 @@ exactly once (out-of-order ones wait for the gap), a new global — σ, λ refit
 end of a window in which something was summed. Sums split exactly across shards.
 
 An upload is validated completely before anything changes: values bounded by `max_abs`, and the
-statistics must be statistics of some samples — `n` a positive whole number, `[[S, b], [bᵀ, q]]` positive
-semi-definite and `tr S_k <= n·max‖φ‖²` (features are bounded) — so one hostile upload cannot make the
-global posterior improper for everyone.
+statistics must be statistics of some samples — `n` a positive whole number equal to the envelope's
+`n_samples` (which the core's token bucket charges), `[[S, b], [bᵀ, q]]` positive semi-definite,
+`n·min‖φ‖² <= tr S_k <= n·max‖φ‖²` (features are bounded, RFF features have a constant norm), and with
+labels clipped to `±B` at the agent, `q <= n·B²` and `‖b_k‖² <= tr S_k · q` — so one hostile upload cannot
+make the global posterior improper for everyone, nor claim more samples or larger labels than it has
+(docs/algorithms.md §3.11).
+
+With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §3.13) the global is no longer the exact
+sum: an upload whose residuals under the current global are implausible is taken with weight 0, and no
+client's samples may exceed `share_cap` of the global's — an upload that would put its client over the
+cap is taken with the fraction that fits (a tempered contribution).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,21 +30,30 @@ from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats
 from streamfed.fleet.protocol import Message
 
-__all__ = ["FedBNRAggregation", "check_statistics"]
+__all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload", "check_statistics",
+           "residual_ratio", "share_allowance"]
 
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
+_REL = 1e-9  # relative slack of every inequality: far above rounding of honest sums, far below any attack
 
 
-def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | None, whole_n: bool = True) -> None:
-    """`ValueError` unless `st` could be the statistics of `n` samples with `‖φ‖² <= phi_sq` (None: only the
-    count and the bound are checked — for noised or masked uploads).
+def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | None, whole_n: bool = True,
+                     label_bound: float | None = None, phi_sq_min: float | None = None) -> None:
+    """`ValueError` unless `st` could be the statistics of `n` samples with `phi_sq_min <= ‖φ‖² <= phi_sq`
+    and `|y| <= label_bound` (None: only the count and the bound are checked — for noised or masked
+    uploads; `label_bound` / `phi_sq_min` None: those checks are skipped). Every inequality holds for
+    non-negative sample weights too (time-weighted statistics, `whole_n=False`).
 
     >>> st = SufficientStats.from_samples(np.ones((3, 1, 2)), np.ones(3))
-    >>> check_statistics(st, max_abs=1e100, phi_sq=2.0)
+    >>> check_statistics(st, max_abs=1e100, phi_sq=2.0, label_bound=1.0, phi_sq_min=2.0)
     >>> check_statistics(st, max_abs=1e100, phi_sq=1.0)
     Traceback (most recent call last):
     ...
     ValueError: tr S exceeds n·max‖φ‖²: not the scatter of n feature vectors
+    >>> check_statistics(st, max_abs=1e100, phi_sq=2.0, label_bound=0.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: q = 3 exceeds n·B² = 0.75: labels beyond the label bound ±0.5
     """
     n, q = float(st.n), float(st.q)
     # time-weighted statistics (forgetting) count samples with weights: a positive total, not a whole number
@@ -49,8 +67,26 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
         return
     f = st.dim
     trace = np.trace(st.S, axis1=-2, axis2=-1)
-    if np.any(trace > n * phi_sq * (1.0 + 1e-9) + 1e-9):
+    if np.any(trace > n * phi_sq * (1.0 + _REL) + _REL):
         raise ValueError("tr S exceeds n·max‖φ‖²: not the scatter of n feature vectors")
+    # RFF features have one norm for every input (§1.1): tr S = n‖φ‖², so the trace pins the count — a claim
+    # of more samples than the scatter holds (the issue's n = 2^53) is refused here
+    if phi_sq_min is not None and np.any(trace < n * phi_sq_min * (1.0 - _REL) - _REL):
+        raise ValueError(f"tr S = {float(np.min(trace)):g} is below n·min‖φ‖² = {n * phi_sq_min:g}: "
+                         f"n = {n:g} claims more samples than the scatter holds")
+    if label_bound is not None:
+        # q = Σ y² <= n B² for labels clipped to ±B (the agents clip, §3.11)
+        if q > n * label_bound**2 * (1.0 + _REL) + _REL:
+            raise ValueError(f"q = {q:g} exceeds n·B² = {n * label_bound**2:g}: labels beyond the label bound "
+                             f"±{label_bound:g}")
+        # Cauchy–Schwarz over the samples: |b_i| = |Σ φ_i y| <= √(S_ii q), and ‖b‖ <= Σ ‖φ‖|y| <= √(tr S · q)
+        # (so ‖b‖ <= n·√max‖φ‖²·B). Implied by the PSD check below up to its jitter; explicit, they are exact.
+        qq = max(q, 0.0)
+        diag = np.diagonal(st.S, axis1=-2, axis2=-1)
+        if np.any(st.b**2 > np.maximum(diag, 0.0) * qq * (1.0 + _REL) + _REL):
+            raise ValueError("|b_i| exceeds √(S_ii·q): b is not Σ φ_i y of these samples")
+        if np.any(np.sum(st.b**2, axis=-1) > np.maximum(trace, 0.0) * qq * (1.0 + _REL) + _REL):
+            raise ValueError("‖b‖² exceeds tr S · q: b is not Σ φ y of these samples")
     # Σ [φ; y][φ; y]ᵀ is positive semi-definite; jitter far above rounding, far below any signal
     aug = np.empty(st.S.shape[:-2] + (f + 1, f + 1))
     aug[..., :f, :f] = st.S
@@ -60,6 +96,87 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
     jitter = 1e-9 * np.maximum(trace + abs(q), 1.0)
     aug[..., np.arange(f + 1), np.arange(f + 1)] += jitter[..., None]
     np.linalg.cholesky(aug)  # LinAlgError (a ValueError) when not positive semi-definite
+
+
+# ============================================================================ robust aggregation
+
+
+@dataclass(frozen=True, eq=False)
+class TemperedUpload(Upload):
+    """An upload summed with `weight` ∈ [0, 1] (its `stats` are what the client declared; the server sums
+    `weight · stats`). `weight = 0`: accepted — its sequence number counts as included — but nothing summed.
+
+    >>> s = SufficientStats.zeros(2, (1,), kernel_version="v")
+    >>> TemperedUpload("a", 1, 0, s, 0.5).weight
+    0.5
+    """
+
+    weight: float = 1.0
+
+
+class RobustFedBNRServer(FedBNRServer):
+    """A :class:`FedBNRServer` that sums a :class:`TemperedUpload` with its weight (everything else as the
+    exact server: validation of what the client declared, order, duplicates).
+
+    >>> srv = RobustFedBNRServer(dim=2, kernel_version="v", min_samples=1, fit_hyperparameters=False)
+    >>> d = SufficientStats.from_samples(np.ones((4, 1, 2)), np.ones(4), kernel_version="v")
+    >>> srv.apply(TemperedUpload("a", 1, 0, d, 0.25)), srv.stats.n
+    (True, 1.0)
+    """
+
+    def _sum(self, up: Upload) -> None:
+        w = float(getattr(up, "weight", 1.0))
+        self.stats += up.stats if w == 1.0 else up.stats.scaled(w)
+
+
+def residual_ratio(st: SufficientStats, mean: np.ndarray, cov: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """Per kernel `k`, an upload's mean squared residual under the posterior mean `μ_k`, exactly from its
+    statistics — `r_k = (q − 2b_kᵀμ_k + μ_kᵀS_kμ_k)/n` = `(1/n) Σ (y − φ_kᵀμ_k)²` — divided by what the
+    global's predictive expects of it, `v_k = σ_k² + tr(Σ_k S_k)/n` (the mean of `σ² + φᵀΣφ` over its
+    samples). About 1 for fresh samples from the global's model; `mean (K, F)`, `cov (K, F, F)`, `sigma (K,)`.
+
+    >>> s = SufficientStats.from_samples(np.ones((2, 1, 1)), np.array([1.0, 3.0]))
+    >>> residual_ratio(s, np.array([[2.0]]), np.zeros((1, 1, 1)), np.ones(1))  # residuals ±1
+    array([1.])
+    """
+    n = float(st.n)
+    bm = np.einsum("kf,kf->k", st.b, mean)
+    msm = np.einsum("kf,kfg,kg->k", mean, st.S, mean)
+    r = np.maximum(float(st.q) - 2.0 * bm + msm, 0.0) / n  # ≥ 0 exactly; the clip removes rounding only
+    v = sigma**2 + np.einsum("kfg,kfg->k", cov, st.S) / n
+    return r / v
+
+
+def share_allowance(held: float, total: float, cap: float, floor: float) -> float:
+    """The most samples a client holding `held` of a global of `total` (its own included) may add: after
+    adding `x`, `held + x <= max(cap·(total + x), floor)`, i.e. `x = max(floor − held,
+    (cap·total − held)/(1 − cap), 0)` (unbounded for `cap = 1`).
+
+    >>> share_allowance(0.0, 0.0, 0.25, 32.0)  # cold start: the floor
+    32.0
+    >>> share_allowance(10.0, 90.0, 0.25, 0.0)  # (22.5 − 10)/0.75: then 26.67/120 = 0.25 exactly
+    16.666666666666668
+    """
+    if cap >= 1.0:
+        return math.inf
+    return max(floor - held, (cap * total - held) / (1.0 - cap), 0.0)
+
+
+@dataclass(frozen=True)
+class Robust:
+    """Settings of robust FedBNR aggregation: `share_cap` (largest share of the global's samples one client
+    may hold), `floor` (samples any client may hold whatever the total: the cold start), `screen` (an upload
+    whose residual ratio exceeds `screen` × the median of the other clients' latest ratios is taken with
+    weight 0) and `screen_clients` (how many other clients must have a ratio before screening starts).
+
+    >>> Robust(share_cap=0.25, floor=128.0).screen
+    9.0
+    """
+
+    share_cap: float
+    floor: float
+    screen: float = 9.0
+    screen_clients: int = 3
 
 
 class FedBNRAggregation(SummingWindow):
@@ -74,8 +191,14 @@ class FedBNRAggregation(SummingWindow):
     (True, 1, {'a': 1})
     """
 
+    # class-level defaults: an aggregation pickled before these existed restores as the exact one
+    label_bound: float | None = None
+    phi_sq_min: float | None = None
+    robust: Robust | None = None
+
     def __init__(self, server: FedBNRServer, *, phi_sq: float, max_abs: float = 1e100,
-                 check_stats: bool = True) -> None:
+                 check_stats: bool = True, label_bound: float | None = None, phi_sq_min: float | None = None,
+                 robust: Robust | None = None) -> None:
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
         self.server = server
@@ -84,7 +207,19 @@ class FedBNRAggregation(SummingWindow):
         # single deltas improper (docs/algorithms.md §9)
         self.check_stats = bool(check_stats)
         self.phi_sq = float(phi_sq)
+        self.phi_sq_min = None if phi_sq_min is None else float(phi_sq_min)
+        self.label_bound = None if label_bound is None else float(label_bound)
         self._dirty = False  # something summed since the last global
+        self.robust = robust
+        if robust is not None:
+            if not isinstance(server, RobustFedBNRServer):
+                raise ValueError("robust aggregation needs a RobustFedBNRServer (it sums tempered uploads)")
+            self._held: dict[str, float] = {}  # per client: the samples of it in the sums (weighted)
+            self._total = 0.0  # Σ _held
+            self._level: dict[str, float] = {}  # per client: its latest residual ratio
+            self._reference: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+            self.screened = 0  # uploads taken with weight 0
+            self.tempered = 0  # uploads taken with 0 < weight < 1 (the share cap)
 
     @property
     def version(self) -> int:
@@ -96,13 +231,90 @@ class FedBNRAggregation(SummingWindow):
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> Upload:
         up = Upload.from_message(stats_fields(msg))
-        check_statistics(up.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if self.check_stats else None)
+        checked = self.check_stats
+        check_statistics(up.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
+                         label_bound=self.label_bound if checked else None,
+                         phi_sq_min=self.phi_sq_min if checked else None)
+        # n is public even in noised uploads (DP noises S, b, q only): the core's token bucket charges
+        # n_samples, which bounds the real n only if they are one number
+        if int(msg.n_samples) != up.stats.n:
+            raise ValueError(f"n_samples = {msg.n_samples} but the statistics count n = {up.stats.n:g}")
         # the server's own checks (kernel version/epoch, shapes, privacy floor, seq >= 1), without applying
         self.server.validate(up)
         waiting = self.server.waiting().get(up.client, [])
         if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
             raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
         return up
+
+    def take(self, client: str, seq: int, item: Upload) -> None:
+        if self.robust is None:
+            super().take(client, seq, item)
+            return
+        w_screen = self._screen_weight(client, item.stats)
+        n = float(item.stats.n) * w_screen
+        held = self._held.get(client, 0.0)
+        allowed = share_allowance(held, self._total, self.robust.share_cap, self.robust.floor)
+        w = w_screen * (1.0 if n <= allowed else allowed / n)
+        if self.server.apply(TemperedUpload(item.client, item.seq, item.base_version, item.stats, w)):
+            self._dirty = True
+            # counted when taken (even if it waits for an earlier seq): a burst cannot outrun the cap
+            self._held[client] = held + w * float(item.stats.n)
+            self._total += w * float(item.stats.n)
+            if w == 0.0:
+                self.screened += 1
+            elif w < 1.0:
+                self.tempered += 1
+
+    def _screen_weight(self, client: str, st: SufficientStats) -> float:
+        """0 if the upload's residual ratio under the current global is beyond `screen` × the median of the
+        other clients' latest ratios (with at least `screen_clients` of them), else 1; records its ratio."""
+        assert self.robust is not None
+        if self._reference is None or self._reference[0] != self.server.version:
+            self._refresh_reference()
+        assert self._reference is not None
+        _, mean, cov, sigma, weights = self._reference
+        ratio = float(weights @ residual_ratio(st, mean, cov, sigma))
+        others = [v for c, v in self._level.items() if c != client]
+        self._level[client] = ratio
+        if not math.isfinite(ratio):
+            return 0.0
+        if len(others) < self.robust.screen_clients:
+            return 1.0
+        return 0.0 if ratio > self.robust.screen * float(np.median(others)) else 1.0
+
+    def _refresh_reference(self) -> None:
+        """The current global's posterior per kernel (mean, covariance), σ and the kernels' weights."""
+        s = self.server
+        k, f = s.n_kernels, s.dim
+        mean, cov = np.zeros((k, f)), np.empty((k, f, f))
+        for i in range(k):
+            a = s.stats.S[i] / s.sigma[i] ** 2 + np.eye(f) / s.lam[i] ** 2
+            cov[i] = np.linalg.inv(a)
+            cov[i] = 0.5 * (cov[i] + cov[i].T)
+            mean[i] = cov[i] @ (s.stats.b[i] / s.sigma[i] ** 2)
+        le = np.asarray(s.log_evidence, dtype=np.float64) if s.stats.n > 0 else np.zeros(k)
+        w = np.exp(le - np.max(le))
+        self._reference = (s.version, mean, cov, s.sigma.copy(), w / w.sum())
+
+    def close_window(self, order: Mapping[str, int], mark: Callable[[str], int]) -> bool:
+        changed = super().close_window(order, mark)
+        if changed and self.robust is not None:
+            self._refresh_reference()  # screen against the global just published, not later running sums
+        return changed
+
+    def diagnostics(self) -> dict[str, float]:
+        """Robust mode: uploads screened out and tempered by the cap, the largest client share of the sums."""
+        if self.robust is None:
+            return {}
+        share = max(self._held.values()) / self._total if self._total > 0 else 0.0
+        return {"screened_uploads": float(self.screened), "tempered_uploads": float(self.tempered),
+                "largest_client_share": float(share)}
+
+    def client_shares(self) -> dict[str, float]:
+        """Robust mode: each client's share of the samples in the sums (empty in exact mode)."""
+        if self.robust is None or self._total <= 0:
+            return {}
+        return {c: h / self._total for c, h in self._held.items()}
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[Upload]) -> tuple[dict[str, np.ndarray], int, int]:
