@@ -22,6 +22,14 @@ Asynchronous windows close on time: the first update of a window sets a timer fo
 after that update was taken in, as the core counts), so a window is not left open until the next tick of
 the 50 ms ticker; the ticker stays as the fallback (a window restored from a checkpoint, a clock step).
 
+Loud failures (:mod:`streamfed.runtime.service`): a state that cannot be written holds every global back,
+marks the aggregator unhealthy (log, ``streamfed_aggregator_value{name="healthy"} = 0``, its status
+``…/status/aggregator``), is retried every `checkpoint_retry` seconds and stops the service with
+:class:`~streamfed.runtime.service.CheckpointFailed` after `checkpoint_deadline` seconds. The aggregator claims
+``…/status/aggregator`` (retained: instance, start time, health); when a later-started aggregator connects
+under the same client id, this one stops with :class:`~streamfed.runtime.service.DuplicateService`
+("another aggregator connected as <fleet>.aggregator") instead of taking the session back forever.
+
 Measurement hook (the load test, :mod:`streamfed.evaluation.loadtest`): with the environment variable
 ``STREAMFED_AGGREGATOR_TRACE`` set to a file path, the service notes, from timestamps it takes anyway,
 when each accepted update was applied (client, the client's mark, time), when each window was due and
@@ -42,7 +50,7 @@ from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig
 from streamfed.fleet.protocol import Message, ProtocolError, decode
 from streamfed.fleet.topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
-from streamfed.runtime.service import MqttService, Outgoing
+from streamfed.runtime.service import Lease, MqttService, Outgoing
 
 __all__ = ["AggregatorService"]
 
@@ -64,9 +72,11 @@ class AggregatorService(MqttService):
     def __init__(self, core: AggregatorCore, broker: BrokerConfig, tick: float = 0.05,
                  shared_group: str | None = None, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, max_refusals: int = 3,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, checkpoint_retry: float = 1.0, checkpoint_deadline: float = 30.0,
+                 lease: bool = True) -> None:
         super().__init__(broker, client_id or f"{core.cfg.fleet}.aggregator", tick=tick, max_refusals=max_refusals,
-                         connect_timeout=connect_timeout)  # connect_timeout: see streamfed.runtime.agent.OP_TIMEOUT
+                         connect_timeout=connect_timeout,  # connect_timeout: see streamfed.runtime.agent.OP_TIMEOUT
+                         checkpoint_retry=checkpoint_retry, checkpoint_deadline=checkpoint_deadline)
         self.core = core
         self.shared_group = shared_group
         self.fleet = core.cfg.fleet
@@ -78,6 +88,10 @@ class AggregatorService(MqttService):
         self._trace_path = Path(path) if path else None
         if state_dir is not None:
             self.keep_state(core, Path(state_dir) / f"aggregator-{self.fleet}.state", kind="aggregator")
+        # One aggregator per client id. Aggregators sharing a `$share` group have ids of their own and
+        # no lease (they would all claim one status topic).
+        if lease and shared_group is None:
+            self.lease = Lease(core.cfg, "aggregator", client_id=self.client_id)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -128,7 +142,8 @@ class AggregatorService(MqttService):
         self._timer = None
         if self._outbox is None:  # not connected: the ticker closes it once the session is back
             return
-        self.emit(self._close(time.time()))
+        # a loop callback: a checkpoint that cannot be written must not end here, logged and forgotten
+        self.emit(self._guarded(lambda: self._close(time.time())))
         if self._window_due() is not None:  # not due yet by the core's clock (the loop's clock ran ahead)
             self._arm()
 

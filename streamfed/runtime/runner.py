@@ -8,11 +8,21 @@ Spec (JSON)::
                  "window": 0.05, "offline": "wait", "rate": 40.0, "drain": 60.0,
                  "streams": {"a": "a.npz", "b": "b.npz"}}]}
 
+Optional service settings (the aggregators'), with their defaults::
+
+    {"service": {"checkpoint_retry": 1.0, "checkpoint_deadline": 30.0}}
+
 Each stream file is an ``.npz`` with `X (T, d)` and `y (T,)`. ``runner SPEC aggregator`` runs every
 fleet's aggregator until SIGTERM/SIGINT; ``runner SPEC agent CLIENT`` runs that client's agent in every
 fleet that lists it, until their streams end (the process exits 0) — both with the spec's `state_dir`,
 so a restarted process resumes where its state says, and an agent's source continues after the last
 item the state covers.
+
+Exit status: 0 after SIGTERM/SIGINT or the end of the streams; 2 when the broker refuses the connection
+(:class:`~streamfed.runtime.agent.BrokerRefused`); 3 when the state cannot be written for longer than
+`checkpoint_deadline` (:class:`~streamfed.runtime.service.CheckpointFailed`); 4 when another aggregator connected
+with the same client id (:class:`~streamfed.runtime.service.DuplicateService`) — each with one ``error: …`` line
+on stderr.
 """
 
 from __future__ import annotations
@@ -36,8 +46,9 @@ from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.sources import Reading
 from streamfed.runtime.agent import AgentService, BrokerRefused
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.service import ServiceFailed
 
-__all__ = ["FleetSpec", "array_source_from", "load_spec", "main", "run_agents", "run_aggregators"]
+__all__ = ["FleetSpec", "array_source_from", "load_spec", "main", "run_agents", "run_aggregators", "service_options"]
 
 log = logging.getLogger("streamfed.runner")
 
@@ -68,6 +79,9 @@ class FleetSpec:
                    float(d.get("window", 0.05)), d.get("offline", "drop"), d.get("rate"), float(d.get("drain", 60.0)))
 
 
+_SERVICE_KEYS = {"checkpoint_retry", "checkpoint_deadline"}
+
+
 def load_spec(path: str | Path) -> tuple[BrokerConfig, Path | None, list[FleetSpec]]:
     """`(broker, state_dir, fleets)` of a spec file (relative stream paths are relative to it)."""
     p = Path(path)
@@ -75,6 +89,15 @@ def load_spec(path: str | Path) -> tuple[BrokerConfig, Path | None, list[FleetSp
     state_dir = Path(d["state_dir"]) if d.get("state_dir") else None
     return (BrokerConfig.model_validate(d.get("broker", {})), state_dir,
             [FleetSpec.from_dict(f, p.parent) for f in d["fleets"]])
+
+
+def service_options(path: str | Path) -> dict[str, float]:
+    """The spec's `service` settings (see the module doc); `ValueError` for an unknown key."""
+    opts = json.loads(Path(path).read_text()).get("service", {})
+    unknown = set(opts) - _SERVICE_KEYS
+    if unknown:
+        raise ValueError(f"unknown service setting(s) {sorted(unknown)}; known: {sorted(_SERVICE_KEYS)}")
+    return {k: float(v) for k, v in opts.items()}
 
 
 def array_source_from(X: np.ndarray, y: np.ndarray, rate: float | None) -> Callable[[int], AsyncIterator[Reading]]:
@@ -99,11 +122,13 @@ def _stop_on_signals(services: Sequence[AgentService | AggregatorService]) -> No
         loop.add_signal_handler(sig, lambda: [s.stop() for s in services])
 
 
-async def run_aggregators(broker: BrokerConfig, state_dir: Path | None, fleets: Sequence[FleetSpec]) -> None:
-    """Every fleet's aggregator, until SIGTERM/SIGINT."""
+async def run_aggregators(broker: BrokerConfig, state_dir: Path | None, fleets: Sequence[FleetSpec],
+                          **options: float) -> None:
+    """Every fleet's aggregator, until SIGTERM/SIGINT (`options`: the spec's service settings)."""
     services = [AggregatorService(AggregatorCore(f.config, clients=f.clients, mode=f.mode,  # type: ignore[arg-type]
                                                  window=f.window, offline=f.offline),  # type: ignore[arg-type]
-                                  broker, state_dir=state_dir, connect_timeout=2.0) for f in fleets]
+                                  broker, state_dir=state_dir, connect_timeout=2.0, **options)  # type: ignore[arg-type]
+                for f in fleets]
     _stop_on_signals(services)
     for s in services:
         log.info("aggregator %s: version %d (%s)", s.fleet, s.core.version, "resumed" if s.restored else "new")
@@ -140,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     broker, state_dir, fleets = load_spec(args.spec)
     try:
         if args.role == "aggregator":
-            asyncio.run(run_aggregators(broker, state_dir, fleets))
+            asyncio.run(run_aggregators(broker, state_dir, fleets, **service_options(args.spec)))
         else:
             if not args.client:
                 ap.error("the agent role needs a client id")
@@ -148,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerRefused as e:
         log.error("%s", e)
         return 2
+    except ServiceFailed as e:  # one line, no traceback: what failed and what is on disk
+        log.error("%s", e)
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     return 0
 
 

@@ -10,6 +10,30 @@ publish (an MQTT v5 PUBACK reason code >= 0x80, e.g. an ACL) stops the service w
 
 Subclasses say what to subscribe to, what to send on (re)connect, how to route a core's
 :class:`~streamfed.fleet.protocol.Message` to a topic, and how to handle a message.
+
+Loud failures (issue 15). Two faults used to pass in silence; each now ends in a
+:class:`ServiceFailed` out of :meth:`MqttService.run` (a one-line message and its `exit_code`):
+
+* **A checkpoint that cannot be written** (a full disk, a read-only or vanished state directory): the
+  core calls `checkpoint` before it hands out a global (write-ahead), so the error surfaces inside a
+  message handler, the ticker or a timer. The service then holds back every global (none leaves that
+  is not on disk, also not on a reconnect), reports itself unhealthy — the log, the core's
+  :class:`~streamfed.fleet.telemetry.AggregatorStats` (``values["healthy"] = 0``, exported as
+  ``streamfed_aggregator_value{name="healthy"}``; `global_version` back to the version on disk) and its
+  status topic (see below) — and retries the write every `checkpoint_retry` seconds. It keeps taking
+  updates in meanwhile (in memory only; the agents keep theirs until a global includes them). A
+  write that succeeds publishes the current global at once and the service is healthy again; one
+  still failing after `checkpoint_deadline` seconds stops the service with :class:`CheckpointFailed`.
+* **A second instance under the same client id** (two aggregators on copies of one state directory):
+  the broker hands the session to whichever connected last and closes the other's connection (Mosquitto
+  2.0.11 sends no DISCONNECT reason 0x8E "Session taken over" first: the kicked one sees a plain lost
+  connection), so both used to reconnect and kick each other off forever. A service with a
+  :class:`Lease` (the aggregator) claims its status topic ``…/status/<name>`` with a retained
+  `status` naming its instance and start time; it reads that topic through its ``status/+``
+  subscription. A claim by another instance that started later ends this one with
+  :class:`DuplicateService` ("another aggregator connected as <client id>"); an older claim (the
+  instance before a restart, a broker that restored old retained messages) is overwritten. A broker
+  restart or a lost network changes no claim and triggers nothing.
 """
 
 from __future__ import annotations
@@ -17,24 +41,126 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiomqtt
 
-from streamfed.fleet.config import BrokerConfig
+from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateStore
-from streamfed.fleet.protocol import Message, encode
-from streamfed.fleet.topics import ParsedTopic, try_parse_topic
+from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, status_message
+from streamfed.fleet.telemetry import AggregatorStats
+from streamfed.fleet.topics import ParsedTopic, status_topic, try_parse_topic
 from streamfed.runtime.agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
 from streamfed.runtime.mqtt import incoming_drain
 
-__all__ = ["Outgoing", "MqttService", "receive_batches"]
+__all__ = ["CheckpointFailed", "DuplicateService", "Lease", "MqttService", "Outgoing", "ServiceFailed",
+           "receive_batches"]
 
 _BATCH = 256  # queued messages taken per receive step
 _TOPIC_CACHE = 4096  # parsed topics remembered (one per client and channel)
+
+
+class ServiceFailed(RuntimeError):
+    """A server-side service stopped on a fault that retrying in-process cannot fix; `exit_code` is the
+    status its process should exit with (2 is a refused connection, :class:`~streamfed.runtime.agent.BrokerRefused`).
+
+    >>> e = CheckpointFailed("f.aggregator: cannot write its state")
+    >>> isinstance(e, ServiceFailed), e.exit_code, DuplicateService("x").exit_code
+    (True, 3, 4)
+    """
+
+    exit_code = 3
+
+
+class CheckpointFailed(ServiceFailed):
+    """The state could not be written for longer than the service's `checkpoint_deadline` (or at the stop).
+
+    >>> str(CheckpointFailed("f.aggregator: cannot write /s/aggregator-f.state: disk full"))
+    'f.aggregator: cannot write /s/aggregator-f.state: disk full'
+    """
+
+    exit_code = 3
+
+
+class DuplicateService(ServiceFailed):
+    """Another instance (started later) connected under this service's client id. A supervisor should not
+    restart a process that exits with this status: the restart would take the session over again
+    (systemd: ``RestartPreventExitStatus=2 4``).
+
+    >>> DuplicateService("another aggregator connected as f.aggregator").exit_code
+    4
+    """
+
+    exit_code = 4
+
+
+class _NotDurable(Exception):  # noqa: N818 - internal signal, never leaves this module
+    """Raised through the core by the checkpoint callback while the state cannot be written: the core's
+    write-ahead rule then drops the global it was about to hand out."""
+
+
+class Lease:
+    """Which instance holds a service's client id, judged from the claims on its status topic.
+
+    Each instance claims the topic with a retained ``status`` (``meta``: `instance`, `since` = its start,
+    Unix time, and its health). Claims are ordered by ``(since, instance)``: a newer one than ours means
+    another instance took the client id over (:meth:`observe` raises :class:`DuplicateService`); an older
+    one is stale (the instance before a restart) and ours is published again over it (:attr:`must_claim`).
+    Another instance's ``offline`` claims nothing.
+
+    >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2)
+    >>> lease = Lease(cfg, "aggregator", instance="b", since=100.0)
+    >>> lease.must_claim, lease.topic
+    (True, 'streamfed/v1/f/status/aggregator')
+    >>> lease.observe(lease.claim(healthy=True))  # our own claim, back through the broker
+    >>> lease.must_claim
+    False
+    >>> lease.observe(Lease(cfg, "aggregator", instance="a", since=50.0).claim(True)); lease.must_claim
+    True
+    >>> try:
+    ...     lease.observe(Lease(cfg, "aggregator", instance="c", since=150.0).claim(True))
+    ... except DuplicateService as e:
+    ...     print(str(e)[:73])
+    another aggregator connected as f.aggregator (instance c, started 50 s af
+    """
+
+    def __init__(self, cfg: FleetConfig, name: str, *, instance: str | None = None,
+                 since: float | None = None, client_id: str | None = None) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.client_id = client_id or f"{cfg.fleet}.{name}"
+        self.topic = status_topic(cfg.fleet, name)
+        self.instance = instance or uuid.uuid4().hex[:12]
+        self.since = time.time() if since is None else float(since)
+        self.enabled = True  # False once the broker refused the claim (see MqttService)
+        self.must_claim = True  # our claim is not (or no longer) what the topic holds
+
+    def claim(self, healthy: bool, problem: str | None = None) -> Message:
+        """Our retained status: the claim, and what the service says of its health."""
+        meta: dict[str, bool | float | str] = {"instance": self.instance, "since": self.since, "healthy": healthy}
+        if problem:
+            meta["problem"] = problem[:200]
+        return status_message(self.cfg.fleet, self.name, "online", meta=meta)
+
+    def observe(self, msg: Message) -> None:
+        """A status on our topic (retained or live). Raises :class:`DuplicateService` for a newer claim."""
+        instance, since = msg.meta.get("instance"), msg.meta.get("since")
+        if instance == self.instance:
+            self.must_claim = False
+            return
+        if msg.meta.get("state") != "online" or not isinstance(since, int | float) or not math.isfinite(since):
+            return  # an offline word, or a status without a claim: it holds nothing
+        if (float(since), str(instance)) > (self.since, self.instance):
+            raise DuplicateService(
+                f"another {self.name} connected as {self.client_id} (instance {instance}, started "
+                f"{float(since) - self.since:.0f} s after this one, {self.instance}): this one exits, so that the "
+                f"two stop taking each other's session")
+        self.must_claim = True  # a stale claim: ours goes over it
 
 
 class Outgoing(NamedTuple):
@@ -74,7 +200,8 @@ class MqttService:
     log = logging.getLogger("streamfed.service")
 
     def __init__(self, broker: BrokerConfig, client_id: str, *, tick: float, max_refusals: int = 3,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, checkpoint_retry: float = 1.0,
+                 checkpoint_deadline: float = 30.0) -> None:
         self.broker = broker
         self.client_id = client_id
         self.tick = tick
@@ -92,6 +219,17 @@ class MqttService:
         self.restored = False
         self._durable: Any = None
         self._outbox: asyncio.Queue[Message] | None = None  # the current session's (see emit)
+        # ---- loud failures (module doc)
+        self.checkpoint_retry = max(0.01, float(checkpoint_retry))
+        self.checkpoint_deadline = max(0.0, float(checkpoint_deadline))
+        self.failing_since: float | None = None  # monotonic time of the first failed write in a row
+        self.problem: str | None = None  # why the service is unhealthy (None: healthy)
+        self.checkpoint_failures = 0
+        self.saved_version: int | None = None  # the version of the state on disk
+        self.held_back = 0  # globals not published because they were not on disk
+        self._global_kind: str | None = None
+        self._fatal: ServiceFailed | None = None
+        self.lease: Lease | None = None  # set by a subclass whose instance must be unique
 
     # ------------------------------------------------------------------ what subclasses say
     def subscriptions(self) -> list[str]:
@@ -117,6 +255,11 @@ class MqttService:
     def on_published(self, msg: Message, at: float) -> None:
         """Called once the broker acknowledged the publish of `msg` (its PUBACK), at time `at`."""
 
+    @property
+    def healthy(self) -> bool:
+        """False while the state cannot be written (globals are held back)."""
+        return self.failing_since is None
+
     def emit(self, msgs: list[Message]) -> None:
         """Send what a core returned outside :meth:`handle` and :meth:`on_tick` (from a timer, say); dropped
         while disconnected, as a tick's would not run then."""
@@ -128,19 +271,106 @@ class MqttService:
     def keep_state(self, core: Any, path: Path, kind: str) -> None:
         """Keep `core`'s state in the state file `path` (:mod:`streamfed.fleet.persistence`): resume from it now,
         checkpoint through `core.checkpoint` (the core calls it before handing out each new global: write-ahead),
-        and once more when the service stops. `core` has `snapshot()`, `restore(state)` and `checkpoint`.
-        Raises :class:`~streamfed.fleet.persistence.StateError` for a damaged, foreign or unusable state."""
+        and once more when the service stops. `core` has `snapshot()`, `restore(state)`, `checkpoint`, `version`,
+        `cfg` and `stats`. Raises :class:`~streamfed.fleet.persistence.StateError` for a damaged, foreign or
+        unusable state. A write that fails: see the module doc."""
         self.store = StateStore(path, kind=kind)
         self.restored = self.store.resume(lambda state: core.restore(state["core"])) is not None
         if self.restored:
             self.log.info("%s: resumed from %s at global version %d", self.client_id, path, core.version)
         self._durable = core
+        self._global_kind = core.cfg.global_kind
+        self.saved_version = int(core.version) if self.restored else None
         core.checkpoint = self._save
+        self._note_health()
 
     def _save(self, core: Any) -> None:
+        """The core's checkpoint callback. A global that is not on disk is never published: while the state
+        cannot be written this raises :class:`_NotDurable` through the core, which drops that global."""
+        if self.failing_since is not None:  # the retries are the watcher's (no write per message meanwhile)
+            self._note_health()
+            raise _NotDurable
+        try:
+            self._write(core)
+        except OSError as e:
+            self._failed(e)
+            raise _NotDurable from e
+
+    def _write(self, core: Any) -> None:
         assert self.store is not None
-        # An OSError here propagates and stops the service: a global that is not on disk is never published.
         self.store.save({"core": core.snapshot(), "saved_at": time.time()})
+        self.saved_version = int(core.version)
+        self._note_health()
+
+    def _failed(self, error: OSError) -> None:
+        self.checkpoint_failures += 1
+        first = self.failing_since is None
+        if first:
+            self.failing_since = time.monotonic()
+        assert self.store is not None
+        self.problem = f"cannot write its state {self.store.path}: {error}"
+        if first:
+            self.log.error("%s: %s; globals are held back (the last on disk is v%s), retrying every %.3g s, "
+                           "exiting after %.3g s", self.client_id, self.problem, self.saved_version,
+                           self.checkpoint_retry, self.checkpoint_deadline)
+            self.emit(self._claims())  # the status topic says so too
+        self._note_health()
+
+    def _recovered(self) -> None:
+        assert self.failing_since is not None
+        self.log.warning("%s: state written again after %.1f s (%d failed attempts): global v%s published",
+                         self.client_id, time.monotonic() - self.failing_since, self.checkpoint_failures,
+                         self.saved_version)
+        self.failing_since, self.problem = None, None
+        self._note_health()
+        self.emit([*self._claims(), *self.on_connect()])  # the current global (now on disk), acks
+
+    def _note_health(self) -> None:
+        """The core's stats say what is true: healthy or not, and the version of the newest global that may
+        have been published (the one on disk while writes fail)."""
+        stats = getattr(self._durable, "stats", None)
+        if not isinstance(stats, AggregatorStats):
+            return
+        stats.values["healthy"] = 1.0 if self.failing_since is None else 0.0
+        if self.failing_since is not None and self.saved_version is not None:
+            stats.set_global_version(self.saved_version)
+
+    async def _watch_checkpoints(self) -> None:
+        """Retry a failing write every `checkpoint_retry` seconds; stop the service past the deadline."""
+        while True:
+            await asyncio.sleep(self.checkpoint_retry)
+            if self.failing_since is None:
+                continue
+            try:
+                self._write(self._durable)
+            except OSError as e:
+                self._failed(e)
+                failing = time.monotonic() - self.failing_since
+                if failing >= self.checkpoint_deadline:
+                    self._fatal = CheckpointFailed(
+                        f"{self.client_id}: {self.problem} — failing for {failing:.0f} s ({self.checkpoint_failures} "
+                        f"attempts); the last global on disk is v{self.saved_version}")
+                    self.stop()
+                    return
+                continue
+            self._recovered()
+
+    def _guarded(self, produce: Callable[[], list[Message]]) -> list[Message]:
+        """What a core call returned, or nothing when it stopped at a checkpoint that could not be written."""
+        try:
+            out = produce()
+        except _NotDurable:
+            self.held_back += 1
+            return []
+        if self.store is not None:
+            self._note_health()  # the core's round may have replaced the stats' values
+        return out
+
+    def _claims(self) -> list[Message]:
+        lease = self.lease
+        if lease is None or not lease.enabled:
+            return []
+        return [lease.claim(self.healthy, self.problem)]
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -151,15 +381,31 @@ class MqttService:
         self.reconnects += 1
 
     async def run(self) -> None:
-        """Serve until `stop()`, reconnecting as needed; with a state file, save the state at the end."""
+        """Serve until `stop()`, reconnecting as needed; with a state file, save the state at the end.
+        Raises :class:`ServiceFailed` for the faults of the module doc, and :class:`CheckpointFailed` when
+        the last save fails."""
+        watcher = asyncio.create_task(self._watch_checkpoints()) if self.store is not None else None
+        unsaved = None
         try:
             await reconnect_loop(self._session, name=self.client_id, stop=self._stop, refusals=self.refusals,
                                  max_refusals=self.max_refusals, on_lost=self._lost, logger=self.log)
         finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             if self.store is not None:
-                with contextlib.suppress(OSError):
-                    self._save(self._durable)
+                try:
+                    self._write(self._durable)
+                except OSError as e:
+                    unsaved = (f"{self.client_id}: stopped without saving its state {self.store.path} ({e}); the "
+                               f"last global on disk is v{self.saved_version}")
+                    self.log.error("%s", unsaved)
                 self.store.close()
+        if self._fatal is not None:
+            raise self._fatal
+        if unsaved is not None:
+            raise CheckpointFailed(unsaved)
 
     async def _session(self) -> None:
         kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)
@@ -173,7 +419,9 @@ class MqttService:
                 for topic in self.subscriptions():
                     check_subscription(topic, await until_lost(
                         client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
-                for m in self.on_connect():
+                # The claim goes out on every connect (the broker may have lost its retained messages); a newer
+                # instance's claim it overwrites still reaches the receiver first, retained, and ends this one.
+                for m in [*self._claims(), *self.on_connect()]:
                     outbox.put_nowait(m)
                 tasks += [asyncio.create_task(self._publisher(client, outbox)),
                           asyncio.create_task(self._ticker(outbox))]
@@ -196,6 +444,13 @@ class MqttService:
         # while a publish waits for its PUBACK.
         while True:
             m = await outbox.get()
+            if m.kind == self._global_kind and self.failing_since is not None:
+                self.held_back += 1  # not on disk (or not known to be): never published
+                continue
+            lease = self.lease
+            if lease is not None and m.kind == "status" and m.client == lease.name:
+                await self._publish_claim(client, m, lease)
+                continue
             out = self.route(m)
             await client.publish(out.topic, encode(m), qos=1, retain=out.retain, timeout=OP_TIMEOUT)
             if self._watch is not None:
@@ -203,10 +458,23 @@ class MqttService:
             self.published += 1
             self.on_published(m, time.time())
 
+    async def _publish_claim(self, client: aiomqtt.Client, msg: Message, lease: Lease) -> None:
+        """Publish our status claim; a broker that refuses it (an ACL without the service's status topic) turns
+        duplicate detection off, with a warning, rather than stopping the service."""
+        await client.publish(lease.topic, encode(msg), qos=1, retain=True, timeout=OP_TIMEOUT)
+        watch = self._watch
+        refused = [r for r in watch.refused if r[0] == lease.topic] if watch is not None else []
+        if watch is not None and refused:
+            watch.refused[:] = [r for r in watch.refused if r[0] != lease.topic]
+            lease.enabled = False
+            self.log.warning("%s: the broker refused its status topic %s (%s): a second instance with this client "
+                             "id would not be detected; grant the topic to this account", self.client_id,
+                             lease.topic, refused[0][1])
+
     async def _ticker(self, outbox: asyncio.Queue[Message]) -> None:
         while True:
             await asyncio.sleep(self.tick)
-            for m in self.on_tick(time.time()):
+            for m in self._guarded(lambda: self.on_tick(time.time())):
                 outbox.put_nowait(m)
 
     def _take(self, message: aiomqtt.Message, outbox: asyncio.Queue[Message]) -> None:
@@ -219,5 +487,19 @@ class MqttService:
             self._topics[topic] = parsed
         payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
         self.received += 1
-        for m in self.handle(parsed, bytes(payload)):
+        lease = self.lease
+        if lease is not None and topic == lease.topic:
+            self._on_claim(lease, bytes(payload))
+            return
+        for m in self._guarded(lambda: self.handle(parsed, bytes(payload))):
             outbox.put_nowait(m)
+
+    def _on_claim(self, lease: Lease, payload: bytes) -> None:
+        try:
+            msg = decode(payload, lease.cfg, client=lease.name, kinds=("status",))
+        except ProtocolError as e:
+            self.log.warning("%s: status on %s refused: %s", self.client_id, lease.topic, e)
+            return
+        lease.observe(msg)  # DuplicateService stops the session and the service
+        if lease.must_claim and lease.enabled:
+            self.emit(self._claims())
