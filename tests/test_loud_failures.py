@@ -226,8 +226,11 @@ def wait_for(pred, timeout: float, what: str, procs=()):
 
 def spec_file(path: Path, broker_cfg, state_dir: Path, cfg: FleetConfig, clients: list[str], **service: float) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    broker = broker_cfg.model_dump(mode="json")
+    if broker_cfg.password is not None:  # (dumped as "**********")
+        broker["password"] = broker_cfg.password.get_secret_value()
     path.write_text(json.dumps({
-        "broker": broker_cfg.model_dump(mode="json"), "state_dir": str(state_dir),
+        "broker": broker, "state_dir": str(state_dir),
         **({"service": service} if service else {}),
         "fleets": [{"config": cfg.model_dump(mode="json"), "mode": "async", "window": 0.05, "clients": clients,
                     "rate": 100.0, "streams": {c: f"{c}.npz" for c in clients}}]}))

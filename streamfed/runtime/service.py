@@ -436,7 +436,8 @@ class MqttService:
                 self._outbox = None
                 for t in tasks:
                     t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                for t in tasks:  # every one awaited: what ended the session was raised above already
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
                         await t
 
     async def _publisher(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
