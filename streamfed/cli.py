@@ -355,6 +355,9 @@ def aggregator(
     wait_offline: Annotated[bool, typer.Option(help="lock-step: rounds wait for clients that went offline")] = False,
     dp_epsilon: Annotated[float | None, typer.Option(help=_DP_HELP)] = None,
     secure_aggregation: Annotated[bool | None, typer.Option(help=_SECAGG_HELP)] = None,
+    recover: Annotated[bool, typer.Option(help="the state was lost or restored from an older copy and the agents are "
+                                          "ahead of it: start a new epoch in which they upload their totals again "
+                                          "(docs/reliability.md § Lost state)")] = False,
 ) -> None:
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
     from streamfed.fleet.aggregator import AggregatorCore
@@ -364,7 +367,8 @@ def aggregator(
     cfg = _with_privacy(load_config(config), dp_epsilon, secure_aggregation)
     try:
         core = AggregatorCore(cfg.fleet, clients=_roster(clients, cfg, "aggregator"), mode=mode, quorum=quorum,  # type: ignore[arg-type]
-                              round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop")
+                              round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop",
+                              recover=recover)
     except ValueError as e:
         _refuse(str(e))
     _serve(lambda: AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir),

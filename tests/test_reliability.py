@@ -459,7 +459,7 @@ def test_refused_connections_surface_with_the_mqtt_reason(mosquitto_prod):
     conf.write_text(f'[fleet]\nfleet = "acl-refused"\nalgorithm = "pofmkl"\nn_inputs = 10\n[broker]\n'
                     f'host = "{wrong.host}"\nport = {wrong.port}\nusername = "aggregator"\npassword = "nope"\n'
                     f'tls_ca = "{wrong.tls_ca}"\n')
-    res = CliRunner().invoke(app, ["aggregator", "--config", str(conf)])
+    res = CliRunner().invoke(app, ["aggregator", "--config", str(conf), "--clients", "a1"])
     assert res.exit_code == 2 and f"refused the connection 3 times: {auth_reason}" in " ".join(res.output.split())
 
 

@@ -349,7 +349,9 @@ class AgentCore:
         """Forget updates the installed global contains (lock-step: every update of a closed round —
         a round closed without an update, after a timeout, will never take it)."""
         done = msg.global_version if self.mode == "lockstep" else int(msg.included.get(self.client_id, 0))
-        for s in [s for s in self.outbox if s <= done]:
+        # and updates of an older epoch: never summed with the new one (a new kernel version, or an aggregator
+        # that lost its state and asked for everyone's totals again)
+        for s in [s for s, m in self.outbox.items() if s <= done or m.epoch < msg.epoch]:
             del self.outbox[s]
 
     def on_ack(self, msg: Message) -> list[Message]:

@@ -16,13 +16,13 @@ The algorithm is a plug-in (:mod:`streamfed.algorithms`); this core holds its
     when the aggregation says something changed.
 
 Every rejection has a reason (a :class:`~streamfed.fleet.protocol.Reason` value, or ``invalid_update`` /
-``unknown_client`` / ``late`` / ``rate_limited``) counted in :attr:`AggregatorCore.rejected`; nothing rejected reaches
-the model, and :meth:`AggregatorCore.on_update` never raises. Beyond the codec's checks (schema,
-shapes, dtypes, finiteness, indices, sequence numbers) the aggregation validates an update completely
-*before* anything is changed (`Aggregation.check`): every value bounded by `max_abs` (1e100), and
-whatever else the algorithm knows (the largest update an honest client can produce from the fleet's
-configuration; FedBNR: statistics of some samples). Then each client is held to its rate
-(:class:`~streamfed.fleet.admission.Admission`: token buckets on samples and uploads, `cfg.robust`); a
+``unknown_client`` / ``late`` / ``rate_limited`` / ``ahead_of_state``) counted in
+:attr:`AggregatorCore.rejected`; nothing rejected reaches the model, and :meth:`AggregatorCore.on_update`
+never raises. Beyond the codec's checks (schema, shapes, dtypes, finiteness, indices, sequence numbers) the
+aggregation validates an update completely *before* anything is changed (`Aggregation.check`): every value
+bounded by `max_abs` (1e100), and whatever else the algorithm knows (the largest update an honest client can
+produce from the fleet's configuration; FedBNR: statistics of some samples). Then each client is held to its
+rate (:class:`~streamfed.fleet.admission.Admission`: token buckets on samples and uploads, `cfg.robust`); a
 refusal is logged at warning at most once a minute per client and reason.
 
 Durability: the shell sets :attr:`AggregatorCore.checkpoint` (a callable); it is called with the new
@@ -119,7 +119,7 @@ class AggregatorCore:
                  quorum: int | None = None, round_timeout: float = 5.0, window: float = 0.5,
                  sender: str = "aggregator", stats: AggregatorStats | None = None,
                  offline: Literal["drop", "wait"] = "drop", max_abs: float = 1e100,
-                 check_stats: bool = True) -> None:
+                 check_stats: bool = True, recover: bool = False) -> None:
         self.cfg = cfg
         self.algorithm = algorithms.get(cfg.algorithm)
         self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.algorithm.lockstep)
@@ -144,6 +144,12 @@ class AggregatorCore:
         self.window_started: float | None = None  # when the open asynchronous window took its first update
         self.last_seen: dict[str, float] = {}
         self.admission = Admission(cfg.robust)  # per-client token buckets on samples and uploads
+        self.ahead: dict[str, int] = {}  # clients seen at a global newer than this state → the newest they named
+        # recovery from a lost state (docs/reliability.md § Lost state): allowed by the operator (`recover`);
+        # once started, each client is taken from the first seq it sends (`adopting`)
+        self.recover = bool(recover)
+        self.adopting = False
+        self._ahead_epoch = 0  # the newest epoch an ahead-of-state client named
         self._warned: dict[tuple[str, str], float] = {}  # (client, reason) → when last logged at warning
         # secure aggregation: rounds of masked uploads; the unmasked sum is folded in as a shard's partial is
         self.secagg: SecAggCoordinator | None = None
@@ -184,11 +190,14 @@ class AggregatorCore:
             if self.clients and msg.client not in self.order:
                 self.counters.reject("unknown_client")
                 return []
+            if msg.global_version > self.version:
+                return self._ahead_of_state(msg, now)
             seq_check = self.tracker.check(msg.client, msg.seq)
         except ProtocolError as e:
             self.counters.reject(e.reason.value)
             return []
-        if seq_check.dropped is not None:
+        adopt = self.adopting and msg.client not in self.tracker.clients and msg.seq > 1
+        if seq_check.dropped is not None and not adopt:
             # More than a window ahead: taking it would give up the seqs in between for good (and an order-free
             # server would wait for them forever). An honest agent never gets there: it holds its uploads
             # while a window's worth is outstanding, and sends missing ones again.
@@ -214,12 +223,48 @@ class AggregatorCore:
                        self.cfg.robust.max_upload_rate, msg.seq)
             return []
         client = msg.client
+        if adopt:  # valid for the new epoch: everything before it is what the lost state held
+            self.tracker.adopt(client, msg.seq - 1)
+            seq_check = self.tracker.check(client, msg.seq)
         self.last_seen[client] = now
         self._note_seq(client, msg.seq, seq_check)
         out = self._take(client, msg.seq, item, now)
         self.counters.accepted += 1
         self.stats.accepted(client)
         return self._commit(out) if out else out
+
+    def _ahead_of_state(self, msg: Message, now: float) -> list[Message]:
+        """An update computed against a global this aggregator never published: its state was lost, replaced
+        or restored from an older copy (globals are checkpointed before they leave, so nothing else gets an
+        agent there). Taking it would leave the model waiting for uploads the agents no longer hold; it is
+        refused, counted (`ahead_of_state`) and said at error level."""
+        self.counters.reject("ahead_of_state")
+        first = msg.client not in self.ahead
+        self.ahead[msg.client] = max(self.ahead.get(msg.client, 0), int(msg.global_version))
+        self._ahead_epoch = max(self._ahead_epoch, int(msg.epoch))
+        rebase = getattr(self.aggregation, "rebase", None)
+        if not self.recover or rebase is None:
+            if first:
+                log.error("client %r is at global v%d but this aggregator's state is at v%d: the state was lost, "
+                          "replaced or restored from an older copy; nothing from clients ahead of it is taken. %s",
+                          msg.client, msg.global_version, self.version,
+                          "Restart with --recover: a new epoch in which the agents upload their totals again."
+                          if rebase is not None and not self.recover else
+                          f"{self.algorithm.name} cannot rebuild its global from its agents: restore the state "
+                          "directory, or start the fleet again under a new name.")
+            return []
+        # Recovery: a global above every version the agents have seen, of a new epoch, nothing included.
+        t0 = time.perf_counter()
+        version, epoch = max(self.ahead.values()) + 1, self._ahead_epoch + 1
+        rebase(version, epoch)
+        log.warning("recovering a lost state: global v%d, epoch %d; %d client(s) were ahead (up to v%d); each is "
+                    "taken from the first update it sends now", self.version, epoch, len(self.ahead), version - 1)
+        self.tracker = SeqTracker(self.cfg.seq_window)
+        self._round.clear()
+        self._round_started = self.window_started = None
+        self.ahead.clear()
+        self.adopting = True
+        return self._commit(self._published(now, t0))
 
     def _warn(self, client: str, reason: str, now: float, fmt: str, *args: Any) -> None:
         """Log a refusal at warning, at most once a minute per client and reason (debug otherwise): loud enough
@@ -403,6 +448,7 @@ class AggregatorCore:
             "expected": sorted(self.expected),
             "counters": {"accepted": c.accepted, "rejected": dict(c.rejected), "rounds": c.rounds, "gaps": c.gaps},
             "admission": self.admission.to_dict(),
+            "adopting": self.adopting,
         }
 
     def restore(self, state: Mapping[str, Any], now: float | None = None) -> None:
@@ -430,6 +476,7 @@ class AggregatorCore:
         self.counters.rejected = dict(counters["rejected"])
         self.counters.gaps = int(counters["gaps"])
         self.admission.load(state.get("admission", {}))
+        self.adopting = bool(state.get("adopting", False))
         self._round_started = now if self._round else None
         self.window_started = now if self.aggregation.pending() else None
         self.stats.set_global_version(self.version)

@@ -657,6 +657,18 @@ class SeqTracker:
         above = self._above.get(client)
         return above is not None and seq in above
 
+    def adopt(self, client: str, mark: int) -> None:
+        """Start a client not known yet at `mark` (everything up to it given up): a server that lost its state
+        takes each client from where it is instead of waiting for seqs the client no longer holds.
+
+        >>> t = SeqTracker()
+        >>> t.adopt("a", 5000); t.record("a", 5001).in_order
+        True
+        """
+        if client in self._mark or client in self._above:
+            raise ValueError(f"client {client!r} is already known")
+        self._mark[client] = int(mark)
+
     def check(self, client: str, seq: int) -> SeqCheck:
         """What :meth:`record` would report, without changing anything; `ProtocolError` (`stale_seq`)
         for a seq already applied or below the mark, (`bad_seq`) for a non-integer."""

@@ -126,7 +126,16 @@ class StatsLearner:
     def install_global(self, msg: Message) -> bool:
         from streamfed.algorithms.fedbnr.learner import GlobalModel
 
-        return bool(self.client.apply_global(GlobalModel.from_message(global_fields(msg))))
+        g = GlobalModel.from_message(global_fields(msg))
+        if g.kernel_version == self.client.kernel_version and g.epoch > self.client.epoch:
+            # an aggregator that lost its state started a new epoch: send everything learned again (on a copy,
+            # so that a global refused below changes nothing)
+            twin = copy.deepcopy(self.client)
+            twin.rebase(g.epoch)
+            installed = bool(twin.apply_global(g))
+            self.client = twin
+            return installed
+        return bool(self.client.apply_global(g))
 
     def warm_up(self, x: np.ndarray) -> None:
         twin = copy.deepcopy(self.client)

@@ -907,6 +907,27 @@ class FedBNRClient:
         """Statistics of every sample this client has learned (uploaded or pending)."""
         return self._own_uploaded + self._pending_stats()
 
+    def rebase(self, epoch: int) -> None:
+        """Join epoch `epoch` of a server that lost its state (docs/reliability.md § Lost state): every sample
+        this client has learned, uploaded or pending, becomes pending again under the new epoch, so its next
+        upload carries its totals; upload numbers restart at 1. Statistics of older epochs are never summed
+        with the new ones. `ValueError` (nothing changed) with forgetting — decayed statistics have no exact
+        total to send — or for an epoch that is not newer."""
+        if int(epoch) <= self.epoch:
+            raise ValueError(f"epoch {epoch} is not newer than this client's {self.epoch}")
+        if self.forgetting != 1.0:
+            raise ValueError("a client with forgetting has no exact totals to upload again")
+        own = self.own_stats()
+        self.epoch = int(epoch)
+        self._s_pend[...] = own.S
+        self._b_pend[...] = own.b
+        self._n_pend = int(round(float(own.n)))
+        self._q_pend = float(own.q)
+        self._unacked = {}
+        self._own_uploaded = self._zero_stats()
+        self._next_seq = 1
+        self._global = None
+
     def working_stats(self) -> SufficientStats:
         """The statistics behind the working posterior.
 
@@ -1178,6 +1199,17 @@ class FedBNRServer:
             sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
             self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
         return True
+
+    def rebase(self, version: int, epoch: int) -> None:
+        """Start over after the state was lost (docs/reliability.md § Lost state): empty sums of epoch `epoch`,
+        nothing included, and the next :meth:`publish` is version `version` — above every version the clients
+        have seen, so they install it, join the epoch and upload their totals again (`FedBNRClient.rebase`)."""
+        if int(epoch) <= self.epoch or int(version) <= self.version:
+            raise ValueError(f"rebase to version {version}/epoch {epoch} from {self.version}/{self.epoch}")
+        self.epoch = int(epoch)
+        self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+        self.included, self._buffer = {}, {}
+        self.version = int(version) - 1
 
     def publish(self) -> GlobalModel:
         """A new :class:`GlobalModel` (version + 1), hyperparameters refitted first when enabled."""
