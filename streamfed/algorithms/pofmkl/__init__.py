@@ -81,9 +81,16 @@ class POFMKL(Algorithm):
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> POFMKLAggregation:
-        from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation
+        """The server half. Every update is held to the largest an honest client can send (`StepBound`, from
+        η, λ, ξ, N, M and `cfg.robust.label_bound`; not with `check_stats=False`: noised uploads are not
+        bounded per step); `cfg.robust.aggregation = "robust"` combines rows by `RobustRule`."""
+        from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation, RobustRule, StepBound
 
-        return POFMKLAggregation(cfg.n_kernels, 2 * cfg.n_features, max_abs=max_abs)
+        p, r = cfg.params, cfg.robust
+        bound = (StepBound.of(p.eta, p.lam, p.xi, cfg.n_kernels, cfg.bin_size, r.label_bound)
+                 if check_stats else None)
+        robust = RobustRule(r.trim, r.clip_factor) if r.aggregation == "robust" else None
+        return POFMKLAggregation(cfg.n_kernels, 2 * cfg.n_features, max_abs=max_abs, bound=bound, robust=robust)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

@@ -4,6 +4,12 @@ Lock-step: a round is every expected client's seq-`r` update, added in the fleet
 global equals the replay's bit for bit). Asynchronous: whatever arrives within a window is one round with
 `C` = the clients heard, a client's several updates in one window summed per kernel as they arrive.
 Sharded: a shard sends a dense `ΣΔ`; the reducer applies `θ ← θ − ΣΔ/|C|` with `|C|` the clients in it.
+
+Bounded influence (docs/algorithms.md §2.9, always on): :class:`StepBound` is the largest row an honest
+client can send, from the configuration and the largest `‖θ_p‖` this aggregation ever published; `check`
+refuses anything beyond it. Robust aggregation (`[fleet.robust] aggregation = "robust"`, :class:`RobustRule`):
+rows clipped to `clip_factor ×` the round's median row norm, then a coordinate-wise trimmed mean over all
+`|C|` reporting clients, a client that did not send row `p` counting as `Δ_p = 0`.
 """
 
 from __future__ import annotations
@@ -11,15 +17,18 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.pofmkl._layout import STEP_CAP
 from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLServer, reset_overflowed_rows
 from streamfed.algorithms.pofmkl.wire import global_message
+from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
 from streamfed.fleet.protocol import Message
 
-__all__ = ["POFMKLAggregation", "WindowSum"]
+__all__ = ["ClientSteps", "POFMKLAggregation", "RobustRule", "StepBound", "WindowSum"]
 
 log = logging.getLogger("streamfed.algorithms.pofmkl")
 
@@ -67,6 +76,120 @@ class WindowSum:
             setattr(self, k, v)
 
 
+# Relative slack on the declared bound: it covers the rounding of ‖z_p‖ = 1 (fdlibm sin/cos, ≤ 2.2e-16 each),
+# of f_p = θ_pᵀz_p and of the error-feedback sums — orders of magnitude below 1e-9 — and nothing else.
+BOUND_SLACK = 1e-9
+ROBUST_SHARDED = ("robust aggregation (trimmed mean) cannot be computed from partial sums: run a single "
+                  "aggregator, or aggregation = \"exact\" with shards")
+
+
+@dataclass(frozen=True)
+class StepBound:
+    """The largest row `‖Δ_p‖` one honest step can produce (docs/algorithms.md §2.9).
+
+    A step uploads `Δ_p = g (2(f_p − y) z_p + 2λθ_p)` (§2.2 step 4) with `g = min(η/q_J, 1/2)` and
+    `q_J ≥ ξ/B_bins` (eq. 8, `B_bins = ⌈N/M⌉`), so `g ≤ step = min(η·B_bins/ξ, 1/2)` (1/2 when `ξ = 0`);
+    `‖z_p‖ = 1` (`D` sin/cos pairs scaled by `1/√D`), `|f_p| = |θ_pᵀz_p| ≤ ‖θ_p‖ ≤ R_p`, and `|y| ≤ B` (agents
+    clip labels to `label_bound`). Hence `‖Δ_p‖ ≤ step · (2(R_p + B) + 2λR_p)` per step.
+
+    >>> b = StepBound.of(eta=0.005, lam=1e-4, xi=0.1, n_kernels=16, bin_size=1, label_bound=10.0)
+    >>> b.step, float(b.per_step(np.array([0.0]))[0])
+    (0.5, 10.0)
+    >>> StepBound.of(eta=0.001, lam=0.0, xi=0.5, n_kernels=4, bin_size=2, label_bound=1.0).step
+    0.004
+    """
+
+    step: float
+    label_bound: float
+    lam: float
+
+    @classmethod
+    def of(cls, eta: float, lam: float, xi: float, n_kernels: int, bin_size: int, label_bound: float) -> StepBound:
+        n_bins = -(-int(n_kernels) // int(bin_size))
+        step = STEP_CAP if xi <= 0.0 else min(eta * n_bins / xi, STEP_CAP)
+        return cls(float(step), float(label_bound), float(lam))
+
+    def per_step(self, radius: np.ndarray) -> np.ndarray:
+        """The bound on one step's row `p`, for `‖θ_p‖ ≤ radius[p]`."""
+        return self.step * (2.0 * (radius + self.label_bound) + 2.0 * self.lam * radius)
+
+
+@dataclass(frozen=True)
+class RobustRule:
+    """Robust combination of a round's rows (docs/algorithms.md §2.9): clip each row to `clip_factor ×` the
+    median norm of the round's rows, then per kernel a coordinate-wise mean with `trim` off each side over
+    all `|C|` reporting clients (a client that did not send row `p` counts as `Δ_p = 0`).
+
+    >>> RobustRule(trim=0.25, clip_factor=2.0).trim
+    0.25
+    """
+
+    trim: float
+    clip_factor: float
+
+
+class ClientSteps:
+    """Per client, the steps its uploads summarise — what bounds a row that error feedback carried forward.
+
+    An asynchronous agent's row `p` may hold every step since that row last left it (docs/algorithms.md §2.6),
+    so a row of seq `s` is allowed `k_p` steps: the client's samples recorded so far plus this upload's,
+    minus those up to the last upload that carried `p`. Repeats of a recorded seq get the allowance of the
+    first copy (an honest resend is identical); an upload below a newer one that carried `p` (out of order)
+    is allowed all the client's steps. Missing uploads below `s` can only make `k_p` too small, never too large:
+    such an update is refused and taken when the agent sends it again after the gap.
+
+    >>> cs = ClientSteps(3)
+    >>> cs.allowance(1, 2, [0]).tolist(), cs.record(1, 2, [0], [2]), cs.allowance(2, 3, [0, 1]).tolist()
+    ([2], None, [3, 5])
+    """
+
+    KEEP = 64  # recorded seqs remembered for repeats (an honest agent resends within its sequence window)
+
+    def __init__(self, n_kernels: int) -> None:
+        self.total = 0  # Σ n_samples of the recorded uploads
+        self.top = 0  # highest recorded seq
+        self.mark_seq = np.zeros(n_kernels, dtype=np.int64)  # per kernel: highest recorded seq that carried it
+        self.mark_cum = np.zeros(n_kernels, dtype=np.int64)  # ... and the client's steps up to that seq
+        self.recent: dict[int, tuple[int, dict[int, int]]] = {}  # seq → (n_samples, {kernel: steps allowed})
+
+    def allowance(self, seq: int, n: int, kernels: Sequence[int]) -> np.ndarray:
+        """Steps each row of an upload `(seq, n)` may hold (`ValueError`: a repeat that differs)."""
+        got = self.recent.get(seq)
+        if got is not None:
+            n0, allowed = got
+            if n0 != n or any(p not in allowed for p in kernels):
+                raise ValueError(f"seq {seq} sent again with other samples or kernels than its first copy")
+            return np.array([allowed[p] for p in kernels], dtype=np.int64)
+        out = np.empty(len(kernels), dtype=np.int64)
+        for i, p in enumerate(kernels):
+            newer = seq <= self.mark_seq[p]  # a newer upload carried p: everything recorded may be in this row
+            out[i] = self.total + n - (0 if newer else self.mark_cum[p])
+        return out
+
+    def record(self, seq: int, n: int, kernels: Sequence[int], allowed: Sequence[int]) -> None:
+        """Count an accepted upload (a repeat of a recorded seq counts once)."""
+        if seq in self.recent:
+            return
+        self.total += n
+        later = [j for j in self.recent if j > seq]
+        # steps up to and including seq: known when every recorded later seq is still remembered
+        exact = seq > self.top - self.KEEP
+        cum = self.total - sum(self.recent[j][0] for j in later)
+        for p in kernels:
+            if exact and seq > self.mark_seq[p]:
+                self.mark_seq[p], self.mark_cum[p] = seq, cum
+        self.recent[seq] = (int(n), {int(p): int(k) for p, k in zip(kernels, allowed, strict=True)})
+        self.top = max(self.top, seq)
+        if len(self.recent) > self.KEEP:
+            for j in sorted(self.recent)[: len(self.recent) - self.KEEP]:
+                del self.recent[j]
+
+    def forget(self, seq: int) -> None:
+        """An upload was folded into the global: its seq can no longer come again (the cores refuse it)."""
+        for j in [j for j in self.recent if j <= seq]:
+            del self.recent[j]
+
+
 class POFMKLAggregation:
     """The :class:`~streamfed.algorithms.base.Aggregation` of POF-MKL.
 
@@ -75,16 +198,45 @@ class POFMKLAggregation:
     ...                     ("b", KernelUpdate(np.array([0]), np.full((1, 2), 3.0)))])
     >>> agg.version, agg.server.theta[0].tolist(), agg.included()
     (1, [-2.0, -2.0], {'a': 1, 'b': 1})
+
+    With a declared bound (:class:`StepBound`; the factory always gives one) and robust aggregation:
+
+    >>> from streamfed.algorithms.pofmkl.wire import update_message
+    >>> agg = POFMKLAggregation(2, 2, bound=StepBound(0.5, 1.0, 0.0), robust=RobustRule(0.25, 2.0))
+    >>> def up(c, v): return update_message("f", c, 1, np.array([0]), np.full((1, 2), v), global_version=0,
+    ...                                     kernel_version="k")
+    >>> agg.check(up("a", 0.5)).delta.tolist()
+    [[0.5, 0.5]]
+    >>> try:
+    ...     agg.check(up("evil", 1e3))
+    ... except ValueError as e:
+    ...     print(str(e).split(" (")[0])
+    kernel 0: ‖Δ‖ = 1.41e+03 is beyond the declared bound 1
     """
 
-    def __init__(self, n_kernels: int, dim: int, *, max_abs: float = 1e100) -> None:
+    def __init__(self, n_kernels: int, dim: int, *, max_abs: float = 1e100, bound: StepBound | None = None,
+                 robust: RobustRule | None = None) -> None:
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
         self.server = POFMKLServer(n_kernels, dim)
         self.max_abs = float(max_abs)
         self.dim = dim
+        self.bound = bound
+        self.robust = robust
+        self.radius = np.zeros(n_kernels)  # per kernel, the largest ‖θ_p‖ ever published (θ starts at 0)
+        self.steps: dict[str, ClientSteps] = {}  # per client, the samples its uploads summarised
+        self.lockstep = False  # apply_round was called: uploads carry one step each, nothing carried forward
+        self.role = "aggregator"  # "shard" once it builds a partial: it holds no θ, so it bounds nothing
         self._heard: dict[str, WindowSum] = {}  # async window: per client heard, its updates summed
         self._applied: dict[str, int] = {}  # per client, the highest seq in the global
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        # pickled before bounds and robust aggregation: no bound, exact (what that aggregator did)
+        if "radius" not in state:
+            self.bound, self.robust, self.lockstep, self.role = None, None, False, "aggregator"
+            self.radius = row_norms(self.server.theta)
+            self.steps = {}
 
     @property
     def version(self) -> int:
@@ -93,6 +245,15 @@ class POFMKLAggregation:
     def included(self) -> dict[str, int]:
         return {c: self._applied[c] for c in sorted(self._applied)}
 
+    def for_partials(self, role: str) -> None:
+        """Say this aggregation serves a shard or the reducer (`role`): robust aggregation is refused there,
+        and a shard, which never sees θ, leaves the declared bound to an aggregator that does."""
+        if role not in ("shard", "reducer"):
+            raise ValueError(f"role must be 'shard' or 'reducer', got {role!r}")
+        if self.robust is not None:
+            raise ValueError(ROBUST_SHARDED)
+        self.role = role
+
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> KernelUpdate:
         # the decoded read-only views are enough: the server only reads an update (no copy per message)
@@ -100,13 +261,46 @@ class POFMKLAggregation:
         # one reduction (|Δ| <= max_abs, NaN compares False); the codec already refused non-finite values
         if delta.size and not np.abs(delta).max() <= self.max_abs:
             raise ValueError(f"a delta value is beyond ±{self.max_abs:g}")
-        return KernelUpdate(msg.arrays["kernels"], delta, msg.n_samples)
+        item = KernelUpdate(msg.arrays["kernels"], delta, msg.n_samples)
+        if self.bound is not None and self.role == "aggregator" and delta.size:
+            self._check_bound(msg.client, int(msg.seq), item)
+        return item
+
+    def _check_bound(self, client: str, seq: int, item: KernelUpdate) -> None:
+        """Refuse a row beyond `k_p × StepBound.per_step(R_p)`; record the accepted upload's samples (a refused
+        one leaves no trace)."""
+        assert self.bound is not None
+        kernels = item.kernels.tolist()
+        n = int(item.n_samples)
+        steps = self.steps.get(client)
+        if steps is None:
+            steps = ClientSteps(self.radius.shape[0])
+        if self.lockstep:  # a lock-step upload is its step's Δ, as it is: n_samples steps (one), nothing older
+            allowed = np.full(len(kernels), n, dtype=np.int64)
+        else:
+            allowed = steps.allowance(seq, n, kernels)
+        per_step = self.bound.per_step(self.radius[item.kernels])
+        limit = allowed * per_step * (1.0 + BOUND_SLACK)
+        norms = row_norms(item.delta)
+        bad = np.flatnonzero(~(norms <= limit))
+        if bad.size:
+            i = int(bad[0])
+            p = kernels[i]
+            b = self.bound
+            raise ValueError(f"kernel {p}: ‖Δ‖ = {norms[i]:.3g} is beyond the declared bound {limit[i]:.3g} "
+                             f"({allowed[i]} step(s) × {per_step[i]:.3g} per step: g = {b.step:g}, "
+                             f"R = {self.radius[p]:.3g}, B = {b.label_bound:g}, λ = {b.lam:g})")
+        steps.record(seq, n, kernels, allowed.tolist())
+        self.steps[client] = steps
 
     def take(self, client: str, seq: int, item: KernelUpdate) -> None:
         acc = self._heard.get(client)
         if acc is None:
             acc = self._heard[client] = WindowSum(self.dim)
         acc.add(item)
+        steps = self.steps.get(client)
+        if steps is not None:
+            steps.forget(seq)
 
     def pending(self) -> bool:
         return bool(self._heard)
@@ -115,16 +309,27 @@ class POFMKLAggregation:
         if not self._heard:
             return False
         clients = sorted(self._heard, key=lambda c: order.get(c, len(order)))
-        self._aggregate([self._heard[c].merged() for c in clients])
+        merged = [self._heard[c].merged() for c in clients]
+        if self.robust is None:
+            self._aggregate(merged)
+        else:
+            self._aggregate_robust(merged)
         for c in clients:
             self._applied[c] = mark(c)
         self._heard.clear()
         return True
 
     def apply_round(self, round: int, items: Sequence[tuple[str, KernelUpdate]]) -> None:
-        self._aggregate([u for _, u in items])
+        self.lockstep = True
+        if self.robust is None:
+            self._aggregate([u for _, u in items])
+        else:
+            self._aggregate_robust([u for _, u in items])
         for c, _ in items:
             self._applied[c] = max(self._applied.get(c, 0), round)
+            steps = self.steps.get(c)
+            if steps is not None:
+                steps.forget(round)
 
     def _aggregate(self, updates: list[KernelUpdate]) -> None:
         """One round. Updates were validated (indices, shapes, |Δ| <= max_abs), so this cannot fail; a kernel
@@ -137,6 +342,37 @@ class POFMKLAggregation:
         except (NonFiniteError, ValueError) as e:
             log.error("round %d discarded (%s): its %d updates are dropped", self.version + 1, e, len(updates))
             self.server.finish_round()  # finish_round reset the partial sums; this one adds nothing
+        self._published()
+
+    def _aggregate_robust(self, updates: list[KernelUpdate]) -> None:
+        """One round by :class:`RobustRule` (docs/algorithms.md §2.9): `θ_p ← θ_p − TM_trim(Δ̃_{c,p} : c ∈ C)`,
+        `Δ̃` the rows clipped to `clip_factor × median ‖Δ_{c,q}‖` over every row of the round, and a client of
+        `C` without row `p` contributing `Δ̃_{c,p} = 0`. With `trim = 0` and no clipping this is eq. (10)."""
+        assert self.robust is not None
+        n = len(updates)
+        if n:
+            tau = clip_threshold(np.concatenate([row_norms(u.delta) for u in updates]), self.robust.clip_factor)
+            by_kernel: dict[int, list[np.ndarray]] = {}
+            for u in updates:
+                clipped = clip_rows(u.delta, tau)
+                for i, p in enumerate(u.kernels.tolist()):
+                    by_kernel.setdefault(p, []).append(clipped[i])
+            step = np.zeros_like(self.server.theta)
+            for p, rows in by_kernel.items():
+                block = np.zeros((n, self.dim))  # the clients without row p: zeros (order is irrelevant: sorted)
+                block[: len(rows)] = rows
+                step[p] = trimmed_mean(block, self.robust.trim)
+            with np.errstate(over="ignore", invalid="ignore"):
+                new = self.server.theta - step
+            self.server.last_resets = reset_overflowed_rows(new)  # as finish_round: never a non-finite global
+            self.server.kernel_resets += len(self.server.last_resets)
+            self.server.theta = new
+        self.server.version += 1
+        self._published()
+
+    def _published(self) -> None:
+        """After a new θ: the largest norm each row ever had (what a client may still be computing with)."""
+        self.radius = np.maximum(self.radius, row_norms(self.server.theta))
         self._log_resets()
 
     def _log_resets(self) -> None:
@@ -145,11 +381,16 @@ class POFMKLAggregation:
                         self.server.last_resets, self.server.kernel_resets)
 
     def diagnostics(self) -> dict[str, float]:
-        """Named numbers worth watching: rows of θ reset because they overflowed."""
-        return {"kernel_resets": float(self.server.kernel_resets)}
+        """Named numbers worth watching: rows of θ reset because they overflowed; the largest `‖θ_p‖` ever
+        published (the declared bound grows with it)."""
+        return {"kernel_resets": float(self.server.kernel_resets),
+                "bound_radius": float(self.radius.max()) if self.radius.size else 0.0}
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[KernelUpdate]) -> tuple[dict[str, np.ndarray], int, int]:
+        if self.robust is not None:
+            raise ValueError(ROBUST_SHARDED)
+        self.role = "shard"  # from now on: this aggregation never sees θ (see for_partials)
         total = np.zeros_like(self.server.theta)
         for u in items:  # Σ Δ in arrival order, as the single aggregator sums
             delta = u.delta
@@ -158,12 +399,16 @@ class POFMKLAggregation:
         return {"sum": total}, sum(int(u.n_samples) for u in items), 0
 
     def read_partial(self, msg: Message) -> np.ndarray:
+        if self.robust is not None:
+            raise ValueError(ROBUST_SHARDED)
         total = np.array(msg.arrays["sum"], dtype=np.float64)
         if not np.all(np.isfinite(total)):
             raise ValueError("non-finite partial sum")
         return total
 
     def apply_partial(self, total: np.ndarray, n_clients: int, included: Mapping[str, int]) -> None:
+        if self.robust is not None:
+            raise ValueError(ROBUST_SHARDED)
         # eq. (10), as POFMKLServer.finish_round: θ ← θ − (Σ_{c ∈ C} Δ_c) / |C|
         with np.errstate(over="ignore", invalid="ignore"):
             new = self.server.theta - total / n_clients
@@ -172,7 +417,7 @@ class POFMKLAggregation:
         self.server.theta = new
         self.server.version += 1
         self._applied = dict(included)
-        self._log_resets()
+        self._published()
 
     # ---------------------------------------------------------------- output
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
@@ -185,3 +430,5 @@ class POFMKLAggregation:
         acc.add(KernelUpdate(np.zeros(1, dtype=np.int64), np.zeros((1, self.dim))))
         twin.add(acc.merged())
         twin.finish_round()
+        if self.robust is not None:  # the robust path's numpy calls, once
+            trimmed_mean(clip_rows(np.zeros((2, self.dim)), 0.0), self.robust.trim)
