@@ -48,6 +48,7 @@ from streamfed.fleet.config import MAX_META_STR
 __all__ = [
     "FUTURE_TOLERANCE",
     "MAX_ID_LEN",
+    "MAX_MESSAGE_BYTES",
     "Label",
     "LabelJoin",
     "Reading",
@@ -70,6 +71,12 @@ __all__ = [
 # A reading id is echoed whole in its prediction's metadata (bounded by MAX_META_STR) and kept while it
 # waits for its label: bounding it bounds the join buffer's memory too.
 MAX_ID_LEN = MAX_META_STR
+
+# The largest sensor message (or JSON line) parsed. A reading is a few numbers, an id and a timestamp — a
+# few hundred bytes; declared columns with long category names stay far below this. Larger ones are
+# refused unparsed (`malformed`), so one message cannot make the parser (json.loads) or a queue of waiting
+# messages hold megabytes: the production broker lets 16 MiB through.
+MAX_MESSAGE_BYTES = 64 * 1024
 
 log = logging.getLogger("streamfed.fleet.sources")
 
@@ -215,6 +222,8 @@ class ReadingParser:
         """One sensor message: a `Reading`, a `Label`, or a `Skip` saying why not (never raises)."""
         if isinstance(payload, Mapping):
             obj: Any = payload
+        elif len(payload) > MAX_MESSAGE_BYTES:  # str: characters, at least as many bytes
+            return Skip(SkipReason.MALFORMED, f"a message of {len(payload)} bytes (at most {MAX_MESSAGE_BYTES})")
         else:
             try:
                 obj = json.loads(bytes(payload) if isinstance(payload, bytearray | memoryview) else payload)
@@ -722,6 +731,26 @@ def csv_source(path: str | Path, target: str, features: Sequence[str] = (), rate
     return paced(gen(), rate_hz)
 
 
+def _read_line(stream: IO[Any], limit: int = MAX_MESSAGE_BYTES) -> tuple[Any, int]:
+    """`(line, 0)` for a line of at most `limit` bytes (characters for a text stream) besides its newline;
+    `(None, length)` for a longer one, which is read to its end in pieces and thrown away — so one endless
+    line (a binary file piped in by mistake) never sits in memory whole. `line` is empty at the end.
+
+    >>> _read_line(io.BytesIO(b"ab\\n"), 4), _read_line(io.BytesIO(b"abcdefgh\\nz"), 4)
+    ((b'ab\\n', 0), (None, 9))
+    """
+    line = stream.readline(limit + 1)
+    newline = b"\n" if isinstance(line, bytes | bytearray) else "\n"
+    if len(line) <= limit or line.endswith(newline):
+        return line, 0
+    n = len(line)
+    while True:
+        rest = stream.readline(limit + 1)
+        n += len(rest)
+        if not rest or rest.endswith(newline):
+            return None, n
+
+
 async def jsonl_source(stream: IO[Any] | None = None, features: Sequence[str] = (),
                        parser: ReadingParser | None = None, *,
                        encoding: str = "utf-8") -> AsyncIterator[Reading | Label | Skip]:
@@ -729,7 +758,8 @@ async def jsonl_source(stream: IO[Any] | None = None, features: Sequence[str] = 
     ReadingParser). Needs `features` (or a `parser`).
 
     A binary stream's lines are decoded with `encoding` (UTF-8 by default; a byte-order mark is dropped):
-    a line that is not valid text is a `malformed` skip naming the line. A text stream that fails to decode
+    a line that is not valid text is a `malformed` skip naming the line, and so is a line longer than
+    :data:`MAX_MESSAGE_BYTES` (read in pieces and thrown away, never held whole). A text stream that fails to decode
     or read ends with such a skip (logged as an error). Input without a single non-blank line is logged (a
     warning), so an empty pipe is not mistaken for a quiet sensor."""
     parser = parser or ReadingParser(features)
@@ -740,11 +770,16 @@ async def jsonl_source(stream: IO[Any] | None = None, features: Sequence[str] = 
     lineno = used = 0
     while True:
         try:
-            line = await loop.run_in_executor(None, stream.readline)  # stdin would block the event loop
+            line, too_long = await loop.run_in_executor(None, _read_line, stream)  # stdin would block the loop
         except (UnicodeDecodeError, OSError, ValueError) as e:
             log.error("JSON lines input: reading stopped at line %d: %s", lineno + 1, e)
             yield Skip(SkipReason.MALFORMED, f"line {lineno + 1}: reading stopped: {e}")
             return
+        if line is None:
+            lineno += 1
+            used += 1
+            yield Skip(SkipReason.MALFORMED, f"line {lineno}: {too_long} bytes, longer than {MAX_MESSAGE_BYTES}")
+            continue
         if not line:
             break
         lineno += 1

@@ -17,6 +17,25 @@ latency runs to the PUBACK. Before the stream starts the agent warms its learner
 freezes the garbage collector's view of everything alive (`gc_freeze`), so neither compilation nor full
 collections land in the sample path.
 
+Incoming (bounded; memory never grows with the input rate): every message the broker delivers is taken
+off the socket at once (:func:`~streamfed.runtime.mqtt.burst_reads`: many packets per readable event,
+so the broker never has to queue — and drop — globals and acks behind a flood of readings), and put
+in one of two bounded queues (:class:`~streamfed.runtime.mqtt.IncomingQueue`):
+
+* sensor messages wait in a lane of at most `sensor_queue` messages and `sensor_queue_bytes` payload
+  bytes for the learner, which takes them at its own pace. When it is full the **oldest reading is
+  dropped**: a sensor stream wants its newest readings (a prediction of a stale reading is late), and
+  after a flood the backlog — and the delay of every prediction — is at most `sensor_queue` readings.
+  Each drop is counted as a skipped sample with reason ``queue_full`` (`core.counters.skipped`,
+  ``streamfed_agent_samples_skipped_total{reason="queue_full"}``) and in :attr:`AgentService.dropped`,
+  and logged as a warning at most every `drop_log_interval` seconds. A sensor message over
+  :data:`~streamfed.fleet.sources.MAX_MESSAGE_BYTES` is skipped as ``malformed`` without being queued.
+  What the lane still holds when the agent stops is counted too (reason ``stopped``), so every message
+  received is learned, skipped or dropped by reason: :meth:`AgentService.input_accounting`;
+* globals and acks (the aggregator's) wait for the receiver, at most `control_queue` of them, the
+  oldest dropped and counted (a newer global supersedes an older one; a lost ack is made good by the
+  resend timer); those left when a session ends are counted as ``disconnected``.
+
 Outgoing buffer (bounded; memory never grows without bound):
 
 * predictions that cannot go out at once (no connection, older ones still waiting, QoS 1) wait in a
@@ -68,7 +87,7 @@ from streamfed.fleet.agent import AgentCore, GlobalResult, Prediction
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, status_message
-from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip, SkipWatch
+from streamfed.fleet.sources import MAX_MESSAGE_BYTES, Label, Reading, ReadingParser, Skip, SkipReason, SkipWatch
 from streamfed.fleet.topics import (
     acks_topic,
     global_topic,
@@ -78,7 +97,14 @@ from streamfed.fleet.topics import (
     updates_topic,
 )
 from streamfed.privacy.fleet import DOWN_KINDS as SECAGG_DOWN
-from streamfed.runtime.mqtt import connect_refusal_text, paho_of, pending_publishes
+from streamfed.runtime.mqtt import (
+    IncomingQueue,
+    Lane,
+    burst_reads,
+    connect_refusal_text,
+    paho_of,
+    pending_publishes,
+)
 
 __all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "check_subscription", "no_delay",
            "refusal_reason", "until_lost"]
@@ -86,7 +112,9 @@ __all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "che
 T = TypeVar("T")
 
 log = logging.getLogger("streamfed.fleet.agent")
-_STOP = object()  # ends the feeder's wait for sensor items
+# The feeder learns for at most this long before it lets the socket reader, the receiver and the sender
+# in: a backlog of readings is learned in slices, and globals, acks and PUBACKs are not held up behind it.
+_FEED_SLICE = 0.002
 _BACKOFF_MIN, _BACKOFF_MAX = 0.1, 10.0
 _WAKE = 0.25  # an idle sender with a partly written prediction looks again this often
 # An idle sender sleeps until its next deadline (a resend timer, the drain); in any case it looks again
@@ -398,7 +426,9 @@ class AgentService:
                  resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
                  max_refusals: int = 3, connect_timeout: float = 5.0, prediction_qos: int = 0,
                  gc_freeze: bool = True, ack_grace: float = 1.0, max_skip_share: float | None = 0.5,
-                 skip_window: int = 100, wait_for_global: float = 0.0) -> None:
+                 skip_window: int = 100, wait_for_global: float = 0.0, sensor_queue: int = 4096,
+                 sensor_queue_bytes: int = 8 << 20, control_queue: int = 256,
+                 drop_log_interval: float = 10.0) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -418,7 +448,19 @@ class AgentService:
         self._client: aiomqtt.Client | None = None  # while a session is up: live predictions go straight out
         self._pred_inflight = 0  # buffered predictions the sender is publishing
         self._writing: deque[tuple[Any, Message, int]] = deque()  # QoS 0 predictions paho has partly written
-        self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # sensor-topic items, for the feeder
+        # ---- bounded input (see the module docstring)
+        self._sensor_topic = sensor_topic(self.fleet, self.client_id, core.cfg.sensor_topic)
+        self._global_topic, self._acks_topic = global_topic(self.fleet), acks_topic(self.fleet, self.client_id)
+        self.sensor_lane: Lane | None = (Lane(sensor_queue, sensor_queue_bytes, "drop_oldest", self._dropped_reading)
+                                         if self.parser is not None else None)
+        self.control_queue = max(1, int(control_queue))
+        self._incoming: IncomingQueue | None = None  # the current session's queue of globals and acks
+        self.received: dict[str, int] = {}  # channel (sensor, global, ack) → messages taken off the socket
+        self.dropped: dict[str, dict[str, int]] = {}  # channel → reason → messages dropped unread
+        self.drop_log_interval = drop_log_interval
+        self._drops_unlogged: dict[str, int] = {}
+        self._drop_log_due = 0.0  # (monotonic) the next drop warning may not come before this
+        self._drop_log_timer: asyncio.TimerHandle | None = None
         self._predictions_topic = predictions_topic(self.fleet, self.client_id)
         self._updates_topic = updates_topic(self.fleet, self.client_id)
         self.updates: deque[Message] = deque()
@@ -516,7 +558,8 @@ class AgentService:
     def stop(self) -> None:
         self._stop.set()
         self._work.set()
-        self._inbox.put_nowait(_STOP)
+        if self.sensor_lane is not None:
+            self.sensor_lane.close()
 
     def _lost(self) -> None:
         self.connected.clear()
@@ -562,7 +605,12 @@ class AgentService:
         offline = encode(status_message(self.fleet, self.client_id, "offline"))
         kw = self.broker.aiomqtt_kwargs(f"{self.fleet}.{self.client_id}", persistent=True)
         will = aiomqtt.Will(status_topic(self.fleet, self.client_id), offline, qos=1, retain=True)
-        async with aiomqtt.Client(**kw, will=will, timeout=self.connect_timeout) as client:
+        incoming = IncomingQueue(limit=self.control_queue, divert=self._divert, on_drop=self._dropped_control)
+        mqtt_client = aiomqtt.Client(**kw, will=will, timeout=self.connect_timeout,
+                                     queue_type=lambda maxsize=0: incoming)  # type: ignore[arg-type]
+        burst_reads(mqtt_client)
+        self._incoming = incoming
+        async with mqtt_client as client:
             watch = PubackWatch(client)
             receiver = asyncio.create_task(self._receive(client))  # first: it notices a lost connection
             try:
@@ -617,6 +665,7 @@ class AgentService:
                 receiver.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                     await receiver
+                incoming.discard("disconnected")  # globals and acks never read: counted, not silently lost
 
     async def _await_prior(self, receiver: asyncio.Task[None]) -> None:
         """The retained global (if the fleet has one) arrives right after the subscription: wait for it, at most
@@ -837,8 +886,10 @@ class AgentService:
 
     def _publish_prediction(self, msg: Message) -> None:
         paho = paho_of(self._client)
+        # `_writing` (and paho's queue behind it) is bounded: a socket that takes predictions slower than
+        # they come sends them to the ring, which drops the oldest and counts it
         if (paho is None or self.prediction_qos != 0 or self.predictions or self._pred_inflight
-                or not paho.is_connected()):
+                or len(self._writing) >= self.max_inflight or not paho.is_connected()):
             self._buffer_prediction(msg)
             return
         payload = encode(msg)
@@ -872,9 +923,24 @@ class AgentService:
         self._work.set()
 
     # ------------------------------------------------------------------ receiving
+    def _divert(self, message: Any) -> tuple[Lane, Any] | None:
+        """Called for every message paho reads (inside its read callback): a sensor message goes to the
+        sensor lane — its payload only, a few hundred bytes instead of aiomqtt's message with its
+        properties; an oversized one as the skip it will be, without its bytes. Counts what arrives."""
+        topic = message.topic.value
+        channel = ("sensor" if topic == self._sensor_topic else "global" if topic == self._global_topic
+                   else "ack" if topic == self._acks_topic else "other")
+        self.received[channel] = self.received.get(channel, 0) + 1
+        if channel != "sensor" or self.sensor_lane is None:
+            return None
+        payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
+        if len(payload) > MAX_MESSAGE_BYTES:
+            return self.sensor_lane, Skip(SkipReason.MALFORMED, f"a message of {len(payload)} bytes "
+                                                                f"(at most {MAX_MESSAGE_BYTES})")
+        return self.sensor_lane, payload
+
     async def _receive(self, client: aiomqtt.Client) -> None:
-        gtopic = global_topic(self.fleet)
-        atopic = acks_topic(self.fleet, self.client_id)
+        gtopic, atopic = self._global_topic, self._acks_topic
         async for message in client.messages:
             topic = message.topic.value
             payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
@@ -889,8 +955,7 @@ class AgentService:
                     log.warning("agent %s: global rejected (%s): %s", self.client_id, result.reason, result.detail)
             elif topic == atopic:
                 self._ack(bytes(payload))
-            elif self.parser is not None:
-                self._inbox.put_nowait(self.parser.parse(payload))  # the feeder predicts, publishes, learns
+            # sensor messages never come here: IncomingQueue hands them to `sensor_lane` (see _divert)
 
     def _ack(self, payload: bytes) -> None:
         try:
@@ -931,17 +996,97 @@ class AgentService:
                 self._dirty = True
                 if self.store is not None:
                     self.checkpoint()
-            else:
-                while not self._stop.is_set():
-                    item = await self._inbox.get()
-                    if item is _STOP:
-                        break
-                    await self._take_now(item)
+            elif self.sensor_lane is not None:
+                await self._feed_sensor(self.sensor_lane)
         finally:
+            if self.sensor_lane is not None:
+                self.sensor_lane.clear("stopped")  # received, never learned: counted (input_accounting)
+                self._log_drops()
             self.skip_watch.close()
             self._source_done_at = time.monotonic()
             self._source_done.set()
             self._work.set()
+
+    async def _feed_sensor(self, lane: Lane) -> None:
+        """Learn the sensor lane's messages in order, yielding to the event loop every `_FEED_SLICE`
+        seconds of work (the lane's `get()` does not yield while messages wait)."""
+        assert self.parser is not None
+        loop = asyncio.get_running_loop()
+        turn = loop.time()
+        while not self._stop.is_set():
+            if lane:
+                item = lane.get_nowait()
+            else:
+                item = await lane.get()
+                turn = loop.time()
+                if item is None:  # closed
+                    break
+            await self._take_now(item if isinstance(item, Skip) else self.parser.parse(item))
+            if loop.time() - turn >= _FEED_SLICE:
+                await asyncio.sleep(0)
+                turn = loop.time()
+
+    # ------------------------------------------------------------------ dropped input
+    def _dropped_reading(self, item: Any, reason: str) -> None:
+        """A sensor message the lane dropped: a skipped sample with that reason, counted at once."""
+        self.core.on_skip(Skip(reason))
+        self._note_drop("sensor", reason)
+
+    def _dropped_control(self, message: Any, reason: str) -> None:
+        topic = getattr(getattr(message, "topic", None), "value", None)
+        self._note_drop("global" if topic == self._global_topic else "ack" if topic == self._acks_topic
+                        else "other", reason)
+
+    def _note_drop(self, channel: str, reason: str) -> None:
+        by_reason = self.dropped.setdefault(channel, {})
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        key = f"{channel} {reason}"
+        self._drops_unlogged[key] = self._drops_unlogged.get(key, 0) + 1
+        if reason == "stopped":
+            return  # said once, by the summary at the end of the feeder
+        now = time.monotonic()
+        if now >= self._drop_log_due:
+            self._log_drops()
+        elif self._drop_log_timer is None:
+            # drops after a warning are said at the next one, also when the flood stops before it
+            with contextlib.suppress(RuntimeError):  # no running loop (a test calling in directly)
+                self._drop_log_timer = asyncio.get_running_loop().call_later(
+                    self._drop_log_due - now, self._log_drops)
+
+    def _log_drops(self) -> None:
+        """One warning for the drops since the last one (rate-limited: see `drop_log_interval`)."""
+        if self._drop_log_timer is not None:
+            self._drop_log_timer.cancel()
+            self._drop_log_timer = None
+        if not self._drops_unlogged:
+            return
+        since = ", ".join(f"{n} {key}" for key, n in sorted(self._drops_unlogged.items()))
+        self._drops_unlogged.clear()
+        self._drop_log_due = time.monotonic() + self.drop_log_interval
+        lane = self.sensor_lane
+        held = (f"; the sensor queue holds {len(lane)} of at most {lane.limit} messages, the oldest dropped when "
+                f"full" if lane is not None else "")
+        log.warning("agent %s: input dropped unread: %s (in all: %s)%s", self.client_id, since,
+                    self.input_accounting(), held)
+
+    def input_accounting(self) -> dict[str, Any]:
+        """What became of the sensor messages received: `received` = `learned` (readings, labels) +
+        `skipped` (by reason, the parser's and the core's, `queue_full` and `stopped` not included) +
+        `dropped` (by reason) + `waiting` (still in the lane); and the other channels' drops. An exact
+        equation when every sensor message is a labelled reading or a label (a reading without its label
+        waits in the label join: `core.join`).
+
+        >>> svc = AgentService(AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=2,
+        ...                    n_features=3), "a1", 0), BrokerConfig(), sensor_features=["x"])
+        >>> svc.input_accounting()["received"]
+        0
+        """
+        dropped = dict(self.dropped.get("sensor", {}))
+        skipped = {r: n for r, n in self.core.counters.skipped.items() if r not in dropped and n}
+        return {"received": self.received.get("sensor", 0), "learned": self.core.counters.learned,
+                "skipped": skipped, "dropped": dropped,
+                "waiting": len(self.sensor_lane) if self.sensor_lane is not None else 0,
+                "other": {ch: by for ch, by in self.dropped.items() if ch != "sensor"}}
 
     async def _take_async(self, item: Any) -> None:
         if isinstance(item, Reading) and item.y is not None:
