@@ -50,7 +50,7 @@ class FedBNRParams(Params):
     # under the current global exceeds robust_screen × the median of the other clients' latest ratios is
     # taken with weight 0, once robust_screen_clients others have one; any client may hold
     # robust_share_floor samples whatever the share cap (None: 4 × min_upload, the cold start)
-    robust_screen: float = Field(9.0, gt=1, allow_inf_nan=False)
+    robust_screen: float = Field(50.0, gt=1, allow_inf_nan=False)
     robust_screen_clients: int = Field(3, ge=1)
     robust_share_floor: int | None = Field(None, ge=1)
 
@@ -124,7 +124,8 @@ class FedBNR(Algorithm):
         server = (RobustFedBNRServer if robust else FedBNRServer).for_client(
             probe, fit_hyperparameters=p.fit_hyperparameters)
         return FedBNRAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats,
-                                 label_bound=r.label_bound, phi_sq_min=phi_sq_min, robust=robust)
+                                 label_bound=r.label_bound, phi_sq_min=phi_sq_min, robust=robust,
+                                 roster=len(cfg.clients) if cfg.clients else None)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

@@ -170,12 +170,12 @@ class Robust:
     weight 0) and `screen_clients` (how many other clients must have a ratio before screening starts).
 
     >>> Robust(share_cap=0.25, floor=128.0).screen
-    9.0
+    50.0
     """
 
     share_cap: float
     floor: float
-    screen: float = 9.0
+    screen: float = 50.0
     screen_clients: int = 3
 
 
@@ -198,7 +198,7 @@ class FedBNRAggregation(SummingWindow):
 
     def __init__(self, server: FedBNRServer, *, phi_sq: float, max_abs: float = 1e100,
                  check_stats: bool = True, label_bound: float | None = None, phi_sq_min: float | None = None,
-                 robust: Robust | None = None) -> None:
+                 robust: Robust | None = None, roster: int | None = None) -> None:
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
         self.server = server
@@ -216,9 +216,17 @@ class FedBNRAggregation(SummingWindow):
                 raise ValueError("robust aggregation needs a RobustFedBNRServer (it sums tempered uploads)")
             self._held: dict[str, float] = {}  # per client: the samples of it in the sums (weighted)
             self._total = 0.0  # Σ _held
-            self._level: dict[str, float] = {}  # per client: its latest residual ratio
+            self._level: dict[str, tuple[float, float]] = {}  # per client: latest residual ratio, global n then
             self._reference: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
             self.screened = 0  # uploads taken with weight 0
+            # cold start: uploads wait here until `quorum` clients have sent one (then screened in order);
+            # at most `floor` samples per client wait, the rest is taken with weight 0
+            # (with a roster, a majority of it: the median of the first uploads' ratios is then an honest one
+            # whenever fewer than half the quorum is hostile, whoever comes first)
+            q = robust.screen_clients + 1
+            self.quorum = q if roster is None else min(max(q, roster // 2 + 1), roster)
+            self._deferred: list[Upload] | None = []
+            self._deferred_n: dict[str, float] = {}
             self.tempered = 0  # uploads taken with 0 < weight < 1 (the share cap)
 
     @property
@@ -241,6 +249,11 @@ class FedBNRAggregation(SummingWindow):
             raise ValueError(f"n_samples = {msg.n_samples} but the statistics count n = {up.stats.n:g}")
         # the server's own checks (kernel version/epoch, shapes, privacy floor, seq >= 1), without applying
         self.server.validate(up)
+        if (self.robust is not None and self._deferred is not None
+                and self._deferred_n.get(up.client, 0.0) >= self.robust.floor):
+            # a client cannot pile up uploads before the fleet's first global: it sends them again later
+            raise ValueError(f"cold start: client {up.client!r} already has {self._deferred_n[up.client]:g} samples "
+                             f"waiting until {self.quorum} clients have sent an upload")
         waiting = self.server.waiting().get(up.client, [])
         if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
             raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
@@ -250,32 +263,64 @@ class FedBNRAggregation(SummingWindow):
         if self.robust is None:
             super().take(client, seq, item)
             return
+        if self._deferred is not None:
+            # cold start: nothing is summed until `quorum` clients have sent something, so that the first
+            # uploads are screened against each other instead of the first comer defining the global
+            self._level.setdefault(client, (self._ratio(item.stats), 0.0))
+            held = self._deferred_n.get(client, 0.0)
+            if held < self.robust.floor:
+                self._deferred.append(item)
+                self._deferred_n[client] = held + float(item.stats.n)
+            else:  # beyond the floor nothing more could be taken from it at the start (check refuses it)
+                self._apply(client, item, 0.0)
+            if len(self._level) >= self.quorum:
+                waiting, self._deferred = self._deferred, None
+                self._deferred_n = {}
+                for up in waiting:
+                    self._take_robust(up.client, up)
+            return
+        self._take_robust(client, item)
+
+    def _take_robust(self, client: str, item: Upload) -> None:
+        assert self.robust is not None
         w_screen = self._screen_weight(client, item.stats)
         n = float(item.stats.n) * w_screen
         held = self._held.get(client, 0.0)
         allowed = share_allowance(held, self._total, self.robust.share_cap, self.robust.floor)
-        w = w_screen * (1.0 if n <= allowed else allowed / n)
+        if w_screen == 0.0:
+            self.screened += 1
+        self._apply(client, item, w_screen * (1.0 if n <= allowed else allowed / n))
+
+    def _apply(self, client: str, item: Upload, w: float) -> None:
         if self.server.apply(TemperedUpload(item.client, item.seq, item.base_version, item.stats, w)):
             self._dirty = True
             # counted when taken (even if it waits for an earlier seq): a burst cannot outrun the cap
-            self._held[client] = held + w * float(item.stats.n)
+            self._held[client] = self._held.get(client, 0.0) + w * float(item.stats.n)
             self._total += w * float(item.stats.n)
-            if w == 0.0:
-                self.screened += 1
-            elif w < 1.0:
+            if w < 1.0:
                 self.tempered += 1
+
+    def _ratio(self, st: SufficientStats) -> float:
+        """The upload's residual ratio under the current global, kernels weighted as the global predicts."""
+        if self._reference is None or self._reference[0] != self.server.version:
+            self._refresh_reference()
+        assert self._reference is not None
+        _, mean, cov, sigma, weights = self._reference
+        return float(weights @ residual_ratio(st, mean, cov, sigma))
 
     def _screen_weight(self, client: str, st: SufficientStats) -> float:
         """0 if the upload's residual ratio under the current global is beyond `screen` × the median of the
         other clients' latest ratios (with at least `screen_clients` of them), else 1; records its ratio."""
         assert self.robust is not None
-        if self._reference is None or self._reference[0] != self.server.version:
-            self._refresh_reference()
-        assert self._reference is not None
-        _, mean, cov, sigma, weights = self._reference
-        ratio = float(weights @ residual_ratio(st, mean, cov, sigma))
-        others = [v for c, v in self._level.items() if c != client]
-        self._level[client] = ratio
+        ratio = self._ratio(st)
+        n_now = float(self.server.stats.n)
+        # ratios taken under globals of very different sizes are not comparable (an early global is fitted
+        # to few samples): the reference is the median of the other clients' latest ratios taken under a
+        # global at least half as large as this one, or of all of them when fewer than `screen_clients` are
+        recent = [v for c, (v, n_at) in self._level.items() if c != client and n_at >= 0.5 * n_now]
+        others = recent if len(recent) >= self.robust.screen_clients else [
+            v for c, (v, _) in self._level.items() if c != client]
+        self._level[client] = (ratio, n_now)
         if not math.isfinite(ratio):
             return 0.0
         if len(others) < self.robust.screen_clients:
@@ -303,7 +348,7 @@ class FedBNRAggregation(SummingWindow):
         return changed
 
     def diagnostics(self) -> dict[str, float]:
-        """Robust mode: uploads screened out and tempered by the cap, the largest client share of the sums."""
+        """Robust mode: uploads screened out, uploads taken with weight < 1, the largest client share of the sums."""
         if self.robust is None:
             return {}
         share = max(self._held.values()) / self._total if self._total > 0 else 0.0
