@@ -8,8 +8,8 @@ Sharded: a shard sends a dense `ΣΔ`; the reducer applies `θ ← θ − ΣΔ/|
 Bounded influence (docs/algorithms.md §2.9, always on): :class:`StepBound` is the largest row an honest
 client can send, from the configuration and the largest `‖θ_p‖` this aggregation ever published; `check`
 refuses anything beyond it. Robust aggregation (`[fleet.robust] aggregation = "robust"`, :class:`RobustRule`):
-rows clipped to `clip_factor ×` the round's median row norm, then a coordinate-wise trimmed mean over all
-`|C|` reporting clients, a client that did not send row `p` counting as `Δ_p = 0`.
+rows clipped to `clip_factor ×` the round's median row norm, then per kernel a coordinate-wise trimmed mean
+over the clients that sent that row, scaled by their share of the `|C|` reporting clients.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class StepBound:
 @dataclass(frozen=True)
 class RobustRule:
     """Robust combination of a round's rows (docs/algorithms.md §2.9): clip each row to `clip_factor ×` the
-    median norm of the round's rows, then per kernel a coordinate-wise mean with `trim` off each side over
-    all `|C|` reporting clients (a client that did not send row `p` counts as `Δ_p = 0`).
+    median norm of the round's rows, then per kernel `p` a coordinate-wise mean with `trim` off each side over
+    the clients `S_p` that sent row `p`, times `|S_p|/|C|` (`C`: the clients reporting in the round).
 
     >>> RobustRule(trim=0.25, clip_factor=2.0).trim
     0.25
@@ -345,9 +345,9 @@ class POFMKLAggregation:
         self._published()
 
     def _aggregate_robust(self, updates: list[KernelUpdate]) -> None:
-        """One round by :class:`RobustRule` (docs/algorithms.md §2.9): `θ_p ← θ_p − TM_trim(Δ̃_{c,p} : c ∈ C)`,
-        `Δ̃` the rows clipped to `clip_factor × median ‖Δ_{c,q}‖` over every row of the round, and a client of
-        `C` without row `p` contributing `Δ̃_{c,p} = 0`. With `trim = 0` and no clipping this is eq. (10)."""
+        """One round by :class:`RobustRule` (docs/algorithms.md §2.9): `θ_p ← θ_p − (|S_p|/|C|)·TM_trim(Δ̃_{c,p} :
+        c ∈ S_p)`, `S_p` the clients that sent row `p`, `Δ̃` the rows clipped to `clip_factor × median ‖Δ_{c,q}‖`
+        over every row of the round. With `trim = 0` and no clipping this is eq. (10), `Σ_{c∈S_p} Δ_{c,p}/|C|`."""
         assert self.robust is not None
         n = len(updates)
         if n:
@@ -359,9 +359,8 @@ class POFMKLAggregation:
                     by_kernel.setdefault(p, []).append(clipped[i])
             step = np.zeros_like(self.server.theta)
             for p, rows in by_kernel.items():
-                block = np.zeros((n, self.dim))  # the clients without row p: zeros (order is irrelevant: sorted)
-                block[: len(rows)] = rows
-                step[p] = trimmed_mean(block, self.robust.trim)
+                # over the senders S_p of row p, scaled by |S_p|/|C|: untrimmed, Σ_{S_p} Δ̃/|C| (eq. 10's estimate)
+                step[p] = trimmed_mean(np.array(rows), self.robust.trim) * (len(rows) / n)
             with np.errstate(over="ignore", invalid="ignore"):
                 new = self.server.theta - step
             self.server.last_resets = reset_overflowed_rows(new)  # as finish_round: never a non-finite global
