@@ -447,6 +447,9 @@ class AgentCore:
             return None
         # a classifier staged the probabilities of this very prediction: read, not predicted again
         proba = learner_last_probabilities(self.learner) if self.algorithm.task == "classification" else None
+        # quality is measured against the label as learned: one reading far outside the stream's range is clipped
+        # (counted in labels_clipped / targets_winsorised), not left to dominate the MSE forever
+        y = float(getattr(self.learner, "label_in_use", y))
         # the global this step saw: an update computed from it says so even if a newer one is installed
         # before the update message is built
         return PendingLearn(reading, y, now, predicted, mean, var, self.global_version, proba)

@@ -43,13 +43,15 @@ class BoundedLabels:
         self.bound = float(bound)
         self.labels_clipped = 0
         self._clipping = False  # the sample between begin_learn and end_learn was clipped
+        self.label_in_use = 0.0  # the last label as learned (clipped), in the learner's units
 
     def _clip(self, y: float) -> float:
         y = float(y)
         if not math.isfinite(y):
             raise ValueError(f"label is not finite: {y!r}")
         self._clipping = abs(y) > self.bound
-        return math.copysign(self.bound, y) if self._clipping else y
+        self.label_in_use = math.copysign(self.bound, y) if self._clipping else y
+        return self.label_in_use
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         return self.inner.begin_learn(x, self._clip(y))

@@ -59,6 +59,7 @@ class StandardisedLearner:
         self.label_bound = None if label_bound is None else float(label_bound)
         self.targets_winsorised = 0
         self._winsorising = False
+        self.label_in_use = 0.0
         self.scales = StreamScales(n_inputs)  # inputs winsorised at ±INPUT_CLIP, never the target
         # a classifier's target is a class index: it is passed on as it is, and predictions are not mapped back
         self.target = bool(target)
@@ -124,6 +125,7 @@ class StandardisedLearner:
         self._winsorising = False
         if self.target and self.label_bound is not None and self.scales.ready:
             y, self._winsorising = self._winsorised(y)
+        self.label_in_use = y  # the label as learned, in the stream's units (what quality is measured against)
         zx, zy, nxt = self.scales.step(x, y)  # ValueError: nothing changed
         self.last_probabilities = None
         if not self.target:

@@ -120,7 +120,9 @@ class FedBNRPersonal(FedBNR):
         else:
             phi = probe.features_many(np.zeros((1, cfg.n_inputs)))
             server = FedBNRHierServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters, fit_tau=p.fit_tau)
-        return PersonalAggregation(server, phi_sq=float(np.sum(phi**2)), max_abs=max_abs, check_stats=check_stats)
+        phi_sq = float(np.sum(phi**2))  # RFF features with a bias: the same norm for every input
+        return PersonalAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats,
+                                   label_bound=cfg.robust.label_bound, phi_sq_min=phi_sq)
 
 
 ALGORITHM = FedBNRPersonal()

@@ -162,9 +162,12 @@ class PersonalAggregation(SummingWindow):
     """
 
     def __init__(self, server: FedBNRHierServer | FedBNRHierMixServer, *, phi_sq: float, max_abs: float = 1e100,
-                 check_stats: bool = True) -> None:
+                 check_stats: bool = True, label_bound: float | None = None, phi_sq_min: float | None = None) -> None:
         self.server = server
         self.phi_sq = float(phi_sq)
+        # the declared bounds of an honest upload (docs/algorithms.md §3.11): labels within ±label_bound, and
+        # ‖φ‖² >= phi_sq_min (RFF features with a bias have a constant norm, which pins n to tr S)
+        self.label_bound, self.phi_sq_min = label_bound, phi_sq_min
         self.max_abs = float(max_abs)
         self.check_stats = bool(check_stats)
         self._dirty = False
@@ -186,8 +189,11 @@ class PersonalAggregation(SummingWindow):
         a = msg.arrays
         st = self._stats(a["S_upper"], a["b"], float(a["n"]), float(a["q"]), msg)
         t = float(a["time"])
-        check_statistics(st, max_abs=self.max_abs, phi_sq=self.phi_sq if self.check_stats else None,
-                         whole_n=self.server.forgetting == 1.0)
+        checked = self.check_stats
+        check_statistics(st, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
+                         whole_n=self.server.forgetting == 1.0,
+                         label_bound=getattr(self, "label_bound", None) if checked else None,
+                         phi_sq_min=getattr(self, "phi_sq_min", None) if checked else None)
         up = HierUpload(msg.client, msg.seq, t, int(msg.n_samples), st)
         self.server.validate(up)
         return up
