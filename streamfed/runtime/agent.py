@@ -69,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import math
 import os
@@ -588,6 +589,11 @@ class AgentService:
                 if self._fresh or self._dirty:
                     self.checkpoint()
                 self.store.close()
+            if self.sensor_lane is not None:
+                # what became of every message received, in one line (a warning if any was dropped)
+                acc = self.input_accounting()
+                (log.warning if acc["dropped"] or acc["other"] else log.info)(
+                    "agent %s: sensor input at stop: %s", self.client_id, json.dumps(acc, sort_keys=True))
 
     def _finished(self) -> bool:
         if not self._source_done.is_set() or self.updates or self.predictions or self._fresh:
@@ -1070,11 +1076,12 @@ class AgentService:
                     self.input_accounting(), held)
 
     def input_accounting(self) -> dict[str, Any]:
-        """What became of the sensor messages received: `received` = `learned` (readings, labels) +
-        `skipped` (by reason, the parser's and the core's, `queue_full` and `stopped` not included) +
-        `dropped` (by reason) + `waiting` (still in the lane); and the other channels' drops. An exact
-        equation when every sensor message is a labelled reading or a label (a reading without its label
-        waits in the label join: `core.join`).
+        """What became of the sensor messages received (`received`): `learned` samples, `skipped` ones
+        by reason (the parser's and the core's; the drops below not included), `dropped` ones by reason
+        (``queue_full``; ``stopped``: still waiting when the agent stopped), and `waiting` (in the lane now);
+        `other`: drops of globals and acks by channel and reason. For a stream of labelled readings
+        `received = learned + Σ skipped + Σ dropped + waiting` exactly; a reading whose label comes later
+        is two messages and one sample (it waits in the label join, `core.join`, meanwhile).
 
         >>> svc = AgentService(AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=2,
         ...                    n_features=3), "a1", 0), BrokerConfig(), sensor_features=["x"])
