@@ -15,6 +15,7 @@ from rich.table import Table
 from streamfed.fleet.config import MAX_CLASSES, BrokerConfig, ProtocolSchema, prediction_schema
 from streamfed.fleet.protocol import Message, ProtocolError, decode
 from streamfed.fleet.topics import Channel, topic_filter
+from streamfed.runtime.mqtt import IncomingQueue
 
 __all__ = ["PredictionDecoder", "watch"]
 
@@ -68,7 +69,15 @@ def _row(msg: Message) -> dict[str, Any]:
     return row
 
 
-def _table(fleet: str, latest: dict[str, dict[str, Any]], counts: dict[str, int], rejected: int) -> Table:
+# Bounds on what a watcher holds, whatever the stream: predictions received but not yet shown (the newest
+# kept: a live view is about now) and the clients in the table (names beyond it are counted, not shown —
+# on a development broker anyone may publish predictions under any name).
+QUEUE = 4096
+MAX_ROWS = 1000
+
+
+def _table(fleet: str, latest: dict[str, dict[str, Any]], counts: dict[str, int], rejected: int,
+           dropped: int = 0) -> Table:
     t = Table(title=f"predictions of fleet {fleet!r}")
     classifier = any("class" in r for r in latest.values())
     cols = ("client", "count", "last class", "p", "global", "age s") if classifier else (
@@ -83,7 +92,9 @@ def _table(fleet: str, latest: dict[str, dict[str, Any]], counts: dict[str, int]
         else:
             shown, spread = f"{r['mean']:.4f}", ("—" if r["var"] is None else f"{r['var'] ** 0.5:.4f}")
         t.add_row(c, str(counts[c]), shown, spread, str(r["global_version"]), f"{now - r['created']:.1f}")
-    t.caption = f"{rejected} malformed messages ignored"
+    t.caption = f"{rejected} malformed messages ignored" + (
+        f"; {dropped} dropped unread (the watcher fell behind) or from clients beyond the first {MAX_ROWS}"
+        if dropped else "")
     return t
 
 
@@ -97,7 +108,9 @@ async def watch(fleet: str, broker: BrokerConfig, console: Console, count: int |
     latest: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
     seen = rejected = 0
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(client_id or broker.username)) as client:
+    incoming = IncomingQueue(limit=QUEUE)  # aiomqtt's own queue is unbounded
+    async with aiomqtt.Client(**broker.aiomqtt_kwargs(client_id or broker.username),
+                              queue_type=lambda maxsize=0: incoming) as client:  # type: ignore[arg-type]
         await client.subscribe(topic_filter(Channel.PREDICTIONS, fleet), qos=1)
         live = None if as_json else Live(_table(fleet, latest, counts, 0), console=console, refresh_per_second=4)
         if live is not None:
@@ -114,9 +127,12 @@ async def watch(fleet: str, broker: BrokerConfig, console: Console, count: int |
                 if as_json:  # one JSON object per line, terminal or not (for pipes and jq)
                     print(json.dumps(row), flush=True)
                 else:
-                    latest[msg.client] = row
-                    counts[msg.client] = counts.get(msg.client, 0) + 1
-                    live.update(_table(fleet, latest, counts, rejected))  # type: ignore[union-attr]
+                    if msg.client in latest or len(latest) < MAX_ROWS:
+                        latest[msg.client] = row
+                        counts[msg.client] = counts.get(msg.client, 0) + 1
+                    else:
+                        incoming.dropped += 1
+                    live.update(_table(fleet, latest, counts, rejected, incoming.dropped))  # type: ignore[union-attr]
                 if count is not None and seen >= count:
                     break
         finally:
