@@ -159,7 +159,16 @@ class Aggregation(Protocol):
     is the highest seq up to which the core has received everything from that client.
 
     Optional: `diagnostics() -> Mapping[str, float]`, a few named numbers worth watching (exported as
-    `streamfed_aggregator_value{name=…}`); read through :func:`aggregation_diagnostics`."""
+    `streamfed_aggregator_value{name=…}`); read through :func:`aggregation_diagnostics`.
+
+    Optional: `rebase(version, epoch)`, start over after the aggregator's state was lost (the operator's
+    `--recover`, docs/reliability.md § Lost state): the global becomes `version` (above every version the
+    agents have seen) with nothing in it; an aggregation whose learners re-upload their totals on a newer epoch
+    (FedBNR) moves to `epoch`, so the global is rebuilt exactly. Without it the aggregator can only say that
+    its state is behind.
+
+    `check` also enforces the fleet's declared bounds (`cfg.robust`): the largest update an honest client can
+    produce from the configuration, its labels clipped to `±label_bound` — anything beyond is a `ValueError`."""
 
     @property
     def version(self) -> int: ...

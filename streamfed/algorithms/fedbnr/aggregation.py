@@ -211,9 +211,15 @@ class FedBNRAggregation(SummingWindow):
         self.label_bound = None if label_bound is None else float(label_bound)
         self._dirty = False  # something summed since the last global
         self.robust = robust
+        self._roster = roster
+        if robust is not None and not isinstance(server, RobustFedBNRServer):
+            raise ValueError("robust aggregation needs a RobustFedBNRServer (it sums tempered uploads)")
+        self._start_robust()
+
+    def _start_robust(self) -> None:
+        """Robust mode's state, empty: per-client shares, residual levels, the cold start."""
+        robust, roster = self.robust, self._roster
         if robust is not None:
-            if not isinstance(server, RobustFedBNRServer):
-                raise ValueError("robust aggregation needs a RobustFedBNRServer (it sums tempered uploads)")
             self._held: dict[str, float] = {}  # per client: the samples of it in the sums (weighted)
             self._total = 0.0  # Σ _held
             self._level: dict[str, tuple[float, float]] = {}  # per client: latest residual ratio, global n then
@@ -235,6 +241,15 @@ class FedBNRAggregation(SummingWindow):
 
     def included(self) -> dict[str, int]:
         return dict(self.server.included)
+
+    def rebase(self, version: int, epoch: int) -> None:
+        """Start over after the state was lost (docs/reliability.md § Lost state): the global becomes version
+        `version` of epoch `epoch` with nothing summed; the clients join the epoch and upload their totals again,
+        so the sums are rebuilt exactly. Robust mode starts cold again."""
+        self.server.rebase(version, epoch)
+        self.server.publish()
+        self._dirty = False
+        self._start_robust()
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> Upload:
