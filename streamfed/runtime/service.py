@@ -56,7 +56,7 @@ from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, sta
 from streamfed.fleet.telemetry import AggregatorStats
 from streamfed.fleet.topics import ParsedTopic, status_topic, try_parse_topic
 from streamfed.runtime.agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
-from streamfed.runtime.mqtt import incoming_drain
+from streamfed.runtime.mqtt import incoming_drain, paho_of
 
 __all__ = ["CheckpointFailed", "DuplicateService", "Lease", "MqttService", "Outgoing", "ServiceFailed",
            "receive_batches"]
@@ -161,6 +161,22 @@ class Lease:
                 f"{float(since) - self.since:.0f} s after this one, {self.instance}): this one exits, so that the "
                 f"two stop taking each other's session")
         self.must_claim = True  # a stale claim: ours goes over it
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel `tasks` and wait until every one has ended; their errors are retrieved, not raised (what ended
+    the session was raised already). A cancellation can be swallowed: before Python 3.12, `asyncio.wait_for`
+    (aiomqtt's publish) returns its result when the awaited thing completes as the cancel arrives — the
+    publisher then went back to its queue and waited there for ever (seen when another instance took the
+    session over during a publish). So the ones still running are cancelled again."""
+    pending = set(tasks)
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.1)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()
 
 
 class Outgoing(NamedTuple):
@@ -410,6 +426,12 @@ class MqttService:
     async def _session(self) -> None:
         kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)
         async with aiomqtt.Client(**kw, max_queued_incoming_messages=0, timeout=self.connect_timeout) as client:
+            paho = paho_of(client)
+            if paho is not None and not paho.is_connected():
+                # Closed between the CONNACK and the end of aiomqtt's __aenter__, which then resets its
+                # "disconnected" future: the loss would go unnoticed until the keepalive (45 s). Seen when
+                # a second instance took the session at that moment.
+                raise aiomqtt.MqttError("connection lost while connecting")
             self._watch = PubackWatch(client)
             outbox: asyncio.Queue[Message] = asyncio.Queue()
             self._outbox = outbox
@@ -434,11 +456,7 @@ class MqttService:
                         raise t.exception()  # type: ignore[misc]
             finally:
                 self._outbox = None
-                for t in tasks:
-                    t.cancel()
-                for t in tasks:  # every one awaited: what ended the session was raised above already
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await t
+                await _cancel_all(tasks)
 
     async def _publisher(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
         # Apart from the receiver, so that it keeps reading (and notices a lost connection at once)
