@@ -370,12 +370,15 @@ def test_robust_async_window_combines_each_clients_merged_sum():
 
 def test_robust_is_refused_for_shards_and_the_reducer_and_exact_shards_still_work():
     cfg = fig_cfg("robust")
-    shard, reducer = ShardCore(cfg, "s0", clients=["a"]), ReducerCore(cfg, clients=["a"], shards=["s0"])
-    for agg, role in ((shard.aggregation, "shard"), (reducer.aggregation, "reducer")):
+    for build in (lambda: ShardCore(cfg, "s0", clients=["a"]), lambda: ReducerCore(cfg, clients=["a"], shards=["s0"])):
+        with pytest.raises(ValueError, match="single aggregator"):
+            build()
+    agg = ALG.aggregation(cfg)
+    for role in ("shard", "reducer"):
         with pytest.raises(ValueError, match="cannot be computed from partial sums"):
             agg.for_partials(role)
     with pytest.raises(ValueError, match="partial sums"):
-        shard.aggregation.partial([])
+        agg.partial([])
     assert "single aggregator" in ROBUST_SHARDED
     ex = ALG.aggregation(fig_cfg())
     ex.for_partials("shard")  # exact: fine; a shard holds no θ and bounds nothing

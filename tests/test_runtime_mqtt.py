@@ -134,10 +134,12 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     and the same global θ."""
     from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
     from streamfed.fleet.protocol import encode
+    from streamfed.fleet.robustness import Robustness
     from streamfed.fleet.topics import updates_topic
 
-    cfg = FleetConfig(standardise="none",
-                      fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2)
+    cfg = FleetConfig(standardise="none",  # random deltas: far beyond what honest labels give, hence the bound
+                      fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2,
+                      robust=Robustness(label_bound=1e6))
     names = [f"c{i}" for i in range(8)]
     rng = np.random.default_rng(11)
     ref = AggregatorCore(cfg, clients=names, mode="async", window=60.0)

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from streamfed.fleet.protocol import Message
 
 __all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode",
-           "UploadSensitivity", "aggregation_diagnostics", "learner_class_probabilities", "learner_last_probabilities",
-           "learner_pending_samples", "learner_upload_sensitivity"]
+           "UploadSensitivity", "aggregation_diagnostics", "aggregation_for_partials", "learner_class_probabilities",
+           "learner_last_probabilities", "learner_pending_samples", "learner_upload_sensitivity"]
 
 Mode = Literal["lockstep", "async"]
 
@@ -229,6 +229,14 @@ def learner_last_probabilities(learner: Learner) -> np.ndarray | None:
     predicting a second time). None when it has none."""
     out = getattr(learner, "last_probabilities", None)
     return None if out is None else np.asarray(out, dtype=np.float64)
+
+
+def aggregation_for_partials(aggregation: Aggregation, role: Literal["shard", "reducer"]) -> None:
+    """Tell an aggregation it serves a shard or the reducer, through its optional `for_partials(role)` (POF-MKL:
+    a shard never sees θ, so the declared bound on Δ is left to a core that does). Nothing without it."""
+    read = getattr(aggregation, "for_partials", None)
+    if read is not None:
+        read(role)
 
 
 def aggregation_diagnostics(aggregation: Aggregation) -> dict[str, float]:

@@ -36,6 +36,7 @@ from streamfed.core.features import KernelSpec, gaussian_dictionary
 from streamfed.evaluation.datasets import Fleet
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.protocol import Message
+from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.telemetry import Z95
 
 __all__ = ["AlgorithmConfig", "Arrangement", "ReplayResult", "Schedule", "algorithm_titles", "build_arrangement",
@@ -134,12 +135,18 @@ class AlgorithmConfig:
             out.update(self.params.get(variant, {}))
         return out
 
-    def fleet_config(self, algorithm: str, n_inputs: int, seed: int, variant: str | None = None) -> FleetConfig:
+    def fleet_config(self, algorithm: str, n_inputs: int, seed: int, variant: str | None = None,
+                     label_bound: float | None = None) -> FleetConfig:
+        """The fleet the replay simulates. `label_bound`: the largest |label| of the data replayed — the
+        replay's streams are normalised at the dataset layer (or not at all), so the fleet's declared label bound
+        is set to cover them rather than clip them (docs/reliability.md § Bounded influence)."""
         alg = algorithms.get(algorithm)
+        robust = Robustness() if label_bound is None else Robustness(
+            label_bound=max(Robustness().label_bound, float(label_bound) * (1 + 1e-9)))
         return FleetConfig(fleet=_FLEET, algorithm=algorithm, n_inputs=n_inputs,
                            kernels=tuple(s.key for s in self.specs()), n_features=self.n_features,
                            bin_size=self.bin_size, seed=seed, max_clients=100_000, standardise="none",
-                           params=alg.Params(**self.params_for(alg, variant)), **self.privacy)
+                           params=alg.Params(**self.params_for(alg, variant)), robust=robust, **self.privacy)
 
 
 @dataclass
@@ -174,7 +181,7 @@ class Arrangement:
 
 
 def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmConfig, seed: int,
-                      names: list[str] | None = None) -> Arrangement:
+                      names: list[str] | None = None, label_bound: float | None = None) -> Arrangement:
     """The arrangement of the replay variant `name` (an algorithm, or one of its variants such as
     ``local-only``) for a fleet of `fleet_size` clients. Client `c`'s learner is the one agent `c` of a real
     fleet would run (same seed, same index)."""
@@ -182,7 +189,7 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
         alg, v = algorithms.variant(name)
     except KeyError as e:
         raise ValueError(e.args[0]) from None
-    fcfg = cfg.fleet_config(alg.name, n_inputs, seed, v.name)
+    fcfg = cfg.fleet_config(alg.name, n_inputs, seed, v.name, label_bound=label_bound)
     names = names or [f"c{c}" for c in range(fleet_size)]
     mode = "lockstep" if alg.lockstep else "async"
     n = fleet_size
@@ -350,7 +357,10 @@ def replay(
     starts = np.array([int((join or {}).get(name, 0)) for name in names], dtype=np.int64)
     if (starts < 0).any() or (starts >= lengths).any():
         raise ValueError("join: a client must join at a step within its stream")
-    arr = build_arrangement(algorithm, n, xs[0].shape[1], cfg, seed, names=[f"c{c}" for c in range(n)])
+    finite = [np.abs(y[np.isfinite(y)]) for y in ys]
+    label_bound = max((float(a.max()) for a in finite if a.size), default=None)
+    arr = build_arrangement(algorithm, n, xs[0].shape[1], cfg, seed, names=[f"c{c}" for c in range(n)],
+                            label_bound=label_bound)
     learners, aggs, agg_of = arr.learners, arr.aggregations, arr.aggregation_of
     order = {name: c for c, name in enumerate(arr.names)}
     checkpoints = np.unique(np.linspace(0, t_max - 1, min(n_checkpoints, t_max)).astype(int))

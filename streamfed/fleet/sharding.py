@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from streamfed import algorithms
-from streamfed.algorithms.base import Mode, aggregation_diagnostics
+from streamfed.algorithms.base import Mode, aggregation_diagnostics, aggregation_for_partials
 from streamfed.fleet.admission import Admission
 from streamfed.fleet.aggregator import note_status, roster
 from streamfed.fleet.config import FleetConfig
@@ -144,6 +144,8 @@ class ShardCore:
                  stats: AggregatorStats | None = None, max_unacked: int = 10_000, resend_after: float = 5.0) -> None:
         if cfg.secure_aggregation:  # a shard would see masked vectors it cannot sum apart from the others
             raise ValueError("secure aggregation runs with a single aggregator, not sharded (docs/privacy.md)")
+        if cfg.robust.aggregation == "robust":  # a robust rule needs each client's upload, not partial sums
+            raise ValueError("robust aggregation runs with a single aggregator, not sharded (docs/reliability.md)")
         self.cfg = cfg
         self.name = name
         self.resend_after = float(resend_after)  # a partial not acknowledged by then is sent again
@@ -153,6 +155,7 @@ class ShardCore:
         # check updates and to sum them into partials, never to fold anything into a global.
         self.aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs,
                                                       check_stats=check_stats and cfg.dp_epsilon is None)
+        aggregation_for_partials(self.aggregation, "shard")
         self.stats = stats or AggregatorStats(cfg.fleet)
         self.admission = Admission(cfg.robust)  # each shard holds the clients it hears from to their rates
         self.clients = list(clients or [])
@@ -324,6 +327,8 @@ class ReducerCore:
                  stats: AggregatorStats | None = None, shards: Sequence[str] | None = None) -> None:
         if cfg.secure_aggregation:  # a shard would see masked vectors it cannot sum apart from the others
             raise ValueError("secure aggregation runs with a single aggregator, not sharded (docs/privacy.md)")
+        if cfg.robust.aggregation == "robust":  # a robust rule needs each client's upload, not partial sums
+            raise ValueError("robust aggregation runs with a single aggregator, not sharded (docs/reliability.md)")
         self.cfg = cfg
         self.algorithm = algorithms.get(cfg.algorithm)
         self.mode, self.clients, self.order, self.expected = roster(clients, mode, offline, self.algorithm.lockstep)
@@ -332,6 +337,7 @@ class ReducerCore:
         self.sender = sender
         self.shards = set(shards) if shards else None  # None: any shard name
         self.aggregation = self.algorithm.aggregation(cfg)
+        aggregation_for_partials(self.aggregation, "reducer")
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self.schema = cfg.protocol_schema
         self._kinds = (cfg.partial_kind,)
