@@ -524,6 +524,8 @@ def agent(
     wait_for_global: Annotated[float, typer.Option(
         help="joining a running fleet: wait up to this many seconds for its global before the first sample, so "
              "that the first prediction already uses it as the prior (0: start at once)")] = 2.0,
+    sensor_queue: Annotated[int, typer.Option(min=1, help="sensor readings waiting to be learned; beyond it the "
+                                              "oldest is dropped and counted (queue_full)")] = 4096,
     dp_epsilon: Annotated[float | None, typer.Option(help=_DP_HELP)] = None,
     secure_aggregation: Annotated[bool | None, typer.Option(help=_SECAGG_HELP)] = None,
 ) -> None:
@@ -609,7 +611,8 @@ def agent(
         # the declared columns — keeping the order and duplicate memory a restored state file gave it.
         svc = AgentService(core, cfg.broker, src, state_dir=state_dir,
                            sensor_features=list(spec.outputs) if spec is not None and sensor else sensor,
-                           max_skip_share=max_skip_share, skip_window=skip_window, wait_for_global=wait_for_global)
+                           max_skip_share=max_skip_share, skip_window=skip_window, wait_for_global=wait_for_global,
+                           sensor_queue=sensor_queue)
         if svc.parser is not None and sensor is not None:
             svc.parser = svc.parser.with_schema(() if spec is not None else sensor, columns=spec)
         return svc

@@ -54,11 +54,13 @@ DEFAULT_SKIP_REASONS: tuple[str, ...] = (
     "label_evicted", "duplicate", "unlearnable",
     "bad_boolean", "bad_timestamp", "unknown_level",  # values declared input columns refuse (fleet/columns.py)
     "below_privacy_floor",  # learned, but the stream ended below the upload floor and nothing keeps them
+    "queue_full", "stopped",  # dropped unread by the agent's bounded sensor queue (runtime/agent.py)
 )
 DEFAULT_REJECT_REASONS: tuple[str, ...] = (
     "too_large", "not_msgpack", "bad_schema", "unknown_kind", "wrong_fleet", "bad_client", "bad_array",
     "wrong_shape", "wrong_dtype", "non_finite", "bad_index", "bad_seq", "stale_seq", "wrong_kernel_version",
     "unknown_client", "invalid_update", "late",  # the aggregator's own, beyond the codec's
+    "rate_limited", "ahead_of_state",  # over its rate (fleet/admission.py); ahead of a lost state
 )
 
 _INF = math.inf
