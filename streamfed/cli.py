@@ -215,6 +215,7 @@ def _run_service(svc: object, server: object | None) -> None:
     import asyncio
 
     from streamfed.runtime.agent import BrokerRefused
+    from streamfed.runtime.service import ServiceFailed
 
     try:
         asyncio.run(svc.run())  # type: ignore[attr-defined]
@@ -223,6 +224,9 @@ def _run_service(svc: object, server: object | None) -> None:
     except BrokerRefused as e:
         console.print(f"[red]error[/]: {e}")
         raise typer.Exit(2) from None
+    except ServiceFailed as e:  # state not written (3), a second instance took the client id (4)
+        console.print(f"[red]error[/]: {e}", soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
     finally:
         if server is not None:
             server.close()  # type: ignore[attr-defined]

@@ -167,7 +167,9 @@ def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
                             f"sensor adapter of agent {a} of fleet {fleet}"))
         if with_aggregator:
             role = f"{fleet}.aggregator"
-            roles.append(_role(role, send=[f"{p}/global", f"{p}/acks/+"], read=[f"{p}/updates/+", f"{p}/status/+"]))
+            # status/aggregator: its retained claim of the client id (a second aggregator is detected and exits)
+            roles.append(_role(role, send=[f"{p}/global", f"{p}/acks/+", f"{p}/status/aggregator"],
+                               read=[f"{p}/updates/+", f"{p}/status/+"]))
             add(Account(role, role, [role], f"aggregator of fleet {fleet}"))
         for s in shards:
             name = f"{fleet}.shard.{s}"
@@ -177,7 +179,7 @@ def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
             add(Account(name, name, [name], f"shard {s} of fleet {fleet}"))
         if with_reducer:
             role = f"{fleet}.reducer"
-            roles.append(_role(role, send=[f"{p}/global", f"{p}/acks/+", f"{p}/shard_acks/+"],
+            roles.append(_role(role, send=[f"{p}/global", f"{p}/acks/+", f"{p}/shard_acks/+", f"{p}/status/reducer"],
                                read=[f"{p}/partials/+", f"{p}/status/+"]))
             add(Account(role, role, [role], f"reducer of fleet {fleet}"))
         if viewers:

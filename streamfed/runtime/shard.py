@@ -41,7 +41,7 @@ from streamfed.fleet.topics import (
     shared_filter,
     topic_filter,
 )
-from streamfed.runtime.service import MqttService, Outgoing
+from streamfed.runtime.service import Lease, MqttService, Outgoing
 
 __all__ = ["ShardService", "ReducerService"]
 
@@ -124,6 +124,7 @@ class ReducerService(MqttService):
     def __init__(self, core: ReducerCore, broker: BrokerConfig, tick: float = 0.05, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, **kw: float) -> None:
         super().__init__(broker, client_id or f"{core.cfg.fleet}.reducer", tick=tick, **kw)
+        self.lease = Lease(core.cfg, "reducer", client_id=self.client_id)  # a second reducer is found and exits
         self.core = core
         self.fleet = core.cfg.fleet
         if state_dir is not None:
