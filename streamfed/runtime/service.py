@@ -56,7 +56,7 @@ from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, sta
 from streamfed.fleet.telemetry import AggregatorStats
 from streamfed.fleet.topics import ParsedTopic, status_topic, try_parse_topic
 from streamfed.runtime.agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
-from streamfed.runtime.mqtt import incoming_drain, paho_of
+from streamfed.runtime.mqtt import IncomingQueue, incoming_drain, paho_of
 
 __all__ = ["CheckpointFailed", "DuplicateService", "Lease", "MqttService", "Outgoing", "ServiceFailed",
            "receive_batches"]
@@ -235,6 +235,10 @@ class MqttService:
         self.restored = False
         self._durable: Any = None
         self._outbox: asyncio.Queue[Message] | None = None  # the current session's (see emit)
+        # messages waiting for handle(): beyond it the oldest is dropped, counted and logged (its agent or shard
+        # sends it again: it is not acknowledged) — memory stays bounded whatever the input rate
+        self.incoming_limit = 8192
+        self.dropped_incoming = 0
         # ---- loud failures (module doc)
         self.checkpoint_retry = max(0.01, float(checkpoint_retry))
         self.checkpoint_deadline = max(0.0, float(checkpoint_deadline))
@@ -423,9 +427,18 @@ class MqttService:
         if unsaved is not None:
             raise CheckpointFailed(unsaved)
 
+    def _dropped_incoming(self, message: Any, reason: str) -> None:
+        """An update or partial dropped unread (counted; its agent or shard sends it again, unacknowledged)."""
+        self.dropped_incoming += 1
+        if self.dropped_incoming in (1, 10, 100) or self.dropped_incoming % 1000 == 0:
+            self.log.warning("%s: incoming queue full (%d): %d messages dropped unread", self.client_id,
+                             self.incoming_limit, self.dropped_incoming)
+
     async def _session(self) -> None:
         kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)
-        async with aiomqtt.Client(**kw, max_queued_incoming_messages=0, timeout=self.connect_timeout) as client:
+        incoming = IncomingQueue(limit=self.incoming_limit, on_drop=self._dropped_incoming)
+        async with aiomqtt.Client(**kw, queue_type=lambda maxsize=0: incoming,  # type: ignore[arg-type]
+                                  timeout=self.connect_timeout) as client:
             paho = paho_of(client)
             if paho is not None and not paho.is_connected():
                 # Closed between the CONNACK and the end of aiomqtt's __aenter__, which then resets its
