@@ -245,6 +245,19 @@ class POFMKLAggregation:
     def included(self) -> dict[str, int]:
         return {c: self._applied[c] for c in sorted(self._applied)}
 
+    def rebase(self, version: int, epoch: int) -> None:
+        """Start over after the state was lost (docs/reliability.md § Lost state): θ = 0 as version `version`,
+        nothing included. θ is not a sum of per-client totals, so it is learned again, not rebuilt (`epoch` is not
+        used). A client's first upload after this may carry error-feedback residual of steps the lost state
+        counted: it is held to `max_abs` only, the client's later uploads to the declared bound again."""
+        if int(version) <= self.version:
+            raise ValueError(f"rebase to version {version} from {self.version}")
+        self.server = POFMKLServer(self.server.theta.shape[0], self.dim)
+        self.server.version = int(version)
+        self.radius = np.zeros_like(self.radius)
+        self.steps, self._heard, self._applied = {}, {}, {}
+        self.rebased = True  # clients absent from `steps` are on their first upload since
+
     def for_partials(self, role: str) -> None:
         """Say this aggregation serves a shard or the reducer (`role`): robust aggregation is refused there,
         and a shard, which never sees θ, leaves the declared bound to an aggregator that does."""
@@ -275,6 +288,10 @@ class POFMKLAggregation:
         steps = self.steps.get(client)
         if steps is None:
             steps = ClientSteps(self.radius.shape[0])
+            if getattr(self, "rebased", False):  # its first upload since a lost state: residual of unknown age
+                steps.record(seq, int(item.n_samples), kernels, [int(item.n_samples)] * len(kernels))
+                self.steps[client] = steps
+                return
         if self.lockstep:  # a lock-step upload is its step's Δ, as it is: n_samples steps (one), nothing older
             allowed = np.full(len(kernels), n, dtype=np.int64)
         else:
