@@ -92,6 +92,17 @@ def layout_of(cfg: FleetConfig) -> Layout:
     return Layout(arch, int(p.inducing) if p.head == "gp" else 0, extra)
 
 
+def _log_ls_indices(layout: Layout) -> tuple[int, ...]:
+    """Indices of the log-lengthscales in the shared vector."""
+    i = 0
+    for name, shape in layout.arch.shapes():
+        size = math.prod(shape)
+        if name == "log_ls":
+            return tuple(range(i, i + size))
+        i += size
+    return ()
+
+
 def initial_of(cfg: FleetConfig) -> np.ndarray:
     """Network version 0 from the fleet seed."""
     from streamfed.algorithms.pfedgp.network import initial_theta
@@ -153,14 +164,25 @@ class PFedGP(Algorithm):
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PFedGPAggregation:
+        """The aggregation, with the declared bound (docs/algorithms.md §8.6: every coordinate of a proposal
+        within what `fit_steps` Adam steps at `learning_rate` can move, its weight within a full budget) and,
+        with `cfg.robust.aggregation = "robust"`, proposals combined by a clipped trimmed mean per client."""
         from streamfed.algorithms.pfedgp.aggregation import PFedGPAggregation
         from streamfed.algorithms.pfedgp.server import PFedGPServer
+        from streamfed.algorithms.urk.bounds import ProposalBound, RobustProposals
+        from streamfed.algorithms.urk.training import LOG_BOUNDS
 
-        p = cfg.params
+        p, r = cfg.params, cfg.robust
+        max_weight = float(p.budget * p.n_classes)
         server = PFedGPServer(initial_of(cfg), min_proposal_weight=p.min_proposal_weight,
-                              proposal_quorum=p.proposal_quorum,
-                              max_proposal_weight=float(p.budget * p.n_classes), max_abs=min(max_abs, 1e6))
-        return PFedGPAggregation(server)
+                              proposal_quorum=p.proposal_quorum, max_proposal_weight=max_weight,
+                              max_abs=min(max_abs, 1e6),
+                              robust=RobustProposals(r.trim, r.clip_factor) if r.aggregation == "robust" else None)
+        # the GP head's fit clamps the log-lengthscales after every step (training.fit_local); the softmax
+        # baseline's clamps nothing
+        clamped = _log_ls_indices(layout_of(cfg)) if p.head == "gp" else ()
+        bound = ProposalBound(int(p.fit_steps), float(p.learning_rate), max_weight, clamped, LOG_BOUNDS)
+        return PFedGPAggregation(server, bound=bound)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

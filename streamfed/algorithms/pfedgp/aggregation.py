@@ -4,6 +4,12 @@ reassembled into proposals and averaged; a new global at the end of a window in 
 Shards: a shard reassembles the proposals whose chunks all reached it in its window and sends their weighted
 sum; chunks of one proposal split across windows are lost to a shard (with kernel learning, one aggregator is
 the sure arrangement, as for URK-FedBNR).
+
+Bounded influence (docs/algorithms.md §8.6, always on when the factory builds it): a chunk's coordinates may
+move at most as far as `fit_steps` Adam steps at `learning_rate` can
+(:class:`~streamfed.algorithms.urk.bounds.ProposalBound`), its weight at most a full budget. Robust
+aggregation (a clipped, coordinate-wise trimmed mean of one delta per client) lives in the server; it needs
+each client's proposal, so shards and the reducer refuse it.
 """
 
 from __future__ import annotations
@@ -18,9 +24,13 @@ from streamfed.algorithms.pfedgp.messages import ChunkItem, ProposalSum
 from streamfed.algorithms.pfedgp.server import PFedGPServer
 from streamfed.algorithms.pfedgp.wire import global_message, read_update
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.algorithms.urk.bounds import ProposalBound
 from streamfed.fleet.protocol import Message
 
-__all__ = ["PFedGPAggregation"]
+__all__ = ["ROBUST_SHARDED", "PFedGPAggregation"]
+
+ROBUST_SHARDED = ("robust pFedGP aggregation (trimmed mean of the clients' proposals) cannot be computed from "
+                  "partial sums: run a single aggregator, or aggregation = \"exact\" with shards")
 
 
 class PFedGPAggregation(SummingWindow):
@@ -34,9 +44,17 @@ class PFedGPAggregation(SummingWindow):
     (True, 1, 1, {'a': 1})
     """
 
-    def __init__(self, server: PFedGPServer) -> None:
+    bound: ProposalBound | None = None  # class-level default: pickled before the declared bound, none
+
+    def __init__(self, server: PFedGPServer, *, bound: ProposalBound | None = None) -> None:
         self.server = server
+        self.bound = bound
         self._dirty = False
+
+    def for_partials(self, role: str) -> None:
+        """A shard or the reducer: robust aggregation needs each client's proposal, so it is refused there."""
+        if self.server.robust is not None:
+            raise ValueError(ROBUST_SHARDED)
 
     @property
     def version(self) -> int:
@@ -54,6 +72,10 @@ class PFedGPAggregation(SummingWindow):
         s = self.server
         item = read_update(msg)
         s.validate(item)
+        if self.bound is not None and item.epoch == s.epoch:
+            # a chunk of an older version is counted stale and never used: nothing to bound against
+            c = item.chunk
+            self.bound.check(s.theta, c.index * -(-c.total // c.count), c.data, item.weight)
         waiting = s.waiting().get(item.client, [])
         if len(waiting) >= s.max_buffered and item.seq > s.included.get(item.client, 0) + 1:
             raise ValueError(f"client {item.client!r} has {len(waiting)} uploads waiting for an earlier seq")
@@ -61,6 +83,7 @@ class PFedGPAggregation(SummingWindow):
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[ChunkItem]) -> tuple[dict[str, np.ndarray], int, int]:
+        self.for_partials("shard")
         s = self.server
         r = Reassembly(max_open=1 << 20)
         total, weight, proposers = np.zeros_like(s.theta), 0.0, set()
@@ -77,6 +100,7 @@ class PFedGPAggregation(SummingWindow):
         return arrays, 0, int(s.epoch)
 
     def read_partial(self, msg: Message) -> ProposalSum:
+        self.for_partials("reducer")
         s = self.server
         if msg.epoch != s.epoch:
             raise ValueError(f"partial of network version {msg.epoch}; the reducer is at {s.epoch}")

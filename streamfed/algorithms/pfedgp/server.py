@@ -7,6 +7,10 @@ Uploads are applied once and in each client's seq order; a chunk computed under 
 (`stale_chunks`) and logged, not used, but its seq is marked applied (its delta belongs to a network that is
 gone). A new version drops every open proposal.
 
+Robust aggregation (docs/algorithms.md §8.6, `robust` set by the factory from `[fleet.robust]`): the new
+network is `θ + robust_delta(one delta per client)` — each client's deltas of the version averaged, clipped
+to `clip_factor ×` the median norm, then a coordinate-wise trimmed mean — instead of the weighted mean.
+
 >>> from streamfed.algorithms.chunks import split_vector
 >>> server = PFedGPServer(np.zeros(3), min_proposal_weight=1.0)
 >>> for i, c in enumerate(split_vector(1, np.array([1.0, 2.0, 3.0]), 2)):
@@ -26,6 +30,7 @@ import numpy as np
 from streamfed.algorithms.chunks import Reassembly
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.algorithms.pfedgp.messages import ChunkItem, PFedGPGlobal
+from streamfed.algorithms.urk.bounds import RobustProposals, per_client_rows, robust_delta
 
 __all__ = ["PFedGPServer"]
 
@@ -37,8 +42,13 @@ class PFedGPServer:
     `max_proposal_weight` (a client's budget: nobody outweighs the fleet by claiming more); values beyond
     `max_abs` are refused."""
 
+    # class-level defaults: a server pickled before robust aggregation existed restores as the exact one
+    robust: RobustProposals | None = None
+    deltas: list[tuple[str, np.ndarray]] | None = None
+
     def __init__(self, theta: np.ndarray, *, min_proposal_weight: float = 64.0, proposal_quorum: float = 0.5,
-                 max_proposal_weight: float = math.inf, max_abs: float = 1e6, max_buffered: int = 256) -> None:
+                 max_proposal_weight: float = math.inf, max_abs: float = 1e6, max_buffered: int = 256,
+                 robust: RobustProposals | None = None) -> None:
         if not 0.0 < proposal_quorum <= 1.0:
             raise ValueError(f"proposal_quorum must be in (0, 1], got {proposal_quorum!r}")
         self.theta = np.array(theta, dtype=np.float64)
@@ -47,6 +57,7 @@ class PFedGPServer:
         self.min_proposal_weight, self.proposal_quorum = float(min_proposal_weight), float(proposal_quorum)
         self.max_proposal_weight, self.max_abs = float(max_proposal_weight), float(max_abs)
         self.max_buffered = int(max_buffered)
+        self.robust = robust
         self.epoch = self.version = 0
         self.included: dict[str, int] = {}
         self._buffer: dict[str, dict[int, ChunkItem]] = {}
@@ -60,6 +71,7 @@ class PFedGPServer:
         self.proposers: set[str] = set()
         self.heard: set[str] = set()
         self.extra_proposers = 0  # proposers counted by shards (their names stay there)
+        self.deltas = [] if self.robust is not None else None  # robust mode: every (client, delta) of the version
 
     # ------------------------------------------------------------------ uploads
     def validate(self, item: ChunkItem) -> None:
@@ -107,6 +119,8 @@ class PFedGPServer:
         self.prop_sum += w * delta
         self.prop_weight += w
         self.proposers.add(client)
+        if self.deltas is not None:
+            self.deltas.append((client, np.array(delta, dtype=np.float64)))
 
     # ------------------------------------------------------------------ versions
     def ready_to_move(self) -> bool:
@@ -116,8 +130,13 @@ class PFedGPServer:
         return self.prop_weight >= self.min_proposal_weight and n_prop >= quorum
 
     def move(self) -> None:
-        """Adopt `θ + Σ w δ / Σ w` as network version `epoch + 1`; open chunks dropped."""
-        self.theta = self.theta + self.prop_sum / self.prop_weight
+        """Adopt `θ + Σ w δ / Σ w` (robust mode: `θ + robust_delta(one delta per client)`) as network version
+        `epoch + 1`; open chunks dropped."""
+        if self.robust is not None and self.deltas:
+            _, rows = per_client_rows([c for c, _ in self.deltas], [d for _, d in self.deltas])
+            self.theta = self.theta + robust_delta(rows, self.robust)
+        else:
+            self.theta = self.theta + self.prop_sum / self.prop_weight
         self.epoch += 1
         self.moves += 1
         self._reset_proposals()

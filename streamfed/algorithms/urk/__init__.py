@@ -74,6 +74,9 @@ class URKParams(Params):
     max_chunk_bytes: int = Field(4096, ge=8)  # a proposal travels in chunks of at most this many bytes
     min_proposal_weight: float = Field(256.0, gt=0)  # a new version needs proposals of this many samples ...
     proposal_quorum: float = Field(0.5, gt=0, le=1)  # ... from this share of the clients heard since the last
+    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §12.6): samples any client may hold in a
+    # version's statistics whatever the share cap (None: 4 × min_upload, FedBNR's cold start)
+    robust_share_floor: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _distill_set(self) -> URKParams:
@@ -92,6 +95,18 @@ def arch_of(cfg: FleetConfig) -> URKArch:
     p = cfg.params
     return URKArch(cfg.n_inputs, tuple(int(w) for w in p.widths), int(p.n_omega), int(p.shifter_width),
                    p.normalisation)
+
+
+def _clamped(arch: URKArch) -> tuple[int, ...]:
+    """Indices of the flat vector the local fits clamp into `LOG_BOUNDS` after every step: the
+    log-lengthscales, `log σ`, `log λ` (`training._clamp_logs`)."""
+    out, i = [], 0
+    for name, shape in arch.shapes():
+        size = math.prod(shape)
+        if name == "log_ls":
+            out += range(i, i + size)
+        i += size
+    return (*out, i, i + 1)
 
 
 def initial_of(cfg: FleetConfig) -> URKWeights:
@@ -145,13 +160,18 @@ class URKFedBNR(Algorithm):
             max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> URKAggregation:
+        """The aggregation, with the declared bounds (docs/algorithms.md §12.6: statistics of labels within
+        `cfg.robust.label_bound`, `n` pinned by `tr S = n‖φ‖²`; proposals within what `fit_steps` Adam steps at
+        `learning_rate` can move, weights within a reservoir) and, with `cfg.robust.aggregation = "robust"`,
+        proposals combined by a clipped trimmed mean and each client's statistics held to `share_cap`."""
         import numpy as np
 
         from streamfed.algorithms.urk.aggregation import URKAggregation
+        from streamfed.algorithms.urk.bounds import ProposalBound, RobustProposals
         from streamfed.algorithms.urk.network import omega
-        from streamfed.algorithms.urk.server import URKServer
+        from streamfed.algorithms.urk.server import LOG_BOUNDS, URKServer
 
-        p = cfg.params
+        p, r = cfg.params, cfg.robust
         kd = None
         if p.distill_inputs is not None and p.distill_targets is not None:
             X = np.array(p.distill_inputs, dtype=np.float64)
@@ -163,8 +183,14 @@ class URKFedBNR(Algorithm):
                            aggregation=p.aggregation, distill_set=kd, distill_alpha=p.distill_alpha,
                            distill_steps=p.distill_steps, distill_learning_rate=p.learning_rate,
                            min_proposal_weight=p.min_proposal_weight, proposal_quorum=p.proposal_quorum,
-                           max_proposal_weight=float(p.reservoir))
-        return URKAggregation(server, max_abs=max_abs, check_stats=check_stats)
+                           max_proposal_weight=float(p.reservoir),
+                           robust=RobustProposals(r.trim, r.clip_factor) if r.aggregation == "robust" else None,
+                           share=(r.share_cap, float(p.robust_share_floor if p.robust_share_floor is not None
+                                                     else 4 * p.min_upload)) if r.aggregation == "robust" else None)
+        bound = ProposalBound(int(p.fit_steps), float(p.learning_rate), float(p.reservoir),
+                              _clamped(arch_of(cfg)), LOG_BOUNDS)
+        return URKAggregation(server, max_abs=max_abs, check_stats=check_stats, label_bound=r.label_bound,
+                              bound=bound)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

@@ -7,6 +7,12 @@ An upload is validated completely before anything changes: statistics as FedBNR'
 `‖φ‖²` of a URK feature vector: `m/(m−1)`, or 1 under the "rff" normalisation), chunks consistent with their
 siblings and of the network's length.
 
+Bounded influence (docs/algorithms.md §12.6, always on when the factory builds it): every feature vector has
+the same norm, so `tr S = n·‖φ‖²` pins `n` (a claim of more samples than the scatter holds is refused), and
+labels clipped to `±label_bound` bound `q` and `b`; a proposal's coordinates may move at most as far as
+`fit_steps` Adam steps can (:class:`~streamfed.algorithms.urk.bounds.ProposalBound`), its weight at most a
+reservoir. Robust aggregation lives in the server (:class:`~streamfed.algorithms.urk.server.URKServer`).
+
 Sharding sums statistics exactly while the kernel version does not move; proposals do not travel through
 shards, so with kernel learning run one aggregator.
 """
@@ -20,13 +26,17 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr.aggregation import check_statistics
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.algorithms.urk.bounds import ProposalBound
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem
 from streamfed.algorithms.urk.server import URKServer
 from streamfed.algorithms.urk.wire import global_message, read_update
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.fleet.protocol import Message
 
-__all__ = ["URKAggregation"]
+__all__ = ["ROBUST_SHARDED", "URKAggregation"]
+
+ROBUST_SHARDED = ("robust URK-FedBNR aggregation (share cap per client, trimmed mean of proposals) cannot be "
+                  "computed from partial sums: run a single aggregator, or aggregation = \"exact\" with shards")
 
 
 class URKAggregation(SummingWindow):
@@ -42,14 +52,26 @@ class URKAggregation(SummingWindow):
     (True, 1, {'a': 1})
     """
 
-    def __init__(self, server: URKServer, *, max_abs: float = 1e100, check_stats: bool = True) -> None:
+    # class-level defaults: an aggregation pickled before the declared bounds restores without them
+    label_bound: float | None = None
+    bound: ProposalBound | None = None
+
+    def __init__(self, server: URKServer, *, max_abs: float = 1e100, check_stats: bool = True,
+                 label_bound: float | None = None, bound: ProposalBound | None = None) -> None:
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
         self.server = server
         self.max_abs = float(max_abs)
         self.check_stats = bool(check_stats)
         self.phi_sq = server.weights.arch.phi_sq  # ‖s(x)‖² = m·scale², for every x and every network
+        self.label_bound = None if label_bound is None else float(label_bound)
+        self.bound = bound
         self._dirty = False
+
+    def for_partials(self, role: str) -> None:
+        """A shard or the reducer: robust aggregation needs each client's uploads, so it is refused there."""
+        if self.server.robust is not None or self.server.share is not None:
+            raise ValueError(ROBUST_SHARDED)
 
     @property
     def version(self) -> int:
@@ -60,20 +82,38 @@ class URKAggregation(SummingWindow):
 
     def diagnostics(self) -> dict[str, float]:
         s = self.server
-        return {"epoch": float(s.epoch), "sigma": float(s.sigma), "lam": float(s.lam),
-                "proposal_weight": s.prop_weight, "stale_stats": float(s.stale_stats),
-                "stale_chunks": float(s.stale_chunks), "refused_proposals": float(s.refused_proposals),
-                "failed_moves": float(s.failed_moves), "failed_fits": float(s.failed_fits)}
+        out = {"epoch": float(s.epoch), "sigma": float(s.sigma), "lam": float(s.lam),
+               "proposal_weight": s.prop_weight, "stale_stats": float(s.stale_stats),
+               "stale_chunks": float(s.stale_chunks), "refused_proposals": float(s.refused_proposals),
+               "failed_moves": float(s.failed_moves), "failed_fits": float(s.failed_fits)}
+        if s.share is not None:
+            shares = s.client_shares()
+            out.update(tempered_uploads=float(s.tempered), largest_client_share=max(shares.values(), default=0.0))
+        return out
+
+    def client_shares(self) -> dict[str, float]:
+        """Robust mode: each client's share of the current version's samples (empty in exact mode)."""
+        return self.server.client_shares() if self.server.share is not None else {}
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> StatsItem | ChunkItem:
         s = self.server
         item = read_update(msg, s.weights.arch, s.kernel_version)
         if isinstance(item, StatsItem):
-            check_statistics(item.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if self.check_stats else None)
+            checked = self.check_stats  # off only for noised uploads (differential privacy, §9)
+            # ‖φ‖² is the same for every input: the lower bound pins n to tr S / ‖φ‖²
+            check_statistics(item.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
+                             label_bound=self.label_bound if checked else None,
+                             phi_sq_min=self.phi_sq if checked and self.label_bound is not None else None)
+            if int(msg.n_samples) != item.stats.n:  # what the core's token bucket charged is the count summed
+                raise ValueError(f"n_samples = {msg.n_samples} but the statistics count n = {item.stats.n:g}")
         elif float(np.max(np.abs(item.chunk.data))) > self.max_abs or item.weight > self.max_abs:
             raise ValueError(f"a proposed value is beyond ±{self.max_abs:g}")
-        s.validate(item)
+        s.validate(item)  # shapes and siblings first: the bound reads the chunk's place in the vector
+        if isinstance(item, ChunkItem) and self.bound is not None and item.epoch == s.epoch:
+            # a chunk of an older version is counted stale and never used: nothing to bound against
+            c = item.chunk
+            self.bound.check(s.theta, c.index * -(-c.total // c.count), c.data, item.weight)
         waiting = s.waiting().get(item.client, [])
         if len(waiting) >= s.max_buffered and item.seq > s.included.get(item.client, 0) + 1:
             raise ValueError(f"client {item.client!r} has {len(waiting)} uploads waiting for an earlier seq")
@@ -81,6 +121,7 @@ class URKAggregation(SummingWindow):
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[StatsItem | ChunkItem]) -> tuple[dict[str, np.ndarray], int, int]:
+        self.for_partials("shard")
         s = self.server
         f = s.weights.arch.dim
         total = SufficientStats.zeros(f, (1,), s.kernel_version, s.epoch)
@@ -92,6 +133,7 @@ class URKAggregation(SummingWindow):
         return arrays, int(total.n), int(s.epoch)
 
     def read_partial(self, msg: Message) -> SufficientStats:
+        self.for_partials("reducer")
         s = self.server
         if msg.epoch != s.epoch:
             raise ValueError(f"partial of kernel version {msg.epoch}; the reducer is at {s.epoch}")

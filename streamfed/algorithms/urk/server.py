@@ -8,6 +8,12 @@ and upload them again). Uploads are applied once and in each client's seq order 
 the numbering); one computed under an older epoch is not summed — it is counted (`stale_stats`,
 `stale_chunks`) and logged with its reason — but its seq is marked applied, so the client is not asked to send
 it again forever (its statistics belong to a network that is gone).
+
+Robust aggregation (docs/algorithms.md §12.6, `robust` and `share` set by the factory from `[fleet.robust]`):
+a new network is `θ + robust_delta(one delta per client)` (clipping, then a coordinate-wise trimmed mean;
+distillation starts from it and aims at the entrywise trimmed mean of the clients' Gram matrices), and no
+client's samples may exceed `share_cap` of the statistics of a version (FedBNR's share cap: an upload that
+would put its client over it is summed with the fraction that fits).
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import math
 import numpy as np
 
 from streamfed.algorithms.chunks import Reassembly
+from streamfed.algorithms.fedbnr.aggregation import share_allowance
 from streamfed.algorithms.fedbnr.learner import fit_hyperparameters, log_evidence
 from streamfed.algorithms.in_order import apply_in_order
+from streamfed.algorithms.urk.bounds import RobustProposals, per_client_rows, robust_delta
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem, URKGlobal
 from streamfed.algorithms.urk.network import URKWeights
 from streamfed.core.stats import SufficientStats
@@ -52,11 +60,19 @@ class URKServer:
     (1, 0, 4.0, {'a': 2})
     """
 
+    # class-level defaults: a server pickled before robust aggregation existed restores as the exact one
+    robust: RobustProposals | None = None
+    share: tuple[float, float] | None = None  # (share_cap, floor): robust mode's cap on a client's samples
+    proposal_clients: list[str] | None = None
+    held: dict[str, float] | None = None
+    tempered = 0
+
     def __init__(self, weights: URKWeights, om: np.ndarray, kernel_version: str, *, min_samples: int = 32,
                  fit: bool = True, learn_kernel: bool = True, aggregation: str = "fedavg",
                  distill_set: tuple[np.ndarray, np.ndarray] | None = None, distill_alpha: float = 1.0,
                  distill_steps: int = 20, distill_learning_rate: float = 0.01, min_proposal_weight: float = 256.0,
-                 proposal_quorum: float = 0.5, max_proposal_weight: float = 256.0, max_buffered: int = 256) -> None:
+                 proposal_quorum: float = 0.5, max_proposal_weight: float = 256.0, max_buffered: int = 256,
+                 robust: RobustProposals | None = None, share: tuple[float, float] | None = None) -> None:
         if aggregation not in ("fedavg", "distill"):
             raise ValueError(f"aggregation must be 'fedavg' or 'distill', got {aggregation!r}")
         if aggregation == "distill" and learn_kernel and distill_set is None:
@@ -74,6 +90,9 @@ class URKServer:
         self.min_proposal_weight, self.proposal_quorum = float(min_proposal_weight), float(proposal_quorum)
         self.max_proposal_weight = float(max_proposal_weight)
         self.max_buffered = int(max_buffered)
+        self.robust, self.share = robust, share
+        self.held = {}  # robust mode: per client, its (weighted) samples in this version's statistics
+        self.tempered = 0  # robust mode: statistics summed with a weight below 1 (the share cap)
         self.epoch = 0
         self.version = 0
         self.sigma, self.lam = weights.sigma, weights.lam
@@ -93,6 +112,7 @@ class URKServer:
         self.prop_sum = np.zeros(self.weights.arch.n_params)
         self.prop_weight = 0.0
         self.proposals: list[np.ndarray] = []  # whole proposed vectors, for distillation
+        self.proposal_clients = []  # who proposed each (robust mode: one row per client)
         self.proposers: set[str] = set()
         self.heard: set[str] = set()
 
@@ -140,8 +160,11 @@ class URKServer:
             return
         self.heard.add(item.client)
         if isinstance(item, StatsItem):
-            self.stats += SufficientStats(item.stats.S, item.stats.b, item.stats.n, item.stats.q,
-                                          self.kernel_version, self.epoch)
+            st = SufficientStats(item.stats.S, item.stats.b, item.stats.n, item.stats.q, self.kernel_version,
+                                 self.epoch)
+            if self.share is not None:
+                st = self._capped(item.client, st)
+            self.stats += st
             return
         delta = self.chunks.add(item.client, item.chunk)
         if delta is None or item.weight <= 0 or not self.learn:
@@ -159,7 +182,29 @@ class URKServer:
         self.prop_sum += w * delta
         self.prop_weight += w
         self.proposals.append(self.theta + delta)
+        if self.proposal_clients is not None:
+            self.proposal_clients.append(item.client)
         self.proposers.add(item.client)
+
+    def _capped(self, client: str, st: SufficientStats) -> SufficientStats:
+        """Robust mode: `st` scaled so that `client` holds at most `share_cap` of this version's samples
+        (or `floor`), FedBNR's rule (:func:`~streamfed.algorithms.fedbnr.aggregation.share_allowance`)."""
+        assert self.share is not None and self.held is not None
+        cap, floor = self.share
+        total = sum(self.held.values())
+        allowed = share_allowance(self.held.get(client, 0.0), total, cap, floor)
+        n = float(st.n)
+        w = 1.0 if n <= allowed else allowed / n
+        self.held[client] = self.held.get(client, 0.0) + w * n
+        if w < 1.0:
+            self.tempered += 1
+            return st.scaled(w)
+        return st
+
+    def client_shares(self) -> dict[str, float]:
+        """Robust mode: each client's share of this version's samples (empty in exact mode)."""
+        total = sum(self.held.values()) if self.held else 0.0
+        return {c: h / total for c, h in self.held.items()} if total > 0 else {}
 
     # ------------------------------------------------------------------ versions
     def ready_to_move(self) -> bool:
@@ -169,8 +214,15 @@ class URKServer:
     def move(self) -> bool:
         """Adopt the average of the proposals (FedAvg), or distil it (KD), as kernel version `epoch + 1`: empty
         sums, open chunks dropped. `False` (nothing but the proposals changes) if the result is unusable."""
-        mean = self.theta + self.prop_sum / self.prop_weight
         proposals = self.proposals
+        trim = None
+        if self.robust is None:
+            mean = self.theta + self.prop_sum / self.prop_weight
+        else:  # one row per client, clipped, trimmed (docs/algorithms.md §12.6)
+            _, rows = per_client_rows(list(self.proposal_clients or []), [p - self.theta for p in proposals])
+            mean = self.theta + robust_delta(rows, self.robust)
+            proposals = [self.theta + r for r in rows]
+            trim = self.robust.trim
         self._reset_proposals()
         try:
             new = URKWeights.from_vector(self.weights.arch, mean)
@@ -180,7 +232,7 @@ class URKServer:
                 assert self.distill_set is not None
                 clients = [URKWeights.from_vector(self.weights.arch, p) for p in proposals]
                 out = distill(new, clients, self.omega, *self.distill_set, alpha=self.distill_alpha,
-                              steps=self.distill_steps, learning_rate=self.distill_learning_rate)
+                              steps=self.distill_steps, learning_rate=self.distill_learning_rate, trim=trim)
                 if out is None:
                     raise ValueError("distillation left finite numbers")
                 new = out
@@ -192,6 +244,7 @@ class URKServer:
         self.weights, self.theta = new, new.to_vector()
         self.sigma, self.lam = new.sigma, new.lam
         self.stats = self._zeros()
+        self.held = {}
         self.chunks.drop_open()
         return True
 

@@ -138,22 +138,34 @@ def fit_local(w: URKWeights, om: np.ndarray, X: np.ndarray, y: np.ndarray, *, st
 
 
 def distill(start: URKWeights, clients: Sequence[URKWeights], om: np.ndarray, X_kd: np.ndarray, y_kd: np.ndarray, *,
-            alpha: float = 1.0, steps: int = 20, learning_rate: float = 0.01) -> URKWeights | None:
+            alpha: float = 1.0, steps: int = 20, learning_rate: float = 0.01, trim: float | None = None
+            ) -> URKWeights | None:
     """Knowledge distillation (thesis eq. 3.4): from `start`, Adam on
 
         L_KD = −log p_kd(y_kd) / n_kd + α · MSE(Φ Φᵀ − mean_c Φ_c Φ_cᵀ)
 
     over the server-held `(X_kd, y_kd)`, `Φ` the global network's features and `Φ_c` client `c`'s (its proposed
-    weights). The evidence is divided by `n_kd` as in the local fits (the thesis leaves the scale to `α`)."""
+    weights). The evidence is divided by `n_kd` as in the local fits (the thesis leaves the scale to `α`).
+    `trim` (robust aggregation, docs/algorithms.md §12.6): the target is the entrywise trimmed mean of the
+    clients' Gram matrices instead of their mean."""
     arch = start.arch
     om_t = torch.tensor(om, dtype=torch.float64)
     X_t, y_t = torch.tensor(X_kd, dtype=torch.float64), torch.tensor(y_kd, dtype=torch.float64)
     with torch.no_grad():
         target = torch.zeros((X_t.shape[0], X_t.shape[0]), dtype=torch.float64)
+        grams = []
         for c in clients:
             phi_c = features_t(torch.tensor(c.to_vector(), dtype=torch.float64), arch, om_t, X_t)
-            target += phi_c @ phi_c.T
-        target /= max(len(clients), 1)
+            if trim is None:
+                target += phi_c @ phi_c.T
+            else:
+                grams.append((phi_c @ phi_c.T).numpy().ravel())
+        if trim is None:
+            target /= max(len(clients), 1)
+        elif grams:
+            from streamfed.algorithms.robust_mean import trimmed_mean
+
+            target = torch.tensor(trimmed_mean(np.stack(grams), trim).reshape(target.shape), dtype=torch.float64)
     n = max(int(y_t.shape[0]), 1)
 
     def loss(v: torch.Tensor) -> torch.Tensor:
