@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from streamfed.algorithms.fsgp.kernels import Hyper
     from streamfed.fleet.config import FleetConfig, MessageSchema
 
-__all__ = ["ALGORITHM", "FSGP", "FSGPParams", "initial_hyper"]
+__all__ = ["ALGORITHM", "FSGP", "FSGPParams", "initial_hyper", "inducing_box"]
 
 
 class FSGPParams(Params):
@@ -63,6 +63,16 @@ class FSGPParams(Params):
     learning_rate: float = Field(0.05, gt=0, allow_inf_nan=False)
     min_proposal_weight: float = Field(256.0, gt=0)  # server: a new version needs proposals of this many samples
     proposal_quorum: float = Field(0.5, gt=0, le=1)  # ... from this share of the clients heard since the last one
+    # declared bound on proposed inducing inputs, ±box per coordinate (local fits clip to it, the aggregator
+    # refuses beyond); None: 2 × INPUT_CLIP = 10 when agents standardise (inputs winsorised at ±5), no box
+    # otherwise. Widened to hold the initial design.
+    inducing_box: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # robust aggregation ([fleet.robust] aggregation = "robust", docs/algorithms.md §11): residual screening at
+    # robust_screen × the median client, after robust_screen_clients others; the cold-start floor of samples any
+    # client may hold (None: 4 × min_upload)
+    robust_screen: float = Field(50.0, gt=1.0, allow_inf_nan=False)
+    robust_screen_clients: int = Field(3, ge=1)
+    robust_share_floor: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 def initial_hyper(cfg: FleetConfig) -> Hyper:
@@ -74,6 +84,26 @@ def initial_hyper(cfg: FleetConfig) -> Hyper:
     Z = gaussian_design(p.n_inducing, cfg.n_inputs, seed=cfg.seed, scale=p.inducing_scale)
     ls = p.lengthscale if p.lengthscale is not None else math.sqrt(2.0 * cfg.n_inputs)
     return Hyper.initial(p.kernel, Z, amplitude=p.amplitude, lengthscale=ls, sigma=p.sigma)
+
+
+def inducing_box(cfg: FleetConfig) -> float | None:
+    """The declared box of the inducing inputs, `±box` per coordinate (`FSGPParams.inducing_box`), widened to
+    hold the initial design; None: unbounded (agents that do not standardise, no box configured).
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> inducing_box(FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2))
+    10.0
+    """
+    import numpy as np
+
+    from streamfed.core.standardise import INPUT_CLIP
+
+    p = cfg.params
+    box = p.inducing_box if p.inducing_box is not None else (
+        2.0 * INPUT_CLIP if cfg.standardise == "online" else None)
+    if box is None:
+        return None
+    return max(float(box), float(np.max(np.abs(initial_hyper(cfg).Z))))
 
 
 class FSGP(Algorithm):
@@ -107,18 +137,28 @@ class FSGP(Algorithm):
         return FSGPLearner(FSGPClient(
             initial_hyper(cfg), jitter=p.jitter, min_upload=p.min_upload, client_id=client_id,
             learn_hyperparameters=p.learn_hyperparameters, reservoir=p.reservoir, fit_every=p.fit_every,
-            fit_steps=p.fit_steps, learning_rate=p.learning_rate, seed=cfg.seed))
+            fit_steps=p.fit_steps, learning_rate=p.learning_rate, seed=cfg.seed,
+            label_bound=cfg.robust.label_bound, z_box=inducing_box(cfg)))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FSGPAggregation:
         from streamfed.algorithms.fsgp.aggregation import FSGPAggregation
-        from streamfed.algorithms.fsgp.server import FSGPServer
+        from streamfed.algorithms.fsgp.server import FSGPServer, RobustFSGPServer
+        from streamfed.algorithms.shares import Robust
 
-        p = cfg.params
-        server = FSGPServer(initial_hyper(cfg), jitter=p.jitter, min_samples=p.min_upload,
-                            learn_hyperparameters=p.learn_hyperparameters, min_proposal_weight=p.min_proposal_weight,
-                            proposal_quorum=p.proposal_quorum)
-        return FSGPAggregation(server, max_abs=max_abs, check_stats=check_stats)
+        p, r = cfg.params, cfg.robust
+        robust = None
+        if r.aggregation == "robust":
+            floor = p.robust_share_floor if p.robust_share_floor is not None else 4 * p.min_upload
+            robust = Robust(share_cap=r.share_cap, floor=float(floor), screen=p.robust_screen,
+                            screen_clients=p.robust_screen_clients)
+        server = (RobustFSGPServer if robust else FSGPServer)(
+            initial_hyper(cfg), jitter=p.jitter, min_samples=p.min_upload,
+            learn_hyperparameters=p.learn_hyperparameters, min_proposal_weight=p.min_proposal_weight,
+            proposal_quorum=p.proposal_quorum)
+        return FSGPAggregation(server, max_abs=max_abs, check_stats=check_stats, label_bound=r.label_bound,
+                               max_weight=float(p.reservoir), z_box=inducing_box(cfg), robust=robust,
+                               roster=len(cfg.clients) if cfg.clients else None)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

@@ -2,11 +2,20 @@
 exactly once under the current `(θ, σ, Z)`, a new global — after adopting averaged proposals when enough
 came — at the end of a window in which something was summed.
 
-An upload is validated completely before anything changes: values bounded by `max_abs`, `n` a whole
-number, and (unless `check_stats=False`) `[[P, r], [rᵀ, q]]` positive semi-definite — true of the
-statistics of any samples and of statistics carried to a new version alike (a client's pending samples
-may have been carried; a bound on `tr P` would not survive the projection, so there is none), so one
-hostile upload cannot make the global posterior improper.
+An upload is validated completely before anything changes (docs/algorithms.md §11, "Declared bounds"):
+values bounded by `max_abs`, `n` a whole number equal to the envelope's `n_samples` (which the core's token
+bucket charges), and (unless `check_stats=False`) the statistics must be those of some samples under the
+upload's version: `tr P ≤ n·M·a⁴` (every covariance is at most `a²`), `q ≤ n·B²` (agents clip labels to
+`±B`), `r_i² ≤ P_ii·q` and `‖r‖² ≤ tr P·q` (Cauchy–Schwarz over the samples) and `[[P, r], [rᵀ, q]]` positive
+semi-definite. Carried statistics obey the same bounds: clients clamp what they carry (:mod:`.declared`). A
+proposal weighs at most a reservoir (`reservoir`), keeps `a, ℓ, σ` in `[1e-3, 1e3]` and `Z` within the box
+the inputs allow. So one hostile upload cannot make the global posterior improper, claim labels beyond `±B`
+or features beyond the covariance, nor move the next version's `Z` out of the inputs' range.
+
+With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §11, "Robust aggregation") the global is no
+longer the exact sum: an upload whose residuals under the current global are implausible is taken with weight
+0, and no client's samples may exceed `share_cap` of the global's (tempered contributions `w·stats`, a
+cold-start quorum) — :class:`~streamfed.algorithms.shares.RobustShares`.
 
 Sharding sums exactly while the version does not move (fixed hyperparameters); a shard
 cannot carry uploads across versions it has not seen, so with learned hyperparameters run one aggregator.
@@ -19,25 +28,40 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg import cho_solve
 
-from streamfed.algorithms.fsgp.messages import Upload
-from streamfed.algorithms.fsgp.posterior import Stats
-from streamfed.algorithms.fsgp.server import FSGPServer
+from streamfed.algorithms.fsgp.declared import feature_sq_bound, within_box
+from streamfed.algorithms.fsgp.messages import TemperedUpload, Upload
+from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats
+from streamfed.algorithms.fsgp.server import FSGPServer, RobustFSGPServer
 from streamfed.algorithms.fsgp.wire import global_message, read_update
+from streamfed.algorithms.shares import Robust, RobustShares
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.fleet.protocol import Message
 
-__all__ = ["FSGPAggregation", "PartialSum", "check_statistics"]
+__all__ = ["FSGPAggregation", "PartialSum", "check_statistics", "residual_ratio"]
 
 _MAX_WHOLE = 2.0**53
+_REL = 1e-9  # relative slack of every inequality: far above rounding of honest sums, far below any attack
 
 
-def check_statistics(st: Stats, *, max_abs: float, psd: bool = True) -> None:
-    """`ValueError` unless `n` counts samples, every value is within `±max_abs` and (`psd`) the augmented
-    statistic is positive semi-definite (`psd=False`: for noised or masked uploads).
+def check_statistics(st: Stats, *, max_abs: float, psd: bool = True, label_bound: float | None = None,
+                     feat_sq: float | None = None) -> None:
+    """`ValueError` unless `n` counts samples, every value is within `±max_abs` and (`psd`) the statistics
+    could be those of `n` samples with `|y| ≤ label_bound` and `‖k‖² ≤ feat_sq` (either None: not checked):
+    `tr P ≤ n·feat_sq`, `q ≤ n·B²`, Cauchy–Schwarz for `r`, and the augmented statistic positive
+    semi-definite (`psd=False`: the count and the bound only, for noised or masked uploads).
 
     >>> s = Stats.zeros(2); s.add(np.array([0.5, 0.5]), 1.0)
-    >>> check_statistics(s, max_abs=1e100)
+    >>> check_statistics(s, max_abs=1e100, label_bound=1.0, feat_sq=0.5)
+    >>> check_statistics(s, max_abs=1e100, label_bound=0.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: q = 1 exceeds n·B² = 0.25: labels beyond the label bound ±0.5
+    >>> check_statistics(s, max_abs=1e100, feat_sq=0.25)
+    Traceback (most recent call last):
+    ...
+    ValueError: tr P = 0.5 exceeds n·M·a⁴ = 0.25: features beyond the covariance's amplitude
     >>> s.P[0, 1] = s.P[1, 0] = 5.0
     >>> check_statistics(s, max_abs=1e100)
     Traceback (most recent call last):
@@ -52,11 +76,49 @@ def check_statistics(st: Stats, *, max_abs: float, psd: bool = True) -> None:
     if not psd:
         return
     m = st.m
+    q = float(st.q)
     trace = float(np.trace(st.P))
+    if feat_sq is not None and trace > n * feat_sq * (1.0 + _REL) + _REL:
+        raise ValueError(f"tr P = {trace:g} exceeds n·M·a⁴ = {n * feat_sq:g}: features beyond the covariance's "
+                         f"amplitude")
+    if label_bound is not None:
+        # q = Σ y² <= n B² for labels clipped to ±B (the agents clip; carried statistics are clamped to it)
+        if q > n * label_bound**2 * (1.0 + _REL) + _REL:
+            raise ValueError(f"q = {q:g} exceeds n·B² = {n * label_bound**2:g}: labels beyond the label bound "
+                             f"±{label_bound:g}")
+        # Cauchy–Schwarz over the samples (each a rank-one [k; y][k; y]ᵀ, carried or not): r_i² <= P_ii q and
+        # ‖r‖² <= tr P · q. Implied by the PSD check below up to its jitter; explicit, they are exact
+        qq = max(q, 0.0)
+        if np.any(st.r**2 > np.maximum(np.diag(st.P), 0.0) * qq * (1.0 + _REL) + _REL):
+            raise ValueError("|r_i| exceeds √(P_ii·q): r is not Σ k_i y of these samples")
+        if float(st.r @ st.r) > max(trace, 0.0) * qq * (1.0 + _REL) + _REL:
+            raise ValueError("‖r‖² exceeds tr P · q: r is not Σ k y of these samples")
     aug = np.empty((m + 1, m + 1))
     aug[:m, :m], aug[:m, m], aug[m, :m], aug[m, m] = st.P, st.r, st.r, st.q
     aug[np.arange(m + 1), np.arange(m + 1)] += 1e-9 * max(trace + abs(st.q), 1.0)
     np.linalg.cholesky(aug)  # LinAlgError (a ValueError) when not positive semi-definite
+
+
+def residual_ratio(st: Stats, post: SparsePosterior) -> float:
+    """An upload's mean squared residual under the predictive mean `kᵀw` of `post` (`w = σ⁻²B⁻¹r`), exactly
+    from its statistics — `(q − 2wᵀr + wᵀPw)/n` = `(1/n) Σ (y − kᵀw)²` — over the mean predictive variance of
+    its samples, `a² + σ² − tr(C⁻¹P)/n + tr(B⁻¹P)/n` (the mean of `c(x,x) + σ² − kᵀC⁻¹k + kᵀB⁻¹k`). About 1
+    for fresh samples of the global's model. `st` must be of `post`'s version.
+
+    >>> from streamfed.algorithms.fsgp.kernels import Hyper
+    >>> post = SparsePosterior(Hyper.initial("se", np.zeros((1, 1)), sigma=1.0), Stats.zeros(1))
+    >>> s = Stats.zeros(1); s.add(np.array([1.0]), 1.0); s.add(np.array([1.0]), -1.0)
+    >>> residual_ratio(s, post)  # residuals ±1 under the prior mean 0, predictive variance a² + σ² = 2
+    0.5
+    """
+    n = float(st.n)
+    w = post.weights()
+    res = max(float(st.q - 2.0 * w @ st.r + w @ st.P @ w), 0.0) / n  # ≥ 0 exactly; the clip removes rounding
+    tr_c = float(np.trace(cho_solve((post.L_C, True), st.P, check_finite=False)))
+    tr_b = float(np.trace(cho_solve((post.L_B, True), st.P, check_finite=False)))
+    h = post.hyper
+    v = max(h.amplitude ** 2 + h.noise_var - (tr_c - tr_b) / n, h.noise_var)
+    return res / v
 
 
 @dataclass(frozen=True)
@@ -71,7 +133,7 @@ class PartialSum:
         return PartialSum(self.stats + other.stats, self.prop_sum + other.prop_sum, self.weight + other.weight)
 
 
-class FSGPAggregation(SummingWindow):
+class FSGPAggregation(RobustShares, SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of FSGP.
 
     >>> from streamfed.algorithms.fsgp.kernels import Hyper
@@ -84,13 +146,29 @@ class FSGPAggregation(SummingWindow):
     (True, 1, {'a': 1})
     """
 
-    def __init__(self, server: FSGPServer, *, max_abs: float = 1e100, check_stats: bool = True) -> None:
+    # class-level defaults: an aggregation pickled before these existed restores as the exact one, unbounded
+    label_bound: float | None = None
+    max_weight: float | None = None
+    z_box: float | None = None
+
+    def __init__(self, server: FSGPServer, *, max_abs: float = 1e100, check_stats: bool = True,
+                 label_bound: float | None = None, max_weight: float | None = None, z_box: float | None = None,
+                 robust: Robust | None = None, roster: int | None = None) -> None:
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
         self.server = server
         self.max_abs = float(max_abs)
+        # off only for clients that add DP noise or secure-aggregation masks (their single uploads are improper)
         self.check_stats = bool(check_stats)
+        self.label_bound = None if label_bound is None else float(label_bound)
+        self.max_weight = None if max_weight is None else float(max_weight)  # a proposal weighs at most a reservoir
+        self.z_box = None if z_box is None else float(z_box)
         self._dirty = False
+        self.robust = robust
+        if robust is not None and not isinstance(server, RobustFSGPServer):
+            raise ValueError("robust aggregation needs a RobustFSGPServer (it sums tempered uploads)")
+        self._reference: tuple[int, SparsePosterior] | None = None
+        self._start_robust(roster)
 
     @property
     def version(self) -> int:
@@ -102,21 +180,57 @@ class FSGPAggregation(SummingWindow):
     def diagnostics(self) -> dict[str, float]:
         s = self.server
         return {"epoch": float(s.epoch), "sigma": s.hyper.sigma, "proposal_weight": s.prop_weight,
-                "stale_dropped": float(s.stale_dropped)}
+                "stale_dropped": float(s.stale_dropped), **self.robust_diagnostics()}
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> Upload:
         up = read_update(msg, self.server.hyper.kind)
         if msg.n_samples != int(up.stats.n):
             raise ValueError(f"n_samples {msg.n_samples} but n = {up.stats.n:g}")
-        check_statistics(up.stats, max_abs=self.max_abs, psd=self.check_stats)
-        if up.proposal is not None and float(np.max(np.abs(up.proposal.to_vector()))) > self.max_abs:
-            raise ValueError(f"a proposed value is beyond ±{self.max_abs:g}")
+        # the bounds of the upload's own version (an older one the server no longer keeps is dropped as stale
+        # when summed: its count and PSD are still checked)
+        hyper = self.server.hyper_of(up.epoch)
+        checked = self.check_stats
+        check_statistics(up.stats, max_abs=self.max_abs, psd=checked,
+                         label_bound=self.label_bound if checked else None,
+                         feat_sq=feature_sq_bound(hyper) if checked and hyper is not None else None)
+        if up.proposal is not None:
+            if float(np.max(np.abs(up.proposal.to_vector()))) > self.max_abs:
+                raise ValueError(f"a proposed value is beyond ±{self.max_abs:g}")
+            if self.max_weight is not None and up.weight > self.max_weight:
+                raise ValueError(f"proposal weight {up.weight:g} exceeds the reservoir ({self.max_weight:g} samples) "
+                                 f"a local fit runs on")
+            if not within_box(up.proposal.Z, self.z_box):
+                raise ValueError(f"proposed inducing inputs beyond ±{self.z_box:g} (the inputs' range)")
         self.server.validate(up)
+        self._check_cold_start(up.client)
         waiting = self.server.waiting().get(up.client, [])
         if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
             raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
         return up
+
+    def take(self, client: str, seq: int, item: Upload) -> None:
+        if self.robust is None:
+            super().take(client, seq, item)
+        else:
+            self.take_robust(client, item)
+
+    # ---------------------------------------------------------------- robust mode (shares.RobustShares)
+    def _samples(self, item: Upload) -> float:
+        return float(item.stats.n)
+
+    def _tempered(self, item: Upload, w: float) -> TemperedUpload:
+        return TemperedUpload(item.client, item.seq, item.base_version, item.stats, item.proposal, item.weight, w)
+
+    def _ratio(self, item: Upload) -> float:
+        """The upload's residual ratio under the current global (its statistics carried to its version)."""
+        s = self.server
+        if self._reference is None or self._reference[0] != s.version:
+            self._reference = (s.version, SparsePosterior(s.hyper, s.stats, s.jitter))
+        st = s.to_current(item.stats)
+        if st is None:
+            return math.nan  # too old to carry: the server drops its statistics anyway
+        return residual_ratio(st, self._reference[1])
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[Upload]) -> tuple[dict[str, np.ndarray], int, int]:

@@ -106,9 +106,11 @@ def collapsed_bound_and_grad(hyper: Hyper, X: np.ndarray, y: np.ndarray, jitter:
 
 
 def fit_hyper(hyper: Hyper, X: np.ndarray, y: np.ndarray, *, steps: int, learning_rate: float,
-              jitter: float = 1e-6) -> Hyper | None:
+              jitter: float = 1e-6, z_box: float | None = None) -> Hyper | None:
     """`steps` of Adam on `F/n` from `hyper` (FedAvg's local update); `None` when a step fails (a
-    non-positive-definite matrix, a non-finite value), so that nothing unusable leaves the client.
+    non-positive-definite matrix, a non-finite value), so that nothing unusable leaves the client. `a, ℓ, σ`
+    stay in `[1e-3, 1e3]` and (`z_box`) every inducing input within `±z_box` — the bounds the aggregator
+    declares for a proposal, so an honest one always passes them.
 
     >>> h = Hyper.initial("se", np.array([[0.2], [0.8]]), sigma=1.0)
     >>> x = np.linspace(0, 1, 40)[:, None]; y = np.sin(6 * x[:, 0])
@@ -137,6 +139,8 @@ def fit_hyper(hyper: Hyper, X: np.ndarray, y: np.ndarray, *, steps: int, learnin
             m2 = b2 * m2 + (1 - b2) * g * g
             theta = theta + learning_rate * (m1 / (1 - b1 ** t)) / (np.sqrt(m2 / (1 - b2 ** t)) + eps)
             theta[logs] = np.clip(theta[logs], *LOG_BOUNDS)
+            if z_box is not None:
+                theta[2 + d:] = np.clip(theta[2 + d:], -z_box, z_box)
         out = Hyper.from_vector(hyper.kind, theta, hyper.m, d)
         collapsed_bound(out, X, y, jitter)  # the result must itself be usable
     except ValueError:

@@ -27,6 +27,7 @@ from scipy.linalg import cho_solve
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp.bound import fit_hyper
+from streamfed.algorithms.fsgp.declared import clamp_to_declared
 from streamfed.algorithms.fsgp.kernels import KIND_CODES, Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky, lower_solve
@@ -78,7 +79,8 @@ class FSGPClient:
 
     def __init__(self, hyper: Hyper, *, epoch: int = 0, jitter: float = 1e-6, min_upload: int = 32,
                  client_id: str = "client", learn_hyperparameters: bool = True, reservoir: int = 256,
-                 fit_every: int = 128, fit_steps: int = 10, learning_rate: float = 0.05, seed: int = 0) -> None:
+                 fit_every: int = 128, fit_steps: int = 10, learning_rate: float = 0.05, seed: int = 0,
+                 label_bound: float | None = None, z_box: float | None = None) -> None:
         if min_upload < 1 or reservoir < 1 or fit_every < 1 or fit_steps < 1:
             raise ValueError("min_upload, reservoir, fit_every and fit_steps must be >= 1")
         self.hyper = hyper
@@ -88,6 +90,10 @@ class FSGPClient:
         self.client_id = str(client_id)
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.fit_every, self.fit_steps, self.learning_rate = int(fit_every), int(fit_steps), float(learning_rate)
+        # the aggregator's declared bounds (docs/algorithms.md §11): carried pending statistics are clamped to
+        # them, local fits keep Z within the box
+        self.label_bound = None if label_bound is None else float(label_bound)
+        self.z_box = None if z_box is None else float(z_box)
         m = hyper.m
         self.post = SparsePosterior(hyper, Stats.zeros(m, self.epoch), self.jitter)
         self._pending = Stats.zeros(m, self.epoch)
@@ -285,7 +291,8 @@ class FSGPClient:
         if self._res_n < 2:
             return False
         X, y = self.reservoir
-        new = fit_hyper(self.hyper, X, y, steps=self.fit_steps, learning_rate=self.learning_rate, jitter=self.jitter)
+        new = fit_hyper(self.hyper, X, y, steps=self.fit_steps, learning_rate=self.learning_rate, jitter=self.jitter,
+                        z_box=getattr(self, "z_box", None))
         if new is None:
             return False
         self.proposal = (new, float(self._res_n))
@@ -326,7 +333,10 @@ class FSGPClient:
         pending, unacked = self._pending, dict(self.unacked)
         if g.epoch != self.epoch:
             carry = ProjectionMap(self.hyper, g.hyper, g.epoch, self.jitter)
-            pending = carry(pending)
+            # pending samples leave in the next upload, which must obey the aggregator's declared bounds for
+            # fresh samples of the new version: the projection can amplify them (its W is bounded by the
+            # jitter only), so what it carries is clamped to them (.declared; a no-op for honest samples)
+            pending = clamp_to_declared(carry(pending), g.hyper, getattr(self, "label_bound", None))
             unacked = {s: carry(st) for s, st in unacked.items()}
         inc = int(g.included.get(self.client_id, 0))
         unacked = {s: st for s, st in unacked.items() if s > inc}

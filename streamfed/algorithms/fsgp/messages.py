@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from streamfed.algorithms.fsgp.kernels import Hyper
 from streamfed.algorithms.fsgp.posterior import Stats
 
-__all__ = ["GlobalModel", "Upload"]
+__all__ = ["GlobalModel", "TemperedUpload", "Upload"]
 
 
 @dataclass(frozen=True)
@@ -52,3 +52,16 @@ class GlobalModel:
     hyper: Hyper
     stats: Stats
     included: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TemperedUpload(Upload):
+    """An upload summed with `share` ∈ [0, 1] (robust mode's share cap and screening): the server sums
+    `share · stats` and weighs its proposal `share · weight`. `share = 0`: accepted — its seq counts as
+    included — but nothing summed.
+
+    >>> TemperedUpload("a", 1, 0, Stats.zeros(2), share=0.5).share
+    0.5
+    """
+
+    share: float = 1.0

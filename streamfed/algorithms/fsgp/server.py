@@ -26,7 +26,7 @@ from streamfed.algorithms.fsgp.posterior import Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
 from streamfed.algorithms.in_order import apply_in_order
 
-__all__ = ["FSGPServer"]
+__all__ = ["FSGPServer", "RobustFSGPServer"]
 
 
 class FSGPServer:
@@ -188,3 +188,27 @@ class FSGPServer:
 
     def global_model(self) -> GlobalModel:
         return GlobalModel(self.version, self.epoch, self.hyper, self.stats.copy(), dict(self.included))
+
+
+class RobustFSGPServer(FSGPServer):
+    """A :class:`FSGPServer` that sums a :class:`TemperedUpload` as `share · stats` with its proposal weighing
+    `share · weight` (everything else as the exact server: validation, order, duplicates, versions).
+
+    >>> h = Hyper.initial("se", np.zeros((2, 1)))
+    >>> from streamfed.algorithms.fsgp.messages import TemperedUpload
+    >>> server = RobustFSGPServer(h, min_samples=1, learn_hyperparameters=False)
+    >>> s = Stats.zeros(2); s.add(np.ones(2), 1.0); s.add(np.ones(2), 1.0)
+    >>> server.apply(TemperedUpload("a", 1, 0, s, share=0.25)), server.stats.n, server.stats.q
+    (True, 0.5, 0.5)
+    """
+
+    def _sum(self, up: Upload) -> None:
+        w = float(getattr(up, "share", 1.0))
+        if w == 1.0:
+            super()._sum(up)
+            return
+        st = up.stats
+        scaled = Stats(st.P * w, st.r * w, st.n * w, st.q * w, st.epoch)
+        # a share-0 upload proposes nothing; a tempered one weighs its share (and at most the samples it holds)
+        proposal = up.proposal if w > 0 else None
+        super()._sum(Upload(up.client, up.seq, up.base_version, scaled, proposal, up.weight * w))
