@@ -193,6 +193,58 @@ def test_a_checkpoint_that_cannot_be_written_holds_globals_back_and_recovers(mos
     assert all(a.core.global_version == final.version and not a.core.outbox for a in agents)
 
 
+def agent_state_seqs(path: Path) -> int:
+    """The highest update seq the agent's state on disk covers (0 without a state)."""
+    st_ = read_state(path)
+    return int(st_["core"]["seq"]) if st_ else 0
+
+
+def test_an_agent_that_cannot_write_its_state_holds_its_updates_back_then_stops(mosquitto_dev, disk):
+    """Before: the OSError of a failed checkpoint ended the task reading the source and the checkpointer; the
+    agent neither learned, sent nor exited — silently. Now its updates computed since the last state on disk are
+    held back (none reaches the aggregator), it says so (log, `streamfed_agent_healthy` 0), retries every second
+    and sends them as soon as the disk is back; a disk that stays full stops it with CheckpointFailed (exit 3)."""
+    from streamfed.runtime.service import CheckpointFailed
+
+    cfg = bnr_cfg("loud-agent")
+    b = mosquitto_dev.broker_config()
+    state = disk.path / "agent-loud-agent-a1.state"
+
+    async def main() -> None:
+        agg = AggregatorService(AggregatorCore(cfg, clients=["a1"], window=0.05), b)
+        agg_task = asyncio.create_task(agg.run())
+        await asyncio.wait_for(agg.connected.wait(), 10)
+        agent = AgentService(AgentCore(cfg, "a1", 0), b, array_source_from(*stream(0), 100.0), state_dir=disk.path,
+                             drain=20.0, checkpoint_deadline=60.0)
+        run = asyncio.create_task(agent.run())
+        try:
+            await until(lambda: agent_state_seqs(state) >= 3, 20, "three updates on disk")
+            disk.fill()
+            await until(lambda: agent.core.stats.healthy == 0.0, 10, "the agent to say it is unhealthy")
+            await asyncio.sleep(0.5)
+            held = agent.core.seq
+            on_disk = agent_state_seqs(state)
+            assert agg.core.included().get("a1", 0) <= on_disk < held  # nothing beyond the disk left the agent
+            text = make_registry(StreamfedCollector([agent.core.stats])).collect()
+            assert [s.value for fam in text for s in fam.samples if s.name == "streamfed_agent_healthy"] == [0.0]
+            disk.free()
+            await until(lambda: agent.core.stats.healthy == 1.0, 5, "the agent to be healthy again")
+            await asyncio.wait_for(run, 60)
+            assert agg.core.included() == {"a1": agent.core.seq} and not agent.core.outbox
+            # a disk that stays full: the agent stops after its deadline, with the reason
+            disk.fill()
+            again = AgentService(AgentCore(cfg, "a2", 1), b, array_source_from(*stream(1), 100.0),
+                                 state_dir=disk.path, checkpoint_deadline=1.0)
+            with pytest.raises(CheckpointFailed, match="cannot write its state for"):
+                await asyncio.wait_for(again.run(), 30)
+        finally:
+            agg.stop()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(agg_task, 10)
+
+    asyncio.run(main())
+
+
 # =========================================================================== real processes
 
 

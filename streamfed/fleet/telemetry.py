@@ -253,7 +253,7 @@ class AgentStats:
         "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
         "learner_values", "recent_skip_ratio",
         "upload_bytes", "upload_messages", "global_version", "global_epoch", "global_received_at", "newest_version",
-        "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget", "classification",
+        "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget", "classification", "healthy",
     )
 
     def __init__(self, client: str, *, fleet: str = "default", algorithm: str = "unknown", window: int = 100,
@@ -277,6 +277,7 @@ class AgentStats:
         self.kernel_names: tuple[str, ...] = ()
         self.kernel_weights: list[float] = []
         self.learner_values: dict[str, float] = {}  # the learner's own diagnostics (named numbers)
+        self.healthy = 1.0  # 0 while the agent cannot write its state (runtime/agent.py): its updates are held back
         self.recent_skip_ratio: float | None = None  # share of the source's recent items skipped (the runtime's)
         self.upload_bytes = 0
         self.upload_messages = 0

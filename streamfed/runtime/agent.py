@@ -429,7 +429,7 @@ class AgentService:
                  gc_freeze: bool = True, ack_grace: float = 1.0, max_skip_share: float | None = 0.5,
                  skip_window: int = 100, wait_for_global: float = 0.0, sensor_queue: int = 4096,
                  sensor_queue_bytes: int = 8 << 20, control_queue: int = 256,
-                 drop_log_interval: float = 10.0) -> None:
+                 drop_log_interval: float = 10.0, checkpoint_deadline: float = 30.0) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
@@ -507,6 +507,10 @@ class AgentService:
         self._dirty = False
         self._last_checkpoint = 0.0
         self.checkpoints = 0
+        # a state that cannot be written (see checkpoint): since when, and how long before the agent stops
+        self._failing_since: float | None = None
+        self.checkpoint_deadline = max(0.0, float(checkpoint_deadline))
+        self._fatal: Exception | None = None  # raised by run() once the agent has stopped
         self.store: StateStore | None = None
         self.restored = False
         if state_dir is not None:
@@ -530,11 +534,24 @@ class AgentService:
                  self.client_id, self.store.path, self.source_pos, self.core.counters.learned, len(self.updates))
 
     def checkpoint(self) -> None:
-        """Write the state now; updates computed before it become sendable."""
+        """Write the state now; updates computed before it become sendable. A write that fails (a full disk,
+        a read-only directory) holds every update computed since back — none leaves that the state on disk does
+        not cover — marks the agent unhealthy (log, `streamfed_agent_healthy` = 0) and is retried
+        every second; past `checkpoint_deadline` the agent stops and :meth:`run` raises
+        :class:`~streamfed.runtime.service.CheckpointFailed` (the CLI exits 3)."""
         if self.store is None:
             return
-        self.store.save({"core": self.core.snapshot(), "source_pos": self.source_pos, "parser": self.parser,
-                         "saved_at": time.time()})
+        try:
+            self.store.save({"core": self.core.snapshot(), "source_pos": self.source_pos, "parser": self.parser,
+                             "saved_at": time.time()})
+        except OSError as e:
+            self._checkpoint_failed(e)
+            return
+        if self._failing_since is not None:
+            log.warning("agent %s: state written again after %.1f s: %d held update(s) released", self.client_id,
+                        time.monotonic() - self._failing_since, len(self._fresh))
+            self._failing_since = None
+            self.core.stats.healthy = 1.0
         self.checkpoints += 1
         self._last_checkpoint = time.monotonic()
         self._dirty = False
@@ -543,7 +560,23 @@ class AgentService:
             self._fresh.clear()
             self._work.set()
 
+    def _checkpoint_failed(self, error: OSError) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+            self.core.stats.healthy = 0.0
+            log.error("agent %s: cannot write its state (%s): updates are held back, retrying every second; the "
+                      "agent stops after %.0f s", self.client_id, error, self.checkpoint_deadline)
+        elif now - self._failing_since >= self.checkpoint_deadline and self._fatal is None:
+            from streamfed.runtime.service import CheckpointFailed
+
+            self._fatal = CheckpointFailed(f"agent {self.client_id}: cannot write its state for "
+                                           f"{now - self._failing_since:.0f} s: {error}")
+            self.stop()
+
     def _maybe_checkpoint(self) -> None:
+        if self._failing_since is not None:  # the checkpointer retries, once a second
+            return
         if self._fresh and time.monotonic() - self._last_checkpoint >= self.checkpoint_interval:
             self.checkpoint()
 
@@ -551,8 +584,8 @@ class AgentService:
         """Checkpoints what the write-ahead rule left waiting (interval > 0), and progress without updates."""
         period = self.checkpoint_interval if self.checkpoint_interval > 0 else 1.0
         while True:
-            await asyncio.sleep(period)
-            if self._fresh or self._dirty:
+            await asyncio.sleep(min(period, 1.0) if self._failing_since is not None else period)
+            if self._fresh or self._dirty or self._failing_since is not None:
                 self.checkpoint()
 
     # ------------------------------------------------------------------ lifecycle
@@ -586,14 +619,20 @@ class AgentService:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             if self.store is not None:
-                if self._fresh or self._dirty:
+                if self._fresh or self._dirty or self._failing_since is not None:
                     self.checkpoint()
+                if self._failing_since is not None and self._fatal is None:
+                    from streamfed.runtime.service import CheckpointFailed
+
+                    self._fatal = CheckpointFailed(f"agent {self.client_id}: its state could not be written at stop")
                 self.store.close()
             if self.sensor_lane is not None:
                 # what became of every message received, in one line (a warning if any was dropped)
                 acc = self.input_accounting()
                 (log.warning if acc["dropped"] or acc["other"] else log.info)(
                     "agent %s: sensor input at stop: %s", self.client_id, json.dumps(acc, sort_keys=True))
+        if self._fatal is not None:
+            raise self._fatal
 
     def _finished(self) -> bool:
         if not self._source_done.is_set() or self.updates or self.predictions or self._fresh:

@@ -28,6 +28,7 @@ name                                                     type      labels
 ``streamfed_agent_kernel_weight``                        gauge     fleet, client, kernel
 ``streamfed_agent_learner_value``                        gauge     fleet, client, name
 ``streamfed_agent_recent_skip_ratio``                    gauge     fleet, client
+``streamfed_agent_healthy``                              gauge     fleet, client
 ``streamfed_agent_upload_bytes_total``                   counter   fleet, client
 ``streamfed_agent_upload_messages_total``                counter   fleet, client
 ``streamfed_agent_global_version``                       gauge     fleet, client
@@ -189,6 +190,7 @@ class StreamfedCollector(Collector):
               "equal-width bins of the top probability)."),
             g("streamfed_agent_kernel_weight", "Normalised kernel weight.", (*_A, "kernel")),
             g("streamfed_agent_recent_skip_ratio", "Share of the source's recent items skipped (bad input)."),
+            g("streamfed_agent_healthy", "1, or 0 while the agent cannot write its state (its updates are held back)."),
             g("streamfed_agent_learner_value", "A number the learner reports about itself (e.g. shared vs own log "
               "evidence).", (*_A, "name")),
             c("streamfed_agent_upload_bytes", "Payload bytes of model updates uploaded.", unit="bytes"),
@@ -264,6 +266,7 @@ class StreamfedCollector(Collector):
                 f["streamfed_agent_kernel_weight"].add_metric([*lab, kernel], w)  # type: ignore[attr-defined]
             if s.recent_skip_ratio is not None:
                 f["streamfed_agent_recent_skip_ratio"].add_metric(lab, s.recent_skip_ratio)  # type: ignore[attr-defined]
+            f["streamfed_agent_healthy"].add_metric(lab, s.healthy)  # type: ignore[attr-defined]
             for name, v in list(s.learner_values.items()):
                 f["streamfed_agent_learner_value"].add_metric([*lab, name], v)  # type: ignore[attr-defined]
             if s.global_version is not None:
