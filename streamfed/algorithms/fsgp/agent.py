@@ -79,7 +79,8 @@ class FSGPLearner(PredictThenLearn):
 
     def diagnostics(self) -> dict[str, float]:
         return {"epoch": float(self.client.epoch), "sigma": self.client.hyper.sigma,
-                "local_fits": float(self.client.n_fits)}
+                "local_fits": float(self.client.n_fits),
+                "carried_clamped": float(getattr(self.client, "n_clamped", 0))}
 
     def warm_up(self, x: np.ndarray) -> None:
         twin = copy.deepcopy(self.client)

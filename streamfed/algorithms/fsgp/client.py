@@ -105,6 +105,7 @@ class FSGPClient:
         self.next_seq = 1
         self.proposal: tuple[Hyper, float] | None = None
         self.n_fits = 0
+        self.n_clamped = 0  # carried pending statistics scaled down to the declared bounds (.declared)
         # the reservoir: raw samples stay on the device; its RNG is the client's own, from the fleet seed
         self._res_x = np.zeros((int(reservoir), hyper.d))
         self._res_y = np.zeros(int(reservoir))
@@ -336,7 +337,10 @@ class FSGPClient:
             # pending samples leave in the next upload, which must obey the aggregator's declared bounds for
             # fresh samples of the new version: the projection can amplify them (its W is bounded by the
             # jitter only), so what it carries is clamped to them (.declared; a no-op for honest samples)
-            pending = clamp_to_declared(carry(pending), g.hyper, getattr(self, "label_bound", None))
+            carried = carry(pending)
+            pending = clamp_to_declared(carried, g.hyper, getattr(self, "label_bound", None))
+            if pending is not carried:
+                self.n_clamped = getattr(self, "n_clamped", 0) + 1
             unacked = {s: carry(st) for s, st in unacked.items()}
         inc = int(g.included.get(self.client_id, 0))
         unacked = {s: st for s, st in unacked.items() if s > inc}
