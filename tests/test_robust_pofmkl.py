@@ -450,3 +450,28 @@ def test_figure_exact_mode_damage_is_bounded_by_the_declared_bound(figure):
         for _ in range(STEPS):
             r = r + float(b.per_step(np.array([r]))[0])
         assert f.max_theta <= r
+
+
+def rule_comparison() -> list[tuple[str, dict[str, float], float]]:
+    """docs/reliability.md §7.2: the worst honest MSE ratio with 3 of 12 attackers for three robust rules, and
+    each rule's attack-free cost against exact mode (not a test: ~4 minutes)."""
+    streams = load_beijing(normalisation="paper", split="station", steps=STEPS).streams
+
+    def cfg(aggregation: str, bin_size: int, **robust: float) -> FleetConfig:
+        return fig_cfg(aggregation, **robust).model_copy(update={"bin_size": bin_size})
+
+    out = []
+    for title, m, robust in (("M = 1, trim 0.25, clip 2 (default)", 1, {}),
+                             ("M = 1, median (trim 0.5), clip 1", 1, {"trim": 0.5, "clip_factor": 1.0}),
+                             ("M = 8, trim 0.25, clip 2", 8, {})):
+        exact = Fleet(cfg("exact", m), streams).run(STEPS).mse()
+        clean = Fleet(cfg("robust", m, **robust), streams).run(STEPS).mse()
+        worst = {name: float((Fleet(cfg("robust", m, **robust), streams, 3, attack).run(STEPS).mse()
+                              / clean[:9]).max()) for name, attack in ATTACKS.items()}
+        out.append((title, worst, float(clean.mean() / exact.mean())))
+    return out
+
+
+if __name__ == "__main__":
+    for title, worst, cost in rule_comparison():
+        print(f"| {title} | " + " | ".join(f"{worst[n]:.2f}" for n in ATTACKS) + f" | {cost - 1:+.0%} |")
