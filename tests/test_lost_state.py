@@ -138,3 +138,64 @@ def test_recover_restarts_pofmkl_from_zero_and_the_fleet_goes_on(streams) -> Non
     assert all(len(a.outbox) <= 1 for a in agents)  # at most the update of the last step, not yet in a global
     theta = fresh.global_message().arrays["theta"]
     assert np.all(np.isfinite(theta)) and 0 < float(np.abs(theta).max()) < 10.0
+
+
+def test_a_lost_state_over_the_production_broker_is_said_then_recovered(streams) -> None:
+    """The same over Mosquitto with the production configuration (TLS, the dynsec roster): the aggregator's state
+    directory is lost mid-stream; a fresh aggregator refuses the agents ahead of it and takes nothing; restarted
+    with --recover it rebuilds FedBNR's global from the agents' totals — every sample every agent has uploaded,
+    once."""
+    import asyncio
+
+    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.aggregator import AggregatorService
+    from streamfed.runtime.runner import array_source_from
+    from tests import brokers
+
+    cfg = fedbnr_cfg()
+    names = [s.name.lower() for s in streams]
+    live = 240
+    try:
+        broker = brokers.start_mosquitto("prod", roster={"fleet": [{"name": cfg.fleet, "agents": names}]})
+    except brokers.MosquittoUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+
+    async def serve(recover: bool) -> tuple[AggregatorService, asyncio.Task]:
+        agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05, recover=recover),
+                                broker.broker_config(f"{cfg.fleet}.aggregator"))
+        task = asyncio.create_task(agg.run())
+        await asyncio.wait_for(agg.connected.wait(), 10)
+        return agg, task
+
+    async def stop(agg: AggregatorService, task: asyncio.Task) -> None:
+        agg.stop()
+        await asyncio.wait_for(task, 10)
+
+    async def main() -> tuple[list[AgentService], AggregatorService, AggregatorService]:
+        agg, task = await serve(False)
+        agents = [AgentService(AgentCore(cfg, n, i), broker.broker_config(n),
+                               array_source_from(s.X[:live], s.y[:live], 60.0), linger=1.0, drain=30.0)
+                  for i, (n, s) in enumerate(zip(names, streams, strict=True))]
+        runs = [asyncio.create_task(a.run()) for a in agents]
+        await asyncio.sleep(1.5)
+        await stop(agg, task)  # its state directory is gone: a fresh one takes over
+        fresh, task = await serve(False)
+        await asyncio.sleep(1.0)
+        await stop(fresh, task)
+        recovered, task = await serve(True)
+        await asyncio.wait_for(asyncio.gather(*runs), 60)
+        await stop(recovered, task)
+        return agents, fresh, recovered
+
+    with broker:
+        agents, fresh, recovered = asyncio.run(main())
+    assert fresh.core.version == 0 and fresh.core.counters.accepted == 0
+    assert fresh.core.rejected.get("ahead_of_state", 0) >= 1
+    g = recovered.core.global_message()
+    assert g.epoch == 1 and all(a.core.global_epoch == 1 and not a.core.outbox for a in agents)
+    steps = [live - a.core.learner.pending_samples for a in agents]  # the last samples may wait below the floor
+    ref = centralised(streams, steps, [a.core for a in agents])
+    got = SufficientStats.from_packed({k: np.asarray(g.arrays[k]) for k in ("S_upper", "b", "n", "q")})
+    assert float(got.n) == sum(steps)
+    np.testing.assert_allclose(got.S, ref.S, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got.b, ref.b, rtol=1e-10, atol=1e-10)
