@@ -95,6 +95,22 @@ class FullDisk:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+# The production broker (TLS, dynsec): each fleet's aggregator and agents log in with their own accounts, and the
+# operator account `ops` watches every topic.
+PROD_ROSTER = {"operators": ["ops"], "fleet": [{"name": "loud-disk", "agents": ["d1", "d2"]},
+                                               {"name": "loud-agent", "agents": ["g1", "g2"]}]}
+
+
+@pytest.fixture(scope="module")
+def prod() -> Iterator[brokers.Broker]:
+    try:
+        b = brokers.start_mosquitto("prod", roster=PROD_ROSTER)
+    except brokers.MosquittoUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    with b:
+        yield b
+
+
 @pytest.fixture
 def disk() -> Iterator[FullDisk]:
     d = FullDisk()
@@ -127,21 +143,22 @@ async def until(pred, timeout: float, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-def test_a_checkpoint_that_cannot_be_written_holds_globals_back_and_recovers(mosquitto_dev, disk):
-    """In process (to read the stats): the disk fills mid-stream, then is freed."""
+def test_a_checkpoint_that_cannot_be_written_holds_globals_back_and_recovers(prod, disk):
+    """In process (to read the stats), over the production broker: the disk fills mid-stream, then is freed."""
     cfg = bnr_cfg("loud-disk")
-    b = mosquitto_dev.broker_config()
     state = disk.path / "aggregator-loud-disk.state"
 
     async def main():
-        agg = AggregatorService(AggregatorCore(cfg, clients=["a1", "a2"], window=0.05), b, state_dir=disk.path,
+        agg = AggregatorService(AggregatorCore(cfg, clients=["d1", "d2"], window=0.05),
+                                prod.broker_config("loud-disk.aggregator"), state_dir=disk.path,
                                 checkpoint_retry=0.1, checkpoint_deadline=60)
-        agents = [AgentService(AgentCore(cfg, n, i), b, array_source_from(*stream(i), 150.0), drain=20.0)
-                  for i, n in enumerate(["a1", "a2"])]
+        agents = [AgentService(AgentCore(cfg, n, i), prod.broker_config(n), array_source_from(*stream(i), 150.0),
+                               drain=20.0) for i, n in enumerate(["d1", "d2"])]
         got: list[tuple[str, bytes]] = []
         ready = asyncio.Event()
-        watcher = asyncio.create_task(watch(b, [global_topic(cfg.fleet), status_topic(cfg.fleet, "aggregator")],
-                                            got, ready))
+        watcher = asyncio.create_task(watch(prod.broker_config("ops"), [global_topic(cfg.fleet),
+                                                                       status_topic(cfg.fleet, "aggregator")],
+                                            got, ready, client_id="ops"))
         await asyncio.wait_for(ready.wait(), 10)
         agg_task = asyncio.create_task(agg.run())
         runs = [asyncio.create_task(a.run()) for a in agents]
@@ -189,7 +206,7 @@ def test_a_checkpoint_that_cannot_be_written_holds_globals_back_and_recovers(mos
     agg, agents = asyncio.run(main())
     final = read_state(state)["core"]["aggregation"]
     # every sample of both agents is in the global on disk, once
-    assert final.server.stats.n == 2 * 400 and final.included() == {"a1": 80, "a2": 80}
+    assert final.server.stats.n == 2 * 400 and final.included() == {"d1": 80, "d2": 80}
     assert all(a.core.global_version == final.version and not a.core.outbox for a in agents)
 
 
@@ -199,7 +216,7 @@ def agent_state_seqs(path: Path) -> int:
     return int(st_["core"]["seq"]) if st_ else 0
 
 
-def test_an_agent_that_cannot_write_its_state_holds_its_updates_back_then_stops(mosquitto_dev, disk):
+def test_an_agent_that_cannot_write_its_state_holds_its_updates_back_then_stops(prod, disk):
     """Before: the OSError of a failed checkpoint ended the task reading the source and the checkpointer; the
     agent neither learned, sent nor exited — silently. Now its updates computed since the last state on disk are
     held back (none reaches the aggregator), it says so (log, `streamfed_agent_healthy` 0), retries every second
@@ -207,15 +224,15 @@ def test_an_agent_that_cannot_write_its_state_holds_its_updates_back_then_stops(
     from streamfed.runtime.service import CheckpointFailed
 
     cfg = bnr_cfg("loud-agent")
-    b = mosquitto_dev.broker_config()
-    state = disk.path / "agent-loud-agent-a1.state"
+    state = disk.path / "agent-loud-agent-g1.state"
 
     async def main() -> None:
-        agg = AggregatorService(AggregatorCore(cfg, clients=["a1"], window=0.05), b)
+        agg = AggregatorService(AggregatorCore(cfg, clients=["g1", "g2"], window=0.05),
+                                prod.broker_config("loud-agent.aggregator"))
         agg_task = asyncio.create_task(agg.run())
         await asyncio.wait_for(agg.connected.wait(), 10)
-        agent = AgentService(AgentCore(cfg, "a1", 0), b, array_source_from(*stream(0), 100.0), state_dir=disk.path,
-                             drain=20.0, checkpoint_deadline=60.0)
+        agent = AgentService(AgentCore(cfg, "g1", 0), prod.broker_config("g1"), array_source_from(*stream(0), 100.0),
+                             state_dir=disk.path, drain=20.0, checkpoint_deadline=60.0)
         run = asyncio.create_task(agent.run())
         try:
             await until(lambda: agent_state_seqs(state) >= 3, 20, "three updates on disk")
@@ -224,17 +241,17 @@ def test_an_agent_that_cannot_write_its_state_holds_its_updates_back_then_stops(
             await asyncio.sleep(0.5)
             held = agent.core.seq
             on_disk = agent_state_seqs(state)
-            assert agg.core.included().get("a1", 0) <= on_disk < held  # nothing beyond the disk left the agent
+            assert agg.core.included().get("g1", 0) <= on_disk < held  # nothing beyond the disk left the agent
             text = make_registry(StreamfedCollector([agent.core.stats])).collect()
             assert [s.value for fam in text for s in fam.samples if s.name == "streamfed_agent_healthy"] == [0.0]
             disk.free()
             await until(lambda: agent.core.stats.healthy == 1.0, 5, "the agent to be healthy again")
             await asyncio.wait_for(run, 60)
-            assert agg.core.included() == {"a1": agent.core.seq} and not agent.core.outbox
+            assert agg.core.included() == {"g1": agent.core.seq} and not agent.core.outbox
             # a disk that stays full: the agent stops after its deadline, with the reason
             disk.fill()
-            again = AgentService(AgentCore(cfg, "a2", 1), b, array_source_from(*stream(1), 100.0),
-                                 state_dir=disk.path, checkpoint_deadline=1.0)
+            again = AgentService(AgentCore(cfg, "g2", 1), prod.broker_config("g2"),
+                                 array_source_from(*stream(1), 100.0), state_dir=disk.path, checkpoint_deadline=1.0)
             with pytest.raises(CheckpointFailed, match="cannot write its state for"):
                 await asyncio.wait_for(again.run(), 30)
         finally:
