@@ -377,9 +377,16 @@ def aggregator(
         _refuse(str(e))
     _serve(lambda: AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir),
            [core.stats], metrics_port,
-           lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
-                       f"{cfg.broker.host}:{cfg.broker.port}"
+           lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}, "
+                       f"{_aggregation_mode(cfg.fleet)}) on {cfg.broker.host}:{cfg.broker.port}"
                        + (f", global v{core.version} resumed" if svc.restored else ""))
+
+
+def _aggregation_mode(fleet: Any) -> str:
+    """How the aggregator combines uploads, in the words its start-up line uses (docs/reliability.md §7.2)."""
+    if fleet.robust.aggregation == "robust":
+        return "robust aggregation: trimmed means and share caps, not equal to the centralised model"
+    return "exact aggregation: every member trusted, bounds only"
 
 
 _DP_HELP = ("differential privacy: every upload (ε, δ)-DP with this ε (overrides the configuration's dp_epsilon; "
