@@ -217,8 +217,15 @@ def _run_service(svc: object, server: object | None) -> None:
     from streamfed.runtime.agent import BrokerRefused
     from streamfed.runtime.service import ServiceFailed
 
+    async def run() -> None:
+        import signal
+
+        # SIGTERM (systemd's stop) stops the service cleanly: its state saved, its stop line said, exit 0
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, svc.stop)  # type: ignore[attr-defined]
+        await svc.run()  # type: ignore[attr-defined]
+
     try:
-        asyncio.run(svc.run())  # type: ignore[attr-defined]
+        asyncio.run(run())
     except KeyboardInterrupt:
         pass
     except BrokerRefused as e:
