@@ -44,6 +44,7 @@ class PFedGPServer:
 
     # class-level defaults: a server pickled before robust aggregation existed restores as the exact one
     robust: RobustProposals | None = None
+    heard_before: set[str] = frozenset()  # type: ignore[assignment]
     deltas: list[tuple[str, np.ndarray]] | None = None
 
     def __init__(self, theta: np.ndarray, *, min_proposal_weight: float = 64.0, proposal_quorum: float = 0.5,
@@ -69,6 +70,10 @@ class PFedGPServer:
         self.prop_sum = np.zeros_like(self.theta)
         self.prop_weight = 0.0
         self.proposers: set[str] = set()
+        # the clients heard in the version before count towards the quorum too: right after a new version
+        # nobody has been heard, and a hostile client proposing first would meet the quorum alone, version
+        # after version — each move within the bound, but as many moves as it likes (docs/algorithms.md §12.6)
+        self.heard_before: set[str] = set(getattr(self, "heard", ()))
         self.heard: set[str] = set()
         self.extra_proposers = 0  # proposers counted by shards (their names stay there)
         self.deltas = [] if self.robust is not None else None  # robust mode: every (client, delta) of the version
@@ -125,7 +130,8 @@ class PFedGPServer:
     # ------------------------------------------------------------------ versions
     def ready_to_move(self) -> bool:
         n_prop = len(self.proposers) + self.extra_proposers
-        quorum = max(1, math.ceil(self.proposal_quorum * (len(self.heard | self.proposers) + self.extra_proposers)
+        quorum = max(1, math.ceil(self.proposal_quorum * (len(self.heard | self.proposers | self.heard_before)
+                                                          + self.extra_proposers)
                                   - 1e-9))
         return self.prop_weight >= self.min_proposal_weight and n_prop >= quorum
 

@@ -62,6 +62,7 @@ class URKServer:
 
     # class-level defaults: a server pickled before robust aggregation existed restores as the exact one
     robust: RobustProposals | None = None
+    heard_before: set[str] = frozenset()  # type: ignore[assignment]
     share: tuple[float, float] | None = None  # (share_cap, floor): robust mode's cap on a client's samples
     proposal_clients: list[str] | None = None
     held: dict[str, float] | None = None
@@ -114,6 +115,10 @@ class URKServer:
         self.proposals: list[np.ndarray] = []  # whole proposed vectors, for distillation
         self.proposal_clients = []  # who proposed each (robust mode: one row per client)
         self.proposers: set[str] = set()
+        # the clients heard in the version before count towards the quorum too: right after a new version
+        # nobody has been heard, and a hostile client proposing first would meet the quorum alone, version
+        # after version — each move within the bound, but as many moves as it likes (docs/algorithms.md §12.6)
+        self.heard_before: set[str] = set(getattr(self, "heard", ()))
         self.heard: set[str] = set()
 
     # ------------------------------------------------------------------ uploads
@@ -208,7 +213,8 @@ class URKServer:
 
     # ------------------------------------------------------------------ versions
     def ready_to_move(self) -> bool:
-        quorum = max(1, math.ceil(self.proposal_quorum * len(self.heard | self.proposers) - 1e-9))
+        voters = self.heard | self.proposers | self.heard_before
+        quorum = max(1, math.ceil(self.proposal_quorum * len(voters) - 1e-9))
         return self.learn and self.prop_weight >= self.min_proposal_weight and len(self.proposers) >= quorum
 
     def move(self) -> bool:
