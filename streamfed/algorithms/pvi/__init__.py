@@ -77,6 +77,9 @@ class PVIParams(Params):
     predict_draws: int = Field(8, ge=0, le=256)  # draws of φ in the predictive mixture (0: its mean)
     jitter: float = Field(1e-6, gt=0, le=1e-2)
     max_factors: int = Field(64, ge=1, le=4096)  # clients whose factors one global carries
+    # robust aggregation ([fleet.robust] aggregation = "robust"): samples whose information any client's factor
+    # may carry whatever the others hold (the cold start); None: 4 × refine_every
+    robust_floor: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _dpo_undamped(self) -> PVIParams:
@@ -143,14 +146,19 @@ class PVI(Algorithm):
                                     jitter=cfg.params.jitter))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> PVIAggregation:
-        from streamfed.algorithms.pvi.aggregation import PVIAggregation
+        from streamfed.algorithms.pvi.aggregation import PVIAggregation, RobustPVI
         from streamfed.algorithms.pvi.server import PVIServer
 
         p = cfg.params
         server = PVIServer(initial_state(cfg), n_pseudo=p.n_pseudo, parameterisation=p.parameterisation,
                            damping=p.damping, asynchronous=p.asynchronous, max_factors=p.max_factors,
                            max_abs=max_abs)
-        return PVIAggregation(server, p)
+        robust = None
+        if cfg.robust.aggregation == "robust":
+            # the cold-start floor: the information of robust_floor exact samples at the configured a, σ
+            floor = p.robust_floor if p.robust_floor is not None else 4 * p.refine_every
+            robust = RobustPVI(cfg.robust.share_cap, float(floor) * p.amplitude ** 2 / p.sigma ** 2)
+        return PVIAggregation(server, p, robust)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title)]
