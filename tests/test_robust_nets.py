@@ -247,7 +247,7 @@ def test_honest_urk_statistics_always_pass(n, seed, at_bound):
 # ------------------------------------------------------------------ proposals: bounds hold for real training
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lr=st.sampled_from([1e-3, 0.01, 0.1, 1.0]), steps=st.integers(1, 12), seed=st.integers(0, 1000),
        ls=st.sampled_from([None, 1e-4, 5e3]))
 def test_real_urk_local_fits_pass_the_bound(lr, steps, seed, ls):
@@ -453,10 +453,11 @@ def worst(fleet_scale=1.0):
     return attack
 
 
-FIG = {"n_clients": 10, "steps": 320}
+FIG = {"n_clients": 10, "steps": 256}
 # k hostile clients propose first after every new version: a version must wait for enough honest proposers that
 # they outnumber them — the default quorum (0.5: 5 of 10) for one, 0.8 (8 of 10) for three (at 0.5, three
-# attackers are 3 of the 5 proposals a version needs: measured worst honest MSE ratio 2.0, docs §12.6)
+# attackers are 3 of the 5 proposals a version needs: measured worst honest MSE ratio 1.40 over 256 steps,
+# 2.0 over 320; docs/algorithms.md §12.6)
 QUORUM = {1: 0.5, 3: 0.8}
 
 
@@ -493,9 +494,9 @@ def test_figure_robust_mode_keeps_every_honest_mse_within_10_percent(figure, k):
 def test_figure_exact_mode_damage_is_bounded_by_the_reach(figure):
     """Exact mode: FedAvg of proposals each within the reach is within the reach, so a version moves no
     coordinate further than one honest fit could, and the attackers cannot call versions; the damage is
-    measured and stated, not removed (measured: worst honest MSE ratio 1.22 with one attacker, 1.79 with three;
-    before the quorum counted the version before, the attackers called a version at will: 78 instead of 10,
-    ratio 19)."""
+    measured and stated, not removed (measured over 256 steps: worst honest MSE ratio 1.09 with one attacker,
+    1.32 with three; 1.22 and 1.79 over 320 steps. Before the quorum counted the version before, the attackers
+    called a version at will: 78 instead of 10 over 320 steps, ratio 19)."""
     for k in (1, 3):
         calm, hit = figure["exact", k]
         w, mc, mh = _ratio(calm, hit)
