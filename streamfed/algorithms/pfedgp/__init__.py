@@ -164,8 +164,9 @@ class PFedGP(Algorithm):
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PFedGPAggregation:
-        """The aggregation, with the declared bound (docs/algorithms.md §8.6: every coordinate of a proposal
-        within what `fit_steps` Adam steps at `learning_rate` can move, its weight within a full budget) and,
+        """The aggregation, with the declared bound (docs/algorithms.md §8 "Bounded influence": every coordinate
+        of a proposal within what `fit_steps` Adam steps at `learning_rate` can move, its weight within a full
+        budget) and,
         with `cfg.robust.aggregation = "robust"`, proposals combined by a clipped trimmed mean per client."""
         from streamfed.algorithms.pfedgp.aggregation import PFedGPAggregation
         from streamfed.algorithms.pfedgp.server import PFedGPServer

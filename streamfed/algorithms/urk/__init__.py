@@ -74,7 +74,7 @@ class URKParams(Params):
     max_chunk_bytes: int = Field(4096, ge=8)  # a proposal travels in chunks of at most this many bytes
     min_proposal_weight: float = Field(256.0, gt=0)  # a new version needs proposals of this many samples ...
     proposal_quorum: float = Field(0.5, gt=0, le=1)  # ... from this share of the clients heard since the last
-    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §12.6): samples any client may hold in a
+    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §12.10): samples any client may hold in a
     # version's statistics whatever the share cap (None: 4 × min_upload, FedBNR's cold start)
     robust_share_floor: int | None = Field(None, ge=1)
 
@@ -160,7 +160,7 @@ class URKFedBNR(Algorithm):
             max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> URKAggregation:
-        """The aggregation, with the declared bounds (docs/algorithms.md §12.6: statistics of labels within
+        """The aggregation, with the declared bounds (docs/algorithms.md §12.10: statistics of labels within
         `cfg.robust.label_bound`, `n` pinned by `tr S = n‖φ‖²`; proposals within what `fit_steps` Adam steps at
         `learning_rate` can move, weights within a reservoir) and, with `cfg.robust.aggregation = "robust"`,
         proposals combined by a clipped trimmed mean and each client's statistics held to `share_cap`."""

@@ -7,7 +7,7 @@ An upload is validated completely before anything changes: statistics as FedBNR'
 `‖φ‖²` of a URK feature vector: `m/(m−1)`, or 1 under the "rff" normalisation), chunks consistent with their
 siblings and of the network's length.
 
-Bounded influence (docs/algorithms.md §12.6, always on when the factory builds it): every feature vector has
+Bounded influence (docs/algorithms.md §12.10, always on when the factory builds it): every feature vector has
 the same norm, so `tr S = n·‖φ‖²` pins `n` (a claim of more samples than the scatter holds is refused), and
 labels clipped to `±label_bound` bound `q` and `b`; a proposal's coordinates may move at most as far as
 `fit_steps` Adam steps can (:class:`~streamfed.algorithms.urk.bounds.ProposalBound`), its weight at most a

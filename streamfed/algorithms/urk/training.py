@@ -146,7 +146,7 @@ def distill(start: URKWeights, clients: Sequence[URKWeights], om: np.ndarray, X_
 
     over the server-held `(X_kd, y_kd)`, `Φ` the global network's features and `Φ_c` client `c`'s (its proposed
     weights). The evidence is divided by `n_kd` as in the local fits (the thesis leaves the scale to `α`).
-    `trim` (robust aggregation, docs/algorithms.md §12.6): the target is the entrywise trimmed mean of the
+    `trim` (robust aggregation, docs/algorithms.md §12.10): the target is the entrywise trimmed mean of the
     clients' Gram matrices instead of their mean."""
     arch = start.arch
     om_t = torch.tensor(om, dtype=torch.float64)
