@@ -26,6 +26,7 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr.learner import FedBNRServer, Upload
 from streamfed.algorithms.fedbnr.wire import global_message, stats_fields
+from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats
 from streamfed.fleet.protocol import Message
@@ -147,39 +148,7 @@ def residual_ratio(st: SufficientStats, mean: np.ndarray, cov: np.ndarray, sigma
     return r / v
 
 
-def share_allowance(held: float, total: float, cap: float, floor: float) -> float:
-    """The most samples a client holding `held` of a global of `total` (its own included) may add: after
-    adding `x`, `held + x <= max(cap·(total + x), floor)`, i.e. `x = max(floor − held,
-    (cap·total − held)/(1 − cap), 0)` (unbounded for `cap = 1`).
-
-    >>> share_allowance(0.0, 0.0, 0.25, 32.0)  # cold start: the floor
-    32.0
-    >>> share_allowance(10.0, 90.0, 0.25, 0.0)  # (22.5 − 10)/0.75: then 26.67/120 = 0.25 exactly
-    16.666666666666668
-    """
-    if cap >= 1.0:
-        return math.inf
-    return max(floor - held, (cap * total - held) / (1.0 - cap), 0.0)
-
-
-@dataclass(frozen=True)
-class Robust:
-    """Settings of robust FedBNR aggregation: `share_cap` (largest share of the global's samples one client
-    may hold), `floor` (samples any client may hold whatever the total: the cold start), `screen` (an upload
-    whose residual ratio exceeds `screen` × the median of the other clients' latest ratios is taken with
-    weight 0) and `screen_clients` (how many other clients must have a ratio before screening starts).
-
-    >>> Robust(share_cap=0.25, floor=128.0).screen
-    50.0
-    """
-
-    share_cap: float
-    floor: float
-    screen: float = 50.0
-    screen_clients: int = 3
-
-
-class FedBNRAggregation(SummingWindow):
+class FedBNRAggregation(RobustShares, SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of FedBNR.
 
     >>> server = FedBNRServer(dim=2, kernel_version="v", min_samples=1, fit_hyperparameters=False)
@@ -211,29 +180,13 @@ class FedBNRAggregation(SummingWindow):
         self.label_bound = None if label_bound is None else float(label_bound)
         self._dirty = False  # something summed since the last global
         self.robust = robust
-        self._roster = roster
         if robust is not None and not isinstance(server, RobustFedBNRServer):
             raise ValueError("robust aggregation needs a RobustFedBNRServer (it sums tempered uploads)")
-        self._start_robust()
+        self._start_robust(roster)
 
-    def _start_robust(self) -> None:
-        """Robust mode's state, empty: per-client shares, residual levels, the cold start."""
-        robust, roster = self.robust, self._roster
-        if robust is not None:
-            self._held: dict[str, float] = {}  # per client: the samples of it in the sums (weighted)
-            self._total = 0.0  # Σ _held
-            self._level: dict[str, tuple[float, float]] = {}  # per client: latest residual ratio, global n then
-            self._reference: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-            self.screened = 0  # uploads taken with weight 0
-            # cold start: uploads wait here until `quorum` clients have sent one (then screened in order);
-            # at most `floor` samples per client wait, the rest is taken with weight 0
-            # (with a roster, a majority of it: the median of the first uploads' ratios is then an honest one
-            # whenever fewer than half the quorum is hostile, whoever comes first)
-            q = robust.screen_clients + 1
-            self.quorum = q if roster is None else min(max(q, roster // 2 + 1), roster)
-            self._deferred: list[Upload] | None = []
-            self._deferred_n: dict[str, float] = {}
-            self.tempered = 0  # uploads taken with 0 < weight < 1 (the share cap)
+    def _start_robust(self, roster: int | None) -> None:
+        super()._start_robust(roster)
+        self._reference: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def version(self) -> int:
@@ -249,7 +202,7 @@ class FedBNRAggregation(SummingWindow):
         self.server.rebase(version, epoch)
         self.server.publish()
         self._dirty = False
-        self._start_robust()
+        self._start_robust(self._roster)
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> Upload:
@@ -264,11 +217,7 @@ class FedBNRAggregation(SummingWindow):
             raise ValueError(f"n_samples = {msg.n_samples} but the statistics count n = {up.stats.n:g}")
         # the server's own checks (kernel version/epoch, shapes, privacy floor, seq >= 1), without applying
         self.server.validate(up)
-        if (self.robust is not None and self._deferred is not None
-                and self._deferred_n.get(up.client, 0.0) >= self.robust.floor):
-            # a client cannot pile up uploads before the fleet's first global: it sends them again later
-            raise ValueError(f"cold start: client {up.client!r} already has {self._deferred_n[up.client]:g} samples "
-                             f"waiting until {self.quorum} clients have sent an upload")
+        self._check_cold_start(up.client)
         waiting = self.server.waiting().get(up.client, [])
         if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
             raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
@@ -277,70 +226,23 @@ class FedBNRAggregation(SummingWindow):
     def take(self, client: str, seq: int, item: Upload) -> None:
         if self.robust is None:
             super().take(client, seq, item)
-            return
-        if self._deferred is not None:
-            # cold start: nothing is summed until `quorum` clients have sent something, so that the first
-            # uploads are screened against each other instead of the first comer defining the global
-            self._level.setdefault(client, (self._ratio(item.stats), 0.0))
-            held = self._deferred_n.get(client, 0.0)
-            if held < self.robust.floor:
-                self._deferred.append(item)
-                self._deferred_n[client] = held + float(item.stats.n)
-            else:  # beyond the floor nothing more could be taken from it at the start (check refuses it)
-                self._apply(client, item, 0.0)
-            if len(self._level) >= self.quorum:
-                waiting, self._deferred = self._deferred, None
-                self._deferred_n = {}
-                for up in waiting:
-                    self._take_robust(up.client, up)
-            return
-        self._take_robust(client, item)
+        else:
+            self.take_robust(client, item)
 
-    def _take_robust(self, client: str, item: Upload) -> None:
-        assert self.robust is not None
-        w_screen = self._screen_weight(client, item.stats)
-        n = float(item.stats.n) * w_screen
-        held = self._held.get(client, 0.0)
-        allowed = share_allowance(held, self._total, self.robust.share_cap, self.robust.floor)
-        if w_screen == 0.0:
-            self.screened += 1
-        self._apply(client, item, w_screen * (1.0 if n <= allowed else allowed / n))
+    # what the robust state machine (algorithms/shares.py) asks of FedBNR
+    def _samples(self, item: Upload) -> float:
+        return float(item.stats.n)
 
-    def _apply(self, client: str, item: Upload, w: float) -> None:
-        if self.server.apply(TemperedUpload(item.client, item.seq, item.base_version, item.stats, w)):
-            self._dirty = True
-            # counted when taken (even if it waits for an earlier seq): a burst cannot outrun the cap
-            self._held[client] = self._held.get(client, 0.0) + w * float(item.stats.n)
-            self._total += w * float(item.stats.n)
-            if w < 1.0:
-                self.tempered += 1
+    def _tempered(self, item: Upload, w: float) -> TemperedUpload:
+        return TemperedUpload(item.client, item.seq, item.base_version, item.stats, w)
 
-    def _ratio(self, st: SufficientStats) -> float:
+    def _ratio(self, item: Upload) -> float:
         """The upload's residual ratio under the current global, kernels weighted as the global predicts."""
         if self._reference is None or self._reference[0] != self.server.version:
             self._refresh_reference()
         assert self._reference is not None
         _, mean, cov, sigma, weights = self._reference
-        return float(weights @ residual_ratio(st, mean, cov, sigma))
-
-    def _screen_weight(self, client: str, st: SufficientStats) -> float:
-        """0 if the upload's residual ratio under the current global is beyond `screen` × the median of the
-        other clients' latest ratios (with at least `screen_clients` of them), else 1; records its ratio."""
-        assert self.robust is not None
-        ratio = self._ratio(st)
-        n_now = float(self.server.stats.n)
-        # ratios taken under globals of very different sizes are not comparable (an early global is fitted
-        # to few samples): the reference is the median of the other clients' latest ratios taken under a
-        # global at least half as large as this one, or of all of them when fewer than `screen_clients` are
-        recent = [v for c, (v, n_at) in self._level.items() if c != client and n_at >= 0.5 * n_now]
-        others = recent if len(recent) >= self.robust.screen_clients else [
-            v for c, (v, _) in self._level.items() if c != client]
-        self._level[client] = (ratio, n_now)
-        if not math.isfinite(ratio):
-            return 0.0
-        if len(others) < self.robust.screen_clients:
-            return 1.0
-        return 0.0 if ratio > self.robust.screen * float(np.median(others)) else 1.0
+        return float(weights @ residual_ratio(item.stats, mean, cov, sigma))
 
     def _refresh_reference(self) -> None:
         """The current global's posterior per kernel (mean, covariance), σ and the kernels' weights."""
@@ -364,17 +266,7 @@ class FedBNRAggregation(SummingWindow):
 
     def diagnostics(self) -> dict[str, float]:
         """Robust mode: uploads screened out, uploads taken with weight < 1, the largest client share of the sums."""
-        if self.robust is None:
-            return {}
-        share = max(self._held.values()) / self._total if self._total > 0 else 0.0
-        return {"screened_uploads": float(self.screened), "tempered_uploads": float(self.tempered),
-                "largest_client_share": float(share)}
-
-    def client_shares(self) -> dict[str, float]:
-        """Robust mode: each client's share of the samples in the sums (empty in exact mode)."""
-        if self.robust is None or self._total <= 0:
-            return {}
-        return {c: h / self._total for c, h in self._held.items()}
+        return self.robust_diagnostics()
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[Upload]) -> tuple[dict[str, np.ndarray], int, int]:
