@@ -508,3 +508,11 @@ def test_figure_exact_mode_damage_is_bounded_by_the_reach(figure):
         theta0 = URK.aggregation(hit.cfg).server.theta
         # every version moved each coordinate at most reach (+ the clamp's distance: none here)
         assert np.all(np.abs(server.theta - theta0) <= server.epoch * hit.core.aggregation.bound.reach * (1 + 1e-9))
+
+
+def test_noised_uploads_are_not_bounded_per_step():
+    """Differential privacy noises every floating array of a chunk (its weight too): the core passes
+    check_stats=False, and neither algorithm then applies the Adam bound (the privacy layer's clipping is it)."""
+    assert URK.aggregation(urk_cfg(), check_stats=False).bound is None
+    assert PFEDGP.aggregation(pfedgp_cfg(), check_stats=False).bound is None
+    assert URK.aggregation(urk_cfg()).bound is not None and PFEDGP.aggregation(pfedgp_cfg()).bound is not None

@@ -183,7 +183,9 @@ class PFedGP(Algorithm):
         # baseline's clamps nothing
         clamped = _log_ls_indices(layout_of(cfg)) if p.head == "gp" else ()
         bound = ProposalBound(int(p.fit_steps), float(p.learning_rate), max_weight, clamped, LOG_BOUNDS)
-        return PFedGPAggregation(server, bound=bound)
+        # noised uploads (differential privacy: every floating array of a chunk, its weight too) are bounded by
+        # the privacy layer's clipping, not per Adam step: no declared bound on them (as POF-MKL, §2.9)
+        return PFedGPAggregation(server, bound=bound if check_stats else None)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

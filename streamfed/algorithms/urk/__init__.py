@@ -189,8 +189,10 @@ class URKFedBNR(Algorithm):
                                                      else 4 * p.min_upload)) if r.aggregation == "robust" else None)
         bound = ProposalBound(int(p.fit_steps), float(p.learning_rate), float(p.reservoir),
                               _clamped(arch_of(cfg)), LOG_BOUNDS)
+        # noised uploads (differential privacy: every floating array of a chunk, its weight too) are bounded by
+        # the privacy layer's clipping, not per Adam step: no declared bound on them (as POF-MKL, §2.9)
         return URKAggregation(server, max_abs=max_abs, check_stats=check_stats, label_bound=r.label_bound,
-                              bound=bound)
+                              bound=bound if check_stats else None)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),
