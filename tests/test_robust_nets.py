@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from streamfed import algorithms
 from streamfed.algorithms.chunks import split_vector
-from streamfed.algorithms.fedbnr.aggregation import share_allowance
 from streamfed.algorithms.pfedgp.messages import ChunkItem as PChunk
+from streamfed.algorithms.shares import share_allowance
 from streamfed.algorithms.urk.bounds import RobustProposals, adam_reach, robust_delta
 from streamfed.algorithms.urk.network import features
 from streamfed.algorithms.urk.wire import chunk_update, stats_update

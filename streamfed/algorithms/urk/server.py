@@ -24,9 +24,9 @@ import math
 import numpy as np
 
 from streamfed.algorithms.chunks import Reassembly
-from streamfed.algorithms.fedbnr.aggregation import share_allowance
 from streamfed.algorithms.fedbnr.learner import fit_hyperparameters, log_evidence
 from streamfed.algorithms.in_order import apply_in_order
+from streamfed.algorithms.shares import share_allowance
 from streamfed.algorithms.urk.bounds import RobustProposals, per_client_rows, robust_delta
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem, URKGlobal
 from streamfed.algorithms.urk.network import URKWeights
@@ -193,7 +193,7 @@ class URKServer:
 
     def _capped(self, client: str, st: SufficientStats) -> SufficientStats:
         """Robust mode: `st` scaled so that `client` holds at most `share_cap` of this version's samples
-        (or `floor`), FedBNR's rule (:func:`~streamfed.algorithms.fedbnr.aggregation.share_allowance`)."""
+        (or `floor`), FedBNR's rule (:func:`~streamfed.algorithms.shares.share_allowance`)."""
         assert self.share is not None and self.held is not None
         cap, floor = self.share
         total = sum(self.held.values())
