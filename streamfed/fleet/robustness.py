@@ -11,12 +11,12 @@ Two layers (docs/reliability.md § Bounded influence):
   refused as `rate_limited` and, since an honest agent keeps it in its outbox, sent again later — a
   backlog is slowed, never lost.
 * **Robust aggregation, a fleet option.** `aggregation = "exact"` (the default, for trusted fleets) keeps
-  every published global equal to the centralised / reference one; the bounds above then cap the damage
-  of a hostile member, they do not remove it. `"robust"` gives that equality up: gradient-like updates
-  (POF-MKL, the network proposals of URK-FedBNR and pFedGP) are combined by a coordinate-wise trimmed mean (`trim` off each side; 0.5 is the median) after
-  clipping each client's update to `clip_factor` × the round's median norm; summed statistics (FedBNR,
-  FSGP) cap each client's share of the samples in the global at `share_cap` and screen each upload's
-  residuals under the current global (the algorithm's own settings).
+  every published global equal to the centralised / reference one; the bounds above then cap the damage of a
+  hostile member, they do not remove it. `"robust"` gives that equality up: gradient-like updates (POF-MKL,
+  the network proposals of URK-FedBNR and pFedGP) are combined by a coordinate-wise trimmed mean (`trim` off
+  each side; 0.5 is the median) after clipping each client's update to `clip_factor` × the round's median
+  norm; summed statistics (FedBNR, FSGP) cap each client's share of the samples in the global at `share_cap`
+  and screen each upload's residuals under the current global (the algorithm's own settings).
 
 >>> r = Robustness()
 >>> r.aggregation, r.label_bound, r.max_sample_rate
