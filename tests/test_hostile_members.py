@@ -196,3 +196,30 @@ def test_an_account_outside_the_aggregators_roster_is_refused(broker, streams) -
     g = agg.core.aggregation.global_message(cfg.fleet, "x", cfg.kernel_version)
     assert agg.core.rejected == {"unknown_client": len(ups)} and len(ups) == 2
     assert float(g.arrays["n"]) == len(HONEST) * STEPS
+
+
+def test_a_reading_stamped_far_in_the_future_is_refused_and_later_readings_are_learned(broker, streams) -> None:
+    """Before: one reading with `ts = 1e308` became the agent's order mark, so every later timestamped reading was
+    skipped as out of order (and the mark survived restarts). Over the production broker, through the agent's
+    sensor account: it is refused as `future_timestamp`, counted, and every later reading is learned."""
+    import time
+
+    cfg = fedbnr_cfg()
+    X, y = streams["h1"]
+    h1 = AgentService(AgentCore(cfg, "h1", 0), broker.broker_config("h1"), sensor_features=[f"x{i}" for i in range(10)],
+                      linger=0.5)
+    now = time.time()
+    rows = [{"id": f"r{t}", "ts": now - STEPS + t, "x": [float(v) for v in X[t]], "y": float(y[t])}
+            for t in range(STEPS)]
+    rows.insert(10, {"id": "bad", "ts": 1e308, "x": [float(v) for v in X[10]], "y": float(y[10])})
+
+    async def sensor(_: aiomqtt.Client) -> None:
+        await asyncio.wait_for(h1.connected.wait(), 10)
+        adapter = aiomqtt.Client(**broker.broker_config("h1.sensor").aiomqtt_kwargs(broker.client_ids["h1.sensor"]))
+        async with adapter:
+            for r in rows:
+                await adapter.publish(topics.sensor_topic(cfg.fleet, "h1"), json.dumps(r).encode(), qos=1)
+
+    asyncio.run(asyncio.wait_for(fleet(broker, cfg, streams, sensor, clients=["h1"], agents={"h1": h1}), 120))
+    assert h1.core.counters.skipped == {"future_timestamp": 1}
+    assert h1.core.counters.learned == STEPS
