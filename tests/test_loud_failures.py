@@ -98,7 +98,8 @@ class FullDisk:
 # The production broker (TLS, dynsec): each fleet's aggregator and agents log in with their own accounts, and the
 # operator account `ops` watches every topic.
 PROD_ROSTER = {"operators": ["ops"], "fleet": [{"name": "loud-disk", "agents": ["d1", "d2"]},
-                                               {"name": "loud-agent", "agents": ["g1", "g2"]}]}
+                                               {"name": "loud-agent", "agents": ["g1", "g2"]},
+                                               {"name": "loud-exit", "agents": ["e1"]}]}
 
 
 @pytest.fixture(scope="module")
@@ -306,16 +307,16 @@ def spec_file(path: Path, broker_cfg, state_dir: Path, cfg: FleetConfig, clients
     return path
 
 
-def test_an_aggregator_whose_disk_stays_full_exits_3_with_one_line(mosquitto_dev, disk, tmp_path):
+def test_an_aggregator_whose_disk_stays_full_exits_3_with_one_line(prod, disk, tmp_path):
+    """Real processes over the production broker, each on its own account."""
     cfg = bnr_cfg("loud-exit")
-    b = mosquitto_dev.broker_config()
     X, y = stream(7, 3000)
-    np.savez(tmp_path / "a1.npz", X=X, y=y)
-    agg_spec = spec_file(tmp_path / "agg.json", b, disk.path, cfg, ["a1"], checkpoint_retry=0.2,
-                         checkpoint_deadline=2.0)
-    agent_spec = spec_file(tmp_path / "agent.json", b, tmp_path / "agent-state", cfg, ["a1"])
+    np.savez(tmp_path / "e1.npz", X=X, y=y)
+    agg_spec = spec_file(tmp_path / "agg.json", prod.broker_config("loud-exit.aggregator"), disk.path, cfg, ["e1"],
+                         checkpoint_retry=0.2, checkpoint_deadline=2.0)
+    agent_spec = spec_file(tmp_path / "agent.json", prod.broker_config("e1"), tmp_path / "agent-state", cfg, ["e1"])
     state = disk.path / "aggregator-loud-exit.state"
-    agg, agent = Proc(agg_spec, "aggregator"), Proc(agent_spec, "agent", "a1")
+    agg, agent = Proc(agg_spec, "aggregator"), Proc(agent_spec, "agent", "e1")
     try:
         wait_for(lambda: disk_version(state) >= 2, 60, "globals on disk", [agg, agent])
         disk.fill()
@@ -338,7 +339,8 @@ def test_an_aggregator_whose_disk_stays_full_exits_3_with_one_line(mosquitto_dev
 
     async def retained() -> None:
         ready = asyncio.Event()
-        task = asyncio.create_task(watch(b, [global_topic(cfg.fleet)], got, ready))
+        task = asyncio.create_task(watch(prod.broker_config("ops"), [global_topic(cfg.fleet)], got, ready,
+                                         client_id="ops"))
         await asyncio.sleep(1.0)
         task.cancel()
         with contextlib.suppress(BaseException):
