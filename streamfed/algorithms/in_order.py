@@ -14,10 +14,10 @@ Order-free servers (FedBNR, personalised FedBNR, FSGP) sum uploads; a global's `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sized
 from typing import Any, TypeVar
 
-__all__ = ["apply_in_order"]
+__all__ = ["apply_in_order", "check_room"]
 
 T = TypeVar("T")
 
@@ -44,3 +44,19 @@ def apply_in_order(included: dict[str, int], waiting: dict[str, dict[int, Any]],
     if not held:
         del waiting[client]
     return True
+
+
+def check_room(included: Mapping[str, int], waiting: Mapping[str, Sized], client: str, seq: int,
+               max_buffered: int) -> None:
+    """`ValueError` for an upload that would have to wait for a gap while `max_buffered` of its client's already
+    do — what :func:`apply_in_order` would refuse, said by an aggregation's `check` before anything changes.
+
+    >>> check_room({"a": 1}, {"a": [3, 4]}, "a", 2, max_buffered=2)  # it fills the gap: no wait
+    >>> check_room({"a": 1}, {"a": [3, 4]}, "a", 5, max_buffered=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: client 'a' has 2 uploads waiting for an earlier seq
+    """
+    held = len(waiting.get(client, ()))
+    if held >= max_buffered and seq > included.get(client, 0) + 1:
+        raise ValueError(f"client {client!r} has {held} uploads waiting for an earlier seq")

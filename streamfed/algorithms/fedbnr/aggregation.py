@@ -26,6 +26,7 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr.learner import FedBNRServer, Upload
 from streamfed.algorithms.fedbnr.wire import global_message, stats_fields
+from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats
@@ -218,9 +219,7 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         # the server's own checks (kernel version/epoch, shapes, privacy floor, seq >= 1), without applying
         self.server.validate(up)
         self._check_cold_start(up.client)
-        waiting = self.server.waiting().get(up.client, [])
-        if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
-            raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
+        check_room(self.server.included, self.server.waiting(), up.client, up.seq, self.server.max_buffered)
         return up
 
     def take(self, client: str, seq: int, item: Upload) -> None:

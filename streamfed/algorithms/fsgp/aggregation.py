@@ -35,6 +35,7 @@ from streamfed.algorithms.fsgp.messages import TemperedUpload, Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats
 from streamfed.algorithms.fsgp.server import FSGPServer, RobustFSGPServer
 from streamfed.algorithms.fsgp.wire import global_message, read_update
+from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.fleet.protocol import Message
@@ -204,9 +205,7 @@ class FSGPAggregation(RobustShares, SummingWindow):
                 raise ValueError(f"proposed inducing inputs beyond ±{self.z_box:g} (the inputs' range)")
         self.server.validate(up)
         self._check_cold_start(up.client)
-        waiting = self.server.waiting().get(up.client, [])
-        if len(waiting) >= self.server.max_buffered and up.seq > self.server.included.get(up.client, 0) + 1:
-            raise ValueError(f"client {up.client!r} has {len(waiting)} uploads waiting for an earlier seq")
+        check_room(self.server.included, self.server.waiting(), up.client, up.seq, self.server.max_buffered)
         return up
 
     def take(self, client: str, seq: int, item: Upload) -> None:

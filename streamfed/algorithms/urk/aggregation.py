@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from streamfed.algorithms.fedbnr.aggregation import check_statistics
+from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.algorithms.urk.bounds import ProposalBound
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem
@@ -114,9 +115,7 @@ class URKAggregation(SummingWindow):
             # a chunk of an older version is counted stale and never used: nothing to bound against
             c = item.chunk
             self.bound.check(s.theta, c.index * -(-c.total // c.count), c.data, item.weight)
-        waiting = s.waiting().get(item.client, [])
-        if len(waiting) >= s.max_buffered and item.seq > s.included.get(item.client, 0) + 1:
-            raise ValueError(f"client {item.client!r} has {len(waiting)} uploads waiting for an earlier seq")
+        check_room(s.included, s.waiting(), item.client, item.seq, s.max_buffered)
         return item
 
     # ---------------------------------------------------------------- shards and reducer
