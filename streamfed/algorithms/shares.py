@@ -59,12 +59,29 @@ class Robust:
     screen: float = 50.0
     screen_clients: int = 3
 
+    @classmethod
+    def of(cls, robust: Any, params: Any) -> Robust | None:
+        """The settings a fleet asks for: `robust` its `[fleet.robust]` (None in exact mode), `params` the
+        algorithm's, with `robust_share_floor` (None: 4 × `min_upload`), `robust_screen`, `robust_screen_clients`.
+
+        >>> from types import SimpleNamespace as NS
+        >>> Robust.of(NS(aggregation="robust", share_cap=0.25),
+        ...           NS(robust_share_floor=None, min_upload=8, robust_screen=50.0, robust_screen_clients=3)).floor
+        32.0
+        """
+        if robust.aggregation != "robust":
+            return None
+        floor = params.robust_share_floor if params.robust_share_floor is not None else 4 * params.min_upload
+        return cls(share_cap=robust.share_cap, floor=float(floor), screen=params.robust_screen,
+                   screen_clients=params.robust_screen_clients)
+
 
 class RobustShares:
     """Share cap, residual screening and the cold-start quorum over an order-free summing server
     (`self.server.apply(item) -> bool`, `self.server.version`). Subclasses define :meth:`_samples`,
     :meth:`_tempered` and :meth:`_ratio`, call :meth:`_start_robust` at construction and
-    :meth:`_check_cold_start` in `check`, and route `take` here when `self.robust` is set.
+    :meth:`_check_cold_start` in `check`, and put this class before their summing window (its `take` serves exact
+    mode).
 
     >>> class Server:
     ...     version, sums = 0, 0.0
@@ -125,6 +142,13 @@ class RobustShares:
                 and self._deferred_n.get(client, 0.0) >= self.robust.floor):
             raise ValueError(f"cold start: client {client!r} already has {self._deferred_n[client]:g} samples "
                              f"waiting until {self.quorum} clients have sent an upload")
+
+    def take(self, client: str, seq: int, item: Any) -> None:
+        """Robust mode's `take`, or the exact one of the class that follows this one (a summing window)."""
+        if self.robust is None:
+            super().take(client, seq, item)  # type: ignore[misc]
+        else:
+            self.take_robust(client, item)
 
     def take_robust(self, client: str, item: Any) -> None:
         """Robust mode's `take`."""

@@ -107,8 +107,9 @@ class FedBNR(Algorithm):
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FedBNRAggregation:
-        from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation, Robust, RobustFedBNRServer
+        from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation, RobustFedBNRServer
         from streamfed.algorithms.fedbnr.learner import FedBNRServer
+        from streamfed.algorithms.shares import Robust
 
         probe = self._client(cfg)
         norms = np.sum(probe.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)
@@ -116,11 +117,7 @@ class FedBNR(Algorithm):
         # the largest and the smallest ‖φ‖² are those of any input
         phi_sq, phi_sq_min = float(np.max(norms)), float(np.min(norms))
         p, r = cfg.params, cfg.robust
-        robust = None
-        if r.aggregation == "robust":
-            floor = p.robust_share_floor if p.robust_share_floor is not None else 4 * p.min_upload
-            robust = Robust(share_cap=r.share_cap, floor=float(floor), screen=p.robust_screen,
-                            screen_clients=p.robust_screen_clients)
+        robust = Robust.of(r, p)
         server = (RobustFedBNRServer if robust else FedBNRServer).for_client(
             probe, fit_hyperparameters=p.fit_hyperparameters)
         return FedBNRAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats,

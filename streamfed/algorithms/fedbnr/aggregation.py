@@ -222,12 +222,6 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         check_room(self.server.included, self.server.waiting(), up.client, up.seq, self.server.max_buffered)
         return up
 
-    def take(self, client: str, seq: int, item: Upload) -> None:
-        if self.robust is None:
-            super().take(client, seq, item)
-        else:
-            self.take_robust(client, item)
-
     # what the robust state machine (algorithms/shares.py) asks of FedBNR
     def _samples(self, item: Upload) -> float:
         return float(item.stats.n)

@@ -147,11 +147,7 @@ class FSGP(Algorithm):
         from streamfed.algorithms.shares import Robust
 
         p, r = cfg.params, cfg.robust
-        robust = None
-        if r.aggregation == "robust":
-            floor = p.robust_share_floor if p.robust_share_floor is not None else 4 * p.min_upload
-            robust = Robust(share_cap=r.share_cap, floor=float(floor), screen=p.robust_screen,
-                            screen_clients=p.robust_screen_clients)
+        robust = Robust.of(r, p)
         server = (RobustFSGPServer if robust else FSGPServer)(
             initial_hyper(cfg), jitter=p.jitter, min_samples=p.min_upload,
             learn_hyperparameters=p.learn_hyperparameters, min_proposal_weight=p.min_proposal_weight,
