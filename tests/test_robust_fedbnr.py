@@ -11,12 +11,9 @@ from streamfed.algorithms.fedbnr.aggregation import check_statistics, residual_r
 from streamfed.algorithms.fedbnr.wire import stats_update_message
 from streamfed.core.stats import SufficientStats
 from streamfed.evaluation.datasets import load_beijing
-from streamfed.fleet.agent import AgentCore
-from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import decode, encode
 from streamfed.fleet.robustness import Robustness
-from streamfed.fleet.sources import Reading
+from tests.attacked_fleet import run_attacked_fleet
 
 B = 10.0  # Robustness().label_bound
 
@@ -176,69 +173,17 @@ def fleet_cfg(names, mode, **robust):
 
 
 def run_fleet(fleet, mode, attackers=(), silent=False, flooder=None, probe=None, **robust):
-    """Real agents and the real aggregator core through the codec, one reading per client per second.
-    An attacker sends, whenever its token bucket holds an upload's worth, statistics of real rows of its
-    station with every label at −B·sign(the global's prediction), n = all the tokens it has (protocol-valid:
-    they pass every check). A flooder sends honest statistics (real rows, real labels), 50 uploads a second.
-    `silent`: the attackers send nothing (the attack-free run of the same honest clients)."""
+    """The figure's fleet (tests/attacked_fleet.py), its forged uploads built as FedBNR's statistics."""
     names = list(fleet.names)
     cfg = fleet_cfg(names, mode, **robust)
-    agents = {n: AgentCore(cfg, n, i) for i, n in enumerate(names)}
-    core = AggregatorCore(cfg, clients=names, window=0.0)
-    level = dict.fromkeys(names, cfg.robust.sample_burst)  # the core's token bucket on samples, mirrored
-    seqs = dict.fromkeys(names, 0)
-    rng = np.random.default_rng(0)
 
-    def forged(n, t, k, labels):
-        s = fleet.streams[names.index(n)]
-        rows = rng.integers(0, t + 1, k)
-        phi = agents[n].learner.client.features_many(s.X[rows])
-        y = labels(s, rows)
-        st_ = SufficientStats.from_samples(phi, y, kernel_version=core.kernel_version).to_packed()
-        seqs[n] += 1
-        level[n] -= k
-        return stats_update_message("t", n, seqs[n], st_["S_upper"], st_["b"], float(st_["n"]), float(st_["q"]),
+    def upload(agent, core, n, seq, X, y):
+        st_ = SufficientStats.from_samples(agent.learner.client.features_many(X), y,
+                                           kernel_version=core.kernel_version).to_packed()
+        return stats_update_message("t", n, seq, st_["S_upper"], st_["b"], float(st_["n"]), float(st_["q"]),
                                     global_version=core.version, kernel_version=core.kernel_version, created=0.0)
 
-    def deliver(msgs, now):
-        queue = list(msgs)
-        while queue:
-            m = queue.pop(0)
-            payload = encode(m, cfg)
-            if m.kind.endswith(".update"):
-                queue += core.on_update(m.client, payload, now=now)
-            elif m.kind.endswith(".global"):
-                for a in agents.values():
-                    a.on_global(decode(payload, cfg, kernel_version=a.kernel_version), now=now)
-
-    rate = cfg.robust.max_sample_rate
-    burst = cfg.robust.sample_burst
-    for t in range(STEPS):
-        now = float(t)
-        msgs = []
-        if t:
-            level.update({n: min(burst, v + rate) for n, v in level.items()})
-        for i, n in enumerate(names):
-            s = fleet.streams[i]
-            if n in attackers:
-                k = int(level[n])
-                if not silent and k >= 16:
-                    sign = np.sign(agents[n].learner.predict(s.X[t])[0]) or 1.0
-                    msgs.append(forged(n, t, k, lambda s, rows, sign=sign: np.full(rows.size, -LB * sign)))
-                continue
-            if n == flooder:
-                for _ in range(50 if 100 <= t < 120 else 0):
-                    k = int(min(32, level[n]))
-                    if k >= 16:
-                        msgs.append(forged(n, t, k, lambda s, rows: s.y[rows]))
-                continue
-            msgs += agents[n].on_reading(Reading(f"{t}", s.X[t], now, float(s.y[t])), now=now)[1]
-        deliver(msgs, now)
-        if t == probe:
-            core.probed = core.aggregation.client_shares()
-    mse = {n: a.counters.sq_loss / a.counters.learned for n, a in agents.items()
-           if n not in attackers and n != flooder}
-    return mse, core
+    return run_attacked_fleet(fleet, cfg, upload, STEPS, attackers, silent, flooder, probe)
 
 
 @pytest.mark.parametrize("k", [1, 3])
