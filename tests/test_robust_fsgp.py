@@ -213,7 +213,8 @@ def fleet_cfg(names, mode, params=None, **robust):
 
 
 def run_fleet(fleet, mode, attackers=(), silent=False, flooder=None, probe=None, params=None, **robust):
-    """The figure's fleet (tests/attacked_fleet.py), its forged uploads built as FSGP's statistics, under the current version."""
+    """The figure's fleet (tests/attacked_fleet.py), its forged uploads built as FSGP's statistics under the current
+    version."""
     names = list(fleet.names)
     cfg = fleet_cfg(names, mode, params, **robust)
 
