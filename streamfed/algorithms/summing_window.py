@@ -22,11 +22,19 @@ __all__ = ["SummingWindow"]
 
 class SummingWindow:
     """The window of an order-free statistics server (`server.apply` sums an upload once, buffering
-    out-of-order ones; `server.publish` makes the next global): a window that summed something publishes
-    when it closes."""
+    out-of-order ones; `server.publish` makes the next global; `server.version`, `server.included`): a window
+    that summed something publishes when it closes."""
 
     server: Any
     _dirty: bool = False  # something summed since the last global
+
+    @property
+    def version(self) -> int:
+        return int(self.server.version)
+
+    def included(self) -> dict[str, int]:
+        """Per client, every seq up to this one is in the sums (the server's own map)."""
+        return dict(self.server.included)
 
     def take(self, client: str, seq: int, item: Any) -> None:
         if self.server.apply(item):

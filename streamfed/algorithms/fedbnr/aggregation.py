@@ -189,13 +189,6 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         super()._start_robust(roster)
         self._reference: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    @property
-    def version(self) -> int:
-        return int(self.server.version)
-
-    def included(self) -> dict[str, int]:
-        return dict(self.server.included)
-
     def rebase(self, version: int, epoch: int) -> None:
         """Start over after the state was lost (docs/reliability.md § Lost state): the global becomes version
         `version` of epoch `epoch` with nothing summed; the clients join the epoch and upload their totals again,

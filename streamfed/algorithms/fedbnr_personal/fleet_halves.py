@@ -173,13 +173,6 @@ class PersonalAggregation(SummingWindow):
         self._dirty = False
         self._time = 0.0  # the latest client time seen (the global's time)
 
-    @property
-    def version(self) -> int:
-        return int(self.server.version)
-
-    def included(self) -> dict[str, int]:
-        return dict(self.server.included)
-
     def _stats(self, s_upper: np.ndarray, b: np.ndarray, n: float, q: float, msg: Message) -> SufficientStats:
         b = np.array(b, dtype=np.float64)
         return SufficientStats(unpack_upper(np.array(s_upper, dtype=np.float64), b.shape[0]), b, float(n), float(q),

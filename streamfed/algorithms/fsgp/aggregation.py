@@ -171,13 +171,6 @@ class FSGPAggregation(RobustShares, SummingWindow):
         self._reference: tuple[int, SparsePosterior] | None = None
         self._start_robust(roster)
 
-    @property
-    def version(self) -> int:
-        return int(self.server.version)
-
-    def included(self) -> dict[str, int]:
-        return dict(self.server.included)
-
     def diagnostics(self) -> dict[str, float]:
         s = self.server
         return {"epoch": float(s.epoch), "sigma": s.hyper.sigma, "proposal_weight": s.prop_weight,

@@ -57,13 +57,6 @@ class PFedGPAggregation(SummingWindow):
         if self.server.robust is not None:
             raise ValueError(ROBUST_SHARDED)
 
-    @property
-    def version(self) -> int:
-        return int(self.server.version)
-
-    def included(self) -> dict[str, int]:
-        return dict(self.server.included)
-
     def diagnostics(self) -> dict[str, float]:
         s = self.server
         return {"epoch": float(s.epoch), "proposal_weight": s.prop_weight, "proposers": float(len(s.proposers)),

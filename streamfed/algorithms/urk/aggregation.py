@@ -74,13 +74,6 @@ class URKAggregation(SummingWindow):
         if self.server.robust is not None or self.server.share is not None:
             raise ValueError(ROBUST_SHARDED)
 
-    @property
-    def version(self) -> int:
-        return int(self.server.version)
-
-    def included(self) -> dict[str, int]:
-        return dict(self.server.included)
-
     def diagnostics(self) -> dict[str, float]:
         s = self.server
         out = {"epoch": float(s.epoch), "sigma": float(s.sigma), "lam": float(s.lam),
