@@ -28,7 +28,49 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SufficientStats", "pack_upper", "unpack_upper", "packed_size", "packed_dim"]
+__all__ = ["SufficientStats", "check_labelled_scatter", "pack_upper", "unpack_upper", "packed_size", "packed_dim"]
+
+
+_SLACK = 1e-9  # relative slack of the inequalities below: far above rounding of honest sums, far below any attack
+
+
+def check_labelled_scatter(S: np.ndarray, b: np.ndarray, q: float, n: float, label_bound: float | None = None, *,
+                           names: tuple[str, str, str] = ("S", "b", "φ")) -> None:
+    """`ValueError` unless `[[S, b], [bᵀ, q]]` (leading axes: one per kernel) could be `Σ [φ; y][φ; y]ᵀ` over
+    `n` samples, with `|y| <= label_bound` when one is given: `q <= n·B²`; Cauchy–Schwarz over the samples,
+    `b_i² <= S_ii·q` and `‖b‖² <= tr S·q` (implied by positive semi-definiteness up to its jitter; explicit,
+    exact); and the augmented matrix, plus `1e-9·max(tr S + |q|, 1)` on its diagonal, Cholesky-factorisable
+    (`LinAlgError`, a `ValueError`, when it is not). `names`: the scatter, the cross term and the feature, as the
+    algorithm calls them (in the messages). The one rule the aggregations of summed statistics share.
+
+    >>> phi, y = np.array([[1.0, 0.0], [0.0, 2.0]]), np.array([1.0, -1.0])
+    >>> check_labelled_scatter(phi.T @ phi, phi.T @ y, float(y @ y), 2.0, label_bound=1.0)
+    >>> check_labelled_scatter(phi.T @ phi, 3 * phi.T @ y, float(y @ y), 2.0, label_bound=1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: |b_i| exceeds √(S_ii·q): b is not Σ φ_i y of these samples
+    """
+    s_name, b_name, f_name = names
+    S, b = np.asarray(S, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    trace = np.trace(S, axis1=-2, axis2=-1)
+    if label_bound is not None:
+        if q > n * label_bound**2 * (1.0 + _SLACK) + _SLACK:
+            raise ValueError(f"q = {q:g} exceeds n·B² = {n * label_bound**2:g}: labels beyond the label bound "
+                             f"±{label_bound:g}")
+        qq = max(q, 0.0)
+        if np.any(b**2 > np.maximum(np.diagonal(S, axis1=-2, axis2=-1), 0.0) * qq * (1.0 + _SLACK) + _SLACK):
+            raise ValueError(f"|{b_name}_i| exceeds √({s_name}_ii·q): {b_name} is not Σ {f_name}_i y of these samples")
+        if np.any(np.sum(b**2, axis=-1) > np.maximum(trace, 0.0) * qq * (1.0 + _SLACK) + _SLACK):
+            raise ValueError(f"‖{b_name}‖² exceeds tr {s_name} · q: {b_name} is not Σ {f_name} y of these samples")
+    f = S.shape[-1]
+    aug = np.empty(S.shape[:-2] + (f + 1, f + 1))
+    aug[..., :f, :f] = S
+    aug[..., :f, f] = b
+    aug[..., f, :f] = b
+    aug[..., f, f] = q
+    jitter = 1e-9 * np.maximum(trace + abs(q), 1.0)
+    aug[..., np.arange(f + 1), np.arange(f + 1)] += np.asarray(jitter)[..., None]
+    np.linalg.cholesky(aug)
 
 
 def packed_size(dim: int) -> int:

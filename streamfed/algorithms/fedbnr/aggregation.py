@@ -29,7 +29,7 @@ from streamfed.algorithms.fedbnr.wire import global_message, stats_fields
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
-from streamfed.core.stats import SufficientStats
+from streamfed.core.stats import SufficientStats, check_labelled_scatter
 from streamfed.fleet.protocol import Message
 
 __all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload", "check_statistics",
@@ -67,7 +67,6 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
         raise ValueError(f"a statistic is beyond ±{bound:g}")
     if phi_sq is None:
         return
-    f = st.dim
     trace = np.trace(st.S, axis1=-2, axis2=-1)
     if np.any(trace > n * phi_sq * (1.0 + _REL) + _REL):
         raise ValueError("tr S exceeds n·max‖φ‖²: not the scatter of n feature vectors")
@@ -76,28 +75,8 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
     if phi_sq_min is not None and np.any(trace < n * phi_sq_min * (1.0 - _REL) - _REL):
         raise ValueError(f"tr S = {float(np.min(trace)):g} is below n·min‖φ‖² = {n * phi_sq_min:g}: "
                          f"n = {n:g} claims more samples than the scatter holds")
-    if label_bound is not None:
-        # q = Σ y² <= n B² for labels clipped to ±B (the agents clip, §3.11)
-        if q > n * label_bound**2 * (1.0 + _REL) + _REL:
-            raise ValueError(f"q = {q:g} exceeds n·B² = {n * label_bound**2:g}: labels beyond the label bound "
-                             f"±{label_bound:g}")
-        # Cauchy–Schwarz over the samples: |b_i| = |Σ φ_i y| <= √(S_ii q), and ‖b‖ <= Σ ‖φ‖|y| <= √(tr S · q)
-        # (so ‖b‖ <= n·√max‖φ‖²·B). Implied by the PSD check below up to its jitter; explicit, they are exact.
-        qq = max(q, 0.0)
-        diag = np.diagonal(st.S, axis1=-2, axis2=-1)
-        if np.any(st.b**2 > np.maximum(diag, 0.0) * qq * (1.0 + _REL) + _REL):
-            raise ValueError("|b_i| exceeds √(S_ii·q): b is not Σ φ_i y of these samples")
-        if np.any(np.sum(st.b**2, axis=-1) > np.maximum(trace, 0.0) * qq * (1.0 + _REL) + _REL):
-            raise ValueError("‖b‖² exceeds tr S · q: b is not Σ φ y of these samples")
-    # Σ [φ; y][φ; y]ᵀ is positive semi-definite; jitter far above rounding, far below any signal
-    aug = np.empty(st.S.shape[:-2] + (f + 1, f + 1))
-    aug[..., :f, :f] = st.S
-    aug[..., :f, f] = st.b
-    aug[..., f, :f] = st.b
-    aug[..., f, f] = q
-    jitter = 1e-9 * np.maximum(trace + abs(q), 1.0)
-    aug[..., np.arange(f + 1), np.arange(f + 1)] += jitter[..., None]
-    np.linalg.cholesky(aug)  # LinAlgError (a ValueError) when not positive semi-definite
+    # labels within ±B (q <= nB²), Cauchy–Schwarz on b, and Σ [φ; y][φ; y]ᵀ positive semi-definite (§3.11)
+    check_labelled_scatter(st.S, st.b, q, n, label_bound)
 
 
 # ============================================================================ robust aggregation

@@ -38,6 +38,7 @@ from streamfed.algorithms.fsgp.wire import global_message, read_update
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.core.stats import check_labelled_scatter
 from streamfed.fleet.protocol import Message
 
 __all__ = ["FSGPAggregation", "PartialSum", "check_statistics", "residual_ratio"]
@@ -76,28 +77,14 @@ def check_statistics(st: Stats, *, max_abs: float, psd: bool = True, label_bound
         raise ValueError(f"a statistic is beyond ±{max_abs:g}")
     if not psd:
         return
-    m = st.m
     q = float(st.q)
     trace = float(np.trace(st.P))
     if feat_sq is not None and trace > n * feat_sq * (1.0 + _REL) + _REL:
         raise ValueError(f"tr P = {trace:g} exceeds n·M·a⁴ = {n * feat_sq:g}: features beyond the covariance's "
                          f"amplitude")
-    if label_bound is not None:
-        # q = Σ y² <= n B² for labels clipped to ±B (the agents clip; carried statistics are clamped to it)
-        if q > n * label_bound**2 * (1.0 + _REL) + _REL:
-            raise ValueError(f"q = {q:g} exceeds n·B² = {n * label_bound**2:g}: labels beyond the label bound "
-                             f"±{label_bound:g}")
-        # Cauchy–Schwarz over the samples (each a rank-one [k; y][k; y]ᵀ, carried or not): r_i² <= P_ii q and
-        # ‖r‖² <= tr P · q. Implied by the PSD check below up to its jitter; explicit, they are exact
-        qq = max(q, 0.0)
-        if np.any(st.r**2 > np.maximum(np.diag(st.P), 0.0) * qq * (1.0 + _REL) + _REL):
-            raise ValueError("|r_i| exceeds √(P_ii·q): r is not Σ k_i y of these samples")
-        if float(st.r @ st.r) > max(trace, 0.0) * qq * (1.0 + _REL) + _REL:
-            raise ValueError("‖r‖² exceeds tr P · q: r is not Σ k y of these samples")
-    aug = np.empty((m + 1, m + 1))
-    aug[:m, :m], aug[:m, m], aug[m, :m], aug[m, m] = st.P, st.r, st.r, st.q
-    aug[np.arange(m + 1), np.arange(m + 1)] += 1e-9 * max(trace + abs(st.q), 1.0)
-    np.linalg.cholesky(aug)  # LinAlgError (a ValueError) when not positive semi-definite
+    # labels within ±B (carried statistics are clamped to it), Cauchy–Schwarz on r — each sample a rank-one
+    # [k; y][k; y]ᵀ, carried or not — and the augmented matrix positive semi-definite
+    check_labelled_scatter(st.P, st.r, q, n, label_bound, names=("P", "r", "k"))
 
 
 def residual_ratio(st: Stats, post: SparsePosterior) -> float:
