@@ -281,3 +281,14 @@ def start_mosquitto(flavour: Literal["dev", "prod"] = "dev", *,
     except BaseException:
         mosquitto.close()
         raise
+
+
+def start_or_fail(flavour: Literal["dev", "prod"] = "dev", **kw: object) -> Broker:
+    """:func:`start_mosquitto`, or a test failure naming what is missing — deliberately not a skip: the integration
+    tests are part of CI."""
+    import pytest
+
+    try:
+        return start_mosquitto(flavour, **kw)  # type: ignore[arg-type]
+    except MosquittoUnavailable as e:
+        pytest.fail(str(e), pytrace=False)

@@ -16,19 +16,11 @@ from tests import brokers
 # --------------------------------------------------------------------------- Mosquitto (real broker)
 
 
-def _start(flavour: str, **kw: object) -> brokers.Broker:
-    try:
-        return brokers.start_mosquitto(flavour, **kw)  # type: ignore[arg-type]
-    except brokers.MosquittoUnavailable as e:
-        # Deliberately a failure, not a skip: the integration tests are part of CI.
-        pytest.fail(str(e), pytrace=False)
-
-
 @pytest.fixture(scope="session")
 def mosquitto_dev() -> Iterator[brokers.Broker]:
     """A development-flavour broker (loopback, anonymous, persistence) shared by the session.
     Tests sharing it use their own topics and client ids."""
-    with _start("dev") as broker:
+    with brokers.start_or_fail("dev") as broker:
         yield broker
 
 
@@ -37,7 +29,7 @@ def mosquitto_prod() -> Iterator[brokers.Broker]:
     """A production-flavour broker (TLS only, the dynamic-security plugin with a generated roster) shared by
     the session. Accounts `f.aggregator`, `viewer`, `monitor`, `a1`, `a2` with random passwords
     (`broker.users`), each bound to one client id (`broker.client_ids`)."""
-    with _start("prod") as broker:
+    with brokers.start_or_fail("prod") as broker:
         yield broker
 
 
@@ -47,7 +39,7 @@ def mosquitto_factory() -> Iterator[Callable[..., brokers.Broker]]:
     started: list[brokers.Broker] = []
 
     def factory(flavour: str = "dev", **kw: object) -> brokers.Broker:
-        broker = _start(flavour, **kw)
+        broker = brokers.start_or_fail(flavour, **kw)
         started.append(broker)
         return broker
 

@@ -35,11 +35,8 @@ ROSTER = {"monitor": "monitor", "fleet": [{"name": "f", "agents": ["a1"], "viewe
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[brokers.Broker]:
-    try:
-        b = brokers.start_mosquitto("prod", roster=ROSTER,
+    b = brokers.start_or_fail("prod", roster=ROSTER,
                                     overrides={"max_queued_messages": str(QUEUE), "sys_interval": "1"})
-    except brokers.MosquittoUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
     with b:
         yield b
 

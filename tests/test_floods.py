@@ -302,10 +302,7 @@ def broker_dropped(broker: brokers.Broker) -> int:
 
 @pytest.fixture
 def prod_broker() -> Iterator[brokers.Broker]:
-    try:
-        b = brokers.start_mosquitto("prod", roster=ROSTER, overrides={"sys_interval": "1"})
-    except brokers.MosquittoUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
+    b = brokers.start_or_fail("prod", roster=ROSTER, overrides={"sys_interval": "1"})
     with b:
         yield b
 

@@ -39,10 +39,7 @@ STEPS = 120
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[brokers.Broker]:
-    try:
-        b = brokers.start_mosquitto("prod", roster=ROSTER)
-    except brokers.MosquittoUnavailable as e:
-        pytest.fail(str(e), pytrace=False)  # a failure, not a skip: as tests/conftest.py
+    b = brokers.start_or_fail("prod", roster=ROSTER)
     with b:
         yield b
 

@@ -155,10 +155,7 @@ def test_a_lost_state_over_the_production_broker_is_said_then_recovered(streams)
     cfg = fedbnr_cfg()
     names = [s.name.lower() for s in streams]
     live = 240
-    try:
-        broker = brokers.start_mosquitto("prod", roster={"fleet": [{"name": cfg.fleet, "agents": names}]})
-    except brokers.MosquittoUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
+    broker = brokers.start_or_fail("prod", roster={"fleet": [{"name": cfg.fleet, "agents": names}]})
 
     async def serve(recover: bool) -> tuple[AggregatorService, asyncio.Task]:
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05, recover=recover),

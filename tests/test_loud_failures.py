@@ -104,10 +104,7 @@ PROD_ROSTER = {"operators": ["ops"], "fleet": [{"name": "loud-disk", "agents": [
 
 @pytest.fixture(scope="module")
 def prod() -> Iterator[brokers.Broker]:
-    try:
-        b = brokers.start_mosquitto("prod", roster=PROD_ROSTER)
-    except brokers.MosquittoUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
+    b = brokers.start_or_fail("prod", roster=PROD_ROSTER)
     with b:
         yield b
 
