@@ -214,6 +214,8 @@ class POFMKLAggregation:
     kernel 0: ‖Δ‖ = 1.41e+03 is beyond the declared bound 1
     """
 
+    rebased = False  # set by rebase: clients absent from `steps` are on their first upload since a lost state
+
     def __init__(self, n_kernels: int, dim: int, *, max_abs: float = 1e100, bound: StepBound | None = None,
                  robust: RobustRule | None = None) -> None:
         if not max_abs > 0:
@@ -256,7 +258,7 @@ class POFMKLAggregation:
         self.server.version = int(version)
         self.radius = np.zeros_like(self.radius)
         self.steps, self._heard, self._applied = {}, {}, {}
-        self.rebased = True  # clients absent from `steps` are on their first upload since
+        self.rebased = True
 
     def for_partials(self, role: str) -> None:
         """Say this aggregation serves a shard or the reducer (`role`): robust aggregation is refused there,
@@ -288,7 +290,7 @@ class POFMKLAggregation:
         steps = self.steps.get(client)
         if steps is None:
             steps = ClientSteps(self.radius.shape[0])
-            if getattr(self, "rebased", False):  # its first upload since a lost state: residual of unknown age
+            if self.rebased:  # its first upload since a lost state: residual of unknown age
                 steps.record(seq, int(item.n_samples), kernels, [int(item.n_samples)] * len(kernels))
                 self.steps[client] = steps
                 return
