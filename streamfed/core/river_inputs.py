@@ -12,6 +12,7 @@ non-numeric value is a `ValueError`, raised before anything changes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ import numpy as np
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
-__all__ = ["dict_to_vector", "gaussian", "learn_rows", "sorted_keys"]
+__all__ = ["dict_to_vector", "gaussian", "learn_rows", "require_positive", "sorted_keys"]
 
 
 def sorted_keys(x: dict) -> list[Any]:
@@ -89,6 +90,25 @@ def learn_rows(estimator: Any, keys: Sequence[Any] | None, xs: Any, ys: Any, *, 
     except ValueError:
         estimator.__dict__.update(before)
         raise
+
+
+def require_positive(estimator: Any, names: Sequence[str]) -> None:
+    """`ValueError` naming the first of an estimator's parameters `names` that is set (not None) and not a finite
+    positive number: what every River estimator here checks of its scales and rates at construction.
+
+    >>> from types import SimpleNamespace
+    >>> require_positive(SimpleNamespace(a=1.0, b=None), ["a", "b"])
+    >>> require_positive(SimpleNamespace(a=0.0), ["a"])
+    Traceback (most recent call last):
+    ...
+    ValueError: a must be finite and > 0, got 0.0
+    """
+    for name in names:
+        if getattr(estimator, name) is None:
+            continue
+        v = float(getattr(estimator, name))
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be finite and > 0, got {v!r}")
 
 
 def gaussian(mean: float, var: float) -> Gaussian:

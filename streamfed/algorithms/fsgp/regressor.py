@@ -13,7 +13,7 @@ from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import KINDS, Hyper
 from streamfed.algorithms.fsgp.server import FSGPServer
-from streamfed.core.river_inputs import dict_to_vector, gaussian, learn_rows, sorted_keys
+from streamfed.core.river_inputs import dict_to_vector, gaussian, learn_rows, require_positive, sorted_keys
 from streamfed.core.standardise import StreamScales
 
 if TYPE_CHECKING:
@@ -65,12 +65,7 @@ class FSGPRegressor(base.Regressor):
             raise ValueError("n_inducing and sync_every must be >= 1, reservoir >= 2")
         if kernel not in KINDS:
             raise ValueError(f"kernel must be one of {KINDS}, got {kernel!r}")
-        for name in ("lengthscale", "amplitude", "sigma", "jitter", "learning_rate"):
-            if getattr(self, name) is None:
-                continue
-            v = float(getattr(self, name))
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+        require_positive(self, ["lengthscale", "amplitude", "sigma", "jitter", "learning_rate"])
         self._keys: list[Any] | None = None
         self.client: FSGPClient | None = None
         self.server: FSGPServer | None = None

@@ -13,7 +13,7 @@ from river import base
 from streamfed.algorithms.urk.client import URKClient
 from streamfed.algorithms.urk.network import URKArch, initial_weights, omega
 from streamfed.algorithms.urk.server import URKServer
-from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
+from streamfed.core.river_inputs import dict_to_vector, gaussian, require_positive, sorted_keys
 from streamfed.core.standardise import StreamScales
 
 if TYPE_CHECKING:
@@ -74,12 +74,7 @@ class URKRegressor(base.Regressor):
         self.standardise = standardise
         if int(n_omega) < 2 or int(sync_every) < 1 or int(reservoir) < 2 or any(int(w) < 1 for w in widths or ()):
             raise ValueError("n_omega must be >= 2, sync_every >= 1, reservoir >= 2, widths >= 1")
-        for name in ("lengthscale", "sigma", "lam", "learning_rate"):
-            if getattr(self, name) is None:
-                continue
-            v = float(getattr(self, name))
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+        require_positive(self, ["lengthscale", "sigma", "lam", "learning_rate"])
         self._keys: list[Any] | None = None
         self.client: URKClient | None = None
         self.server: URKServer | None = None
