@@ -22,9 +22,7 @@ class PredictThenLearn:
     >>> class Client:
     ...     def predict(self, x): return (float(x.sum()), 1.0)
     ...     def learn(self, x, y, pred): self.seen = (y, pred)
-    >>> class Learner(PredictThenLearn):
-    ...     def __init__(self): self.client, self._staged = Client(), None
-    >>> lr = Learner()
+    >>> lr = PredictThenLearn(Client())
     >>> lr.begin_learn(np.array([1.0, 2.0]), 4)
     (3.0, 1.0)
     >>> lr.end_learn(); lr.client.seen
@@ -33,6 +31,22 @@ class PredictThenLearn:
 
     client: Any
     _staged: tuple[np.ndarray, float, Any] | None
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._staged = None
+
+    # what the contract asks of every such learner, read from its client (a family overrides what differs)
+    @property
+    def global_version(self) -> int:
+        return int(self.client.global_version)
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return None  # one kernel (or a learned one): no weights over a dictionary
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return self.client.predict(x)
 
     def _target(self, y: float) -> float:
         return float(y)

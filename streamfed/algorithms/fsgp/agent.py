@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from streamfed.algorithms.base import Regret, Update
-from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
+from streamfed.algorithms.fsgp.client import finite_target
 from streamfed.algorithms.fsgp.wire import read_global, update_arrays
 from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.fleet.protocol import Message
@@ -22,6 +22,7 @@ class FSGPLearner(PredictThenLearn):
     """`predict` is the sparse-GP predictive (mean, variance); `begin_learn` predicts (and checks the
     target), `end_learn` makes the rank-one update, so a prediction is published before the `O(M²)` work.
 
+    >>> from streamfed.algorithms.fsgp.client import FSGPClient
     >>> from streamfed.algorithms.fsgp.kernels import Hyper
     >>> h = Hyper.initial("se", np.array([[0.0], [1.0]]))
     >>> learner = FSGPLearner(FSGPClient(h, min_upload=2, learn_hyperparameters=False))
@@ -33,29 +34,14 @@ class FSGPLearner(PredictThenLearn):
     (1, 2, 0, 0.0)
     """
 
-    def __init__(self, client: FSGPClient) -> None:
-        self.client = client
-        self._staged: tuple[np.ndarray, float, tuple[float, float]] | None = None
-
-    @property
-    def global_version(self) -> int:
-        return self.client.global_version
-
     @property
     def kernel_names(self) -> Sequence[str]:
         return (self.client.hyper.kind,)
 
     @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return None
-
-    @property
     def pending_samples(self) -> int:
         """Samples below the privacy floor `min_upload` (they never leave the device on their own)."""
         return self.client.n_pending
-
-    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
-        return self.client.predict(x)
 
     def _target(self, y: float) -> float:
         return finite_target(y)

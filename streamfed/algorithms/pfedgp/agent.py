@@ -45,8 +45,7 @@ class PFedGPLearner(PredictThenLearn):
     """
 
     def __init__(self, client: PFedGPClient) -> None:
-        self.client = client
-        self._staged: tuple[np.ndarray, float, np.ndarray] | None = None
+        super().__init__(client)
         self.last_probabilities: np.ndarray | None = None  # of the last prediction made while learning
 
     @property
@@ -54,16 +53,8 @@ class PFedGPLearner(PredictThenLearn):
         return self.client.n_classes
 
     @property
-    def global_version(self) -> int:
-        return self.client.global_version
-
-    @property
     def kernel_names(self) -> Sequence[str]:
         return ("pfedgp",)
-
-    @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return None
 
     def class_probabilities(self, x: np.ndarray) -> np.ndarray:
         return self.client.predict(x)

@@ -35,8 +35,7 @@ class PVILearner(PredictThenLearn):
     """
 
     def __init__(self, client: PVIClient) -> None:
-        self.client = client
-        self._staged: tuple[np.ndarray, float, tuple[float, float]] | None = None
+        super().__init__(client)
         self._uploaded = 0  # samples covered by the factors uploaded so far
 
     @property
@@ -46,13 +45,6 @@ class PVILearner(PredictThenLearn):
     @property
     def kernel_names(self) -> Sequence[str]:
         return (self.client.global_state.kind,)
-
-    @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return None
-
-    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
-        return self.client.predict(x)
 
     def take_update(self) -> Update | None:
         f = self.client.take_factor()

@@ -10,7 +10,6 @@ import numpy as np
 
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.staged import PredictThenLearn
-from streamfed.algorithms.urk.client import URKClient
 from streamfed.algorithms.urk.wire import read_global
 from streamfed.fleet.protocol import Message
 
@@ -21,6 +20,7 @@ class URKLearner(PredictThenLearn):
     """`predict` is the Bayesian last layer's predictive (mean, variance) under the current network;
     `begin_learn` predicts, `end_learn` learns (and, every `fit_every` samples, fits the network locally).
 
+    >>> from streamfed.algorithms.urk.client import URKClient
     >>> from streamfed.algorithms.urk.network import URKArch, initial_weights, omega
     >>> arch = URKArch(n_inputs=1, widths=(), n_omega=4)
     >>> learner = URKLearner(URKClient(initial_weights(arch, 0), omega(arch, 0), "v", min_upload=2,
@@ -33,29 +33,14 @@ class URKLearner(PredictThenLearn):
     (1, 2, 0)
     """
 
-    def __init__(self, client: URKClient) -> None:
-        self.client = client
-        self._staged: tuple[np.ndarray, float, tuple[float, float]] | None = None
-
-    @property
-    def global_version(self) -> int:
-        return self.client.global_version
-
     @property
     def kernel_names(self) -> Sequence[str]:
         return ("urk",)
 
     @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return None
-
-    @property
     def pending_samples(self) -> int:
         """Samples below the privacy floor `min_upload` (they never leave the device on their own)."""
         return self.client.n_pending
-
-    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
-        return self.client.predict(x)
 
     def take_update(self) -> Update | None:
         return self.client.take_update()
