@@ -63,6 +63,13 @@ class OnlineStandardiser:
         self.mean = np.zeros(self.n_columns)
         self.m2 = np.zeros(self.n_columns)
 
+    def copy(self) -> OnlineStandardiser:
+        """An independent copy (the arrays are replaced, never written in place, so sharing them is safe):
+        a per-sample `copy.deepcopy` cost more than the standardisation itself."""
+        twin = object.__new__(OnlineStandardiser)
+        twin.__dict__.update(self.__dict__)
+        return twin
+
     @property
     def ready(self) -> bool:
         """Whether enough samples have been seen for :meth:`transform` to be used."""
@@ -71,6 +78,10 @@ class OnlineStandardiser:
     @property
     def scale(self) -> np.ndarray:
         """Per-column scale: the past sample standard deviation, or `|mean|`, or 1 (module doc)."""
+        if self.count >= 2:
+            s = np.sqrt(self.m2 / (self.count - 1))
+            if (s > 0.0).all():  # the common case, without the masks below
+                return s
         s = np.sqrt(self.m2 / (self.count - 1)) if self.count >= 2 else np.zeros(self.n_columns)
         flat = ~(s > 0.0)
         if flat.any():
@@ -82,7 +93,9 @@ class OnlineStandardiser:
         """`(v - mean) / scale` with the statistics of the past (before :meth:`update` folds `v` in),
         within `±clip` if set."""
         z = (np.asarray(v, dtype=np.float64) - self.mean) / self.scale
-        return z if self.clip is None else np.clip(z, -self.clip, self.clip)
+        if self.clip is None:
+            return z
+        return np.minimum(np.maximum(z, -self.clip, out=z), self.clip, out=z)  # np.clip, at half its cost
 
     def update(self, v: np.ndarray) -> None:
         """Fold `v` into the statistics (Welford). Refused with `ValueError`, nothing changed, if the
@@ -94,7 +107,7 @@ class OnlineStandardiser:
             delta = v - self.mean
             mean = self.mean + delta / (self.count + 1)
             m2 = self.m2 + delta * (v - mean)
-        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(m2))):
+        if not (np.isfinite(mean).all() and np.isfinite(m2).all()):
             raise ValueError("value too large to standardise (its square overflows)")
         self.mean, self.m2 = mean, m2
         self.count += 1
@@ -193,7 +206,8 @@ class StreamScales:
     def step(self, x: np.ndarray, y: float) -> tuple[np.ndarray | None, float, StreamScales]:
         """`(z_x, z_y, the scales with the sample folded in)`; `z_x` is None while the scales are not ready.
         `ValueError` (nothing changed) if the sample cannot be folded in."""
-        nxt = copy.deepcopy(self)
+        nxt = object.__new__(StreamScales)
+        nxt.x, nxt.y = self.x.copy(), self.y.copy()
         nxt.x.update(x)
         nxt.y.update(np.array([y]))
         if not self.ready:

@@ -424,7 +424,7 @@ class AgentService:
                  sensor_features: list[str] | None = None, prediction_buffer: int = 1000,
                  update_buffer: int = 64, linger: float = 0.0, max_inflight: int = 32,
                  state_dir: str | os.PathLike[str] | None = None, checkpoint_interval: float = 0.0,
-                 resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 1024,
+                 resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 8,
                  max_refusals: int = 3, connect_timeout: float = 5.0, prediction_qos: int = 0,
                  gc_freeze: bool = True, ack_grace: float = 1.0, max_skip_share: float | None = 0.5,
                  skip_window: int = 100, wait_for_global: float = 0.0, sensor_queue: int = 4096,
