@@ -195,6 +195,8 @@ def demo(
     metrics_port: Annotated[int, typer.Option(help="Prometheus endpoint port (0: a free one)")] = 0,
     dp_epsilon: Annotated[float | None, typer.Option(help=_DP_HELP)] = None,
     secure_aggregation: Annotated[bool, typer.Option(help=_SECAGG_HELP)] = False,
+    out: Annotated[Path, typer.Option(help="where the Prometheus config and summary.json are written")
+                   ] = Path("out/demo"),
 ) -> None:
     """A whole fleet on this machine: broker, aggregator and agents on the Beijing streams, live."""
     import asyncio
@@ -207,7 +209,7 @@ def demo(
         raise typer.BadParameter(f"--dp-epsilon must be > 0, got {dp_epsilon}")
     asyncio.run(run_demo(DemoOptions(duration=duration, agents=min(max(agents, 1), 12), rate=rate,
                                      algorithm=algorithm, metrics_port=metrics_port, dp_epsilon=dp_epsilon,
-                                     secure_aggregation=secure_aggregation), console))
+                                     secure_aggregation=secure_aggregation, out_dir=str(out)), console))
 
 
 def _run_service(svc: object, server: object | None) -> None:

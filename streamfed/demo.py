@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -128,7 +129,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     server, port = serve_metrics(make_registry(collector), host=opts.metrics_host, port=opts.metrics_port)
     prom = _prometheus_config(opts.out_dir, port)
     console.print(f"[bold]metrics[/]: {server.url}\n  scrape them with: prometheus --config.file={prom} "
-                  "--storage.tsdb.path=out/demo/prometheus-data --web.listen-address=127.0.0.1:9090\n"
+                  f"--storage.tsdb.path={opts.out_dir}/prometheus-data --web.listen-address=127.0.0.1:9090\n"
                   "  (recording rules and alerts: broker_config/prometheus/; dashboard: broker_config/grafana/)")
     console.print(f"[bold]fleet[/]: {len(agents)} agents ({cfg.algorithm}, N={cfg.n_kernels}, D={cfg.n_features}, "
                   f"M={cfg.bin_size}) at {opts.rate:g} samples/s each, for {opts.duration:g} s; "
@@ -151,9 +152,13 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
         tasks = [asyncio.create_task(a.run()) for a in agents]
         with Live(_table(agents, agg, "streamfed demo", classifier), console=console, refresh_per_second=4,
                   transient=False) as live:
+            behind = 0  # the most versions any agent was behind the aggregator, at any look (after its first global)
             while time.monotonic() - started < opts.duration and not all(t.done() for t in tasks):
                 await asyncio.sleep(0.25)
+                behind = max([behind, *(agg.core.version - a.core.global_version for a in agents
+                                        if a.core.global_version)])
                 live.update(_table(agents, agg, f"streamfed demo — {time.monotonic() - started:.0f}s", classifier))
+            streamed = time.monotonic() - started
             for a in agents:
                 a.stop()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -169,15 +174,23 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
         server.close()
         await broker.stop()
     samples = sum(a.core.stats.samples for a in agents)
+    # what the sensors produced while the fleet ran: `rate` readings a second each (a stream may end sooner)
+    offered = sum(min(len(s.y), int(opts.rate * streamed)) for s in streams)
     mse = sum(a.core.stats.sq_error_sum for a in agents) / max(samples, 1)
+    p99 = [sorted(a.latencies)[int(0.99 * (len(a.latencies) - 1))] * 1e3 for a in agents if a.latencies]
     summary = {
-        "broker": broker.kind, "agents": len(agents), "samples": samples, "fleet_mse": mse,
+        "broker": broker.kind, "agents": len(agents), "rate": opts.rate, "samples": samples,
+        "samples_offered": offered, "learned_share": samples / max(offered, 1),
+        "max_versions_behind": behind, "agents_without_global": sum(not a.core.global_version for a in agents),
+        "connections_lost": agg.reconnects + sum(a.reconnects for a in agents),
+        "prediction_p99_ms": max(p99) if p99 else None, "fleet_mse": mse,
         "global_version": agg.core.version, "updates_accepted": agg.core.counters.accepted,
         "updates_rejected": sum(agg.core.rejected.values()),
         "rejected_by_reason": {str(r): n for r, n in agg.core.rejected.items() if n},
         "mean_regret_per_sample": sum((a.core.stats.regret or 0.0) / max(a.core.stats.learner_steps or 1, 1)
                                       for a in agents) / len(agents),
         "wall_s": time.monotonic() - started,
+        "globals_superseded": agg.superseded,  # waiting globals a newer one replaced before publishing
     }
     score = f"fleet MSE {mse:.4f} (standardised CO)"
     if classifier:
@@ -191,6 +204,15 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                   f"{summary['wall_s']:.1f}s; {score}; mean R(T)/T "
                   f"{summary['mean_regret_per_sample']:.2e}; global v{agg.core.version} from "
                   f"{agg.core.counters.accepted} updates; " + _rejections(summary["rejected_by_reason"]) + ".")
+    console.print(f"[bold]federation[/]: {samples} of {offered} readings learned ({summary['learned_share']:.1%}); "
+                  f"agents at most {behind} version(s) behind the aggregator"
+                  + (f", {summary['agents_without_global']} never received a global" if summary["agents_without_global"]
+                     else "")
+                  + f"; {summary['connections_lost']} connection(s) lost; prediction p99 "
+                  f"{_fmt(summary['prediction_p99_ms'], '.2f')} ms (worst agent).")
+    out = Path(opts.out_dir) / "summary.json"
+    out.write_text(json.dumps(summary, indent=1, default=float) + "\n")
+    console.print(f"[bold]written[/]: {out}")
     return summary
 
 

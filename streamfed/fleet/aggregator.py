@@ -52,6 +52,7 @@ from streamfed.privacy.fleet import SecAggCoordinator
 
 __all__ = ["AGGREGATOR_STATE_FORMAT", "AggregatorCore", "note_status", "roster"]
 
+LAG_WARNING = 2.0  # seconds an accepted update may have waited before the aggregator says it is behind
 log = logging.getLogger("streamfed.aggregator")
 AGGREGATOR_STATE_FORMAT = 2  # layout of AggregatorCore.snapshot(); restore() refuses any other
 
@@ -231,6 +232,7 @@ class AggregatorCore:
         out = self._take(client, msg.seq, item, now)
         self.counters.accepted += 1
         self.stats.accepted(client)
+        self._note_lag(now - msg.created, now)
         return self._commit(out) if out else out
 
     def _ahead_of_state(self, msg: Message, now: float) -> list[Message]:
@@ -265,6 +267,16 @@ class AggregatorCore:
         self.ahead.clear()
         self.adopting = True
         return self._commit(self._published(now, t0))
+
+    def _note_lag(self, lag: float, now: float) -> None:
+        """How old an accepted update was when taken in. Over `LAG_WARNING` seconds the aggregator is behind
+        its input (a machine too busy, a fleet too large for one process): said at warning, once a minute,
+        with what to do. Agents slow down by themselves (each has a few updates outstanding at most)."""
+        self.stats.ingest_lag_s = lag
+        if lag > LAG_WARNING:
+            self._warn("*", "behind", now, "aggregator %s is %.1f s behind its input: updates wait that long before "
+                       "they are taken in (streamfed_aggregator_ingest_lag_seconds); agents coalesce their uploads "
+                       "meanwhile — shard the fleet (docs/sharding.md) if it persists", self.cfg.fleet, lag)
 
     def _warn(self, client: str, reason: str, now: float, fmt: str, *args: Any) -> None:
         """Log a refusal at warning, at most once a minute per client and reason (debug otherwise): loud enough

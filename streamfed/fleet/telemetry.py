@@ -451,7 +451,8 @@ class AggregatorStats:
     """
 
     __slots__ = ("fleet", "active_window_s", "clock", "wall_clock", "updates_accepted", "rejected_by_reason",
-                 "last_heard", "rounds", "last_round_wall", "aggregation", "global_version", "values")
+                 "last_heard", "rounds", "last_round_wall", "aggregation", "global_version", "values",
+                 "ingest_lag_s")
 
     def __init__(self, fleet: str = "default", *, active_window_s: float = 60.0,
                  reasons: Iterable[str] = DEFAULT_REJECT_REASONS,
@@ -471,6 +472,9 @@ class AggregatorStats:
         self.aggregation = LatencyHistogram(latency_buckets)
         self.global_version: int | None = None
         self.values: dict[str, float] = {}  # the aggregation's diagnostics
+        # how old the last accepted update was when it was taken in (its sender's clock): an aggregator
+        # that falls behind its input says so here (and in its log) before anything is lost
+        self.ingest_lag_s: float | None = None
 
     def accepted(self, client: str, n: int = 1) -> None:
         """`n` updates from `client` were accepted."""

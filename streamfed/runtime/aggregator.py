@@ -79,6 +79,7 @@ class AggregatorService(MqttService):
                          checkpoint_retry=checkpoint_retry, checkpoint_deadline=checkpoint_deadline)
         self.core = core
         self.shared_group = shared_group
+        self.snapshot_kind = core.cfg.global_kind  # retained: only the newest waiting one is published
         self.fleet = core.cfg.fleet
         self.ingested = 0
         self._timer: asyncio.TimerHandle | None = None  # closes the open asynchronous window on time

@@ -49,6 +49,7 @@ name                                                     type      labels
 ``streamfed_aggregator_aggregation_duration_seconds``    histogram fleet
 ``streamfed_aggregator_global_version``                  gauge     fleet
 ``streamfed_aggregator_value``                           gauge     fleet, name
+``streamfed_aggregator_ingest_lag_seconds``              gauge     fleet
 ======================================================== ========= ===============================
 
 A gauge that is not known yet (no learner read, no interval prediction, no global received, no
@@ -216,6 +217,8 @@ class StreamfedCollector(Collector):
             _histogram("streamfed_aggregator_aggregation_duration_seconds", "Duration of one aggregation.",
                        ("fleet",)),
             g("streamfed_aggregator_global_version", "Version of the newest global model published.", ("fleet",)),
+            g("streamfed_aggregator_ingest_lag_seconds", "Age of the last accepted update when it was taken in "
+              "(by its sender's clock): an aggregator falling behind its input.", ("fleet",)),
             g("streamfed_aggregator_value", "A number the aggregation reports about itself (e.g. kernels reset after "
               "an overflow).", ("fleet", "name")),
         ]
@@ -309,6 +312,8 @@ class StreamfedCollector(Collector):
                     lab, a.last_round_wall)
             if a.global_version is not None:
                 f["streamfed_aggregator_global_version"].add_metric(lab, a.global_version)  # type: ignore[attr-defined]
+            if a.ingest_lag_s is not None:
+                f["streamfed_aggregator_ingest_lag_seconds"].add_metric(lab, a.ingest_lag_s)  # type: ignore[attr-defined]
             for name, v in list(a.values.items()):
                 f["streamfed_aggregator_value"].add_metric([a.fleet, name], v)  # type: ignore[attr-defined]
             _add_histogram(f["streamfed_aggregator_aggregation_duration_seconds"], lab,  # type: ignore[arg-type]

@@ -226,6 +226,8 @@ class MqttService:
         self.refusals: dict[str, int] = {}
         self.connected = asyncio.Event()
         self.published = 0
+        self.superseded = 0  # globals and acks not published because a newer one was waiting (_coalesce)
+        self.snapshot_kind: str | None = None  # the retained global a subclass publishes (see _coalesce)
         self.received = 0
         self.reconnects = 0
         self._stop = asyncio.Event()
@@ -471,11 +473,31 @@ class MqttService:
                 self._outbox = None
                 await _cancel_all(tasks)
 
+    def _coalesce(self, batch: list[Message]) -> list[Message]:
+        """What of `batch` (messages waiting to be published, in order) still needs to go out: a global is
+        retained and holds everything the ones before it did, so only the newest waiting global is published,
+        and only the newest waiting ack of each client. A publisher behind a burst (a broker slow to
+        acknowledge, a loaded machine) then catches up at once instead of sending versions nobody needs."""
+        kind = self.snapshot_kind
+        newest_global = max((i for i, m in enumerate(batch) if m.kind == kind), default=None)
+        newest_ack: dict[str, int] = {m.client: i for i, m in enumerate(batch) if m.kind == "ack"}
+        keep = [m for i, m in enumerate(batch)
+                if not ((kind is not None and m.kind == kind and i != newest_global)
+                        or (m.kind == "ack" and newest_ack[m.client] != i))]
+        self.superseded += len(batch) - len(keep)
+        return keep
+
     async def _publisher(self, client: aiomqtt.Client, outbox: asyncio.Queue[Message]) -> None:
         # Apart from the receiver, so that it keeps reading (and notices a lost connection at once)
         # while a publish waits for its PUBACK.
+        batch: list[Message] = []
         while True:
-            m = await outbox.get()
+            if not batch:
+                batch.append(await outbox.get())
+                while not outbox.empty():
+                    batch.append(outbox.get_nowait())
+                batch = self._coalesce(batch)
+            m = batch.pop(0)
             if m.kind == self._global_kind and self.failing_since is not None:
                 self.held_back += 1  # not on disk (or not known to be): never published
                 continue

@@ -126,6 +126,7 @@ class ReducerService(MqttService):
         super().__init__(broker, client_id or f"{core.cfg.fleet}.reducer", tick=tick, **kw)
         self.lease = Lease(core.cfg, "reducer", client_id=self.client_id)  # a second reducer is found and exits
         self.core = core
+        self.snapshot_kind = core.cfg.global_kind  # retained: only the newest waiting one is published
         self.fleet = core.cfg.fleet
         if state_dir is not None:
             self.keep_state(core, Path(state_dir) / f"reducer-{self.fleet}.state", kind="reducer")
