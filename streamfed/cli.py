@@ -14,7 +14,9 @@ from rich.table import Table
 
 from streamfed import algorithms
 
-app = typer.Typer(help="streamfed: online streaming federated learning over MQTT.",
+app = typer.Typer(help="streamfed: online streaming federated learning over MQTT. Every command runs its small "
+                       "dense algebra on one BLAS thread (STREAMFED_BLAS_THREADS=N for N, 0 for the BLAS library's "
+                       "default): more threads only contend on a busy machine.",
                   no_args_is_help=True, add_completion=False)
 console = Console()
 

@@ -7,8 +7,11 @@ versions behind at every scrape once it has one, none left without), its regret 
 the readings the sensors produced are learned, nothing is rejected and no connection is lost.
 
 Two weeks of commits let this regress in silence (agents at v0 while the aggregator was at v114): the demo then
-sent one upload per reading, the aggregator fell behind them on a busy machine and its globals queued behind the
-flood. The test holds the machine to the same load it had then, not less.
+sent one upload per reading, the aggregator fell behind them on a slower or busy machine and its globals queued
+behind the flood. On this (fast) machine that code still federated when it had the machine to itself, and failed
+with one busy process per core beside it (agents at v7 while the aggregator reached v130, 900 resends, a lost
+connection). So the demo runs here beside one busy-looping process per core: "a machine with other work
+running", which is where users run it, and the load that tells the two apart.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def test_default_demo_federates_at_its_rated_load(tmp_path: Path) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     env = {**os.environ, "COLUMNS": "120"}
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     proc = subprocess.Popen([sys.executable, "-m", "streamfed.cli", "demo", "--duration", str(DURATION),
                              "--metrics-port", str(port), "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -66,8 +70,10 @@ def test_default_demo_federates_at_its_rated_load(tmp_path: Path) -> None:
                 continue
         output = proc.stdout.read() if proc.stdout else ""
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for p in (proc, *hogs):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert proc.returncode == 0, output[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
 

@@ -150,8 +150,10 @@ def test_a_checkpoint_that_cannot_be_written_holds_globals_back_and_recovers(pro
         agg = AggregatorService(AggregatorCore(cfg, clients=["d1", "d2"], window=0.05),
                                 prod.broker_config("loud-disk.aggregator"), state_dir=disk.path,
                                 checkpoint_retry=0.1, checkpoint_deadline=60)
+        # room for every upload (no flow control): each is then exactly `min_upload` samples, so the 400 of each
+        # agent end on an upload boundary and the count below can be exact
         agents = [AgentService(AgentCore(cfg, n, i), prod.broker_config(n), array_source_from(*stream(i), 150.0),
-                               drain=20.0) for i, n in enumerate(["d1", "d2"])]
+                               drain=20.0, outbox_limit=1024) for i, n in enumerate(["d1", "d2"])]
         got: list[tuple[str, bytes]] = []
         ready = asyncio.Event()
         watcher = asyncio.create_task(watch(prod.broker_config("ops"), [global_topic(cfg.fleet),

@@ -213,8 +213,10 @@ def test_prediction_is_published_before_the_sample_is_learned(mosquitto_dev, str
     nodelay: list[int] = []
 
     async def main():
+        # no aggregator here: room for every update, so that each sample makes one (flow control would hold
+        # them after `outbox_limit`, as it should with no global ever coming)
         agent = Watched(AgentCore(cfg, "a", 0, mode="async"), broker, array_source(s.X, s.y, rate_hz=200.0),
-                        drain=0.0)
+                        drain=0.0, outbox_limit=STEPS + 1)
         await agent.run()
         return agent
 
@@ -239,7 +241,7 @@ def test_qos1_predictions_leave_ahead_of_their_samples_updates(mosquitto_dev, st
         async with aiomqtt.Client(**broker.aiomqtt_kwargs("viewer-order1")) as sub:
             await sub.subscribe(f"streamfed/v1/{cfg.fleet}/#", qos=1)
             agent = AgentService(AgentCore(cfg, "a", 0, mode="async"), broker, array_source(s.X, s.y, rate_hz=100.0),
-                                 drain=0.0, prediction_qos=1)
+                                 drain=0.0, prediction_qos=1, outbox_limit=STEPS + 1)  # no aggregator: see above
             await agent.run()
 
             async def collect():

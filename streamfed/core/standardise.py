@@ -24,7 +24,6 @@ with a `ValueError` and changes nothing: one absurd reading must not wreck the s
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 

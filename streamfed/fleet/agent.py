@@ -493,6 +493,22 @@ class AgentCore:
             self._note_privacy()
         return [] if up is None else [up]
 
+    def take_held(self) -> list[Message]:
+        """What the learner kept while the transport held uploads back, now that it takes them again (async
+        only): the upload the next sample would have made, so a stream that pauses (or has ended) does not
+        keep its samples from the fleet until its next reading."""
+        if self.mode == "lockstep" or self.hold_uploads:
+            return []
+        up = self.learner.take_update()
+        if self.privacy is not None:
+            self._note_privacy()
+        if up is None:
+            return []
+        msgs = [self._update_message(up)]
+        if self.secagg is not None:  # kept in the outbox; what leaves is a round's messages
+            return self.secagg_tick()
+        return msgs
+
     def flush(self) -> list[Message]:
         """Everything the learner still carries forward that may leave it, as messages (POF-MKL: its error
         feedback, at most `M` kernels each; FedBNR: nothing below the privacy floor)."""
@@ -509,7 +525,12 @@ class AgentCore:
         never leave the device on their own. With durable state (`durable`) they are kept and join the
         next upload when the stream resumes; without, they are lost with the process, so they are counted
         as skipped (`below_privacy_floor`) and logged — never silently."""
-        msgs = self.flush()
+        # the last upload goes out even while the transport holds uploads back (flow control is about pace;
+        # what is left now would otherwise wait for a sample that never comes)
+        hold, self.hold_uploads = self.hold_uploads, False
+        msgs = self.take_held()
+        self.hold_uploads = hold
+        msgs += self.flush()
         held = learner_pending_samples(self.learner)
         if held:
             if durable:

@@ -860,8 +860,13 @@ class AgentService:
             self.latencies.append(max(0.0, time.time() - msg.created + float(msg.meta.get("latency_s", 0.0))))
 
     def _sync_hold(self) -> None:
+        held = self.core.hold_uploads
         self.core.hold_uploads = (len(self.updates) + len(self._fresh) >= self.update_buffer
                                   or len(self.core.outbox) >= self.outbox_limit)
+        if held and not self.core.hold_uploads and self.core.steps:
+            # room again (a global included some): what the learner kept meanwhile leaves now, not at the next
+            # sample (a paused or finished stream would keep it)
+            self._queue(None, self.core.take_held())
 
     def _backpressure(self) -> bool:
         """The broker is not taking updates as fast as they come: stop reading the source for a while."""
