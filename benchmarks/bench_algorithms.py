@@ -5,7 +5,8 @@
 The algorithms are whatever :func:`streamfed.algorithms.names` lists (none is named here); each gets
 `FleetConfig(fleet="bench", algorithm=name, n_inputs=10, n_kernels=4, n_features=50, bin_size=1, seed=0)`
 and is reached only through :mod:`streamfed.algorithms.base` (`Algorithm.learner` / `.aggregation`) and
-the fleet's pure cores. The stream is `synthetic_fleet(clients, warmup + steps, 10, seed=0)`.
+the fleet's pure cores. The stream is `synthetic_fleet(clients, warmup + steps, 10, seed=0)`; a classifier
+(`task == "classification"`: pFedGP) learns its targets cut into `n_classes` classes at the fleet's quantiles.
 
 * (a) agent cost — `Learner.learn(x, y)` + `Learner.take_update()` of client 0 (async mode, what an agent
   runs), each sample timed alone with `perf_counter_ns` after `Learner.warm_up` and `warmup` untimed
@@ -49,9 +50,9 @@ from streamfed.evaluation.bench import load_average, machine, write_section  # n
 from streamfed.evaluation.datasets import synthetic_fleet  # noqa: E402
 from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
-from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.protocol import encode  # noqa: E402
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import Reading  # noqa: E402
+from streamfed.wire.message import encode
 
 SHAPE = {"n_inputs": 10, "n_kernels": 4, "n_features": 50, "bin_size": 1, "seed": 0}
 PEER = "River LinearRegression"
@@ -60,6 +61,16 @@ clock = time.perf_counter_ns
 
 def fleet_config(name: str) -> FleetConfig:
     return FleetConfig(fleet="bench", algorithm=name, **SHAPE)
+
+
+def targets(alg: algorithms.Algorithm, cfg: FleetConfig, fleet) -> list[np.ndarray]:
+    """Each client's labels for `alg`: a regressor learns the stream's targets; a classifier (pFedGP) the same
+    targets cut into its `n_classes` classes at the fleet's quantiles (class indices as floats)."""
+    if alg.task != "classification":
+        return [s.y for s in fleet]
+    k = int(cfg.params.n_classes)
+    edges = np.quantile(np.concatenate([s.y for s in fleet]), np.linspace(0.0, 1.0, k + 1)[1:-1])
+    return [np.digitize(s.y, edges).astype(np.float64) for s in fleet]
 
 
 # ----------------------------------------------------------------------------- (a) and (d): one client's step
@@ -115,7 +126,7 @@ def summarise(passes: list[dict]) -> dict:
 
 
 # ----------------------------------------------------------------------------- (b) the agents' uploads
-def run_agents(cfg: FleetConfig, fleet) -> dict:
+def run_agents(cfg: FleetConfig, fleet, labels: list[np.ndarray] | None = None) -> dict:
     """One `AgentCore` per client over its whole stream: the update payloads in arrival order, their bytes,
     and the time of `on_reading` + encoding per sample."""
     arrivals: list[tuple[int, int, str, bytes]] = []  # (sample index, client index, client, payload)
@@ -125,7 +136,7 @@ def run_agents(cfg: FleetConfig, fleet) -> dict:
     for c, stream in enumerate(fleet):
         core = AgentCore(cfg, stream.name, c, mode="async")
         core.warm_up()
-        X, y = stream.X, stream.y
+        X, y = stream.X, stream.y if labels is None else labels[c]
         for i in range(len(y)):
             t0 = clock()
             _, msgs = core.on_reading(Reading(f"r{i}", X[i], float(i), float(y[i])), now=float(i))
@@ -165,8 +176,8 @@ def aggregator_pass(cfg: FleetConfig, clients: list[str], payloads: list[tuple[s
             "global": glob[0] if glob else None}
 
 
-def fleet_measures(name: str, cfg: FleetConfig, fleet, repeats: int) -> dict:
-    agents = run_agents(cfg, fleet)
+def fleet_measures(name: str, cfg: FleetConfig, fleet, labels: list[np.ndarray], repeats: int) -> dict:
+    agents = run_agents(cfg, fleet, labels)
     payloads = agents["payloads"]
     if not payloads:
         raise RuntimeError(f"{name}: no update in {agents['learned']} samples")
@@ -217,16 +228,17 @@ def main() -> None:
     xs0 = [{f"x{j}": float(v) for j, v in enumerate(row)} for row in X0]
     configs = {n: fleet_config(n) for n in names}
     algs = {n: algorithms.get(n) for n in names}
+    labels = {n: targets(algs[n], configs[n], fleet) for n in names}
 
     # (a) + (d): interleaved rounds, each algorithm and the peer once per round, on the same samples
     for n in names:  # a throw-away pass each: numba dispatch, caches, first-touch allocations
-        agent_pass(algs[n], configs[n], X0[: args.warmup + 20], y0[: args.warmup + 20], args.warmup)
+        agent_pass(algs[n], configs[n], X0[: args.warmup + 20], labels[n][0][: args.warmup + 20], args.warmup)
     river_pass(xs0[: args.warmup + 20], y0[: args.warmup + 20], args.warmup)
     a_passes: dict[str, list[dict]] = {n: [] for n in [*names, PEER]}
     extra: dict[str, dict] = {}
     for _ in range(args.repeats):
         for n in names:
-            p = agent_pass(algs[n], configs[n], X0, y0, args.warmup)
+            p = agent_pass(algs[n], configs[n], X0, labels[n][0], args.warmup)
             a_passes[n].append(p)
             extra[n] = {k: p[k] for k in ("uploads", "numbers", "kernels_used")}
         a_passes[PEER].append(river_pass(xs0, y0, args.warmup))
@@ -245,7 +257,7 @@ def main() -> None:
                "learner_uploads_per_sample": extra[n]["uploads"] / args.steps,
                "learner_numbers_per_sample": extra[n]["numbers"] / args.steps}
         if alg.in_fleet:
-            row["fleet"] = fleet_measures(n, configs[n], fleet, args.repeats)
+            row["fleet"] = fleet_measures(n, configs[n], fleet, labels[n], args.repeats)
             print(f"{n}: {row['fleet']['upload_bytes_per_sample']:.0f} B/sample, aggregator "
                   f"{row['fleet']['aggregator_us_per_update']:.1f} µs/update", flush=True)
         rows.append(row)
@@ -274,7 +286,8 @@ def main() -> None:
         "with one fleet shape, `FleetConfig(fleet=\"bench\", algorithm=name, n_inputs=10, n_kernels=4, "
         "n_features=50, bin_size=1, seed=0)` (default hyperparameters; some algorithms use only one kernel of "
         "the four: the notes give the learner's own `kernel_names` count), on one stream, "
-        "`synthetic_fleet(clients, warm-up + timed, 10, seed=0)`. "
+        "`synthetic_fleet(clients, warm-up + timed, 10, seed=0)` (a classifier, pFedGP, learns its targets cut "
+        "into `n_classes` classes at the fleet's quantiles). "
         "Agent µs/sample: client 0's `Learner.learn` + `Learner.take_update` (async, through the plug-in "
         "contract), each sample timed alone with `perf_counter_ns` after `warm_up` and the warm-up samples; "
         "median over the repeats (fresh learners) of each one's median. Peer, interleaved with the algorithms "

@@ -26,7 +26,7 @@ and the Beijing streams.
   on `B = C + σ⁻²P` per sample, `O(M³)`), in the same run; slopes of log time against log M.
 
 With `--out PATH.md`, the figures also go to `PATH.json` and the plots to `docs/img/fsgp_1d.png`,
-`docs/img/fsgp_2d.png`.
+`docs/img/fsgp_2d.png` (with `--quick` too: beside `PATH.md`, so that a smoke run leaves the documented plots).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from streamfed.evaluation.replay import AlgorithmConfig, replay  # noqa: E402
 JITTER = 1e-6
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"
+FIG_DIR = [IMG]  # where the plots go: docs/img, except for a --quick run with --out (beside it)
 RESULTS: dict[str, Any] = {}  # everything measured, for the JSON beside the markdown
 
 
@@ -236,8 +237,8 @@ def plot_1d(X: np.ndarray, y: np.ndarray, Xt: np.ndarray, parts: list[np.ndarray
     ax.set_title("FSGP, the paper's 1-D problem: M = 10, seed 0, 95% predictive bands")
     ax.legend(loc="upper right", fontsize=8, ncol=2)
     fig.tight_layout()
-    IMG.mkdir(parents=True, exist_ok=True)
-    fig.savefig(IMG / "fsgp_1d.png", dpi=110)
+    FIG_DIR[0].mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIG_DIR[0] / "fsgp_1d.png", dpi=110)
     plt.close(fig)
 
 
@@ -277,13 +278,14 @@ def part_b(quick: bool) -> list[str]:
 # =========================================================================== (c) Beijing
 
 
-def pooled(result: Any) -> dict[str, float]:
-    """MSE, NLPD and 95% coverage over every scored step of every client."""
+def pooled(result: Any) -> dict[str, float | None]:
+    """MSE, NLPD and 95% coverage over every scored step of every client (NLPD and coverage None, `null` in
+    the JSON, for an algorithm that predicts no variance)."""
     e2 = np.concatenate(result.sq_errors)
     var = np.concatenate(result.variances) if result.variances else np.full(e2.shape, np.nan)
     ok = ~np.isnan(e2)
     e2, var = e2[ok], var[ok]
-    out = {"mse": float(e2.mean()), "nlpd": math.nan, "coverage": math.nan}
+    out: dict[str, float | None] = {"mse": float(e2.mean()), "nlpd": None, "coverage": None}
     if not np.isnan(var).any():
         out["nlpd"] = float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * e2 / var))
         out["coverage"] = float(np.mean(e2 <= 1.959964 ** 2 * var))
@@ -324,8 +326,8 @@ def part_c(quick: bool) -> list[str]:
             runs.append({**pooled(result), "wall_s": wall})
         agent = agent_figures(name, fleet, 0) if name != "fsgp-local" else {}
         mse = np.array([r["mse"] for r in runs])
-        nlpd = np.array([r["nlpd"] for r in runs])
-        cov_ = np.array([r["coverage"] for r in runs])
+        nlpd = np.array([r["nlpd"] for r in runs], dtype=float)  # None (no variance) → NaN → "–"
+        cov_ = np.array([r["coverage"] for r in runs], dtype=float)
         wall = np.mean([r["wall_s"] for r in runs])
         out[name] = {"runs": runs, **agent}
         b = f"{agent['bytes_per_upload']:.0f}" if agent else "– (never uploads)"
@@ -432,8 +434,8 @@ def plot_2d(h: Hyper, st: Stats) -> None:
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle("FSGP on the paper's 2-D grid, M = 20, seed 0 (+: learned inducing inputs)")
     fig.tight_layout()
-    IMG.mkdir(parents=True, exist_ok=True)
-    fig.savefig(IMG / "fsgp_2d.png", dpi=100)
+    FIG_DIR[0].mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIG_DIR[0] / "fsgp_2d.png", dpi=100)
     plt.close(fig)
 
 
@@ -521,6 +523,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--parts", default="abcde")
     args = ap.parse_args()
+    if args.quick and args.out:  # a smoke test must not overwrite the documented plots
+        FIG_DIR[0] = args.out.parent
     t0 = time.perf_counter()
     lines = ["# FSGP experiments", ""]
     for p, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e)):

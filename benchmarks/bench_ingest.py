@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/bench_ingest.py [--out benchmarks/results/ingest.md] [--quick]
 
 The method of `bench_runtime.py` (duplicated here in a few lines, so that file can change freely):
-K POF-MKL updates (N = 16, D = 100, M = 2) from 50 clients wait in a receiver's persistent session
-(subscribe, disconnect, publish the stream with QoS 1); the receiver then connects and drains them,
-timed from before it connects to the K-th message. Receivers, interleaved in every repeat, each with
-its own session holding the same stream:
+K POF-MKL updates (N = 16, D = 100, M = 2) from 50 clients (each made by a real `AgentCore` learning a
+synthetic stream, so that the aggregator accepts every one, as it would an honest agent's) wait in a
+receiver's persistent session (subscribe, disconnect, publish the stream with QoS 1); the receiver then
+connects and drains them, timed from before it connects to the K-th message. Receivers, interleaved in
+every repeat, each with its own session holding the same stream:
 
 * `mosquitto_sub -C K` (Mosquitto's C client, QoS 1, persistent v5 session; output to /dev/null) —
   the ceiling of the broker path: what the broker delivers to one fast consumer (includes starting
@@ -33,38 +34,51 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
+from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
-from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.protocol import encode
-from streamfed.fleet.topics import Channel, topic_filter, updates_topic  # noqa: E402
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.sources import Reading  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
 from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire.message import encode
+from streamfed.wire.topics import Channel, topic_filter, updates_topic
 
 N_CLIENTS = 50
 logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt warns per pipelined publish
 
 
 def updates(cfg: FleetConfig, per_client: int) -> list[tuple[str, bytes]]:
+    """`per_client` honest updates from each of the `N_CLIENTS` clients, in arrival order (round by round).
+
+    Each client's updates are made by a real `AgentCore` (async, one upload per learned sample) learning a
+    synthetic stream `y = sin(Σx) + noise`, so that they pass the aggregator's checks as an agent's would
+    (POF-MKL's declared ‖Δ‖ bound, `n_samples`, seq order). Random deltas do not: a standard-normal row of
+    2D = 200 values has ‖Δ‖ ≈ 14, beyond one step's bound `g · 2(R + B) = 0.4 · 2 · 10 = 8` at θ = 0."""
     rng = np.random.default_rng(0)
-    kv = cfg.kernel_version
-    out = []
-    for s in range(1, per_client + 1):
-        for c in range(N_CLIENTS):
-            k = np.sort(rng.choice(cfg.n_kernels, cfg.bin_size, replace=False))
-            delta = rng.standard_normal((cfg.bin_size, 2 * cfg.n_features))
-            msg = pofmkl_update_message(cfg.fleet, f"c{c}", s, k, delta,
-                                        global_version=0, kernel_version=kv)
-            out.append((f"c{c}", encode(msg)))
-    return out
+    per: list[list[bytes]] = []
+    for c in range(N_CLIENTS):
+        core = AgentCore(cfg, f"c{c}", c, mode="async")
+        msgs: list[bytes] = []
+        i = 0
+        while len(msgs) < per_client:  # the first samples of a stream only set its scales: no update
+            x = rng.standard_normal(cfg.n_inputs)
+            y = float(np.sin(x.sum()) + 0.1 * rng.standard_normal())
+            _, out = core.on_reading(Reading(f"r{i}", x, float(i), y), now=float(i))
+            msgs += [encode(m) for m in out]
+            i += 1
+        if sum(core.counters.skipped.values()):
+            raise RuntimeError(f"agent c{c} skipped samples: {core.counters.skipped}")
+        per.append(msgs[:per_client])
+    return [(f"c{c}", per[c][s]) for s in range(per_client) for c in range(N_CLIENTS)]
 
 
 async def fill(broker, cfg, payloads, sid: str) -> None:
     """Create the receiver's persistent session (subscribe, disconnect), then publish the stream."""
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:
+    async with aiomqtt.Client(**client_kwargs(broker, sid, persistent=True)) as c:
         await c.subscribe(topic_filter(Channel.UPDATES, cfg.fleet), qos=1)
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs("bench-pub"), max_inflight_messages=100) as p:
+    async with aiomqtt.Client(**client_kwargs(broker, "bench-pub"), max_inflight_messages=100) as p:
         for i in range(0, len(payloads), 100):
             await asyncio.gather(*(p.publish(updates_topic(cfg.fleet, c), pl, qos=1) for c, pl in payloads[i:i + 100]))
 
@@ -74,7 +88,7 @@ async def bare(broker, cfg, payloads, run: int) -> float:
     await fill(broker, cfg, payloads, sid)
     n = 0
     t0 = time.perf_counter()
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:
+    async with aiomqtt.Client(**client_kwargs(broker, sid, persistent=True)) as c:
         async for _ in c.messages:
             n += 1
             if n == len(payloads):
@@ -122,21 +136,26 @@ async def run(repeats: int, per_client: int) -> dict:
         broker = eb.config
         cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
         payloads = updates(cfg, per_client)
-        await aggregator(broker, cfg, payloads[:200], 999)  # warm-up (numba, imports)
+        _, info = await aggregator(broker, cfg, payloads[:200], 999)  # warm-up (numba, imports)
+        assert info["accepted"] == 200 and not info["rejected"], info
         rates: dict[str, list[float]] = {"mosquitto_sub": [], "bare": [], "aggregator": []}
+        accepted, refused = [], []
         for r in range(repeats):
             rates["mosquitto_sub"].append(await c_client(broker, cfg, payloads, r, binary))
             rates["bare"].append(await bare(broker, cfg, payloads, r))
             a, info = await aggregator(broker, cfg, payloads, r)
             rates["aggregator"].append(a)
             assert info["accepted"] == len(payloads) and not info["rejected"], info
+            accepted.append(info["accepted"])
+            refused.append(sum(info["rejected"].values()))
         help_text = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout.splitlines()
         version = next((line.split(" running")[0] for line in help_text if "version" in line), "mosquitto_sub")
     finally:
         await eb.stop()
     return {"messages": len(payloads), "bytes_each": len(payloads[0][1]), "repeats": repeats,
             "broker": eb.description.split(",")[0], "mosquitto_sub": version,
-            "runs": rates, "median": {k: statistics.median(v) for k, v in rates.items()}}
+            "runs": rates, "median": {k: statistics.median(v) for k, v in rates.items()},
+            "aggregator_accepted": accepted, "aggregator_refused": refused}
 
 
 def main() -> None:

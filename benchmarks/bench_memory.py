@@ -49,7 +49,7 @@ if kind in ("pofmkl", "fedbnr"):
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.fleet.config import FleetConfig
-    from streamfed.fleet.protocol import encode
+    from streamfed.wire.message import encode
     from streamfed.fleet.sources import Reading
     stages["imports"] = rss()
     if kind == "pofmkl":

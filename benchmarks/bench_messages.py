@@ -4,7 +4,7 @@
 
 For each upload size — POF-MKL updates of M ∈ {1, 2, 8} kernels × D ∈ {50, 100, 400} (N = 16 kernels,
 so M ≤ N) and FedBNR statistics at F ∈ {101, 401} (one kernel, bias on) — the same message is
-encoded with `streamfed.fleet.protocol.encode` and decoded with `streamfed.fleet.protocol.decode(payload,
+encoded with `streamfed.wire.message.encode` and decoded with `streamfed.wire.message.decode(payload,
 cfg.protocol_schema, kernel_version=…, client=…, kinds=(update kind,))`, exactly as the aggregator
 does; the peer, in the same loop, is `msgpack.packb` of the same envelope (dict with the arrays' raw
 bytes already made) and `msgpack.unpackb` of the same payload. Subject and peer alternate in blocks
@@ -27,7 +27,7 @@ from streamfed.algorithms.fedbnr import FedBNRParams
 from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import _envelope, decode, encode
+from streamfed.wire.message import _envelope, decode, encode
 
 
 def pofmkl_case(m: int, d: int) -> tuple[FleetConfig, object]:
@@ -134,7 +134,7 @@ def main() -> None:
         "## Wire messages: encode/decode with validation vs plain msgpack",
         "",
         "Command: `.venv/bin/python benchmarks/bench_messages.py`. Per upload message: "
-        "`streamfed.fleet.protocol.encode`, and `decode` against the fleet's schema with the kernel version, "
+        "`streamfed.wire.message.encode`, and `decode` against the fleet's schema with the kernel version, "
         "the topic's client and the update kind (the aggregator's path: strict envelope, dtype/shape/"
         "finiteness/index checks, zero-copy array views); peer in the same loop: `msgpack.packb` of the "
         "same envelope dict (array bytes already made) and `msgpack.unpackb(payload)` (no checks). "

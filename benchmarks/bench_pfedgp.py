@@ -10,13 +10,14 @@
   aggregation takes each step's uploads as one round and every client gets the new global). Test accuracy,
   log loss and expected calibration error (15 bins on the top probability) over all clients' test images,
   and the prequential accuracy of the first pass; 3 seeds; reliability diagrams (pooled over seeds) to
-  `docs/img/pfedgp_reliability_digits_<N>.png`. Rows: pFedGP (full GP; the predictive likelihood, and the
-  marginal one), pFedGP-IP (FITC, `M` shared inducing inputs), FedAvg (the same network with a softmax head,
-  everything averaged), pFedGP with a private network per client (the paper's "Local"), local-only GP
-  classifiers on the fixed random network (no learning), and a local River classifier (Gaussian naive Bayes).
+  `docs/img/pfedgp_reliability_digits_<N>.png` (a `--quick` run with `--out`: beside its markdown). Rows:
+  pFedGP (full GP; the predictive likelihood, and the marginal one), pFedGP-IP (FITC, `M` shared inducing
+  inputs), FedAvg (the same network with a softmax head, everything averaged), pFedGP with a private network
+  per client (the paper's "Local"), local-only GP classifiers on the fixed random network (no learning), and a
+  local River classifier (Gaussian naive Bayes).
   Inputs: pixels / 16, standardised with the training pixels' mean and spread.
 * (b) The Beijing stations as clients predicting the PM2.5 air-quality band (six Chinese AQI bands) from the
-  other readings (`streamfed.algorithms.pfedgp.aqi`), the first `--beijing-steps` hours of each station,
+  other readings (`streamfed.evaluation.datasets.aqi`), the first `--beijing-steps` hours of each station,
   inputs standardised online (past only, winsorised at ±5σ); prequential accuracy, log loss and ECE; 3 seeds.
 * (c) Cost on this machine (one core): per-sample predict and learn time of one client against its budget
   (full GP and FITC), the local update (phase-1 step) time, bytes per upload and per round (encoded
@@ -47,15 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from streamfed.algorithms.pfedgp.agent import learner_class_probabilities  # noqa: E402
-from streamfed.algorithms.pfedgp.aqi import beijing_aqi  # noqa: E402
 from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser  # noqa: E402
+from streamfed.evaluation.datasets.aqi import beijing_aqi  # noqa: E402
 from streamfed.evaluation.replay import AlgorithmConfig, build_arrangement  # noqa: E402
-from streamfed.fleet.protocol import encode  # noqa: E402
+from streamfed.wire.message import encode
 
 torch.set_num_threads(1)
 RESULTS: dict[str, Any] = {}
 ECE_BINS = 15
 IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+FIG_DIR = [IMG]  # where the plots go: docs/img, except for a --quick run with --out (beside it)
 
 
 # =========================================================================== metrics
@@ -320,7 +322,7 @@ def part_a(quick: bool, passes: int) -> list[str]:
         lines.append("")
     RESULTS["digits"] = table
     for n, cv in curves.items():
-        path = IMG / f"pfedgp_reliability_digits_{n}.png"
+        path = FIG_DIR[0] / f"pfedgp_reliability_digits_{n}.png"
         reliability_plot(cv, path, f"digits, {n} clients, 2 classes each: test reliability (pooled over seeds)")
         lines += [f"![reliability, {n} clients](../../docs/img/{path.name})", ""]
     return lines
@@ -378,7 +380,7 @@ def part_c(quick: bool) -> list[str]:
     from streamfed.algorithms.pfedgp.network import Layout, initial_theta, omega_of
     from streamfed.algorithms.pfedgp.wire import max_chunk_numbers
     from streamfed.algorithms.urk.network import URKArch
-    from streamfed.fleet.protocol import Message
+    from streamfed.wire.message import Message
 
     rng = np.random.default_rng(0)
     d, n_classes = 64, 2
@@ -480,6 +482,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--beijing-steps", type=int, default=500)
     args = ap.parse_args()
+    if args.quick and args.out:  # a smoke test must not overwrite the documented plots
+        FIG_DIR[0] = args.out.parent
     t0 = time.perf_counter()
     lines = ["# pFedGP experiments", ""]
     if "a" in args.parts:

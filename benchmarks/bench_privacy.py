@@ -42,13 +42,14 @@ from streamfed.evaluation.bench import load_average, machine, write_section  # n
 from streamfed.evaluation.datasets import load_beijing  # noqa: E402
 from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
-from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.protocol import decode, encode  # noqa: E402
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.private_learner import PrivateLearner
 from streamfed.fleet.sources import Reading  # noqa: E402
 from streamfed.privacy import fixed_point  # noqa: E402
 from streamfed.privacy.accountant import calibrate_noise_multiplier  # noqa: E402
-from streamfed.privacy.learner import PrivateLearner  # noqa: E402
 from streamfed.privacy.secagg import SecAggSettings, run_round  # noqa: E402
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire.message import decode, encode
 
 DELTA = 1e-5
 EPSILONS = (1.0, 4.0, 8.0, math.inf)
@@ -69,8 +70,9 @@ def pofmkl_cfg() -> FleetConfig:
 
 
 def run_fleet(cfg: FleetConfig, fleet, steps: int, z: float | None, share: float, clip_norm: float,
-              seed: int = 0) -> dict[str, float]:
-    """The fleet, prequentially; `z` None: no noise. Returns MSE, NLPD and the measured update norms."""
+              seed: int = 0) -> dict[str, float | None]:
+    """The fleet, prequentially; `z` None: no noise. Returns MSE, NLPD and the measured update norms (None,
+    `null` in the JSON, where there is none: NLPD without a predicted variance, norms of noised updates)."""
     streams = fleet.streams
     names = [s.name for s in streams]
     lockstep = cfg.algorithm == "pofmkl"
@@ -105,8 +107,8 @@ def run_fleet(cfg: FleetConfig, fleet, steps: int, z: float | None, share: float
                 for a in agents:
                     r = a.install_global(decode(payload, cfg, kernel_version=a.kernel_version), now=float(t))
                     rejected_globals += r.reason is not None
-    return {"mse": float(np.mean(sq)), "nlpd": float(np.mean(nlpd)) if nlpd else math.nan,
-            "median_norm": float(np.median(norms)) if norms else math.nan,
+    return {"mse": float(np.mean(sq)), "nlpd": float(np.mean(nlpd)) if nlpd else None,
+            "median_norm": float(np.median(norms)) if norms else None,
             "rejected_updates": float(sum(agg.rejected.values())), "rejected_globals": float(rejected_globals)}
 
 
@@ -143,8 +145,8 @@ def utility(steps: int) -> tuple[list[str], dict]:
     return lines, out
 
 
-def _f(x: float) -> str:
-    return "—" if math.isnan(x) else f"{x:.3f}"
+def _f(x: float | None) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
 def fedbnr_uploads(count: int) -> list[np.ndarray]:
@@ -229,11 +231,11 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
 
     import aiomqtt
 
-    from streamfed.evaluation.loadtest import MosquittoProcess
     from streamfed.fleet.sources import array_source
-    from streamfed.fleet.topics import Channel, topic_filter
     from streamfed.runtime.agent import AgentService
     from streamfed.runtime.aggregator import AggregatorService
+    from streamfed.runtime.loadtest import MosquittoProcess
+    from streamfed.wire.topics import Channel, topic_filter
 
     logging.getLogger("mqtt").setLevel(logging.ERROR)
     fleet = load_beijing("paper", steps=UPLOAD)
@@ -252,7 +254,7 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
 
                 async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker) -> dict:  # noqa: ANN001
                     seen: list[tuple[float, str, int]] = []
-                    async with aiomqtt.Client(**broker.aiomqtt_kwargs("spy")) as spy:
+                    async with aiomqtt.Client(**client_kwargs(broker, "spy")) as spy:
                         # only what the table counts, at QoS 1: subscribed to `#` at QoS 0, the spy also got every
                         # agent's predictions, fell behind at 1,000 agents and the broker dropped most of its messages
                         for channel in (Channel.UPDATES, Channel.ACKS):

@@ -39,41 +39,50 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
-from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.protocol import encode
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import Reading, array_source  # noqa: E402
-from streamfed.fleet.topics import Channel, topic_filter, updates_topic  # noqa: E402
 from streamfed.runtime import broker as broker_module  # noqa: E402
 from streamfed.runtime.agent import AgentService  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
 from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mqtt import incoming_drain  # noqa: E402
+from streamfed.wire.message import encode
+from streamfed.wire.topics import Channel, topic_filter, updates_topic
 
 K_CLIENTS, K_SEQ = 50, 100  # 5,000 queued updates (Mosquitto dev.conf queues up to 10,000)
 
 
-def updates(cfg: FleetConfig) -> list[tuple[str, bytes]]:
+def updates(cfg: FleetConfig, per_client: int = K_SEQ) -> list[tuple[str, bytes]]:
+    """`per_client` honest updates from each of the `K_CLIENTS` clients, in arrival order (round by round):
+    each client's made by a real `AgentCore` (async, one upload per learned sample) learning a synthetic
+    stream, so that the aggregator accepts them as it would an agent's (POF-MKL's declared ‖Δ‖ bound refuses
+    random deltas: a standard-normal row of 2D = 200 values has ‖Δ‖ ≈ 14, one step's bound at θ = 0 is 8)."""
     rng = np.random.default_rng(0)
-    kv = cfg.kernel_version
-    out = []
-    for s in range(1, K_SEQ + 1):
-        for c in range(K_CLIENTS):
-            k = np.sort(rng.choice(cfg.n_kernels, cfg.bin_size, replace=False))
-            delta = rng.standard_normal((cfg.bin_size, 2 * cfg.n_features))
-            msg = pofmkl_update_message(cfg.fleet, f"c{c}", s, k, delta,
-                                        global_version=0, kernel_version=kv)
-            out.append((f"c{c}", encode(msg)))
-    return out
+    per: list[list[bytes]] = []
+    for c in range(K_CLIENTS):
+        core = AgentCore(cfg, f"c{c}", c, mode="async")
+        msgs: list[bytes] = []
+        i = 0
+        while len(msgs) < per_client:  # the first samples of a stream only set its scales: no update
+            x = rng.standard_normal(cfg.n_inputs)
+            y = float(np.sin(x.sum()) + 0.1 * rng.standard_normal())
+            _, out = core.on_reading(Reading(f"r{i}", x, float(i), y), now=float(i))
+            msgs += [encode(m) for m in out]
+            i += 1
+        if sum(core.counters.skipped.values()):
+            raise RuntimeError(f"agent c{c} skipped samples: {core.counters.skipped}")
+        per.append(msgs[:per_client])
+    return [(f"c{c}", per[c][s]) for s in range(per_client) for c in range(K_CLIENTS)]
 
 
 async def _fill(broker, cfg, payloads, session_id: str, shared: bool = False) -> None:
     """Create the receiver's persistent session (subscribe, disconnect), then publish the stream."""
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(session_id, persistent=True)) as c:
+    async with aiomqtt.Client(**client_kwargs(broker, session_id, persistent=True)) as c:
         await c.subscribe(topic_filter(Channel.UPDATES, cfg.fleet), qos=1)
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs("bench-pub"), max_inflight_messages=100) as p:
+    async with aiomqtt.Client(**client_kwargs(broker, "bench-pub"), max_inflight_messages=100) as p:
         for i in range(0, len(payloads), 100):
             await asyncio.gather(*(p.publish(updates_topic(cfg.fleet, c), pl, qos=1) for c, pl in payloads[i:i + 100]))
 
@@ -84,7 +93,7 @@ async def bare_rate(broker, cfg, payloads, run: int, drain: bool = False) -> tup
     await _fill(broker, cfg, payloads, sid)
     n = 0
     t0, c0 = time.perf_counter(), time.process_time()  # every receiver is timed from before it connects
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:
+    async with aiomqtt.Client(**client_kwargs(broker, sid, persistent=True)) as c:
         async for _ in c.messages:
             n += 1
             while drain and n < len(payloads):  # what the aggregator's receiver does (aiomqtt < 3)
@@ -195,7 +204,7 @@ async def bare_latency(broker, n: int, payload: bytes, qos: int) -> dict:
     """The transport's floor: a prediction-sized payload published one at a time every 10 ms by plain
     aiomqtt; QoS 0 returns once paho wrote it, QoS 1 at the PUBACK."""
     out = []
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"bare-lat-{qos}")) as c:
+    async with aiomqtt.Client(**client_kwargs(broker, f"bare-lat-{qos}")) as c:
         for _ in range(n):
             t0 = time.perf_counter()
             await c.publish("bench/lat", payload, qos=qos)

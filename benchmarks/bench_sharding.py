@@ -43,10 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.evaluation.loadtest import MosquittoProcess, proc_stat  # noqa: E402
-from streamfed.fleet.config import BrokerConfig, FleetConfig  # noqa: E402
-from streamfed.fleet.protocol import encode
-from streamfed.fleet.topics import global_topic, updates_topic  # noqa: E402
+from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.runtime.connection import client_kwargs
+from streamfed.runtime.loadtest import MosquittoProcess, proc_stat  # noqa: E402
+from streamfed.wire.message import encode
+from streamfed.wire.topics import global_topic, updates_topic
 
 N_CLIENTS = 50
 WARM = 4  # warm-up updates per client
@@ -167,7 +168,7 @@ class Watcher:
         self.at = 0.0
 
     async def run(self, broker: BrokerConfig, fleet: str, ready: asyncio.Event) -> None:
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"{fleet}.watch"), max_queued_incoming_messages=0) as c:
+        async with aiomqtt.Client(**client_kwargs(broker, f"{fleet}.watch"), max_queued_incoming_messages=0) as c:
             await c.subscribe(global_topic(fleet), qos=1)
             ready.set()
             async for m in c.messages:
@@ -194,7 +195,7 @@ async def publish(broker: BrokerConfig, fleet: str, items: list[tuple[str, bytes
     """Publish with QoS 1 in chunks of 50 (pipelined), at `rate` updates/s (None: as fast as possible);
     returns the perf_counter time of the first publish."""
     chunk = 50
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"{fleet}.pub"), max_inflight_messages=100) as p:
+    async with aiomqtt.Client(**client_kwargs(broker, f"{fleet}.pub"), max_inflight_messages=100) as p:
         t0 = time.perf_counter()
         for i in range(0, len(items), chunk):
             if rate:  # paced: every configuration handles the same stream (CPU per message depends on the rate)

@@ -219,7 +219,7 @@ def pooled(res: Any) -> dict[str, float | None]:
 def part_b(quick: bool) -> list[str]:
     from streamfed.algorithms import get
     from streamfed.fleet.config import FleetConfig
-    from streamfed.fleet.protocol import Message, encode
+    from streamfed.wire.message import Message, encode
 
     steps = 150 if quick else 600
     seeds = [0] if quick else [0, 1, 2]

@@ -53,7 +53,8 @@ import aiomqtt
 import numpy as np
 
 from streamfed.fleet.config import BrokerConfig, load_config
-from streamfed.fleet.topics import DEFAULT_SENSOR_TEMPLATE, sensor_topic
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire.topics import DEFAULT_SENSOR_TEMPLATE, sensor_topic
 
 __all__ = [
     "Sample",
@@ -201,7 +202,7 @@ async def publish_messages(broker: BrokerConfig, topic: str, messages: Iterable[
     is_reading = False
     while True:
         try:
-            async with aiomqtt.Client(**broker.aiomqtt_kwargs(client_id)) as client:
+            async with aiomqtt.Client(**client_kwargs(broker, client_id)) as client:
                 backoff = 0.1
                 while True:
                     if stop is not None and stop.is_set():

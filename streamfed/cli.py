@@ -727,31 +727,60 @@ def kernels(
 ) -> None:
     """Compile the learners' kernels ahead of time, so agents run without numba/LLVM in memory.
 
-    `status` says which backend a process would use; `clean` deletes builds of older sources."""
+    Every algorithm family with a `_compiled` module registers its kernel group; `build` compiles the core's
+    and all of theirs into one build. `status` says which backend each group would use; `clean` deletes
+    builds of older sources."""
+    import importlib
+    import importlib.util
     import os
+    import sys
 
     if action not in ("build", "status", "clean"):
         raise typer.BadParameter(f"unknown action {action!r}; choose build, status or clean")
+    mode = os.environ.get("STREAMFED_KERNELS", "auto")
+    if action == "status" and mode.strip().lower() == "aot":
+        os.environ["STREAMFED_KERNELS"] = "auto"  # report a missing build instead of failing on it
+    try:
+        packages = []  # every registered family's package (a family's Algorithm class lives in it)
+        for name in algorithms.names():
+            module = type(algorithms.get(name)).__module__
+            pkg = module if hasattr(sys.modules[module], "__path__") else module.rpartition(".")[0]
+            if pkg not in packages:
+                packages.append(pkg)
+        for pkg in packages:
+            if importlib.util.find_spec(f"{pkg}._compiled") is not None:
+                importlib.import_module(f"{pkg}._compiled")  # registers the family's kernel group
+    finally:
+        os.environ["STREAMFED_KERNELS"] = mode
+    from streamfed.core import compiled
+
     if action == "build":
         from streamfed.core.compiled.build import build
 
         with console.status("compiling the kernels ahead of time (numba pycc)…"):
-            path = build(force=force)
-        console.print(f"kernels built: {path}", soft_wrap=True)
+            paths = build(force=force)
+        target = {p.resolve() for p in paths.values()}
+        console.print(f"kernels built ({', '.join(paths)}): {', '.join(map(str, sorted(target)))}", soft_wrap=True)
     elif action == "clean":
         from streamfed.core.compiled.build import clean
 
         gone = clean()
-        console.print(f"deleted {len(gone)} build(s) of other sources" + "".join(f"\n  {p}" for p in gone))
+        console.print(f"deleted {len(gone)} build(s) and link(s) of other sources"
+                      + "".join(f"\n  {p}" for p in gone))
     else:
-        from streamfed.core.compiled import build_path
-
-        path = build_path()
-        mode = os.environ.get("STREAMFED_KERNELS", "auto")
-        state = "present" if path.is_file() else "missing (run `streamfed kernels build`)"
-        console.print(f"ahead-of-time build for these sources: {path} — {state}\nSTREAMFED_KERNELS={mode}",
-                      soft_wrap=True)
-        if not path.is_file() and mode == "aot":
+        missing = []
+        lines = []
+        for name, grp in compiled.groups().items():
+            path = grp.build_path()
+            if path.is_file():
+                state = f"present ({path.resolve().name})"
+            else:
+                state = "missing (run `streamfed kernels build`)"
+                missing.append(name)
+            lines.append(f"  {name}: {path} — {state}; this process runs it on: {grp.backend}")
+        console.print("ahead-of-time builds for these sources, by kernel group:\n" + "\n".join(lines)
+                      + f"\nSTREAMFED_KERNELS={mode}", soft_wrap=True)
+        if missing and mode.strip().lower() == "aot":
             raise typer.Exit(1)
 
 

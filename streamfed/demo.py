@@ -4,8 +4,8 @@ A broker (Mosquitto from `broker_config/` when installed, else an in-process one
 one aggregator and one agent per Beijing station (the vendored streams, online standardisation as a
 real agent would see them), all in this process over real MQTT; a live table of per-agent MSE and
 regret; a Prometheus endpoint; a summary at the end. `duration` bounds it. A classifier (e.g. pFedGP)
-predicts each station's PM2.5 AQI band (:mod:`streamfed.algorithms.pfedgp.aqi`) and its table shows
-accuracy, log loss and calibration instead of MSE (its streams: `Algorithm.demo_fleet`).
+predicts each station's PM2.5 AQI band (:mod:`streamfed.evaluation.datasets.aqi`) and its table shows
+accuracy, log loss and calibration instead of MSE.
 """
 
 from __future__ import annotations
@@ -25,15 +25,16 @@ from rich.table import Table
 
 from streamfed import algorithms
 from streamfed.evaluation.datasets import load_beijing
+from streamfed.evaluation.datasets.aqi import beijing_aqi
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Reason
 from streamfed.fleet.sources import array_source
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.broker import EmbeddedBroker
 from streamfed.runtime.exporter import StreamfedCollector, make_registry, serve_metrics
+from streamfed.wire.message import Reason
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -107,10 +108,8 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     console.print(f"[bold]broker[/]: {broker.description}")
     alg = algorithms.get(opts.algorithm)
     classifier = alg.task == "classification"
-    # a classifier's own streams (the stations' PM2.5 AQI bands, inputs as read: the agents standardise them)
-    fleet = alg.demo_fleet()
-    if fleet is None:
-        fleet = load_beijing(normalisation="online", split="station")
+    # a classifier runs on the stations' PM2.5 AQI bands (inputs as read: the agents standardise them)
+    fleet = beijing_aqi() if classifier else load_beijing(normalisation="online", split="station")
     streams = fleet.streams[: opts.agents]
     settings: dict[str, Any] = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size}
     settings.update(alg.demo_settings())  # what makes a good live demo of this algorithm (e.g. one kernel)
@@ -139,8 +138,10 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     # services' own warm-ups are then instant. In a thread, so the live view stays responsive.
     from streamfed.core import compiled
 
-    how = ("ahead-of-time build" if compiled.BACKEND == "aot"
-           else "numba JIT; cached after the first run — `streamfed kernels build` compiles them once for good")
+    how = {"aot": "ahead-of-time build",
+           "mixed": "partly an ahead-of-time build, partly numba JIT — `streamfed kernels build` builds them all",
+           "jit": "numba JIT; cached after the first run — `streamfed kernels build` compiles them once for good",
+           }[compiled.backend()]
     with console.status(f"loading the learners' kernels ({how})…"):
         warm_started = time.monotonic()
         await asyncio.to_thread(lambda: (agents[0].core.warm_up(), agg.core.warm_up()))

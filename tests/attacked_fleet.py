@@ -13,8 +13,8 @@ import numpy as np
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message, decode, encode
 from streamfed.fleet.sources import Reading
+from streamfed.wire.message import Message, decode, encode
 
 Upload = Callable[[AgentCore, AggregatorCore, str, int, np.ndarray, np.ndarray], Message]
 

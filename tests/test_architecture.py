@@ -12,7 +12,7 @@ import pytest
 from streamfed import algorithms
 from streamfed.algorithms.base import Aggregation, Learner
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.topics import Channel
+from streamfed.wire.topics import Channel
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "streamfed"

@@ -407,7 +407,7 @@ def test_sensor_messages_pass_the_same_watch_and_counters(caplog):
         for p in payloads:
             await svc._take_now(svc.parser.parse(p))
 
-    with caplog.at_level(logging.WARNING, "streamfed.fleet.agent"):
+    with caplog.at_level(logging.WARNING, "streamfed.runtime.agent"):
         asyncio.run(main())
     assert core.counters.skipped == {"malformed": 1, "missing_feature": 1, "non_numeric": 1}
     assert core.stats.skipped["malformed"] == 1 and core.counters.learned == 1

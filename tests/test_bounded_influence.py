@@ -20,9 +20,9 @@ from streamfed.fleet.admission import Admission, TokenBucket
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import encode
 from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.sources import Reading
+from streamfed.wire.message import encode
 
 # =========================================================================== token buckets
 

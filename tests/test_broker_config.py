@@ -31,11 +31,12 @@ from paho.mqtt.client import topic_matches_sub
 from paho.mqtt.enums import CallbackAPIVersion
 
 from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
-from streamfed.fleet import topics
 from streamfed.fleet.config import BrokerConfig, FleetConfig
-from streamfed.fleet.protocol import decode, encode, status_message
 from streamfed.runtime import mosquitto as mosquitto_launcher
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mosquitto import Mosquitto, MosquittoError
+from streamfed.wire import topics
+from streamfed.wire.message import decode, encode, status_message
 from tests.brokers import BROKER_CONFIG, Broker
 
 T = TypeVar("T")
@@ -64,7 +65,7 @@ async def receive_until(client: aiomqtt.Client, done: Callable[[aiomqtt.Message]
 
 
 def connect(cfg: BrokerConfig, client_id: str | None = None, **kw: Any) -> aiomqtt.Client:
-    return aiomqtt.Client(**(cfg.aiomqtt_kwargs(client_id, persistent=kw.pop("persistent", False)) | kw))
+    return aiomqtt.Client(**(client_kwargs(cfg, client_id, persistent=kw.pop("persistent", False)) | kw))
 
 
 # =========================================================================== the files themselves
@@ -525,7 +526,7 @@ def test_launcher_retries_when_a_stranger_took_its_port(monkeypatch: pytest.Monk
 
 
 def test_load_test_broker_runs_with_raised_descriptor_limit() -> None:
-    from streamfed.evaluation.loadtest import MosquittoProcess
+    from streamfed.runtime.loadtest import MosquittoProcess
 
     mosq = MosquittoProcess()
     try:

@@ -20,10 +20,11 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from streamfed.fleet import topics
 from streamfed.runtime.agent import BrokerRefused
 from streamfed.runtime.broker_metrics import BrokerMetrics, SysSubscriber
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.exporter import make_registry, serve_metrics
+from streamfed.wire import topics
 from tests import brokers
 from tests import prometheus as prom
 
@@ -42,7 +43,7 @@ def broker() -> Iterator[brokers.Broker]:
 
 
 def client(broker: brokers.Broker, user: str, persistent: bool = False) -> aiomqtt.Client:
-    return aiomqtt.Client(**broker.broker_config(user).aiomqtt_kwargs(broker.client_ids[user], persistent=persistent),
+    return aiomqtt.Client(**client_kwargs(broker.broker_config(user), broker.client_ids[user], persistent=persistent),
                           timeout=5.0)
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import ProtocolError, decode, encode, prediction_message
 from streamfed.fleet.sources import Reading
 from streamfed.runtime.subscribe import PredictionDecoder, _row
+from streamfed.wire.message import ProtocolError, decode, encode, prediction_message
 
 PFEDGP = {"n_classes": 3, "learn_kernel": False, "budget": 8, "chains": 2, "burn_in": 2}
 

@@ -1,6 +1,7 @@
 """The ahead-of-time kernel build (`streamfed.core.compiled`): it computes what numba's JIT computes, its
 guards turn a wrong argument into a `TypeError` instead of a read of raw memory, a stale build is
-never loaded, and an agent that has a build runs without numba (the point: memory)."""
+never loaded, each kernel group (the core's, each family's, one registered later) finds its own build,
+and an agent that has a build runs without numba (the point: memory)."""
 
 from __future__ import annotations
 
@@ -16,21 +17,39 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import streamfed.algorithms.fedbnr._compiled
+import streamfed.algorithms.fsgp._compiled
+import streamfed.algorithms.pofmkl._compiled  # noqa: F401  (the families register their kernel groups)
 from streamfed.core import compiled
-from streamfed.core.compiled.build import build
+from streamfed.core.compiled.build import build, clean
 
 ROOT = Path(__file__).resolve().parents[1]
+GROUPS = dict(compiled.groups())  # the core's and the three families'
+ENTRIES = [e for g in GROUPS.values() for e in g.entries]
+
+
+def test_every_family_registers_its_own_group():
+    assert set(GROUPS) == {"features", "pofmkl", "fedbnr", "fsgp"}
+    assert all(e.module.startswith("streamfed.core.") for e in GROUPS["features"].entries)
+    for name in ("pofmkl", "fedbnr", "fsgp"):
+        assert all(e.module == f"streamfed.algorithms.{name}._kernels" for e in GROUPS[name].entries)
+    used = {g.backend for g in GROUPS.values()}
+    assert compiled.backend() == (used.pop() if len(used) == 1 else "mixed")
+    assert compiled.BACKEND == compiled.backend()  # the former constant, still read by the benchmarks
 
 
 @pytest.fixture(scope="module")
 def aot():
-    """The guarded functions of the build for the current sources (built here if missing)."""
-    return SimpleNamespace(**compiled.aot_namespaces(compiled.load_aot(build())))
+    """The guarded functions of the build for the current sources (built here if missing), by group."""
+    paths = build()
+    assert set(paths) == set(GROUPS) and len({p.resolve() for p in paths.values()}) == 1  # one module
+    return SimpleNamespace(**{name: compiled.aot_namespace(g.entries, compiled.load_aot(paths[name]))
+                              for name, g in GROUPS.items()})
 
 
 @pytest.fixture(scope="module")
 def jit():
-    return SimpleNamespace(**compiled.jit_namespaces())
+    return SimpleNamespace(**{name: compiled.jit_namespace(g.entries) for name, g in GROUPS.items()})
 
 
 # A fixed workload through the learners' public API, run once per backend in a fresh process.
@@ -40,8 +59,11 @@ import numpy as np
 from streamfed.core import compiled
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer
+from streamfed.algorithms.fsgp.client import FSGPClient
+from streamfed.algorithms.fsgp.design import gaussian_design
+from streamfed.algorithms.fsgp.kernels import Hyper
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
-out = {"backend": compiled.BACKEND, "numba": None}
+out = {"backend": compiled.backend(), "numba": None}
 rng = np.random.default_rng(7)
 X = rng.uniform(-2, 2, (600, 5)); y = np.sin(X.sum(axis=1)) + 0.1 * rng.standard_normal(600)
 X.flags.writeable = False  # as the datasets hand them out
@@ -77,6 +99,10 @@ for k, forgetting in ((1, 1.0), (3, 0.995)):
     means.append(list(c.predict(X[500])))
     out[f"fedbnr{k}_preds"] = means
     out[f"fedbnr{k}_batch"] = m.tolist() + v.tolist()
+for kind in ("se", "matern52"):
+    g = FSGPClient(Hyper.initial(kind, gaussian_design(8, 5), sigma=0.3), min_upload=10_000,
+                   learn_hyperparameters=False)
+    out[f"fsgp_{kind}"] = [v for t in range(200) for v in (*g.predict(X[t]), *g.learn(X[t], y[t]))]
 out["numba"] = "numba" in sys.modules
 print(json.dumps(out))
 """
@@ -92,7 +118,8 @@ def run_workload(backend: str) -> dict:
 
 def test_the_build_computes_what_the_jit_computes(aot):
     """Every learner path (POF-MKL steps, predictions, globals, the server's sums; FedBNR with one and
-    three kernels, forgetting, the batch path, uploads and globals) gives the same numbers."""
+    three kernels, forgetting, the batch path, uploads and globals; FSGP's per-sample step) gives the
+    same numbers."""
     a, j = run_workload("aot"), run_workload("jit")
     assert (a["backend"], j["backend"]) == ("aot", "jit")
     assert a["numba"] is False and j["numba"] is True  # the build really ran without numba
@@ -134,10 +161,10 @@ def _corrupt(arr: np.ndarray, how: str) -> object:
 
 
 @settings(max_examples=60, deadline=None)
-@given(i=st.integers(0, len(compiled.ENTRIES) - 1), pos=st.integers(0, 30),
+@given(i=st.integers(0, len(ENTRIES) - 1), pos=st.integers(0, 30),
        how=st.sampled_from(["dtype", "ndim", "strided", "readonly", "list", "none"]))
 def test_a_wrong_argument_is_a_type_error_not_a_memory_read(aot, i, pos, how):
-    entry = compiled.ENTRIES[i]
+    entry = ENTRIES[i]
     arrays = [k for k, c in enumerate(entry.args) if compiled.parse_arg(c)[1] > 0]
     k = arrays[pos % len(arrays)]
     written = compiled.parse_arg(entry.args[k])[2]
@@ -168,26 +195,105 @@ def test_guards_pass_scalars_and_kernel_errors_through(aot, jit):
 
 
 def test_a_build_is_named_by_its_sources(tmp_path, monkeypatch):
-    """Changing one byte of a kernel source names a different build, so a stale one is never loaded;
-    `STREAMFED_KERNELS=aot` without a build is a clear error, `auto` falls back to the JIT."""
-    key = compiled.build_key()
+    """Changing one byte of a kernel source names a different build of that group only, so a stale one is
+    never loaded; `STREAMFED_KERNELS=aot` without a build is a clear error, `auto` falls back to the JIT."""
+    keys = {name: compiled.build_key(name) for name in GROUPS}
     copy = tmp_path / "streamfed"
-    for rel in compiled.SOURCES:
+    for rel in {*compiled.MECHANISM, *(s for g in GROUPS.values() for s in g.sources)}:
         (copy / rel).parent.mkdir(parents=True, exist_ok=True)
         (copy / rel).write_bytes((compiled._PKG / rel).read_bytes())
     monkeypatch.setattr(compiled, "_PKG", copy)
-    assert compiled.build_key() == key
+    assert {name: compiled.build_key(name) for name in GROUPS} == keys
     src = copy / "algorithms" / "pofmkl" / "_kernels.py"
     src.write_text(src.read_text() + "\n# one more line\n")
-    assert compiled.build_key() != key
+    changed = {name for name in GROUPS if compiled.build_key(name) != keys[name]}
+    assert changed == {"pofmkl"}
+    src = copy / "core" / "_feature_kernels.py"  # the families' kernels import the core's: all change
+    src.write_text(src.read_text() + "\n# one more line\n")
+    assert all(compiled.build_key(name) != keys[name] for name in GROUPS)
     empty = tmp_path / "no-builds"
     with pytest.raises(ImportError, match="no ahead-of-time kernel build"):
         compiled.load_aot(empty / "x.so")
-    for mode, rc, needle in (("aot", 1, "STREAMFED_KERNELS=aot"), ("auto", 0, "jit")):
+    for mode, rc, needle in (("aot", 1, "STREAMFED_KERNELS=aot: kernel group 'features'"), ("auto", 0, "jit")):
         env = {**os.environ, "STREAMFED_KERNELS": mode, "STREAMFED_KERNEL_DIR": str(empty)}
-        res = subprocess.run([sys.executable, "-c", "import streamfed.core.compiled as c; print(c.BACKEND)"],
+        res = subprocess.run([sys.executable, "-c", "import streamfed.core.compiled as c; print(c.backend())"],
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
         assert res.returncode == rc and needle in (res.stdout + res.stderr), res.stderr[-2000:]
+
+
+def test_each_group_finds_its_build_through_the_index(aot, tmp_path, monkeypatch):
+    """A group whose link is missing runs on the JIT (or is an error under `aot`) while the others load the
+    build; `clean` keeps the current build and its links and deletes the rest."""
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    module = GROUPS["features"].build_path().resolve()
+    (kdir / module.name).write_bytes(module.read_bytes())
+    for name in ("features", "fedbnr"):  # the pofmkl and fsgp links are missing
+        (kdir / GROUPS[name].build_path().name).symlink_to(module.name)
+    stale = kdir / f"{compiled.BUILD_PREFIX}0123456789abcdef0123{compiled.EXTENSION_SUFFIX}"
+    stale.write_bytes(b"")
+    (kdir / f"{compiled.BUILD_PREFIX}pofmkl_0123456789abcdef0123{compiled.EXTENSION_SUFFIX}").symlink_to(stale.name)
+    script = ("import sys\nimport streamfed.algorithms.fedbnr.learner, streamfed.algorithms.pofmkl.learner\n"
+              "from streamfed.core import compiled\n"
+              "print(compiled.backend(), {n: g.backend for n, g in compiled.groups().items()})")
+    for mode in ("auto", "aot"):
+        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                             env={**os.environ, "STREAMFED_KERNELS": mode, "STREAMFED_KERNEL_DIR": str(kdir)})
+        if mode == "auto":
+            assert res.returncode == 0, res.stderr[-3000:]
+            assert res.stdout.split()[0] == "mixed"
+            assert "'features': 'aot', 'fedbnr': 'aot', 'pofmkl': 'jit'" in res.stdout, res.stdout
+        else:
+            assert res.returncode == 1 and "STREAMFED_KERNELS=aot: kernel group 'pofmkl'" in res.stderr, res.stderr
+    monkeypatch.setenv("STREAMFED_KERNEL_DIR", str(kdir))
+    gone = {p.name for p in clean()}
+    assert gone == {stale.name, f"{compiled.BUILD_PREFIX}pofmkl_0123456789abcdef0123{compiled.EXTENSION_SUFFIX}"}
+    assert sorted(p.name for p in kdir.iterdir()) == sorted(
+        [module.name, GROUPS["features"].build_path().name, GROUPS["fedbnr"].build_path().name])
+
+
+FAKE_KERNELS = """
+import numba
+
+
+@numba.njit(cache=False)
+def scaled_sum(x, a):
+    s = 0.0
+    for v in x:
+        s += a * v
+    return s
+"""
+
+
+def test_a_group_registered_after_the_core_loads_its_own(tmp_path, monkeypatch):
+    """A kernel group registered later (a plug-in family) runs on the JIT until it has a build, then on its
+    own build — guarded like the others — without touching the groups already registered."""
+    monkeypatch.setattr(compiled, "_REGISTRY", dict(compiled._REGISTRY))  # forget the fake group afterwards
+    monkeypatch.setenv("STREAMFED_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("STREAMFED_KERNELS", "auto")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    src = tmp_path / "streamfed_fake_kernels.py"
+    src.write_text(FAKE_KERNELS)
+    entries = (compiled.Entry("fake", "streamfed_fake_kernels", "scaled_sum", ("f8[1]", "f8")),)
+    before = {name: g.namespace for name, g in compiled.groups().items()}
+    ns = compiled.register("fake", entries, (str(src),))
+    assert compiled.groups()["fake"].backend == "jit"
+    assert ns.scaled_sum(np.arange(4.0), 2) == 12.0
+    assert compiled.register("fake", entries, (str(src),)) is ns  # again: the same functions
+    with pytest.raises(ValueError, match="already registered"):
+        compiled.register("fake", entries[:0], (str(src),))
+    assert compiled.backend() in ("jit", "mixed")
+    paths = build(names=["fake"])
+    assert paths["fake"].is_file() and paths["fake"].is_symlink()
+    monkeypatch.setattr(compiled, "_REGISTRY", {k: v for k, v in compiled._REGISTRY.items() if k != "fake"})
+    ns = compiled.register("fake", entries, (str(src),))
+    assert compiled.groups()["fake"].backend == "aot"
+    assert ns.scaled_sum(np.arange(4.0), 2) == 12.0
+    with pytest.raises(TypeError, match="scaled_sum: argument 0 must be"):
+        ns.scaled_sum(np.arange(4), 2.0)
+    assert {name: g.namespace for name, g in compiled.groups().items() if name != "fake"} == before
+    with pytest.raises(ValueError, match="identifier"):
+        compiled.register("fake-2", (), ())
 
 
 AGENT = r"""

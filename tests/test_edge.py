@@ -33,10 +33,11 @@ from streamfed.evaluation.datasets import BEIJING_INPUTS
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig, load_config
-from streamfed.fleet.protocol import decode
-from streamfed.fleet.topics import global_topic, predictions_topic, sensor_topic
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire.message import decode
+from streamfed.wire.topics import global_topic, predictions_topic, sensor_topic
 
 REPO = Path(__file__).resolve().parent.parent
 EDGE = REPO / "edge"
@@ -99,7 +100,7 @@ def test_agent_toml_takes_credentials_from_the_environment():
     b = load_config(EDGE / "agent.toml", env=env).broker
     assert b.username == "station-07" and b.password.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(b)
-    kw = b.aiomqtt_kwargs("beijing-air.station-07", persistent=True)
+    kw = client_kwargs(b, "beijing-air.station-07", persistent=True)
     assert kw["password"] == "s3cret" and kw["tls_params"].ca_certs == "/etc/streamfed/ca.crt"
 
 
@@ -272,7 +273,7 @@ def test_sensor_to_agent_to_aggregator_over_mosquitto(mosquitto_dev):
             await asyncio.wait_for(agg.connected.wait(), 10)
             tasks.append(asyncio.create_task(agent.run()))
             await asyncio.wait_for(agent.connected.wait(), 10)
-            async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"{E2E_FLEET}.viewer")) as sub:
+            async with aiomqtt.Client(**client_kwargs(broker, f"{E2E_FLEET}.viewer")) as sub:
                 await sub.subscribe(predictions_topic(E2E_FLEET, E2E_CLIENT), qos=1)
 
                 async def collect():
@@ -294,7 +295,7 @@ def test_sensor_to_agent_to_aggregator_over_mosquitto(mosquitto_dev):
                 collector.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await collector
-            async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"{E2E_FLEET}.reader")) as reader:
+            async with aiomqtt.Client(**client_kwargs(broker, f"{E2E_FLEET}.reader")) as reader:
                 await reader.subscribe(global_topic(E2E_FLEET), qos=1)
                 retained = await asyncio.wait_for(anext(aiter(reader.messages)), 5)
                 glob = decode(retained.payload, cfg, kinds=(cfg.global_kind,))
@@ -395,7 +396,7 @@ def test_sensor_adapter_cli_publishes_to_the_broker(mosquitto_dev):
 
     async def main():
         got = []
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs("edge-cli.watch")) as sub:
+        async with aiomqtt.Client(**client_kwargs(broker, "edge-cli.watch")) as sub:
             await sub.subscribe(topic, qos=1)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, str(EDGE / "sensor_adapter.py"), "--host", broker.host, "--port", str(broker.port),
@@ -430,8 +431,8 @@ def test_sensor_adapter_cli_publishes_to_the_broker(mosquitto_dev):
 def test_a_restarted_agent_continues_its_update_sequence():
     import numpy as np
 
-    from streamfed.fleet.protocol import encode
     from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
 
     cfg = FleetConfig(standardise="none", fleet="restart", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=4)
     agg = AggregatorCore(cfg, mode="async", window=1.0)  # one window: closed by the tick below
@@ -468,7 +469,7 @@ def test_a_lockstep_agent_survives_a_delayed_label_while_it_waits_for_its_round(
         task = asyncio.create_task(svc.run())
         try:
             await asyncio.wait_for(svc.connected.wait(), 10)
-            async with aiomqtt.Client(**broker.aiomqtt_kwargs("edge-lockstep.sensor")) as pub:
+            async with aiomqtt.Client(**client_kwargs(broker, "edge-lockstep.sensor")) as pub:
                 for payload in ({"id": "r1", "x": [1, 2], "y": 0.5},  # learned: now waits for global 1
                                 {"id": "r2", "x": [1, 2]},  # predicted, waits for its label
                                 {"label_for": "r2", "y": 0.3},  # no aggregator: global 1 never comes
@@ -499,8 +500,8 @@ def test_a_cancelled_agent_is_marked_offline(mosquitto_dev):
         with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
             await asyncio.wait_for(task, 5)
         await asyncio.sleep(0.2)
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs("edge-cancel.reader")) as reader:
-            from streamfed.fleet.topics import status_topic
+        async with aiomqtt.Client(**client_kwargs(broker, "edge-cancel.reader")) as reader:
+            from streamfed.wire.topics import status_topic
 
             await reader.subscribe(status_topic(cfg.fleet, "c1"), qos=1)
             retained = await asyncio.wait_for(anext(aiter(reader.messages)), 5)

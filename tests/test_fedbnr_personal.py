@@ -411,8 +411,8 @@ def _run_personal_fleet(params: dict, n_agents: int = 2, steps: int = 80):
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.fleet.config import FleetConfig
-    from streamfed.fleet.protocol import encode
     from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
 
     data = synthetic_fleet(n_agents, steps, 2, seed=7)
     cfg = FleetConfig(standardise="none",
@@ -476,8 +476,8 @@ def test_tau_mixture_agent_and_aggregator_resume_from_their_snapshots_exactly():
 
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.aggregator import AggregatorCore
-    from streamfed.fleet.protocol import encode
     from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
 
     agg, agents = _run_personal_fleet({"tau_grid": [0.05, 1.0]}, steps=40)
     a = agents[0]

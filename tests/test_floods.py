@@ -38,10 +38,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from paho.mqtt.enums import CallbackAPIVersion
 
-from streamfed.fleet import topics
 from streamfed.fleet.sources import MAX_MESSAGE_BYTES, ReadingParser, Skip, jsonl_source
 from streamfed.runtime.mosquitto import free_port
 from streamfed.runtime.mqtt import IncomingQueue, Lane, burst_reads
+from streamfed.wire import topics
 from tests import brokers
 
 REPO = Path(__file__).resolve().parent.parent

@@ -39,9 +39,9 @@ from streamfed.evaluation.replay import AlgorithmConfig, replay
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import decode, encode
 from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import Reading, array_source
+from streamfed.wire.message import decode, encode
 
 JITTER = 1e-6
 
@@ -176,8 +176,8 @@ def test_reservoir_is_a_uniform_sample_of_the_stream() -> None:
 
 
 def test_compiled_covariance_column_matches_the_formulas() -> None:
+    from streamfed.algorithms.fsgp._compiled import kern
     from streamfed.algorithms.fsgp.kernels import KIND_CODES
-    from streamfed.core.compiled import fsgp as kern
 
     for kind in ("se", "matern32", "matern52"):
         h = make_hyper(kind, m=5, d=3, seed=4)

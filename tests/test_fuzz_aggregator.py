@@ -31,9 +31,9 @@ from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import encode
 from streamfed.fleet.sources import Reading
 from streamfed.fleet.telemetry import DEFAULT_REJECT_REASONS
+from streamfed.wire.message import encode
 
 BUDGET = int(os.environ.get("STREAMFED_FUZZ_EXAMPLES", "11000"))
 COUNTS: Counter[str] = Counter()  # "<test>/<kind>/<outcome>" → messages

@@ -21,15 +21,16 @@ from streamfed.algorithms.fedbnr.wire import stats_update_message
 from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.wire import update_message
 from streamfed.evaluation.datasets import load_beijing
-from streamfed.fleet import topics
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message, encode
 from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.sources import Reading, array_source
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire import topics
+from streamfed.wire.message import Message, encode
 from tests import brokers
 
 HONEST = ["h1", "h2", "h3"]
@@ -67,7 +68,7 @@ async def fleet(broker: brokers.Broker, cfg: FleetConfig, streams: dict[str, tup
     """The aggregator and the honest agents over `broker`; `attack(mallory)` runs alongside with mallory's own
     connection. Returns when every honest agent's updates are in the global (and the attack is done)."""
     names = clients or [*HONEST, "mallory"]
-    async with aiomqtt.Client(**broker.broker_config("hf.aggregator").aiomqtt_kwargs("hf.aggregator")) as c:
+    async with aiomqtt.Client(**client_kwargs(broker.broker_config("hf.aggregator"), "hf.aggregator")) as c:
         await c.publish(topics.global_topic(cfg.fleet), b"", qos=1, retain=True)  # the last test's global
     agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05),
                             broker.broker_config("hf.aggregator"))
@@ -79,7 +80,7 @@ async def fleet(broker: brokers.Broker, cfg: FleetConfig, streams: dict[str, tup
     tasks = [asyncio.create_task(a.run()) for a in services.values()]
     attacker_task = None
     if attack is not None:
-        attacker_task = asyncio.create_task(attack(aiomqtt.Client(**broker.broker_config(attacker).aiomqtt_kwargs(
+        attacker_task = asyncio.create_task(attack(aiomqtt.Client(**client_kwargs(broker.broker_config(attacker),
             broker.client_ids[attacker]))))
 
     async def settled() -> None:
@@ -143,7 +144,7 @@ def test_one_huge_sensor_reading_is_clipped_and_the_agent_keeps_uploading(broker
 
     async def sensor(_: aiomqtt.Client) -> None:
         await asyncio.wait_for(h1.connected.wait(), 10)  # subscribed: no reading is published before
-        adapter = aiomqtt.Client(**broker.broker_config("h1.sensor").aiomqtt_kwargs(broker.client_ids["h1.sensor"]))
+        adapter = aiomqtt.Client(**client_kwargs(broker.broker_config("h1.sensor"), broker.client_ids["h1.sensor"]))
         async with adapter:
             for r in rows:
                 await adapter.publish(topics.sensor_topic(cfg.fleet, "h1"), json.dumps(r).encode(), qos=1)
@@ -212,7 +213,7 @@ def test_a_reading_stamped_far_in_the_future_is_refused_and_later_readings_are_l
 
     async def sensor(_: aiomqtt.Client) -> None:
         await asyncio.wait_for(h1.connected.wait(), 10)
-        adapter = aiomqtt.Client(**broker.broker_config("h1.sensor").aiomqtt_kwargs(broker.client_ids["h1.sensor"]))
+        adapter = aiomqtt.Client(**client_kwargs(broker.broker_config("h1.sensor"), broker.client_ids["h1.sensor"]))
         async with adapter:
             for r in rows:
                 await adapter.publish(topics.sensor_topic(cfg.fleet, "h1"), json.dumps(r).encode(), qos=1)

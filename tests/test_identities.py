@@ -23,7 +23,8 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from streamfed.fleet import topics
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire import topics
 from tests import brokers
 
 NOT_AUTHORIZED = 0x87
@@ -46,7 +47,7 @@ def run(coro: Any, timeout: float = 20.0) -> Any:
 
 def client(broker: brokers.Broker, user: str, client_id: str | None = None) -> aiomqtt.Client:
     """`user` with its bound client id unless another is given."""
-    kw = broker.broker_config(user).aiomqtt_kwargs(client_id or broker.client_ids[user])
+    kw = client_kwargs(broker.broker_config(user), client_id or broker.client_ids[user])
     return aiomqtt.Client(**kw, timeout=5.0)
 
 
@@ -245,8 +246,8 @@ def test_streamfed_subscribe_watches_predictions_as_a_viewer_account(broker: bro
     import numpy as np
     from rich.console import Console
 
-    from streamfed.fleet.protocol import encode, prediction_message
     from streamfed.runtime.subscribe import watch
+    from streamfed.wire.message import encode, prediction_message
 
     async def scenario() -> int:
         out = io.StringIO()

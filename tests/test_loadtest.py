@@ -1,9 +1,9 @@
-"""`streamfed.evaluation.loadtest`, small: 20 real agent services in one process, the `streamfed aggregator` command
+"""`streamfed.runtime.loadtest`, small: 20 real agent services in one process, the `streamfed aggregator` command
 and a real Mosquitto; every published update must be in the last global, none rejected."""
 
 import math
 
-from streamfed.evaluation.loadtest import LoadTestOptions, run_loadtest
+from streamfed.runtime.loadtest import LoadTestOptions, run_loadtest
 
 
 def test_small_load_test_loses_and_rejects_nothing(mosquitto_dev):
@@ -37,9 +37,9 @@ def test_agents_of_one_process_share_the_decoding_of_a_global():
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.fleet.config import FleetConfig
-    from streamfed.fleet.protocol import encode
     from streamfed.fleet.sources import Reading
     from streamfed.runtime.agent import SharedGlobals, install_global
+    from streamfed.wire.message import encode
 
     cfg = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     agg = AggregatorCore(cfg, mode="async", window=0.0)

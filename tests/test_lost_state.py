@@ -18,8 +18,8 @@ from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import decode, encode
 from streamfed.fleet.sources import Reading
+from streamfed.wire.message import decode, encode
 
 STEPS = 120
 
@@ -79,7 +79,7 @@ def test_a_fresh_aggregator_refuses_clients_ahead_of_it_and_says_so(streams, cap
     now = run(agents, agg, streams, cfg, range(STEPS), 0.0)
     assert agg.version > 3
     fresh = AggregatorCore(cfg, clients=names, mode="async", window=0.0)  # its state directory is gone
-    with caplog.at_level(logging.ERROR, logger="streamfed.aggregator"):
+    with caplog.at_level(logging.ERROR, logger="streamfed.fleet.aggregator"):
         run(agents, fresh, streams, cfg, range(STEPS, STEPS + 40), now)
     assert fresh.counters.accepted == 0 and fresh.version == 0
     assert fresh.rejected.get("ahead_of_state", 0) >= 3
@@ -98,7 +98,7 @@ def test_recover_starts_a_new_epoch_and_rebuilds_fedbnrs_global_exactly(streams,
     now = run(agents, agg, streams, cfg, range(STEPS), 0.0)
     seen = agg.version
     fresh = AggregatorCore(cfg, clients=names, mode="async", window=0.0, recover=True)
-    with caplog.at_level(logging.WARNING, logger="streamfed.aggregator"):
+    with caplog.at_level(logging.WARNING, logger="streamfed.fleet.aggregator"):
         now = run(agents, fresh, streams, cfg, range(STEPS, STEPS + 40), now)
     steps = [STEPS + 40] * len(agents)
     for i, (a, s) in enumerate(zip(agents, streams, strict=True)):

@@ -36,13 +36,14 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.persistence import read_state
-from streamfed.fleet.protocol import decode
-from streamfed.fleet.topics import global_topic, status_topic
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.exporter import StreamfedCollector, make_registry
 from streamfed.runtime.runner import array_source_from
 from streamfed.runtime.service import DuplicateService, Lease
+from streamfed.wire.message import decode
+from streamfed.wire.topics import global_topic, status_topic
 from tests import brokers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +126,7 @@ def disk_version(path: Path) -> int:
 
 async def watch(broker_cfg, topics: list[str], got: list[tuple[str, bytes]], ready: asyncio.Event,
                 client_id: str | None = None) -> None:
-    async with aiomqtt.Client(**broker_cfg.aiomqtt_kwargs(client_id), timeout=5.0) as c:
+    async with aiomqtt.Client(**client_kwargs(broker_cfg, client_id), timeout=5.0) as c:
         for t in topics:
             await c.subscribe(t, qos=1)
         ready.set()

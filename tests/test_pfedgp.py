@@ -625,7 +625,7 @@ def test_over_mosquitto(mosquitto_dev) -> None:
 
 
 def test_shards_and_reducer_average_like_one_aggregator() -> None:
-    from streamfed.fleet.protocol import Message
+    from streamfed.wire.message import Message
 
     cfg = FleetConfig(fleet="f", algorithm="pfedgp", n_inputs=2,
                       params={"n_classes": 3, "widths": [3], "n_omega": 4, "min_proposal_weight": 1.0,

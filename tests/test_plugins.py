@@ -31,20 +31,14 @@ from streamfed.evaluation.datasets import ClientStream, Fleet, synthetic_fleet
 from streamfed.evaluation.replay import AlgorithmConfig, Arrangement, ReplayResult, replay
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
-from streamfed.fleet.config import (
-    ArraySpec,
-    FleetConfig,
-    MessageSchema,
-    MetaSpec,
-    contributor_arrays,
-    contributor_dims,
-)
-from streamfed.fleet.protocol import Message, encode
+from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import Reading, array_source
-from streamfed.fleet.topics import Channel
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.wire.message import Message, encode
+from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.wire.topics import Channel
 
 # =========================================================================== FedMean: a plug-in in one file
 

@@ -1,4 +1,4 @@
-"""Differential privacy through the plug-in contract (streamfed.privacy.learner) and in the fleet cores:
+"""Differential privacy through the plug-in contract (streamfed.fleet.private_learner) and in the fleet cores:
 each sample's influence on a real learner's upload is bounded by the declared sensitivity, the noisy
 FedBNR global stays installable, and an agent past its budget stops uploading, keeps predicting, and
 says so in its metrics and status."""
@@ -20,11 +20,11 @@ from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import decode, encode
+from streamfed.fleet.private_learner import PrivateLearner
 from streamfed.fleet.sources import Reading
 from streamfed.privacy import dp
-from streamfed.privacy.learner import PrivateLearner
 from streamfed.runtime.exporter import StreamfedCollector, make_registry
+from streamfed.wire.message import decode, encode
 
 
 def fedbnr_cfg(**kw: object) -> FleetConfig:
@@ -130,7 +130,7 @@ def test_noisy_fedbnr_fleet_installs_every_global_and_stops_at_its_budget(caplog
     names = ["a", "b", "c"]
     agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
     agg = AggregatorCore(cfg, clients=names, window=0.0)
-    with caplog.at_level(logging.WARNING, logger="streamfed.privacy"):
+    with caplog.at_level(logging.WARNING, logger="streamfed.fleet.private_learner"):
         preds = _run(agents, agg, cfg, 200)
     assert all(p is not None and np.isfinite(p.mean) and p.var > 0 for p in preds)  # predicting throughout
     assert agg.rejected == {}

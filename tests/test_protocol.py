@@ -21,35 +21,27 @@ from hypothesis.extra import numpy as hnp
 from pydantic import ValidationError
 
 import streamfed.fleet.config as config_module
-import streamfed.fleet.protocol as protocol_module
+import streamfed.wire.message as protocol_module
 from streamfed.algorithms.fedbnr.wire import global_fields as fedbnr_global_fields
 from streamfed.algorithms.fedbnr.wire import global_message as fedbnr_global_message
 from streamfed.algorithms.fedbnr.wire import stats_fields, stats_update_message
 from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message
 from streamfed.algorithms.pofmkl.wire import global_theta, to_kernel_update
 from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
-from streamfed.fleet.config import (
-    MAX_KERNEL_VERSION_LEN,
-    MAX_META_ITEMS,
-    MAX_META_STR,
-    BrokerConfig,
-    FleetConfig,
-    MessageSchema,
-    StreamfedConfig,
-    env_overrides,
-    load_config,
-)
-from streamfed.fleet.protocol import (
+from streamfed.fleet.config import BrokerConfig, FleetConfig, StreamfedConfig, env_overrides, load_config
+from streamfed.fleet.sequences import SeqTracker
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire.message import (
     Message,
     ProtocolError,
     Reason,
-    SeqTracker,
     ack_message,
     decode,
     encode,
     prediction_message,
     status_message,
 )
+from streamfed.wire.schema import MAX_KERNEL_VERSION_LEN, MAX_META_ITEMS, MAX_META_STR, MessageSchema
 
 POF = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=3, n_features=2, bin_size=2,
                   max_clients=50, max_prediction_batch=8, seq_window=16)
@@ -241,16 +233,16 @@ def test_broker_config_to_aiomqtt_arguments() -> None:
     import aiomqtt
 
     b = BrokerConfig(username="a1", password="pw", tls_ca="/ca.crt", session_expiry=600)
-    kw = b.aiomqtt_kwargs("a1", persistent=True)
+    kw = client_kwargs(b, "a1", persistent=True)
     assert kw["password"] == "pw" and kw["port"] == 8883 and kw["tls_params"].ca_certs == "/ca.crt"
     assert kw["protocol"] == aiomqtt.ProtocolVersion.V5
     assert kw["clean_start"] is False and kw["properties"].SessionExpiryInterval == 600
-    kw = b.aiomqtt_kwargs("a1")
+    kw = client_kwargs(b, "a1")
     assert kw["clean_start"] is True and kw["properties"].SessionExpiryInterval == 0
-    kw = BrokerConfig(protocol="3.1.1").aiomqtt_kwargs("a1", persistent=True)
+    kw = client_kwargs(BrokerConfig(protocol="3.1.1"), "a1", persistent=True)
     assert kw["clean_session"] is False and "properties" not in kw and "tls_params" not in kw
     with pytest.raises(ValueError, match="client_id"):
-        b.aiomqtt_kwargs(persistent=True)
+        client_kwargs(b, persistent=True)
 
     async def construct() -> None:
         aiomqtt.Client(**kw)  # the arguments are accepted by the real constructor

@@ -278,7 +278,7 @@ from streamfed.evaluation.datasets import synthetic_fleet  # noqa: E402
 from streamfed.evaluation.replay import AlgorithmConfig, replay  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.protocol import Message, decode, encode  # noqa: E402
+from streamfed.wire.message import Message, decode, encode  # noqa: E402
 
 SMALL = {"n_inducing": 5, "n_pseudo": 6, "refine_every": 20, "steps": 15, "learning_rate": 0.02,
          "lengthscale": 0.8, "sigma": 0.3, "predict_draws": 4}

@@ -39,10 +39,10 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateError, StateStore, atomic_write, dumps, loads, read_state
-from streamfed.fleet.protocol import ack_message, decode, encode
 from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip, array_source
 from streamfed.runtime.agent import AgentService, BrokerRefused
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.wire.message import ack_message, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 120

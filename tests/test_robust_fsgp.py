@@ -19,8 +19,8 @@ from streamfed.algorithms.fsgp.server import FSGPServer
 from streamfed.algorithms.fsgp.wire import UPDATE, update_arrays
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message
 from streamfed.fleet.robustness import Robustness
+from streamfed.wire.message import Message
 from tests.attacked_fleet import run_attacked_fleet
 
 B = 10.0  # Robustness().label_bound

@@ -24,9 +24,9 @@ from streamfed.core.stats import SufficientStats
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message, decode, encode
 from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.sources import Reading
+from streamfed.wire.message import Message, decode, encode
 
 torch = pytest.importorskip("torch")
 

@@ -30,10 +30,10 @@ from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import decode, encode
 from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import Reading
+from streamfed.wire.message import decode, encode
 
 ALG = algorithms.get("pofmkl")
 STEPS = 300  # the figure's rounds (12 stations, hourly readings: 12.5 days)

@@ -17,8 +17,8 @@ from streamfed.algorithms.pvi.factors import Factor
 from streamfed.algorithms.pvi.posterior import ConditionalQ, beta_hyper
 from streamfed.algorithms.pvi.wire import factor_arrays
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message, decode, encode
 from streamfed.fleet.robustness import Robustness
+from streamfed.wire.message import Message, decode, encode
 
 SIGMA = 0.3
 

@@ -17,11 +17,12 @@ from streamfed.evaluation.replay import AlgorithmConfig
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import decode
 from streamfed.fleet.sources import array_source
-from streamfed.fleet.topics import Channel, topic_filter
 from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire.message import decode
+from streamfed.wire.topics import Channel, topic_filter
 from tests.oracles.fedbnr import assert_global_is_centralised
 
 STEPS = 60
@@ -101,7 +102,7 @@ def test_subscriber_receives_every_prediction(mosquitto_dev, streams, qos):
 
     async def main():
         got = []
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs("viewer-preds")) as sub:
+        async with aiomqtt.Client(**client_kwargs(broker, "viewer-preds")) as sub:
             await sub.subscribe(topic_filter(Channel.PREDICTIONS, cfg.fleet), qos=1)
             agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05), broker)
             agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), prediction_qos=qos)
@@ -133,9 +134,9 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     updates of unknown clients counted exactly as a core fed the same sequence directly counts them,
     and the same global θ."""
     from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
-    from streamfed.fleet.protocol import encode
     from streamfed.fleet.robustness import Robustness
-    from streamfed.fleet.topics import updates_topic
+    from streamfed.wire.message import encode
+    from streamfed.wire.topics import updates_topic
 
     cfg = FleetConfig(standardise="none",  # random deltas: far beyond what honest labels give, hence the bound
                       fleet="burst", algorithm="pofmkl", n_inputs=4, n_kernels=6, n_features=8, bin_size=2,
@@ -158,9 +159,9 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     sid = "burst.aggregator"
 
     async def main():
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs(sid, persistent=True)) as c:  # the session
+        async with aiomqtt.Client(**client_kwargs(broker, sid, persistent=True)) as c:  # the session
             await c.subscribe(topic_filter(Channel.UPDATES, cfg.fleet), qos=1)
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs("burst-pub"), max_inflight_messages=100) as p:
+        async with aiomqtt.Client(**client_kwargs(broker, "burst-pub"), max_inflight_messages=100) as p:
             for c, payload in stream:  # one at a time: the broker keeps the order
                 await p.publish(updates_topic(cfg.fleet, c), payload, qos=1)
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=60.0), broker,
@@ -238,7 +239,7 @@ def test_qos1_predictions_leave_ahead_of_their_samples_updates(mosquitto_dev, st
 
     async def main():
         got = []
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs("viewer-order1")) as sub:
+        async with aiomqtt.Client(**client_kwargs(broker, "viewer-order1")) as sub:
             await sub.subscribe(f"streamfed/v1/{cfg.fleet}/#", qos=1)
             agent = AgentService(AgentCore(cfg, "a", 0, mode="async"), broker, array_source(s.X, s.y, rate_hz=100.0),
                                  drain=0.0, prediction_qos=1, outbox_limit=STEPS + 1)  # no aggregator: see above

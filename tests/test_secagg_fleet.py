@@ -1,4 +1,4 @@
-"""Secure aggregation in the fleet cores (streamfed.privacy.fleet wired into AgentCore / AggregatorCore): the
+"""Secure aggregation in the fleet cores (streamfed.fleet.secure_aggregation wired into AgentCore / AggregatorCore): the
 global of a secure fleet equals the plain sums (exactly as integers, to the fixed-point grid as floats), in
 windowed and lock-step modes, with a member dropping out mid-round; and over a real Mosquitto an eavesdropper
 subscribed to `#` sees only masked vectors."""
@@ -16,11 +16,12 @@ from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
-from streamfed.fleet.protocol import Message, decode, encode
+from streamfed.fleet.secure_aggregation import DOWN_KINDS, UP_KINDS, frac_bits, summed_layout
 from streamfed.fleet.sources import Reading
-from streamfed.fleet.topics import Channel
 from streamfed.privacy import fixed_point
-from streamfed.privacy.fleet import DOWN_KINDS, UP_KINDS, frac_bits, summed_layout
+from streamfed.runtime.connection import client_kwargs
+from streamfed.wire.message import Message, decode, encode
+from streamfed.wire.topics import Channel
 
 
 def fedbnr_cfg(secure: bool, **kw: object) -> FleetConfig:
@@ -262,7 +263,7 @@ def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, flavo
 
     async def main() -> tuple[list[tuple[str, bytes]], AggregatorService]:
         seen: list[tuple[str, bytes]] = []
-        async with aiomqtt.Client(**login("ops").aiomqtt_kwargs("ops" if prod else "eaves.spy")) as spy:
+        async with aiomqtt.Client(**client_kwargs(login("ops"), "ops" if prod else "eaves.spy")) as spy:
             await spy.subscribe("#", qos=1)
 
             async def listen() -> None:
@@ -356,9 +357,9 @@ def test_an_agent_past_its_budget_says_so_in_its_retained_status_over_mosquitto(
     import aiomqtt
 
     from streamfed.fleet.sources import array_source
-    from streamfed.fleet.topics import status_topic
     from streamfed.runtime.agent import AgentService
     from streamfed.runtime.aggregator import AggregatorService
+    from streamfed.wire.topics import status_topic
 
     cfg = FleetConfig(fleet="budget", algorithm="fedbnr", n_inputs=3, n_features=4, kernels=["gaussian:1.0"],
                       standardise="none", dp_epsilon=1.0, dp_budget=2.5,
@@ -369,7 +370,7 @@ def test_an_agent_past_its_budget_says_so_in_its_retained_status_over_mosquitto(
 
     async def main() -> tuple[AgentService, list[Message]]:
         statuses: list[Message] = []
-        async with aiomqtt.Client(**broker.aiomqtt_kwargs("budget.spy")) as spy:
+        async with aiomqtt.Client(**client_kwargs(broker, "budget.spy")) as spy:
             await spy.subscribe(status_topic("budget", "b1"), qos=1)
 
             async def listen() -> None:

@@ -16,9 +16,9 @@ from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message, decode, encode
 from streamfed.fleet.sharding import ReducerCore, ShardCore, contributors_fields, contributors_of
 from streamfed.fleet.sources import Reading
+from streamfed.wire.message import Message, decode, encode
 
 STEPS = 40
 

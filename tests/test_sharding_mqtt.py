@@ -19,6 +19,7 @@ from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import array_source
 from streamfed.runtime.agent import AgentService
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.shard import ReducerService, ShardService
 from tests.oracles.fedbnr import assert_global_is_centralised
 
@@ -130,7 +131,7 @@ def test_broker_roles_give_shards_and_the_reducer_only_their_topics():
     reducer and an agent (even one named like a shard) may publish and receive."""
     from paho.mqtt.client import topic_matches_sub
 
-    from streamfed.fleet import topics
+    from streamfed.wire import topics
     from tests.test_broker_config import dynsec
 
     accounts, roles = dynsec.build({"fleet": [{"name": "f", "agents": ["a1", "s0"], "shards": ["s0", "s1"]}]})
@@ -211,8 +212,8 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
 
     import aiomqtt
 
-    from streamfed.fleet.protocol import decode
-    from streamfed.fleet.topics import global_topic
+    from streamfed.wire.message import decode
+    from streamfed.wire.topics import global_topic
 
     cfg = LOCKSTEP.model_copy(update={"fleet": "reducerkill"})
     broker = mosquitto_dev.broker_config()
@@ -241,7 +242,7 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
                       for i, (n, s) in enumerate(zip(names, streams, strict=True))]
 
             async def killer():
-                async with aiomqtt.Client(**broker.aiomqtt_kwargs("killer")) as c:
+                async with aiomqtt.Client(**client_kwargs(broker, "killer")) as c:
                     await c.subscribe(global_topic(cfg.fleet), qos=1)
                     async for m in c.messages:
                         g = decode(m.payload, cfg, kinds=("pofmkl.global",))

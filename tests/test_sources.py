@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfed.fleet.config import MAX_META_STR
 from streamfed.fleet.sources import (
     MAX_ID_LEN,
     Label,
@@ -32,6 +31,7 @@ from streamfed.fleet.sources import (
     paced,
     river_source,
 )
+from streamfed.wire.schema import MAX_META_STR
 
 FEATURES = ["temp", "hum", "co2"]
 X = {"temp": 21.5, "hum": 40, "co2": "415.5"}

@@ -22,7 +22,6 @@ from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from streamfed.evaluation.datasets.synthetic import synthetic_fleet
-from streamfed.fleet.protocol import Reason
 from streamfed.fleet.sources import SkipReason
 from streamfed.fleet.telemetry import (
     DEFAULT_REJECT_REASONS,
@@ -35,6 +34,7 @@ from streamfed.fleet.telemetry import (
     WindowedMSE,
 )
 from streamfed.runtime.exporter import StreamfedCollector, make_registry, serve_metrics
+from streamfed.wire.message import Reason
 
 
 def test_doctests() -> None:

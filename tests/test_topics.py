@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from paho.mqtt.client import topic_matches_sub
 
-import streamfed.fleet.topics as topics_module
-from streamfed.fleet.topics import (
+import streamfed.wire.topics as topics_module
+from streamfed.wire.topics import (
     MAX_NAME_LEN,
     Channel,
     ParsedTopic,
@@ -85,7 +85,7 @@ def test_builders_refuse_bad_names(build) -> None:  # type: ignore[no-untyped-de
 
 @given(valid_names, valid_names, st.sampled_from([c for c in Channel if c.per_client]))
 def test_parse_inverts_build(fleet: str, client: str, channel: Channel) -> None:
-    from streamfed.fleet.topics import channel_topic
+    from streamfed.wire.topics import channel_topic
 
     topic = channel_topic(fleet, channel, client)
     assert parse_topic(topic) == ParsedTopic(fleet, channel, client)
@@ -122,7 +122,7 @@ def test_parse_never_raises_anything_else(topic: str) -> None:
     result = try_parse_topic(topic)
     assert isinstance(result, ParsedTopic | str)
     if isinstance(result, ParsedTopic):  # anything accepted rebuilds to exactly the same topic
-        from streamfed.fleet.topics import channel_topic
+        from streamfed.wire.topics import channel_topic
 
         assert channel_topic(result.fleet, result.channel, result.client) == topic
 
@@ -142,7 +142,7 @@ def test_shared_and_filters_validate() -> None:
     with pytest.raises(ValueError):
         topic_filter("nonsense")
     with pytest.raises(TopicError):
-        from streamfed.fleet.topics import channel_topic
+        from streamfed.wire.topics import channel_topic
 
         channel_topic("f", "global", "a1")
 

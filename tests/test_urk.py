@@ -188,7 +188,7 @@ from streamfed.algorithms.urk.messages import ChunkItem, StatsItem  # noqa: E402
 from streamfed.algorithms.urk.server import URKServer  # noqa: E402
 from streamfed.core.stats import SufficientStats  # noqa: E402
 from streamfed.fleet.config import FleetConfig  # noqa: E402
-from streamfed.fleet.protocol import Message, ProtocolError, decode, encode  # noqa: E402
+from streamfed.wire.message import Message, ProtocolError, decode, encode  # noqa: E402
 
 ARCH = URKArch(n_inputs=2, widths=(6, 3), n_omega=8)
 LIMIT = 96  # bytes per chunk: at most 12 numbers, so a proposal of ARCH.n_params = 44 numbers takes 4 chunks of 11
@@ -463,7 +463,7 @@ import numpy as np
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import encode
+from streamfed.wire.message import encode
 from streamfed.fleet.sources import Reading
 cfg = FleetConfig(fleet="f", algorithm="urk-fedbnr", n_inputs=2, params={"n_omega": 8, "min_upload": 10,
                   "fit_every": 20})

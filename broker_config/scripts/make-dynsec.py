@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_OUTPUT = "/etc/mosquitto/streamfed/dynamic-security.json"
-# streamfed.fleet.topics.name_problem's alphabet: safe as topic level, user name and client id.
+# streamfed.wire.topics.name_problem's alphabet: safe as topic level, user name and client id.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 ITERATIONS = 101  # what mosquitto_ctrl 2.0.11 writes; the plugin reads the count from the file
 ROOT = "streamfed/v1"

@@ -40,9 +40,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from streamfed.evaluation.datasets.base import Fleet as DatasetFleet
-    from streamfed.fleet.config import FleetConfig, MessageSchema
-    from streamfed.fleet.protocol import Message
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.message import Message
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode",
            "UploadSensitivity", "aggregation_diagnostics", "aggregation_for_partials", "learner_class_probabilities",
@@ -315,11 +315,6 @@ class Algorithm:
         if self.task != "classification":
             return None
         return int(cfg.params.n_classes)  # type: ignore[attr-defined]
-
-    def demo_fleet(self) -> DatasetFleet | None:
-        """The streams `streamfed demo` runs it on, when not the Beijing regression streams (None: those).
-        A classifier says which class streams it runs on (pFedGP: the stations' PM2.5 AQI bands)."""
-        return None
 
     def demo_settings(self) -> dict[str, Any]:
         """Fleet-configuration fields (and `params`) that make a good live demo of it on the Beijing streams."""

@@ -15,7 +15,7 @@ aggregation and globals reach the clients is the *schedule*:
 
 The arrangement comes from the algorithm's replay variants: ``federated`` (one aggregation), ``local``
 (each client its own aggregation) or ``centralised`` (one learner takes every client's samples; each
-step's samples are one round). Uploads are wrapped in the same :class:`~streamfed.fleet.protocol.Message`
+step's samples are one round). Uploads are wrapped in the same :class:`~streamfed.wire.message.Message`
 the network carries and checked by the aggregation (not encoded: nothing crosses a wire here).
 Deterministic for a given seed.
 """
@@ -35,9 +35,9 @@ from streamfed.algorithms.base import Aggregation, Algorithm, Learner, Update
 from streamfed.core.features import KernelSpec, gaussian_dictionary
 from streamfed.evaluation.datasets import Fleet
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message
 from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.telemetry import Z95
+from streamfed.wire.message import Message
 
 __all__ = ["AlgorithmConfig", "Arrangement", "ReplayResult", "Schedule", "algorithm_titles", "build_arrangement",
            "replay"]
@@ -204,7 +204,7 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
         aggs, of = [alg.aggregation(fcfg)], [0] * n
     if fcfg.dp_epsilon is not None and v.arrangement == "federated":
         # what an agent of the fleet runs (AgentCore): uploads noised, accounted; the server checks bounds only
-        from streamfed.privacy.learner import PrivateLearner
+        from streamfed.fleet.private_learner import PrivateLearner
 
         learners = [PrivateLearner(lr, epsilon=fcfg.dp_epsilon, delta=fcfg.dp_delta, budget=fcfg.dp_budget,
                                    label_bound=fcfg.clip_label, clip_norm=fcfg.clip_norm, rng=[seed, c],

@@ -45,19 +45,20 @@ from streamfed.algorithms.base import (
     learner_pending_samples,
 )
 from streamfed.fleet.bounded_labels import BoundedLabels
-from streamfed.fleet.config import MAX_META_STR, FleetConfig
-from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, prediction_message
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.secure_aggregation import SecAggAgent
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
 from streamfed.fleet.standardised import StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
-from streamfed.privacy.fleet import SecAggAgent
+from streamfed.wire.message import Message, ProtocolError, decode, encode, prediction_message
+from streamfed.wire.schema import MAX_META_STR
 
 if TYPE_CHECKING:
-    from streamfed.privacy.learner import PrivateLearner
+    from streamfed.fleet.private_learner import PrivateLearner
 
 __all__ = ["AGENT_STATE_FORMAT", "AgentCore", "GlobalResult", "PendingLearn", "Prediction"]
 
-log = logging.getLogger("streamfed.agent")
+log = logging.getLogger(__name__)
 AGENT_STATE_FORMAT = 2  # layout of AgentCore.snapshot(); restore() refuses any other
 # skip reason of samples learned but still below the upload floor when a stream ends without durable state
 BELOW_PRIVACY_FLOOR = "below_privacy_floor"
@@ -126,7 +127,7 @@ class GlobalResult(NamedTuple):
 
 def _private_part(learner: object) -> PrivateLearner | None:
     """The :class:`PrivateLearner` in a chain of wrappers (each holding the next as `inner`), if any."""
-    module = sys.modules.get("streamfed.privacy.learner")
+    module = sys.modules.get("streamfed.fleet.private_learner")
     if module is None:  # never imported: no learner of this process (restored ones included) can be one
         return None
     PrivateLearner = module.PrivateLearner  # noqa: N806
@@ -166,7 +167,7 @@ class AgentCore:
         self.privacy: PrivateLearner | None = None
         if cfg.dp_epsilon is not None:
             # lazy: the accountant's dp_accounting pulls in scipy, which a fleet without DP does not need
-            from streamfed.privacy.learner import PrivateLearner
+            from streamfed.fleet.private_learner import PrivateLearner
 
             self.learner = self.privacy = PrivateLearner(
                 self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,

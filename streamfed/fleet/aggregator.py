@@ -15,7 +15,7 @@ The algorithm is a plug-in (:mod:`streamfed.algorithms`); this core holds its
     `window` seconds after its first update (at once with `window <= 0`), and a new global is published
     when the aggregation says something changed.
 
-Every rejection has a reason (a :class:`~streamfed.fleet.protocol.Reason` value, or ``invalid_update`` /
+Every rejection has a reason (a :class:`~streamfed.wire.message.Reason` value, or ``invalid_update`` /
 ``unknown_client`` / ``late`` / ``rate_limited`` / ``ahead_of_state``) counted in
 :attr:`AggregatorCore.rejected`; nothing rejected reaches the model, and :meth:`AggregatorCore.on_update`
 never raises. Beyond the codec's checks (schema, shapes, dtypes, finiteness, indices, sequence numbers) the
@@ -29,7 +29,7 @@ Durability: the shell sets :attr:`AggregatorCore.checkpoint` (a callable); it is
 state *before* any global reflecting it is returned for publishing, so a published global is always
 on disk. :meth:`AggregatorCore.snapshot` / :meth:`AggregatorCore.restore` carry the server state
 (θ and version, or the summed statistics with σ, λ, version, `included` and out-of-order uploads),
-pending lock-step rounds or the open window, the :class:`~streamfed.fleet.protocol.SeqTracker` and counters.
+pending lock-step rounds or the open window, the :class:`~streamfed.fleet.sequences.SeqTracker` and counters.
 """
 
 from __future__ import annotations
@@ -45,15 +45,16 @@ from streamfed import algorithms
 from streamfed.algorithms.base import Aggregation, Mode, aggregation_diagnostics
 from streamfed.fleet.admission import Admission
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message, ProtocolError, SeqCheck, SeqTracker, ack_message, decode, encode
+from streamfed.fleet.secure_aggregation import UP_KINDS as SECAGG_UP
+from streamfed.fleet.secure_aggregation import SecAggCoordinator
+from streamfed.fleet.sequences import SeqCheck, SeqTracker
 from streamfed.fleet.telemetry import AggregatorStats
-from streamfed.privacy.fleet import UP_KINDS as SECAGG_UP
-from streamfed.privacy.fleet import SecAggCoordinator
+from streamfed.wire.message import Message, ProtocolError, ack_message, decode, encode
 
 __all__ = ["AGGREGATOR_STATE_FORMAT", "AggregatorCore", "note_status", "roster"]
 
 LAG_WARNING = 2.0  # seconds an accepted update may have waited before the aggregator says it is behind
-log = logging.getLogger("streamfed.aggregator")
+log = logging.getLogger(__name__)
 AGGREGATOR_STATE_FORMAT = 2  # layout of AggregatorCore.snapshot(); restore() refuses any other
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib
+import io
 import os
 import pickle
 import struct
@@ -58,6 +60,33 @@ class StateError(RuntimeError):
         self.path = str(path)
         self.reason = reason
         super().__init__(f"state file {self.path}: {reason}")
+
+
+# Where classes went when their modules moved: a state written before a move still loads (its pickle names the
+# old module). Whole modules, then single names that left a module that still exists.
+MOVED_MODULES = {
+    "streamfed.fleet.protocol": "streamfed.wire.message",
+    "streamfed.fleet.topics": "streamfed.wire.topics",
+    "streamfed.privacy.learner": "streamfed.fleet.private_learner",
+    "streamfed.privacy.fleet": "streamfed.fleet.secure_aggregation",
+}
+MOVED_NAMES = {
+    ("streamfed.fleet.protocol", "SeqCheck"): "streamfed.fleet.sequences",
+    ("streamfed.fleet.protocol", "SeqTracker"): "streamfed.fleet.sequences",
+    **{("streamfed.fleet.config", n): "streamfed.wire.schema"
+       for n in ("ArraySpec", "MetaSpec", "MessageSchema", "ProtocolSchema")},
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    """`pickle.loads`, following :data:`MOVED_MODULES` and :data:`MOVED_NAMES` (checksummed bodies written by
+    this program only: see the module doc)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        moved = MOVED_NAMES.get((module, name)) or MOVED_MODULES.get(module)
+        if moved is not None:
+            return getattr(importlib.import_module(moved), name)
+        return super().find_class(module, name)
 
 
 def dumps(state: Mapping[str, Any]) -> bytes:
@@ -93,7 +122,7 @@ def loads(data: bytes, path: str | os.PathLike[str] = "<bytes>", kind: str | Non
     if hashlib.sha256(body).digest() != data[len(MAGIC) + _HEADER.size : _PREFIX]:
         raise StateError(path, "checksum mismatch (the file is corrupt)")
     try:
-        state = pickle.loads(body)  # noqa: S301 - checksummed, written by this program (see module doc)
+        state = _Unpickler(io.BytesIO(body)).load()
     except Exception as e:  # an intact checksum over an unreadable pickle: written by incompatible code
         raise StateError(path, f"cannot decode the body: {type(e).__name__}: {e}") from None
     if not isinstance(state, dict) or not isinstance(state.get("kind"), str):

@@ -41,12 +41,13 @@ from streamfed.algorithms.base import Mode, aggregation_diagnostics, aggregation
 from streamfed.fleet.admission import Admission
 from streamfed.fleet.aggregator import note_status, roster
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.protocol import Message, ProtocolError, SeqTracker, ack_message, decode
+from streamfed.fleet.sequences import SeqTracker
 from streamfed.fleet.telemetry import AggregatorStats
+from streamfed.wire.message import Message, ProtocolError, ack_message, decode
 
 __all__ = ["Contribution", "ShardCore", "ReducerCore", "contributors_fields", "contributors_of"]
 
-log = logging.getLogger("streamfed.fleet.sharding")
+log = logging.getLogger(__name__)
 REDUCER_STATE_FORMAT = 2
 
 
@@ -127,7 +128,7 @@ class ShardCore:
 
     >>> import numpy as np
     >>> from streamfed.fleet.config import FleetConfig
-    >>> from streamfed.fleet.protocol import encode
+    >>> from streamfed.wire.message import encode
     >>> from streamfed.algorithms.pofmkl.wire import update_message
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=1)
     >>> shard = ShardCore(cfg, "s1", clients=["a", "b"])
@@ -306,7 +307,7 @@ class ReducerCore:
 
     >>> import numpy as np
     >>> from streamfed.fleet.config import FleetConfig
-    >>> from streamfed.fleet.protocol import encode
+    >>> from streamfed.wire.message import encode
     >>> from streamfed.algorithms.pofmkl.wire import update_message
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=1)
     >>> s1, s2 = ShardCore(cfg, "s1", ["a", "b"]), ShardCore(cfg, "s2", ["a", "b"])

@@ -43,7 +43,7 @@ import numpy as np
 
 from streamfed.fleet.columns import ColumnSpec, Invalid
 from streamfed.fleet.columns import to_number as _number
-from streamfed.fleet.config import MAX_META_STR
+from streamfed.wire.schema import MAX_META_STR
 
 __all__ = [
     "FUTURE_TOLERANCE",
@@ -78,7 +78,7 @@ MAX_ID_LEN = MAX_META_STR
 # messages hold megabytes: the production broker lets 16 MiB through.
 MAX_MESSAGE_BYTES = 64 * 1024
 
-log = logging.getLogger("streamfed.fleet.sources")
+log = logging.getLogger(__name__)
 
 # CSV cells that mean "no value" (as in streamfed.evaluation.datasets.NA_VALUES; repeated to keep this module light).
 _CSV_NA = frozenset({"", "NA", "N/A", "NaN", "nan", "NULL", "null", "None", "?", "-"})

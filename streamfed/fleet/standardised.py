@@ -32,7 +32,7 @@ from streamfed.algorithms.base import (
     learner_pending_samples,
 )
 from streamfed.core.standardise import StreamScales
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["StandardisedLearner"]
 

@@ -47,7 +47,7 @@ AGGREGATION_BUCKETS: tuple[float, ...] = (
 # Reason series created at zero up front: rate()/increase() cannot see the first increment of a
 # series that appears with value 1, so an alert on "rejections > 0" would miss a lone first one.
 # Kept literal (this module imports nothing of the runtime); tests/test_telemetry.py checks that they
-# cover streamfed.fleet.sources.SkipReason and streamfed.fleet.protocol.Reason.
+# cover streamfed.fleet.sources.SkipReason and streamfed.wire.message.Reason.
 DEFAULT_SKIP_REASONS: tuple[str, ...] = (
     "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "future_timestamp",
     "unknown_reading",
@@ -482,7 +482,7 @@ class AggregatorStats:
         self.last_heard[client] = self.clock()
 
     def rejected(self, reason: str, n: int = 1) -> None:
-        """`n` updates were rejected for `reason` (e.g. a :class:`streamfed.fleet.protocol.Reason` value)."""
+        """`n` updates were rejected for `reason` (e.g. a :class:`streamfed.wire.message.Reason` value)."""
         reason = str(getattr(reason, "value", reason))  # an Enum member counts under its value
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + n
 

@@ -87,17 +87,9 @@ import paho.mqtt.client as mqtt
 from streamfed.fleet.agent import AgentCore, GlobalResult, Prediction
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateStore
-from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, status_message
+from streamfed.fleet.secure_aggregation import DOWN_KINDS as SECAGG_DOWN
 from streamfed.fleet.sources import MAX_MESSAGE_BYTES, Label, Reading, ReadingParser, Skip, SkipReason, SkipWatch
-from streamfed.fleet.topics import (
-    acks_topic,
-    global_topic,
-    predictions_topic,
-    sensor_topic,
-    status_topic,
-    updates_topic,
-)
-from streamfed.privacy.fleet import DOWN_KINDS as SECAGG_DOWN
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mqtt import (
     IncomingQueue,
     Lane,
@@ -106,13 +98,22 @@ from streamfed.runtime.mqtt import (
     paho_of,
     pending_publishes,
 )
+from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
+from streamfed.wire.topics import (
+    acks_topic,
+    global_topic,
+    predictions_topic,
+    sensor_topic,
+    status_topic,
+    updates_topic,
+)
 
 __all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "check_subscription", "no_delay",
            "refusal_reason", "until_lost"]
 
 T = TypeVar("T")
 
-log = logging.getLogger("streamfed.fleet.agent")
+log = logging.getLogger(__name__)
 # The feeder learns for at most this long before it lets the socket reader, the receiver and the sender
 # in: a backlog of readings is learned in slices, and globals, acks and PUBACKs are not held up behind it.
 _FEED_SLICE = 0.002
@@ -648,7 +649,7 @@ class AgentService:
 
     async def _session(self) -> None:
         offline = encode(status_message(self.fleet, self.client_id, "offline"))
-        kw = self.broker.aiomqtt_kwargs(f"{self.fleet}.{self.client_id}", persistent=True)
+        kw = client_kwargs(self.broker, f"{self.fleet}.{self.client_id}", persistent=True)
         will = aiomqtt.Will(status_topic(self.fleet, self.client_id), offline, qos=1, retain=True)
         incoming = IncomingQueue(limit=self.control_queue, divert=self._divert, on_drop=self._dropped_control)
         mqtt_client = aiomqtt.Client(**kw, will=will, timeout=self.connect_timeout,

@@ -30,7 +30,7 @@ marks the aggregator unhealthy (log, ``streamfed_aggregator_value{name="healthy"
 under the same client id, this one stops with :class:`~streamfed.runtime.service.DuplicateService`
 ("another aggregator connected as <fleet>.aggregator") instead of taking the session back forever.
 
-Measurement hook (the load test, :mod:`streamfed.evaluation.loadtest`): with the environment variable
+Measurement hook (the load test, :mod:`streamfed.runtime.loadtest`): with the environment variable
 ``STREAMFED_AGGREGATOR_TRACE`` set to a file path, the service notes, from timestamps it takes anyway,
 when each accepted update was applied (client, the client's mark, time), when each window was due and
 closed, and when the broker acknowledged each global; it writes them there as JSON when it stops.
@@ -48,13 +48,13 @@ from typing import Any
 
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig
-from streamfed.fleet.protocol import Message, ProtocolError, decode
-from streamfed.fleet.topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
 from streamfed.runtime.service import Lease, MqttService, Outgoing
+from streamfed.wire.message import Message, ProtocolError, decode
+from streamfed.wire.topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
 
 __all__ = ["AggregatorService"]
 
-log = logging.getLogger("streamfed.fleet.aggregator")
+log = logging.getLogger(__name__)
 
 
 class AggregatorService(MqttService):

@@ -28,10 +28,11 @@ from prometheus_client.registry import Collector
 
 from streamfed.fleet.config import BrokerConfig
 from streamfed.runtime.agent import check_subscription, reconnect_loop
+from streamfed.runtime.connection import client_kwargs
 
 __all__ = ["COUNTERS", "BrokerMetrics", "SysSubscriber"]
 
-log = logging.getLogger("streamfed.broker_metrics")
+log = logging.getLogger(__name__)
 
 SYS_FILTER = "$SYS/#"
 _PREFIX = "$SYS/broker/"
@@ -179,7 +180,7 @@ class SysSubscriber:
 
     async def _session(self) -> None:
         # A clean, non-persistent session: statistics are retained and re-sent on every subscription.
-        async with aiomqtt.Client(**self.broker.aiomqtt_kwargs(self.client_id), timeout=5.0) as client:
+        async with aiomqtt.Client(**client_kwargs(self.broker, self.client_id), timeout=5.0) as client:
             check_subscription(SYS_FILTER, await client.subscribe(SYS_FILTER, qos=0))
             self.metrics.set_connected(True)
             self.subscribed.set()

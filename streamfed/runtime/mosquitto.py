@@ -1,5 +1,5 @@
 """Start and stop a private Mosquitto, and pick free loopback ports: the one launcher the demo
-(`streamfed.runtime.broker`), the load test (`streamfed.evaluation.loadtest`) and the integration
+(`streamfed.runtime.broker`), the load test (`streamfed.runtime.loadtest`) and the integration
 tests (`tests/brokers.py`) share.
 
 :class:`Mosquitto` writes a configuration into a work directory, runs `mosquitto -c` with its output

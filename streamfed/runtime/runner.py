@@ -50,7 +50,7 @@ from streamfed.runtime.service import ServiceFailed
 
 __all__ = ["FleetSpec", "array_source_from", "load_spec", "main", "run_agents", "run_aggregators", "service_options"]
 
-log = logging.getLogger("streamfed.runner")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -9,7 +9,7 @@ publish (an MQTT v5 PUBACK reason code >= 0x80, e.g. an ACL) stops the service w
 :class:`~streamfed.runtime.agent.BrokerRefused`, as a refused subscription does.
 
 Subclasses say what to subscribe to, what to send on (re)connect, how to route a core's
-:class:`~streamfed.fleet.protocol.Message` to a topic, and how to handle a message.
+:class:`~streamfed.wire.message.Message` to a topic, and how to handle a message.
 
 Loud failures (issue 15). Two faults used to pass in silence; each now ends in a
 :class:`ServiceFailed` out of :meth:`MqttService.run` (a one-line message and its `exit_code`):
@@ -52,11 +52,12 @@ import aiomqtt
 
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateStore
-from streamfed.fleet.protocol import Message, ProtocolError, decode, encode, status_message
 from streamfed.fleet.telemetry import AggregatorStats
-from streamfed.fleet.topics import ParsedTopic, status_topic, try_parse_topic
 from streamfed.runtime.agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mqtt import IncomingQueue, incoming_drain, paho_of
+from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
+from streamfed.wire.topics import ParsedTopic, status_topic, try_parse_topic
 
 __all__ = ["CheckpointFailed", "DuplicateService", "Lease", "MqttService", "Outgoing", "ServiceFailed",
            "receive_batches"]
@@ -213,7 +214,7 @@ class MqttService:
     ('f.example', 0, False)
     """
 
-    log = logging.getLogger("streamfed.service")
+    log = logging.getLogger(__name__)
 
     def __init__(self, broker: BrokerConfig, client_id: str, *, tick: float, max_refusals: int = 3,
                  connect_timeout: float = 5.0, checkpoint_retry: float = 1.0,
@@ -437,7 +438,7 @@ class MqttService:
                              self.incoming_limit, self.dropped_incoming)
 
     async def _session(self) -> None:
-        kw = self.broker.aiomqtt_kwargs(self.client_id, persistent=True)
+        kw = client_kwargs(self.broker, self.client_id, persistent=True)
         incoming = IncomingQueue(limit=self.incoming_limit, on_drop=self._dropped_incoming)
         async with aiomqtt.Client(**kw, queue_type=lambda maxsize=0: incoming,  # type: ignore[arg-type]
                                   timeout=self.connect_timeout) as client:

@@ -30,9 +30,10 @@ import os
 from pathlib import Path
 
 from streamfed.fleet.config import BrokerConfig
-from streamfed.fleet.protocol import Message, ProtocolError, decode
 from streamfed.fleet.sharding import ReducerCore, ShardCore
-from streamfed.fleet.topics import (
+from streamfed.runtime.service import Lease, MqttService, Outgoing
+from streamfed.wire.message import Message, ProtocolError, decode
+from streamfed.wire.topics import (
     Channel,
     ParsedTopic,
     acks_topic,
@@ -41,7 +42,6 @@ from streamfed.fleet.topics import (
     shared_filter,
     topic_filter,
 )
-from streamfed.runtime.service import Lease, MqttService, Outgoing
 
 __all__ = ["ShardService", "ReducerService"]
 
@@ -56,7 +56,7 @@ class ShardService(MqttService):
     ('f.shard.s1', '$share/shards/streamfed/v1/f/updates/+')
     """
 
-    log = logging.getLogger("streamfed.shard")
+    log = logging.getLogger(__name__)
 
     def __init__(self, core: ShardCore, broker: BrokerConfig, group: str = "shards",
                  flush_interval: float | None = None, client_id: str | None = None, **kw: float) -> None:
@@ -119,7 +119,7 @@ class ReducerService(MqttService):
     ('f.reducer', ['streamfed/v1/f/partials/+', 'streamfed/v1/f/status/+'])
     """
 
-    log = logging.getLogger("streamfed.reducer")
+    log = logging.getLogger(__name__)
 
     def __init__(self, core: ReducerCore, broker: BrokerConfig, tick: float = 0.05, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, **kw: float) -> None:

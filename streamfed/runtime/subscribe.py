@@ -12,10 +12,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from streamfed.fleet.config import MAX_CLASSES, BrokerConfig, ProtocolSchema, prediction_schema
-from streamfed.fleet.protocol import Message, ProtocolError, decode
-from streamfed.fleet.topics import Channel, topic_filter
+from streamfed.fleet.config import BrokerConfig
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mqtt import IncomingQueue
+from streamfed.wire.message import Message, ProtocolError, decode
+from streamfed.wire.schema import MAX_CLASSES, ProtocolSchema, prediction_schema
+from streamfed.wire.topics import Channel, topic_filter
 
 __all__ = ["PredictionDecoder", "watch"]
 
@@ -25,7 +27,7 @@ class PredictionDecoder:
     carries `mean`, `var` for Bayesian learners and `proba` for classifiers.
 
     >>> import numpy as np
-    >>> from streamfed.fleet.protocol import encode, prediction_message
+    >>> from streamfed.wire.message import encode, prediction_message
     >>> d = PredictionDecoder("f")
     >>> d.decode(encode(prediction_message("f", "a1", 1, np.array([0.5]), np.array([0.1])))).arrays["var"]
     array([0.1])
@@ -53,7 +55,7 @@ def _row(msg: Message) -> dict[str, Any]:
     and `p` (its probability).
 
     >>> import numpy as np
-    >>> from streamfed.fleet.protocol import prediction_message
+    >>> from streamfed.wire.message import prediction_message
     >>> r = _row(prediction_message("f", "a1", 1, np.array([2.0]), proba=np.array([[0.1, 0.2, 0.7]])))
     >>> r["class"], r["p"]
     (2, 0.7)
@@ -109,7 +111,7 @@ async def watch(fleet: str, broker: BrokerConfig, console: Console, count: int |
     counts: dict[str, int] = {}
     seen = rejected = 0
     incoming = IncomingQueue(limit=QUEUE)  # aiomqtt's own queue is unbounded
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(client_id or broker.username),
+    async with aiomqtt.Client(**client_kwargs(broker, client_id or broker.username),
                               queue_type=lambda maxsize=0: incoming) as client:  # type: ignore[arg-type]
         await client.subscribe(topic_filter(Channel.PREDICTIONS, fleet), qos=1)
         live = None if as_json else Live(_table(fleet, latest, counts, 0), console=console, refresh_per_second=4)

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from streamfed.algorithms.fedbnr.agent import StatsLearner
     from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation
     from streamfed.core.features import RFFMap
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["ALGORITHM", "FedBNR", "FedBNRParams", "feature_maps"]
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from streamfed.algorithms.base import Regret, Update, UploadSensitivity
 from streamfed.algorithms.fedbnr.wire import global_fields
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["StatsLearner"]
 

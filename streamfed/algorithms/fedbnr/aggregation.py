@@ -30,7 +30,7 @@ from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats, check_labelled_scatter
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload", "check_statistics",
            "residual_ratio", "share_allowance"]

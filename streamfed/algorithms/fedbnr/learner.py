@@ -58,8 +58,8 @@ import numpy as np
 from river import base
 
 from streamfed.algorithms.fedbnr import _layout as lay
+from streamfed.algorithms.fedbnr._compiled import kern
 from streamfed.algorithms.in_order import apply_in_order
-from streamfed.core.compiled import fedbnr as kern
 from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, standardised_dictionary
 from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
 from streamfed.core.standardise import StreamScales

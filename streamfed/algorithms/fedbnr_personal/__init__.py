@@ -26,7 +26,8 @@ from streamfed.algorithms.fedbnr import FedBNR
 
 if TYPE_CHECKING:
     from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalAggregation, PersonalLearner
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["ALGORITHM", "FedBNRPersonal", "PersonalParams"]
 

@@ -25,7 +25,7 @@ from streamfed.algorithms.fedbnr_personal.learner import (
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
-from streamfed.fleet.protocol import Message, writable_copy
+from streamfed.wire.message import Message, writable_copy
 
 __all__ = ["PersonalAggregation", "PersonalLearner"]
 

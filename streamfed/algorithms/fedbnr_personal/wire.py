@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
-from streamfed.fleet.topics import Channel
+from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from streamfed.algorithms.fsgp.agent import FSGPLearner
     from streamfed.algorithms.fsgp.aggregation import FSGPAggregation
     from streamfed.algorithms.fsgp.kernels import Hyper
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["ALGORITHM", "FSGP", "FSGPParams", "initial_hyper", "inducing_box"]
 

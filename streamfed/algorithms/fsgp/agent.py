@@ -13,7 +13,7 @@ from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fsgp.client import finite_target
 from streamfed.algorithms.fsgp.wire import read_global, update_arrays
 from streamfed.algorithms.staged import PredictThenLearn
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["FSGPLearner"]
 

@@ -39,7 +39,7 @@ from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import check_labelled_scatter
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["FSGPAggregation", "PartialSum", "check_statistics", "residual_ratio"]
 

@@ -26,13 +26,13 @@ import numpy as np
 from scipy.linalg import cho_solve
 
 from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.fsgp._compiled import kern
 from streamfed.algorithms.fsgp.bound import fit_hyper
 from streamfed.algorithms.fsgp.declared import clamp_to_declared
 from streamfed.algorithms.fsgp.kernels import KIND_CODES, Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky, lower_solve
 from streamfed.algorithms.fsgp.projection import ProjectionMap
-from streamfed.core.compiled import fsgp as kern
 
 __all__ = ["STAGE_ROWS", "FSGPClient", "finite_target"]
 

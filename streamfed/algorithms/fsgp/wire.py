@@ -23,9 +23,9 @@ import numpy as np
 from streamfed.algorithms.fsgp.kernels import Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats
-from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
-from streamfed.fleet.protocol import Message
-from streamfed.fleet.topics import Channel
+from streamfed.wire.message import Message
+from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig

@@ -25,7 +25,8 @@ from streamfed.algorithms.base import Algorithm, Mode, Params
 
 if TYPE_CHECKING:
     from streamfed.core.features import RFFBank
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["EM_KOFL", "KOFL", "KOFLParams", "OFMKL_AVG", "OFSKL", "VM_KOFL"]
 

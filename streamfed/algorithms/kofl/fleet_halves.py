@@ -13,9 +13,9 @@ from streamfed.algorithms.base import Update
 from streamfed.algorithms.kofl.learner import KOFLGlobal, KOFLServer, KOFLUpdate
 from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import GlobalTheta, KernelUpdate, POFMKLServer, merge_updates
-from streamfed.fleet.config import ArraySpec, MessageSchema
-from streamfed.fleet.protocol import Message, writable_copy
-from streamfed.fleet.topics import Channel
+from streamfed.wire.message import Message, writable_copy
+from streamfed.wire.schema import ArraySpec, MessageSchema
+from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig

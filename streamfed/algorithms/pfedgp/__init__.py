@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from streamfed.algorithms.pfedgp.agent import PFedGPLearner
     from streamfed.algorithms.pfedgp.aggregation import PFedGPAggregation
     from streamfed.algorithms.pfedgp.network import Layout
-    from streamfed.evaluation.datasets.base import Fleet as DatasetFleet
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["ALGORITHM", "PFedGP", "PFedGPParams", "initial_of", "layout_of"]
 
@@ -195,12 +195,6 @@ class PFedGP(Algorithm):
         from streamfed.algorithms.pfedgp.classifier import PFedGPClassifier
 
         return PFedGPClassifier(**params)
-
-    def demo_fleet(self) -> DatasetFleet:
-        """The Beijing stations' PM2.5 AQI bands (6 classes), the class streams the engine ships."""
-        from streamfed.algorithms.pfedgp.aqi import beijing_aqi
-
-        return beijing_aqi()
 
     def demo_settings(self) -> dict[str, Any]:
         return {"params": {"n_classes": 6, "widths": [16, 4], "n_omega": 16, "budget": 24, "refresh_every": 4,

@@ -18,7 +18,7 @@ from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.pfedgp.client import PFedGPClient
 from streamfed.algorithms.pfedgp.wire import read_global
 from streamfed.algorithms.staged import PredictThenLearn
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["PFedGPLearner", "learner_class_probabilities"]
 

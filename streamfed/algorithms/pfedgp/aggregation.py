@@ -26,7 +26,7 @@ from streamfed.algorithms.pfedgp.server import PFedGPServer
 from streamfed.algorithms.pfedgp.wire import global_message, read_update
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.algorithms.urk.bounds import ProposalBound
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["ROBUST_SHARDED", "PFedGPAggregation"]
 

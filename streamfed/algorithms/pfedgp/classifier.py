@@ -28,7 +28,7 @@ from streamfed.algorithms.pfedgp.wire import UPDATE, read_update
 from streamfed.algorithms.urk.network import URKArch
 from streamfed.core.river_inputs import dict_to_vector, sorted_keys
 from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["PFedGPClassifier"]
 

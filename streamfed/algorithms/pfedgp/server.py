@@ -35,7 +35,7 @@ from streamfed.algorithms.urk.bounds import RobustProposals, per_client_rows, ro
 
 __all__ = ["PFedGPServer"]
 
-log = logging.getLogger("streamfed.pfedgp")
+log = logging.getLogger(__name__)
 
 
 class PFedGPServer:

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from streamfed.algorithms.pofmkl.agent import POFMKLLearner
     from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation
     from streamfed.core.features import RFFBank
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["ALGORITHM", "POFMKL", "POFMKLParams"]
 

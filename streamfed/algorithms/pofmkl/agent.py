@@ -17,11 +17,11 @@ import numpy as np
 from streamfed.algorithms.base import Mode, NonFiniteError, Regret, Update
 from streamfed.algorithms.pofmkl.learner import GlobalTheta, KernelUpdate, POFMKLClient
 from streamfed.algorithms.pofmkl.wire import global_theta
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["ErrorFeedback", "POFMKLLearner"]
 
-log = logging.getLogger("streamfed.algorithms.pofmkl")
+log = logging.getLogger(__name__)
 
 
 class ErrorFeedback:

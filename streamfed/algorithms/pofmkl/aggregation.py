@@ -26,11 +26,11 @@ from streamfed.algorithms.pofmkl._layout import STEP_CAP
 from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLServer, reset_overflowed_rows
 from streamfed.algorithms.pofmkl.wire import global_message
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["ClientSteps", "POFMKLAggregation", "RobustRule", "StepBound", "WindowSum"]
 
-log = logging.getLogger("streamfed.algorithms.pofmkl")
+log = logging.getLogger(__name__)
 
 
 class WindowSum:

@@ -21,6 +21,7 @@ import numpy as np
 from river import base
 
 from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.pofmkl._compiled import kern as _kern
 from streamfed.algorithms.pofmkl._layout import (
     N_DRAWS,
     STEP_BAD_INPUT,
@@ -30,11 +31,10 @@ from streamfed.algorithms.pofmkl._layout import (
     STEP_OK,
     packed_layout,
 )
-from streamfed.core.compiled import pofmkl as _kern
 from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary, standardised_dictionary
 from streamfed.core.standardise import StreamScales
 
-# the compiled kernels (ahead-of-time build or numba JIT: see streamfed.core.compiled)
+# the compiled kernels (ahead-of-time build or numba JIT: see ._compiled)
 accumulate_checked = _kern.accumulate_checked
 pofmkl_predict = _kern.pofmkl_predict
 pofmkl_step_packed = _kern.pofmkl_step_packed

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
-from streamfed.fleet.topics import Channel
+from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig
 
-from streamfed.fleet.protocol import Message, writable_copy
+from streamfed.wire.message import Message, writable_copy
 
 __all__ = ["UPDATE", "GLOBAL", "PARTIAL", "schemas", "update_message", "global_message", "global_theta",
            "to_kernel_update"]

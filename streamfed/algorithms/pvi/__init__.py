@@ -38,9 +38,10 @@ if TYPE_CHECKING:
     from streamfed.algorithms.pvi.aggregation import PVIAggregation
     from streamfed.algorithms.pvi.settings import RefineSettings
     from streamfed.algorithms.pvi.state import GlobalQ
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
-__all__ = ["ALGORITHM", "PVI", "PVIParams", "initial_state", "refine_settings"]
+__all__ = ["ALGORITHM", "PVI", "PVIParams", "initial_state", "initial_state_of", "refine_settings"]
 
 
 class PVIParams(Params):
@@ -91,13 +92,18 @@ class PVIParams(Params):
 
 def initial_state(cfg: FleetConfig) -> GlobalQ:
     """Version 0: no factors, the data-free design of `Z` (FSGP's, fleet seed) and the configured `β`."""
+    return initial_state_of(cfg.params, cfg.n_inputs, cfg.seed)  # type: ignore[arg-type]
+
+
+def initial_state_of(p: PVIParams, d: int, seed: int) -> GlobalQ:
+    """:func:`initial_state` from the parameters, the number of inputs and the seed (no fleet needed: the River
+    estimator builds its model from these)."""
     import numpy as np
 
     from streamfed.algorithms.fsgp.design import gaussian_design
     from streamfed.algorithms.pvi.state import GlobalQ
 
-    p, d = cfg.params, cfg.n_inputs
-    Z = gaussian_design(p.n_inducing, d, seed=cfg.seed, scale=p.inducing_scale)
+    Z = gaussian_design(p.n_inducing, d, seed=seed, scale=p.inducing_scale)
     ls = p.lengthscale if p.lengthscale is not None else math.sqrt(2.0 * d)
     beta = np.concatenate(([math.log(p.amplitude)], np.full(d, math.log(ls)), [math.log(p.sigma)]))
     return GlobalQ.initial(p.kernel, Z, beta, p.inducing, p.learn_beta)

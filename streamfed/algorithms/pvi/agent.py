@@ -13,7 +13,7 @@ from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.pvi.client import PVIClient
 from streamfed.algorithms.pvi.wire import factor_arrays, read_global
 from streamfed.algorithms.staged import PredictThenLearn
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["PVILearner"]
 

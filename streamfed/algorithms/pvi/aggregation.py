@@ -27,7 +27,7 @@ from streamfed.algorithms.pvi.posterior import beta_hyper
 from streamfed.algorithms.pvi.server import PVIServer
 from streamfed.algorithms.pvi.wire import global_message, read_factor, read_table, table_arrays
 from streamfed.algorithms.shares import share_allowance
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["FactorSet", "PVIAggregation", "RobustPVI", "factor_information", "temper"]
 

@@ -18,7 +18,6 @@ from streamfed.core.standardise import StreamScales
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
-    from streamfed.fleet.config import FleetConfig
 
 __all__ = ["PVIRegressor"]
 
@@ -107,25 +106,18 @@ class PVIRegressor(base.Regressor):
                          mc_samples=self.mc_samples, predict_draws=self.predict_draws, jitter=self.jitter,
                          max_factors=1)
 
-    def _config(self, n_inputs: int) -> FleetConfig:
-        from streamfed.fleet.config import FleetConfig
-
-        return FleetConfig(fleet="local", algorithm="pvi", n_inputs=n_inputs, params=self._params(),
-                           seed=int(self.seed))
-
     def _build(self, keys: list[Any]) -> None:
-        from streamfed.algorithms.pvi import initial_state, refine_settings
+        from streamfed.algorithms.pvi import initial_state_of, refine_settings
 
         if not keys:
             raise ValueError("cannot build a model from an input with no features")
-        cfg = self._config(len(keys))
-        p = cfg.params
+        p, seed = self._params(), int(self.seed)
         # the regressor refines (and syncs) itself every `refine_every` samples: the client never does
-        self.client = PVIClient(initial_state(cfg), refine_settings(p), client_id="local", reservoir=p.reservoir,
-                                refine_every=sys.maxsize, predict_draws=p.predict_draws, seed=cfg.seed,
-                                jitter=p.jitter)
-        self.server = PVIServer(initial_state(cfg), n_pseudo=p.n_pseudo, parameterisation=p.parameterisation,
-                                asynchronous=True, max_factors=1)
+        self.client = PVIClient(initial_state_of(p, len(keys), seed), refine_settings(p), client_id="local",
+                                reservoir=p.reservoir, refine_every=sys.maxsize, predict_draws=p.predict_draws,
+                                seed=seed, jitter=p.jitter)
+        self.server = PVIServer(initial_state_of(p, len(keys), seed), n_pseudo=p.n_pseudo,
+                                parameterisation=p.parameterisation, asynchronous=True, max_factors=1)
         self._keys = keys
         if self.standardise:  # inputs winsorised at ±INPUT_CLIP, as every default estimator (never the target)
             self._scales = StreamScales(len(keys))

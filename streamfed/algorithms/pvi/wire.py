@@ -24,9 +24,9 @@ import numpy as np
 
 from streamfed.algorithms.pvi.factors import DiagGauss, Factor
 from streamfed.algorithms.pvi.state import GlobalQ
-from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
-from streamfed.fleet.protocol import Message
-from streamfed.fleet.topics import Channel
+from streamfed.wire.message import Message
+from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig

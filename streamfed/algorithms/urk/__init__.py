@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from streamfed.algorithms.urk.agent import URKLearner
     from streamfed.algorithms.urk.aggregation import URKAggregation
     from streamfed.algorithms.urk.network import URKArch, URKWeights
-    from streamfed.fleet.config import FleetConfig, MessageSchema
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.schema import MessageSchema
 
 __all__ = ["ALGORITHM", "URKFedBNR", "URKParams", "arch_of", "initial_of"]
 

@@ -11,7 +11,7 @@ import numpy as np
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.algorithms.urk.wire import read_global
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["URKLearner"]
 

@@ -32,7 +32,7 @@ from streamfed.algorithms.urk.messages import ChunkItem, StatsItem
 from streamfed.algorithms.urk.server import URKServer
 from streamfed.algorithms.urk.wire import global_message, read_update
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
-from streamfed.fleet.protocol import Message
+from streamfed.wire.message import Message
 
 __all__ = ["ROBUST_SHARDED", "URKAggregation"]
 

@@ -109,7 +109,7 @@ class URKRegressor(base.Regressor):
         sent = False
         while (up := self.client.take_update()) is not None:
             from streamfed.algorithms.urk.wire import UPDATE, read_update
-            from streamfed.fleet.protocol import Message
+            from streamfed.wire.message import Message
 
             msg = Message("local", "local", UPDATE, int(up.seq or 0), up.global_version, "local", up.n_samples, 0.0,
                           dict(up.arrays), epoch=up.epoch)

@@ -34,7 +34,7 @@ from streamfed.core.stats import SufficientStats
 
 __all__ = ["LOG_BOUNDS", "URKServer"]
 
-log = logging.getLogger("streamfed.urk")
+log = logging.getLogger(__name__)
 
 #: The range the local fits keep `log σ`, `log λ` and the log-lengthscales in (see `training.LOG_BOUNDS`).
 LOG_BOUNDS = (math.log(1e-3), math.log(1e3))

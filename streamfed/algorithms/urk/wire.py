@@ -29,9 +29,9 @@ from streamfed.algorithms.base import Update
 from streamfed.algorithms.chunks import Chunk
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem, URKGlobal
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
-from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
-from streamfed.fleet.protocol import Message
-from streamfed.fleet.topics import Channel
+from streamfed.wire.message import Message
+from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
     from streamfed.algorithms.urk.network import URKArch

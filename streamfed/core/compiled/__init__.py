@@ -1,36 +1,42 @@
 """Where the learners get their compiled loops: an ahead-of-time build, or numba's JIT.
 
-The per-sample kernels are numba functions (`streamfed/core/_feature_kernels.py`,
-`streamfed/algorithms/pofmkl/_kernels.py`, `streamfed/algorithms/fedbnr/_kernels.py`,
-`streamfed/algorithms/fsgp/_kernels.py`), written to be read
-against docs/algorithms.md. Run through numba's JIT they need numba and LLVM in the process: ~140 MB of
-an edge agent's resident memory before it learns anything. `streamfed kernels build`
-(:mod:`streamfed.core.compiled.build`) compiles the same functions ahead of time, with numba, into one
-extension module; a process that finds a build made from the current sources loads it and never
-imports numba.
+The per-sample kernels are numba functions, written to be read against docs/algorithms.md. Run through
+numba's JIT they need numba and LLVM in the process: ~140 MB of an edge agent's resident memory before it
+learns anything. `streamfed kernels build` (:mod:`streamfed.core.compiled.build`) compiles the same
+functions ahead of time, with numba, into one extension module; a process that finds a build made from the
+current sources loads it and never imports numba.
 
-The table below is the one list of functions called from Python, with their argument types. An
-ahead-of-time function does no type checking of its own (a wrong dtype or layout would be read as
-raw memory), so each is called through a guard that checks every argument against the table and
+Kernels come in groups, and each owner registers its own with :func:`register`: this module registers the
+core's (``features``, from ``streamfed/core/_feature_kernels.py``); an algorithm family registers its group
+from its ``_compiled`` module (``kern = register("pofmkl", ENTRIES, SOURCES)``), which its learner imports.
+A group's table (:class:`Entry`) is the one list of its functions called from Python, with their argument
+types. An ahead-of-time function does no type checking of its own (a wrong dtype or layout would be read
+as raw memory), so each is called through a guard that checks every argument against the table and
 raises `TypeError` — the JIT would have compiled a new specialisation instead.
 
-Which backend: ``STREAMFED_KERNELS=auto`` (default: the build if there is one for these sources,
-else the JIT), ``aot`` (the build or an error) or ``jit``. Builds live in ``STREAMFED_KERNEL_DIR``
-(default ``$XDG_CACHE_HOME/streamfed/kernels``), named by a hash of the kernel sources, the numba,
-llvmlite and numpy versions, the Python version and the CPU, so a stale build is never loaded.
+A build is one extension module holding every group registered when it was made (`streamfed kernels
+build` registers all the algorithm families' groups first), with an index: one link per group, named by
+the group and a hash of its table, its kernel sources (and what they import), this mechanism's sources,
+the numba, llvmlite and numpy versions, the Python version and the CPU, pointing at the module. So a group
+finds its build without knowing the others, a stale build is never loaded, and a process loads the one
+module however many groups it uses. Which backend, decided per group when it registers:
+``STREAMFED_KERNELS=auto`` (default: the group's build if there is one for its sources, else the JIT),
+``aot`` (the build or an `ImportError`) or ``jit``. Builds live in ``STREAMFED_KERNEL_DIR`` (default
+``$XDG_CACHE_HOME/streamfed/kernels``). :func:`backend` says what the process runs on.
 
 >>> from streamfed.core import compiled
->>> compiled.BACKEND in ("aot", "jit")
-True
+>>> compiled.backend() in ("aot", "jit", "mixed"), "features" in compiled.groups()
+(True, True)
 >>> import numpy as np
->>> out = np.empty(1)
->>> ok = compiled.pofmkl.row_sq_norms(np.array([[3.0, 4.0]]), out)
->>> bool(ok), float(out[0])
-(True, 25.0)
+>>> out = np.empty((1, 2))
+>>> compiled.features.rff_transform_into(np.zeros((1, 1)), np.zeros(1), np.empty(2), out)
+>>> out.tolist()
+[[0.0, 1.0]]
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.machinery
@@ -40,16 +46,16 @@ import operator
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import MappingProxyType, ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BACKEND", "ENTRIES", "Entry", "build_key", "build_path", "features", "fedbnr", "fsgp", "kernel_dir",
-           "load_aot", "pofmkl"]
+__all__ = ["ENTRIES", "SOURCES", "Entry", "Group", "backend", "build_key", "build_path", "features", "groups",
+           "kernel_dir", "load_aot", "register"]
 
 _PKG = Path(__file__).resolve().parents[2]
 
@@ -72,44 +78,16 @@ class Entry:
         return f"{self.group}__{self.name}"
 
 
+# The core's own group: the feature maps' kernels (streamfed.core.features uses them).
 _FK = "streamfed.core._feature_kernels"
-_PK = "streamfed.algorithms.pofmkl._kernels"
-_BK = "streamfed.algorithms.fedbnr._kernels"
-_GK = "streamfed.algorithms.fsgp._kernels"
-
 ENTRIES: tuple[Entry, ...] = (
     Entry("features", _FK, "rff_transform_into", ("f8[2]", "f8[1]", "!f8[1]", "!f8[2]")),
     Entry("features", _FK, "rff_transform_many", ("f8[2]", "f8[2]", "!f8[3]")),
-    Entry("pofmkl", _PK, "pofmkl_step_packed", ("f8[2]", "f8[1]", "f8", "!f8[1]", "!i8[1]")),
-    Entry("pofmkl", _PK, "pofmkl_predict",
-          ("f8[2]", "f8[1]", "f8[2]", "f8[1]", "!f8[1]", "!f8[1]", "!f8[1]", "!f8[1]", "f8")),
-    Entry("pofmkl", _PK, "accumulate_checked", ("!f8[2]", "i8[1]", "f8[2]")),
-    Entry("pofmkl", _PK, "row_sq_norms", ("f8[2]", "!f8[1]")),
-    Entry("fedbnr", _BK, "all_finite", ("f8[1]",)),
-    Entry("fedbnr", _BK, "same_vector", ("f8[1]", "f8[1]")),
-    Entry("fedbnr", _BK, "solve_rt", ("f8[2]", "f8[1]", "!f8[1]", "i8")),
-    Entry("fedbnr", _BK, "log_evidence_from_factor", ("f8[2]", "f8", "f8", "f8")),
-    Entry("fedbnr", _BK, "predict_mixture", ("f8[3]", "f8[2]", "f8[1]", "f8[1]", "!f8[1]", "!f8[1]", "!f8[1]")),
-    Entry("fedbnr", _BK, "rff_bias_features", ("f8[2]", "f8[1]", "!f8[1]", "!f8[2]")),
-    Entry("fedbnr", _BK, "flush", ("!f8[3]", "!f8[2]", "f8[3]", "f8[1]", "i8")),
-    Entry("fedbnr", _BK, "learn_batch",
-          ("!f8[3]", "!f8[3]", "!f8[2]", "!f8[3]", "!f8[1]", "i8", "f8[3]", "f8[1]", "f8[1]", "f8[1]", "f8", "f8",
-           "!f8[1]", "i8", "!f8[1]", "!f8[1]", "!f8[1]")),
-    Entry("fedbnr", _BK, "packed_predict", ("!f8[1]", "f8[1]")),
-    Entry("fedbnr", _BK, "packed_learn", ("!f8[1]", "f8")),
-    Entry("fedbnr", _BK, "packed_step", ("!f8[1]", "f8[1]", "f8")),
-    Entry("fsgp", _GK, "covariance_column", ("f8[2]", "f8[1]", "f8", "i8", "f8[1]", "!f8[1]")),
-    Entry("fsgp", _GK, "step",
-          ("f8[2]", "f8[1]", "f8[1]", "i8", "f8[1]", "f8", "f8[2]", "!f8[2]", "!f8[2]", "i8", "i8", "!f8[1]",
-           "!f8[1]")),
 )
-GROUPS = ("features", "pofmkl", "fedbnr", "fsgp")
-
-# What a build is made from: the kernel sources (and what they import), this table and the builder.
-SOURCES = ("core/_feature_kernels.py", "core/numerics.py", "algorithms/pofmkl/_kernels.py",
-           "algorithms/pofmkl/_layout.py", "algorithms/fedbnr/_kernels.py", "algorithms/fedbnr/_layout.py",
-           "algorithms/fsgp/_kernels.py",
-           "core/compiled/__init__.py", "core/compiled/build.py")
+# What a group's build is made from, as paths under the streamfed package (or absolute): its kernel
+# sources and what they import. The mechanism's own sources are part of every group's build.
+SOURCES: tuple[str, ...] = ("core/_feature_kernels.py", "core/numerics.py")
+MECHANISM: tuple[str, ...] = ("core/compiled/__init__.py", "core/compiled/build.py")
 
 _DTYPES = {"f8": np.dtype(np.float64), "i8": np.dtype(np.int64), "u1": np.dtype(np.uint8)}
 
@@ -134,19 +112,28 @@ def _cpu_signature() -> str:
         return platform.processor() or platform.machine()
 
 
-def build_key() -> str:
-    """Hash naming a build: sources, table, numba/llvmlite/numpy versions, Python, platform and CPU."""
-    h = hashlib.sha256()
-    for rel in SOURCES:
-        h.update(rel.encode())
-        h.update((_PKG / rel).read_bytes())
+@functools.cache
+def _toolchain() -> bytes:
+    """What every build also depends on: numba/llvmlite/numpy versions, Python, platform and CPU."""
+    parts = []
     for dist in ("numba", "llvmlite", "numpy"):
         try:
-            h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
+            parts.append(f"{dist}={importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:
-            h.update(f"{dist}=none".encode())
-    h.update(f"{sys.version}|{sys.implementation.cache_tag}|{platform.machine()}".encode())
-    h.update(_cpu_signature().encode())
+            parts.append(f"{dist}=none")
+    parts.append(f"{sys.version}|{sys.implementation.cache_tag}|{platform.machine()}")
+    parts.append(_cpu_signature())
+    return "".join(parts).encode()
+
+
+def source_key(group: str, entries: Iterable[Entry], sources: Iterable[str]) -> str:
+    """Hash naming a group's build: the group, its table, its sources and the mechanism's, the toolchain."""
+    h = hashlib.sha256(group.encode())
+    h.update(repr(tuple(entries)).encode())
+    for rel in (*MECHANISM, *sources):
+        h.update(rel.encode())
+        h.update((_PKG / rel).read_bytes())
+    h.update(_toolchain())
     return h.hexdigest()[:20]
 
 
@@ -159,14 +146,60 @@ def kernel_dir() -> Path:
     return Path(cache) / "streamfed" / "kernels"
 
 
-def module_name(key: str | None = None) -> str:
-    return f"_streamfed_kernels_{key or build_key()}"
+BUILD_PREFIX = "_streamfed_kernels_"  # of the builds (extension modules) and of their index (links)
+EXTENSION_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def build_path(key: str | None = None) -> Path:
-    """Where the build of these sources is (or would be)."""
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return kernel_dir() / f"{module_name(key)}{suffix}"
+@dataclass(frozen=True)
+class Group:
+    """A registered group of kernels: its table, its sources, the backend it runs on and its functions."""
+
+    name: str
+    entries: tuple[Entry, ...]
+    sources: tuple[str, ...]
+    backend: str  # "aot" or "jit"
+    namespace: SimpleNamespace
+
+    def key(self) -> str:
+        """Hash of what its build is made from (read from the files now)."""
+        return source_key(self.name, self.entries, self.sources)
+
+    def build_path(self, key: str | None = None) -> Path:
+        """Its entry in the index of builds, for its current sources: a link to the extension module that
+        holds its functions (present or not)."""
+        return kernel_dir() / f"{BUILD_PREFIX}{self.name}_{key or self.key()}{EXTENSION_SUFFIX}"
+
+
+_REGISTRY: dict[str, Group] = {}
+
+
+def groups() -> MappingProxyType[str, Group]:
+    """The registered groups, by name, in the order they registered."""
+    return MappingProxyType(_REGISTRY)
+
+
+def build_key(group: str = "features") -> str:
+    """Hash naming the build of a registered group's current sources."""
+    return _REGISTRY[group].key()
+
+
+def build_path(group: str = "features") -> Path:
+    """A registered group's entry in the index of builds, for its current sources (present or not)."""
+    return _REGISTRY[group].build_path()
+
+
+def backend() -> str:
+    """What this process runs its registered kernels on: ``"aot"`` (every group on its ahead-of-time
+    build), ``"jit"`` (none) or ``"mixed"``. Groups register when their owner is imported: import the
+    learners first."""
+    used = {g.backend for g in _REGISTRY.values()}
+    return used.pop() if len(used) == 1 else "mixed"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BACKEND":  # the former constant, for older callers (benchmarks): read `backend()` instead
+        return backend()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _guard(fn: Callable[..., Any], entry: Entry) -> Callable[..., Any]:
@@ -193,7 +226,7 @@ def _guard(fn: Callable[..., Any], entry: Entry) -> Callable[..., Any]:
     lines.append(f"def {entry.name}({', '.join(names)}):")
     lines += checks
     lines.append(f"    return _fn({', '.join(call)})")
-    exec("\n".join(lines), ns)  # noqa: S102 - code generated from the fixed table above
+    exec("\n".join(lines), ns)  # noqa: S102 - code generated from a kernel table
     guarded = ns[entry.name]
     guarded.__doc__ = f"{entry.module}.{entry.name}, ahead-of-time build (arguments checked)."
     guarded.__wrapped__ = fn
@@ -211,11 +244,12 @@ def _bad_argument(entry: Entry, i: int, value: Any) -> None:
     raise TypeError(f"{entry.module}.{entry.name}: argument {i} must be {want}, got {got}")
 
 
-def load_aot(path: Path | None = None) -> ModuleType:
-    """The extension module of the build for the current sources (`ImportError` if there is none)."""
-    path = path or build_path()
+def load_aot(path: Path) -> ModuleType:
+    """The extension module of a build: `path` is the module or a link to it (a group's entry in the index);
+    `ImportError` if there is none. A module is loaded once, whichever groups' links lead to it."""
     if not path.is_file():
         raise ImportError(f"no ahead-of-time kernel build at {path} (run `streamfed kernels build`)")
+    path = path.resolve()
     name = path.name.split(".")[0]
     if name in sys.modules:
         return sys.modules[name]
@@ -228,37 +262,52 @@ def load_aot(path: Path | None = None) -> ModuleType:
     return mod
 
 
-def aot_namespaces(mod: ModuleType) -> dict[str, SimpleNamespace]:
-    """The guarded functions of a build, by group."""
-    out = {g: SimpleNamespace() for g in GROUPS}
-    for e in ENTRIES:
-        setattr(out[e.group], e.name, _guard(getattr(mod, e.export_name), e))
-    return out
+def aot_namespace(entries: Iterable[Entry], mod: ModuleType) -> SimpleNamespace:
+    """The guarded functions of a group's build."""
+    return SimpleNamespace(**{e.name: _guard(getattr(mod, e.export_name), e) for e in entries})
 
 
-def jit_namespaces() -> dict[str, SimpleNamespace]:
-    """numba's JIT dispatchers, by group (imports numba)."""
-    out = {g: SimpleNamespace() for g in GROUPS}
-    for e in ENTRIES:
-        setattr(out[e.group], e.name, getattr(importlib.import_module(e.module), e.name))
-    return out
+def jit_namespace(entries: Iterable[Entry]) -> SimpleNamespace:
+    """numba's JIT dispatchers of a group (imports numba)."""
+    return SimpleNamespace(**{e.name: getattr(importlib.import_module(e.module), e.name) for e in entries})
 
 
-def _select() -> tuple[str, dict[str, SimpleNamespace]]:
+def _mode() -> str:
     mode = os.environ.get("STREAMFED_KERNELS", "auto").strip().lower()
     if mode not in ("auto", "aot", "jit"):
         raise ValueError(f"STREAMFED_KERNELS must be auto, aot or jit, not {mode!r}")
+    return mode
+
+
+def register(group: str, entries: Iterable[Entry], sources: Iterable[str]) -> SimpleNamespace:
+    """Register a group of kernels and return its functions: the guarded ones of its build when there is
+    one for its current sources (and ``STREAMFED_KERNELS`` is not ``jit``), else numba's JIT dispatchers
+    (`ImportError` under ``STREAMFED_KERNELS=aot``). `sources` are the files its kernels are made from
+    (paths under the streamfed package, or absolute). Registering the same table again returns the same
+    functions; another table under a taken name is a `ValueError`."""
+    entries, sources = tuple(entries), tuple(sources)
+    if not group.isidentifier():
+        raise ValueError(f"a kernel group's name must be an identifier, not {group!r}")
+    if any(e.group != group for e in entries):
+        raise ValueError(f"every entry of group {group!r} must say so: {[e for e in entries if e.group != group]}")
+    old = _REGISTRY.get(group)
+    if old is not None:
+        if (old.entries, old.sources) != (entries, sources):
+            raise ValueError(f"a different kernel group named {group!r} is already registered")
+        return old.namespace
+    probe = Group(group, entries, sources, "jit", SimpleNamespace())
+    mode = _mode()
+    chosen = None
     if mode != "jit":
         try:
-            return "aot", aot_namespaces(load_aot())
+            chosen = Group(group, entries, sources, "aot", aot_namespace(entries, load_aot(probe.build_path())))
         except ImportError as exc:
             if mode == "aot":
-                raise ImportError(f"STREAMFED_KERNELS=aot: {exc}") from exc
-    return "jit", jit_namespaces()
+                raise ImportError(f"STREAMFED_KERNELS=aot: kernel group {group!r}: {exc}") from exc
+    if chosen is None:
+        chosen = Group(group, entries, sources, "jit", jit_namespace(entries))
+    _REGISTRY[group] = chosen
+    return chosen.namespace
 
 
-BACKEND, _NS = _select()
-features: SimpleNamespace = _NS["features"]
-pofmkl: SimpleNamespace = _NS["pofmkl"]
-fedbnr: SimpleNamespace = _NS["fedbnr"]
-fsgp: SimpleNamespace = _NS["fsgp"]
+features: SimpleNamespace = register("features", ENTRIES, SOURCES)

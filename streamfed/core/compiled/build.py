@@ -1,4 +1,12 @@
-"""Compile the kernels of :data:`streamfed.core.compiled.ENTRIES` ahead of time (numba's `pycc`).
+"""Compile the registered kernel groups of :mod:`streamfed.core.compiled` ahead of time (numba's `pycc`).
+
+A build is ONE extension module holding every group registered in this process (the core's own, and
+those of the modules imported before: `streamfed kernels build` imports every algorithm family's
+``_compiled`` module first), named by a hash of the groups' own hashes, plus an index: one link per group,
+``_streamfed_kernels_<group>_<its hash><suffix>``, to that module. A group finds its build through its link,
+knowing nothing of the others. One module rather than one per group: `pycc` spends ~2.5 s and ~0.7 MB of
+support code on every module, so per-group modules doubled the build time and an agent would map one
+such copy per group it uses.
 
 Each entry is exported as a thin function that calls the numba dispatcher, so the kernel keeps its own
 options (`fastmath`, `error_model`, inlining) and is compiled by the same numba pipeline as under the
@@ -6,7 +14,7 @@ JIT; the export's return type is the one numba infers for the table's argument t
 for this machine's CPU (as the JIT does), which is why the CPU is part of the build's name.
 
 `numba.pycc` is deprecated upstream (it still ships with numba 0.68). When it goes, this module is the
-one to replace; the table, the guards and the backend choice in :mod:`streamfed.core.compiled` stay.
+one to replace; the tables, the index, the guards and the backend choice in :mod:`streamfed.core.compiled` stay.
 
 >>> from streamfed.core.compiled.build import numba_signature
 >>> [str(t) for t in numba_signature(("!f8[2]", "i8"))]
@@ -15,16 +23,18 @@ one to replace; the table, the guards and the backend choice in :mod:`streamfed.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from streamfed.core.compiled import ENTRIES, build_key, build_path, kernel_dir, module_name, parse_arg
+from streamfed.core.compiled import BUILD_PREFIX, EXTENSION_SUFFIX, Entry, groups, kernel_dir, parse_arg
 
 
 def numba_signature(args: tuple[str, ...]) -> tuple[Any, ...]:
@@ -39,9 +49,44 @@ def numba_signature(args: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def build(force: bool = False, verbose: bool = False) -> Path:
-    """Compile every entry into the build for the current sources; returns its path (an existing build
-    is kept unless `force`). Writes to a temporary folder, then renames, so a reader never sees half a file."""
+def _module_name(keys: dict[str, str]) -> str:
+    """The build's module name: a hash of the groups it holds and their hashes."""
+    joined = "|".join(f"{name}:{key}" for name, key in sorted(keys.items()))
+    return f"{BUILD_PREFIX}{hashlib.sha256(joined.encode()).hexdigest()[:20]}"
+
+
+def _link(link: Path, target: Path) -> None:
+    """Point `link` at `target` (same folder, relative) atomically: a reader sees the old link or the new."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target.name, tmp)
+    os.replace(tmp, link)
+
+
+def build(force: bool = False, verbose: bool = False, names: Iterable[str] | None = None) -> dict[str, Path]:
+    """Compile every registered group (or those `names`) into one build and link each group's entry of the
+    index to it; returns those entries, by group. Nothing is compiled when every group already has a build
+    of its current sources, unless `force`. Writes to a temporary folder, then renames, so a reader never
+    sees half a file."""
+    todo = [groups()[n] for n in (groups() if names is None else names)]
+    keys = {g.name: g.key() for g in todo}
+    links = {g.name: g.build_path(keys[g.name]) for g in todo}
+    if not force and all(p.is_file() for p in links.values()):
+        return links
+    exports = [e.export_name for g in todo for e in g.entries]
+    if len(set(exports)) != len(exports):
+        raise ValueError(f"two kernels export the same name: {sorted({n for n in exports if exports.count(n) > 1})}")
+    module = _module_name(keys)
+    target = kernel_dir() / f"{module}{EXTENSION_SUFFIX}"
+    kernel_dir().mkdir(parents=True, exist_ok=True)
+    if force or not target.is_file():
+        _compile(module, target, [e for g in todo for e in g.entries], verbose)
+    for link in links.values():
+        _link(link, target)
+    return links
+
+
+def _compile(module: str, target: Path, entries: list[Entry], verbose: bool) -> None:
     import llvmlite.binding as ll
     from numba.core.errors import NumbaPendingDeprecationWarning
 
@@ -49,17 +94,10 @@ def build(force: bool = False, verbose: bool = False) -> Path:
         warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
         from numba.pycc import CC
 
-    key = build_key()
-    target = build_path(key)
-    if target.is_file() and not force:
-        return target
-    kernel_dir().mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
-        cc = CC(module_name(key))
+        cc = CC(module)
     cc.target_cpu = ll.get_host_cpu_name()
     cc.verbose = verbose
-    for entry in ENTRIES:
+    for entry in entries:
         fn = getattr(importlib.import_module(entry.module), entry.name)
         argtypes = numba_signature(entry.args)
         fn.compile(argtypes)
@@ -74,20 +112,24 @@ def build(force: bool = False, verbose: bool = False) -> Path:
         t0 = time.perf_counter()
         cc.compile()
         if verbose:
-            print(f"compiled {len(ENTRIES)} kernels in {time.perf_counter() - t0:.1f} s")
-        part = Path(tmp) / target.name
-        os.replace(part, target)
-    return target
+            print(f"compiled {len(entries)} kernels in {time.perf_counter() - t0:.1f} s")
+        os.replace(Path(tmp) / target.name, target)
 
 
 def clean(keep_current: bool = True) -> list[Path]:
-    """Delete builds of other sources (all of them unless `keep_current`); returns what was deleted."""
-    current = build_path().name
+    """Delete builds of other sources and their links (all of them unless `keep_current`); returns what was
+    deleted. Only the groups registered in this process are current: register them all first."""
+    keep: set[Path] = set()
+    if keep_current:
+        for g in groups().values():
+            link = g.build_path()
+            if link.is_file():
+                keep |= {link, link.resolve()}
     gone = []
-    for p in kernel_dir().glob("_streamfed_kernels_*"):
-        if keep_current and p.name == current:
+    for p in sorted(kernel_dir().glob(f"{BUILD_PREFIX}*")):
+        if p in keep or (not p.is_symlink() and p.resolve() in keep):
             continue
-        if p.is_dir():
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink()

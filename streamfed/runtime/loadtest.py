@@ -1,7 +1,7 @@
 """Fleet load test: many simulated agents against Mosquitto and one real aggregator process.
 
-    python -m streamfed.evaluation.loadtest run --agents 1000 --seconds 60            # prints a JSON summary
-    python -m streamfed.evaluation.loadtest run --agents 50 --seconds 10 --processes 1
+    python -m streamfed.runtime.loadtest run --agents 1000 --seconds 60            # prints a JSON summary
+    python -m streamfed.runtime.loadtest run --agents 50 --seconds 10 --processes 1
 
 What runs:
 
@@ -9,7 +9,7 @@ What runs:
   connection limit) with its descriptor limit raised to the hard limit — unless a broker is given;
 * **one aggregator process**: the real `streamfed aggregator` command (async windows of `window`
   seconds, the fleet's client list, Prometheus metrics on a free port);
-* **agent processes** (`processes` of them, `python -m streamfed.evaluation.loadtest agents SPEC OUT`): each runs
+* **agent processes** (`processes` of them, `python -m streamfed.runtime.loadtest agents SPEC OUT`): each runs
   its share of the agents as real :class:`~streamfed.runtime.agent.AgentService` objects sharing one
   asyncio event loop, one MQTT connection each (persistent v5 session, last will, QoS 1). Every agent
   learns `rate` labelled samples per second for `seconds` seconds (synthetic data; each agent's first
@@ -67,6 +67,7 @@ import numpy as np
 
 from streamfed import algorithms
 from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mosquitto import Mosquitto, free_port
 
 __all__ = ["LoadTestOptions", "run_loadtest", "summary_lines", "raise_nofile", "MosquittoProcess"]
@@ -183,7 +184,7 @@ def _agent_main(spec_path: str, out_path: str) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("mqtt").setLevel(logging.ERROR)
     logging.getLogger("aiomqtt").setLevel(logging.ERROR)
-    logging.getLogger("streamfed.fleet.agent").addHandler(_LOST_REASONS)
+    logging.getLogger("streamfed.runtime.agent").addHandler(_LOST_REASONS)
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("profile"):
         import cProfile
@@ -344,8 +345,8 @@ def _warm_up(cfg: FleetConfig) -> None:
     """Load every numba function an agent uses (from numba's cache, or compile it) before the clock starts."""
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.aggregator import AggregatorCore
-    from streamfed.fleet.protocol import encode
     from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
 
     core = AgentCore(cfg, "warmup", 0, mode="async")
     for i in range(3):
@@ -377,9 +378,9 @@ async def _monitor(broker: BrokerConfig, fleet: str, globals_seen: list[tuple[fl
     import aiomqtt
     import msgpack
 
-    from streamfed.fleet.topics import global_topic
+    from streamfed.wire.topics import global_topic
 
-    async with aiomqtt.Client(**broker.aiomqtt_kwargs(f"{fleet}.monitor"), max_queued_incoming_messages=0) as c:
+    async with aiomqtt.Client(**client_kwargs(broker, f"{fleet}.monitor"), max_queued_incoming_messages=0) as c:
         await c.subscribe(global_topic(fleet), qos=1)
         ready.set()
 
@@ -439,7 +440,7 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
             sp.write_text(json.dumps(spec))
             outs.append(out)
             agents_procs.append(subprocess.Popen(
-                [sys.executable, "-m", "streamfed.evaluation.loadtest", "agents", str(sp), str(out)],
+                [sys.executable, "-m", "streamfed.runtime.loadtest", "agents", str(sp), str(out)],
                 stdout=open(workdir / f"agents{p}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                 stdin=subprocess.DEVNULL, preexec_fn=raise_nofile))
         while any(p.poll() is None for p in agents_procs):
@@ -672,7 +673,7 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m streamfed.evaluation.loadtest")
+    ap = argparse.ArgumentParser(prog="python -m streamfed.runtime.loadtest")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     for f in ("agents", "processes", "n_kernels", "n_features", "n_inputs", "bin_size", "seed"):

@@ -40,13 +40,13 @@ from streamfed.algorithms.base import (
     learner_pending_samples,
     learner_upload_sensitivity,
 )
-from streamfed.fleet.protocol import Message
 from streamfed.privacy import dp
 from streamfed.privacy.accountant import Method, PrivacyAccountant
+from streamfed.wire.message import Message
 
 __all__ = ["PrivateLearner"]
 
-log = logging.getLogger("streamfed.privacy")
+log = logging.getLogger(__name__)
 
 
 class PrivateLearner:

@@ -40,9 +40,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from streamfed.fleet.config import ArraySpec, MessageSchema, MetaSpec
-from streamfed.fleet.protocol import Message
-from streamfed.fleet.topics import Channel
 from streamfed.privacy import fixed_point, shamir
 from streamfed.privacy.secagg import (
     CIPHERTEXT_BYTES,
@@ -53,13 +50,16 @@ from streamfed.privacy.secagg import (
     SecAggServer,
     SecAggSettings,
 )
+from streamfed.wire.message import Message
+from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec
+from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig
 
 __all__ = ["DOWN_KINDS", "UP_KINDS", "SecAggAgent", "SecAggCoordinator", "frac_bits", "schemas", "summed_layout"]
 
-log = logging.getLogger("streamfed.privacy")
+log = logging.getLogger(__name__)
 
 KEYS, SHARES, MASKED, UNMASK = "secagg.keys", "secagg.shares", "secagg.masked", "secagg.unmask"
 ROSTER, FORWARD, SURVIVORS = "secagg.roster", "secagg.forward", "secagg.survivors"

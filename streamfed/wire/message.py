@@ -18,7 +18,7 @@ Envelope (schema version 1), a msgpack map with exactly these keys::
     included        {client: seq}  (globals and acks only: every seq up to it is applied)
 
 Array data is raw little-endian bytes (C order); dtype names are those of
-:data:`streamfed.fleet.config.WIRE_DTYPES`. Which arrays a kind carries, and their shapes, come from the
+:data:`streamfed.wire.schema.WIRE_DTYPES`. Which arrays a kind carries, and their shapes, come from the
 receiver's :class:`~streamfed.fleet.config.FleetConfig` — never from the message.
 
 **Decoded arrays are read-only, zero-copy views** of the payload's bytes (`np.frombuffer`): cheap, and
@@ -38,23 +38,25 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
-from streamfed.fleet.config import (
+if TYPE_CHECKING:
+    from streamfed.fleet.config import FleetConfig
+
+from streamfed.wire.schema import (
     MAX_KERNEL_VERSION_LEN,
     MAX_META_ITEMS,
     MAX_META_STR,
     SIMPLEX_TOL,
     WIRE_DTYPES,
     ArraySpec,
-    FleetConfig,
     MessageSchema,
     ProtocolSchema,
 )
-from streamfed.fleet.topics import name_problem
+from streamfed.wire.topics import name_problem
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -63,16 +65,17 @@ __all__ = [
     "Message",
     "encode",
     "decode",
-    "SeqCheck",
-    "SeqTracker",
     "status_message",
     "ack_message",
     "prediction_message",
     "writable_copy",
+    "fail",
+    "is_int",
+    "INT64_MAX",
 ]
 
 SCHEMA_VERSION = 1
-_INT64_MAX = 2**63 - 1
+INT64_MAX = 2**63 - 1
 _ENVELOPE_KEYS = frozenset({"schema", "fleet", "client", "kind", "seq", "global_version", "kernel_version",
                             "epoch", "n_samples", "created", "arrays", "meta", "included"})
 _ARRAY_KEYS = frozenset({"dtype", "shape", "data"})
@@ -121,7 +124,7 @@ class ProtocolError(ValueError):
         super().__init__(f"{self.reason.value}: {detail}" if detail else self.reason.value)
 
 
-def _fail(reason: Reason, detail: str) -> ProtocolError:
+def fail(reason: Reason, detail: str) -> ProtocolError:
     return ProtocolError(reason, detail)
 
 
@@ -131,6 +134,8 @@ def _fail(reason: Reason, detail: str) -> ProtocolError:
 @dataclass(frozen=True, eq=False)
 class Message:
     """One envelope. Equality compares every field and the arrays' dtype, shape and bytes.
+
+    >>> from streamfed.fleet.config import FleetConfig
 
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, n_features=3,
     ...                   bin_size=2)
@@ -183,7 +188,7 @@ def _wire_array(name: str, a: Any) -> dict[str, Any]:
     a = np.asarray(a)
     dname = _NAME_OF.get((a.dtype.kind, a.dtype.itemsize))
     if dname is None:
-        raise _fail(Reason.WRONG_DTYPE, f"array {name!r}: dtype {a.dtype} cannot travel")
+        raise fail(Reason.WRONG_DTYPE, f"array {name!r}: dtype {a.dtype} cannot travel")
     # tobytes() of a C-contiguous little-endian array: one memcpy, no per-element work.
     data = np.ascontiguousarray(a, dtype=WIRE_DTYPES[dname]).tobytes()
     return {"dtype": dname, "shape": list(a.shape), "data": data}
@@ -218,7 +223,7 @@ def encode(msg: Message, expect: FleetConfig | ProtocolSchema | None = None, *,
     try:
         payload = msgpack.packb(env, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:  # unpackable meta, ints beyond 64 bits, ...
-        raise _fail(Reason.BAD_SCHEMA, f"cannot encode: {e}") from None
+        raise fail(Reason.BAD_SCHEMA, f"cannot encode: {e}") from None
     if expect is not None:
         decode(payload, expect, kernel_version=kernel_version)
     return payload
@@ -233,17 +238,17 @@ def encode(msg: Message, expect: FleetConfig | ProtocolSchema | None = None, *,
 
 
 def _schema_of(expect: FleetConfig | ProtocolSchema) -> ProtocolSchema:
-    return expect.protocol_schema if isinstance(expect, FleetConfig) else expect
+    return expect if isinstance(expect, ProtocolSchema) else expect.protocol_schema
 
 
-def _is_int(v: object) -> bool:
+def is_int(v: object) -> bool:
     return type(v) is int  # bool is an int subclass; it is never a counter
 
 
 def _counter(env: Mapping[str, Any], key: str, reason: Reason) -> int:
     v = env[key]
-    if type(v) is not int or not 0 <= v <= _INT64_MAX:
-        raise _fail(reason, f"{key} must be an integer in [0, 2^63), got {v!r}")
+    if type(v) is not int or not 0 <= v <= INT64_MAX:
+        raise fail(reason, f"{key} must be an integer in [0, 2^63), got {v!r}")
     return v
 
 
@@ -327,7 +332,7 @@ def _unpack(payload: bytes, plan: _SchemaPlan) -> Any:
             max_map_len=plan.max_map_len, max_ext_len=0,
         )
     except Exception as e:  # the C unpacker raises several unrelated types (ValueError, UnicodeError, ...)
-        raise _fail(Reason.NOT_MSGPACK, f"{type(e).__name__}: {e}"[:200]) from None
+        raise fail(Reason.NOT_MSGPACK, f"{type(e).__name__}: {e}"[:200]) from None
 
 
 _new = object.__new__
@@ -359,11 +364,13 @@ def decode(
     `client` (the client named by the topic: the envelope must agree, else `bad_client`), `kinds`
     (the kinds accepted on this topic, else `unknown_kind`). Raises :class:`ProtocolError`, and only it.
 
+    >>> from streamfed.fleet.config import FleetConfig
+
     >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_kernels=1, n_features=1)
     >>> decode(b"\\xc1", cfg)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    streamfed.fleet.protocol.ProtocolError: not_msgpack: ...
+    streamfed.wire.message.ProtocolError: not_msgpack: ...
     """
     schema = _schema_of(expect)
     plan = _plan_of(schema)
@@ -372,44 +379,44 @@ def decode(
     elif isinstance(payload, bytes | bytearray | memoryview):
         size = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
     else:
-        raise _fail(Reason.NOT_MSGPACK, f"payload is {type(payload).__name__}, not bytes")
+        raise fail(Reason.NOT_MSGPACK, f"payload is {type(payload).__name__}, not bytes")
     if size > plan.max_bytes:
-        raise _fail(Reason.TOO_LARGE, f"{size} bytes > limit {plan.max_bytes}")
+        raise fail(Reason.TOO_LARGE, f"{size} bytes > limit {plan.max_bytes}")
     # bytes(): a copy of a bytearray or memoryview (the decoded arrays are views of it, and nobody
     # else may change them); the same object when it is bytes already
     env = _unpack(bytes(payload), plan)
 
     if type(env) is not dict:
-        raise _fail(Reason.BAD_SCHEMA, f"envelope is a {type(env).__name__}, not a map")
+        raise fail(Reason.BAD_SCHEMA, f"envelope is a {type(env).__name__}, not a map")
     if env.keys() != _ENVELOPE_KEYS:
         keys = set(env)
         missing, extra = sorted(_ENVELOPE_KEYS - keys), sorted(map(str, keys - _ENVELOPE_KEYS))
-        raise _fail(Reason.BAD_SCHEMA, f"envelope keys: missing {missing}, unexpected {extra}")
-    if env["schema"] != SCHEMA_VERSION or not _is_int(env["schema"]):
-        raise _fail(Reason.BAD_SCHEMA, f"schema version {env['schema']!r}, expected {SCHEMA_VERSION}")
+        raise fail(Reason.BAD_SCHEMA, f"envelope keys: missing {missing}, unexpected {extra}")
+    if env["schema"] != SCHEMA_VERSION or not is_int(env["schema"]):
+        raise fail(Reason.BAD_SCHEMA, f"schema version {env['schema']!r}, expected {SCHEMA_VERSION}")
 
     fleet = env["fleet"]
     if fleet != schema.fleet:
-        raise _fail(Reason.WRONG_FLEET, f"fleet {fleet!r}, expected {schema.fleet!r}")
+        raise fail(Reason.WRONG_FLEET, f"fleet {fleet!r}, expected {schema.fleet!r}")
 
     kind = env["kind"]
     kp = plan.kinds.get(kind) if type(kind) is str else None
     if kp is None:
-        raise _fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not exchanged by fleet {schema.fleet!r}")
+        raise fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not exchanged by fleet {schema.fleet!r}")
     if kinds is not None:
         if not isinstance(kinds, tuple | list | set | frozenset):
             kinds = set(kinds)
         if kind not in kinds:
-            raise _fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not accepted on this topic")
+            raise fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not accepted on this topic")
     if size > kp.max_bytes:
-        raise _fail(Reason.TOO_LARGE, f"{size} bytes > limit {kp.max_bytes} of kind {kind!r}")
+        raise fail(Reason.TOO_LARGE, f"{size} bytes > limit {kp.max_bytes} of kind {kind!r}")
 
     sender = env["client"]
     problem = _name_problem(sender)
     if problem is not None:
-        raise _fail(Reason.BAD_CLIENT, f"client name {problem}")
+        raise fail(Reason.BAD_CLIENT, f"client name {problem}")
     if client is not None and sender != client:
-        raise _fail(Reason.BAD_CLIENT, f"envelope says client {sender!r}, topic says {client!r}")
+        raise fail(Reason.BAD_CLIENT, f"envelope says client {sender!r}, topic says {client!r}")
 
     seq = _counter(env, "seq", Reason.BAD_SEQ)
     global_version = _counter(env, "global_version", Reason.BAD_SCHEMA)
@@ -417,14 +424,14 @@ def decode(
     n_samples = _counter(env, "n_samples", Reason.BAD_SCHEMA)
     created = env["created"]
     if type(created) is not float or not math.isfinite(created) or created < 0:
-        raise _fail(Reason.BAD_SCHEMA, f"created must be a finite float >= 0, got {created!r}")
+        raise fail(Reason.BAD_SCHEMA, f"created must be a finite float >= 0, got {created!r}")
 
     kv = env["kernel_version"]
     if not isinstance(kv, str) or len(kv) > MAX_KERNEL_VERSION_LEN or not (kv.isascii() and kv.isprintable()):
-        raise _fail(Reason.BAD_SCHEMA, f"kernel_version must be printable ASCII of at most "
+        raise fail(Reason.BAD_SCHEMA, f"kernel_version must be printable ASCII of at most "
                                        f"{MAX_KERNEL_VERSION_LEN} characters, got {kv!r:.80}")
     if kernel_version is not None and kv != kernel_version:
-        raise _fail(Reason.WRONG_KERNEL_VERSION, f"kernel version {kv!r}, expected {kernel_version!r}")
+        raise fail(Reason.WRONG_KERNEL_VERSION, f"kernel version {kv!r}, expected {kernel_version!r}")
 
     ks = kp.ks
     meta = env["meta"]
@@ -440,56 +447,56 @@ def decode(
 
 def _check_meta(meta: Any, ks: MessageSchema) -> dict[str, MetaValue]:
     if not isinstance(meta, dict):
-        raise _fail(Reason.BAD_SCHEMA, "meta must be a map")
+        raise fail(Reason.BAD_SCHEMA, "meta must be a map")
     if len(meta) > MAX_META_ITEMS:
-        raise _fail(Reason.BAD_SCHEMA, f"meta has {len(meta)} entries > {MAX_META_ITEMS}")
+        raise fail(Reason.BAD_SCHEMA, f"meta has {len(meta)} entries > {MAX_META_ITEMS}")
     for k, v in meta.items():
         if not isinstance(k, str) or not 1 <= len(k) <= _MAX_META_KEY:
-            raise _fail(Reason.BAD_SCHEMA, f"meta key {k!r:.40} must be a string of 1..{_MAX_META_KEY} chars")
+            raise fail(Reason.BAD_SCHEMA, f"meta key {k!r:.40} must be a string of 1..{_MAX_META_KEY} chars")
         if v is None or isinstance(v, bool):
             continue
-        if _is_int(v):
-            if not -(2**63) <= v <= _INT64_MAX:
-                raise _fail(Reason.BAD_SCHEMA, f"meta {k!r}: integer out of 64-bit range")
+        if is_int(v):
+            if not -(2**63) <= v <= INT64_MAX:
+                raise fail(Reason.BAD_SCHEMA, f"meta {k!r}: integer out of 64-bit range")
         elif type(v) is float:
             if not math.isfinite(v):
-                raise _fail(Reason.NON_FINITE, f"meta {k!r} is {v!r}")
+                raise fail(Reason.NON_FINITE, f"meta {k!r} is {v!r}")
         elif isinstance(v, str):
             if len(v) > MAX_META_STR:
-                raise _fail(Reason.BAD_SCHEMA, f"meta {k!r}: string longer than {MAX_META_STR}")
+                raise fail(Reason.BAD_SCHEMA, f"meta {k!r}: string longer than {MAX_META_STR}")
         else:
-            raise _fail(Reason.BAD_SCHEMA, f"meta {k!r}: {type(v).__name__} is not a scalar")
+            raise fail(Reason.BAD_SCHEMA, f"meta {k!r}: {type(v).__name__} is not a scalar")
     for spec in ks.meta:
         if spec.name not in meta:
-            raise _fail(Reason.BAD_SCHEMA, f"kind {ks.kind!r} requires meta {spec.name!r}")
+            raise fail(Reason.BAD_SCHEMA, f"kind {ks.kind!r} requires meta {spec.name!r}")
         if spec.choices is not None and meta[spec.name] not in spec.choices:
-            raise _fail(Reason.BAD_SCHEMA, f"meta {spec.name!r} = {meta[spec.name]!r:.40}, "
+            raise fail(Reason.BAD_SCHEMA, f"meta {spec.name!r} = {meta[spec.name]!r:.40}, "
                                            f"expected one of {list(spec.choices)}")
     return meta
 
 
 def _check_included(included: Any, ks: MessageSchema) -> dict[str, int]:
     if not isinstance(included, dict):
-        raise _fail(Reason.BAD_SCHEMA, "included must be a map")
+        raise fail(Reason.BAD_SCHEMA, "included must be a map")
     if len(included) > ks.max_included:
-        raise _fail(Reason.BAD_SCHEMA, f"included has {len(included)} entries, kind {ks.kind!r} "
+        raise fail(Reason.BAD_SCHEMA, f"included has {len(included)} entries, kind {ks.kind!r} "
                                        f"allows {ks.max_included}")
     for c, s in included.items():
         problem = name_problem(c)
         if problem is not None:
-            raise _fail(Reason.BAD_CLIENT, f"included client name {problem}")
-        if not _is_int(s) or not 0 <= s <= _INT64_MAX:
-            raise _fail(Reason.BAD_SEQ, f"included[{c!r}] must be an integer in [0, 2^63), got {s!r}")
+            raise fail(Reason.BAD_CLIENT, f"included client name {problem}")
+        if not is_int(s) or not 0 <= s <= INT64_MAX:
+            raise fail(Reason.BAD_SEQ, f"included[{c!r}] must be an integer in [0, 2^63), got {s!r}")
     return included
 
 
 def _check_arrays(arrays: Any, kp: _KindPlan) -> dict[str, np.ndarray]:
     if not isinstance(arrays, dict):
-        raise _fail(Reason.BAD_ARRAY, "arrays must be a map")
+        raise fail(Reason.BAD_ARRAY, "arrays must be a map")
     if arrays.keys() != kp.array_names:
         names, got = kp.array_names, set(arrays)
         missing, extra = sorted(names - got), sorted(map(str, got - names))
-        raise _fail(Reason.BAD_ARRAY, f"kind {kp.ks.kind!r}: missing arrays {missing}, unexpected {extra}")
+        raise fail(Reason.BAD_ARRAY, f"kind {kp.ks.kind!r}: missing arrays {missing}, unexpected {extra}")
     dims: dict[str, int] = {}
     return {ap.name: _check_array(arrays[ap.name], ap, dims) for ap in kp.arrays}  # schema order
 
@@ -497,42 +504,42 @@ def _check_arrays(arrays: Any, kp: _KindPlan) -> dict[str, np.ndarray]:
 def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray:
     name = ap.name
     if not isinstance(entry, dict) or entry.keys() != _ARRAY_KEYS:
-        raise _fail(Reason.BAD_ARRAY, f"array {name!r} must be a map with keys {sorted(_ARRAY_KEYS)}")
+        raise fail(Reason.BAD_ARRAY, f"array {name!r} must be a map with keys {sorted(_ARRAY_KEYS)}")
     if entry["dtype"] != ap.dtype:
-        raise _fail(Reason.WRONG_DTYPE, f"array {name!r} has dtype {entry['dtype']!r:.40}, expected {ap.dtype!r}")
+        raise fail(Reason.WRONG_DTYPE, f"array {name!r} has dtype {entry['dtype']!r:.40}, expected {ap.dtype!r}")
     shape = entry["shape"]
     if type(shape) is not list:
-        raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
+        raise fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
     for d in shape:
         if type(d) is not int or d < 0:
-            raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
+            raise fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
     if len(shape) != len(ap.axes):
-        raise _fail(Reason.WRONG_SHAPE, f"array {name!r} has {len(shape)} axes, expected {len(ap.axes)}")
+        raise fail(Reason.WRONG_SHAPE, f"array {name!r} has {len(shape)} axes, expected {len(ap.axes)}")
     if shape != ap.fixed_shape:  # (a fixed shape that matches needs no walk)
         for axis, (got, want) in enumerate(zip(shape, ap.axes, strict=True)):
             if type(want) is int:
                 if got != want:
-                    raise _fail(Reason.WRONG_SHAPE, f"array {name!r} has shape {tuple(shape)}, expected "
+                    raise fail(Reason.WRONG_SHAPE, f"array {name!r} has shape {tuple(shape)}, expected "
                                                     f"{ap.spec.shape} (axis {axis})")
                 continue
             dim, lo, hi = want
             if not lo <= got <= hi:
-                raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: axis {axis} ({dim}) has length {got}, "
+                raise fail(Reason.WRONG_SHAPE, f"array {name!r}: axis {axis} ({dim}) has length {got}, "
                                                 f"allowed {lo}..{hi}")
             if dims.setdefault(dim, got) != got:
-                raise _fail(Reason.WRONG_SHAPE, f"array {name!r}: {dim} = {got} disagrees with {dims[dim]} "
+                raise fail(Reason.WRONG_SHAPE, f"array {name!r}: {dim} = {got} disagrees with {dims[dim]} "
                                                 "of an earlier array")
         expected = math.prod(shape) * ap.itemsize
     else:
         expected = ap.fixed_nbytes
     data = entry["data"]
     if not isinstance(data, bytes):
-        raise _fail(Reason.BAD_ARRAY, f"array {name!r}: data must be binary")
+        raise fail(Reason.BAD_ARRAY, f"array {name!r}: data must be binary")
     if len(data) != expected:
-        raise _fail(Reason.BAD_ARRAY, f"array {name!r}: {len(data)} data bytes, shape needs {expected}")
+        raise fail(Reason.BAD_ARRAY, f"array {name!r}: {len(data)} data bytes, shape needs {expected}")
     arr = np.frombuffer(data, dtype=ap.np_dtype).reshape(shape)  # read-only view
     if ap.finite and not np.isfinite(arr).all():
-        raise _fail(Reason.NON_FINITE, f"array {name!r} contains a non-finite value")
+        raise fail(Reason.NON_FINITE, f"array {name!r} contains a non-finite value")
     if ap.value_checks and arr.size:
         _check_constraints(arr, ap.spec)
     return arr
@@ -540,7 +547,7 @@ def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray
 
 def _check_values(arr: np.ndarray, spec: ArraySpec) -> None:
     if arr.dtype.kind == "f" and spec.finite and not np.isfinite(arr).all():
-        raise _fail(Reason.NON_FINITE, f"array {spec.name!r} contains a non-finite value")
+        raise fail(Reason.NON_FINITE, f"array {spec.name!r} contains a non-finite value")
     if arr.size:
         _check_constraints(arr, spec)
 
@@ -554,188 +561,21 @@ def _check_constraints(arr: np.ndarray, spec: ArraySpec) -> None:
         if spec.index_bound is not None:
             lo, hi = (min(values), max(values)) if values is not None else (arr.min(), arr.max())
             if lo < 0 or hi >= spec.index_bound:
-                raise _fail(Reason.BAD_INDEX, f"array {name!r}: index out of range [0, {spec.index_bound})")
+                raise fail(Reason.BAD_INDEX, f"array {name!r}: index out of range [0, {spec.index_bound})")
         if spec.distinct:
             n_distinct = len(set(values)) if values is not None else np.unique(arr).size
             if n_distinct != arr.size:
-                raise _fail(Reason.BAD_INDEX, f"array {name!r}: repeated values")
+                raise fail(Reason.BAD_INDEX, f"array {name!r}: repeated values")
     if spec.nonnegative and arr.min() < 0:
-        raise _fail(Reason.BAD_ARRAY, f"array {name!r}: negative value")
+        raise fail(Reason.BAD_ARRAY, f"array {name!r}: negative value")
     if spec.positive and not (arr > 0).all():
-        raise _fail(Reason.BAD_ARRAY, f"array {name!r}: value <= 0")
+        raise fail(Reason.BAD_ARRAY, f"array {name!r}: value <= 0")
     if spec.simplex:
         # finite already checked: a NaN never gets here
         if arr.min() < 0 or arr.max() > 1:
-            raise _fail(Reason.BAD_ARRAY, f"array {name!r}: a probability outside [0, 1]")
+            raise fail(Reason.BAD_ARRAY, f"array {name!r}: a probability outside [0, 1]")
         if arr.ndim and not (np.abs(arr.sum(axis=-1) - 1.0) <= SIMPLEX_TOL).all():
-            raise _fail(Reason.BAD_ARRAY, f"array {name!r}: probabilities do not sum to 1 (within {SIMPLEX_TOL:g})")
-
-
-# =========================================================================== sequence numbers
-
-
-class SeqCheck(NamedTuple):
-    """What accepting a sequence number means.
-
-    `in_order`: it is the next one (`mark + 1`); `fills_gap`: it is one of the missing seqs below the
-    highest seen (arrived late);
-    `new_gap`: the inclusive range it skips over (seqs never seen yet), or `None`; `dropped`: the
-    inclusive range given up because the client ran more than `window` ahead, or `None`.
-
-    >>> SeqCheck(True, False, None, None).in_order
-    True
-    """
-
-    in_order: bool
-    fills_gap: bool
-    new_gap: tuple[int, int] | None
-    dropped: tuple[int, int] | None
-
-
-class SeqTracker:
-    """Per-client monotonic sequence numbers: duplicates and replays are rejected, gaps reported.
-
-    Per client it keeps `mark` (every seq `<= mark` is applied, or was given up) and the set of seqs
-    applied above it (out of order, at most `window` ahead). Pure, deterministic, and serialisable with
-    :meth:`to_dict` / :meth:`from_dict` for persistence. :meth:`check` only looks; :meth:`record` also
-    remembers — so a caller can validate and apply an update between the two.
-
-    >>> t = SeqTracker()
-    >>> t.record("a", 1).in_order, t.record("a", 4).new_gap, t.gaps("a")
-    (True, (2, 3), [(2, 3)])
-    >>> t.record("a", 2).fills_gap, t.mark("a"), t.missing("a")
-    (True, 2, [3])
-    >>> t.check("a", 2)
-    Traceback (most recent call last):
-    ...
-    streamfed.fleet.protocol.ProtocolError: stale_seq: client 'a' seq 2 already applied (all <= 2 are)
-    >>> SeqTracker.from_dict(t.to_dict()).to_dict() == t.to_dict()
-    True
-    """
-
-    def __init__(self, window: int = 1024, first_seq: int = 1) -> None:
-        if window < 1 or first_seq < 0:
-            raise ValueError(f"window must be >= 1 and first_seq >= 0, got {window}, {first_seq}")
-        self.window = int(window)
-        self.first_seq = int(first_seq)
-        self._mark: dict[str, int] = {}
-        self._above: dict[str, set[int]] = {}
-
-    def mark(self, client: str) -> int:
-        """Every seq up to this one is applied (or given up); `first_seq - 1` for an unknown client."""
-        return self._mark.get(client, self.first_seq - 1)
-
-    def highest(self, client: str) -> int:
-        """The highest seq applied (`mark` when nothing arrived out of order)."""
-        above = self._above.get(client)
-        return max(above) if above else self.mark(client)
-
-    def missing(self, client: str) -> list[int]:
-        """Seqs between `mark` and `highest` not received yet, ascending."""
-        above = self._above.get(client, set())
-        return [s for s in range(self.mark(client) + 1, self.highest(client)) if s not in above]
-
-    def gaps(self, client: str) -> list[tuple[int, int]]:
-        """:meth:`missing` as inclusive ranges."""
-        out: list[tuple[int, int]] = []
-        for s in self.missing(client):
-            if out and out[-1][1] == s - 1:
-                out[-1] = (out[-1][0], s)
-            else:
-                out.append((s, s))
-        return out
-
-    @property
-    def clients(self) -> list[str]:
-        return sorted(self._mark)
-
-    def has(self, client: str, seq: int) -> bool:
-        """Whether `seq` is applied (at or below the mark, or recorded above it): :meth:`check` would
-        refuse it as `stale_seq`. No exception, no validation: for seqs already known to be integers."""
-        if seq <= self._mark.get(client, self.first_seq - 1):
-            return True
-        above = self._above.get(client)
-        return above is not None and seq in above
-
-    def adopt(self, client: str, mark: int) -> None:
-        """Start a client not known yet at `mark` (everything up to it given up): a server that lost its state
-        takes each client from where it is instead of waiting for seqs the client no longer holds.
-
-        >>> t = SeqTracker()
-        >>> t.adopt("a", 5000); t.record("a", 5001).in_order
-        True
-        """
-        if client in self._mark or client in self._above:
-            raise ValueError(f"client {client!r} is already known")
-        self._mark[client] = int(mark)
-
-    def check(self, client: str, seq: int) -> SeqCheck:
-        """What :meth:`record` would report, without changing anything; `ProtocolError` (`stale_seq`)
-        for a seq already applied or below the mark, (`bad_seq`) for a non-integer."""
-        if not _is_int(seq) or not 0 <= seq <= _INT64_MAX:
-            raise _fail(Reason.BAD_SEQ, f"seq must be an integer in [0, 2^63), got {seq!r}")
-        mark = self.mark(client)
-        above = self._above.get(client, set())
-        if seq <= mark:
-            raise _fail(Reason.STALE_SEQ, f"client {client!r} seq {seq} already applied (all <= {mark} are)")
-        if seq in above:
-            raise _fail(Reason.STALE_SEQ, f"client {client!r} seq {seq} is a duplicate")
-        highest = max(above) if above else mark
-        new_gap = (highest + 1, seq - 1) if seq > highest + 1 else None
-        fills_gap = seq < highest  # it was one of the missing seqs
-        dropped = None
-        if seq - mark > self.window:
-            dropped = (mark + 1, seq - self.window)
-            if new_gap is not None:  # the part of the new gap that is dropped at once is not a gap
-                lo = max(new_gap[0], seq - self.window + 1)
-                new_gap = (lo, new_gap[1]) if lo <= new_gap[1] else None
-        return SeqCheck(seq == mark + 1, fills_gap, new_gap, dropped)
-
-    def record(self, client: str, seq: int) -> SeqCheck:
-        """Check `seq` and remember it as applied."""
-        return self.commit(client, seq, self.check(client, seq))
-
-    def commit(self, client: str, seq: int, result: SeqCheck) -> SeqCheck:
-        """Remember `seq` as applied, `result` being what :meth:`check` said of it just now (nothing
-        recorded for `client` since): :meth:`record` without checking twice."""
-        if result.in_order and client not in self._above:  # the common case: the next one, no gaps
-            self._mark[client] = seq
-            return result
-        mark = self.mark(client)
-        above = self._above.setdefault(client, set())
-        if result.dropped is not None:
-            mark = result.dropped[1]
-            above.difference_update([s for s in above if s <= mark])
-        above.add(seq)
-        while mark + 1 in above:
-            mark += 1
-            above.discard(mark)
-        self._mark[client] = mark
-        if not above:
-            del self._above[client]
-        return result
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/msgpack-able state."""
-        return {
-            "window": self.window,
-            "first_seq": self.first_seq,
-            "clients": {c: {"mark": m, "above": sorted(self._above.get(c, ()))}
-                        for c, m in sorted(self._mark.items())},
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SeqTracker:
-        """Inverse of :meth:`to_dict` (`ValueError` for inconsistent state)."""
-        t = cls(int(data["window"]), int(data["first_seq"]))
-        for c, st in dict(data["clients"]).items():
-            mark, above = int(st["mark"]), {int(s) for s in st["above"]}
-            if any(s <= mark + 1 or s > mark + t.window for s in above):
-                raise ValueError(f"inconsistent tracker state for client {c!r}")
-            t._mark[str(c)] = mark
-            if above:
-                t._above[str(c)] = above
-        return t
+            raise fail(Reason.BAD_ARRAY, f"array {name!r}: probabilities do not sum to 1 (within {SIMPLEX_TOL:g})")
 
 
 # =========================================================================== builders / converters
@@ -767,9 +607,9 @@ def ack_message(fleet: str, client: str, included_seq: int, missing: Iterable[in
                 global_version: int = 0, created: float | None = None) -> Message:
     """An `ack` to `client`: every seq `<= included_seq` is applied; `missing` seqs above it are not.
 
-    >>> t = SeqTracker(); _ = t.record("a1", 1); _ = t.record("a1", 3)
-    >>> ack_message("f", "a1", t.mark("a1"), t.missing("a1"), seq=1, created=0.0).included
-    {'a1': 1}
+    >>> m = ack_message("f", "a1", 1, [3], seq=1, created=0.0)
+    >>> m.included, m.arrays["missing"].tolist()
+    ({'a1': 1}, [3])
     """
     return Message(fleet, client, "ack", seq, global_version, created=_now(created),
                    arrays={"missing": np.asarray(list(missing), dtype=np.int64)},
