@@ -402,3 +402,57 @@ def test_an_agent_past_its_budget_says_so_in_its_retained_status_over_mosquitto(
     assert last.meta["state"] == "offline" and last.meta["dp_exhausted"] is True  # and in its last word
     assert last.meta["dp_epsilon"] == pytest.approx(p.epsilon) and last.meta["dp_delta"] == 1e-5
     assert agent.core.counters.samples == 80  # predicted every sample, budget or not
+
+
+def test_a_repeated_forward_gets_the_same_bytes_and_never_a_second_masked_input() -> None:
+    """Before: a duplicate `secagg.forward` (a QoS 1 redelivery, an aggregator asking again) made the agent mask
+    its *new* contribution with the same masks: the two masked vectors differed by exactly the new update, in
+    the clear, for the aggregator and for anyone on `#`. Now the agent answers a repeated request with the bytes
+    it sent the first time, and the primitive refuses a second, different input in one round."""
+    from streamfed.privacy.secagg import SecAggError
+
+    cfg = fedbnr_cfg(True)
+    names = ["a", "b", "c"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=2.0)
+    a = agents[0]
+    rng = np.random.default_rng(3)
+    seen: dict[str, Message] = {}
+    replies: list[Message] = []
+
+    def spy(m: Message) -> bool:  # the broker: when a's masked input passes, the forward is delivered again
+        if m.kind == "secagg.forward" and m.client == "a":
+            seen["forward"] = m
+        if m.kind == "secagg.masked" and m.client == "a" and "masked" not in seen:
+            seen["masked"] = m
+            before = a.secagg.contribution
+            got = before()
+            assert got is not None
+            # meanwhile a has learned more: its contribution is no longer what it masked
+            a.secagg.contribution = lambda: ({k: np.asarray(v) + 0.5 for k, v in got[0].items()}, got[1] + 1,
+                                             got[2] + 8, got[3])
+            replies.extend(a.on_secagg(decode(encode(seen["forward"], cfg), cfg, client="a", kinds=DOWN_KINDS),
+                                       now=now))
+            assert [r.kind for r in replies] == ["secagg.masked"]
+            leak = (replies[0].arrays["y"] - m.arrays["y"]).astype(np.int64)  # what the difference would show
+            assert encode(replies[0], cfg) == encode(m, cfg), f"a second masked input: differs by {leak[:4]}…"
+            sa = a.secagg._sa  # noqa: SLF001 - the round object the agent holds
+            x0, y0 = sa._masked  # noqa: SLF001
+            assert np.array_equal(sa.masked_input(x0, sa._received), y0)  # noqa: SLF001 - the same: fine
+            with pytest.raises(SecAggError, match="second masked input"):
+                sa.masked_input(x0 + np.uint64(1), sa._received)  # noqa: SLF001 - another: refused
+        return False
+
+    router = Router(cfg, agents, agg, drop=spy)
+    now = 0.0
+    t = 0
+    while "masked" not in seen and t < 200:  # learn until a round reaches its masked inputs
+        for ag in agents:
+            x, y = _readings(rng, t)
+            router.deliver(ag.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        now = router.settle(now, rounds=1, step=0.3)
+        t += 1
+    assert "masked" in seen, "no secure-aggregation round reached its masked inputs"
+    first = seen["masked"]
+    assert [m.kind for m in replies] == ["secagg.masked"]
+    assert encode(replies[0], cfg) == encode(first, cfg)  # the same bytes: nothing new to subtract

@@ -174,6 +174,9 @@ class SecAggAgent:
         self._names: tuple[str, ...] = ()
         self._since = 0.0
         self._sent_seq = 0  # newest seq of the masked input sent in the current round
+        # this round's replies, sent again as they were when a request repeats (one masked input per round)
+        self._masked_reply: Message | None = None
+        self._unmask_reply: tuple[frozenset[str], Message] | None = None
         self.rounds_started = 0
         self.refused = 0  # messages of the aggregator refused (a reason is logged)
 
@@ -204,6 +207,7 @@ class SecAggAgent:
         self._keys = (X25519PrivateKey.generate(), X25519PrivateKey.generate())
         self._advertised = [*self._advertised[-(KEPT_KEY_PAIRS - 1):], self._keys]
         self._round, self._sa, self._since = None, None, now
+        self._masked_reply = self._unmask_reply = None
         self.rounds_started += 1
         pub = [k.public_key().public_bytes_raw() for k in self._keys]
         return [Message(self.cfg.fleet, self.client, KEYS, 0, 0, "", 0, time.time(),
@@ -212,6 +216,7 @@ class SecAggAgent:
     def done(self) -> None:
         """The global includes the round's contribution: forget the round (the next tick may start another)."""
         self._keys, self._round, self._sa = None, None, None
+        self._masked_reply = self._unmask_reply = None
         self._advertised = []
 
     @property
@@ -250,6 +255,7 @@ class SecAggAgent:
             settings = SecAggSettings(rid, names, sum(math.prod(s) for _, s in self.layout),
                                       graph_seed=self.cfg.seed)
             self._round, self._names, self._since = rid, names, now
+            self._masked_reply = self._unmask_reply = None
             self._sa = SecAggClient(self.client, settings, keys=self._keys)
             roster = {c: Keys(c, bytes(c_pk[i]), bytes(s_pk[i])) for i, c in enumerate(names)}
             cts = self._sa.share_keys(roster)
@@ -259,6 +265,10 @@ class SecAggAgent:
         if self._sa is None or rid != self._round:
             raise SecAggError("wrong_round", f"round {rid}, mine is {self._round}")
         if msg.kind == FORWARD:
+            if self._masked_reply is not None:
+                # A repeated request (a QoS 1 redelivery, an aggregator that asks again): the same bytes again.
+                # Masking a second input with the round's masks would put their difference in the clear.
+                return [self._masked_reply]
             idx = msg.arrays["from"].tolist()
             if any(i >= len(self._names) for i in idx):
                 raise SecAggError("bad_index", "a sender outside the roster")
@@ -275,19 +285,27 @@ class SecAggAgent:
                 raise SecAggError("out_of_range", f"{e} (raise secagg_max_abs)") from None
             y = self._sa.masked_input(enc, received)
             self._sent_seq, self._since = seq, now
-            return [self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch)]
+            self._masked_reply = self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch)
+            return [self._masked_reply]
         if msg.kind == SURVIVORS:
             idx = msg.arrays["alive"].tolist()
             if any(i >= len(self._names) for i in idx):
                 raise SecAggError("bad_index", "a survivor outside the roster")
-            shares = self._sa.unmask({self._names[i] for i in idx})
+            alive = frozenset(self._names[i] for i in idx)
+            if self._unmask_reply is not None:  # asked again: the same answer, never shares of another set
+                if alive != self._unmask_reply[0]:
+                    raise SecAggError("out_of_order", "unmasking asked again for other survivors")
+                return [self._unmask_reply[1]]
+            shares = self._sa.unmask(alive)
             of = sorted(shares, key=self._names.index)
             self._since = now
-            return [self._msg(UNMASK, {
+            reply = self._msg(UNMASK, {
                 "of": np.array([self._names.index(u) for u in of], dtype=np.int64),
                 "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
                 "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
-                          else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))})]
+                          else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))})
+            self._unmask_reply = (alive, reply)
+            return [reply]
         raise SecAggError("unknown_kind", msg.kind)
 
 

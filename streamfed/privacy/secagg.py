@@ -236,6 +236,7 @@ class SecAggClient:
         self._received: dict[str, bytes] = {}  # sender → ciphertext of my shares of its secrets
         self._masked_with: frozenset[str] = frozenset()
         self._revealed = False
+        self._masked: tuple[np.ndarray, np.ndarray] | None = None  # (x, y) of the one input masked this round
 
     def advertise(self) -> Keys:
         """Step 1: my two public keys."""
@@ -278,6 +279,11 @@ class SecAggClient:
                 raise SecAggError("not_a_neighbour", f"shares from {v!r}")
             if not isinstance(ct, bytes) or len(ct) != CIPHERTEXT_BYTES:
                 raise SecAggError("bad_ciphertext", f"from {v!r}: {len(ct) if isinstance(ct, bytes) else ct!r}")
+        if self._masked is not None:
+            # one input per round: a second one masked alike would give away the difference of the two
+            if np.array_equal(self._masked[0], x) and self._masked_with == frozenset(received):
+                return self._masked[1].copy()
+            raise SecAggError("out_of_order", "a second masked input in one round")
         self._received = dict(received)
         self._masked_with = frozenset(received)
         y = x + prg(self._b, s.length, s.round_id, b"self")
@@ -285,6 +291,7 @@ class SecAggClient:
         for v in sorted(received):
             mask = prg(_agree(self._s_sk, self._roster[v].s_pk, info), s.length, s.round_id)
             y = y + mask if self.client < v else y - mask  # uint64: wraps modulo 2^64
+        self._masked = (x.copy(), y.copy())
         return y
 
     def unmask(self, survivors: Collection[str]) -> dict[str, tuple[str, bytes]]:
