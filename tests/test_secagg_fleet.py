@@ -57,6 +57,8 @@ class Router:
             elif kind.channel == Channel.ACKS and m.kind in DOWN_KINDS:
                 a = self.agents[m.client]
                 queue += a.on_secagg(decode(payload, self.cfg, client=m.client, kinds=DOWN_KINDS), now=now)
+            elif kind.channel == Channel.ACKS and m.kind == "ack":
+                self.agents[m.client].on_ack(decode(payload, self.cfg, client=m.client, kinds=("ack",)))
             elif kind.channel == Channel.GLOBAL:
                 for a in self.agents.values():
                     a.install_global(decode(payload, self.cfg, kernel_version=a.kernel_version), now=now)
@@ -224,7 +226,7 @@ def test_bad_secure_aggregation_messages_are_counted_not_raised() -> None:
                    meta={"round": 1})
     assert agg.on_update("a", encode(keys)) == []
     assert agg.rejected == {"wrong_shape": 1}
-    masked = Message("s", "a", "secagg.masked", 1, arrays={"y": np.zeros(56, np.uint64)}, meta={"round": 3})
+    masked = Message("s", "a", "secagg.masked", 1, arrays={"y": np.zeros(56, np.uint64)}, meta={"round": 3, "first": 1})
     assert agg.on_update("a", encode(masked)) == []
     assert agg.rejected == {"wrong_shape": 1, "invalid_secagg": 1}  # no round 3 under way
     update = AgentCore(fedbnr_cfg(False), "a", 0)
@@ -429,8 +431,8 @@ def test_a_repeated_forward_gets_the_same_bytes_and_never_a_second_masked_input(
             got = before()
             assert got is not None
             # meanwhile a has learned more: its contribution is no longer what it masked
-            a.secagg.contribution = lambda: ({k: np.asarray(v) + 0.5 for k, v in got[0].items()}, got[1] + 1,
-                                             got[2] + 8, got[3])
+            a.secagg.contribution = lambda: got._replace(arrays={k: np.asarray(v) + 0.5 for k, v in got.arrays.items()},
+                                                         seq=got.seq + 1, n_samples=got.n_samples + 8)
             replies.extend(a.on_secagg(decode(encode(seen["forward"], cfg), cfg, client="a", kinds=DOWN_KINDS),
                                        now=now))
             assert [r.kind for r in replies] == ["secagg.masked"]
@@ -456,3 +458,38 @@ def test_a_repeated_forward_gets_the_same_bytes_and_never_a_second_masked_input(
     first = seen["masked"]
     assert [m.kind for m in replies] == ["secagg.masked"]
     assert encode(replies[0], cfg) == encode(first, cfg)  # the same bytes: nothing new to subtract
+
+
+def test_a_late_global_never_makes_a_round_count_updates_twice() -> None:
+    """Before: an agent that had not heard the global including its updates (lost, late) gave up on its round
+    and started another with the same updates: the aggregator summed them again (global n = 40 for 32 samples).
+    Now a masked input says the oldest seq it sums, and one reaching into what is summed is left out of its
+    round (`already_summed`); the agent's newer updates come in the next one."""
+    cfg = fedbnr_cfg(True)
+    names = ["a", "b", "c"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=2.0)
+    from streamfed.fleet.agent import GlobalResult
+
+    agents[0].install_global = lambda msg, now=None: GlobalResult(False)  # the globals to a are lost on the way
+    router = Router(cfg, agents, agg)
+    rng = np.random.default_rng(5)
+    now = 0.0
+    learned = 0
+    for phase in range(2):  # each agent: one upload of min_upload = 8 samples per phase, a round after each
+        for t in range(8):
+            for a in agents:
+                x, y = _readings(rng, 8 * phase + t)
+                router.deliver(a.on_reading(Reading(f"{phase}-{t}", x, now, y), now=now)[1], now)
+                learned += 1
+            now = router.settle(now, rounds=1, step=0.3)
+        now = router.settle(now, rounds=40, step=1.0)  # the round runs (a never hears its global)
+    st = agg.aggregation.server.stats  # type: ignore[attr-defined]
+    assert agents[0].secagg is not None and agents[0].secagg.rounds_started >= 2  # a did start a round again
+    # every sample once: a's retry reaching back into what was summed was left out, and the aggregator's ack told a
+    # what is summed, so its newer update came in the next round
+    # (an update still waiting for a round with another member is not in yet: 8 samples each)
+    waiting = sum(len(a.outbox) for a in agents)
+    assert float(st.n) == learned - 8 * waiting, (float(st.n), learned, [sorted(a.outbox) for a in agents])
+    assert not agents[0].outbox  # a's newer update was summed, once
+    assert agg.secagg is not None and agg.secagg.rejected.get("already_summed", 0) >= 1

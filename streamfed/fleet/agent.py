@@ -46,7 +46,7 @@ from streamfed.algorithms.base import (
 )
 from streamfed.fleet.bounded_labels import BoundedLabels
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.secure_aggregation import SecAggAgent
+from streamfed.fleet.secure_aggregation import Contribution, SecAggAgent
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
 from streamfed.fleet.standardised import StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
@@ -209,14 +209,14 @@ class AgentCore:
             self.secagg = SecAggAgent(cfg, client_id, self._contribution)
 
     # ------------------------------------------------------------------ secure aggregation
-    def _contribution(self) -> tuple[dict[str, np.ndarray], int, int, int] | None:
+    def _contribution(self) -> Contribution | None:
         """What this agent adds in a secure-aggregation round: every update not yet in a global, summed in
-        its algorithm's partial form, with the newest seq, the samples and the epoch."""
+        its algorithm's partial form, with the oldest and newest seq, the samples and the epoch."""
         if not self.outbox:
             return None
         msgs = [self.outbox[s] for s in sorted(self.outbox)]
         arrays, n, epoch = self._local_sum.partial([self._local_sum.check(m) for m in msgs])
-        return dict(arrays), msgs[-1].seq, n, max(int(epoch), max(m.epoch for m in msgs))
+        return Contribution(dict(arrays), msgs[0].seq, msgs[-1].seq, n, max(int(epoch), max(m.epoch for m in msgs)))
 
     def on_secagg(self, msg: Message, now: float | None = None) -> list[Message]:
         """A `secagg.*` message from the aggregator: the replies to publish on the updates topic."""
@@ -358,9 +358,13 @@ class AgentCore:
     def on_ack(self, msg: Message) -> list[Message]:
         """An `ack` from the aggregator: the updates above its `included` mark, to send again (the
         aggregator lost them in a crash, or they are missing; it drops any duplicate)."""
-        if self.secagg is not None:  # an update never leaves unmasked
-            return []
         mark = int(msg.included.get(self.client_id, 0))
+        if self.secagg is not None:
+            # an update never leaves unmasked; those up to the mark are summed (the aggregator says so when a masked
+            # input reached back into them): a round must not add them again
+            for s in [s for s in self.outbox if s <= mark]:
+                del self.outbox[s]
+            return []
         return [m for s, m in sorted(self.outbox.items()) if s > mark]
 
     def unacknowledged(self) -> list[Message]:

@@ -158,7 +158,8 @@ class AggregatorCore:
         if cfg.secure_aggregation:
             expected = (lambda: set(self.expected)) if self.mode == "lockstep" else (lambda: set(self.clients))
             self.secagg = SecAggCoordinator(cfg, expected, gather=window if self.mode == "async" else round_timeout,
-                                            timeout=round_timeout)
+                                            timeout=round_timeout,
+                                            summed=lambda c: self.aggregation.included().get(c, 0))
 
     # ------------------------------------------------------------------ state
     @property
@@ -324,9 +325,15 @@ class AggregatorCore:
             self.counters.reject("unknown_client")
             return []
         before = sum(self.secagg.rejected.values())
+        summed_before = self.secagg.rejected.get("already_summed", 0)
         out, result = self.secagg.on_message(msg, now)
         if sum(self.secagg.rejected.values()) > before:
             self.counters.reject("invalid_secagg")
+        if self.secagg.rejected.get("already_summed", 0) > summed_before:
+            # it has not seen the global that holds those updates: say what is summed, so that it stops adding them
+            # (each round it joins would otherwise leave it out again, and a round of two would fail with it)
+            out = [*out, ack_message(self.cfg.fleet, msg.client, self.aggregation.included().get(msg.client, 0), (),
+                                     seq=self.version, global_version=self.version)]
         self.last_seen[msg.client] = now
         return self._secagg_result(out, result, now)
 

@@ -35,7 +35,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -116,7 +116,10 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
         MessageSchema(SHARES, Channel.UPDATES, (ArraySpec("to", "int64", ("k",), index_bound=n, distinct=True),
                                                 ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES))),
                       {"k": (1, k)}, meta=rnd),
-        MessageSchema(MASKED, Channel.UPDATES, (ArraySpec("y", "uint64", (length,)),), meta=rnd),
+        # `first`: the oldest update seq the masked input sums (its `seq` is the newest): the aggregator refuses one
+        # that reaches back into what it has summed already
+        MessageSchema(MASKED, Channel.UPDATES, (ArraySpec("y", "uint64", (length,)),),
+                      meta=(*rnd, MetaSpec("first"))),
         MessageSchema(UNMASK, Channel.UPDATES, (ArraySpec("of", "int64", ("k",), index_bound=n, distinct=True),
                                                 ArraySpec("which", "uint8", ("k",), index_bound=2),
                                                 ArraySpec("share", "uint8", ("k", shamir.SHARE_BYTES))),
@@ -146,9 +149,20 @@ def _round_of(msg: Message) -> int:
 # =========================================================================== the agent's half
 
 
+class Contribution(NamedTuple):
+    """What an agent adds in a round: its updates not yet in a global, summed in the algorithm's partial form
+    (`arrays`), the oldest and newest update seq they cover, their samples and epoch."""
+
+    arrays: Mapping[str, np.ndarray]
+    first_seq: int
+    seq: int
+    n_samples: int
+    epoch: int
+
+
 class SecAggAgent:
     """One agent's part in the fleet's secure-aggregation rounds. `contribution()` gives what it has to add
-    now — `(partial arrays, newest seq, samples, epoch)` or None — read when its masked input is due.
+    now — a :class:`Contribution` or None — read when its masked input is due.
 
     >>> from streamfed.fleet.config import FleetConfig
     >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=1, kernels=["gaussian:1.0"],
@@ -159,7 +173,7 @@ class SecAggAgent:
     """
 
     def __init__(self, cfg: FleetConfig, client: str,
-                 contribution: Callable[[], tuple[Mapping[str, np.ndarray], int, int, int] | None],
+                 contribution: Callable[[], Contribution | None],
                  timeout: float = 10.0) -> None:
         self.cfg = cfg
         self.client = client
@@ -181,9 +195,9 @@ class SecAggAgent:
         self.refused = 0  # messages of the aggregator refused (a reason is logged)
 
     def _msg(self, kind: str, arrays: dict[str, np.ndarray], seq: int = 0, n_samples: int = 0,
-             epoch: int = 0) -> Message:
+             epoch: int = 0, **meta: int) -> Message:
         return Message(self.cfg.fleet, self.client, kind, seq, 0, "", n_samples, time.time(), arrays,
-                       {"round": int(self._round or 0) or 1}, epoch=epoch)
+                       {"round": int(self._round or 0) or 1, **meta}, epoch=epoch)
 
     def patience(self) -> float:
         """How long a step may wait for the aggregator's next message before the round counts as stalled:
@@ -275,9 +289,8 @@ class SecAggAgent:
             received = {self._names[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(idx)}
             got = self.contribution()
             if got is None:  # nothing to add any more (a global included it meanwhile): add zeros
-                arrays, seq, n, epoch = {k: np.zeros(s) for k, s in self.layout}, 0, 0, 0
-            else:
-                arrays, seq, n, epoch = got
+                got = Contribution({k: np.zeros(s) for k, s in self.layout}, 0, 0, 0, 0)
+            arrays, first, seq, n, epoch = got
             flat = np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k, _ in self.layout])
             try:
                 enc = fixed_point.encode(flat, self.frac_bits, max_abs=self.cfg.secagg_max_abs)
@@ -285,7 +298,7 @@ class SecAggAgent:
                 raise SecAggError("out_of_range", f"{e} (raise secagg_max_abs)") from None
             y = self._sa.masked_input(enc, received)
             self._sent_seq, self._since = seq, now
-            self._masked_reply = self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch)
+            self._masked_reply = self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch, first=first)
             return [self._masked_reply]
         if msg.kind == SURVIVORS:
             idx = msg.arrays["alive"].tolist()
@@ -325,8 +338,9 @@ class SecAggCoordinator:
     """
 
     def __init__(self, cfg: FleetConfig, expected: Callable[[], set[str]], *, gather: float = 0.5,
-                 timeout: float = 5.0, min_clients: int = 2) -> None:
+                 timeout: float = 5.0, min_clients: int = 2, summed: Callable[[str], int] = lambda c: 0) -> None:
         self.cfg = cfg
+        self.summed = summed  # client → the newest seq already summed into the global (every one up to it is)
         self.expected = expected  # who a stage waits for before its timer (the lock-step roster, or nobody)
         self.gather = float(gather)  # keys are gathered this long after the first (unless all expected are in)
         self.timeout = float(timeout)
@@ -383,6 +397,12 @@ class SecAggCoordinator:
         elif msg.kind == MASKED:
             if self.stage != "masked":
                 raise SecAggError("out_of_order", f"masked input of {c!r} in stage {self.stage}")
+            first, mark = int(msg.meta.get("first", 0)), self.summed(c)
+            if msg.n_samples and first <= mark:
+                # an agent that gave up on a round whose global it has not seen adds updates summed already: left
+                # out of this round (a dropout: its masks cancel), its newer updates come in the next
+                raise SecAggError("already_summed", f"masked input of {c!r} sums seqs {first}..{msg.seq}, "
+                                  f"but every seq up to {mark} is in the global already")
             self._srv.add_masked(c, np.array(msg.arrays["y"], dtype=np.uint64))
             self._meta[c] = (int(msg.seq), int(msg.n_samples), int(msg.epoch))
         elif msg.kind == UNMASK:
