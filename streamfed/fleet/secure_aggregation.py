@@ -49,6 +49,7 @@ from streamfed.privacy.secagg import (
     SecAggError,
     SecAggServer,
     SecAggSettings,
+    roster_seed,
 )
 from streamfed.wire.message import Message
 from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec
@@ -267,7 +268,8 @@ class SecAggAgent:
                 raise SecAggError("bad_roster", "my keys in the roster are not mine")
             self._keys, self._advertised = pair, []
             settings = SecAggSettings(rid, names, sum(math.prod(s) for _, s in self.layout),
-                                      graph_seed=self.cfg.seed)
+                                      graph_seed=roster_seed(rid, {c: (bytes(c_pk[i]), bytes(s_pk[i]))
+                                                                   for i, c in enumerate(names)}))
             self._round, self._names, self._since = rid, names, now
             self._masked_reply = self._unmask_reply = None
             self._sa = SecAggClient(self.client, settings, keys=self._keys)
@@ -442,7 +444,8 @@ class SecAggCoordinator:
             if not (len(self._keys) >= self.min_clients and self._ready(set(self._keys), want, now, self.gather)):
                 return [], None
             names = tuple(sorted(self._keys))
-            settings = SecAggSettings(self.next_round, names, self.length, graph_seed=self.cfg.seed)
+            settings = SecAggSettings(self.next_round, names, self.length, graph_seed=roster_seed(
+                self.next_round, {c: (self._keys[c].c_pk, self._keys[c].s_pk) for c in names}))
             self.next_round += 1
             self._srv = SecAggServer(settings)
             for k in self._keys.values():

@@ -49,7 +49,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from streamfed.privacy import shamir
 
 __all__ = ["CIPHERTEXT_BYTES", "KEY_BYTES", "MAX_VECTOR", "SecAggClient", "SecAggError", "SecAggServer",
-           "SecAggSettings", "default_degree", "harary_neighbours", "prg", "run_round"]
+           "SecAggSettings", "default_degree", "default_threshold", "harary_neighbours", "prg", "roster_seed",
+           "run_round"]
 
 KEY_BYTES = 32
 SEED_BYTES = 32
@@ -123,6 +124,34 @@ def default_degree(n: int) -> int:
     return min(n - 1, 2 * math.ceil(2 * math.log2(n)))
 
 
+def default_threshold(degree: int) -> int:
+    """The Shamir threshold of a neighbourhood of `degree` clients: a majority, `⌊k/2⌋ + 1`. Secrets are safe
+    unless `t` of a client's neighbours collude (with the server); a majority also means that the shares one set
+    of neighbours holds and those another set holds cannot both reach `t` from honest clients alone. The round
+    survives fewer than `k - t + 1` of a neighbourhood dropping (docs/privacy.md: the bound with numbers).
+
+    >>> default_threshold(2), default_threshold(9), default_threshold(40)
+    (2, 5, 21)
+    """
+    return degree // 2 + 1
+
+
+def roster_seed(round_id: int, keys: Mapping[str, tuple[bytes, bytes]]) -> int:
+    """The neighbour graph's seed for one round: a hash of the round id and every member's two public keys, so
+    that it is new every round and no one — the aggregator included — chooses it alone (each member's keys are
+    fresh random draws made before the roster is known).
+
+    >>> a = roster_seed(1, {"a": (bytes(32), bytes(32)), "b": (bytes(range(32)), bytes(32))})
+    >>> a == roster_seed(1, {"b": (bytes(range(32)), bytes(32)), "a": (bytes(32), bytes(32))}), a != roster_seed(2, {})
+    (True, True)
+    """
+    h = hashlib.sha256(f"streamfed-secagg/graph/{int(round_id)}".encode())
+    for name in sorted(keys):
+        c_pk, s_pk = keys[name]
+        h.update(name.encode() + b"\0" + bytes(c_pk) + bytes(s_pk))
+    return int.from_bytes(h.digest()[:8], "big")
+
+
 def harary_neighbours(clients: Sequence[str], degree: int, seed: int) -> dict[str, tuple[str, ...]]:
     """A random Harary graph (Bell et al. 2020): the clients in an order drawn from the public `seed`, each
     joined to its `⌈degree/2⌉` successors and predecessors on that ring. Symmetric; every client has
@@ -153,13 +182,13 @@ def harary_neighbours(clients: Sequence[str], degree: int, seed: int) -> dict[st
 
 @dataclass(frozen=True)
 class SecAggSettings:
-    """Public parameters of one round: its id, the roster, the vector length, the neighbourhood size and
-    the Shamir threshold (default `⌊k/3⌋ + 1`: fewer than a third of a client's neighbours learn nothing of
-    its secrets even pooled, and the round survives up to two thirds of a neighbourhood dropping).
+    """Public parameters of one round: its id, the roster, the vector length, the neighbourhood size, the
+    Shamir threshold (default :func:`default_threshold`, `⌊k/2⌋ + 1`) and the seed of the neighbour graph (the
+    fleet draws it per round from every member's keys: :func:`roster_seed`).
 
     >>> s = SecAggSettings(round_id=1, clients=("a", "b", "c"), length=4)
     >>> s.degree, s.threshold, s.neighbours["a"]
-    (2, 1, ('b', 'c'))
+    (2, 2, ('b', 'c'))
     """
 
     round_id: int
@@ -180,7 +209,7 @@ class SecAggSettings:
         if degree < 1:
             raise SecAggError("bad_roster", "every client needs a neighbour")
         object.__setattr__(self, "degree", degree)
-        t = degree // 3 + 1 if self.threshold is None else int(self.threshold)
+        t = default_threshold(degree) if self.threshold is None else int(self.threshold)
         if not 1 <= t <= degree:
             raise SecAggError("bad_threshold", f"threshold {t} outside [1, {degree}]")
         object.__setattr__(self, "threshold", t)
