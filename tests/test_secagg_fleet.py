@@ -493,3 +493,27 @@ def test_a_late_global_never_makes_a_round_count_updates_twice() -> None:
     assert float(st.n) == learned - 8 * waiting, (float(st.n), learned, [sorted(a.outbox) for a in agents])
     assert not agents[0].outbox  # a's newer update was summed, once
     assert agg.secagg is not None and agg.secagg.rejected.get("already_summed", 0) >= 1
+
+
+def test_distributed_dp_never_unmasks_a_round_below_its_size() -> None:
+    """Before: with `dp_round_clients = 4` a round of 3 (one member silent) was unmasked and published: its sum
+    carried 3/4 of the noise the accountant recorded (the review saw multiplier 1.87 for 3.73). Now a round with fewer
+    masked inputs than `dp_round_clients` is dropped before unmasking (`too_few_survivors`): nothing is revealed,
+    the members' updates wait for a full round."""
+    cfg = fedbnr_cfg(True, dp_epsilon=2.0, dp_round_clients=4)
+    names = ["a", "b", "c", "d"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=1.0)
+    # d's masked inputs are lost on the way: every round has three inputs at most
+    router = Router(cfg, agents, agg, drop=lambda m: m.kind == "secagg.masked" and m.client == "d")
+    rng = np.random.default_rng(4)
+    now = 0.0
+    for t in range(32):
+        for a in agents:
+            x, y = _readings(rng, t)
+            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        now = router.settle(now, rounds=1, step=0.4)
+    now = router.settle(now)
+    assert agg.secagg is not None and agg.secagg.rounds == 0 and agg.version == 0, (agg.secagg.rounds, agg.version)
+    assert agg.secagg.aborted >= 1
+    assert not any(m.kind == "secagg.survivors" for m in router.seen)  # never a step towards unmasking

@@ -157,8 +157,10 @@ class AggregatorCore:
         self.secagg: SecAggCoordinator | None = None
         if cfg.secure_aggregation:
             expected = (lambda: set(self.expected)) if self.mode == "lockstep" else (lambda: set(self.clients))
+            # distributed DP: each member adds 1/dp_round_clients of the noise, so a round is unmasked only with at
+            # least that many inputs in it (a smaller sum would carry less noise than the accountant records)
             self.secagg = SecAggCoordinator(cfg, expected, gather=window if self.mode == "async" else round_timeout,
-                                            timeout=round_timeout,
+                                            timeout=round_timeout, min_clients=cfg.dp_round_clients or 2,
                                             summed=lambda c: self.aggregation.included().get(c, 0))
 
     # ------------------------------------------------------------------ state

@@ -475,6 +475,9 @@ class SecAggCoordinator:
             if not self._ready(set(srv.masked), set(srv.shares), now, self.timeout):
                 return self._stalled(now)
             alive = srv.survivors()
+            if len(alive) < self.min_clients:  # never unmasked: with distributed DP its noise would fall short
+                raise SecAggError("too_few_survivors", f"{len(alive)} masked inputs, at least {self.min_clients} "
+                                  "needed (dp_round_clients)")
             self.stage, self._since = "unmask", now
             idx = np.array(sorted(self._names.index(c) for c in alive), dtype=np.int64)
             return [self._down(SURVIVORS, c, {"alive": idx}) for c in sorted(alive)], None
