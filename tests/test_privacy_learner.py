@@ -264,3 +264,24 @@ def test_a_private_classifier_learns_its_class_labels_unclipped():
     assert sum(agent.counters.skipped.values()) == 0
     p = learner_class_probabilities(agent.learner, np.full(2, 5.0))
     assert p is not None and p[5] > 0.5 and p[3] == 0.0  # class 5 learned as 5, nothing clipped to 3
+
+
+def test_no_metric_publishes_the_streams_own_statistics_under_dp() -> None:
+    """The online standardiser's target mean and scale are the stream's data: exported without DP (a user watching
+    the scales), never with it (they left the device in clear through Prometheus before)."""
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+
+    def names(dp: float | None) -> set[str]:
+        cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_kernels=1, n_features=4,
+                          kernels=["gaussian:1.0"], dp_epsilon=dp)
+        core = AgentCore(cfg, "a", 0)
+        rng = np.random.default_rng(0)
+        for i in range(40):
+            core.on_reading(Reading(f"r{i}", rng.normal(size=2), 0.0, float(rng.normal(50.0, 5.0))))
+        core.stats.update_from_learner(core.learner)
+        return set(core.learner.diagnostics())
+
+    assert {"target_mean", "target_scale"} <= names(None)
+    assert not {"target_mean", "target_scale"} & names(1.0)

@@ -179,7 +179,8 @@ class AgentCore:
             self.learner = BoundedLabels(self.learner, cfg.robust.label_bound)
         if cfg.standardise == "online":
             self.learner = StandardisedLearner(self.learner, cfg.n_inputs, target=regression,
-                                               label_bound=cfg.robust.label_bound if regression else None)
+                                               label_bound=cfg.robust.label_bound if regression else None,
+                                               private=self.privacy is not None)
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self._update_kind = cfg.update_kind  # resolved once: read for every update message
         self.upload_every = max(1, int(upload_every))

@@ -51,8 +51,12 @@ class StandardisedLearner:
     100.1
     """
 
-    def __init__(self, inner: Learner, n_inputs: int, target: bool = True, label_bound: float | None = None) -> None:
+    def __init__(self, inner: Learner, n_inputs: int, target: bool = True, label_bound: float | None = None,
+                 private: bool = False) -> None:
         self.inner = inner
+        # under differential privacy the stream's own statistics (the target's running mean and scale) are data:
+        # they are not exported as metrics
+        self.private = bool(private)
         # a target beyond mean ± label_bound·scale (the range learned so far) is folded into the scales at that
         # edge: one reading of 1e50 must not blow the scales up for every later sample (the learner below clips
         # the standardised label itself, fleet/bounded_labels.py)
@@ -88,7 +92,7 @@ class StandardisedLearner:
     def diagnostics(self) -> Mapping[str, float]:
         out = dict(self.inner.diagnostics())
         y = self.scales.y
-        if y.count:
+        if y.count and not getattr(self, "private", False):  # (states pickled before `private` existed)
             out["target_mean"] = float(y.mean[0])
             out["target_scale"] = float(y.scale[0])
         if self.label_bound is not None:
