@@ -517,3 +517,15 @@ def test_distributed_dp_never_unmasks_a_round_below_its_size() -> None:
     assert agg.secagg is not None and agg.secagg.rounds == 0 and agg.version == 0, (agg.secagg.rounds, agg.version)
     assert agg.secagg.aborted >= 1
     assert not any(m.kind == "secagg.survivors" for m in router.seen)  # never a step towards unmasking
+
+
+def test_robust_aggregation_with_secure_aggregation_is_refused() -> None:
+    """Before: the aggregator printed its "robust aggregation" banner and screened nothing (every upload is masked:
+    `screened_uploads` 0), although docs/reliability.md said the combination is refused. Now the configuration
+    itself refuses it."""
+    from streamfed.fleet.robustness import Robustness
+
+    with pytest.raises(ValueError, match="cannot be combined"):
+        fedbnr_cfg(True, robust=Robustness(aggregation="robust"))
+    fedbnr_cfg(True)  # each alone is fine
+    fedbnr_cfg(False, robust=Robustness(aggregation="robust"))

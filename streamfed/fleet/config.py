@@ -223,6 +223,10 @@ class FleetConfig(BaseModel):
         if self.dp_round_clients is not None and not (self.secure_aggregation and self.dp_epsilon is not None):
             raise ValueError("dp_round_clients (distributed DP) needs dp_epsilon and secure_aggregation: "
                              "without it every upload would leave with a fraction of its noise")
+        if self.secure_aggregation and self.robust.aggregation == "robust":
+            raise ValueError("robust aggregation screens each client's upload, which secure aggregation hides: the "
+                             "two cannot be combined (docs/reliability.md; under secure aggregation only the "
+                             "clients' sample counts are checked)")
         if self.kernels is not None and len(self.kernels) != self.n_kernels:
             raise ValueError(f"n_kernels={self.n_kernels} but {len(self.kernels)} kernels are listed")
         if self.bin_size > self.n_kernels:
