@@ -17,8 +17,8 @@ from streamfed.wire.topics import Channel
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "streamfed"
 # Modules that must go through the plug-in contract only.
-GENERIC = [*sorted((PKG / "fleet").glob("*.py")), *sorted((PKG / "runtime").glob("*.py")),
-           PKG / "evaluation" / "replay.py", PKG / "evaluation" / "report.py", PKG / "evaluation" / "loadtest.py",
+GENERIC = [*sorted((PKG / "wire").glob("*.py")), *sorted((PKG / "fleet").glob("*.py")),
+           *sorted((PKG / "runtime").glob("*.py")), PKG / "evaluation" / "replay.py", PKG / "evaluation" / "report.py",
            PKG / "cli.py", PKG / "demo.py"]
 
 
