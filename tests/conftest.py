@@ -7,6 +7,7 @@ scripts can use the helpers without pytest. Add new sections below the existing 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -46,3 +47,32 @@ def mosquitto_factory() -> Iterator[Callable[..., brokers.Broker]]:
     yield factory
     for broker in started:
         broker.close()
+
+
+# --------------------------------------------------------------------------- tiers
+# `pytest -m "not broker"` is the pure tier: no Mosquitto, Prometheus or CLI process started. A test is marked
+# `broker` here when it, or a fixture it uses, starts one (its source says so), so no test can forget the mark.
+_PROCESS_SIGNS = ("start_or_fail", "MosquittoProcess", "Mosquitto(", "prometheus", "subprocess", "Popen",
+                  "EmbeddedBroker", "run_demo", "run_loadtest", "mosquitto_dev", "mosquitto_prod", "mosquitto_factory")
+_starts: dict[object, bool] = {}
+
+
+def _starts_processes(fn: object) -> bool:
+    if fn not in _starts:
+        try:
+            source = inspect.getsource(fn)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            source = ""
+        _starts[fn] = any(sign in source for sign in _PROCESS_SIGNS)
+    return _starts[fn]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("broker"):
+            continue
+        fixtures = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures an item uses
+        defs = [d for ds in (fixtures.name2fixturedefs.values() if fixtures else ()) for d in ds]
+        funcs = [getattr(item, "function", None), *(d.func for d in defs)]
+        if any(f is not None and _starts_processes(f) for f in funcs):
+            item.add_marker(pytest.mark.broker)
