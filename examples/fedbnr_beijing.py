@@ -4,7 +4,7 @@
     .venv/bin/python examples/fedbnr_beijing.py --out benchmarks/results/fedbnr_beijing.md
     .venv/bin/python examples/fedbnr_beijing.py --hours 2000 --bandwidth 2 4  # quick look
 
-Protocol (docs/algorithms.md §3 and §6, deployment-faithful): 12 stations are 12 clients; target
+Protocol (docs/algorithms.md §4 and §11, deployment-faithful): 12 stations are 12 clients; target
 `CO`, inputs `PM2.5, PM10, SO2, NO2, O3, TEMP, PRES, DEWP, RAIN, WSPM`; rows with a missing value are
 skipped (counted by the loader); inputs and target are standardised online per station with past
 samples only (`streamfed.evaluation.datasets.load_beijing(normalisation="online")`). Metrics are prequential

@@ -1,4 +1,4 @@
-"""Online FedBNR against plain numpy transcriptions of docs/algorithms.md §3."""
+"""Online FedBNR against plain numpy transcriptions of docs/algorithms.md §4."""
 
 from __future__ import annotations
 

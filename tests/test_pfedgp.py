@@ -590,7 +590,7 @@ def test_over_mosquitto(mosquitto_dev) -> None:
 
     fleet = blob_fleet(3, 20, seed=40)
     names = [s.name for s in fleet.streams]
-    # the agents must not standardise the target: it is a class index (docs/algorithms.md §8)
+    # the agents must not standardise the target: it is a class index (docs/algorithms.md §9.3)
     cfg = FleetConfig(fleet="pfedgp-mqtt", algorithm="pfedgp", n_inputs=2, standardise="none",
                       params=small_params())
 

@@ -99,7 +99,7 @@ def test_accountant_budget_and_calibration() -> None:
 
 def _stats_vector(phis: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Plain transcription of a FedBNR upload's noised part: per kernel the upper triangle of Σφφᵀ and
-    Σφy, then Σy² (docs/algorithms.md §3)."""
+    Σφy, then Σy² (docs/algorithms.md §4)."""
     k, f = phis.shape[1], phis.shape[2]
     iu = np.triu_indices(f)
     parts = []

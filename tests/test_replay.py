@@ -97,7 +97,7 @@ def test_schedule_parse():
 
 
 def test_a_huge_learning_rate_cannot_diverge(fleet):
-    """η = 1e3 is 10⁵ times the stability bound: the step cap (docs/algorithms.md §2.5) keeps every step
+    """η = 1e3 is 10⁵ times the stability bound: the step cap (docs/algorithms.md §3.5) keeps every step
     finite, so nothing is rejected (before the cap, this run diverged and steps were refused)."""
     r = replay(fleet, "local-only", AlgorithmConfig(n_kernels=4, n_features=10, eta=1e3, xi=0.0), seed=0)
     assert r.rejected.sum() == 0

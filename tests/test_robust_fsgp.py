@@ -1,6 +1,6 @@
 """FSGP's bounded influence (issue 15): the declared bounds on an upload (statistics and proposal), always
 on, and the robust aggregation (per-client share cap, residual screening) of `[fleet.robust] aggregation =
-"robust"` (docs/algorithms.md §11)."""
+"robust"` (docs/algorithms.md §6.13)."""
 
 import numpy as np
 import pytest

@@ -1,7 +1,7 @@
 """Issue 15, parts 1–2, for the algorithms that federate network weights: URK-FedBNR (phase-1 proposals,
 phase-2 statistics) and pFedGP (the shared deep kernel). Declared bounds (always on), robust aggregation
 (`[fleet.robust] aggregation = "robust"`), and the figure: a small URK fleet with attackers sending the
-largest proposal the bound allows, in the worst direction (docs/algorithms.md §8 "Bounded influence", §12.10)."""
+largest proposal the bound allows, in the worst direction (docs/algorithms.md §9.4, §10.3)."""
 
 from __future__ import annotations
 
@@ -457,7 +457,7 @@ FIG = {"n_clients": 10, "steps": 256}
 # k hostile clients propose first after every new version: a version must wait for enough honest proposers that
 # they outnumber them — the default quorum (0.5: 5 of 10) for one, 0.8 (8 of 10) for three (at 0.5, three
 # attackers are 3 of the 5 proposals a version needs: measured worst honest MSE ratio 1.40 over 256 steps,
-# 2.0 over 320; docs/algorithms.md §12.10)
+# 2.0 over 320; docs/algorithms.md §10.3)
 QUORUM = {1: 0.5, 3: 0.8}
 
 

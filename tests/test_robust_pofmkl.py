@@ -4,7 +4,7 @@
   MSE where it was (it went from ~0.004 to ~1e197).
 * No honest client is ever refused: property test over honest learners (lock-step and error feedback) with
   hostile-but-honest hyperparameters and labels at the bound; in-process and Mosquitto fleets.
-* The robust rule equals a plain-Python transcription of docs/algorithms.md §2.9.
+* The robust rule equals a plain-Python transcription of docs/algorithms.md §3.9 (§10.1 per kernel).
 * The figure: 12 Beijing stations, lock-step through the real AggregatorCore; attackers send the largest
   update the bound allows, in the most harmful direction we found.
 """
@@ -307,7 +307,7 @@ def test_honest_async_agents_with_worst_case_settings_are_never_refused(stations
 
 
 def robust_oracle(theta, updates, n_clients, trim, clip_factor):
-    """docs/algorithms.md §2.9 in plain Python: lists and the statistics module, no numpy."""
+    """docs/algorithms.md §3.9 in plain Python: lists and the statistics module, no numpy."""
     norms = [math.sqrt(sum(v * v for v in row)) for _, ks, rows in updates for row in rows]
     tau = clip_factor * statistics.median(norms)
     clipped = {}

@@ -1,6 +1,6 @@
 """PVI's bounded influence (issue 15): what can be bounded of a client's factor, always (its FedAvg weight on
 `Z` is at most the samples its client was charged for), and the robust mode's per-client cap on a factor's
-information (`[fleet.robust] aggregation = "robust"`, docs/algorithms.md §13)."""
+information (`[fleet.robust] aggregation = "robust"`, docs/algorithms.md §7.4)."""
 
 import math
 

@@ -1,5 +1,5 @@
 """URK-FedBNR (streamfed.algorithms.urk): the URK features against the Gaussian kernel, torch's gradients
-against finite differences, the torch evidence against plain transcriptions of docs/algorithms.md §3 in numpy,
+against finite differences, the torch evidence against plain transcriptions of docs/algorithms.md §4 in numpy,
 numpy features against torch features."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ torch.set_num_threads(1)
 
 
 def oracle_log_evidence(phi: np.ndarray, y: np.ndarray, sigma: float, lam: float) -> float:
-    """docs/algorithms.md §3, line by line: A = σ⁻²S + λ⁻²I;
+    """docs/algorithms.md §4, line by line: A = σ⁻²S + λ⁻²I;
     log p(y) = −(n/2) log(2πσ²) − ½ log|I + λ²σ⁻²S| − ½ (σ⁻²q − σ⁻⁴ bᵀA⁻¹b)."""
     n, f = phi.shape
     S, b, q = phi.T @ phi, phi.T @ y, y @ y
@@ -486,7 +486,7 @@ print("ok")
 
 
 def test_rff_normalisation_reproduces_the_rff_bank_exactly() -> None:
-    """normalisation="rff", identity extractor, h = ω/ℓ: the features are docs/algorithms.md §1's RFF map of the
+    """normalisation="rff", identity extractor, h = ω/ℓ: the features are docs/algorithms.md §2's RFF map of the
     frequencies ω/ℓ — the library's RFFBank, bit for bit up to rounding (sines first, m^{-1/2})."""
     from streamfed.core.features import RFFBank
 

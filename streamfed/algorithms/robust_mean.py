@@ -1,4 +1,4 @@
-"""Robust combination of gradient-like updates, on stacked rows (pure numpy; docs/algorithms.md §2.9).
+"""Robust combination of gradient-like updates, on stacked rows (pure numpy; docs/algorithms.md §10.1).
 
 Aggregating the plain mean of `n` clients' updates lets one client move the result anywhere. These are the
 two robust replacements a fleet may choose (`[fleet.robust] aggregation = "robust"`, with `trim` and

@@ -1,4 +1,4 @@
-"""Numba kernels of the random Fourier feature map (docs/algorithms.md §1); the classes that use them
+"""Numba kernels of the random Fourier feature map (docs/algorithms.md §2); the classes that use them
 are in :mod:`streamfed.core.features`, which gets them through :mod:`streamfed.core.compiled` (ahead-of-time
 build or numba's JIT)."""
 

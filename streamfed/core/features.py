@@ -1,4 +1,4 @@
-"""Random Fourier feature maps (docs/algorithms.md §1).
+"""Random Fourier feature maps (docs/algorithms.md §2).
 
 A :class:`RFFBank` holds a dictionary of `N` shift-invariant kernels with `D` frequency vectors each
 and maps one input `x` (length `d`) to an `(N, 2D)` array whose row `p` is

@@ -7,7 +7,7 @@ pressure is ~1000, an approval rating ~40. :class:`OnlineStandardiser` maps each
 *before* `v` (Welford's update), so no value ever informs its own transform, and maps predictions back
 (`mean + scale·m`, variance `scale²·v`).
 
-It is the same rule as the replay's `"online"` normalisation (docs/algorithms.md §6), one sample at a
+It is the same rule as the replay's `"online"` normalisation (docs/algorithms.md §11), one sample at a
 time: the first `warmup` samples (default 2, the fewest with a defined sample standard deviation) only
 initialise the statistics; a column whose past has zero spread falls back to `|mean|` (a relative
 change) or to 1.

@@ -1,4 +1,4 @@
-"""Additive sufficient statistics of a linear-Gaussian model (docs/algorithms.md §3).
+"""Additive sufficient statistics of a linear-Gaussian model (docs/algorithms.md §4).
 
 For features `φ(x) ∈ R^F` and targets `y` a set of samples is summarised by
 

@@ -1,4 +1,4 @@
-"""Cold start: what a client joining a running fleet gets from it (docs/algorithms.md §10).
+"""Cold start: what a client joining a running fleet gets from it (docs/algorithms.md §5.8).
 
 Leave one client out: the others stream from step 0; the held-out client joins at `join_step` — it has
 received the fleet's globals like a late agent reading the retained global — and streams its own rows

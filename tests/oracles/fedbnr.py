@@ -1,4 +1,4 @@
-"""The centralised Bayesian linear regression a FedBNR global must equal (docs/algorithms.md §3), by
+"""The centralised Bayesian linear regression a FedBNR global must equal (docs/algorithms.md §4), by
 numpy.linalg on all samples at once: no rank-one updates, no sufficient statistics kept between steps."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Plain NumPy transcriptions of the POF-MKL paper's baselines (docs/algorithms.md §2).
+"""Plain NumPy transcriptions of the POF-MKL paper's baselines (docs/algorithms.md §3.7).
 
 Each function runs a whole lock-step fleet: at each t every client predicts and computes its
 uploads with the θ of the previous round, then the server applies eq. (10)-style averaging.

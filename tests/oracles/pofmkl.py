@@ -1,5 +1,5 @@
 """Plain NumPy transcription of POF-MKL, equations (6)-(10) of the paper as restated in
-docs/algorithms.md §2. Deliberately naive: no log domain, no buffers, no numba — obviously
+docs/algorithms.md §3. Deliberately naive: no log domain, no buffers, no numba — obviously
 correct by reading, and independent of the optimised code (its own features from np.sin/np.cos).
 
 The weights are kept as logarithms, as docs/algorithms.md asks: the plain products w·exp(-ηℓ) underflow
@@ -56,7 +56,7 @@ class OracleClient:
         self.logw = self.logw - self.eta * loss
 
         # eq. (9): Δ_p = (η/q_J)(2(f_p - y) z_p + 2λθ_p) for p in the selected bin, with the step η/q_J
-        # capped at 1/2 (docs/algorithms.md §2, "step cap": with ‖z‖ = 1 a step of 1/2 fits the sample exactly)
+        # capped at 1/2 (docs/algorithms.md §3.5, "step cap": with ‖z‖ = 1 a step of 1/2 fits the sample exactly)
         step = min(self.eta / qJ, 0.5)
         deltas = {p: step * (2 * (f[p] - y) * z[p] + 2 * self.lam * theta[p]) for p in selected}
 

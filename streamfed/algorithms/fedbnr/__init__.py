@@ -1,5 +1,5 @@
 """Online FedBNR — Bayesian regression over random features whose sufficient statistics are summed exactly
-across agents (docs/algorithms.md §3): the global posterior equals a centralised one, with calibrated
+across agents (docs/algorithms.md §4): the global posterior equals a centralised one, with calibrated
 predictive uncertainty and evidence-fitted hyperparameters. With several kernels in the fleet's
 dictionary each kernel keeps its own posterior and predictions are their evidence-weighted average.
 
@@ -35,7 +35,7 @@ __all__ = ["ALGORITHM", "FedBNR", "FedBNRParams", "feature_maps"]
 
 
 class FedBNRParams(Params):
-    """Online FedBNR hyperparameters (docs/algorithms.md §3); defaults match `FedBNRClient`.
+    """Online FedBNR hyperparameters (docs/algorithms.md §4); defaults match `FedBNRClient`.
 
     >>> FedBNRParams(min_upload=64).min_upload
     64
@@ -47,7 +47,7 @@ class FedBNRParams(Params):
     forgetting: float = Field(1.0, gt=0, le=1)
     fit_hyperparameters: bool = True
     bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
-    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §3.13): an upload whose residual ratio
+    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §4.13, §10.2): an upload whose residual ratio
     # under the current global exceeds robust_screen × the median of the other clients' latest ratios is
     # taken with weight 0, once robust_screen_clients others have one; any client may hold
     # robust_share_floor samples whatever the share cap (None: 4 × min_upload, the cold start)
@@ -114,7 +114,7 @@ class FedBNR(Algorithm):
 
         probe = self._client(cfg)
         norms = np.sum(probe.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)
-        # RFF features (plus the constant bias) have one norm for every input (docs/algorithms.md §1.1), so
+        # RFF features (plus the constant bias) have one norm for every input (docs/algorithms.md §2.1), so
         # the largest and the smallest ‖φ‖² are those of any input
         phi_sq, phi_sq_min = float(np.max(norms)), float(np.min(norms))
         p, r = cfg.params, cfg.robust

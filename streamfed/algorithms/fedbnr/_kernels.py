@@ -1,4 +1,4 @@
-"""Numba kernels of online FedBNR (docs/algorithms.md §3).
+"""Numba kernels of online FedBNR (docs/algorithms.md §4).
 
 The working posterior of one feature map is kept as the upper Cholesky factor of the *augmented*
 precision matrix

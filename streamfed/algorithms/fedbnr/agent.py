@@ -1,4 +1,4 @@
-"""What a FedBNR agent runs (docs/algorithms.md §3): the client half, publishing its delta statistics
+"""What a FedBNR agent runs (docs/algorithms.md §4): the client half, publishing its delta statistics
 whenever at least `min_upload` samples are pending (the privacy floor). Order-free: it never waits for
 a round, and the learner numbers its own uploads (it keeps them until a global includes them)."""
 

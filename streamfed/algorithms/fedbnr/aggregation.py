@@ -1,4 +1,4 @@
-"""What a FedBNR aggregator, shard or reducer runs (docs/algorithms.md §3): every valid upload summed
+"""What a FedBNR aggregator, shard or reducer runs (docs/algorithms.md §4): every valid upload summed
 exactly once (out-of-order ones wait for the gap), a new global — σ, λ refitted by the evidence — at the
 end of a window in which something was summed. Sums split exactly across shards.
 
@@ -8,9 +8,9 @@ statistics must be statistics of some samples — `n` a positive whole number eq
 `n·min‖φ‖² <= tr S_k <= n·max‖φ‖²` (features are bounded, RFF features have a constant norm), and with
 labels clipped to `±B` at the agent, `q <= n·B²` and `‖b_k‖² <= tr S_k · q` — so one hostile upload cannot
 make the global posterior improper for everyone, nor claim more samples or larger labels than it has
-(docs/algorithms.md §3.11).
+(docs/algorithms.md §4.11).
 
-With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §3.13) the global is no longer the exact
+With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §4.13) the global is no longer the exact
 sum: an upload whose residuals under the current global are implausible is taken with weight 0, and no
 client's samples may exceed `share_cap` of the global's — an upload that would put its client over the
 cap is taken with the fraction that fits (a tempered contribution).
@@ -70,12 +70,12 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
     trace = np.trace(st.S, axis1=-2, axis2=-1)
     if np.any(trace > n * phi_sq * (1.0 + _REL) + _REL):
         raise ValueError("tr S exceeds n·max‖φ‖²: not the scatter of n feature vectors")
-    # RFF features have one norm for every input (§1.1): tr S = n‖φ‖², so the trace pins the count — a claim
-    # of more samples than the scatter holds (the issue's n = 2^53) is refused here
+    # RFF features have one norm for every input (algorithms.md §2.1): tr S = n‖φ‖², so the trace pins the count —
+    # a claim of more samples than the scatter holds (the issue's n = 2^53) is refused here
     if phi_sq_min is not None and np.any(trace < n * phi_sq_min * (1.0 - _REL) - _REL):
         raise ValueError(f"tr S = {float(np.min(trace)):g} is below n·min‖φ‖² = {n * phi_sq_min:g}: "
                          f"n = {n:g} claims more samples than the scatter holds")
-    # labels within ±B (q <= nB²), Cauchy–Schwarz on b, and Σ [φ; y][φ; y]ᵀ positive semi-definite (§3.11)
+    # labels within ±B (q <= nB²), Cauchy–Schwarz on b, and Σ [φ; y][φ; y]ᵀ positive semi-definite (algorithms.md §4.11)
     check_labelled_scatter(st.S, st.b, q, n, label_bound)
 
 
@@ -153,7 +153,7 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         self.server = server
         self.max_abs = float(max_abs)
         # off only for clients that add DP noise or secure-aggregation masks to their deltas, which make
-        # single deltas improper (docs/algorithms.md §9)
+        # single deltas improper (docs/algorithms.md §12)
         self.check_stats = bool(check_stats)
         self.phi_sq = float(phi_sq)
         self.phi_sq_min = None if phi_sq_min is None else float(phi_sq_min)

@@ -1,4 +1,4 @@
-"""Online FedBNR: federated Bayesian linear regression on random features (docs/algorithms.md §3).
+"""Online FedBNR: federated Bayesian linear regression on random features (docs/algorithms.md §4).
 
 Model: `y = φ(x)ᵀw + ε`, prior `w ~ N(0, λ²I)`, noise `ε ~ N(0, σ²)`. Everything the fleet needs is
 the additive statistics `(S, b, n, q)` of :mod:`streamfed.core.stats`.

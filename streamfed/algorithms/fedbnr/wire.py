@@ -1,4 +1,4 @@
-"""Online FedBNR on the wire: additive sufficient statistics (docs/algorithms.md §3).
+"""Online FedBNR on the wire: additive sufficient statistics (docs/algorithms.md §4).
 
 * ``fedbnr.update`` — a client's delta statistics: `S_upper (K, F(F+1)/2)` (the packed upper triangle of
   `S`, numpy.triu_indices order), `b (K, F)`, `n`, `q`; one row per kernel of the dictionary.

@@ -1,5 +1,5 @@
 """Personalised FedBNR — a shared weight vector plus a personal offset per client, inferred exactly from
-sufficient statistics (docs/algorithms.md §10): `y = φ(x)ᵀ(w + δ_k) + ε`, `w ~ N(0, λ²I)` shared,
+sufficient statistics (docs/algorithms.md §5): `y = φ(x)ᵀ(w + δ_k) + ε`, `w ~ N(0, λ²I)` shared,
 `δ_k ~ N(0, τ²I)` personal. `τ → 0` is pooled FedBNR, `λ → 0` local-only learning; the server fits
 `σ, λ, τ` by the exact evidence, so each client borrows as much strength as the data say the clients
 resemble each other. One kernel (the first of the fleet's dictionary).
@@ -33,7 +33,7 @@ __all__ = ["ALGORITHM", "FedBNRPersonal", "PersonalParams"]
 
 
 class PersonalParams(Params):
-    """Hyperparameters of personalised FedBNR (docs/algorithms.md §10): initial `σ, λ, τ` (refitted by the
+    """Hyperparameters of personalised FedBNR (docs/algorithms.md §5): initial `σ, λ, τ` (refitted by the
     evidence at every global when `fit_hyperparameters`; `fit_tau=False` keeps `τ`), forgetting per time unit
     (one sample) on the shared and the own level, and the privacy floor.
 
@@ -51,7 +51,7 @@ class PersonalParams(Params):
     fit_tau: bool = True
     bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
     # The prequential τ-mixture: one model per τ of this grid (σ, λ by the evidence at each), averaged per client
-    # by their discounted prequential evidence on its own stream (docs/algorithms.md §10.7). None: one model, τ by
+    # by their discounted prequential evidence on its own stream (docs/algorithms.md §5.7). None: one model, τ by
     # the evidence.
     tau_grid: tuple[float, ...] | None = None
 

@@ -1,4 +1,4 @@
-"""Personalised FedBNR in the plug-in contract (docs/algorithms.md §10): the agent's learner around
+"""Personalised FedBNR in the plug-in contract (docs/algorithms.md §5): the agent's learner around
 `FedBNRHierClient`, the aggregation around `FedBNRHierServer` (statistics kept per client, the shared
 posterior and `σ, λ, τ` by the exact evidence at each window's end)."""
 
@@ -165,7 +165,7 @@ class PersonalAggregation(SummingWindow):
                  check_stats: bool = True, label_bound: float | None = None, phi_sq_min: float | None = None) -> None:
         self.server = server
         self.phi_sq = float(phi_sq)
-        # the declared bounds of an honest upload (docs/algorithms.md §3.11): labels within ±label_bound, and
+        # the declared bounds of an honest upload (docs/algorithms.md §4.11): labels within ±label_bound, and
         # ‖φ‖² >= phi_sq_min (RFF features with a bias have a constant norm, which pins n to tr S)
         self.label_bound, self.phi_sq_min = label_bound, phi_sq_min
         self.max_abs = float(max_abs)

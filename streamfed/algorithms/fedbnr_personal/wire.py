@@ -1,4 +1,4 @@
-"""Personalised (hierarchical) FedBNR on the wire (docs/algorithms.md §10).
+"""Personalised (hierarchical) FedBNR on the wire (docs/algorithms.md §5).
 
 * ``fedbnr-personal.update`` — one upload's time-weighted delta statistics: `S_upper (F(F+1)/2,)`, `b (F,)`,
   `n`, `q` and the client's clock `time`; `n_samples` is the raw count (the privacy floor).

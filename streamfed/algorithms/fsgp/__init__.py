@@ -68,7 +68,7 @@ class FSGPParams(Params):
     # refuses beyond); None: 2 × INPUT_CLIP = 10 when agents standardise (inputs winsorised at ±5), no box
     # otherwise. Widened to hold the initial design.
     inducing_box: float | None = Field(None, gt=0, allow_inf_nan=False)
-    # robust aggregation ([fleet.robust] aggregation = "robust", docs/algorithms.md §11): residual screening at
+    # robust aggregation ([fleet.robust] aggregation = "robust", docs/algorithms.md §6.13, §10.2): residual screening at
     # robust_screen × the median client, after robust_screen_clients others; the cold-start floor of samples any
     # client may hold (None: 4 × min_upload)
     robust_screen: float = Field(50.0, gt=1.0, allow_inf_nan=False)

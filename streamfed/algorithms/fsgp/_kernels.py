@@ -1,4 +1,4 @@
-"""Numba kernels of FSGP's per-sample path (docs/algorithms.md §11, "FSGP").
+"""Numba kernels of FSGP's per-sample path (docs/algorithms.md §6.3).
 
 A client's working posterior under inducing inputs `Z` is kept as the upper Cholesky factor of the
 *augmented* matrix (the form of FedBNR's kernels, with the prior precision `C` in place of `λ⁻²I`)
@@ -7,7 +7,7 @@ A client's working posterior under inducing inputs `Z` is kept as the upper Chol
     [ σ⁻²rᵀ     σ⁻²q  ]                  [ 0  ρ ]
 
 so a sample `(x, y)` with `k = c(Z, x)` adds `σ⁻²[k; y][k; y]ᵀ` and is one rank-one update of `Rₐ`
-(`O(M²)`), and the predictive of §11 needs two triangular solves:
+(`O(M²)`), and the predictive of docs/algorithms.md §6.3 needs two triangular solves:
 
     v = R⁻ᵀk:      mean = σ⁻² kᵀB⁻¹r = vᵀu,        kᵀB⁻¹k = vᵀv
     w = U_C⁻ᵀk:    kᵀC⁻¹k = wᵀw                       (U_CᵀU_C = C, fixed for a version)

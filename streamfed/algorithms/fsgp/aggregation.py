@@ -2,7 +2,7 @@
 exactly once under the current `(θ, σ, Z)`, a new global — after adopting averaged proposals when enough
 came — at the end of a window in which something was summed.
 
-An upload is validated completely before anything changes (docs/algorithms.md §11, "Declared bounds"):
+An upload is validated completely before anything changes (docs/algorithms.md §6.13, "Declared bounds"):
 values bounded by `max_abs`, `n` a whole number equal to the envelope's `n_samples` (which the core's token
 bucket charges), and (unless `check_stats=False`) the statistics must be those of some samples under the
 upload's version: `tr P ≤ n·M·a⁴` (every covariance is at most `a²`), `q ≤ n·B²` (agents clip labels to
@@ -12,7 +12,7 @@ proposal weighs at most a reservoir (`reservoir`), keeps `a, ℓ, σ` in `[1e-3,
 the inputs allow. So one hostile upload cannot make the global posterior improper, claim labels beyond `±B`
 or features beyond the covariance, nor move the next version's `Z` out of the inputs' range.
 
-With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §11, "Robust aggregation") the global is no
+With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §6.13, "Robust aggregation"; §10.2) the global is no
 longer the exact sum: an upload whose residuals under the current global are implausible is taken with weight
 0, and no client's samples may exceed `share_cap` of the global's (tempered contributions `w·stats`, a
 cold-start quorum) — :class:`~streamfed.algorithms.shares.RobustShares`.

@@ -90,7 +90,7 @@ class FSGPClient:
         self.client_id = str(client_id)
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.fit_every, self.fit_steps, self.learning_rate = int(fit_every), int(fit_steps), float(learning_rate)
-        # the aggregator's declared bounds (docs/algorithms.md §11): carried pending statistics are clamped to
+        # the aggregator's declared bounds (docs/algorithms.md §6.13): carried pending statistics are clamped to
         # them, local fits keep Z within the box
         self.label_bound = None if label_bound is None else float(label_bound)
         self.z_box = None if z_box is None else float(z_box)

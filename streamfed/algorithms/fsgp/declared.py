@@ -1,4 +1,4 @@
-"""What an honest FSGP upload can hold, from the configuration alone (docs/algorithms.md §11, "Declared
+"""What an honest FSGP upload can hold, from the configuration alone (docs/algorithms.md §6.13, "Declared
 bounds"; issue 15).
 
 Every covariance here is `c(x, x') = a² g(ρ)` with `0 < g ≤ 1`, so a sample's features `k = c(Z, x)` have

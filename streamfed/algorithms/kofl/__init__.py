@@ -1,4 +1,4 @@
-"""The POF-MKL paper's baselines (docs/algorithms.md §2.7): OFSKL, OFMKL-Avg, vM-KOFL and eM-KOFL, for
+"""The POF-MKL paper's baselines (docs/algorithms.md §3.7): OFSKL, OFMKL-Avg, vM-KOFL and eM-KOFL, for
 the comparison tables. They run in the replay only (``in_fleet = False``): nobody deploys them, and their
 uploads grow with the dictionary (`N·2D`) — the point POF-MKL makes.
 

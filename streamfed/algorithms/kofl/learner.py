@@ -1,4 +1,4 @@
-"""The POF-MKL paper's baselines (docs/algorithms.md §2, "Baselines"), as client/server halves.
+"""The POF-MKL paper's baselines (docs/algorithms.md §3.7), as client/server halves.
 
 All of them learn `θ_p` by plain online gradient steps `Δ_p = η (2 (f_p - y) z_p + 2 λ θ_p)` that the
 server averages over the reporting clients (`θ_p ← θ_p - (1/|C_t|) Σ_c Δ_{c,p}`, i.e. the mean of the

@@ -164,7 +164,7 @@ class PFedGP(Algorithm):
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PFedGPAggregation:
-        """The aggregation, with the declared bound (docs/algorithms.md §8 "Bounded influence": every coordinate
+        """The aggregation, with the declared bound (docs/algorithms.md §9.4, §10.3: every coordinate
         of a proposal within what `fit_steps` Adam steps at `learning_rate` can move, its weight within a full
         budget) and,
         with `cfg.robust.aggregation = "robust"`, proposals combined by a clipped trimmed mean per client."""
@@ -184,7 +184,7 @@ class PFedGP(Algorithm):
         clamped = _log_ls_indices(layout_of(cfg)) if p.head == "gp" else ()
         bound = ProposalBound(int(p.fit_steps), float(p.learning_rate), max_weight, clamped, LOG_BOUNDS)
         # noised uploads (differential privacy: every floating array of a chunk, its weight too) are bounded by
-        # the privacy layer's clipping, not per Adam step: no declared bound on them (as POF-MKL, §2.9)
+        # the privacy layer's clipping, not per Adam step: no declared bound on them (as POF-MKL, algorithms.md §3.9)
         return PFedGPAggregation(server, bound=bound if check_stats else None)
 
     def replay_variants(self) -> list[ReplayVariant]:

@@ -5,7 +5,7 @@ Shards: a shard reassembles the proposals whose chunks all reached it in its win
 sum; chunks of one proposal split across windows are lost to a shard (with kernel learning, one aggregator is
 the sure arrangement, as for URK-FedBNR).
 
-Bounded influence (docs/algorithms.md §8 "Bounded influence", always on when the factory builds it): a
+Bounded influence (docs/algorithms.md §9.4, §10.3, always on when the factory builds it): a
 chunk's coordinates may move at most as far as `fit_steps` Adam steps at `learning_rate` can
 (:class:`~streamfed.algorithms.urk.bounds.ProposalBound`), its weight at most a full budget. Robust
 aggregation (a clipped, coordinate-wise trimmed mean of one delta per client) lives in the server; it needs

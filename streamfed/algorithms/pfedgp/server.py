@@ -7,7 +7,7 @@ Uploads are applied once and in each client's seq order; a chunk computed under 
 (`stale_chunks`) and logged, not used, but its seq is marked applied (its delta belongs to a network that is
 gone). A new version drops every open proposal.
 
-Robust aggregation (docs/algorithms.md §8 "Bounded influence"; `robust` set by the factory from
+Robust aggregation (docs/algorithms.md §9.4, §10.3; `robust` set by the factory from
 `[fleet.robust]`): the new network is `θ + robust_delta(one delta per client)` — each client's deltas of
 the version averaged, clipped to `clip_factor ×` the median norm, then a coordinate-wise trimmed mean —
 instead of the weighted mean.
@@ -73,7 +73,7 @@ class PFedGPServer:
         self.proposers: set[str] = set()
         # the clients heard in the version before count towards the quorum too: right after a new version
         # nobody has been heard, and a hostile client proposing first would meet the quorum alone, version
-        # after version — each move within the bound, but as many moves as it likes (docs/algorithms.md §8)
+        # after version — each move within the bound, but as many moves as it likes (docs/algorithms.md §10.3)
         self.heard_before: set[str] = set(getattr(self, "heard", ()))
         self.heard: set[str] = set()
         self.extra_proposers = 0  # proposers counted by shards (their names stay there)

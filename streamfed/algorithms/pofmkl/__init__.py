@@ -1,5 +1,5 @@
 """POF-MKL — personalized online federated multi-kernel learning (Ghari & Shen, NeurIPS 2022);
-docs/algorithms.md §2.
+docs/algorithms.md §3.
 
 A dictionary of random-Fourier-feature kernels, per-agent multiplicative kernel weights (log domain), and
 each step uploads one sampled bin of at most `M` kernels (`M·2D` numbers, whatever the dictionary size).
@@ -36,7 +36,7 @@ __all__ = ["ALGORITHM", "POFMKL", "POFMKLParams"]
 
 
 class POFMKLParams(Params):
-    """POF-MKL hyperparameters (docs/algorithms.md §2); defaults match `POFMKLClient`.
+    """POF-MKL hyperparameters (docs/algorithms.md §3); defaults match `POFMKLClient`.
 
     >>> POFMKLParams().eta
     0.005

@@ -1,4 +1,4 @@
-"""Numba kernel of one POF-MKL client step (docs/algorithms.md §2, steps 1-4).
+"""Numba kernel of one POF-MKL client step (docs/algorithms.md §3.2, steps 1-4).
 
 Written to be read against the equations: each block is labelled with the step it implements.
 The step is transactional: every result goes to scratch buffers first and the persistent state

@@ -10,7 +10,7 @@ STEP_NON_FINITE = 3
 STEP_NEED_DRAWS = 4  # the block of uniform draws is used up: refill it and call again
 STEP_BAD_SHAPE = 5  # x does not have d values
 
-# Largest step along a sample's features, `η/q_J` (docs/algorithms.md §2, "step cap"): with `‖z‖ = 1`,
+# Largest step along a sample's features, `η/q_J` (docs/algorithms.md §3.5, "step cap"): with `‖z‖ = 1`,
 # a step of 1/2 makes the selected kernel fit the sample exactly, so a larger one only overshoots and,
 # from 1 on, diverges. Below it (every `η ≤ ξ/(2B)`) the step is the paper's, unchanged.
 STEP_CAP = 0.5

@@ -1,4 +1,4 @@
-"""What a POF-MKL agent runs: the client half plus error feedback (docs/algorithms.md §2).
+"""What a POF-MKL agent runs: the client half plus error feedback (docs/algorithms.md §3).
 
 In lock-step mode every step's update is the upload (seq `t + 1` for sample `t`, as in the paper). In
 asynchronous mode the per-kernel deltas accumulate in an :class:`ErrorFeedback` buffer and each upload
@@ -128,7 +128,7 @@ class POFMKLLearner:
 
     def diagnostics(self) -> dict[str, float]:
         """Its kernel weights are exported as such; besides, how many per-kernel losses overflowed (a
-        runaway kernel, taken at weight ~0 instead of refusing the sample: docs/algorithms.md §2)."""
+        runaway kernel, taken at weight ~0 instead of refusing the sample: docs/algorithms.md §3)."""
         return {"kernel_overflows": float(self.client.kernel_overflows)}
 
     # ---------------------------------------------------------------- learning

@@ -1,11 +1,11 @@
-"""What a POF-MKL aggregator, shard or reducer runs: eq. (10), `θ ← θ − ΣΔ/|C|` (docs/algorithms.md §2).
+"""What a POF-MKL aggregator, shard or reducer runs: eq. (10), `θ ← θ − ΣΔ/|C|` (docs/algorithms.md §3).
 
 Lock-step: a round is every expected client's seq-`r` update, added in the fleet's client order (so the
 global equals the replay's bit for bit). Asynchronous: whatever arrives within a window is one round with
 `C` = the clients heard, a client's several updates in one window summed per kernel as they arrive.
 Sharded: a shard sends a dense `ΣΔ`; the reducer applies `θ ← θ − ΣΔ/|C|` with `|C|` the clients in it.
 
-Bounded influence (docs/algorithms.md §2.9, always on): :class:`StepBound` is the largest row an honest
+Bounded influence (docs/algorithms.md §3.9, always on): :class:`StepBound` is the largest row an honest
 client can send, from the configuration and the largest `‖θ_p‖` this aggregation ever published; `check`
 refuses anything beyond it. Robust aggregation (`[fleet.robust] aggregation = "robust"`, :class:`RobustRule`):
 rows clipped to `clip_factor ×` the round's median row norm, then per kernel a coordinate-wise trimmed mean
@@ -85,9 +85,9 @@ ROBUST_SHARDED = ("robust aggregation (trimmed mean) cannot be computed from par
 
 @dataclass(frozen=True)
 class StepBound:
-    """The largest row `‖Δ_p‖` one honest step can produce (docs/algorithms.md §2.9).
+    """The largest row `‖Δ_p‖` one honest step can produce (docs/algorithms.md §3.9).
 
-    A step uploads `Δ_p = g (2(f_p − y) z_p + 2λθ_p)` (§2.2 step 4) with `g = min(η/q_J, 1/2)` and
+    A step uploads `Δ_p = g (2(f_p − y) z_p + 2λθ_p)` (docs/algorithms.md §3.2 step 4) with `g = min(η/q_J, 1/2)` and
     `q_J ≥ ξ/B_bins` (eq. 8, `B_bins = ⌈N/M⌉`), so `g ≤ step = min(η·B_bins/ξ, 1/2)` (1/2 when `ξ = 0`);
     `‖z_p‖ = 1` (`D` sin/cos pairs scaled by `1/√D`), `|f_p| = |θ_pᵀz_p| ≤ ‖θ_p‖ ≤ R_p`, and `|y| ≤ B` (agents
     clip labels to `label_bound`). Hence `‖Δ_p‖ ≤ step · (2(R_p + B) + 2λR_p)` per step.
@@ -116,7 +116,7 @@ class StepBound:
 
 @dataclass(frozen=True)
 class RobustRule:
-    """Robust combination of a round's rows (docs/algorithms.md §2.9): clip each row to `clip_factor ×` the
+    """Robust combination of a round's rows (docs/algorithms.md §3.9): clip each row to `clip_factor ×` the
     median norm of the round's rows, then per kernel `p` a coordinate-wise mean with `trim` off each side over
     the clients `S_p` that sent row `p`, times `|S_p|/|C|` (`C`: the clients reporting in the round).
 
@@ -131,7 +131,7 @@ class RobustRule:
 class ClientSteps:
     """Per client, the steps its uploads summarise — what bounds a row that error feedback carried forward.
 
-    An asynchronous agent's row `p` may hold every step since that row last left it (docs/algorithms.md §2.6),
+    An asynchronous agent's row `p` may hold every step since that row last left it (docs/algorithms.md §3.6),
     so a row of seq `s` is allowed `k_p` steps: the client's samples recorded so far plus this upload's,
     minus those up to the last upload that carried `p`. Repeats of a recorded seq get the allowance of the
     first copy (an honest resend is identical); an upload below a newer one that carried `p` (out of order)
@@ -364,7 +364,7 @@ class POFMKLAggregation:
         self._published()
 
     def _aggregate_robust(self, updates: list[KernelUpdate]) -> None:
-        """One round by :class:`RobustRule` (docs/algorithms.md §2.9): `θ_p ← θ_p − (|S_p|/|C|)·TM_trim(Δ̃_{c,p} :
+        """One round by :class:`RobustRule` (docs/algorithms.md §3.9): `θ_p ← θ_p − (|S_p|/|C|)·TM_trim(Δ̃_{c,p} :
         c ∈ S_p)`, `S_p` the clients that sent row `p`, `Δ̃` the rows clipped to `clip_factor × median ‖Δ_{c,q}‖`
         over every row of the round. With `trim = 0` and no clipping this is eq. (10), `Σ_{c∈S_p} Δ_{c,p}/|C|`."""
         assert self.robust is not None

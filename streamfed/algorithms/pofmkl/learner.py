@@ -1,4 +1,4 @@
-"""POF-MKL: personalized online federated multi-kernel learning (docs/algorithms.md §2).
+"""POF-MKL: personalized online federated multi-kernel learning (docs/algorithms.md §3).
 
 The learner is split the way it is deployed:
 
@@ -376,7 +376,7 @@ class POFMKLRegressor(base.Regressor):
         default: the kernels' bandwidths and `θ = 0` assume unit scales, which a user's stream rarely
         has. The first two samples only set the scales (the prediction is then the running mean).
 
-    The step along a sample's features, `η/q_J`, is capped at 1/2 (docs/algorithms.md §2), so no `η`
+    The step along a sample's features, `η/q_J`, is capped at 1/2 (docs/algorithms.md §3.5), so no `η`
     can make it diverge; below `ξ/(2B)` the cap never acts.
 
     Examples

@@ -1,4 +1,4 @@
-"""POF-MKL on the wire: its message kinds and their builders (docs/algorithms.md §2).
+"""POF-MKL on the wire: its message kinds and their builders (docs/algorithms.md §3).
 
 * ``pofmkl.update`` — `Δ_p` for the (at most `M`) kernels of the sampled bin: `kernels (m,)`, `delta (m, 2D)`.
 * ``pofmkl.global`` — the global `θ (N, 2D)`, with `included` (per client, every seq up to it is in `θ`).

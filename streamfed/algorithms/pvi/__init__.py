@@ -1,5 +1,5 @@
 """PVI for federated sparse GPs: inducing inputs as an auxiliary variable (HVM) with decoupled
-pseudo-observations (DPO), asynchronous and streaming (docs/algorithms.md, "PVI"; ALGORITHMS §7).
+pseudo-observations (DPO), asynchronous and streaming (docs/algorithms.md §7).
 
 Each client's factor `t_k(u | Z, β)` is a small set of pseudo-observations (DPO `V_k, m_k, s_k`; or CPO,
 `t_k(u) = N(u; m_k, s_k)`), and `Z` (``inducing="hvm"``) gets its own fully factorised Gaussian factors

@@ -4,7 +4,7 @@
 A factor replaces its client's previous one, so a shard's partial is the newest factor per client it
 holds, and partials add by keeping each client's newest (:class:`FactorSet`).
 
-Bounded influence (docs/algorithms.md §13, "Bounded influence"; issue 15). Always: a factor's FedAvg weight on
+Bounded influence (docs/algorithms.md §7.4; issue 15). Always: a factor's FedAvg weight on
 `Z` counts at most the samples its client was charged for (`n_samples`, which the core's token bucket
 charges), not the `n` it claims. With `[fleet.robust] aggregation = "robust"`, a factor's *information*
 `I_k = tr(K Λ_k) = Σ_j [K_{V_k Z} K⁻¹ K_{Z V_k}]_jj / s_{k,j}` (:func:`factor_information`; `n a²/σ²` for the exact

@@ -1,4 +1,4 @@
-"""The streaming client of PVI for sparse GPs (docs/algorithms.md, "PVI"; ALGORITHMS §7).
+"""The streaming client of PVI for sparse GPs (docs/algorithms.md §7).
 
 A client keeps a bounded reservoir of its samples (Vitter's algorithm R: a uniform sample of everything
 it has seen, never uploaded) and, every `refine_every` samples, refines its factor — a few Adam steps on

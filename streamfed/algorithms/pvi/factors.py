@@ -1,4 +1,4 @@
-"""PVI's factors, as plain arrays (docs/algorithms.md, "PVI"; ALGORITHMS §7).
+"""PVI's factors, as plain arrays (docs/algorithms.md §7).
 
 * :class:`DiagGauss` — a fully factorised Gaussian in natural parameters (`η₁ = μ/v`, `η₂ = -1/(2v)`):
   the prior `p̃(φ)`, a client's factor `t_k(φ)` (which may be improper on its own) and their product

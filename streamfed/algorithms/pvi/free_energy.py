@@ -1,4 +1,4 @@
-"""The local free energy of client `k` (docs/algorithms.md, "PVI"; ALGORITHMS §7), in torch (float64):
+"""The local free energy of client `k` (docs/algorithms.md §7), in torch (float64):
 
     L_k = E_{q(φ)} [ s_k Σ_n E_{q(f_n | Z, β)} log p(y_n | f_n) - KL( q(u | Z, β) ‖ q_\\k(u | Z, β) ) ]
           - Σ_i w_i KL( q(φ_i) ‖ q_\\k(φ_i) )

@@ -1,5 +1,5 @@
 """The sparse-GP posterior `q(u | Z, β) ∝ p(u | Z, β) Π_k t_k(u | Z, β)` at one `(Z, β)`, in NumPy
-(docs/algorithms.md, "PVI"; ALGORITHMS §7).
+(docs/algorithms.md §7).
 
 With `K = k(Z, Z) + ε a² I` and a DPO factor `N(m_k; K_{V_k Z} K⁻¹ u, diag s_k)`, the natural parameters
 `Λ = K⁻¹ + Σ_k A_kᵀ S_k⁻¹ A_k`, `η = Σ_k A_kᵀ S_k⁻¹ m_k` (`A_k = K_{V_k Z} K⁻¹`) are written through

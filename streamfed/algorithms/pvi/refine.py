@@ -1,4 +1,4 @@
-"""A client's local step of PVI (docs/algorithms.md, "PVI"; ALGORITHMS §7): maximise its local free energy
+"""A client's local step of PVI (docs/algorithms.md §7): maximise its local free energy
 (:mod:`.free_energy`) over its own factor with Adam, against the cavity of the state it last received,
 and return the new factor `t_k = q / q_\\k`.
 

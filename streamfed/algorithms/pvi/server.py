@@ -1,4 +1,4 @@
-"""The server half of PVI for sparse GPs (docs/algorithms.md, "PVI"; ALGORITHMS §7): `q ∝ p · Π_k t_k`
+"""The server half of PVI for sparse GPs (docs/algorithms.md §7): `q ∝ p · Π_k t_k`
 kept as every client's latest factor, versioned.
 
 * **Asynchronous** (`asynchronous=True`): a factor is applied as it arrives, `q ← q · (t_new / t_old)^ρ`.

@@ -1,4 +1,4 @@
-"""The global state of PVI for sparse GPs (docs/algorithms.md, "PVI"; ALGORITHMS §7): every client's
+"""The global state of PVI for sparse GPs (docs/algorithms.md §7): every client's
 latest factor, the prior `p̃(φ)` and the points (`Z`, `β`) not treated as random.
 
 How `Z` is handled (`inducing`):

@@ -55,7 +55,7 @@ class URKParams(Params):
     widths: tuple[int, ...] = (32, 8)  # f: hidden widths then the latent size k (empty: identity, k = d)
     n_omega: int = Field(32, ge=2, le=1024)  # m: F = 2m features
     shifter_width: int = Field(0, ge=0, le=1024)  # h's residual MLP (0: h is the per-dimension scaling ω/ℓ)
-    # "thesis": [cos; sin]/√(m−1) (eq. 3.2); "rff": [sin; cos]/√m, docs/algorithms.md §1 exactly
+    # "thesis": [cos; sin]/√(m−1) (eq. 3.2); "rff": [sin; cos]/√m, docs/algorithms.md §2 exactly
     normalisation: Literal["thesis", "rff"] = "thesis"
     lengthscale: float | None = Field(None, gt=0, allow_inf_nan=False)  # initial ℓ (None: √(2k))
     sigma: float = Field(0.5, gt=0, allow_inf_nan=False)  # initial noise σ
@@ -75,7 +75,7 @@ class URKParams(Params):
     max_chunk_bytes: int = Field(4096, ge=8)  # a proposal travels in chunks of at most this many bytes
     min_proposal_weight: float = Field(256.0, gt=0)  # a new version needs proposals of this many samples ...
     proposal_quorum: float = Field(0.5, gt=0, le=1)  # ... from this share of the clients heard since the last
-    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §12.10): samples any client may hold in a
+    # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §8.11): samples any client may hold in a
     # version's statistics whatever the share cap (None: 4 × min_upload, FedBNR's cold start)
     robust_share_floor: int | None = Field(None, ge=1)
 
@@ -161,7 +161,7 @@ class URKFedBNR(Algorithm):
             max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> URKAggregation:
-        """The aggregation, with the declared bounds (docs/algorithms.md §12.10: statistics of labels within
+        """The aggregation, with the declared bounds (docs/algorithms.md §8.11, §10.3: statistics of labels within
         `cfg.robust.label_bound`, `n` pinned by `tr S = n‖φ‖²`; proposals within what `fit_steps` Adam steps at
         `learning_rate` can move, weights within a reservoir) and, with `cfg.robust.aggregation = "robust"`,
         proposals combined by a clipped trimmed mean and each client's statistics held to `share_cap`."""
@@ -191,7 +191,7 @@ class URKFedBNR(Algorithm):
         bound = ProposalBound(int(p.fit_steps), float(p.learning_rate), float(p.reservoir),
                               _clamped(arch_of(cfg)), LOG_BOUNDS)
         # noised uploads (differential privacy: every floating array of a chunk, its weight too) are bounded by
-        # the privacy layer's clipping, not per Adam step: no declared bound on them (as POF-MKL, §2.9)
+        # the privacy layer's clipping, not per Adam step: no declared bound on them (as POF-MKL, algorithms.md §3.9)
         return URKAggregation(server, max_abs=max_abs, check_stats=check_stats, label_bound=r.label_bound,
                               bound=bound if check_stats else None)
 

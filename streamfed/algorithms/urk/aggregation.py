@@ -7,7 +7,7 @@ An upload is validated completely before anything changes: statistics as FedBNR'
 `‖φ‖²` of a URK feature vector: `m/(m−1)`, or 1 under the "rff" normalisation), chunks consistent with their
 siblings and of the network's length.
 
-Bounded influence (docs/algorithms.md §12.10, always on when the factory builds it): every feature vector has
+Bounded influence (docs/algorithms.md §8.11, §10.3, always on when the factory builds it): every feature vector has
 the same norm, so `tr S = n·‖φ‖²` pins `n` (a claim of more samples than the scatter holds is refused), and
 labels clipped to `±label_bound` bound `q` and `b`; a proposal's coordinates may move at most as far as
 `fit_steps` Adam steps can (:class:`~streamfed.algorithms.urk.bounds.ProposalBound`), its weight at most a
@@ -94,7 +94,7 @@ class URKAggregation(SummingWindow):
         s = self.server
         item = read_update(msg, s.weights.arch, s.kernel_version)
         if isinstance(item, StatsItem):
-            checked = self.check_stats  # off only for noised uploads (differential privacy, §9)
+            checked = self.check_stats  # off only for noised uploads (differential privacy, docs/algorithms.md §12)
             # ‖φ‖² is the same for every input: the lower bound pins n to tr S / ‖φ‖²
             check_statistics(item.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
                              label_bound=self.label_bound if checked else None,

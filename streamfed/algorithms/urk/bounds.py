@@ -1,5 +1,5 @@
 """Bounded influence and robust aggregation of network proposals (URK-FedBNR phase 1, pFedGP's shared network;
-docs/algorithms.md §12.10, §8 "Bounded influence"). Numpy only.
+docs/algorithms.md §10.3, §9.4). Numpy only.
 
 **The declared bound.** A proposal is `δ = v_s − θ` after `s = fit_steps` steps of `torch.optim.Adam` (the
 defaults `β₁ = 0.9, β₂ = 0.999, ε = 10⁻⁸`, no weight decay, no gradient clipping, a fresh optimiser per fit)

@@ -1,5 +1,5 @@
 """The URK feature map in numpy: the kernel network's shapes, its weights as plain arrays, and the features
-(the thesis §3.1, eq. 3.2; docs/algorithms.md "URK").
+(the thesis §3.1, eq. 3.2; docs/algorithms.md §8).
 
 `f_θ(x)`: an MLP `d → widths[0] → … → widths[-1]` (tanh between layers, the last layer linear); no widths:
 the identity. `h_ψ(ω) = ω ⊘ ℓ + W₂ tanh(W₁ω + c₁)`: a per-dimension scaling by lengthscales `ℓ = exp(log_ls)`,
@@ -11,7 +11,7 @@ once from the fleet seed and never travel. The features, with `u_i = h(ω_i)ᵀ 
 the thesis's normalisation (eq. 3.2), so `s(x)ᵀs(x') = m/(m−1) · (the RFF estimate of k(x, x'))` (the
 thesis's `s^m_ω` interleaves `(cos u_i, sin u_i)`; all cosines first is a fixed permutation of it, which
 changes neither the kernel nor the posterior under the isotropic prior). `normalisation="rff"` instead gives
-docs/algorithms.md §1 exactly — `m^{-1/2}`, all sines first — so that plain RFF of a Gaussian kernel of
+docs/algorithms.md §2 exactly — `m^{-1/2}`, all sines first — so that plain RFF of a Gaussian kernel of
 bandwidth `ℓ` (`widths = ()`, no shifter, `log_ls = log ℓ`) is the special case bit for bit.
 
 Nothing here imports torch: an agent that only predicts and contributes statistics runs this.
@@ -42,7 +42,7 @@ _INIT_TAG = zlib.crc32(b"urk-init")
 class URKArch:
     """The shapes of a kernel network: `n_inputs` (d), the MLP `widths` (empty: identity extractor),
     `n_omega` (m ≥ 2, as √(m − 1) divides), `shifter_width` (0: `h` is the scaling alone), and the features'
-    `normalisation`: "thesis" (`[cos; sin]/√(m−1)`) or "rff" (`[sin; cos]/√m`, docs/algorithms.md §1).
+    `normalisation`: "thesis" (`[cos; sin]/√(m−1)`) or "rff" (`[sin; cos]/√m`, docs/algorithms.md §2).
 
     >>> a = URKArch(n_inputs=3, widths=(4, 2), n_omega=8, shifter_width=5)
     >>> a.latent, a.dim, a.n_params

@@ -9,7 +9,7 @@ the numbering); one computed under an older epoch is not summed — it is counte
 `stale_chunks`) and logged with its reason — but its seq is marked applied, so the client is not asked to send
 it again forever (its statistics belong to a network that is gone).
 
-Robust aggregation (docs/algorithms.md §12.10, `robust` and `share` set by the factory from `[fleet.robust]`):
+Robust aggregation (docs/algorithms.md §10.3, §8.11, `robust` and `share` set by the factory from `[fleet.robust]`):
 a new network is `θ + robust_delta(one delta per client)` (clipping, then a coordinate-wise trimmed mean;
 distillation starts from it and aims at the entrywise trimmed mean of the clients' Gram matrices), and no
 client's samples may exceed `share_cap` of the statistics of a version (FedBNR's share cap: an upload that
@@ -117,7 +117,7 @@ class URKServer:
         self.proposers: set[str] = set()
         # the clients heard in the version before count towards the quorum too: right after a new version
         # nobody has been heard, and a hostile client proposing first would meet the quorum alone, version
-        # after version — each move within the bound, but as many moves as it likes (docs/algorithms.md §12.10)
+        # after version — each move within the bound, but as many moves as it likes (docs/algorithms.md §10.3)
         self.heard_before: set[str] = set(getattr(self, "heard", ()))
         self.heard: set[str] = set()
 
@@ -224,7 +224,7 @@ class URKServer:
         trim = None
         if self.robust is None:
             mean = self.theta + self.prop_sum / self.prop_weight
-        else:  # one row per client, clipped, trimmed (docs/algorithms.md §12.10)
+        else:  # one row per client, clipped, trimmed (docs/algorithms.md §10.3)
             _, rows = per_client_rows(list(self.proposal_clients or []), [p - self.theta for p in proposals])
             mean = self.theta + robust_delta(rows, self.robust)
             proposals = [self.theta + r for r in rows]

@@ -1,5 +1,5 @@
 """Phase 1 in torch (float64): the URK features as a differentiable function of the flat weight vector, the
-exact log evidence of the Bayesian last layer (docs/algorithms.md §3), a client's local fit and the server's
+exact log evidence of the Bayesian last layer (docs/algorithms.md §4), a client's local fit and the server's
 knowledge distillation (thesis eq. 3.4). Import this module only where torch is installed: the rest of the
 package does not need it.
 
@@ -146,7 +146,7 @@ def distill(start: URKWeights, clients: Sequence[URKWeights], om: np.ndarray, X_
 
     over the server-held `(X_kd, y_kd)`, `Φ` the global network's features and `Φ_c` client `c`'s (its proposed
     weights). The evidence is divided by `n_kd` as in the local fits (the thesis leaves the scale to `α`).
-    `trim` (robust aggregation, docs/algorithms.md §12.10): the target is the entrywise trimmed mean of the
+    `trim` (robust aggregation, docs/algorithms.md §8.11): the target is the entrywise trimmed mean of the
     clients' Gram matrices instead of their mean."""
     arch = start.arch
     om_t = torch.tensor(om, dtype=torch.float64)

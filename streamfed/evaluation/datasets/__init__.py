@@ -1,4 +1,4 @@
-"""Client data streams for streaming federated learning (docs/algorithms.md §6).
+"""Client data streams for streaming federated learning (docs/algorithms.md §11).
 
 - :func:`load_beijing` — the 12 Beijing air-quality stations (vendored, CC BY 4.0), with the
   `"paper"` / `"online"` / `"none"` normalisations and the `"station"` / `"mixed"` client splits;

@@ -1,4 +1,4 @@
-"""The Beijing multi-site air-quality streams (docs/algorithms.md §6), from the vendored CSVs.
+"""The Beijing multi-site air-quality streams (docs/algorithms.md §11), from the vendored CSVs.
 
 Target `CO`; inputs :data:`BEIJING_INPUTS`, optionally followed by :data:`BEIJING_EXTRAS` (wind
 direction as the sine and cosine of its compass bearing — N = 0°, E = 90°, so `wd_sin` is the

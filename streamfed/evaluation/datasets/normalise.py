@@ -1,4 +1,4 @@
-"""The normalisations of docs/algorithms.md §6.
+"""The normalisations of docs/algorithms.md §11.
 
 - `"paper"`: inputs divided by the largest row norm `max_t ‖x_t‖` over the *whole dataset* (every
   client, every time step) and the target min-max scaled to `[0, 1]` over the whole dataset. This is
