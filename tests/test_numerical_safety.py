@@ -4,6 +4,7 @@ no warnings. The client is its own server (no 1/|C| damping), the harshest arran
 import warnings
 
 import numpy as np
+import pytest
 
 from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
@@ -14,6 +15,7 @@ from streamfed.evaluation.replay import AlgorithmConfig
 N_STEPS = 1_000_000
 
 
+@pytest.mark.slow  # a minute on its own: the pure tier is `-m "not broker and not slow"`
 def test_million_steps_stay_finite():
     fleet = load_beijing(normalisation="paper", split="station")
     xs = np.concatenate([s.X for s in fleet.streams])
