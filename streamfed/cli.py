@@ -218,8 +218,8 @@ def _run_service(svc: object, server: object | None) -> None:
     """Run an agent or aggregator service until it ends or Ctrl-C; exit 2 when the broker refuses it."""
     import asyncio
 
-    from streamfed.runtime.agent import BrokerRefused
     from streamfed.runtime.service import ServiceFailed
+    from streamfed.runtime.session import BrokerRefused
 
     async def run() -> None:
         import signal

@@ -40,8 +40,9 @@ from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateError, StateStore, atomic_write, dumps, loads, read_state
 from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip, array_source
-from streamfed.runtime.agent import AgentService, BrokerRefused
+from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.session import BrokerRefused
 from streamfed.wire.message import ack_message, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ status topic with an ``offline`` last will, and reconnection with exponential ba
 A connection the broker *refuses* (bad user name or password, not authorised, banned, a refused
 subscription, a TLS certificate that does not verify) is logged with the MQTT reason and counted in
 :attr:`AgentService.refusals`; after `max_refusals` such refusals in a row `run()` raises
-:class:`BrokerRefused` instead of retrying forever.
+:class:`~streamfed.runtime.session.BrokerRefused` instead of retrying forever (:mod:`streamfed.runtime.session`).
 
 Predictions are a live stream: by default (`prediction_qos=0`) each is published at QoS 0 the moment
 it exists — written to the socket (Nagle off) before its sample is learned (FedBNR) or its update taken
@@ -73,13 +73,11 @@ import json
 import logging
 import math
 import os
-import socket
-import ssl
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as mqtt
@@ -90,13 +88,15 @@ from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.secure_aggregation import DOWN_KINDS as SECAGG_DOWN
 from streamfed.fleet.sources import MAX_MESSAGE_BYTES, Label, Reading, ReadingParser, Skip, SkipReason, SkipWatch
 from streamfed.runtime.connection import client_kwargs
-from streamfed.runtime.mqtt import (
-    IncomingQueue,
-    Lane,
-    burst_reads,
-    connect_refusal_text,
-    paho_of,
-    pending_publishes,
+from streamfed.runtime.mqtt import IncomingQueue, Lane, burst_reads, paho_of, pending_publishes
+from streamfed.runtime.session import (
+    OP_TIMEOUT,
+    PubackWatch,
+    check_subscription,
+    no_delay,
+    publish_now,
+    reconnect_loop,
+    until_lost,
 )
 from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
 from streamfed.wire.topics import (
@@ -108,137 +108,17 @@ from streamfed.wire.topics import (
     updates_topic,
 )
 
-__all__ = ["AgentService", "BrokerRefused", "PubackWatch", "SharedGlobals", "check_subscription", "no_delay",
-           "refusal_reason", "until_lost"]
-
-T = TypeVar("T")
+__all__ = ["AgentService", "SharedGlobals", "install_global"]
 
 log = logging.getLogger(__name__)
 # The feeder learns for at most this long before it lets the socket reader, the receiver and the sender
 # in: a backlog of readings is learned in slices, and globals, acks and PUBACKs are not held up behind it.
 _FEED_SLICE = 0.002
-_BACKOFF_MIN, _BACKOFF_MAX = 0.1, 10.0
 _WAKE = 0.25  # an idle sender with a partly written prediction looks again this often
 # An idle sender sleeps until its next deadline (a resend timer, the drain); in any case it looks again
 # this often. (A fixed short wake-up was four timers a second per agent: with a thousand agents in one
 # loop, the timer heap alone was a few per cent of the process.)
 _IDLE_MAX = 5.0
-# Waiting for a PUBACK/SUBACK. The CONNACK wait is `connect_timeout` instead: a connection accepted by a
-# broker that is shutting down is never answered, and waiting aiomqtt's 10 s default for it would add
-# 10 s to the recovery from every broker restart.
-OP_TIMEOUT = 10.0
-
-# CONNACK reasons that retrying cannot fix (MQTT v5 reason codes; v3.1.1 return codes 1, 2, 4, 5)
-_FATAL_V5 = {0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C}
-_FATAL_V3 = {1, 2, 4, 5}
-
-
-class BrokerRefused(RuntimeError):
-    """The broker refused this client (`reason`, e.g. ``"Bad user name or password"``) `count` times in
-    a row: retrying will not help until the configuration changes.
-
-    >>> str(BrokerRefused("Not authorized", 3))
-    'the broker refused the connection 3 times: Not authorized'
-    """
-
-    def __init__(self, reason: str, count: int) -> None:
-        self.reason = reason
-        self.count = count
-        super().__init__(f"the broker refused the connection {count} times: {reason}")
-
-
-def refusal_reason(error: BaseException) -> tuple[str, bool] | None:
-    """`(reason, fatal)` when `error` is the broker (or TLS) refusing this client, None for a plain
-    lost connection. `fatal`: retrying cannot help (credentials, authorisation, certificates).
-
-    >>> from aiomqtt.exceptions import MqttConnectError
-    >>> refusal_reason(MqttConnectError(4))
-    ('Bad username or password', True)
-    >>> refusal_reason(aiomqtt.MqttError("Disconnected during message iteration")) is None
-    True
-    """
-    if isinstance(error, aiomqtt.MqttCodeError) and isinstance(error, aiomqtt.exceptions.MqttConnectError):
-        rc = error.rc
-        value = getattr(rc, "value", rc)
-        if isinstance(rc, int) and not hasattr(rc, "getName"):
-            text = connect_refusal_text(rc)
-            return text, rc in _FATAL_V3
-        return str(rc), value in _FATAL_V5
-    if isinstance(error, BrokerRefused):
-        return error.reason, True
-    text = str(error)
-    if isinstance(error.__cause__, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
-        return f"TLS: {text[:200]}", True
-    return None
-
-
-async def reconnect_loop(session: Callable[[], Awaitable[None]], *, name: str, stop: asyncio.Event,
-                         refusals: dict[str, int], max_refusals: int, on_lost: Callable[[], None],
-                         finished: Callable[[], bool] = lambda: False, logger: logging.Logger = log) -> None:
-    """Run `session()` until `stop` is set (or `finished()` after a clean session), reconnecting with
-    exponential backoff (0.1 s … 10 s). A refusal is counted in `refusals` by reason and logged; after
-    `max_refusals` fatal ones in a row :class:`BrokerRefused` is raised (retrying cannot help). Shared by
-    the agent and aggregator services."""
-    backoff = _BACKOFF_MIN
-    refused = 0
-    while not stop.is_set():
-        try:
-            await session()
-            backoff = _BACKOFF_MIN
-            if finished():
-                return
-        except (aiomqtt.MqttError, BrokerRefused) as e:
-            on_lost()
-            refusal = refusal_reason(e)
-            if refusal is not None:
-                reason, fatal = refusal
-                refusals[reason] = refusals.get(reason, 0) + 1
-                refused = refused + 1 if fatal else 0
-                logger.error("%s: the broker refused the connection: %s (%d in a row)", name, reason, refused)
-                if refused >= max_refusals:
-                    raise BrokerRefused(reason, refused) from e
-            else:
-                refused = 0
-                logger.warning("%s: connection lost (%s); retrying in %.1fs", name, e, backoff)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
-
-
-def check_subscription(topic: str, result: Any) -> None:
-    """Raise :class:`BrokerRefused` if the SUBACK of `topic` refused it (a reason code >= 0x80): an ACL
-    that does not let this user read a topic it needs is a configuration error, not a transient one."""
-    codes = list(result) if isinstance(result, list | tuple) else [result]
-    for code in codes:
-        value = getattr(code, "value", code)
-        if isinstance(value, int) and value >= 0x80:
-            raise BrokerRefused(f"subscription to {topic!r} refused: {code}", 1)
-
-
-async def until_lost(aw: Awaitable[T], receiver: asyncio.Task[Any]) -> T:
-    """Await `aw` (a publish or subscribe) unless the connection is lost first, which the `receiver` task
-    (iterating `client.messages`) learns at once: aiomqtt lets a PUBACK/SUBACK wait run to its timeout
-    when the connection drops. Raises that `MqttError` then. A receiver that stopped for another reason
-    says nothing about the connection, and is not waited on.
-
-    >>> async def demo():
-    ...     receiver = asyncio.create_task(asyncio.sleep(3600))
-    ...     value = await until_lost(asyncio.sleep(0, "ok"), receiver)
-    ...     receiver.cancel()
-    ...     return value
-    >>> asyncio.run(demo())
-    'ok'
-    """
-    task = asyncio.ensure_future(aw)
-    if not receiver.done():
-        await asyncio.wait({task, receiver}, return_when=asyncio.FIRST_COMPLETED)
-    exc = receiver.exception() if receiver.done() and not receiver.cancelled() else None
-    if not task.done() and isinstance(exc, aiomqtt.MqttError):
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-            await task
-        raise exc
-    return await task
 
 
 class _Puback:
@@ -254,93 +134,6 @@ class _Puback:
     def set(self) -> None:
         self.done = True
         self._wake.set()
-
-
-def _publish_now(paho: mqtt.Client, topic: str, payload: bytes, qos: int = 0) -> mqtt.MQTTMessageInfo:
-    """A publish written to the socket before this returns. Without a socket-writer callback paho
-    writes a queued packet itself (`loop_write()`, its call for external event loops); with aiomqtt's it
-    would only ask aiomqtt to add a socket writer, which happens a loop turn later (and the packet goes
-    out one turn after that). So the callback is left out for this one call; should the socket take only
-    part of the packet, it is called afterwards and aiomqtt's writer sends the rest.
-
-    Only when paho has nothing else waiting: aiomqtt adds its writer a turn late but removes it at once,
-    so writing a packet whose writer is still to be added would leave that writer behind, idle and
-    firing on every turn. Otherwise the message queues behind the others, the usual way.
-
-    QoS 1 goes through paho's instance `publish` (PubackWatch's hook, if any, notes the topic) and keeps
-    the "published" callback: paho calls it on the PUBACK, not on the write."""
-    if paho.want_write():
-        return paho.publish(topic, payload, qos, False)
-    register, on_publish = paho.on_socket_register_write, paho.on_publish
-    paho.on_socket_register_write = None
-    try:
-        if qos:
-            info = paho.publish(topic, payload, qos, False)
-        else:
-            # Written here and now, QoS 0 needs no "published" callback: there is no PUBACK for PubackWatch
-            # to check and nothing waits for it; paho would build a reason code and v5 properties for it
-            # (the largest part of a prediction's publishing cost). The class's publish also skips
-            # PubackWatch's per-instance hook, which would remember the topic until that callback.
-            paho.on_publish = None
-            info = mqtt.Client.publish(paho, topic, payload, 0, False)
-    finally:
-        paho.on_publish = on_publish
-        paho.on_socket_register_write = register
-    if paho.want_write() and register is not None and (sock := paho.socket()) is not None:
-        register(paho, paho.user_data_get(), sock)  # paho marked the writer as wanted while it had none
-    return info
-
-
-def no_delay(client: Any) -> bool:
-    """Turn Nagle's algorithm off on an aiomqtt client's socket (paho leaves it on): a small packet —
-    a prediction — is sent at once instead of waiting for the broker to acknowledge the previous one,
-    which with delayed ACKs costs up to ~40 ms. Returns whether it could be set."""
-    sock = getattr(paho_of(client), "socket", lambda: None)()
-    if sock is None:
-        return False
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except (OSError, AttributeError):  # not TCP (a unix socket, websockets through a proxy object)
-        return False
-    return True
-
-
-class PubackWatch:
-    """Records the publishes a broker refused (an MQTT v5 PUBACK reason code >= 0x80, e.g. 0x87 when the
-    ACL does not let this user write a topic) — aiomqtt's `publish()` returns normally for those, so an
-    agent posing as another client would otherwise lose every update silently. :meth:`check` raises
-    :class:`BrokerRefused` for the first one. Hooks aiomqtt's paho client; without one it records nothing.
-
-    >>> PubackWatch(object()).refused
-    []
-    """
-
-    def __init__(self, client: Any) -> None:
-        self.refused: list[tuple[str, str]] = []
-        self._topics: dict[int, str] = {}
-        paho = paho_of(client)
-        if paho is None or not callable(getattr(paho, "on_publish", None)):
-            return
-        publish, on_publish = paho.publish, paho.on_publish
-
-        def publish_hook(topic: str, *args: Any, **kwargs: Any) -> Any:
-            info = publish(topic, *args, **kwargs)
-            self._topics[info.mid] = topic
-            return info
-
-        def on_publish_hook(c: Any, userdata: Any, mid: int, reason_code: Any, properties: Any = None) -> None:
-            topic = self._topics.pop(mid, "?")  # paho may acknowledge before publish() returns
-            if getattr(reason_code, "is_failure", False):
-                self.refused.append((topic, str(reason_code)))
-            on_publish(c, userdata, mid, reason_code, properties)
-
-        paho.publish = publish_hook
-        paho.on_publish = on_publish_hook
-
-    def check(self) -> None:
-        if self.refused:
-            topic, reason = self.refused[0]
-            raise BrokerRefused(f"publish to {topic!r} refused: {reason}", 1)
 
 
 class SharedGlobals:
@@ -612,7 +405,7 @@ class AgentService:
         try:
             await reconnect_loop(self._session, name=f"agent {self.client_id}", stop=self._stop,
                                  refusals=self.refusals, max_refusals=self.max_refusals, on_lost=self._lost,
-                                 finished=self._finished)
+                                 finished=self._finished, logger=log)
         finally:
             for task in (feeder, saver):
                 if task is not None:
@@ -745,7 +538,7 @@ class AgentService:
         to the front, in order, and are sent again (the aggregator drops duplicates by seq).
 
         Each message is handed to paho here and written to the socket at once when nothing else waits
-        (:func:`_publish_now`), and its PUBACK is a flag that paho's callback sets (through aiomqtt's table
+        (:func:`publish_now`), and its PUBACK is a flag that paho's callback sets (through aiomqtt's table
         of pending publishes) — not a task per publish around aiomqtt's `publish()`, which wraps its own
         wait in another task and a timeout, and whose write waits for a socket writer to be added (a
         wake-up of the loop through its self-pipe, two `epoll_ctl`s). With a thousand agents in one
@@ -779,7 +572,7 @@ class AgentService:
                         topic, qos = self._updates_topic, 1
                     else:
                         topic, qos = self._predictions_topic, self.prediction_qos
-                    info = _publish_now(paho, topic, payload, qos)
+                    info = publish_now(paho, topic, payload, qos)
                     if info.rc != mqtt.MQTT_ERR_SUCCESS:  # the connection is gone: the message stays first
                         raise aiomqtt.MqttCodeError(info.rc, "Could not publish message")
                     queue.popleft()
@@ -926,7 +719,7 @@ class AgentService:
 
     def _emit(self, pred: Prediction) -> None:
         """Publish a prediction now. At QoS 0 it is written to the socket before this returns
-        (:func:`_publish_now`); if the socket takes only part of it, aiomqtt's writer sends the rest and
+        (:func:`publish_now`); if the socket takes only part of it, aiomqtt's writer sends the rest and
         the prediction counts as published when that is seen. Older predictions still waiting, no
         connection, or QoS 1: it joins the ring buffer the sender drains (in order, oldest dropped when
         full)."""
@@ -944,7 +737,7 @@ class AgentService:
             self._buffer_prediction(msg)
             return
         payload = encode(msg)
-        info = _publish_now(paho, self._predictions_topic, payload)
+        info = publish_now(paho, self._predictions_topic, payload)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:  # the connection just went: sent after the reconnect
             self._buffer_prediction(msg)
             return

@@ -19,7 +19,7 @@ so a restarted process resumes where its state says, and an agent's source conti
 item the state covers.
 
 Exit status: 0 after SIGTERM/SIGINT or the end of the streams; 2 when the broker refuses the connection
-(:class:`~streamfed.runtime.agent.BrokerRefused`); 3 when the state cannot be written for longer than
+(:class:`~streamfed.runtime.session.BrokerRefused`); 3 when the state cannot be written for longer than
 `checkpoint_deadline` (:class:`~streamfed.runtime.service.CheckpointFailed`); 4 when another aggregator connected
 with the same client id (:class:`~streamfed.runtime.service.DuplicateService`) — each with one ``error: …`` line
 on stderr.
@@ -44,9 +44,10 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.sources import Reading
-from streamfed.runtime.agent import AgentService, BrokerRefused
+from streamfed.runtime.agent import AgentService
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.service import ServiceFailed
+from streamfed.runtime.session import BrokerRefused
 
 __all__ = ["FleetSpec", "array_source_from", "load_spec", "main", "run_agents", "run_aggregators", "service_options"]
 
