@@ -74,7 +74,7 @@ import logging
 import math
 import os
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -82,8 +82,8 @@ from typing import Any
 import aiomqtt
 import paho.mqtt.client as mqtt
 
-from streamfed.fleet.agent import AgentCore, GlobalResult, Prediction
-from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.fleet.agent import AgentCore, Prediction
+from streamfed.fleet.config import BrokerConfig
 from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.secure_aggregation import DOWN_KINDS as SECAGG_DOWN
 from streamfed.fleet.sources import MAX_MESSAGE_BYTES, Label, Reading, ReadingParser, Skip, SkipReason, SkipWatch
@@ -98,6 +98,7 @@ from streamfed.runtime.session import (
     reconnect_loop,
     until_lost,
 )
+from streamfed.runtime.shared_globals import install_global
 from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
 from streamfed.wire.topics import (
     acks_topic,
@@ -108,7 +109,7 @@ from streamfed.wire.topics import (
     updates_topic,
 )
 
-__all__ = ["AgentService", "SharedGlobals", "install_global"]
+__all__ = ["AgentService"]
 
 log = logging.getLogger(__name__)
 # The feeder learns for at most this long before it lets the socket reader, the receiver and the sender
@@ -134,65 +135,6 @@ class _Puback:
     def set(self) -> None:
         self.done = True
         self._wake.set()
-
-
-class SharedGlobals:
-    """Decoded global payloads, shared by the agents of one process.
-
-    Every agent of a fleet receives the same global payload, and decoding it costs O(fleet size): the
-    `included` map names every client heard, and each name is validated. One agent per process pays that
-    once per global; the many agents of a load test or a gateway process (each a subscriber of its own)
-    would pay it once per agent — O(agents²) per window, which at a thousand agents was the largest cost
-    of the whole process. Decoded messages are immutable (read-only array views), so one decode can be
-    handed to every agent whose decoding expectations (fleet configuration, kernel version) are the
-    same. A rejection (:class:`ProtocolError`) is shared too. Only the last `size` payloads are kept.
-
-    >>> cache = SharedGlobals(size=2)
-    >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
-    >>> isinstance(cache.decode(b"\\xc1", cfg, None, "pofmkl.global"), ProtocolError), cache.hits
-    (True, 0)
-    >>> _ = cache.decode(b"\\xc1", cfg, None, "pofmkl.global"); cache.hits
-    1
-    """
-
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
-        self.hits = 0
-        self._entries: OrderedDict[bytes, tuple[FleetConfig, str | None, str, Message | ProtocolError]] = OrderedDict()
-
-    def decode(self, payload: bytes, cfg: FleetConfig, kernel_version: str | None,
-               kind: str) -> Message | ProtocolError:
-        """The decoded global (or why it is rejected), from the cache when the same payload was decoded
-        with the same expectations."""
-        entry = self._entries.get(payload)
-        if (entry is not None and entry[1] == kernel_version and entry[2] == kind
-                and (entry[0] is cfg or entry[0] == cfg)):
-            self.hits += 1
-            self._entries.move_to_end(payload)
-            return entry[3]
-        try:
-            result: Message | ProtocolError = decode(payload, cfg, kernel_version=kernel_version, kinds=(kind,))
-        except ProtocolError as e:
-            result = e
-        self._entries[payload] = (cfg, kernel_version, kind, result)
-        self._entries.move_to_end(payload)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-        return result
-
-
-_SHARED_GLOBALS = SharedGlobals()  # per process: the agents of one event loop (or several) share it
-
-
-def install_global(core: AgentCore, payload: bytes, shared: SharedGlobals | None = None) -> GlobalResult:
-    """:meth:`AgentCore.on_global_payload`, with the decoding shared between the agents of this process
-    (:class:`SharedGlobals`); the same counters and results."""
-    cfg = core.cfg
-    decoded = (shared or _SHARED_GLOBALS).decode(payload, cfg, core.kernel_version, cfg.global_kind)
-    if isinstance(decoded, ProtocolError):
-        core.counters.reject_global(decoded.reason.value)
-        return GlobalResult(False, decoded.reason.value, decoded.detail)
-    return core.install_global(decoded)
 
 
 class AgentService:
@@ -921,6 +863,7 @@ class AgentService:
         `received = learned + Σ skipped + Σ dropped + waiting` exactly; a reading whose label comes later
         is two messages and one sample (it waits in the label join, `core.join`, meanwhile).
 
+        >>> from streamfed.fleet.config import FleetConfig
         >>> svc = AgentService(AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=1, n_kernels=2,
         ...                    n_features=3), "a1", 0), BrokerConfig(), sensor_features=["x"])
         >>> svc.input_accounting()["received"]
