@@ -569,7 +569,7 @@ def agent(
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.columns import ColumnSpec
     from streamfed.fleet.config import load_config
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
 
     try:
         cfg = load_config(config)
@@ -633,8 +633,8 @@ def agent(
         # the declared columns — keeping the order and duplicate memory a restored state file gave it.
         svc = AgentService(core, cfg.broker, src, state_dir=state_dir,
                            sensor_features=list(spec.outputs) if spec is not None and sensor else sensor,
-                           max_skip_share=max_skip_share, skip_window=skip_window, wait_for_global=wait_for_global,
-                           sensor_queue=sensor_queue)
+                           settings=AgentSettings(max_skip_share=max_skip_share, skip_window=skip_window,
+                                                  wait_for_global=wait_for_global, sensor_queue=sensor_queue))
         if svc.parser is not None and sensor is not None:
             svc.parser = svc.parser.with_schema(() if spec is not None else sensor, columns=spec)
         return svc

@@ -44,7 +44,7 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.sources import Reading
-from streamfed.runtime.agent import AgentService
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.service import ServiceFailed
 from streamfed.runtime.session import BrokerRefused
@@ -145,7 +145,7 @@ async def run_agents(broker: BrokerConfig, state_dir: Path | None, fleets: Seque
         data = np.load(f.streams[client])
         core = AgentCore(f.config, client, f.clients.index(client), mode=f.mode)  # type: ignore[arg-type]
         svc = AgentService(core, broker, array_source_from(data["X"], data["y"], f.rate), state_dir=state_dir,
-                           drain=f.drain, resend_after=5.0, connect_timeout=2.0)
+                           settings=AgentSettings(drain=f.drain, resend_after=5.0, connect_timeout=2.0))
         log.info("agent %s/%s: %s at source item %d", f.config.fleet, client,
                  "resumed" if svc.restored else "new", svc.source_pos)
         services.append(svc)

@@ -87,6 +87,7 @@ from streamfed.fleet.config import BrokerConfig
 from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.secure_aggregation import DOWN_KINDS as SECAGG_DOWN
 from streamfed.fleet.sources import MAX_MESSAGE_BYTES, Label, Reading, ReadingParser, Skip, SkipReason, SkipWatch
+from streamfed.runtime.agent.settings import AgentSettings
 from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mqtt import IncomingQueue, Lane, burst_reads, paho_of, pending_publishes
 from streamfed.runtime.session import (
@@ -120,6 +121,7 @@ _WAKE = 0.25  # an idle sender with a partly written prediction looks again this
 # this often. (A fixed short wake-up was four timers a second per agent: with a thousand agents in one
 # loop, the timer heap alone was a few per cent of the process.)
 _IDLE_MAX = 5.0
+_DEFAULT_SETTINGS = AgentSettings()  # frozen: one for every agent given none
 
 
 class _Puback:
@@ -143,10 +145,12 @@ class AgentService:
     `source` is an async iterator of :class:`Reading`/:class:`Label`/:class:`Skip`, or a callable
     `source(position)` returning one that starts at item `position` (so a restarted agent need not
     replay what it has learned); with `sensor_features` instead, the agent subscribes to its sensor
-    topic and parses JSON readings there. `state_dir`: see the module docstring. Every item from the source
+    topic and parses JSON readings there. `state_dir`: see the module docstring. `settings`: buffers, flow
+    control, delivery, connection, durability and input bounds (:class:`AgentSettings`; the service keeps
+    the values it uses as attributes of the same names). Every item from the source
     or the sensor topic passes a :class:`~streamfed.fleet.sources.SkipWatch` (`skip_watch`): the first
-    skips of each reason are logged, and a warning when more than `max_skip_share` of the last
-    `skip_window` items were skipped.
+    skips of each reason are logged, and a warning when more than `settings.max_skip_share` of the last
+    `settings.skip_window` items were skipped.
 
     >>> from streamfed.fleet.config import FleetConfig
     >>> core = AgentCore(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "a1", 0)
@@ -156,65 +160,58 @@ class AgentService:
     """
 
     def __init__(self, core: AgentCore, broker: BrokerConfig,
-                 source: AsyncIterator[Any] | Callable[[int], AsyncIterator[Any]] | None = None,
-                 sensor_features: list[str] | None = None, prediction_buffer: int = 1000,
-                 update_buffer: int = 64, linger: float = 0.0, max_inflight: int = 32,
-                 state_dir: str | os.PathLike[str] | None = None, checkpoint_interval: float = 0.0,
-                 resend_after: float = 10.0, drain: float | None = None, outbox_limit: int = 8,
-                 max_refusals: int = 3, connect_timeout: float = 5.0, prediction_qos: int = 0,
-                 gc_freeze: bool = True, ack_grace: float = 1.0, max_skip_share: float | None = 0.5,
-                 skip_window: int = 100, wait_for_global: float = 0.0, sensor_queue: int = 4096,
-                 sensor_queue_bytes: int = 8 << 20, control_queue: int = 256,
-                 drop_log_interval: float = 10.0, checkpoint_deadline: float = 30.0) -> None:
+                 source: AsyncIterator[Any] | Callable[[int], AsyncIterator[Any]] | None = None, *,
+                 settings: AgentSettings = _DEFAULT_SETTINGS, sensor_features: list[str] | None = None,
+                 state_dir: str | os.PathLike[str] | None = None) -> None:
         if source is None and sensor_features is None:
             raise ValueError("an agent needs a source or the features of its MQTT sensor topic")
         self.core = core
         self.broker = broker
+        self.settings = s = settings
         if sensor_features is not None and len(sensor_features) != core.cfg.n_inputs:
             raise ValueError(f"{len(sensor_features)} sensor features for a fleet with n_inputs={core.cfg.n_inputs}")
         self.parser = ReadingParser(sensor_features) if sensor_features is not None else None
         # logs the first skips of each reason, and a warning when more than `max_skip_share` of the last
         # `skip_window` items from the source / sensor topic were skipped (the counts are the core's)
-        self.skip_watch = SkipWatch(max_skip_share, skip_window, name=f"agent {core.client_id}", log=log)
+        self.skip_watch = SkipWatch(s.max_skip_share, s.skip_window, name=f"agent {core.client_id}", log=log)
         self.fleet, self.client_id = core.cfg.fleet, core.client_id
-        self.predictions: deque[Message] = deque(maxlen=prediction_buffer)
-        if prediction_qos not in (0, 1):
-            raise ValueError(f"prediction_qos must be 0 or 1, got {prediction_qos!r}")
-        self.prediction_qos = prediction_qos
-        self.gc_freeze = gc_freeze
+        self.predictions: deque[Message] = deque(maxlen=s.prediction_buffer)
+        self.prediction_qos = s.prediction_qos  # 0 or 1 (AgentSettings checks it)
+        self.gc_freeze = s.gc_freeze
         self._client: aiomqtt.Client | None = None  # while a session is up: live predictions go straight out
         self._pred_inflight = 0  # buffered predictions the sender is publishing
         self._writing: deque[tuple[Any, Message, int]] = deque()  # QoS 0 predictions paho has partly written
         # ---- bounded input (see the module docstring)
         self._sensor_topic = sensor_topic(self.fleet, self.client_id, core.cfg.sensor_topic)
         self._global_topic, self._acks_topic = global_topic(self.fleet), acks_topic(self.fleet, self.client_id)
-        self.sensor_lane: Lane | None = (Lane(sensor_queue, sensor_queue_bytes, "drop_oldest", self._dropped_reading)
-                                         if self.parser is not None else None)
-        self.control_queue = max(1, int(control_queue))
+        self.sensor_lane: Lane | None = (
+            Lane(s.sensor_queue, s.sensor_queue_bytes, "drop_oldest", self._dropped_reading)
+            if self.parser is not None else None)
+        self.control_queue = max(1, int(s.control_queue))
         self._incoming: IncomingQueue | None = None  # the current session's queue of globals and acks
         self.received: dict[str, int] = {}  # channel (sensor, global, ack) → messages taken off the socket
         self.dropped: dict[str, dict[str, int]] = {}  # channel → reason → messages dropped unread
-        self.drop_log_interval = drop_log_interval
+        self.drop_log_interval = s.drop_log_interval
         self._drops_unlogged: dict[str, int] = {}
         self._drop_log_due = 0.0  # (monotonic) the next drop warning may not come before this
         self._drop_log_timer: asyncio.TimerHandle | None = None
         self._predictions_topic = predictions_topic(self.fleet, self.client_id)
         self._updates_topic = updates_topic(self.fleet, self.client_id)
         self.updates: deque[Message] = deque()
-        self.update_buffer = update_buffer
-        self.outbox_limit = max(1, int(outbox_limit))
-        self.max_inflight = max_inflight
+        self.update_buffer = s.update_buffer
+        self.outbox_limit = max(1, int(s.outbox_limit))
+        self.max_inflight = s.max_inflight
         self.dropped_predictions = 0
-        self.linger = linger  # seconds to stay connected after the source ends (to receive a last global)
-        self.resend_after = resend_after
+        self.linger = s.linger  # seconds to stay connected after the source ends (to receive a last global)
+        self.resend_after = s.resend_after
         # An ack lists what the aggregator holds when it makes it; updates sent just before it arrives are
         # most likely on their way, not lost (e.g. the ack an aggregator sends when this agent comes
         # online): they are resent on an ack only once this old, or when the ack names them missing.
-        self.ack_grace = ack_grace
+        self.ack_grace = s.ack_grace
         # lock-step: as long as `_last_global` waits for the last round; async: a few windows
-        self.drain = drain if drain is not None else (30.0 if core.mode == "lockstep" else 5.0)
-        self.max_refusals = max(1, int(max_refusals))
-        self.connect_timeout = connect_timeout
+        self.drain = s.drain if s.drain is not None else (30.0 if core.mode == "lockstep" else 5.0)
+        self.max_refusals = max(1, int(s.max_refusals))
+        self.connect_timeout = s.connect_timeout
         self.refusals: dict[str, int] = {}
         self.rejected_acks = 0
         # the acks topic also carries the aggregator's secure-aggregation steps when the fleet uses them
@@ -223,7 +220,7 @@ class AgentService:
         self._global_event = asyncio.Event()
         # Joining a running fleet: before its first sample, wait (at most this long, once connected) for the
         # retained global, so that the first prediction already uses the fleet's model as its prior.
-        self.wait_for_global = max(0.0, float(wait_for_global))
+        self.wait_for_global = max(0.0, float(s.wait_for_global))
         self._prior_ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._source_done = asyncio.Event()
@@ -238,14 +235,14 @@ class AgentService:
         self._receiver_error_logged = False
         # ---- durable state
         self.source_pos = 0  # items taken from `source` (a restart continues after them)
-        self.checkpoint_interval = checkpoint_interval
+        self.checkpoint_interval = s.checkpoint_interval
         self._fresh: list[Message] = []  # updates computed since the last checkpoint: not sendable yet
         self._dirty = False
         self._last_checkpoint = 0.0
         self.checkpoints = 0
         # a state that cannot be written (see checkpoint): since when, and how long before the agent stops
         self._failing_since: float | None = None
-        self.checkpoint_deadline = max(0.0, float(checkpoint_deadline))
+        self.checkpoint_deadline = max(0.0, float(s.checkpoint_deadline))
         self._fatal: Exception | None = None  # raised by run() once the agent has stopped
         self.store: StateStore | None = None
         self.restored = False
