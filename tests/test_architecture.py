@@ -17,9 +17,8 @@ from streamfed.wire.topics import Channel
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "streamfed"
 # Modules that must go through the plug-in contract only.
-GENERIC = [*sorted((PKG / "fleet").glob("*.py")), *sorted((PKG / "runtime").glob("*.py")),
-           PKG / "evaluation" / "replay.py", PKG / "evaluation" / "report.py", PKG / "evaluation" / "loadtest.py",
-           PKG / "cli.py", PKG / "demo.py"]
+GENERIC = [*sorted((PKG / "fleet").glob("*.py")), *sorted((PKG / "runtime").rglob("*.py")),
+           PKG / "evaluation" / "replay.py", PKG / "evaluation" / "report.py", PKG / "cli.py", PKG / "demo.py"]
 
 
 def code_without_docs(path: Path) -> str:
