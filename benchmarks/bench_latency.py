@@ -35,7 +35,7 @@ from streamfed.fleet.agent import AgentCore, Prediction  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import array_source  # noqa: E402
-from streamfed.runtime.agent import AgentService  # noqa: E402
+from streamfed.runtime.agent import AgentService, AgentSettings  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
 from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
 from streamfed.runtime.connection import client_kwargs
@@ -101,7 +101,8 @@ async def prediction_latency(broker, seconds: float) -> dict:
     rng = np.random.default_rng(1)
     n = int(100 * seconds)
     X, y = rng.uniform(-1, 1, (n, cfg.n_inputs)), rng.uniform(0, 1, n)
-    svc = AgentService(AgentCore(cfg, "lat", 0, mode="async"), broker, array_source(X, y, rate_hz=100.0), drain=0.0)
+    svc = AgentService(AgentCore(cfg, "lat", 0, mode="async"), broker, array_source(X, y, rate_hz=100.0),
+                       settings=AgentSettings(drain=0.0))
     await svc.run()
     payload = encode(svc.core.prediction_message(Prediction("r", 0.1, None, 0, 0.0)))
     bare = []
@@ -124,7 +125,8 @@ async def upload_to_global(broker, mode: str, n_agents: int, steps: int, rate: f
     agg = AggregatorService(AggregatorCore(cfg, clients=names, mode=mode, window=0.05), broker, tick=0.01)  # type: ignore[arg-type]
     cores = [TimedCore(cfg, n, i, mode=mode) for i, n in enumerate(names)]  # type: ignore[arg-type]
     agents = [AgentService(c, broker, array_source(rng.uniform(-1, 1, (steps, 10)), rng.uniform(0, 1, steps),
-                                                   rate_hz=rate), linger=0.3, drain=5.0) for c in cores]
+                                                   rate_hz=rate),
+                                                   settings=AgentSettings(linger=0.3, drain=5.0)) for c in cores]
     task = asyncio.create_task(agg.run())
     await asyncio.wait_for(agg.connected.wait(), 10)
     try:

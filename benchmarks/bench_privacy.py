@@ -232,7 +232,7 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
     import aiomqtt
 
     from streamfed.fleet.sources import array_source
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.aggregator import AggregatorService
     from streamfed.runtime.loadtest import MosquittoProcess
     from streamfed.wire.topics import Channel, topic_filter
@@ -281,8 +281,8 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
                         # drain: a source of 32 samples ends at once, and an agent then leaves after `drain`
                         # (5 s by default) with its update not yet in a global; a secure round of 1,000 agents
                         # on this one loop takes longer, so they stay until the measurement stops them
-                        agents = [AgentService(AgentCore(cfg, c, i), broker, gated(i), linger=1.0, wait_for_global=0.0,
-                                               drain=600.0)
+                        agents = [AgentService(AgentCore(cfg, c, i), broker, gated(i),
+                                               settings=AgentSettings(linger=1.0, wait_for_global=0.0, drain=600.0))
                                   for i, c in enumerate(names)]
                         tasks = [asyncio.create_task(a.run()) for a in agents]
                         for a in agents:

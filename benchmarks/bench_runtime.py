@@ -44,7 +44,7 @@ from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import Reading, array_source  # noqa: E402
 from streamfed.runtime import broker as broker_module  # noqa: E402
-from streamfed.runtime.agent import AgentService  # noqa: E402
+from streamfed.runtime.agent import AgentService, AgentSettings  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
 from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
 from streamfed.runtime.connection import client_kwargs
@@ -184,8 +184,8 @@ async def agent_latency(broker, cfg, seconds: float, prediction_qos: int = 0) ->
             super()._sent(is_update, msg, nbytes)
 
     cpu: list[float] = []
-    svc = Timed(AgentCore(cfg, "lat", 0, mode="async"), broker, once_connected(),
-                drain=0.0, prediction_qos=prediction_qos)  # no aggregator: nobody includes its updates
+    svc = Timed(AgentCore(cfg, "lat", 0, mode="async"), broker, once_connected(),  # no aggregator: nobody includes
+                settings=AgentSettings(drain=0.0, prediction_qos=prediction_qos))  # its updates
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     await svc.run()
     r1 = resource.getrusage(resource.RUSAGE_SELF)

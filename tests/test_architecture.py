@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "streamfed"
 # Modules that must go through the plug-in contract only.
 GENERIC = [*sorted((PKG / "wire").glob("*.py")), *sorted((PKG / "fleet").glob("*.py")),
-           *sorted((PKG / "runtime").glob("*.py")), PKG / "evaluation" / "replay.py", PKG / "evaluation" / "report.py",
-           PKG / "cli.py", PKG / "demo.py"]
+           *sorted((PKG / "runtime").rglob("*.py")), PKG / "evaluation" / "replay.py", PKG / "evaluation" / "report.py",
+           *sorted((PKG / "cli").glob("*.py")), PKG / "demo.py"]
 
 
 def code_without_docs(path: Path) -> str:

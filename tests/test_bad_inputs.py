@@ -394,12 +394,12 @@ def test_sensor_messages_pass_the_same_watch_and_counters(caplog):
     """The MQTT sensor path: parsed messages go through `_take_now`, like source items — logged and counted."""
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.config import BrokerConfig, FleetConfig
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
 
     core = AgentCore(FleetConfig(standardise="none",
                                  fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3), "s1", 0)
-    svc = AgentService(core, BrokerConfig(), sensor_features=["a", "b"], skip_window=4, max_skip_share=0.5,
-                       gc_freeze=False)
+    svc = AgentService(core, BrokerConfig(), sensor_features=["a", "b"],
+                       settings=AgentSettings(skip_window=4, max_skip_share=0.5, gc_freeze=False))
     payloads = [b'{"id": "r1", "x": {"a": 1, "b": 2}, "y": 1}', b"{broken", b'{"id": "r2", "x": {"a": 1}, "y": 1}',
                 b'{"id": "r3", "x": {"a": 1, "b": "hot"}, "y": 1}']
 
@@ -437,12 +437,12 @@ def test_the_recent_skip_share_is_exported() -> None:
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.config import BrokerConfig, FleetConfig
     from streamfed.fleet.sources import Reading, Skip, SkipReason
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.exporter import StreamfedCollector, make_registry
 
     cfg = FleetConfig(standardise="none", fleet="skips", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     svc = AgentService(AgentCore(cfg, "a1", 0), BrokerConfig(), source=None, sensor_features=["u", "v"],
-                       skip_window=10)
+                       settings=AgentSettings(skip_window=10))
     items = [Skip(SkipReason.MISSING_FEATURE, "row")] * 7 + [Reading(str(i), np.zeros(2), float(i), 0.1)
                                                            for i in range(3)]
 

@@ -20,10 +20,10 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from streamfed.runtime.agent import BrokerRefused
 from streamfed.runtime.broker_metrics import BrokerMetrics, SysSubscriber
 from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.exporter import make_registry, serve_metrics
+from streamfed.runtime.session import BrokerRefused
 from streamfed.wire import topics
 from tests import brokers
 from tests import prometheus as prom

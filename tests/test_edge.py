@@ -92,7 +92,7 @@ def test_agent_toml_is_a_valid_complete_configuration():
     [agent] = [a for a in accounts if a.username == "station-01"]
     acls = [(acl["acltype"], acl["topic"]) for r in roles if r["rolename"] in agent.roles for acl in r["acls"]]
     assert ("publishClientSend", topic) in acls and ("publishClientReceive", topic) in acls
-    assert agent.clientid == f"{f.fleet}.station-01"  # the id the agent connects with (runtime/agent.py)
+    assert agent.clientid == f"{f.fleet}.station-01"  # the id the agent connects with (runtime/agent/service.py)
 
 
 def test_agent_toml_takes_credentials_from_the_environment():

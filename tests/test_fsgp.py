@@ -781,7 +781,7 @@ def test_a_bad_sample_changes_nothing() -> None:
 
 
 def test_over_mosquitto_equals_the_centralised_sparse_gp(mosquitto_dev) -> None:
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.aggregator import AggregatorService
 
     fleet = synthetic_fleet(3, 60, 2, seed=21)
@@ -792,7 +792,7 @@ def test_over_mosquitto_equals_the_centralised_sparse_gp(mosquitto_dev) -> None:
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05),
                                 mosquitto_dev.broker_config())
         agents = [AgentService(AgentCore(cfg, n, i), mosquitto_dev.broker_config(),
-                               array_source(s.X, s.y, rate_hz=300.0), linger=1.0)
+                               array_source(s.X, s.y, rate_hz=300.0), settings=AgentSettings(linger=1.0))
                   for i, (n, s) in enumerate(zip(names, fleet.streams, strict=True))]
         agg_task = asyncio.create_task(agg.run())
         await asyncio.wait_for(agg.connected.wait(), 10)

@@ -26,7 +26,7 @@ from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.sources import Reading, array_source
-from streamfed.runtime.agent import AgentService
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.connection import client_kwargs
 from streamfed.wire import topics
@@ -76,7 +76,7 @@ async def fleet(broker: brokers.Broker, cfg: FleetConfig, streams: dict[str, tup
     await asyncio.wait_for(agg.connected.wait(), 10)
     services = agents if agents is not None else {
         n: AgentService(AgentCore(cfg, n, i), broker.broker_config(n), array_source(*streams[n], rate_hz=rate_hz),
-                        linger=0.5) for i, n in enumerate(HONEST)}
+                        settings=AgentSettings(linger=0.5)) for i, n in enumerate(HONEST)}
     tasks = [asyncio.create_task(a.run()) for a in services.values()]
     attacker_task = None
     if attack is not None:
@@ -138,7 +138,8 @@ def test_one_huge_sensor_reading_is_clipped_and_the_agent_keeps_uploading(broker
     cfg = pofmkl_cfg().model_copy(update={"standardise": "online"})
     X, y = streams["h1"]
     feats = [f"x{i}" for i in range(10)]
-    h1 = AgentService(AgentCore(cfg, "h1", 0), broker.broker_config("h1"), sensor_features=feats, linger=0.5)
+    h1 = AgentService(AgentCore(cfg, "h1", 0), broker.broker_config("h1"), sensor_features=feats,
+                      settings=AgentSettings(linger=0.5))
     rows = [{"id": f"r{t}", "x": [float(v) for v in X[t]], "y": float(y[t])} for t in range(STEPS)]
     rows[60]["y"], rows[61]["y"] = 1e50, 1e150
 
@@ -205,7 +206,7 @@ def test_a_reading_stamped_far_in_the_future_is_refused_and_later_readings_are_l
     cfg = fedbnr_cfg()
     X, y = streams["h1"]
     h1 = AgentService(AgentCore(cfg, "h1", 0), broker.broker_config("h1"), sensor_features=[f"x{i}" for i in range(10)],
-                      linger=0.5)
+                      settings=AgentSettings(linger=0.5))
     now = time.time()
     rows = [{"id": f"r{t}", "ts": now - STEPS + t, "x": [float(v) for v in X[t]], "y": float(y[t])}
             for t in range(STEPS)]

@@ -38,7 +38,7 @@ def test_agents_of_one_process_share_the_decoding_of_a_global():
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.fleet.config import FleetConfig
     from streamfed.fleet.sources import Reading
-    from streamfed.runtime.agent import SharedGlobals, install_global
+    from streamfed.runtime.shared_globals import SharedGlobals, install_global
     from streamfed.wire.message import encode
 
     cfg = FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)

@@ -147,7 +147,7 @@ def test_a_lost_state_over_the_production_broker_is_said_then_recovered(streams)
     once."""
     import asyncio
 
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.aggregator import AggregatorService
     from streamfed.runtime.runner import array_source_from
     from tests import brokers
@@ -171,7 +171,8 @@ def test_a_lost_state_over_the_production_broker_is_said_then_recovered(streams)
     async def main() -> tuple[list[AgentService], AggregatorService, AggregatorService]:
         agg, task = await serve(False)
         agents = [AgentService(AgentCore(cfg, n, i), broker.broker_config(n),
-                               array_source_from(s.X[:live], s.y[:live], 60.0), linger=1.0, drain=30.0)
+                               array_source_from(s.X[:live], s.y[:live], 60.0),
+                               settings=AgentSettings(linger=1.0, drain=30.0))
                   for i, (n, s) in enumerate(zip(names, streams, strict=True))]
         runs = [asyncio.create_task(a.run()) for a in agents]
         await asyncio.sleep(1.5)

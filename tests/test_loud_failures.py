@@ -36,7 +36,7 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.persistence import read_state
-from streamfed.runtime.agent import AgentService
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.exporter import StreamfedCollector, make_registry
@@ -154,7 +154,8 @@ def test_a_checkpoint_that_cannot_be_written_holds_globals_back_and_recovers(pro
         # room for every upload (no flow control): each is then exactly `min_upload` samples, so the 400 of each
         # agent end on an upload boundary and the count below can be exact
         agents = [AgentService(AgentCore(cfg, n, i), prod.broker_config(n), array_source_from(*stream(i), 150.0),
-                               drain=20.0, outbox_limit=1024) for i, n in enumerate(["d1", "d2"])]
+                               settings=AgentSettings(drain=20.0, outbox_limit=1024))
+                  for i, n in enumerate(["d1", "d2"])]
         got: list[tuple[str, bytes]] = []
         ready = asyncio.Event()
         watcher = asyncio.create_task(watch(prod.broker_config("ops"), [global_topic(cfg.fleet),
@@ -233,7 +234,7 @@ def test_an_agent_that_cannot_write_its_state_holds_its_updates_back_then_stops(
         agg_task = asyncio.create_task(agg.run())
         await asyncio.wait_for(agg.connected.wait(), 10)
         agent = AgentService(AgentCore(cfg, "g1", 0), prod.broker_config("g1"), array_source_from(*stream(0), 100.0),
-                             state_dir=disk.path, drain=20.0, checkpoint_deadline=60.0)
+                             state_dir=disk.path, settings=AgentSettings(drain=20.0, checkpoint_deadline=60.0))
         run = asyncio.create_task(agent.run())
         try:
             await until(lambda: agent_state_seqs(state) >= 3, 20, "three updates on disk")
@@ -252,7 +253,8 @@ def test_an_agent_that_cannot_write_its_state_holds_its_updates_back_then_stops(
             # a disk that stays full: the agent stops after its deadline, with the reason
             disk.fill()
             again = AgentService(AgentCore(cfg, "g2", 1), prod.broker_config("g2"),
-                                 array_source_from(*stream(1), 100.0), state_dir=disk.path, checkpoint_deadline=1.0)
+                                 array_source_from(*stream(1), 100.0), state_dir=disk.path,
+                                 settings=AgentSettings(checkpoint_deadline=1.0))
             with pytest.raises(CheckpointFailed, match="cannot write its state for"):
                 await asyncio.wait_for(again.run(), 30)
         finally:

@@ -585,7 +585,7 @@ def test_over_mosquitto(mosquitto_dev) -> None:
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.fleet.sources import array_source
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.aggregator import AggregatorService
 
     fleet = blob_fleet(3, 20, seed=40)
@@ -598,7 +598,7 @@ def test_over_mosquitto(mosquitto_dev) -> None:
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05),
                                 mosquitto_dev.broker_config())
         agents = [AgentService(AgentCore(cfg, n, i), mosquitto_dev.broker_config(),
-                               array_source(s.X, s.y, rate_hz=200.0), linger=2.0)
+                               array_source(s.X, s.y, rate_hz=200.0), settings=AgentSettings(linger=2.0))
                   for i, (n, s) in enumerate(zip(names, fleet.streams, strict=True))]
         agg_task = asyncio.create_task(agg.run())
         await asyncio.wait_for(agg.connected.wait(), 10)

@@ -34,7 +34,7 @@ from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import Reading, array_source
-from streamfed.runtime.agent import AgentService
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.wire.message import Message, encode
 from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
@@ -320,7 +320,8 @@ def run_mqtt_fleet(cfg: FleetConfig, broker, fleet: Fleet, names: list[str]
 
     async def main():
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=WINDOW), broker)
-        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y, rate_hz=RATE_HZ), linger=1.0)
+        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y, rate_hz=RATE_HZ),
+                               settings=AgentSettings(linger=1.0))
                   for i, (n, s) in enumerate(zip(names, fleet.streams, strict=True))]
         await run_fleet(agents, agg)
         return agg, agents

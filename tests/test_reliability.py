@@ -40,8 +40,9 @@ from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateError, StateStore, atomic_write, dumps, loads, read_state
 from streamfed.fleet.sources import Label, Reading, ReadingParser, Skip, array_source
-from streamfed.runtime.agent import AgentService, BrokerRefused
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
+from streamfed.runtime.session import BrokerRefused
 from streamfed.wire.message import ack_message, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -274,7 +275,8 @@ def test_an_ack_resends_at_once_what_it_names_missing_or_is_old_not_what_is_on_i
     for t in range(4):
         core.on_reading(Reading(f"r{t}", rng.random(10), 0.0, 0.3))
     assert sorted(core.outbox) == [1, 2, 3, 4]
-    svc = AgentService(core, BrokerConfig(), source=array_source(np.zeros((0, 10)), np.zeros(0)), ack_grace=1.0)
+    svc = AgentService(core, BrokerConfig(), source=array_source(np.zeros((0, 10)), np.zeros(0)),
+                       settings=AgentSettings(ack_grace=1.0))
     now = time.monotonic()
     svc._sent_at = {1: now - 5.0, 2: now - 0.1, 3: now - 0.1, 4: now - 0.1}
     ack = ack_message(cfg.fleet, "a", 0, missing=[3], seq=1)  # holds nothing; seq 3 known missing

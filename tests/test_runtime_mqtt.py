@@ -18,7 +18,7 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import array_source
-from streamfed.runtime.agent import AgentService
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.connection import client_kwargs
 from streamfed.wire.message import decode
@@ -55,7 +55,8 @@ def test_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, streams):
 
     async def main():
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="lockstep"), broker)
-        agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), broker, array_source(s.X, s.y), linger=0.3)
+        agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), broker, array_source(s.X, s.y),
+                               settings=AgentSettings(linger=0.3))
                   for i, (n, s) in enumerate(zip(names, streams, strict=True))]
         await run_fleet(agents, agg)
         return agg, agents
@@ -81,7 +82,7 @@ def test_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, streams):
 
     async def main():
         agg = AggregatorService(AggregatorCore(cfg, clients=names, window=0.05), broker)
-        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), linger=0.5)
+        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), settings=AgentSettings(linger=0.5))
                   for i, (n, s) in enumerate(zip(names, streams[:3], strict=True))]
         await run_fleet(agents, agg)
         return agg, agents
@@ -105,7 +106,8 @@ def test_subscriber_receives_every_prediction(mosquitto_dev, streams, qos):
         async with aiomqtt.Client(**client_kwargs(broker, "viewer-preds")) as sub:
             await sub.subscribe(topic_filter(Channel.PREDICTIONS, cfg.fleet), qos=1)
             agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05), broker)
-            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), prediction_qos=qos)
+            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y),
+                                   settings=AgentSettings(prediction_qos=qos))
                       for i, (n, s) in enumerate(zip(names, streams[:2], strict=True))]
             await run_fleet(agents, agg)
 
@@ -217,7 +219,7 @@ def test_prediction_is_published_before_the_sample_is_learned(mosquitto_dev, str
         # no aggregator here: room for every update, so that each sample makes one (flow control would hold
         # them after `outbox_limit`, as it should with no global ever coming)
         agent = Watched(AgentCore(cfg, "a", 0, mode="async"), broker, array_source(s.X, s.y, rate_hz=200.0),
-                        drain=0.0, outbox_limit=STEPS + 1)
+                        settings=AgentSettings(drain=0.0, outbox_limit=STEPS + 1))
         await agent.run()
         return agent
 
@@ -242,7 +244,8 @@ def test_qos1_predictions_leave_ahead_of_their_samples_updates(mosquitto_dev, st
         async with aiomqtt.Client(**client_kwargs(broker, "viewer-order1")) as sub:
             await sub.subscribe(f"streamfed/v1/{cfg.fleet}/#", qos=1)
             agent = AgentService(AgentCore(cfg, "a", 0, mode="async"), broker, array_source(s.X, s.y, rate_hz=100.0),
-                                 drain=0.0, prediction_qos=1, outbox_limit=STEPS + 1)  # no aggregator: see above
+                                 settings=AgentSettings(drain=0.0, prediction_qos=1,
+                                                        outbox_limit=STEPS + 1))  # no aggregator: see above
             await agent.run()
 
             async def collect():
@@ -283,14 +286,15 @@ def test_a_joining_agents_first_prediction_uses_the_fleet_prior_as_the_replay_do
         agg_task = asyncio.create_task(agg.run())
         await asyncio.wait_for(agg.connected.wait(), 10)
         try:
-            early = [AgentService(AgentCore(cfg, nm, i), broker, array_source(s.X[:n], s.y[:n]), linger=0.5)
+            early = [AgentService(AgentCore(cfg, nm, i), broker, array_source(s.X[:n], s.y[:n]),
+                                  settings=AgentSettings(linger=0.5))
                      for i, (nm, s) in enumerate(zip(names[:2], streams[:2], strict=True))]
             await asyncio.wait_for(asyncio.gather(*(a.run() for a in early)), 30)
             assert agg.core.included() == {nm: n // 10 for nm in names[:2]}
             late_src = streams[2]
             late = AgentService(AgentCore(cfg, names[2], 2), broker, array_source(late_src.X[n:n + m],
                                                                                     late_src.y[n:n + m]),
-                                linger=0.2, wait_for_global=5.0)
+                                settings=AgentSettings(linger=0.2, wait_for_global=5.0))
             late.on_prediction = lambda p: first.append(p) if not first else None
             await asyncio.wait_for(late.run(), 30)
             return agg, late

@@ -243,7 +243,7 @@ def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, flavo
     import aiomqtt
 
     from streamfed.fleet.sources import array_source
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.aggregator import AggregatorService
     from tests import brokers
 
@@ -277,7 +277,8 @@ def test_eavesdropper_on_mosquitto_sees_only_masked_vectors(mosquitto_dev, flavo
                                     login("eaves.aggregator"))
             agg_task = asyncio.create_task(agg.run())
             await asyncio.wait_for(agg.connected.wait(), 10)
-            agents = [AgentService(AgentCore(cfg, n, i), login(n), array_source(*data[n]), linger=0.5)
+            agents = [AgentService(AgentCore(cfg, n, i), login(n), array_source(*data[n]),
+                                   settings=AgentSettings(linger=0.5))
                       for i, n in enumerate(names)]
             tasks = [asyncio.create_task(a.run()) for a in agents]
 
@@ -359,7 +360,7 @@ def test_an_agent_past_its_budget_says_so_in_its_retained_status_over_mosquitto(
     import aiomqtt
 
     from streamfed.fleet.sources import array_source
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.aggregator import AggregatorService
     from streamfed.wire.topics import status_topic
 
@@ -383,7 +384,8 @@ def test_an_agent_past_its_budget_says_so_in_its_retained_status_over_mosquitto(
             agg = AggregatorService(AggregatorCore(cfg, clients=["b1"], window=0.05), broker)
             agg_task = asyncio.create_task(agg.run())
             await asyncio.wait_for(agg.connected.wait(), 10)
-            agent = AgentService(AgentCore(cfg, "b1", 0), broker, array_source(X, y), linger=0.5)
+            agent = AgentService(AgentCore(cfg, "b1", 0), broker, array_source(X, y),
+                                 settings=AgentSettings(linger=0.5))
             await asyncio.wait_for(agent.run(), 30)  # a finite stream: it ends by itself
             agg.stop()
             await asyncio.wait_for(agg_task, 10)

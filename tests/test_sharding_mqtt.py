@@ -18,7 +18,7 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sharding import ReducerCore, ShardCore
 from streamfed.fleet.sources import array_source
-from streamfed.runtime.agent import AgentService
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.shard import ReducerService, ShardService
 from tests.oracles.fedbnr import assert_global_is_centralised
@@ -79,7 +79,8 @@ def test_sharded_lockstep_fleet_over_mosquitto_equals_replay(mosquitto_dev, mosq
             return prod.broker_config(user)
 
     async def main():
-        agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), login(n), array_source(s.X, s.y), linger=0.3)
+        agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), login(n), array_source(s.X, s.y),
+                               settings=AgentSettings(linger=0.3))
                   for i, (n, s) in enumerate(zip(names, streams, strict=True))]
         reducer, shards = await run_sharded(cfg, login, names, agents, reducer_broker=login(f"{cfg.fleet}.reducer"))
         return reducer, shards, agents
@@ -112,7 +113,7 @@ def test_sharded_fedbnr_fleet_over_mosquitto_equals_centralised(mosquitto_dev, s
     names = [s.name for s in streams[:3]]
 
     async def main():
-        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), linger=0.5)
+        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), settings=AgentSettings(linger=0.5))
                   for i, (n, s) in enumerate(zip(names, streams[:3], strict=True))]
         reducer, shards = await run_sharded(cfg, broker, names, agents, mode="async")
         return reducer, shards, agents
@@ -182,8 +183,8 @@ def test_cli_reducer_and_shards_serve_an_async_fleet(mosquitto_dev, streams, tmp
     try:
         async def main():
             await asyncio.sleep(3.0)  # processes starting; an update sent before a shard subscribed is resent
-            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y, rate_hz=200.0), linger=0.3,
-                                   resend_after=1.0, drain=30.0)
+            agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y, rate_hz=200.0),
+                                   settings=AgentSettings(linger=0.3, resend_after=1.0, drain=30.0))
                       for i, (n, s) in enumerate(zip(names, streams[:2], strict=True))]
             await asyncio.wait_for(asyncio.gather(*(a.run() for a in agents)), 90)
             return agents
@@ -238,7 +239,7 @@ def test_reducer_killed_mid_run_resumes_from_its_state(mosquitto_dev, streams, t
         async def main():
             await asyncio.sleep(3.0)  # processes starting; agents resend what reaches no shard
             agents = [AgentService(AgentCore(cfg, n, i, mode="lockstep"), broker, array_source(s.X, s.y),
-                                   linger=0.3, resend_after=2.0)
+                                   settings=AgentSettings(linger=0.3, resend_after=2.0))
                       for i, (n, s) in enumerate(zip(names, streams, strict=True))]
 
             async def killer():
@@ -287,7 +288,7 @@ def test_sharded_personal_fedbnr_fleet_over_mosquitto_keeps_every_clients_statis
     names = [s.name for s in streams[:3]]
 
     async def main():
-        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), linger=0.5)
+        agents = [AgentService(AgentCore(cfg, n, i), broker, array_source(s.X, s.y), settings=AgentSettings(linger=0.5))
                   for i, (n, s) in enumerate(zip(names, streams[:3], strict=True))]
         reducer, shards = await run_sharded(cfg, broker, names, agents, mode="async")
         return reducer, shards, agents

@@ -54,7 +54,7 @@ DEFAULT_SKIP_REASONS: tuple[str, ...] = (
     "label_evicted", "duplicate", "unlearnable",
     "bad_boolean", "bad_timestamp", "unknown_level",  # values declared input columns refuse (fleet/columns.py)
     "below_privacy_floor",  # learned, but the stream ended below the upload floor and nothing keeps them
-    "queue_full", "stopped",  # dropped unread by the agent's bounded sensor queue (runtime/agent.py)
+    "queue_full", "stopped",  # dropped unread by the agent's bounded sensor queue (runtime/agent/receiving.py)
 )
 DEFAULT_REJECT_REASONS: tuple[str, ...] = (
     "too_large", "not_msgpack", "bad_schema", "unknown_kind", "wrong_fleet", "bad_client", "bad_array",
@@ -277,7 +277,7 @@ class AgentStats:
         self.kernel_names: tuple[str, ...] = ()
         self.kernel_weights: list[float] = []
         self.learner_values: dict[str, float] = {}  # the learner's own diagnostics (named numbers)
-        self.healthy = 1.0  # 0 while the agent cannot write its state (runtime/agent.py): its updates are held back
+        self.healthy = 1.0  # 0 while the agent cannot write its state (runtime/agent/): its updates are held back
         self.recent_skip_ratio: float | None = None  # share of the source's recent items skipped (the runtime's)
         self.upload_bytes = 0
         self.upload_messages = 0

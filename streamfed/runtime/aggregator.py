@@ -5,7 +5,7 @@ A persistent QoS 1 session (fixed id ``<fleet>.aggregator``, ``clean_start=False
 is published retained with QoS 1 (a late or reconnecting agent gets the newest at once). A ticker
 closes timed-out rounds and asynchronous windows. Reconnects with backoff; a connection the broker
 refuses is logged with its MQTT reason, counted in :attr:`AggregatorService.refusals`, and after
-`max_refusals` refusals in a row `run()` raises :class:`~streamfed.runtime.agent.BrokerRefused`.
+`max_refusals` refusals in a row `run()` raises :class:`~streamfed.runtime.session.BrokerRefused`.
 
 On every (re)connect it publishes the current global and an `ack` to every known client saying which
 sequence numbers it holds, so agents send again whatever it does not (lost in a crash, say).
@@ -75,7 +75,7 @@ class AggregatorService(MqttService):
                  connect_timeout: float = 5.0, checkpoint_retry: float = 1.0, checkpoint_deadline: float = 30.0,
                  lease: bool = True) -> None:
         super().__init__(broker, client_id or f"{core.cfg.fleet}.aggregator", tick=tick, max_refusals=max_refusals,
-                         connect_timeout=connect_timeout,  # connect_timeout: see streamfed.runtime.agent.OP_TIMEOUT
+                         connect_timeout=connect_timeout,  # connect_timeout: see streamfed.runtime.session.OP_TIMEOUT
                          checkpoint_retry=checkpoint_retry, checkpoint_deadline=checkpoint_deadline)
         self.core = core
         self.shared_group = shared_group

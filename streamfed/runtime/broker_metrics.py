@@ -27,8 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from streamfed.fleet.config import BrokerConfig
-from streamfed.runtime.agent import check_subscription, reconnect_loop
 from streamfed.runtime.connection import client_kwargs
+from streamfed.runtime.session import check_subscription, reconnect_loop
 
 __all__ = ["COUNTERS", "BrokerMetrics", "SysSubscriber"]
 
@@ -153,7 +153,7 @@ class SysSubscriber:
     """Subscribes to `$SYS/#` with `broker` (its user name; `client_id`, default the user name — the
     production broker binds the `monitor` account to client id `monitor`) and feeds `metrics` until
     :meth:`stop`, reconnecting with back-off. A broker that refuses the login or the subscription three
-    times raises :class:`~streamfed.runtime.agent.BrokerRefused`.
+    times raises :class:`~streamfed.runtime.session.BrokerRefused`.
 
     >>> sub = SysSubscriber(BrokerConfig(username="monitor", password="x"), BrokerMetrics())
     >>> sub.client_id

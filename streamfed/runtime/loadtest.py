@@ -218,7 +218,7 @@ _LOST_REASONS = _LostReasons()
 async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.sources import Reading
-    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.agent import AgentService, AgentSettings
 
     cfg = FleetConfig.model_validate(spec["fleet"])
     broker = BrokerConfig.model_validate(spec["broker"])
@@ -266,8 +266,8 @@ async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
     for name, index in spec["clients"]:
         core = AgentCore(cfg, name, index, mode="async")
         services.append(Agent(core, broker, source(index, np.random.default_rng([spec["seed"], index])),
-                              drain=float(spec["drain"]), connect_timeout=30.0,
-                              resend_after=float(spec["resend_after"])))
+                              settings=AgentSettings(drain=float(spec["drain"]), connect_timeout=30.0,
+                                                     resend_after=float(spec["resend_after"]))))
     ramp = float(spec["ramp"])
     t0 = time.time()
 

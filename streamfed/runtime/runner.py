@@ -19,7 +19,7 @@ so a restarted process resumes where its state says, and an agent's source conti
 item the state covers.
 
 Exit status: 0 after SIGTERM/SIGINT or the end of the streams; 2 when the broker refuses the connection
-(:class:`~streamfed.runtime.agent.BrokerRefused`); 3 when the state cannot be written for longer than
+(:class:`~streamfed.runtime.session.BrokerRefused`); 3 when the state cannot be written for longer than
 `checkpoint_deadline` (:class:`~streamfed.runtime.service.CheckpointFailed`); 4 when another aggregator connected
 with the same client id (:class:`~streamfed.runtime.service.DuplicateService`) — each with one ``error: …`` line
 on stderr.
@@ -44,9 +44,10 @@ from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.sources import Reading
-from streamfed.runtime.agent import AgentService, BrokerRefused
+from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.runtime.service import ServiceFailed
+from streamfed.runtime.session import BrokerRefused
 
 __all__ = ["FleetSpec", "array_source_from", "load_spec", "main", "run_agents", "run_aggregators", "service_options"]
 
@@ -144,7 +145,7 @@ async def run_agents(broker: BrokerConfig, state_dir: Path | None, fleets: Seque
         data = np.load(f.streams[client])
         core = AgentCore(f.config, client, f.clients.index(client), mode=f.mode)  # type: ignore[arg-type]
         svc = AgentService(core, broker, array_source_from(data["X"], data["y"], f.rate), state_dir=state_dir,
-                           drain=f.drain, resend_after=5.0, connect_timeout=2.0)
+                           settings=AgentSettings(drain=f.drain, resend_after=5.0, connect_timeout=2.0))
         log.info("agent %s/%s: %s at source item %d", f.config.fleet, client,
                  "resumed" if svc.restored else "new", svc.source_pos)
         services.append(svc)

@@ -1,12 +1,12 @@
 """A small base for the fleet's server-side MQTT services (aggregator shards and the reducer).
 
 Each runs one persistent QoS 1 session (fixed client id, ``clean_start=False``,
-``SessionExpiryInterval > 0``) through :func:`~streamfed.runtime.agent.reconnect_loop` (backoff, refusal
+``SessionExpiryInterval > 0``) through :func:`~streamfed.runtime.session.reconnect_loop` (backoff, refusal
 counting), and inside a session four tasks: a receiver that hands every message to :meth:`handle`
 (taking already-queued messages in batches), a publisher that sends what the pure core returned, in
 order, one QoS 1 publish at a time, a ticker that calls :meth:`on_tick`, and the stop event. A refused
 publish (an MQTT v5 PUBACK reason code >= 0x80, e.g. an ACL) stops the service with
-:class:`~streamfed.runtime.agent.BrokerRefused`, as a refused subscription does.
+:class:`~streamfed.runtime.session.BrokerRefused`, as a refused subscription does.
 
 Subclasses say what to subscribe to, what to send on (re)connect, how to route a core's
 :class:`~streamfed.wire.message.Message` to a topic, and how to handle a message.
@@ -53,9 +53,9 @@ import aiomqtt
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.telemetry import AggregatorStats
-from streamfed.runtime.agent import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
 from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.mqtt import IncomingQueue, incoming_drain, paho_of
+from streamfed.runtime.session import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
 from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
 from streamfed.wire.topics import ParsedTopic, status_topic, try_parse_topic
 
@@ -68,7 +68,7 @@ _TOPIC_CACHE = 4096  # parsed topics remembered (one per client and channel)
 
 class ServiceFailed(RuntimeError):
     """A server-side service stopped on a fault that retrying in-process cannot fix; `exit_code` is the
-    status its process should exit with (2 is a refused connection, :class:`~streamfed.runtime.agent.BrokerRefused`).
+    status its process should exit with (2 is a refused connection, :class:`~streamfed.runtime.session.BrokerRefused`).
 
     >>> e = CheckpointFailed("f.aggregator: cannot write its state")
     >>> isinstance(e, ServiceFailed), e.exit_code, DuplicateService("x").exit_code
