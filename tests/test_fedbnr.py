@@ -12,16 +12,9 @@ import pytest
 from river import checks, proba
 
 import streamfed.algorithms.fedbnr.learner as fedbnr_module
-from streamfed.algorithms.fedbnr.learner import (
-    FedBNRClient,
-    FedBNRRegressor,
-    FedBNRServer,
-    GlobalModel,
-    Upload,
-    fit_hyperparameters,
-    log_evidence,
-    spectral_log_evidence,
-)
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence, spectral_log_evidence
+from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRRegressor, FedBNRServer
+from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.core import stats as stats_module
 from streamfed.core.features import KernelSpec, RFFBank, RFFMap
 from streamfed.core.stats import SufficientStats

@@ -17,7 +17,7 @@ import importlib
 
 from streamfed.algorithms.base import Algorithm, ReplayVariant
 
-__all__ = ["BUILTIN", "DEFAULT", "Algorithm", "get", "names", "register", "unregister", "variant"]
+__all__ = ["BUILTIN", "DEFAULT", "MOVED_NAMES", "Algorithm", "get", "names", "register", "unregister", "variant"]
 
 # name → "module:attribute" of its Algorithm object. A new family is one line here.
 BUILTIN: dict[str, str] = {
@@ -34,6 +34,16 @@ BUILTIN: dict[str, str] = {
     "pfedgp": "streamfed.algorithms.pfedgp:ALGORITHM",
 }
 DEFAULT = "pofmkl"  # what the demo and the CLI run when nobody says
+# Where built-in families' classes went when their modules moved, (old module, name) → new module: a state file
+# written before a move pickles the old path (streamfed.fleet.persistence follows this map when it loads one).
+MOVED_NAMES: dict[tuple[str, str], str] = {
+    # FedBNR: learner.py split into a module per idea
+    ("streamfed.algorithms.fedbnr.learner", "Upload"): "streamfed.algorithms.fedbnr.messages",
+    ("streamfed.algorithms.fedbnr.learner", "GlobalModel"): "streamfed.algorithms.fedbnr.messages",
+    ("streamfed.algorithms.fedbnr.learner", "PrequentialMetrics"): "streamfed.algorithms.fedbnr.metrics",
+    ("streamfed.algorithms.fedbnr.learner", "_DefaultFeatures"): "streamfed.algorithms.fedbnr.features",
+    ("streamfed.algorithms.fedbnr.learner", "_MapList"): "streamfed.algorithms.fedbnr.features",
+}
 _LOADED: dict[str, Algorithm] = {}
 
 

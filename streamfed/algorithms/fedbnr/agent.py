@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.algorithms.base import Regret, Update, UploadSensitivity
+from streamfed.algorithms.fedbnr.messages import GlobalModel
 from streamfed.algorithms.fedbnr.wire import global_fields
 from streamfed.wire.message import Message
 
@@ -124,8 +125,6 @@ class StatsLearner:
                          for k, (m, cov) in enumerate(cached[1])))
 
     def install_global(self, msg: Message) -> bool:
-        from streamfed.algorithms.fedbnr.learner import GlobalModel
-
         g = GlobalModel.from_message(global_fields(msg))
         if g.kernel_version == self.client.kernel_version and g.epoch > self.client.epoch:
             # an aggregator that lost its state started a new epoch: send everything learned again (on a copy,

@@ -48,10 +48,8 @@ are never tempered, so the server's sums stay exact.
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,8 +57,13 @@ from river import base
 
 from streamfed.algorithms.fedbnr import _layout as lay
 from streamfed.algorithms.fedbnr._compiled import kern
+from streamfed.algorithms.fedbnr.checks import all_finite_products, all_finite_squares, check_positive, check_target
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
+from streamfed.algorithms.fedbnr.features import _DefaultFeatures, client_features
+from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
+from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, ridge_loss
 from streamfed.algorithms.in_order import apply_in_order
-from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, standardised_dictionary
+from streamfed.core.features import FeatureMap, standardised_dictionary
 from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
 from streamfed.core.standardise import StreamScales
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
@@ -69,365 +72,14 @@ if TYPE_CHECKING:
     from river.proba import Gaussian
 
 
-__all__ = [
-    "Upload",
-    "GlobalModel",
-    "PrequentialMetrics",
-    "FedBNRClient",
-    "FedBNRServer",
-    "FedBNRRegressor",
-    "log_evidence",
-    "spectral_log_evidence",
-    "fit_hyperparameters",
-    "ridge_loss",
-]
+__all__ = ["FedBNRClient", "FedBNRServer", "FedBNRRegressor"]
 
-Z95 = 1.959963984540054  # central 95% interval of a standard normal: ±Z95
 _STAGE = 32  # pending rows folded into the scatter at once
 #: Candidate power-prior weights of the other clients' statistics for `others_weight="auto"`.
 OTHERS_WEIGHT_GRID: tuple[float, ...] = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
-def _all_finite_squares(v: np.ndarray) -> bool:
-    """Every `v²` finite (so a target cannot overflow `q`), without an overflow warning."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.all(np.isfinite(v * v)))
-
-
-def _all_finite_products(a: np.ndarray, b: np.ndarray) -> bool:
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.all(np.isfinite(a * b)))
-
-
-def _check_positive(name: str, value: float) -> float:
-    value = float(value)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-    return value
-
-
-# ============================================================================ messages
-
-
-@dataclass(frozen=True)
-class Upload:
-    """What a client publishes: delta statistics of at least `min_upload` samples.
-
-    `stats` has batch shape `(K,)`: `S (K, F, F)` (only its upper triangle travels, see
-    :meth:`to_message`), `b (K, F)`, `n`, `q` (scalars), tagged with the kernel version and epoch.
-
-    >>> s = SufficientStats.zeros(2, (1,), kernel_version="v")
-    >>> up = Upload("a", 1, 0, s)
-    >>> Upload.from_message(up.to_message()) == up
-    True
-    """
-
-    client: str
-    seq: int
-    base_version: int  # version of the global the client held when it made this upload
-    stats: SufficientStats
-
-    @property
-    def n_samples(self) -> float:
-        return self.stats.n
-
-    def to_message(self) -> dict[str, Any]:
-        """Plain fields and float64 arrays for a codec (`S_upper` is `(K, F(F+1)/2)`)."""
-        msg = {"client": self.client, "seq": int(self.seq), "base_version": int(self.base_version)}
-        msg.update(self.stats.to_packed())
-        return msg
-
-    @classmethod
-    def from_message(cls, msg: dict[str, Any]) -> Upload:
-        return cls(str(msg["client"]), int(msg["seq"]), int(msg["base_version"]),
-                   SufficientStats.from_packed(msg))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Upload):
-            return NotImplemented
-        same_id = (self.client, self.seq, self.base_version) == (other.client, other.seq, other.base_version)
-        return same_id and self.stats == other.stats
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-@dataclass(frozen=True)
-class GlobalModel:
-    """What the server broadcasts: the global sums, the hyperparameters and who is included.
-
-    `stats` has batch shape `(K,)`; `sigma`, `lam`, `log_evidence` are `(K,)` (one per kernel of
-    the dictionary; `K = 1` for one feature map); `included[client]` is the highest sequence number of
-    that client summed into `stats` (every lower one is summed too).
-
-    >>> g = GlobalModel(1, "v", 0, SufficientStats.zeros(2, (1,), "v"), np.ones(1), np.ones(1),
-    ...                 np.zeros(1), {"a": 3})
-    >>> g2 = GlobalModel.from_message(g.to_message())
-    >>> g2.included, g2.best_kernel
-    ({'a': 3}, 0)
-    """
-
-    version: int
-    kernel_version: str
-    epoch: int
-    stats: SufficientStats
-    sigma: np.ndarray
-    lam: np.ndarray
-    log_evidence: np.ndarray
-    included: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def best_kernel(self) -> int:
-        """Index of the kernel with the largest evidence."""
-        return int(np.argmax(self.log_evidence))
-
-    def to_message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"version": int(self.version)}
-        msg.update(self.stats.to_packed())
-        msg.update(sigma=np.asarray(self.sigma, dtype=np.float64).copy(),
-                   lam=np.asarray(self.lam, dtype=np.float64).copy(),
-                   log_evidence=np.asarray(self.log_evidence, dtype=np.float64).copy(),
-                   included={str(k): int(v) for k, v in self.included.items()})
-        return msg
-
-    @classmethod
-    def from_message(cls, msg: dict[str, Any]) -> GlobalModel:
-        stats = SufficientStats.from_packed(msg)
-        return cls(int(msg["version"]), stats.kernel_version, stats.epoch, stats,
-                   np.asarray(msg["sigma"], dtype=np.float64), np.asarray(msg["lam"], dtype=np.float64),
-                   np.asarray(msg["log_evidence"], dtype=np.float64),
-                   {str(k): int(v) for k, v in dict(msg["included"]).items()})
-
-
-# ============================================================================ evidence
-
-
-def log_evidence(stats: SufficientStats, sigma: float | np.ndarray, lam: float | np.ndarray) -> np.ndarray:
-    """Exact `log p(y)` from the sums, per kernel (Cholesky of `A`; `O(F³)`).
-
-    `-(n/2)log(2πσ²) - ½log|I + λ²σ⁻²S| - ½(σ⁻²q - σ⁻⁴bᵀA⁻¹b)` with `A = σ⁻²S + λ⁻²I`.
-
-    >>> s = SufficientStats.from_samples(np.array([[1.0], [2.0]]), np.array([0.5, 1.0]))
-    >>> direct = -0.5 * 2 * np.log(2 * np.pi) - 0.5 * np.log(np.linalg.det(np.eye(2) + [[1, 2], [2, 4]]))
-    >>> direct -= 0.5 * np.array([0.5, 1.0]) @ np.linalg.solve(np.eye(2) + [[1, 2], [2, 4]], [0.5, 1.0])
-    >>> bool(np.isclose(log_evidence(s, 1.0, 1.0), direct))
-    True
-    """
-    s_mat = stats.S.reshape((-1, stats.dim, stats.dim))
-    b = stats.b.reshape((-1, stats.dim))
-    kk = s_mat.shape[0]
-    sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (kk,))
-    lam_ = np.broadcast_to(np.asarray(lam, dtype=np.float64), (kk,))
-    out = np.empty(kk)
-    f = stats.dim
-    for k in range(kk):
-        s2, l2 = sig[k] ** 2, lam_[k] ** 2
-        a = s_mat[k] / s2 + np.eye(f) / l2
-        chol = np.linalg.cholesky(a)
-        u = np.empty(f)
-        kern.solve_rt(np.ascontiguousarray(chol.T), b[k] / s2, u, f)  # u = L⁻¹ σ⁻² b
-        logdet = 2.0 * np.log(np.diag(chol)).sum() + f * np.log(l2)
-        out[k] = (-0.5 * stats.n * np.log(2 * np.pi * s2) - 0.5 * logdet - 0.5 * (stats.q / s2 - u @ u))
-    return out.reshape(stats.batch_shape) if stats.batch_shape else out[0]
-
-
-def spectral_log_evidence(
-    eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, log_sigma: np.ndarray, log_lam: np.ndarray
-) -> np.ndarray:
-    """The same evidence in the eigenbasis of `S = U diag(e) Uᵀ` with `z = Uᵀb`: `O(F)` per point.
-
-    `log|I + λ²σ⁻²S| = Σ log(1 + λ²e_i/σ²)` and `σ⁻⁴bᵀA⁻¹b = Σ z_i² λ² / (σ²(σ² + λ²e_i))`.
-    `log_sigma`, `log_lam` broadcast against each other (e.g. a grid).
-    """
-    ls, ll = np.broadcast_arrays(np.asarray(log_sigma, dtype=np.float64),
-                                 np.asarray(log_lam, dtype=np.float64))
-    s2 = np.exp(2.0 * ls)[..., None]
-    l2 = np.exp(2.0 * ll)[..., None]
-    t = s2 + l2 * eigvals
-    logdet = np.log1p(l2 * eigvals / s2).sum(axis=-1)
-    quad = (q - (z2 * l2 / t).sum(axis=-1)) / s2[..., 0]
-    return -0.5 * n * np.log(2.0 * np.pi * s2[..., 0]) - 0.5 * logdet - 0.5 * quad
-
-
-MAX_CONDITION = 1e11  # largest condition number of a working precision the evidence fit may choose
-_LOG_MAX_COND = math.log(MAX_CONDITION)
-
-
-def fit_hyperparameters(
-    s_mat: np.ndarray, b: np.ndarray, n: float, q: float, *, grid: int = 21, levels: int = 6,
-    sigma_range: tuple[float, float] = (1e-4, 10.0), lam_range: tuple[float, float] = (1e-3, 1e3),
-) -> tuple[float, float, float]:
-    """Type-II maximum likelihood: `(σ, λ, log p(y))` maximising the exact evidence of one kernel.
-
-    One eigendecomposition of `S`, then a zooming grid search over `(log σ, log λ)`: each level
-    evaluates a `grid × grid` lattice (`O(F)` per point) and shrinks the box to ±2 cells around the
-    best point. The search box is relative to the data: `σ / rms(y) ∈ sigma_range`,
-    `λ · rms‖φ‖ / rms(y) ∈ lam_range` (`λ‖φ‖` is the prior scale of `φᵀw`).
-    Points where the posterior precision `σ⁻²S + λ⁻²I` would have a condition number above
-    `MAX_CONDITION` (`1 + λ²e_max/σ²`) are left out: there the evidence can still prefer them (a nearly
-    noise-free fit, e.g. a stream whose target repeats exactly), but no Cholesky factor of that precision
-    is trustworthy in float64.
-
-    >>> rng = np.random.default_rng(0)
-    >>> phi = rng.standard_normal((400, 3)); y = phi @ [1.0, -1.0, 0.5] + 0.1 * rng.standard_normal(400)
-    >>> st = SufficientStats.from_samples(phi, y)
-    >>> sigma, lam, lev = fit_hyperparameters(st.S, st.b, st.n, st.q)
-    >>> bool(0.08 < sigma < 0.12)
-    True
-    """
-    n, q = float(n), float(q)
-    if not (n > 0 and q > 0 and math.isfinite(q)):
-        raise ValueError("the evidence needs at least one sample with a non-zero target")
-    eigvals, vecs = np.linalg.eigh(np.asarray(s_mat, dtype=np.float64))
-    eigvals = np.clip(eigvals, 0.0, None)  # rounding (or DP noise) can leave tiny negative ones
-    z2 = (vecs.T @ np.asarray(b, dtype=np.float64)) ** 2
-    y_scale = math.sqrt(q / n)
-    f_scale = math.sqrt(max(float(eigvals.sum()) / n, 1e-300))
-    lo = np.array([math.log(y_scale * sigma_range[0]), math.log(y_scale / f_scale * lam_range[0])])
-    hi = np.array([math.log(y_scale * sigma_range[1]), math.log(y_scale / f_scale * lam_range[1])])
-    box_lo, box_hi = lo.copy(), hi.copy()
-    best = (0.5 * (lo + hi), -np.inf)
-    for _ in range(levels):
-        gs = np.linspace(box_lo[0], box_hi[0], grid)
-        gl = np.linspace(box_lo[1], box_hi[1], grid)
-        vals = spectral_log_evidence(eigvals, z2, n, q, gs[:, None], gl[None, :])
-        cond_ok = 2.0 * (gl[None, :] - gs[:, None]) + math.log(max(float(eigvals[-1]), 1e-300)) <= _LOG_MAX_COND
-        vals = np.where(np.isfinite(vals) & cond_ok, vals, -np.inf)
-        i, j = np.unravel_index(int(np.argmax(vals)), vals.shape)
-        if vals[i, j] >= best[1]:
-            best = (np.array([gs[i], gl[j]]), float(vals[i, j]))
-        step = (box_hi - box_lo) / (grid - 1)
-        box_lo = np.maximum(best[0] - 2 * step, lo)
-        box_hi = np.minimum(best[0] + 2 * step, hi)
-    (ls, ll), value = best
-    return math.exp(ls), math.exp(ll), value
-
-
-def ridge_loss(stats: SufficientStats, sigma: float | np.ndarray, lam: float | np.ndarray) -> np.ndarray:
-    """Loss of the best fixed ridge predictor in hindsight, per kernel:
-    `min_w Σ(y - φᵀw)² + (σ²/λ²)‖w‖² = q - bᵀ(S + (σ²/λ²)I)⁻¹b`."""
-    s_mat = stats.S.reshape((-1, stats.dim, stats.dim))
-    b = stats.b.reshape((-1, stats.dim))
-    kk = s_mat.shape[0]
-    sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (kk,))
-    lam_ = np.broadcast_to(np.asarray(lam, dtype=np.float64), (kk,))
-    out = np.array([stats.q - b[k] @ np.linalg.solve(s_mat[k] + (sig[k] / lam_[k]) ** 2 * np.eye(stats.dim),
-                                                      b[k]) for k in range(kk)])
-    return out.reshape(stats.batch_shape) if stats.batch_shape else out[0]
-
-
-# ============================================================================ metrics
-
-
-@dataclass
-class PrequentialMetrics:
-    """Running prequential (predict, then learn) metrics of a Gaussian predictive.
-
-    >>> m = PrequentialMetrics()
-    >>> m.update(0.0, 1.0, 0.5)
-    >>> m.count, m.mse, m.coverage95
-    (1, 0.25, 1.0)
-    >>> round(m.mean_nlpd, 6)
-    1.043939
-    """
-
-    count: int = 0
-    sq_loss: float = 0.0
-    covered: int = 0
-    nlpd_sum: float = 0.0
-
-    def update(self, mean: float, var: float, y: float) -> None:
-        r = y - mean
-        self.count += 1
-        self.sq_loss += r * r
-        self.covered += int(abs(r) <= Z95 * math.sqrt(var))
-        self.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
-
-    def update_many(self, mean: np.ndarray, var: np.ndarray, y: np.ndarray) -> None:
-        r = y - mean
-        self.count += int(r.shape[0])
-        self.sq_loss += float(r @ r)
-        self.covered += int(np.count_nonzero(np.abs(r) <= Z95 * np.sqrt(var)))
-        self.nlpd_sum += float((0.5 * np.log(2.0 * np.pi * var) + 0.5 * r * r / var).sum())
-
-    @property
-    def mse(self) -> float:
-        return self.sq_loss / self.count if self.count else math.nan
-
-    @property
-    def coverage95(self) -> float:
-        """Fraction of targets inside the central 95% predictive interval."""
-        return self.covered / self.count if self.count else math.nan
-
-    @property
-    def mean_nlpd(self) -> float:
-        """Mean negative log predictive density."""
-        return self.nlpd_sum / self.count if self.count else math.nan
-
-
 # ============================================================================ client
-
-
-class _DefaultFeatures:
-    """Gaussian RFF (one kernel per bandwidth) plus a bias feature, all kernels in one bank pass."""
-
-    def __init__(self, n_inputs: int, n_features: int, bandwidths: Sequence[float], seed: int) -> None:
-        specs = [KernelSpec("gaussian", float(bw)) for bw in bandwidths]
-        self.bank = RFFBank(specs, n_features, n_inputs, seed)
-        # Same string as RFFMap(bank, bias=True).version, so a hand-built single-kernel map agrees.
-        self.version = self.bank.version + "+b"
-        self.names = [f"{name}+b" for name in self.bank.kernel_names]
-        self._z = np.empty((self.bank.n_kernels, self.bank.dim))
-
-    @property
-    def n_kernels(self) -> int:
-        return self.bank.n_kernels
-
-    @property
-    def dim(self) -> int:
-        return self.bank.dim + 1
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        """`(K, F)` features of a contiguous float64 vector; `ValueError` for a wrong length or a
-        non-finite value (one numba call: this is the per-sample hot path)."""
-        if x.shape[0] != self.bank.n_inputs:
-            raise ValueError(f"expected an input of shape ({self.bank.n_inputs},), got {x.shape}")
-        out = np.empty((self.bank.n_kernels, self.dim))
-        if not kern.rff_bias_features(self.bank.frequency_matrix, x, self.bank.scratch, out):
-            raise ValueError("input contains a non-finite value")
-        return out
-
-    def transform_many(self, xs: np.ndarray) -> np.ndarray:
-        z = self.bank.transform_many(xs)
-        return np.concatenate([z, np.ones(z.shape[:2] + (1,))], axis=2)
-
-
-class _MapList:
-    """A user's feature map(s), stacked to `(K, F)`."""
-
-    def __init__(self, maps: Sequence[FeatureMap]) -> None:
-        self.maps = list(maps)
-        dims = {int(m.dim) for m in self.maps}
-        if len(dims) != 1:
-            raise ValueError(f"all feature maps of a dictionary must have the same dim, got {sorted(dims)}")
-        self.dim = dims.pop()
-        self.n_kernels = len(self.maps)
-        versions = [str(m.version) for m in self.maps]
-        self.version = versions[0] if len(versions) == 1 else hashlib.sha256(
-            "|".join(versions).encode()).hexdigest()[:16]
-        self.names = [str(getattr(m, "name", None) or v) for m, v in zip(self.maps, versions, strict=True)]
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        out = np.empty((self.n_kernels, self.dim))
-        for k, m in enumerate(self.maps):
-            out[k] = m.transform_one(x)
-        return out
-
-    def transform_many(self, xs: np.ndarray) -> np.ndarray:
-        out = np.empty((xs.shape[0], self.n_kernels, self.dim))
-        for k, m in enumerate(self.maps):
-            many = getattr(m, "transform_many", None)
-            out[:, k] = many(xs) if many is not None else np.stack([m.transform_one(x) for x in xs])
-        return out
 
 
 class FedBNRClient:
@@ -473,19 +125,8 @@ class FedBNRClient:
         local_hyperparameters: bool = False,
         client_id: str = "client",
     ) -> None:
-        if feature_map is None:
-            if n_inputs is None:
-                raise ValueError("give a feature_map or n_inputs to build the default RFF map")
-            bws = [float(bandwidth)] if np.isscalar(bandwidth) else [float(b) for b in bandwidth]  # type: ignore[union-attr]
-            if not bws:
-                raise ValueError("a bandwidth dictionary needs at least one bandwidth")
-            self._features: _DefaultFeatures | _MapList = _DefaultFeatures(
-                int(n_inputs), int(n_features), bws, int(seed))
-        else:
-            maps = [feature_map] if isinstance(feature_map, FeatureMap) else list(feature_map)
-            if not maps:
-                raise ValueError("a kernel dictionary needs at least one feature map")
-            self._features = _MapList(maps)
+        self._features = client_features(feature_map, n_inputs=n_inputs, n_features=n_features,
+                                         bandwidth=bandwidth, seed=seed)
         # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
         self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
             self._features.bank.frequency_matrix, self._features.bank.scratch, self._features.bank.n_inputs)
@@ -507,7 +148,7 @@ class FedBNRClient:
         self.epoch = 0
         kk, f = self._features.n_kernels, self._features.dim
         self.n_kernels, self.dim = kk, f
-        sigma0, lam0 = _check_positive("sigma", sigma), _check_positive("lam", lam)
+        sigma0, lam0 = check_positive("sigma", sigma), check_positive("lam", lam)
         # All per-sample state in one packed float64 buffer (see _fedbnr_kernels.packed_layout): the
         # prequential step is then one numba call with three arguments. The attributes below are views.
         d, nd = (0, 0) if self._fast is None else self._fast[0].shape
@@ -722,7 +363,7 @@ class FedBNRClient:
         learn `(x, y)` — the same as :meth:`predict` then :meth:`learn`, in one numba call on the default
         RFF map (the per-sample hot path). Bad input raises `ValueError` and changes nothing."""
         if type(y) is not float:
-            y = self._check_target(y)
+            y = check_target(y)
         xf = self._fast_input(x)
         if xf is None:
             mu, var = self.predict(x)
@@ -771,19 +412,9 @@ class FedBNRClient:
         return means, variances
 
     # ------------------------------------------------------------------ learning
-    @staticmethod
-    def _check_target(y: Any) -> float:
-        try:
-            y = float(y)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"target must be a number, got {y!r}") from exc
-        if not math.isfinite(y * y):  # y² enters q: reject what would overflow it too
-            raise ValueError(f"target must be finite (and |y| < 1e154), got {y!r}")
-        return y
-
     def learn(self, x: np.ndarray, y: float) -> None:
         """Predict `x` (prequential metrics), then add `(x, y)`: `O(F²)` per kernel."""
-        y = self._check_target(y)  # a Python float from here on: numpy scalar arithmetic is slow
+        y = check_target(y)  # a Python float from here on: numpy scalar arithmetic is slow
         cache = self._cache
         if cache is not None:
             x = np.ascontiguousarray(x, dtype=np.float64)
@@ -796,7 +427,7 @@ class FedBNRClient:
 
     def learn_features(self, phi: np.ndarray, y: float) -> None:
         """:meth:`learn` for precomputed features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
-        y = self._check_target(y)
+        y = check_target(y)
         phi = np.array(phi, dtype=np.float64)
         if phi.size != self.n_kernels * self.dim or not kern.all_finite(phi.reshape(-1)):
             raise ValueError(f"features must be finite with {self.n_kernels}x{self.dim} values")
@@ -851,7 +482,7 @@ class FedBNRClient:
         xs = np.asarray(xs, dtype=np.float64)
         if xs.ndim != 2 or ys.shape != (xs.shape[0],):
             raise ValueError(f"expected xs (T, d) and ys (T,), got {xs.shape} and {ys.shape}")
-        if not _all_finite_squares(ys):
+        if not all_finite_squares(ys):
             raise ValueError("targets must be finite")
         return self.learn_features_many(self.features_many(xs), ys)
 
@@ -861,8 +492,8 @@ class FedBNRClient:
         ys = np.ascontiguousarray(ys, dtype=np.float64)
         t = ys.shape[0]
         phis = phis.reshape(t, self.n_kernels, self.dim)
-        if not (np.all(np.isfinite(phis)) and _all_finite_squares(ys)
-                and _all_finite_products(phis, ys[:, None, None])):
+        if not (np.all(np.isfinite(phis)) and all_finite_squares(ys)
+                and all_finite_products(phis, ys[:, None, None])):
             raise ValueError("features and targets must be finite")
         means = np.empty(t)
         variances = np.empty(t)
@@ -1140,8 +771,8 @@ class FedBNRServer:
     ) -> None:
         self.dim, self.n_kernels = int(dim), int(n_kernels)
         self.kernel_version, self.epoch = str(kernel_version), int(epoch)
-        self.sigma = np.full(self.n_kernels, _check_positive("sigma", sigma))
-        self.lam = np.full(self.n_kernels, _check_positive("lam", lam))
+        self.sigma = np.full(self.n_kernels, check_positive("sigma", sigma))
+        self.lam = np.full(self.n_kernels, check_positive("lam", lam))
         self.fit = bool(fit_hyperparameters)
         self.min_samples = int(min_samples)
         self.max_buffered = int(max_buffered)
@@ -1280,12 +911,12 @@ class FedBNRRegressor(base.Regressor):
         # Validate now so a bad parameter fails at construction, not at the first sample.
         if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
             raise ValueError("n_features, sync_every and n_kernels must be >= 1")
-        _check_positive("sigma", sigma)
-        _check_positive("lam", lam)
+        check_positive("sigma", sigma)
+        check_positive("lam", lam)
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         for bw in (bandwidth if isinstance(bandwidth, tuple) else () if bandwidth is None else (bandwidth,)):
-            _check_positive("bandwidth", bw)
+            check_positive("bandwidth", bw)
         self._keys: list[Any] | None = None
         self.client: FedBNRClient | None = None
         self.server: FedBNRServer | None = None
@@ -1324,14 +955,14 @@ class FedBNRRegressor(base.Regressor):
         if self.client is None:
             keys = sorted_keys(x)
             dict_to_vector(keys, x)  # validate before building anything
-            FedBNRClient._check_target(y)  # noqa: SLF001 (same module)
+            check_target(y)
             self._build(keys)
         assert self.client is not None and self._keys is not None
         xv = dict_to_vector(self._keys, x)
         if self._scales is None:
             self.client.learn(xv, y)  # type: ignore[arg-type]
         else:
-            FedBNRClient._check_target(y)  # noqa: SLF001 (same module)
+            check_target(y)
             self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
         if self.client.n_pending >= int(self.sync_every):
             self._sync()
@@ -1368,14 +999,14 @@ class FedBNRRegressor(base.Regressor):
             arr = np.asarray(xs[keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
             ys_arr = np.asarray(ys, dtype=np.float64)
             if arr.ndim != 2 or ys_arr.shape != (arr.shape[0],) or not np.all(np.isfinite(arr)) \
-                    or not _all_finite_squares(ys_arr):
+                    or not all_finite_squares(ys_arr):
                 raise ValueError(f"expected finite xs (T, d) and ys (T,), got {arr.shape} and {ys_arr.shape}")
             self._build(keys)
         assert self.client is not None
         arr = self._matrix(xs)
         ys_arr = np.asarray(ys, dtype=np.float64)
         phis = self.client.features_many(arr)  # validates everything before any state changes
-        if ys_arr.shape != (arr.shape[0],) or not _all_finite_squares(ys_arr):
+        if ys_arr.shape != (arr.shape[0],) or not all_finite_squares(ys_arr):
             raise ValueError(f"expected finite targets of shape ({arr.shape[0]},), got {ys_arr.shape}")
         if self._scales is not None:
             # as a loop of learn_one: past-only scales; rows before the scales are usable only set them

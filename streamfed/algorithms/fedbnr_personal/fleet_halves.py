@@ -13,7 +13,7 @@ import numpy as np
 
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fedbnr.aggregation import check_statistics
-from streamfed.algorithms.fedbnr.learner import ridge_loss
+from streamfed.algorithms.fedbnr.metrics import ridge_loss
 from streamfed.algorithms.fedbnr_personal.learner import (
     FedBNRHierClient,
     FedBNRHierMixClient,

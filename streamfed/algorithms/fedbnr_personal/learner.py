@@ -69,14 +69,10 @@ import numpy as np
 from scipy import linalg, optimize
 
 from streamfed.algorithms.fedbnr import _kernels as kern
-from streamfed.algorithms.fedbnr.learner import (
-    PrequentialMetrics,
-    _check_positive,
-    _DefaultFeatures,
-    _MapList,
-    fit_hyperparameters,
-    spectral_log_evidence,
-)
+from streamfed.algorithms.fedbnr.checks import check_positive
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_log_evidence
+from streamfed.algorithms.fedbnr.features import _DefaultFeatures, _MapList
+from streamfed.algorithms.fedbnr.metrics import PrequentialMetrics
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.core.features import FeatureMap
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
@@ -436,9 +432,9 @@ class FedBNRHierClient:
             raise ValueError(f"own_forgetting must be in (0, 1], got {own_forgetting!r}")
         self.fit_sigma = bool(fit_sigma)
         self.min_upload = int(min_upload)
-        self.sigma = _check_positive("sigma", sigma)
-        self.lam = _check_positive("lam", lam)
-        self.tau = _check_positive("tau", tau)
+        self.sigma = check_positive("sigma", sigma)
+        self.lam = check_positive("lam", lam)
+        self.tau = check_positive("tau", tau)
         self._s_pend = np.zeros((f, f))  # upper triangle
         self._b_pend = np.zeros(f)
         self._s_own = np.zeros((f, f))  # upper triangle: all own samples, weighted with own_forgetting
@@ -715,9 +711,9 @@ class FedBNRHierServer:
         self.kernel_version = kernel_version
         self.epoch = int(epoch)
         self.forgetting = float(forgetting)
-        self.sigma = _check_positive("sigma", sigma)
-        self.lam = _check_positive("lam", lam)
-        self.tau = _check_positive("tau", tau)
+        self.sigma = check_positive("sigma", sigma)
+        self.lam = check_positive("lam", lam)
+        self.tau = check_positive("tau", tau)
         self.fit = bool(fit_hyperparameters)
         self.min_samples = int(min_samples)
         self.max_buffered = int(max_buffered)

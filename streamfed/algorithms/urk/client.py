@@ -26,7 +26,9 @@ import numpy as np
 
 from streamfed.algorithms.base import NonFiniteError, Update
 from streamfed.algorithms.chunks import split_vector
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, GlobalModel, ridge_loss
+from streamfed.algorithms.fedbnr.learner import FedBNRClient
+from streamfed.algorithms.fedbnr.messages import GlobalModel
+from streamfed.algorithms.fedbnr.metrics import ridge_loss
 from streamfed.algorithms.urk.messages import URKGlobal
 from streamfed.algorithms.urk.network import URKFeatureMap, URKWeights
 from streamfed.algorithms.urk.wire import chunk_update, stats_update
