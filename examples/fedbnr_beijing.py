@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.algorithms.fedbnr_personal.learner import (
     FedBNRHierClient,
     FedBNRHierMixClient,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.fedbnr.evidence import log_evidence
-from streamfed.algorithms.fedbnr.learner import FedBNRClient
 from streamfed.algorithms.fedbnr_personal.learner import (
     FedBNRHierClient,
     FedBNRHierServer,

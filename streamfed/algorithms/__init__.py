@@ -37,12 +37,16 @@ DEFAULT = "pofmkl"  # what the demo and the CLI run when nobody says
 # Where built-in families' classes went when their modules moved, (old module, name) → new module: a state file
 # written before a move pickles the old path (streamfed.fleet.persistence follows this map when it loads one).
 MOVED_NAMES: dict[tuple[str, str], str] = {
-    # FedBNR: learner.py split into a module per idea
+    # FedBNR: learner.py split into a module per idea; agent.py's Learner became learner.py
+    ("streamfed.algorithms.fedbnr.learner", "FedBNRClient"): "streamfed.algorithms.fedbnr.client",
+    ("streamfed.algorithms.fedbnr.learner", "FedBNRServer"): "streamfed.algorithms.fedbnr.server",
+    ("streamfed.algorithms.fedbnr.learner", "FedBNRRegressor"): "streamfed.algorithms.fedbnr.estimator",
     ("streamfed.algorithms.fedbnr.learner", "Upload"): "streamfed.algorithms.fedbnr.messages",
     ("streamfed.algorithms.fedbnr.learner", "GlobalModel"): "streamfed.algorithms.fedbnr.messages",
     ("streamfed.algorithms.fedbnr.learner", "PrequentialMetrics"): "streamfed.algorithms.fedbnr.metrics",
     ("streamfed.algorithms.fedbnr.learner", "_DefaultFeatures"): "streamfed.algorithms.fedbnr.features",
     ("streamfed.algorithms.fedbnr.learner", "_MapList"): "streamfed.algorithms.fedbnr.features",
+    ("streamfed.algorithms.fedbnr.agent", "StatsLearner"): "streamfed.algorithms.fedbnr.learner",
 }
 _LOADED: dict[str, Algorithm] = {}
 

@@ -1,1039 +1,145 @@
-"""Online FedBNR: federated Bayesian linear regression on random features (docs/algorithms.md §3).
-
-Model: `y = φ(x)ᵀw + ε`, prior `w ~ N(0, λ²I)`, noise `ε ~ N(0, σ²)`. Everything the fleet needs is
-the additive statistics `(S, b, n, q)` of :mod:`streamfed.core.stats`.
-
-Pieces, from the edge inwards:
-
-- :class:`FedBNRClient` — the client half. It keeps the statistics of samples it has not uploaded yet
-  (*pending*), the uploads the server has not acknowledged yet (*unacked*) and a working posterior
-  `global + unacked + pending` as the Cholesky factor of an augmented precision matrix (see
-  :mod:`._fedbnr_kernels`), updated by one rank-one Cholesky update per sample (`O(F²)`).
-  :meth:`FedBNRClient.make_upload` turns at least `min_upload` pending samples into an :class:`Upload`
-  (delta statistics + per-client sequence number); :meth:`FedBNRClient.apply_global` installs a
-  :class:`GlobalModel` (one refactorisation) without counting twice the uploads the global already
-  contains (`GlobalModel.included[client]` is the highest sequence number summed, all lower ones
-  included too).
-- :class:`FedBNRServer` — the server half: sums uploads idempotently (a `(client, seq)` pair is
-  applied once; out-of-order ones wait for the gap to fill), fits `σ, λ` per kernel by maximising the
-  exact log evidence of the global sums (:func:`fit_hyperparameters`) and publishes versioned globals.
-- :class:`FedBNRRegressor` — River's regressor protocol over one client and a private server (the
-  "local-only" learner; the federated runtime uses the two halves directly).
-
-Kernel dictionary: with `K` feature maps of the same size `F` all statistics carry a leading `K` axis;
-each kernel has its own `σ_k, λ_k`; prediction is the Bayesian model average with weights
-`∝ exp(log p_k(y))`, each kernel's evidence of the client's working statistics (computed in the log
-domain), moment-matched to one Gaussian.
-
-Forgetting (`forgetting = γ < 1`, for drifting streams) acts on the client's *working posterior only*;
-uploads and the global stay exact sums. Before each local sample the augmented precision is multiplied
-by `γ` (factor scaled by `√γ`: `A, h, c` and the prior all decay), then the sample is added. So every
-piece of information enters the working posterior once — an own sample when observed, other clients'
-samples when a global containing them arrives — and then loses a factor `γ` per local sample. To keep
-the prior from vanishing with it, the precision it loses on average, `(1-γ)λ⁻²` per coordinate per
-sample, is given back as one extra rank-one update `F(1-γ)λ⁻² e_j e_jᵀ` on coordinate `j = t mod F`
-(cyclic refresh, still `O(F²)`): the prior stays diagonal, equal to `λ⁻²I` on average, each entry
-oscillating within a factor `γ^F` over a cycle. With forgetting, "evidence" (used for the dictionary
-weights) is that of the decayed statistics, a heuristic.
-
-Personalisation (optional, client side): with `others_weight = α < 1` a client tempers the *other*
-clients' statistics in its working posterior, `p(w) ∝ N(0, λ²I) · L_own(w) · L_others(w)^α` (a power
-prior): `S_work = S_own + α (S_global - S_own∩global)`, likewise `b, n, q`. `α = 1` (default) is exact
-FedBNR — the centralised posterior; `α = 0` is local-only. `others_weight="auto"` picks α from
-:data:`OTHERS_WEIGHT_GRID` at every new global by maximising the evidence of the client's own data
-under that prior, `log Z(α·others + own) - log Z(α·others)` (empirical Bayes). Uploads and the global
-are never tempered, so the server's sums stay exact.
-"""
+"""The :class:`~streamfed.algorithms.base.Learner` of FedBNR — what an agent runs (docs/algorithms.md §3): the
+client half, publishing its delta statistics whenever at least `min_upload` samples are pending (the privacy
+floor). Order-free: it never waits for a round, and the learner numbers its own uploads (it keeps them until
+a global includes them)."""
 
 from __future__ import annotations
 
 import copy
-import math
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-from river import base
 
-from streamfed.algorithms.fedbnr import _layout as lay
-from streamfed.algorithms.fedbnr._compiled import kern
-from streamfed.algorithms.fedbnr.checks import all_finite_products, all_finite_squares, check_positive, check_target
-from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
-from streamfed.algorithms.fedbnr.features import _DefaultFeatures, client_features
-from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
-from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, ridge_loss
-from streamfed.algorithms.in_order import apply_in_order
-from streamfed.core.features import FeatureMap, standardised_dictionary
-from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
-from streamfed.core.standardise import StreamScales
-from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
+from streamfed.algorithms.base import Regret, Update, UploadSensitivity
+from streamfed.algorithms.fedbnr.messages import GlobalModel
+from streamfed.algorithms.fedbnr.wire import global_fields
+from streamfed.wire.message import Message
 
-if TYPE_CHECKING:
-    from river.proba import Gaussian
+__all__ = ["StatsLearner"]
 
 
-__all__ = ["FedBNRClient", "FedBNRServer", "FedBNRRegressor"]
+class StatsLearner:
+    """The :class:`~streamfed.algorithms.base.Learner` of FedBNR: `predict` gives the posterior predictive
+    mean and variance, `begin_learn` predicts, `end_learn` makes the rank-one update (so the prediction is
+    published before the O(F²) work).
 
-_STAGE = 32  # pending rows folded into the scatter at once
-#: Candidate power-prior weights of the other clients' statistics for `others_weight="auto"`.
-OTHERS_WEIGHT_GRID: tuple[float, ...] = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
-
-
-# ============================================================================ client
-
-
-class FedBNRClient:
-    """The client half of online FedBNR.
-
-    Give it a feature map (or a list of maps of equal size for a kernel dictionary), or let it build
-    the default Gaussian RFF + bias map from `n_inputs`, `n_features` (`D`, so `F = 2D + 1`),
-    `bandwidth` (a float, or a sequence of floats for a Gaussian bandwidth dictionary) and `seed`.
-
-    >>> rng = np.random.default_rng(0)
-    >>> X = rng.uniform(-2, 2, (200, 1)); y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(200)
-    >>> client = FedBNRClient(n_inputs=1, n_features=20, bandwidth=0.5, sigma=0.1, lam=1.0)
-    >>> for xi, yi in zip(X, y):
-    ...     client.learn(xi, yi)
-    >>> mean, var = client.predict(np.array([0.5]))
-    >>> bool(abs(mean - np.sin(1.0)) < 0.1 and 0.1**2 < var < 0.05)
-    True
-    >>> up = client.make_upload()           # 200 >= min_upload=32 pending samples
-    >>> up.seq, up.n_samples, client.n_pending
-    (1, 200.0, 0)
-    >>> server = FedBNRServer.for_client(client)
-    >>> server.apply(up), server.apply(up)  # the duplicate changes nothing
-    (True, False)
-    >>> client.apply_global(server.publish())
-    True
-    >>> bool(abs(client.predict(np.array([0.5]))[0] - mean) < 0.05)  # refitted σ, λ; same data
-    True
+    >>> from streamfed.algorithms.fedbnr.client import FedBNRClient
+    >>> learner = StatsLearner(FedBNRClient(n_inputs=1, n_features=4, min_upload=2))
+    >>> learner.learn(np.array([0.1]), 1.0), learner.take_update()
+    ((0.0, 3.0), None)
+    >>> _ = learner.learn(np.array([0.2]), 1.0)
+    >>> up = learner.take_update()
+    >>> up.seq, up.n_samples, float(up.arrays["n"])
+    (1, 2, 2.0)
     """
 
-    def __init__(
-        self,
-        feature_map: FeatureMap | Sequence[FeatureMap] | None = None,
-        *,
-        n_inputs: int | None = None,
-        n_features: int = 64,
-        bandwidth: float | Sequence[float] = 1.0,
-        seed: int = 0,
-        sigma: float = 1.0,
-        lam: float = 1.0,
-        min_upload: int = 32,
-        forgetting: float = 1.0,
-        others_weight: float | str = 1.0,
-        local_hyperparameters: bool = False,
-        client_id: str = "client",
-    ) -> None:
-        self._features = client_features(feature_map, n_inputs=n_inputs, n_features=n_features,
-                                         bandwidth=bandwidth, seed=seed)
-        # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
-        self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
-            self._features.bank.frequency_matrix, self._features.bank.scratch, self._features.bank.n_inputs)
-        if not (0.0 < float(forgetting) <= 1.0):
-            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
-        if int(min_upload) < 1:
-            raise ValueError(f"min_upload must be >= 1, got {min_upload!r}")
-        self.auto_weight = others_weight == "auto"
-        if not self.auto_weight and not (0.0 <= float(others_weight) <= 1.0):
-            raise ValueError(f"others_weight must be in [0, 1] or 'auto', got {others_weight!r}")
-        # α of the power prior on the other clients' statistics (see the module docstring).
-        self.others_weight = 1.0 if self.auto_weight else float(others_weight)
-        # Refit σ, λ on this client's working statistics at every global instead of taking the global's.
-        self.local_hyperparameters = bool(local_hyperparameters)
-        self.client_id = str(client_id)
-        self.min_upload = int(min_upload)
-        self.forgetting = float(forgetting)
-        self.kernel_version = self._features.version
-        self.epoch = 0
-        kk, f = self._features.n_kernels, self._features.dim
-        self.n_kernels, self.dim = kk, f
-        sigma0, lam0 = check_positive("sigma", sigma), check_positive("lam", lam)
-        # All per-sample state in one packed float64 buffer (see _fedbnr_kernels.packed_layout): the
-        # prequential step is then one numba call with three arguments. The attributes below are views.
-        d, nd = (0, 0) if self._fast is None else self._fast[0].shape
-        self._layout, size = lay.packed_layout(kk, f, _STAGE, d, nd)
-        self._buf = np.zeros(size)
-        lay.write_header(self._buf, self._layout, kk, f, _STAGE, d, nd)
-        self._bind_views()
-        if self._fast is not None:
-            self._wt[...] = self._fast[0]  # a copy of the (constant) frequencies, for the packed kernels
-        self._pdiag[...] = 1.0  # prior precision / λ⁻², per coordinate (≠ 1 only with forgetting)
-        self.sigma[:] = sigma0
-        self.lam[:] = lam0
-        # Pending statistics: upper triangle of S only, kept exact and undecayed (they are uploaded);
-        # rows are staged and folded into the scatter _STAGE at a time (see _fedbnr_kernels.flush).
-        # Working posterior: augmented upper factor per kernel (`_ra`), and the working n, q.
-        self._unacked: dict[int, Upload] = {}
-        self._own_uploaded = SufficientStats.zeros(f, (kk,), self.kernel_version, self.epoch)
-        self._global: GlobalModel | None = None
-        self._next_seq = 1
-        self._cache: tuple[np.ndarray, np.ndarray, float, float] | None = None
-        self.metrics = PrequentialMetrics()
-        self._rebuild(np.zeros((kk, f, f)), np.zeros((kk, f)), 0.0, self.sigma, self.lam, self._pdiag)
-
-    # ------------------------------------------------------------------ packed state
-    _VIEWS = {"_ra": "ra", "_s_pend": "s_pend", "_b_pend": "b_pend", "_stage": "stage", "_stage_y": "stage_y",
-              "_work": "work", "_phi": "phi", "_means": "means", "_vars": "vars", "_logw": "logw",
-              "sigma": "sigma", "_inv_sigma": "inv_sigma", "lam": "lam", "_refresh": "refresh",
-              "_pdiag": "pdiag", "_wt": "wt"}
-
-    def _bind_views(self) -> None:
-        kk, f = self.n_kernels, self.dim
-        shapes = {"ra": (kk, f + 1, f + 1), "s_pend": (kk, f, f), "b_pend": (kk, f), "stage": (kk, f, _STAGE),
-                  "phi": (kk, f), "pdiag": (kk, f)}
-        if self._fast is not None:
-            shapes["wt"] = self._fast[0].shape
-        for attr, block in self._VIEWS.items():
-            view = self._buf[slice(*self._layout[block])]
-            self.__dict__[attr] = view.reshape(shapes[block]) if block in shapes else view
-
-    def __getstate__(self) -> dict:
-        # The views are rebuilt on load: pickled, each would be copied and cut off the buffer.
-        state = dict(self.__dict__)
-        for attr in self._VIEWS:
-            state.pop(attr, None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        if "_buf" not in state:  # pickled before the packed buffer (separate arrays and scalars)
-            state = self._migrate_state(state)
-        self.__dict__.update(state)
-        self._bind_views()
-
-    _SCALARS = {"_n_work": lay.H_N_WORK, "_q_work": lay.H_Q_WORK, "_staged": lay.H_STAGED,
-                "_n_pend": lay.H_N_PEND, "_q_pend": lay.H_Q_PEND, "_refresh_j": lay.H_REFRESH_J,
-                "_sqrt_gamma": lay.H_SQRT_GAMMA, "_logw_dirty": lay.H_DIRTY}
-
-    @classmethod
-    def _migrate_state(cls, state: dict) -> dict:
-        """A state of the earlier layout (each array and scalar its own attribute) in the packed layout."""
-        state = dict(state)
-        kk, f = int(state["n_kernels"]), int(state["dim"])
-        fast = state.get("_fast")
-        d, nd = (0, 0) if fast is None else fast[0].shape
-        layout, size = lay.packed_layout(kk, f, _STAGE, d, nd)
-        buf = np.zeros(size)
-        lay.write_header(buf, layout, kk, f, _STAGE, d, nd)
-        for attr, block in cls._VIEWS.items():
-            if attr == "_wt":
-                value = None if fast is None else fast[0]
-            else:
-                value = state.pop(attr, None)
-            if value is not None:
-                buf[slice(*layout[block])] = np.asarray(value, dtype=np.float64).reshape(-1)
-        for attr, slot in cls._SCALARS.items():
-            buf[slot] = float(state.pop(attr, 0.0))
-        buf[lay.H_GAMMA] = float(state["forgetting"])
-        state.pop("_inv_sigma", None)
-        state["_layout"], state["_buf"] = layout, buf
-        return state
-
-    def _header_property(slot: int, kind: type = float) -> property:  # type: ignore[misc]  # noqa: N805
-        def get(self: FedBNRClient) -> Any:
-            return kind(self._buf[slot])
-
-        def put(self: FedBNRClient, value: Any) -> None:
-            self._buf[slot] = value
-
-        return property(get, put)
-
-    # Running scalars, stored in the packed buffer's header.
-    _n_work = _header_property(lay.H_N_WORK)
-    _q_work = _header_property(lay.H_Q_WORK)
-    _staged = _header_property(lay.H_STAGED, int)
-    _n_pend = _header_property(lay.H_N_PEND, int)
-    _q_pend = _header_property(lay.H_Q_PEND)
-    _refresh_j = _header_property(lay.H_REFRESH_J, int)
-    _sqrt_gamma = _header_property(lay.H_SQRT_GAMMA)
-    _logw_dirty = _header_property(lay.H_DIRTY, bool)
-    del _header_property
-
-    # ------------------------------------------------------------------ introspection
-    @property
-    def kernel_names(self) -> list[str]:
-        return list(self._features.names)
-
-    @property
-    def n_pending(self) -> int:
-        """Samples learned since the last upload."""
-        return self._n_pend
-
-    @property
-    def unacked(self) -> list[Upload]:
-        """Uploads not yet contained in the latest global (e.g. to resend after a reconnect)."""
-        return [self._unacked[s] for s in sorted(self._unacked)]
+    def __init__(self, client: Any, phi_sq: float | None = None) -> None:
+        self.client = client
+        self.phi_sq = phi_sq  # max ‖φ(x)‖² over inputs, where the feature map bounds it (differential privacy)
+        self._posteriors: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None  # (global version, (m, A⁻¹))
+        self._pending: tuple[np.ndarray, float] | None = None
 
     @property
     def global_version(self) -> int:
-        """Version of the global installed (0: none yet)."""
-        return 0 if self._global is None else self._global.version
+        return int(self.client.global_version)
 
     @property
-    def next_seq(self) -> int:
-        return self._next_seq
-
-    def features(self, x: np.ndarray) -> np.ndarray:
-        """`φ(x)` for every kernel, shape `(K, F)` (validated: a `ValueError` for bad input)."""
-        x = np.ascontiguousarray(x, dtype=np.float64)
-        if x.ndim != 1 or not kern.all_finite(x):
-            raise ValueError(f"input must be a finite 1-d vector, got shape {x.shape}"
-                             + ("" if x.ndim != 1 else " with a non-finite value"))
-        phi = self._features.transform(x)
-        if isinstance(self._features, _DefaultFeatures):
-            return phi  # shape and finiteness checked inside
-        phi = np.ascontiguousarray(phi, dtype=np.float64)
-        if phi.shape != (self.n_kernels, self.dim) or not kern.all_finite(phi.reshape(-1)):
-            raise ValueError("the feature map produced a non-finite or wrongly shaped feature vector")
-        return phi
-
-    def features_many(self, xs: np.ndarray) -> np.ndarray:
-        """`φ` of each row of `xs`: `(T, K, F)`."""
-        xs = np.asarray(xs, dtype=np.float64)
-        if xs.ndim != 2 or not np.all(np.isfinite(xs)):
-            raise ValueError(f"inputs must be a finite (T, d) array, got shape {xs.shape}")
-        if xs.shape[0] == 0:
-            return np.empty((0, self.n_kernels, self.dim))
-        phis = self._features.transform_many(xs)
-        if phis.shape != (xs.shape[0], self.n_kernels, self.dim) or not np.all(np.isfinite(phis)):
-            raise ValueError("the feature map produced non-finite or wrongly shaped features")
-        return phis
-
-    # ------------------------------------------------------------------ prediction
-    def _log_weights(self) -> np.ndarray:
-        if self.n_kernels > 1 and self._logw_dirty:
-            for k in range(self.n_kernels):
-                self._logw[k] = kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k],
-                                                              self.lam[k])
-            self._logw_dirty = False
-        return self._logw
-
-    def kernel_weights(self) -> np.ndarray:
-        """Bayesian-model-average weights of the kernels (each ∝ its working evidence)."""
-        lw = self._log_weights()
-        w = np.exp(lw - lw.max())
-        return w / w.sum()
-
-    def log_evidence(self) -> np.ndarray:
-        """Log evidence of the working statistics per kernel (`O(F)` each, from the factor)."""
-        return np.array([kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k], self.lam[k])
-                         for k in range(self.n_kernels)])
+    def kernel_names(self) -> Sequence[str]:
+        return self.client.kernel_names
 
     @property
-    def best_kernel(self) -> int:
-        """Index of the kernel with the largest working evidence."""
-        return int(np.argmax(self.log_evidence()))
+    def kernel_weights(self) -> np.ndarray | None:
+        return self.client.kernel_weights()
 
-    def predict_features(self, phi: np.ndarray) -> tuple[float, float]:
-        """Predictive `(mean, variance)` for features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
-        if phi.ndim != 2 or not phi.flags.c_contiguous or phi.dtype != np.float64:
-            phi = np.ascontiguousarray(phi, dtype=np.float64).reshape(self.n_kernels, self.dim)
-        return kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
-                                    self._means, self._vars)
+    def regret(self) -> Regret:
+        d = self.client.regret()
+        return Regret(float(d["n"]), float(d["loss"]), float(d["ridge_loss"]), int(d.get("best_ridge_kernel", -1)))
 
-    def _fast_input(self, x: Any) -> np.ndarray | None:
-        """`x` itself when the packed numba path can take it (default map, float64 vector of the right
-        length), else `None`."""
-        if (self._fast is not None and type(x) is np.ndarray and x.dtype == np.float64 and x.ndim == 1
-                and x.shape[0] == self._fast[2]):
-            return x
-        return None
+    def diagnostics(self) -> dict[str, float]:
+        """The log evidence of the best kernel's working posterior (O(K·F³): read it per upload)."""
+        return {"log_evidence": float(np.max(self.client.log_evidence()))}
 
-    def predict(self, x: np.ndarray) -> tuple[float, float]:
-        """Predictive `(mean, variance)` at `x`: `N(φᵀm, σ² + φᵀA⁻¹φ)` (moment-matched over kernels)."""
-        xf = self._fast_input(x)
-        if xf is not None:
-            # Hot path: features and predictive in one numba call on the packed state.
-            ok, mu, var = kern.packed_predict(self._buf, xf)
-            if not ok:
-                raise ValueError("input contains a non-finite value")
-            x = xf.copy()  # our own copy (it is cached: the caller may change x before learn)
-        else:
-            x = np.array(x, dtype=np.float64)
-            phi = self.features(x)
-            mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
-                                           self._means, self._vars)
-            self._phi[...] = phi
-        # learn(x, y) right after predict(x) reuses this; while it is set, `_phi` holds φ(x).
-        self._cache = (x, mu, var)
-        return mu, var
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        mean, var = self.client.predict(x)
+        return float(mean), float(var)
 
-    def learn_predict(self, x: np.ndarray, y: float) -> tuple[float, float]:
-        """One prequential step: the predictive `(mean, variance)` at `x` made *before* learning, then
-        learn `(x, y)` — the same as :meth:`predict` then :meth:`learn`, in one numba call on the default
-        RFF map (the per-sample hot path). Bad input raises `ValueError` and changes nothing."""
-        if type(y) is not float:
-            y = check_target(y)
-        xf = self._fast_input(x)
-        if xf is None:
-            mu, var = self.predict(x)
-            self.learn(x, y)
-            return mu, var
-        status, mu, var = kern.packed_step(self._buf, xf, y)
-        if status:
-            self._cache = None
-            raise ValueError("input contains a non-finite value" if status == 1 else
-                             f"target must be finite (and |y| < 1e154), got {y!r}, or features times "
-                             f"target overflow")
-        self._cache = None
-        # PrequentialMetrics.update, inlined (per-sample hot path).
-        m = self.metrics
-        r = y - mu
-        m.count += 1
-        m.sq_loss += r * r
-        m.covered += abs(r) <= Z95 * math.sqrt(var)
-        m.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
-        return mu, var
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.predict(x)
+        self._pending = (x, y)
+        return out
 
-    def predict_one(self, x: np.ndarray, with_dist: bool = False) -> float | Gaussian:
-        """River-style: the predictive mean, or with `with_dist` the predictive `river.proba.Gaussian`
-        `N(φᵀm, σ² + φᵀA⁻¹φ)`."""
-        mu, var = self.predict(x)
-        return gaussian(mu, var) if with_dist else mu
+    def end_learn(self) -> None:
+        if self._pending is not None:
+            x, y = self._pending
+            self._pending = None
+            self.client.learn(x, y)
 
-    def learn_one(self, x: np.ndarray, y: float) -> None:
-        """Alias of :meth:`learn` (River naming)."""
-        self.learn(x, y)
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
 
-    def predict_kernels(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each kernel's own predictive `(means (K,), variances (K,))`."""
-        self.predict_features(self.features(x))
-        return self._means.copy(), self._vars.copy()
-
-    def predict_many(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Predictive means and variances of each row of `xs` (no learning)."""
-        phis = self.features_many(xs)
-        means = np.empty(phis.shape[0])
-        variances = np.empty(phis.shape[0])
-        lw = self._log_weights()
-        for t in range(phis.shape[0]):
-            means[t], variances[t] = kern.predict_mixture(self._ra, phis[t], self.sigma, lw, self._work,
-                                                          self._means, self._vars)
-        return means, variances
-
-    # ------------------------------------------------------------------ learning
-    def learn(self, x: np.ndarray, y: float) -> None:
-        """Predict `x` (prequential metrics), then add `(x, y)`: `O(F²)` per kernel."""
-        y = check_target(y)  # a Python float from here on: numpy scalar arithmetic is slow
-        cache = self._cache
-        if cache is not None:
-            x = np.ascontiguousarray(x, dtype=np.float64)
-            if x.ndim == 1 and kern.same_vector(cache[0], x):
-                _, mu, var = cache  # φ(x) is in _phi
-                self._learn_checked(None, y)
-                self.metrics.update(mu, var, y)
-                return
-        self.learn_predict(x, y)
-
-    def learn_features(self, phi: np.ndarray, y: float) -> None:
-        """:meth:`learn` for precomputed features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
-        y = check_target(y)
-        phi = np.array(phi, dtype=np.float64)
-        if phi.size != self.n_kernels * self.dim or not kern.all_finite(phi.reshape(-1)):
-            raise ValueError(f"features must be finite with {self.n_kernels}x{self.dim} values")
-        phi = phi.reshape(self.n_kernels, self.dim)
-        mu, var = self.predict_features(phi)
-        self._learn_checked(phi, y)
-        self.metrics.update(mu, var, y)
-
-    def _learn_checked(self, phi: np.ndarray | None, y: float) -> None:
-        """Learn features `phi` (`None`: those already in `_phi`) with target `y` (a checked float)."""
-        if phi is not None:
-            self._phi[...] = phi
-        self._cache = None
-        if not kern.packed_learn(self._buf, y):  # checked before anything was touched
-            raise ValueError("features times target overflow")
-
-    def _set_hyper(self, sigma: np.ndarray, lam: np.ndarray) -> None:
-        self.sigma[:] = np.asarray(sigma, dtype=np.float64)  # in place: views of the packed buffer
-        self.lam[:] = np.asarray(lam, dtype=np.float64)
-        self._inv_sigma[:] = 1.0 / self.sigma
-        self._sqrt_gamma = math.sqrt(self.forgetting)
-        self._buf[lay.H_GAMMA] = self.forgetting
-        # √(F(1-γ)) / λ_k: the rank-one refresh that returns the prior precision lost to forgetting.
-        self._refresh[:] = np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
-
-    def _after_learn(self, ys: np.ndarray) -> None:
-        # Bookkeeping that mirrors what the numba kernels did to the factor for these targets.
-        g = self.forgetting
-        t = ys.shape[0]
-        y2 = ys * ys
-        self._n_pend += t
-        self._q_pend += float(y2.sum())
-        if g == 1.0:
-            self._n_work += t
-            self._q_work += float(y2.sum())
-        else:
-            decay = g ** np.arange(t - 1, -1, -1)  # weight of row i after the last row: γ^(T-1-i)
-            self._n_work = g**t * self._n_work + float(decay.sum())
-            self._q_work = g**t * self._q_work + float(decay @ y2)
-            self._pdiag *= g**t
-            cols = (self._refresh_j + np.arange(t)) % self.dim
-            np.add.at(self._pdiag, (slice(None), cols), self.dim * (1.0 - g) * decay)
-            self._refresh_j = int((self._refresh_j + t) % self.dim)
-        self._cache = None
-        self._logw_dirty = True
-
-    def learn_many(self, xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Prequential pass over rows: returns the predictive means and variances made *before* each
-        row was learned (identical to a loop of :meth:`predict` + :meth:`learn`). All rows are checked
-        before any is learned, so bad input leaves the state unchanged."""
-        ys = np.asarray(ys, dtype=np.float64)
-        xs = np.asarray(xs, dtype=np.float64)
-        if xs.ndim != 2 or ys.shape != (xs.shape[0],):
-            raise ValueError(f"expected xs (T, d) and ys (T,), got {xs.shape} and {ys.shape}")
-        if not all_finite_squares(ys):
-            raise ValueError("targets must be finite")
-        return self.learn_features_many(self.features_many(xs), ys)
-
-    def learn_features_many(self, phis: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`learn_many` for precomputed features `(T, K, F)`."""
-        phis = np.ascontiguousarray(phis, dtype=np.float64)
-        ys = np.ascontiguousarray(ys, dtype=np.float64)
-        t = ys.shape[0]
-        phis = phis.reshape(t, self.n_kernels, self.dim)
-        if not (np.all(np.isfinite(phis)) and all_finite_squares(ys)
-                and all_finite_products(phis, ys[:, None, None])):
-            raise ValueError("features and targets must be finite")
-        means = np.empty(t)
-        variances = np.empty(t)
-        self._staged = kern.learn_batch(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
-                                        self._staged, phis, ys, self.sigma, self.lam, self._n_work,
-                                        self._sqrt_gamma, self._refresh, self._refresh_j, self._work,
-                                        means, variances)
-        self._after_learn(ys)
-        self.metrics.update_many(means, variances, ys)
-        return means, variances
-
-    # ------------------------------------------------------------------ federation
-    def _flush(self) -> None:
-        if self._staged:
-            kern.flush(self._s_pend, self._b_pend, self._stage, self._stage_y, self._staged)
-            self._staged = 0
-
-    def _pending_stats(self) -> SufficientStats:
-        self._flush()
-        s_upper = pack_upper(self._s_pend)  # only the upper triangle was accumulated
-        return SufficientStats(unpack_upper(s_upper, self.dim), self._b_pend, float(self._n_pend),
-                               self._q_pend, self.kernel_version, self.epoch)
-
-    def make_upload(self) -> Upload | None:
-        """The delta statistics of the pending samples as an :class:`Upload`, or `None` while fewer than
-        `min_upload` samples are pending (the privacy floor). Raises `ValueError` (and keeps the
-        samples pending) if any statistic is not finite."""
-        if self._n_pend < self.min_upload:
-            return None
-        stats = self._pending_stats().check_finite()
-        up = Upload(self.client_id, self._next_seq, self.global_version, stats)
-        self._unacked[up.seq] = up
-        self._own_uploaded += stats
-        self._next_seq += 1
-        self._s_pend[...] = 0.0
-        self._b_pend[...] = 0.0
-        self._n_pend = 0
-        self._q_pend = 0.0
-        return up
-
-    def own_stats(self) -> SufficientStats:
-        """Statistics of every sample this client has learned (uploaded or pending)."""
-        return self._own_uploaded + self._pending_stats()
-
-    def rebase(self, epoch: int) -> None:
-        """Join epoch `epoch` of a server that lost its state (docs/reliability.md § Lost state): every sample
-        this client has learned, uploaded or pending, becomes pending again under the new epoch, so its next
-        upload carries its totals; upload numbers restart at 1. Statistics of older epochs are never summed
-        with the new ones. `ValueError` (nothing changed) with forgetting — decayed statistics have no exact
-        total to send — or for an epoch that is not newer."""
-        if int(epoch) <= self.epoch:
-            raise ValueError(f"epoch {epoch} is not newer than this client's {self.epoch}")
-        if self.forgetting != 1.0:
-            raise ValueError("a client with forgetting has no exact totals to upload again")
-        own = self.own_stats()
-        self.epoch = int(epoch)
-        self._s_pend[...] = own.S
-        self._b_pend[...] = own.b
-        self._n_pend = int(round(float(own.n)))
-        self._q_pend = float(own.q)
-        self._unacked = {}
-        self._own_uploaded = self._zero_stats()
-        self._next_seq = 1
-        self._global = None
-
-    def working_stats(self) -> SufficientStats:
-        """The statistics behind the working posterior.
-
-        Without forgetting: `global + unacked uploads + pending` (exact sums). With forgetting: the
-        decayed statistics recovered from the factor (`σ²(A - λ⁻²P)`, `σ²h`, `σ²c`).
-        """
-        if self.forgetting == 1.0:
-            return self._exact_work_stats()
-        s, b = self._stats_from_factor()
-        return SufficientStats(s, b, self._n_work, self._q_work, self.kernel_version, self.epoch)
-
-    def _zero_stats(self) -> SufficientStats:
-        return SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
-
-    def _exact_work_stats(self) -> SufficientStats:
-        total = self._pending_stats()
-        not_in = self._zero_stats()
-        for up in self._unacked.values():
-            not_in += up.stats
-        total += not_in
-        if self._global is not None:
-            own_in = self._own_uploaded - not_in
-            total += (self._global.stats - own_in).scaled(self.others_weight) + own_in
-        return total
-
-    def _fit_local(self, s_mat: np.ndarray, b: np.ndarray, n: float, q: float, sigma: np.ndarray,
-                   lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Type-II ML of `σ_k, λ_k` on the working statistics (decayed ones with forgetting: then the
-        evidence is a heuristic, the prior there being only `λ⁻²I` on average). Falls back to the given
-        values while there is nothing to fit."""
-        if not (n > 1.0 and q > 0.0):
-            return sigma, lam
-        out_s, out_l = np.array(sigma, dtype=np.float64), np.array(lam, dtype=np.float64)
-        for k in range(self.n_kernels):
-            sym = np.triu(s_mat[k]) + np.triu(s_mat[k], 1).T  # S may carry rounding asymmetry
-            out_s[k], out_l[k], _ = fit_hyperparameters(sym, b[k], n, q)
-        return out_s, out_l
-
-    def choose_others_weight(self, others: SufficientStats, own: SufficientStats, sigma: np.ndarray,
-                             lam: np.ndarray) -> float:
-        """The α of :data:`OTHERS_WEIGHT_GRID` maximising the evidence of this client's own data under the
-        power prior `N(0, λ²I) × L_others^α`: `log Z(α·others + own) - log Z(α·others)`, with the
-        kernels' evidences combined as an equal-prior mixture. `O(F³)` per grid point and kernel."""
-        best, best_score = self.others_weight, -np.inf
-        for alpha in OTHERS_WEIGHT_GRID:
-            prior = others.scaled(alpha)
-            scores = (np.atleast_1d(log_evidence(prior + own, sigma, lam))
-                      - np.atleast_1d(log_evidence(prior, sigma, lam)))
-            top = float(scores.max())
-            score = top + math.log(float(np.exp(scores - top).sum()))
-            if score > best_score:
-                best, best_score = alpha, score
-        return float(best)
-
-    def _stats_from_factor(self) -> tuple[np.ndarray, np.ndarray]:
-        f = self.dim
-        m = np.matmul(np.swapaxes(self._ra, 1, 2), self._ra)  # M = RₐᵀRₐ
-        s2 = (self.sigma**2)[:, None]
-        prior = self._pdiag / (self.lam**2)[:, None]
-        s = m[:, :f, :f].copy()
-        s[:, np.arange(f), np.arange(f)] -= prior
-        return s * s2[:, :, None], m[:, :f, f] * s2
-
-    def _rebuild(self, s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam: np.ndarray,
-                 pdiag: np.ndarray) -> None:
-        """Refactorise the working posterior from statistics `(S (K,F,F), b (K,F), q)`: `O(F³)` per kernel,
-        all-or-nothing (a failure changes nothing)."""
-        f = self.dim
-        ra = np.zeros_like(self._ra)
-        work = np.empty(f + 1)
-        for k in range(self.n_kernels):
-            s2 = sigma[k] ** 2
-            a = s_mat[k] / s2
-            a[np.arange(f), np.arange(f)] += pdiag[k] / lam[k] ** 2
-            try:
-                chol = np.linalg.cholesky(a)
-            except np.linalg.LinAlgError as exc:
-                raise ValueError("working precision is not positive definite (corrupted or noisy statistics?)"
-                                 ) from exc
-            ra[k, :f, :f] = chol.T
-            h = np.zeros(f + 1)
-            h[:f] = b[k] / s2
-            kern.solve_rt(ra[k], h, work, f)  # u = R⁻ᵀh
-            ra[k, :f, f] = work[:f]
-            rho2 = q / s2 - work[:f] @ work[:f]
-            ra[k, f, f] = math.sqrt(max(rho2, 0.0))  # ≥ 0 mathematically; clip rounding
-        if not np.all(np.isfinite(ra)):
-            raise ValueError("refactorisation produced a non-finite factor")
-        self._ra[...] = ra
-        self._set_hyper(sigma, lam)
-        self._pdiag[...] = np.array(pdiag, dtype=np.float64)
-        self._cache = None
-        self._logw_dirty = True
-
-    def apply_global(self, g: GlobalModel) -> bool:
-        """Install a global (one refactorisation). Returns `False` (and changes nothing) for a global not
-        newer than the installed one. The working posterior becomes `global + own uploads not contained
-        in it + pending` (with forgetting: the current decayed posterior plus the other clients'
-        statistics that are new in this global; with `others_weight = α < 1`, the other clients' part
-        counts α times — α re-chosen here when `"auto"`). `σ, λ` are taken from the global."""
-        if g.kernel_version != self.kernel_version or g.epoch != self.epoch:
-            raise ValueError(f"global is for kernel version {g.kernel_version!r}/epoch {g.epoch}, "
-                             f"this client uses {self.kernel_version!r}/epoch {self.epoch}")
-        if g.stats.S.shape != (self.n_kernels, self.dim, self.dim):
-            raise ValueError(f"global statistics have shape {g.stats.S.shape}, expected "
-                             f"{(self.n_kernels, self.dim, self.dim)}")
-        sigma = np.asarray(g.sigma, dtype=np.float64).reshape(-1)
-        lam = np.asarray(g.lam, dtype=np.float64).reshape(-1)
-        if sigma.shape != (self.n_kernels,) or lam.shape != (self.n_kernels,):
-            raise ValueError("global hyperparameters must have one value per kernel")
-        if not (g.stats.is_finite() and np.all(np.isfinite(sigma)) and np.all(np.isfinite(lam))
-                and np.all(sigma > 0) and np.all(lam > 0)):
-            raise ValueError("global contains non-finite statistics or non-positive hyperparameters")
-        if self._global is not None and g.version <= self._global.version:
-            return False
-        inc = int(g.included.get(self.client_id, 0))
-        newly_in = [s for s in self._unacked if s <= inc]
-        not_in = self._zero_stats()
-        for seq, up in self._unacked.items():
-            if seq > inc:
-                not_in += up.stats
-        alpha = self.others_weight
-        if self.auto_weight:
-            own_all = self.own_stats()
-            alpha = self.choose_others_weight(g.stats - (self._own_uploaded - not_in), own_all, sigma, lam)
-        if self.forgetting == 1.0:
-            # Exact: global + own uploads the global does not contain + pending.
-            total = self._pending_stats() + g.stats + not_in
-            if alpha != 1.0:
-                # Tempered: α × (global - own part of it) + own part of it.
-                own_in = self._own_uploaded - not_in
-                total -= (g.stats - own_in).scaled(1.0 - alpha)
-            if self.local_hyperparameters:
-                sigma, lam = self._fit_local(total.S, total.b, total.n, total.q, sigma, lam)
-            self._rebuild(total.S, total.b, total.q, sigma, lam, self._pdiag)
-            self._n_work, self._q_work = total.n, total.q
-        else:
-            # Current decayed posterior + what is new in this global from the *other* clients (own
-            # samples newly included entered when they were learned, and have been decaying since).
-            s, b = self._stats_from_factor()
-            delta = g.stats.copy() if self._global is None else g.stats - self._global.stats
-            for seq in newly_in:
-                delta -= self._unacked[seq].stats
-            delta = delta.scaled(alpha)
-            if self.local_hyperparameters:
-                sigma, lam = self._fit_local(s + delta.S, b + delta.b, self._n_work + delta.n,
-                                             self._q_work + delta.q, sigma, lam)
-            self._rebuild(s + delta.S, b + delta.b, self._q_work + delta.q, sigma, lam, self._pdiag)
-            self._n_work += delta.n
-            self._q_work += delta.q
-        self.others_weight = alpha
-        for seq in newly_in:
-            del self._unacked[seq]
-        # A client that restarted must not reuse sequence numbers the server has already summed.
-        self._next_seq = max(self._next_seq, inc + 1)
-        self._global = g
-        return True
-
-    # ------------------------------------------------------------------ posterior and regret
-    def posterior(self, kernel: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean `m = σ⁻²A⁻¹b` and covariance `A⁻¹` of one kernel's weights (`O(F³)`)."""
-        f = self.dim
-        r = self._ra[kernel, :f, :f]
-        u = self._ra[kernel, :f, f]
-        r_inv = np.linalg.solve(r, np.eye(f))
-        return r_inv @ u, r_inv @ r_inv.T
-
-    def regret(self) -> dict[str, float]:
-        """Cumulative squared loss of the prequential predictions vs the best fixed ridge predictor in
-        hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`)."""
-        own = self.own_stats()
-        if own.n == 0:
-            return {"n": 0.0, "loss": 0.0, "ridge_loss": 0.0, "regret": 0.0, "regret_per_sample": math.nan}
-        ridge = np.atleast_1d(ridge_loss(own, self.sigma, self.lam))
-        best = float(ridge.min())
-        loss = self.metrics.sq_loss
-        return {"n": own.n, "loss": loss, "ridge_loss": best, "regret": loss - best,
-                "regret_per_sample": (loss - best) / own.n, "best_ridge_kernel": float(np.argmin(ridge))}
-
-
-# ============================================================================ server
-
-
-class FedBNRServer:
-    """The server half: idempotent summation of uploads, evidence-fitted hyperparameters, versioned globals.
-
-    >>> server = FedBNRServer(dim=2, kernel_version="v", min_samples=1, fit_hyperparameters=False)
-    >>> d = SufficientStats.from_samples(np.ones((3, 1, 2)), np.ones(3), kernel_version="v")
-    >>> server.apply(Upload("a", 2, 0, d)), server.apply(Upload("a", 1, 0, d))  # out of order
-    (True, True)
-    >>> server.apply(Upload("a", 1, 0, d))  # duplicate
-    False
-    >>> g = server.publish()
-    >>> g.version, g.stats.n, g.included
-    (1, 6.0, {'a': 2})
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        n_kernels: int = 1,
-        kernel_version: str = "",
-        epoch: int = 0,
-        *,
-        sigma: float = 1.0,
-        lam: float = 1.0,
-        fit_hyperparameters: bool = True,
-        min_samples: int = 32,
-        max_buffered: int = 256,
-    ) -> None:
-        self.dim, self.n_kernels = int(dim), int(n_kernels)
-        self.kernel_version, self.epoch = str(kernel_version), int(epoch)
-        self.sigma = np.full(self.n_kernels, check_positive("sigma", sigma))
-        self.lam = np.full(self.n_kernels, check_positive("lam", lam))
-        self.fit = bool(fit_hyperparameters)
-        self.min_samples = int(min_samples)
-        self.max_buffered = int(max_buffered)
-        self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
-        self.included: dict[str, int] = {}
-        self._buffer: dict[str, dict[int, Upload]] = {}
-        self.version = 0
-        self.log_evidence = np.zeros(self.n_kernels)
-
-    @classmethod
-    def for_client(cls, client: FedBNRClient, **kwargs: Any) -> FedBNRServer:
-        """A server matching a client's feature map (dim, kernels, kernel version, privacy floor, σ, λ)."""
-        kwargs.setdefault("min_samples", client.min_upload)
-        kwargs.setdefault("sigma", float(client.sigma[0]))
-        kwargs.setdefault("lam", float(client.lam[0]))
-        return cls(client.dim, client.n_kernels, client.kernel_version, client.epoch, **kwargs)
-
-    def validate(self, up: Upload) -> None:
-        st = up.stats
-        if st.tag != (self.kernel_version, self.epoch):
-            raise ValueError(f"upload from {up.client!r} is for kernel version/epoch {st.tag}, "
-                             f"server is at {(self.kernel_version, self.epoch)}")
-        if st.S.shape != (self.n_kernels, self.dim, self.dim):
-            raise ValueError(f"upload statistics have shape {st.S.shape}, expected "
-                             f"{(self.n_kernels, self.dim, self.dim)}")
-        if not st.is_finite():
-            raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
-        if st.n < self.min_samples:
-            raise ValueError(f"upload summarises {st.n:g} samples, below the privacy floor "
-                             f"{self.min_samples}")
-        if up.seq < 1:
-            raise ValueError(f"sequence numbers start at 1, got {up.seq}")
-
-    def apply(self, up: Upload) -> bool:
-        """Sum an upload once. Returns `False` for a duplicate (already summed or already waiting).
-        An upload whose predecessor has not arrived waits in a buffer and is summed when the gap fills,
-        so `included[client]` always means "every seq up to here"."""
-        self.validate(up)
-        return apply_in_order(self.included, self._buffer, up.client, up.seq, up, self._sum, self.max_buffered)
-
-    def _sum(self, up: Upload) -> None:
-        self.stats += up.stats
-
-    def waiting(self) -> dict[str, list[int]]:
-        """Sequence numbers received out of order and not summed yet, per client."""
-        return {c: sorted(w) for c, w in self._buffer.items() if w}
-
-    def refit(self) -> bool:
-        """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums (and keep the
-        maximised evidence). `False` when there is nothing to fit yet."""
-        st = self.stats
-        if st.n <= 0 or st.q <= 0:
-            return False
-        for k in range(self.n_kernels):
-            sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
-            self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
-        return True
-
-    def rebase(self, version: int, epoch: int) -> None:
-        """Start over after the state was lost (docs/reliability.md § Lost state): empty sums of epoch `epoch`,
-        nothing included, and the next :meth:`publish` is version `version` — above every version the clients
-        have seen, so they install it, join the epoch and upload their totals again (`FedBNRClient.rebase`)."""
-        if int(epoch) <= self.epoch or int(version) <= self.version:
-            raise ValueError(f"rebase to version {version}/epoch {epoch} from {self.version}/{self.epoch}")
-        self.epoch = int(epoch)
-        self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
-        self.included, self._buffer = {}, {}
-        self.version = int(version) - 1
-
-    def publish(self) -> GlobalModel:
-        """A new :class:`GlobalModel` (version + 1), hyperparameters refitted first when enabled."""
-        fitted = self.fit and self.refit()
-        if self.stats.n > 0 and not fitted:
-            self.log_evidence = np.atleast_1d(log_evidence(self.stats, self.sigma, self.lam))
-        self.version += 1
-        return GlobalModel(self.version, self.kernel_version, self.epoch, self.stats.copy(),
-                           self.sigma.copy(), self.lam.copy(), self.log_evidence.copy(), dict(self.included))
-
-
-# ============================================================================ River
-
-
-class FedBNRRegressor(base.Regressor):
-    """Online FedBNR as a River regressor: one client with a private server (local-only FedBNR).
-
-    Dict keys are mapped to an input vector in sorted key order, fixed at the first `learn_one`
-    (which also builds the feature map, so the number of inputs is known). Later, a missing key reads
-    as 0 and an unknown key is ignored. A `None`, NaN or non-numeric value raises `ValueError` and
-    leaves the model unchanged. Every `sync_every` samples the pending statistics are uploaded to the
-    private server, which refits `σ, λ` by evidence (if `fit_hyperparameters`) and sends back a global.
-
-    Parameters: `n_features` (`D`; `F = 2D + 1` with the bias), `bandwidth` (float, or a tuple of
-    floats for a Gaussian bandwidth dictionary; by default `None`: a dictionary of `n_kernels`
-    bandwidths for standardised inputs, :func:`~streamfed.core.features.standardised_dictionary`, whose
-    predictions are mixed by evidence), `sigma`, `lam` (initial noise and prior scales),
-    `forgetting` (`γ ∈ (0, 1]`), `seed` (random features), `standardise` (default on: every input and
-    the target standardised online from past samples only,
-    :class:`~streamfed.core.standardise.OnlineStandardiser`, predictions mapped back — mean
-    `m + s·μ`, variance `s²·v`; the first two samples only set the scales and the prediction is then
-    the running mean and variance).
-
-    >>> from river import datasets, evaluate, metrics
-    >>> model = FedBNRRegressor(n_features=20)
-    >>> evaluate.progressive_val_score(datasets.TrumpApproval().take(300), model, metrics.MAE())
-    MAE: ...
-    >>> x = {"a": 0.5, "b": -1.0}
-    >>> model = FedBNRRegressor(n_features=8)
-    >>> model.learn_one(x, 1.0)
-    >>> model.predict_one(x, with_dist=True)
-    𝒩(μ=..., σ=...)
-    """
-
-    def __init__(
-        self,
-        n_features: int = 50,
-        bandwidth: float | tuple[float, ...] | None = None,
-        sigma: float = 1.0,
-        lam: float = 1.0,
-        fit_hyperparameters: bool = True,
-        sync_every: int = 32,
-        forgetting: float = 1.0,
-        seed: int = 0,
-        n_kernels: int = 8,
-        standardise: bool = True,
-    ) -> None:
-        self.n_features = n_features
-        self.bandwidth = bandwidth
-        self.n_kernels = n_kernels
-        self.standardise = standardise
-        self.sigma = sigma
-        self.lam = lam
-        self.fit_hyperparameters = fit_hyperparameters
-        self.sync_every = sync_every
-        self.forgetting = forgetting
-        self.seed = seed
-        # Validate now so a bad parameter fails at construction, not at the first sample.
-        if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
-            raise ValueError("n_features, sync_every and n_kernels must be >= 1")
-        check_positive("sigma", sigma)
-        check_positive("lam", lam)
-        if not (0.0 < float(forgetting) <= 1.0):
-            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
-        for bw in (bandwidth if isinstance(bandwidth, tuple) else () if bandwidth is None else (bandwidth,)):
-            check_positive("bandwidth", bw)
-        self._keys: list[Any] | None = None
-        self.client: FedBNRClient | None = None
-        self.server: FedBNRServer | None = None
-        self._scales: StreamScales | None = None
-
-    @classmethod
-    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
-        yield {"n_features": 8}
-        yield {"n_features": 6, "bandwidth": (0.5, 5.0), "forgetting": 0.99, "sync_every": 40, "standardise": False}
-
-    # ------------------------------------------------------------------ plumbing
-    def _build(self, keys: list[Any]) -> None:
-        if not keys:
-            raise ValueError("cannot build a feature map from an input with no features")
-        bandwidth = self.bandwidth
-        if bandwidth is None:
-            bandwidth = tuple(s.bandwidth for s in standardised_dictionary(int(self.n_kernels), len(keys)))
-        client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=bandwidth,
-                              seed=int(self.seed), sigma=self.sigma, lam=self.lam,
-                              min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local")
-        self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters))
-        self.client = client
-        self._keys = keys
-        if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)
-            self._scales = StreamScales(len(keys))
-
-    def _sync(self) -> None:
-        assert self.client is not None and self.server is not None
+    def take_update(self) -> Update | None:
         up = self.client.make_upload()
-        if up is not None:
-            self.server.apply(up)
-            self.client.apply_global(self.server.publish())
+        if up is None:
+            return None
+        fields = up.to_message()
+        arrays = {k: np.asarray(fields[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")}
+        return Update(arrays, max(int(round(float(fields["n"]))), 0), int(up.base_version), seq=int(up.seq),
+                      epoch=int(fields.get("epoch", 0)))
 
-    # ------------------------------------------------------------------ River protocol
-    def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
-        if self.client is None:
-            keys = sorted_keys(x)
-            dict_to_vector(keys, x)  # validate before building anything
-            check_target(y)
-            self._build(keys)
-        assert self.client is not None and self._keys is not None
-        xv = dict_to_vector(self._keys, x)
-        if self._scales is None:
-            self.client.learn(xv, y)  # type: ignore[arg-type]
-        else:
-            check_target(y)
-            self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
-        if self.client.n_pending >= int(self.sync_every):
-            self._sync()
+    def flush(self) -> list[Update]:
+        # pending statistics below the privacy floor never leave the device (see pending_samples)
+        return []
 
-    def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
-        if self.client is None:
-            # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
-            mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
-        elif self._scales is None:
-            assert self._keys is not None
-            mu, var = self.client.predict(dict_to_vector(self._keys, x))
-        else:
-            assert self._keys is not None
-            mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
-        if not with_dist:
-            return float(mu)
-        return gaussian(float(mu), float(var))
+    @property
+    def pending_samples(self) -> int:
+        """Samples learned but not yet uploadable: below the privacy floor `min_upload`."""
+        return int(self.client.n_pending)
 
-    # ------------------------------------------------------------------ array path
-    def _matrix(self, xs: Any) -> np.ndarray:
-        if hasattr(xs, "columns"):  # a DataFrame: select columns by key
-            assert self._keys is not None
-            xs = xs[self._keys].to_numpy()
-        return np.asarray(xs, dtype=np.float64)
+    def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
+        """One sample (`‖φ‖² <= P` for every kernel, `|y| <= label_bound`) moves `(S_upper, b, q)` by at most
+        `sqrt(K·(P² + P·C²) + C⁴)`; `n` is the upload's size, public (docs/privacy.md)."""
+        from streamfed.privacy.dp import stats_sensitivity
 
-    def learn_many(self, xs: Any, ys: Any) -> None:
-        """Learn rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key).
-        Same result as a loop of `learn_one`, without the dict overhead; bad input changes nothing."""
-        if self.client is None:
-            if hasattr(xs, "columns"):
-                keys = sorted_keys({c: None for c in xs.columns})
-            else:
-                keys = list(range(np.asarray(xs).shape[1] if np.ndim(xs) == 2 else 0))
-            arr = np.asarray(xs[keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
-            ys_arr = np.asarray(ys, dtype=np.float64)
-            if arr.ndim != 2 or ys_arr.shape != (arr.shape[0],) or not np.all(np.isfinite(arr)) \
-                    or not all_finite_squares(ys_arr):
-                raise ValueError(f"expected finite xs (T, d) and ys (T,), got {arr.shape} and {ys_arr.shape}")
-            self._build(keys)
-        assert self.client is not None
-        arr = self._matrix(xs)
-        ys_arr = np.asarray(ys, dtype=np.float64)
-        phis = self.client.features_many(arr)  # validates everything before any state changes
-        if ys_arr.shape != (arr.shape[0],) or not all_finite_squares(ys_arr):
-            raise ValueError(f"expected finite targets of shape ({arr.shape[0]},), got {ys_arr.shape}")
-        if self._scales is not None:
-            # as a loop of learn_one: past-only scales; rows before the scales are usable only set them
-            nxt = copy.deepcopy(self._scales)
-            zx, ready = nxt.x.transform_many(arr)
-            zy, _ = nxt.y.transform_many(ys_arr[:, None])
-            phis = self.client.features_many(zx[ready])
-            ys_arr = zy[ready, 0]
-            self._scales = nxt
-        start = 0
-        while start < ys_arr.shape[0]:
-            room = int(self.sync_every) - self.client.n_pending
-            stop = min(ys_arr.shape[0], start + max(room, 1))
-            self.client.learn_features_many(phis[start:stop], ys_arr[start:stop])
-            if self.client.n_pending >= int(self.sync_every):
-                self._sync()
-            start = stop
+        if getattr(self, "phi_sq", None) is None:  # (also a state pickled before phi_sq existed)
+            raise ValueError("this FedBNR learner was built without a bound on ‖φ‖²: its sensitivity is unknown")
+        k, f = int(self.client.n_kernels), int(self.client.dim)
+        return UploadSensitivity(("S_upper", "b", "q"), stats_sensitivity(float(self.phi_sq), label_bound, k),
+                                 {"S_upper": f})
 
-    def predict_many(self, xs: Any) -> np.ndarray:
-        """Predictive means of the rows of a `(T, d)` array."""
-        return self.predict_dist_many(xs)[0]
+    def noise_variance(self, x: np.ndarray, noise_std: float) -> float:
+        """The variance that noise of per-entry scale `noise_std` on the global's `S_upper` and `b` adds to the
+        predictive mean at `x`, to first order (`privacy.dp.noise_variance_of_mean`, kernels mixed with their
+        weights squared: their noises are independent). The posteriors are taken once per global (`O(K·F³)`),
+        then `O(K·F²)` per call."""
+        from streamfed.privacy.dp import noise_variance_of_mean
 
-    def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Predictive means and variances of the rows of a `(T, d)` array."""
-        if self.client is None:
-            t = np.asarray(xs).shape[0]
-            return np.zeros(t), np.full(t, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2)
-        if self._scales is None:
-            return self.client.predict_many(self._matrix(xs))
-        return self._scales.predict_many(self._matrix(xs), self.client.predict_many)
+        c = self.client
+        cached = getattr(self, "_posteriors", None)
+        if cached is None or cached[0] != c.global_version:
+            cached = self._posteriors = (c.global_version, [c.posterior(k) for k in range(c.n_kernels)])
+        phi = c.features(x)
+        w = c.kernel_weights()
+        return float(sum(w[k] ** 2 * noise_variance_of_mean(cov @ phi[k], m, float(c.sigma[k]), noise_std, noise_std)
+                         for k, (m, cov) in enumerate(cached[1])))
+
+    def install_global(self, msg: Message) -> bool:
+        g = GlobalModel.from_message(global_fields(msg))
+        if g.kernel_version == self.client.kernel_version and g.epoch > self.client.epoch:
+            # an aggregator that lost its state started a new epoch: send everything learned again (on a copy,
+            # so that a global refused below changes nothing)
+            twin = copy.deepcopy(self.client)
+            twin.rebase(g.epoch)
+            installed = bool(twin.apply_global(g))
+            self.client = twin
+            return installed
+        return bool(self.client.apply_global(g))
+
+    def warm_up(self, x: np.ndarray) -> None:
+        twin = copy.deepcopy(self.client)
+        twin.predict(x)
+        twin.learn(x, 0.0)
+        twin.own_stats()  # folds the staged rows, as every upload does
+        twin.log_evidence()  # what diagnostics() reads

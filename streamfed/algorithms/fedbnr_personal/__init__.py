@@ -96,7 +96,7 @@ class FedBNRPersonal(FedBNR):
     def estimator(self, **params: Any) -> Any:
         """A fleet of one: with a single client the model is Bayesian linear regression with prior scale
         `√(λ² + τ²)` (λ and τ are not separately identifiable), i.e. FedBNR's River regressor."""
-        from streamfed.algorithms.fedbnr.learner import FedBNRRegressor
+        from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
 
         lam, tau = float(params.pop("lam", 1.0)), float(params.pop("tau", 1.0))
         return FedBNRRegressor(lam=math.hypot(lam, tau), **params)
