@@ -47,6 +47,21 @@ MOVED_NAMES: dict[tuple[str, str], str] = {
     ("streamfed.algorithms.fedbnr.learner", "_DefaultFeatures"): "streamfed.algorithms.fedbnr.features",
     ("streamfed.algorithms.fedbnr.learner", "_MapList"): "streamfed.algorithms.fedbnr.features",
     ("streamfed.algorithms.fedbnr.agent", "StatsLearner"): "streamfed.algorithms.fedbnr.learner",
+    # personalised FedBNR likewise; fleet_halves.py became learner.py (the Learner) and aggregation.py
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierClient"): "streamfed.algorithms.fedbnr_personal.client",
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierServer"): "streamfed.algorithms.fedbnr_personal.server",
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierMixClient"):
+        "streamfed.algorithms.fedbnr_personal.mixture",
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierMixServer"):
+        "streamfed.algorithms.fedbnr_personal.mixture",
+    ("streamfed.algorithms.fedbnr_personal.learner", "HierUpload"): "streamfed.algorithms.fedbnr_personal.messages",
+    ("streamfed.algorithms.fedbnr_personal.learner", "HierGlobal"): "streamfed.algorithms.fedbnr_personal.messages",
+    ("streamfed.algorithms.fedbnr_personal.fleet_halves", "PersonalLearner"):
+        "streamfed.algorithms.fedbnr_personal.learner",
+    ("streamfed.algorithms.fedbnr_personal.fleet_halves", "PersonalAggregation"):
+        "streamfed.algorithms.fedbnr_personal.aggregation",
+    ("streamfed.algorithms.fedbnr_personal.fleet_halves", "ClientSums"):
+        "streamfed.algorithms.fedbnr_personal.aggregation",
 }
 _LOADED: dict[str, Algorithm] = {}
 
