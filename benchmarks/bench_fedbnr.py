@@ -42,7 +42,9 @@ import numpy as np
 import river
 from river.linear_model import BayesianLinearRegression
 
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRRegressor, FedBNRServer
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
+from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.core import compiled
 
 

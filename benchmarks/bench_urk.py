@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from streamfed.algorithms.fedbnr.learner import fit_hyperparameters  # noqa: E402
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters  # noqa: E402
 from streamfed.algorithms.urk.network import URKArch, URKWeights, features, initial_weights, omega  # noqa: E402
 from streamfed.algorithms.urk.training import fit_local  # noqa: E402
 from streamfed.evaluation.datasets import ClientStream, Fleet, load_beijing  # noqa: E402

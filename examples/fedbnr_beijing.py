@@ -37,13 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer
-from streamfed.algorithms.fedbnr_personal.learner import (
-    FedBNRHierClient,
-    FedBNRHierMixClient,
-    FedBNRHierMixServer,
-    FedBNRHierServer,
-)
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.server import FedBNRServer
+from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
+from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient, FedBNRHierMixServer
+from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 from streamfed.evaluation.datasets import load_beijing
 
 

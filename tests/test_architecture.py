@@ -94,7 +94,7 @@ import sys
 sys.modules["torch"] = None  # `import torch` now raises ImportError
 import numpy as np
 from streamfed import algorithms
-from streamfed.algorithms.fedbnr.learner import FedBNRRegressor
+from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
 from streamfed.algorithms.pofmkl.learner import POFMKLRegressor
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore

@@ -58,7 +58,8 @@ import json, sys
 import numpy as np
 from streamfed.core import compiled
 from streamfed.core.features import RFFBank, gaussian_dictionary
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.algorithms.fsgp.client import FSGPClient
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import Hyper
@@ -233,7 +234,7 @@ def test_each_group_finds_its_build_through_the_index(aot, tmp_path, monkeypatch
     stale = kdir / f"{compiled.BUILD_PREFIX}0123456789abcdef0123{compiled.EXTENSION_SUFFIX}"
     stale.write_bytes(b"")
     (kdir / f"{compiled.BUILD_PREFIX}pofmkl_0123456789abcdef0123{compiled.EXTENSION_SUFFIX}").symlink_to(stale.name)
-    script = ("import sys\nimport streamfed.algorithms.fedbnr.learner, streamfed.algorithms.pofmkl.learner\n"
+    script = ("import sys\nimport streamfed.algorithms.fedbnr.client, streamfed.algorithms.pofmkl.learner\n"
               "from streamfed.core import compiled\n"
               "print(compiled.backend(), {n: g.backend for n, g in compiled.groups().items()})")
     for mode in ("auto", "aot"):

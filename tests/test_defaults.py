@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 from river import datasets, dummy, stats
 
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRRegressor, fit_hyperparameters
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters
 from streamfed.algorithms.pofmkl.learner import (
     KernelUpdate,
     POFMKLClient,

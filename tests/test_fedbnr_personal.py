@@ -9,17 +9,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, log_evidence
-from streamfed.algorithms.fedbnr_personal.learner import (
-    FedBNRHierClient,
-    FedBNRHierServer,
-    HierGlobal,
-    HierUpload,
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.evidence import log_evidence
+from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
+from streamfed.algorithms.fedbnr_personal.evidence import (
     _Spectra,
     fit_hierarchical,
     hierarchical_log_evidence,
     marginal_contribution,
 )
+from streamfed.algorithms.fedbnr_personal.messages import HierGlobal, HierUpload
+from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 from streamfed.core.stats import SufficientStats
 
 SIG, LAM, TAU = 0.4, 1.3, 0.6
@@ -284,7 +284,7 @@ def test_bad_inputs_are_refused() -> None:
 
 
 def test_tau_mixture_of_one_model_is_that_model_and_weights_follow_prequential_evidence() -> None:
-    from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierMixClient, FedBNRHierMixServer
+    from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient, FedBNRHierMixServer
 
     kw = dict(n_inputs=2, n_features=2, bandwidth=1.5, sigma=SIG, lam=LAM, min_upload=1, forgetting=0.95)
     mixes = [FedBNRHierMixClient((0.05, 0.6, 3.0), client_id=f"c{i}", **kw) for i in range(2)]

@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamfed.algorithms.fedbnr import _kernels as kern
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer, log_evidence
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.evidence import log_evidence
+from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.core.stats import SufficientStats
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamfed.algorithms.fedbnr.agent import StatsLearner
-from streamfed.algorithms.fedbnr.learner import FedBNRClient
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.learner import StatsLearner
 from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary

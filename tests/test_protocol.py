@@ -718,7 +718,9 @@ def test_pofmkl_update_and_global_through_the_wire() -> None:
 
 
 def test_fedbnr_upload_and_global_through_the_wire() -> None:
-    from streamfed.algorithms.fedbnr.learner import FedBNRClient, FedBNRServer, GlobalModel, Upload
+    from streamfed.algorithms.fedbnr.client import FedBNRClient
+    from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
+    from streamfed.algorithms.fedbnr.server import FedBNRServer
 
     client = FedBNRClient(n_inputs=2, n_features=1, bandwidth=[1.0, 2.0], min_upload=4, client_id="a1")
     rng = np.random.default_rng(0)

@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from streamfed.algorithms.fedbnr import FedBNRParams
-from streamfed.algorithms.fedbnr.learner import fit_hyperparameters
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters
 from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
 from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message

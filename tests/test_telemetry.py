@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import streamfed.fleet.telemetry as metrics_module
-from streamfed.algorithms.fedbnr.agent import StatsLearner
-from streamfed.algorithms.fedbnr.learner import FedBNRClient
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.learner import StatsLearner
 from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary

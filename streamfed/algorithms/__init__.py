@@ -17,7 +17,7 @@ import importlib
 
 from streamfed.algorithms.base import Algorithm, ReplayVariant
 
-__all__ = ["BUILTIN", "DEFAULT", "Algorithm", "get", "names", "register", "unregister", "variant"]
+__all__ = ["BUILTIN", "DEFAULT", "MOVED_NAMES", "Algorithm", "get", "names", "register", "unregister", "variant"]
 
 # name → "module:attribute" of its Algorithm object. A new family is one line here.
 BUILTIN: dict[str, str] = {
@@ -34,6 +34,35 @@ BUILTIN: dict[str, str] = {
     "pfedgp": "streamfed.algorithms.pfedgp:ALGORITHM",
 }
 DEFAULT = "pofmkl"  # what the demo and the CLI run when nobody says
+# Where built-in families' classes went when their modules moved, (old module, name) → new module: a state file
+# written before a move pickles the old path (streamfed.fleet.persistence follows this map when it loads one).
+MOVED_NAMES: dict[tuple[str, str], str] = {
+    # FedBNR: learner.py split into a module per idea; agent.py's Learner became learner.py
+    ("streamfed.algorithms.fedbnr.learner", "FedBNRClient"): "streamfed.algorithms.fedbnr.client",
+    ("streamfed.algorithms.fedbnr.learner", "FedBNRServer"): "streamfed.algorithms.fedbnr.server",
+    ("streamfed.algorithms.fedbnr.learner", "FedBNRRegressor"): "streamfed.algorithms.fedbnr.estimator",
+    ("streamfed.algorithms.fedbnr.learner", "Upload"): "streamfed.algorithms.fedbnr.messages",
+    ("streamfed.algorithms.fedbnr.learner", "GlobalModel"): "streamfed.algorithms.fedbnr.messages",
+    ("streamfed.algorithms.fedbnr.learner", "PrequentialMetrics"): "streamfed.algorithms.fedbnr.metrics",
+    ("streamfed.algorithms.fedbnr.learner", "_DefaultFeatures"): "streamfed.algorithms.fedbnr.features",
+    ("streamfed.algorithms.fedbnr.learner", "_MapList"): "streamfed.algorithms.fedbnr.features",
+    ("streamfed.algorithms.fedbnr.agent", "StatsLearner"): "streamfed.algorithms.fedbnr.learner",
+    # personalised FedBNR likewise; fleet_halves.py became learner.py (the Learner) and aggregation.py
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierClient"): "streamfed.algorithms.fedbnr_personal.client",
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierServer"): "streamfed.algorithms.fedbnr_personal.server",
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierMixClient"):
+        "streamfed.algorithms.fedbnr_personal.mixture",
+    ("streamfed.algorithms.fedbnr_personal.learner", "FedBNRHierMixServer"):
+        "streamfed.algorithms.fedbnr_personal.mixture",
+    ("streamfed.algorithms.fedbnr_personal.learner", "HierUpload"): "streamfed.algorithms.fedbnr_personal.messages",
+    ("streamfed.algorithms.fedbnr_personal.learner", "HierGlobal"): "streamfed.algorithms.fedbnr_personal.messages",
+    ("streamfed.algorithms.fedbnr_personal.fleet_halves", "PersonalLearner"):
+        "streamfed.algorithms.fedbnr_personal.learner",
+    ("streamfed.algorithms.fedbnr_personal.fleet_halves", "PersonalAggregation"):
+        "streamfed.algorithms.fedbnr_personal.aggregation",
+    ("streamfed.algorithms.fedbnr_personal.fleet_halves", "ClientSums"):
+        "streamfed.algorithms.fedbnr_personal.aggregation",
+}
 _LOADED: dict[str, Algorithm] = {}
 
 

@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from streamfed.algorithms import MOVED_NAMES as ALGORITHM_MOVED_NAMES
+
 __all__ = ["FORMAT_VERSION", "MAGIC", "StateError", "StateStore", "atomic_write", "dumps", "loads", "read_state"]
 
 MAGIC = b"STREAMFED-STATE\n"
@@ -75,6 +77,7 @@ MOVED_NAMES = {
     ("streamfed.fleet.protocol", "SeqTracker"): "streamfed.fleet.sequences",
     **{("streamfed.fleet.config", n): "streamfed.wire.schema"
        for n in ("ArraySpec", "MetaSpec", "MessageSchema", "ProtocolSchema")},
+    **ALGORITHM_MOVED_NAMES,  # the families' own moves, named where the families are (this module names none)
 }
 
 

@@ -3,9 +3,15 @@ across agents (docs/algorithms.md §4): the global posterior equals a centralise
 predictive uncertainty and evidence-fitted hyperparameters. With several kernels in the fleet's
 dictionary each kernel keeps its own posterior and predictions are their evidence-weighted average.
 
-* :mod:`.learner` — `FedBNRClient` / `FedBNRServer`, the evidence, the River regressor;
-* :mod:`.agent` — what an agent runs; :mod:`.aggregation` — what aggregators, shards and the reducer run;
-* :mod:`.wire` — its message kinds; ``_kernels`` / ``_layout`` — the numba loops.
+* :mod:`.client` — `FedBNRClient`, the client half: its statistics, predictions, rank-one steps, uploads and
+  globals; its state in one buffer (:mod:`.packed_state`), its feature maps (:mod:`.features`), its working
+  posterior as a Cholesky factor (:mod:`.factor`), the power prior and local `σ, λ` (:mod:`.personalisation`);
+* :mod:`.server` — `FedBNRServer`, the server half; :mod:`.evidence` — the evidence, `σ, λ` by type-II ML;
+* :mod:`.metrics` — prequential metrics and the regret's ridge reference; :mod:`.checks` — what is refused;
+* :mod:`.learner` — what an agent runs (`StatsLearner`); :mod:`.aggregation` — what aggregators, shards and
+  the reducer run; :mod:`.estimator` — the River regressor (`FedBNRRegressor`);
+* :mod:`.messages` — `Upload` / `GlobalModel`; :mod:`.wire` — their message kinds; ``_kernels`` / ``_layout`` —
+  the numba loops.
 
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_features=3, kernels=["gaussian:1.0"])
@@ -25,8 +31,8 @@ from pydantic import Field
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 
 if TYPE_CHECKING:
-    from streamfed.algorithms.fedbnr.agent import StatsLearner
     from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation
+    from streamfed.algorithms.fedbnr.learner import StatsLearner
     from streamfed.core.features import RFFMap
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
@@ -83,7 +89,7 @@ class FedBNR(Algorithm):
         return schemas(cfg)
 
     def _client(self, cfg: FleetConfig, client_id: str = "client") -> Any:
-        from streamfed.algorithms.fedbnr.learner import FedBNRClient
+        from streamfed.algorithms.fedbnr.client import FedBNRClient
 
         p = cfg.params
         return FedBNRClient(feature_maps(cfg), sigma=p.sigma, lam=p.lam, min_upload=p.min_upload,
@@ -97,7 +103,7 @@ class FedBNR(Algorithm):
         return {"kernels": ["gaussian:2.0"], "n_kernels": 1, "params": {"min_upload": 32}}
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> StatsLearner:
-        from streamfed.algorithms.fedbnr.agent import StatsLearner
+        from streamfed.algorithms.fedbnr.learner import StatsLearner
 
         if mode == "lockstep":
             raise ValueError("lock-step mode is POF-MKL's protocol; FedBNR is order-free (use async)")
@@ -109,7 +115,7 @@ class FedBNR(Algorithm):
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FedBNRAggregation:
         from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation, RobustFedBNRServer
-        from streamfed.algorithms.fedbnr.learner import FedBNRServer
+        from streamfed.algorithms.fedbnr.server import FedBNRServer
         from streamfed.algorithms.shares import Robust
 
         probe = self._client(cfg)
@@ -130,7 +136,7 @@ class FedBNR(Algorithm):
                 ReplayVariant("fedbnr-local", "FedBNR without federation (each client its own server)", "local")]
 
     def estimator(self, **params: Any) -> Any:
-        from streamfed.algorithms.fedbnr.learner import FedBNRRegressor
+        from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
 
         return FedBNRRegressor(**params)
 

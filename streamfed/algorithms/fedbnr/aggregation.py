@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamfed.algorithms.fedbnr.learner import FedBNRServer, Upload
+from streamfed.algorithms.fedbnr.messages import Upload
+from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.algorithms.fedbnr.wire import global_message, stats_fields
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance

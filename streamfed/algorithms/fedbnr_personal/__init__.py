@@ -4,8 +4,10 @@ sufficient statistics (docs/algorithms.md §5): `y = φ(x)ᵀ(w + δ_k) + ε`, `
 `σ, λ, τ` by the exact evidence, so each client borrows as much strength as the data say the clients
 resemble each other. One kernel (the first of the fleet's dictionary).
 
-* :mod:`.learner` — the client and server halves (and the `τ`-mixture of a fixed grid);
-* :mod:`.fleet_halves` — the learner and aggregation of the plug-in contract; :mod:`.wire` — its messages.
+* :mod:`.client` / :mod:`.server` — the two halves; :mod:`.evidence` — the exact evidence, `σ, λ, τ` by
+  type-II ML; :mod:`.mixture` — the `τ`-mixture of a fixed grid (both halves);
+* :mod:`.learner` / :mod:`.aggregation` — the learner and aggregation of the plug-in contract;
+* :mod:`.messages` — `HierUpload` / `HierGlobal`; :mod:`.wire` — their message kinds.
 
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr-personal", n_inputs=2, n_features=3, kernels=["gaussian:1.0"])
@@ -25,7 +27,8 @@ from streamfed.algorithms.base import Mode, Params, ReplayVariant
 from streamfed.algorithms.fedbnr import FedBNR
 
 if TYPE_CHECKING:
-    from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalAggregation, PersonalLearner
+    from streamfed.algorithms.fedbnr_personal.aggregation import PersonalAggregation
+    from streamfed.algorithms.fedbnr_personal.learner import PersonalLearner
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
 
@@ -77,7 +80,8 @@ class FedBNRPersonal(FedBNR):
 
     def _client(self, cfg: FleetConfig, client_id: str = "client") -> Any:
         from streamfed.algorithms.fedbnr import feature_maps
-        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierClient, FedBNRHierMixClient
+        from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
+        from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient
 
         p = cfg.params
         kw = dict(sigma=p.sigma, lam=p.lam, forgetting=p.forgetting, own_forgetting=p.own_forgetting,
@@ -96,13 +100,13 @@ class FedBNRPersonal(FedBNR):
     def estimator(self, **params: Any) -> Any:
         """A fleet of one: with a single client the model is Bayesian linear regression with prior scale
         `√(λ² + τ²)` (λ and τ are not separately identifiable), i.e. FedBNR's River regressor."""
-        from streamfed.algorithms.fedbnr.learner import FedBNRRegressor
+        from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
 
         lam, tau = float(params.pop("lam", 1.0)), float(params.pop("tau", 1.0))
         return FedBNRRegressor(lam=math.hypot(lam, tau), **params)
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> PersonalLearner:
-        from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalLearner
+        from streamfed.algorithms.fedbnr_personal.learner import PersonalLearner
 
         if mode == "lockstep":
             raise ValueError("personalised FedBNR is order-free (use async)")
@@ -110,8 +114,9 @@ class FedBNRPersonal(FedBNR):
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PersonalAggregation:
-        from streamfed.algorithms.fedbnr_personal.fleet_halves import PersonalAggregation
-        from streamfed.algorithms.fedbnr_personal.learner import FedBNRHierMixServer, FedBNRHierServer
+        from streamfed.algorithms.fedbnr_personal.aggregation import PersonalAggregation
+        from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixServer
+        from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 
         probe = self._client(cfg)
         p = cfg.params

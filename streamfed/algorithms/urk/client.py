@@ -1,6 +1,6 @@
 """The client half of URK-FedBNR.
 
-Phase 2 is FedBNR's client itself (:class:`~streamfed.algorithms.fedbnr.learner.FedBNRClient`) over the frozen
+Phase 2 is FedBNR's client itself (:class:`~streamfed.algorithms.fedbnr.client.FedBNRClient`) over the frozen
 network of the current kernel version (a :class:`~.network.URKFeatureMap`, numpy only): prequential
 predictions, rank-one updates, delta statistics above the privacy floor. One FedBNR client serves one kernel
 version; a global of a newer version replaces it by a new one over the new network, into which the client
@@ -26,7 +26,9 @@ import numpy as np
 
 from streamfed.algorithms.base import NonFiniteError, Update
 from streamfed.algorithms.chunks import split_vector
-from streamfed.algorithms.fedbnr.learner import FedBNRClient, GlobalModel, ridge_loss
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.messages import GlobalModel
+from streamfed.algorithms.fedbnr.metrics import ridge_loss
 from streamfed.algorithms.urk.messages import URKGlobal
 from streamfed.algorithms.urk.network import URKFeatureMap, URKWeights
 from streamfed.algorithms.urk.wire import chunk_update, stats_update

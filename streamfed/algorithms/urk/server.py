@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from streamfed.algorithms.chunks import Reassembly
-from streamfed.algorithms.fedbnr.learner import fit_hyperparameters, log_evidence
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.algorithms.shares import share_allowance
 from streamfed.algorithms.urk.bounds import RobustProposals, per_client_rows, robust_delta

@@ -1,151 +1,25 @@
-"""Personalised FedBNR in the plug-in contract (docs/algorithms.md §5): the agent's learner around
-`FedBNRHierClient`, the aggregation around `FedBNRHierServer` (statistics kept per client, the shared
-posterior and `σ, λ, τ` by the exact evidence at each window's end)."""
+"""The :class:`~streamfed.algorithms.base.Aggregation` of personalised FedBNR — what aggregators, shards and the
+reducer run (docs/algorithms.md §5.4): the aggregation around `FedBNRHierServer` (statistics kept per client,
+the shared posterior and `σ, λ, τ` by the exact evidence at each window's end)."""
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fedbnr.aggregation import check_statistics
-from streamfed.algorithms.fedbnr.learner import ridge_loss
-from streamfed.algorithms.fedbnr_personal.learner import (
-    FedBNRHierClient,
-    FedBNRHierMixClient,
-    FedBNRHierMixServer,
-    FedBNRHierServer,
-    HierGlobal,
-    HierUpload,
-)
+from streamfed.algorithms.fedbnr_personal.messages import HierUpload
+from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixServer
+from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
-from streamfed.wire.message import Message, writable_copy
+from streamfed.wire.message import Message
 
-__all__ = ["PersonalAggregation", "PersonalLearner"]
-
-
-class PersonalLearner:
-    """The :class:`~streamfed.algorithms.base.Learner` of personalised FedBNR: the exact posterior of this
-    client's own weights `w + δ_k` given the shared posterior and all its own data.
-
-    >>> learner = PersonalLearner(FedBNRHierClient(n_inputs=1, n_features=4, min_upload=2))
-    >>> _ = learner.learn(np.array([0.1]), 1.0); _ = learner.learn(np.array([0.2]), 1.0)
-    >>> up = learner.take_update()
-    >>> up.seq, up.n_samples, float(up.arrays["time"])
-    (1, 2, 2.0)
-    """
-
-    def __init__(self, client: FedBNRHierClient | FedBNRHierMixClient, kernel_names: Sequence[str] = ()) -> None:
-        self.client = client
-        self.mixture = isinstance(client, FedBNRHierMixClient)
-        # with the τ-mixture its "kernels" are the models of the grid, its weights their mixture weights
-        self._names = tuple(f"tau={t:g}" for t in client.tau_grid) if self.mixture else tuple(kernel_names)
-        self._version = 0
-
-    @property
-    def global_version(self) -> int:
-        return self._version
-
-    @property
-    def kernel_names(self) -> Sequence[str]:
-        return self._names
-
-    @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return self.client.weights() if self.mixture else None
-
-    def regret(self) -> Regret:
-        """Against the best fixed ridge predictor on this client's own samples, at the prior scale of its
-        weights without sharing (`√(λ² + τ²)`; with the mixture, the best over its models)."""
-        c = self.client
-        own = c.own_stats()
-        if own.n == 0:
-            return Regret(0.0, 0.0, 0.0)
-        models = c.models if self.mixture else [c]
-        ridge = [float(ridge_loss(own, m.sigma, math.hypot(m.lam, m.tau))) for m in models]
-        return Regret(float(own.n), float(c.metrics.sq_loss), min(ridge), int(np.argmin(ridge)))
-
-    def diagnostics(self) -> dict[str, float]:
-        """Shared vs personal evidence: the exact log evidence of the whole fleet's hierarchical model (from the
-        installed global; the best model of the grid with the mixture) and this client's own prequential log
-        evidence, `Σ_t log p(y_t | y_<t)` of the predictions it made."""
-        c = self.client
-        models = c.models if self.mixture else [c]
-        shared = [g.log_evidence for m in models if (g := m.installed_global) is not None]
-        out = {"own_log_evidence": -float(c.metrics.nlpd_sum)}
-        if shared:
-            out["shared_log_evidence"] = float(max(shared))
-        return out
-
-    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
-        mean, var = self.client.predict(x)
-        return float(mean), float(var)
-
-    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        # the client's learning step returns the prediction it made before learning: one pass instead of a
-        # prediction and a step that predicts again (the published prediction waits for the O(F²) update)
-        mean, var = self.client.learn(x, y)
-        return float(mean), float(var)
-
-    def end_learn(self) -> None:
-        pass
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        return self.begin_learn(x, y)
-
-    def take_update(self) -> Update | None:
-        up = self.client.make_upload()
-        if up is None:
-            return None
-        st = up.stats
-        arrays = {"S_upper": pack_upper(st.S), "b": np.array(st.b, dtype=np.float64), "n": np.asarray(float(st.n)),
-                  "q": np.asarray(float(st.q)), "time": np.asarray(float(up.time))}
-        return Update(arrays, int(up.count), self._version, seq=int(up.seq), epoch=int(st.epoch))
-
-    def flush(self) -> list[Update]:
-        return []  # pending statistics below the privacy floor never leave the device (see pending_samples)
-
-    @property
-    def pending_samples(self) -> int:
-        """Samples learned but not yet uploadable: below the privacy floor `min_upload`."""
-        return int(self.client.n_pending)
-
-    def install_global(self, msg: Message) -> bool:
-        gs = global_from_message(msg)
-        expected = len(self.client.models) if self.mixture else 1
-        if len(gs) != expected:
-            raise ValueError(f"global carries {len(gs)} models, this learner has {expected}")
-        installed = bool(self.client.apply_global(gs) if self.mixture else self.client.apply_global(gs[0]))
-        if installed:
-            self._version = msg.global_version
-        return installed
-
-    def warm_up(self, x: np.ndarray) -> None:
-        twin = copy.deepcopy(self.client)
-        twin.predict(x)
-        twin.learn(x, 0.0)
-
-
-def global_from_message(msg: Message) -> list[HierGlobal]:
-    """The :class:`HierGlobal` of each model of a decoded global (writable copies)."""
-    if msg.kind != GLOBAL:
-        raise ValueError(f"expected a {GLOBAL!r} message, got {msg.kind!r}")
-    hs = writable_copy(msg.arrays["h"], "float64")
-    a_upper = writable_copy(msg.arrays["A_upper"], "float64")
-    scalars = {k: np.asarray(msg.arrays[k], dtype=np.float64).reshape(-1) for k in SCALARS}
-    out = []
-    for j in range(hs.shape[0]):
-        s = {k: float(v[j]) for k, v in scalars.items()}
-        out.append(HierGlobal(msg.global_version, msg.kernel_version, msg.epoch, s["time"], s["forgetting"],
-                              s["sigma"], s["lam"], s["tau"], unpack_upper(a_upper[j], hs.shape[1]), hs[j],
-                              s["log_evidence"], dict(msg.included)))
-    return out
+__all__ = ["ClientSums", "PersonalAggregation"]
 
 
 class PersonalAggregation(SummingWindow):
@@ -268,5 +142,4 @@ def _merge(a: HierUpload, b: HierUpload, forgetting: float) -> HierUpload:
     scale = forgetting ** (late.time - early.time) if forgetting != 1.0 else 1.0
     st = late.stats + (early.stats.scaled(scale) if scale != 1.0 else early.stats)
     return HierUpload(a.client, max(a.seq, b.seq), late.time, a.count + b.count, st)
-
 

@@ -1,0 +1,577 @@
+"""The client half of online FedBNR (docs/algorithms.md §4): Bayesian linear regression on random features,
+`y = φ(x)ᵀw + ε`, prior `w ~ N(0, λ²I)`, noise `ε ~ N(0, σ²)`, whose additive statistics `(S, b, n, q)`
+(:mod:`streamfed.core.stats`) are all the fleet needs.
+
+:class:`FedBNRClient` keeps the statistics of samples it has not uploaded yet (*pending*), the uploads the
+server has not acknowledged yet (*unacked*) and a working posterior `global + unacked + pending` as the
+Cholesky factor of an augmented precision matrix (:mod:`.factor`), updated by one rank-one Cholesky update
+per sample (`O(F²)`, the compiled kernels; its state lives in one packed buffer, :mod:`.packed_state`).
+:meth:`FedBNRClient.make_upload` turns at least `min_upload` pending samples into an :class:`~.messages.Upload`
+(delta statistics + per-client sequence number); :meth:`FedBNRClient.apply_global` installs a
+:class:`~.messages.GlobalModel` (one refactorisation) without counting twice the uploads the global already
+contains (`GlobalModel.included[client]` is the highest sequence number summed, all lower ones included too).
+
+Kernel dictionary: with `K` feature maps of the same size `F` (:mod:`.features`) all statistics carry a
+leading `K` axis; each kernel has its own `σ_k, λ_k`; prediction is the Bayesian model average with weights
+`∝ exp(log p_k(y))`, each kernel's evidence of the client's working statistics (computed in the log
+domain), moment-matched to one Gaussian.
+
+Forgetting (`forgetting = γ < 1`, for drifting streams) acts on the client's *working posterior only*;
+uploads and the global stay exact sums. Before each local sample the augmented precision is multiplied
+by `γ` (factor scaled by `√γ`: `A, h, c` and the prior all decay), then the sample is added. So every
+piece of information enters the working posterior once — an own sample when observed, other clients'
+samples when a global containing them arrives — and then loses a factor `γ` per local sample. To keep
+the prior from vanishing with it, the precision it loses on average, `(1-γ)λ⁻²` per coordinate per
+sample, is given back as one extra rank-one update `F(1-γ)λ⁻² e_j e_jᵀ` on coordinate `j = t mod F`
+(cyclic refresh, still `O(F²)`): the prior stays diagonal, equal to `λ⁻²I` on average, each entry
+oscillating within a factor `γ^F` over a cycle. With forgetting, "evidence" (used for the dictionary
+weights) is that of the decayed statistics, a heuristic.
+
+Personalisation (optional, :mod:`.personalisation`): a power prior `others_weight = α` on the other clients'
+statistics (`"auto"`: α by the evidence of the client's own data), and `local_hyperparameters`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from streamfed.algorithms.fedbnr import _layout as lay
+from streamfed.algorithms.fedbnr._compiled import kern
+from streamfed.algorithms.fedbnr.checks import all_finite_products, all_finite_squares, check_positive, check_target
+from streamfed.algorithms.fedbnr.factor import factorise, posterior_of_factor, stats_from_factor
+from streamfed.algorithms.fedbnr.features import _DefaultFeatures, client_features
+from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
+from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, ridge_loss
+from streamfed.algorithms.fedbnr.packed_state import PackedState
+from streamfed.algorithms.fedbnr.personalisation import choose_others_weight, fit_local
+from streamfed.core.features import FeatureMap
+from streamfed.core.river_inputs import gaussian
+from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
+
+if TYPE_CHECKING:
+    from river.proba import Gaussian
+
+__all__ = ["FedBNRClient"]
+
+
+class FedBNRClient(PackedState):
+    """The client half of online FedBNR.
+
+    Give it a feature map (or a list of maps of equal size for a kernel dictionary), or let it build
+    the default Gaussian RFF + bias map from `n_inputs`, `n_features` (`D`, so `F = 2D + 1`),
+    `bandwidth` (a float, or a sequence of floats for a Gaussian bandwidth dictionary) and `seed`.
+
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(-2, 2, (200, 1)); y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(200)
+    >>> client = FedBNRClient(n_inputs=1, n_features=20, bandwidth=0.5, sigma=0.1, lam=1.0)
+    >>> for xi, yi in zip(X, y):
+    ...     client.learn(xi, yi)
+    >>> mean, var = client.predict(np.array([0.5]))
+    >>> bool(abs(mean - np.sin(1.0)) < 0.1 and 0.1**2 < var < 0.05)
+    True
+    >>> up = client.make_upload()           # 200 >= min_upload=32 pending samples
+    >>> up.seq, up.n_samples, client.n_pending
+    (1, 200.0, 0)
+    >>> from streamfed.algorithms.fedbnr.server import FedBNRServer
+    >>> server = FedBNRServer.for_client(client)
+    >>> server.apply(up), server.apply(up)  # the duplicate changes nothing
+    (True, False)
+    >>> client.apply_global(server.publish())
+    True
+    >>> bool(abs(client.predict(np.array([0.5]))[0] - mean) < 0.05)  # refitted σ, λ; same data
+    True
+    """
+
+    def __init__(
+        self,
+        feature_map: FeatureMap | Sequence[FeatureMap] | None = None,
+        *,
+        n_inputs: int | None = None,
+        n_features: int = 64,
+        bandwidth: float | Sequence[float] = 1.0,
+        seed: int = 0,
+        sigma: float = 1.0,
+        lam: float = 1.0,
+        min_upload: int = 32,
+        forgetting: float = 1.0,
+        others_weight: float | str = 1.0,
+        local_hyperparameters: bool = False,
+        client_id: str = "client",
+    ) -> None:
+        self._features = client_features(feature_map, n_inputs=n_inputs, n_features=n_features,
+                                         bandwidth=bandwidth, seed=seed)
+        # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
+        self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
+            self._features.bank.frequency_matrix, self._features.bank.scratch, self._features.bank.n_inputs)
+        if not (0.0 < float(forgetting) <= 1.0):
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
+        if int(min_upload) < 1:
+            raise ValueError(f"min_upload must be >= 1, got {min_upload!r}")
+        self.auto_weight = others_weight == "auto"
+        if not self.auto_weight and not (0.0 <= float(others_weight) <= 1.0):
+            raise ValueError(f"others_weight must be in [0, 1] or 'auto', got {others_weight!r}")
+        # α of the power prior on the other clients' statistics (see .personalisation).
+        self.others_weight = 1.0 if self.auto_weight else float(others_weight)
+        # Refit σ, λ on this client's working statistics at every global instead of taking the global's.
+        self.local_hyperparameters = bool(local_hyperparameters)
+        self.client_id = str(client_id)
+        self.min_upload = int(min_upload)
+        self.forgetting = float(forgetting)
+        self.kernel_version = self._features.version
+        self.epoch = 0
+        kk, f = self._features.n_kernels, self._features.dim
+        self.n_kernels, self.dim = kk, f
+        sigma0, lam0 = check_positive("sigma", sigma), check_positive("lam", lam)
+        # All per-sample state in one packed float64 buffer (see .packed_state): the prequential step is then
+        # one numba call with three arguments. `_ra`, `sigma`, `lam`, ... are views of it.
+        self._allocate()
+        self._pdiag[...] = 1.0  # prior precision / λ⁻², per coordinate (≠ 1 only with forgetting)
+        self.sigma[:] = sigma0
+        self.lam[:] = lam0
+        # Pending statistics: upper triangle of S only, kept exact and undecayed (they are uploaded);
+        # rows are staged and folded into the scatter STAGE at a time (see _kernels.flush).
+        # Working posterior: augmented upper factor per kernel (`_ra`), and the working n, q.
+        self._unacked: dict[int, Upload] = {}
+        self._own_uploaded = SufficientStats.zeros(f, (kk,), self.kernel_version, self.epoch)
+        self._global: GlobalModel | None = None
+        self._next_seq = 1
+        self._cache: tuple[np.ndarray, np.ndarray, float, float] | None = None
+        self.metrics = PrequentialMetrics()
+        self._rebuild(np.zeros((kk, f, f)), np.zeros((kk, f)), 0.0, self.sigma, self.lam, self._pdiag)
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def kernel_names(self) -> list[str]:
+        return list(self._features.names)
+
+    @property
+    def n_pending(self) -> int:
+        """Samples learned since the last upload."""
+        return self._n_pend
+
+    @property
+    def unacked(self) -> list[Upload]:
+        """Uploads not yet contained in the latest global (e.g. to resend after a reconnect)."""
+        return [self._unacked[s] for s in sorted(self._unacked)]
+
+    @property
+    def global_version(self) -> int:
+        """Version of the global installed (0: none yet)."""
+        return 0 if self._global is None else self._global.version
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """`φ(x)` for every kernel, shape `(K, F)` (validated: a `ValueError` for bad input)."""
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        if x.ndim != 1 or not kern.all_finite(x):
+            raise ValueError(f"input must be a finite 1-d vector, got shape {x.shape}"
+                             + ("" if x.ndim != 1 else " with a non-finite value"))
+        phi = self._features.transform(x)
+        if isinstance(self._features, _DefaultFeatures):
+            return phi  # shape and finiteness checked inside
+        phi = np.ascontiguousarray(phi, dtype=np.float64)
+        if phi.shape != (self.n_kernels, self.dim) or not kern.all_finite(phi.reshape(-1)):
+            raise ValueError("the feature map produced a non-finite or wrongly shaped feature vector")
+        return phi
+
+    def features_many(self, xs: np.ndarray) -> np.ndarray:
+        """`φ` of each row of `xs`: `(T, K, F)`."""
+        xs = np.asarray(xs, dtype=np.float64)
+        if xs.ndim != 2 or not np.all(np.isfinite(xs)):
+            raise ValueError(f"inputs must be a finite (T, d) array, got shape {xs.shape}")
+        if xs.shape[0] == 0:
+            return np.empty((0, self.n_kernels, self.dim))
+        phis = self._features.transform_many(xs)
+        if phis.shape != (xs.shape[0], self.n_kernels, self.dim) or not np.all(np.isfinite(phis)):
+            raise ValueError("the feature map produced non-finite or wrongly shaped features")
+        return phis
+
+    # ------------------------------------------------------------------ prediction
+    def _log_weights(self) -> np.ndarray:
+        if self.n_kernels > 1 and self._logw_dirty:
+            for k in range(self.n_kernels):
+                self._logw[k] = kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k],
+                                                              self.lam[k])
+            self._logw_dirty = False
+        return self._logw
+
+    def kernel_weights(self) -> np.ndarray:
+        """Bayesian-model-average weights of the kernels (each ∝ its working evidence)."""
+        lw = self._log_weights()
+        w = np.exp(lw - lw.max())
+        return w / w.sum()
+
+    def log_evidence(self) -> np.ndarray:
+        """Log evidence of the working statistics per kernel (`O(F)` each, from the factor)."""
+        return np.array([kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k], self.lam[k])
+                         for k in range(self.n_kernels)])
+
+    @property
+    def best_kernel(self) -> int:
+        """Index of the kernel with the largest working evidence."""
+        return int(np.argmax(self.log_evidence()))
+
+    def predict_features(self, phi: np.ndarray) -> tuple[float, float]:
+        """Predictive `(mean, variance)` for features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
+        if phi.ndim != 2 or not phi.flags.c_contiguous or phi.dtype != np.float64:
+            phi = np.ascontiguousarray(phi, dtype=np.float64).reshape(self.n_kernels, self.dim)
+        return kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
+                                    self._means, self._vars)
+
+    def _fast_input(self, x: Any) -> np.ndarray | None:
+        """`x` itself when the packed numba path can take it (default map, float64 vector of the right
+        length), else `None`."""
+        if (self._fast is not None and type(x) is np.ndarray and x.dtype == np.float64 and x.ndim == 1
+                and x.shape[0] == self._fast[2]):
+            return x
+        return None
+
+    def predict(self, x: np.ndarray) -> tuple[float, float]:
+        """Predictive `(mean, variance)` at `x`: `N(φᵀm, σ² + φᵀA⁻¹φ)` (moment-matched over kernels)."""
+        xf = self._fast_input(x)
+        if xf is not None:
+            # Hot path: features and predictive in one numba call on the packed state.
+            ok, mu, var = kern.packed_predict(self._buf, xf)
+            if not ok:
+                raise ValueError("input contains a non-finite value")
+            x = xf.copy()  # our own copy (it is cached: the caller may change x before learn)
+        else:
+            x = np.array(x, dtype=np.float64)
+            phi = self.features(x)
+            mu, var = kern.predict_mixture(self._ra, phi, self.sigma, self._log_weights(), self._work,
+                                           self._means, self._vars)
+            self._phi[...] = phi
+        # learn(x, y) right after predict(x) reuses this; while it is set, `_phi` holds φ(x).
+        self._cache = (x, mu, var)
+        return mu, var
+
+    def learn_predict(self, x: np.ndarray, y: float) -> tuple[float, float]:
+        """One prequential step: the predictive `(mean, variance)` at `x` made *before* learning, then
+        learn `(x, y)` — the same as :meth:`predict` then :meth:`learn`, in one numba call on the default
+        RFF map (the per-sample hot path). Bad input raises `ValueError` and changes nothing."""
+        if type(y) is not float:
+            y = check_target(y)
+        xf = self._fast_input(x)
+        if xf is None:
+            mu, var = self.predict(x)
+            self.learn(x, y)
+            return mu, var
+        status, mu, var = kern.packed_step(self._buf, xf, y)
+        if status:
+            self._cache = None
+            raise ValueError("input contains a non-finite value" if status == 1 else
+                             f"target must be finite (and |y| < 1e154), got {y!r}, or features times "
+                             f"target overflow")
+        self._cache = None
+        # PrequentialMetrics.update, inlined (per-sample hot path).
+        m = self.metrics
+        r = y - mu
+        m.count += 1
+        m.sq_loss += r * r
+        m.covered += abs(r) <= Z95 * math.sqrt(var)
+        m.nlpd_sum += 0.5 * math.log(2.0 * math.pi * var) + 0.5 * r * r / var
+        return mu, var
+
+    def predict_one(self, x: np.ndarray, with_dist: bool = False) -> float | Gaussian:
+        """River-style: the predictive mean, or with `with_dist` the predictive `river.proba.Gaussian`
+        `N(φᵀm, σ² + φᵀA⁻¹φ)`."""
+        mu, var = self.predict(x)
+        return gaussian(mu, var) if with_dist else mu
+
+    def learn_one(self, x: np.ndarray, y: float) -> None:
+        """Alias of :meth:`learn` (River naming)."""
+        self.learn(x, y)
+
+    def predict_kernels(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each kernel's own predictive `(means (K,), variances (K,))`."""
+        self.predict_features(self.features(x))
+        return self._means.copy(), self._vars.copy()
+
+    def predict_many(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive means and variances of each row of `xs` (no learning)."""
+        phis = self.features_many(xs)
+        means = np.empty(phis.shape[0])
+        variances = np.empty(phis.shape[0])
+        lw = self._log_weights()
+        for t in range(phis.shape[0]):
+            means[t], variances[t] = kern.predict_mixture(self._ra, phis[t], self.sigma, lw, self._work,
+                                                          self._means, self._vars)
+        return means, variances
+
+    # ------------------------------------------------------------------ learning
+    def learn(self, x: np.ndarray, y: float) -> None:
+        """Predict `x` (prequential metrics), then add `(x, y)`: `O(F²)` per kernel."""
+        y = check_target(y)  # a Python float from here on: numpy scalar arithmetic is slow
+        cache = self._cache
+        if cache is not None:
+            x = np.ascontiguousarray(x, dtype=np.float64)
+            if x.ndim == 1 and kern.same_vector(cache[0], x):
+                _, mu, var = cache  # φ(x) is in _phi
+                self._learn_checked(None, y)
+                self.metrics.update(mu, var, y)
+                return
+        self.learn_predict(x, y)
+
+    def learn_features(self, phi: np.ndarray, y: float) -> None:
+        """:meth:`learn` for precomputed features `phi` (`(K, F)`, or `(F,)` when `K = 1`)."""
+        y = check_target(y)
+        phi = np.array(phi, dtype=np.float64)
+        if phi.size != self.n_kernels * self.dim or not kern.all_finite(phi.reshape(-1)):
+            raise ValueError(f"features must be finite with {self.n_kernels}x{self.dim} values")
+        phi = phi.reshape(self.n_kernels, self.dim)
+        mu, var = self.predict_features(phi)
+        self._learn_checked(phi, y)
+        self.metrics.update(mu, var, y)
+
+    def _learn_checked(self, phi: np.ndarray | None, y: float) -> None:
+        """Learn features `phi` (`None`: those already in `_phi`) with target `y` (a checked float)."""
+        if phi is not None:
+            self._phi[...] = phi
+        self._cache = None
+        if not kern.packed_learn(self._buf, y):  # checked before anything was touched
+            raise ValueError("features times target overflow")
+
+    def _set_hyper(self, sigma: np.ndarray, lam: np.ndarray) -> None:
+        self.sigma[:] = np.asarray(sigma, dtype=np.float64)  # in place: views of the packed buffer
+        self.lam[:] = np.asarray(lam, dtype=np.float64)
+        self._inv_sigma[:] = 1.0 / self.sigma
+        self._sqrt_gamma = math.sqrt(self.forgetting)
+        self._buf[lay.H_GAMMA] = self.forgetting
+        # √(F(1-γ)) / λ_k: the rank-one refresh that returns the prior precision lost to forgetting.
+        self._refresh[:] = np.sqrt(self.dim * (1.0 - self.forgetting)) / self.lam
+
+    def _after_learn(self, ys: np.ndarray) -> None:
+        # Bookkeeping that mirrors what the numba kernels did to the factor for these targets.
+        g = self.forgetting
+        t = ys.shape[0]
+        y2 = ys * ys
+        self._n_pend += t
+        self._q_pend += float(y2.sum())
+        if g == 1.0:
+            self._n_work += t
+            self._q_work += float(y2.sum())
+        else:
+            decay = g ** np.arange(t - 1, -1, -1)  # weight of row i after the last row: γ^(T-1-i)
+            self._n_work = g**t * self._n_work + float(decay.sum())
+            self._q_work = g**t * self._q_work + float(decay @ y2)
+            self._pdiag *= g**t
+            cols = (self._refresh_j + np.arange(t)) % self.dim
+            np.add.at(self._pdiag, (slice(None), cols), self.dim * (1.0 - g) * decay)
+            self._refresh_j = int((self._refresh_j + t) % self.dim)
+        self._cache = None
+        self._logw_dirty = True
+
+    def learn_many(self, xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prequential pass over rows: returns the predictive means and variances made *before* each
+        row was learned (identical to a loop of :meth:`predict` + :meth:`learn`). All rows are checked
+        before any is learned, so bad input leaves the state unchanged."""
+        ys = np.asarray(ys, dtype=np.float64)
+        xs = np.asarray(xs, dtype=np.float64)
+        if xs.ndim != 2 or ys.shape != (xs.shape[0],):
+            raise ValueError(f"expected xs (T, d) and ys (T,), got {xs.shape} and {ys.shape}")
+        if not all_finite_squares(ys):
+            raise ValueError("targets must be finite")
+        return self.learn_features_many(self.features_many(xs), ys)
+
+    def learn_features_many(self, phis: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`learn_many` for precomputed features `(T, K, F)`."""
+        phis = np.ascontiguousarray(phis, dtype=np.float64)
+        ys = np.ascontiguousarray(ys, dtype=np.float64)
+        t = ys.shape[0]
+        phis = phis.reshape(t, self.n_kernels, self.dim)
+        if not (np.all(np.isfinite(phis)) and all_finite_squares(ys)
+                and all_finite_products(phis, ys[:, None, None])):
+            raise ValueError("features and targets must be finite")
+        means = np.empty(t)
+        variances = np.empty(t)
+        self._staged = kern.learn_batch(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
+                                        self._staged, phis, ys, self.sigma, self.lam, self._n_work,
+                                        self._sqrt_gamma, self._refresh, self._refresh_j, self._work,
+                                        means, variances)
+        self._after_learn(ys)
+        self.metrics.update_many(means, variances, ys)
+        return means, variances
+
+    # ------------------------------------------------------------------ federation
+    def _flush(self) -> None:
+        if self._staged:
+            kern.flush(self._s_pend, self._b_pend, self._stage, self._stage_y, self._staged)
+            self._staged = 0
+
+    def _pending_stats(self) -> SufficientStats:
+        self._flush()
+        s_upper = pack_upper(self._s_pend)  # only the upper triangle was accumulated
+        return SufficientStats(unpack_upper(s_upper, self.dim), self._b_pend, float(self._n_pend),
+                               self._q_pend, self.kernel_version, self.epoch)
+
+    def make_upload(self) -> Upload | None:
+        """The delta statistics of the pending samples as an :class:`Upload`, or `None` while fewer than
+        `min_upload` samples are pending (the privacy floor). Raises `ValueError` (and keeps the
+        samples pending) if any statistic is not finite."""
+        if self._n_pend < self.min_upload:
+            return None
+        stats = self._pending_stats().check_finite()
+        up = Upload(self.client_id, self._next_seq, self.global_version, stats)
+        self._unacked[up.seq] = up
+        self._own_uploaded += stats
+        self._next_seq += 1
+        self._s_pend[...] = 0.0
+        self._b_pend[...] = 0.0
+        self._n_pend = 0
+        self._q_pend = 0.0
+        return up
+
+    def own_stats(self) -> SufficientStats:
+        """Statistics of every sample this client has learned (uploaded or pending)."""
+        return self._own_uploaded + self._pending_stats()
+
+    def rebase(self, epoch: int) -> None:
+        """Join epoch `epoch` of a server that lost its state (docs/reliability.md § Lost state): every sample
+        this client has learned, uploaded or pending, becomes pending again under the new epoch, so its next
+        upload carries its totals; upload numbers restart at 1. Statistics of older epochs are never summed
+        with the new ones. `ValueError` (nothing changed) with forgetting — decayed statistics have no exact
+        total to send — or for an epoch that is not newer."""
+        if int(epoch) <= self.epoch:
+            raise ValueError(f"epoch {epoch} is not newer than this client's {self.epoch}")
+        if self.forgetting != 1.0:
+            raise ValueError("a client with forgetting has no exact totals to upload again")
+        own = self.own_stats()
+        self.epoch = int(epoch)
+        self._s_pend[...] = own.S
+        self._b_pend[...] = own.b
+        self._n_pend = int(round(float(own.n)))
+        self._q_pend = float(own.q)
+        self._unacked = {}
+        self._own_uploaded = self._zero_stats()
+        self._next_seq = 1
+        self._global = None
+
+    def working_stats(self) -> SufficientStats:
+        """The statistics behind the working posterior.
+
+        Without forgetting: `global + unacked uploads + pending` (exact sums). With forgetting: the
+        decayed statistics recovered from the factor (`σ²(A - λ⁻²P)`, `σ²h`, `σ²c`).
+        """
+        if self.forgetting == 1.0:
+            return self._exact_work_stats()
+        s, b = stats_from_factor(self._ra, self.sigma, self.lam, self._pdiag)
+        return SufficientStats(s, b, self._n_work, self._q_work, self.kernel_version, self.epoch)
+
+    def _zero_stats(self) -> SufficientStats:
+        return SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+
+    def _exact_work_stats(self) -> SufficientStats:
+        total = self._pending_stats()
+        not_in = self._zero_stats()
+        for up in self._unacked.values():
+            not_in += up.stats
+        total += not_in
+        if self._global is not None:
+            own_in = self._own_uploaded - not_in
+            total += (self._global.stats - own_in).scaled(self.others_weight) + own_in
+        return total
+
+    def choose_others_weight(self, others: SufficientStats, own: SufficientStats, sigma: np.ndarray,
+                             lam: np.ndarray) -> float:
+        """The α of the grid maximising the evidence of this client's own data under the power prior
+        `N(0, λ²I) × L_others^α` (:func:`.personalisation.choose_others_weight`)."""
+        return choose_others_weight(others, own, sigma, lam, self.others_weight)
+
+    def _rebuild(self, s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam: np.ndarray,
+                 pdiag: np.ndarray) -> None:
+        """Refactorise the working posterior from statistics `(S (K,F,F), b (K,F), q)`: `O(F³)` per kernel,
+        all-or-nothing (a failure changes nothing; :func:`.factor.factorise`)."""
+        ra = factorise(s_mat, b, q, sigma, lam, pdiag)
+        self._ra[...] = ra
+        self._set_hyper(sigma, lam)
+        self._pdiag[...] = np.array(pdiag, dtype=np.float64)
+        self._cache = None
+        self._logw_dirty = True
+
+    def apply_global(self, g: GlobalModel) -> bool:
+        """Install a global (one refactorisation). Returns `False` (and changes nothing) for a global not
+        newer than the installed one. The working posterior becomes `global + own uploads not contained
+        in it + pending` (with forgetting: the current decayed posterior plus the other clients'
+        statistics that are new in this global; with `others_weight = α < 1`, the other clients' part
+        counts α times — α re-chosen here when `"auto"`). `σ, λ` are taken from the global."""
+        if g.kernel_version != self.kernel_version or g.epoch != self.epoch:
+            raise ValueError(f"global is for kernel version {g.kernel_version!r}/epoch {g.epoch}, "
+                             f"this client uses {self.kernel_version!r}/epoch {self.epoch}")
+        if g.stats.S.shape != (self.n_kernels, self.dim, self.dim):
+            raise ValueError(f"global statistics have shape {g.stats.S.shape}, expected "
+                             f"{(self.n_kernels, self.dim, self.dim)}")
+        sigma = np.asarray(g.sigma, dtype=np.float64).reshape(-1)
+        lam = np.asarray(g.lam, dtype=np.float64).reshape(-1)
+        if sigma.shape != (self.n_kernels,) or lam.shape != (self.n_kernels,):
+            raise ValueError("global hyperparameters must have one value per kernel")
+        if not (g.stats.is_finite() and np.all(np.isfinite(sigma)) and np.all(np.isfinite(lam))
+                and np.all(sigma > 0) and np.all(lam > 0)):
+            raise ValueError("global contains non-finite statistics or non-positive hyperparameters")
+        if self._global is not None and g.version <= self._global.version:
+            return False
+        inc = int(g.included.get(self.client_id, 0))
+        newly_in = [s for s in self._unacked if s <= inc]
+        not_in = self._zero_stats()
+        for seq, up in self._unacked.items():
+            if seq > inc:
+                not_in += up.stats
+        alpha = self.others_weight
+        if self.auto_weight:
+            own_all = self.own_stats()
+            alpha = self.choose_others_weight(g.stats - (self._own_uploaded - not_in), own_all, sigma, lam)
+        if self.forgetting == 1.0:
+            # Exact: global + own uploads the global does not contain + pending.
+            total = self._pending_stats() + g.stats + not_in
+            if alpha != 1.0:
+                # Tempered: α × (global - own part of it) + own part of it.
+                own_in = self._own_uploaded - not_in
+                total -= (g.stats - own_in).scaled(1.0 - alpha)
+            if self.local_hyperparameters:
+                sigma, lam = fit_local(total.S, total.b, total.n, total.q, sigma, lam)
+            self._rebuild(total.S, total.b, total.q, sigma, lam, self._pdiag)
+            self._n_work, self._q_work = total.n, total.q
+        else:
+            # Current decayed posterior + what is new in this global from the *other* clients (own
+            # samples newly included entered when they were learned, and have been decaying since).
+            s, b = stats_from_factor(self._ra, self.sigma, self.lam, self._pdiag)
+            delta = g.stats.copy() if self._global is None else g.stats - self._global.stats
+            for seq in newly_in:
+                delta -= self._unacked[seq].stats
+            delta = delta.scaled(alpha)
+            if self.local_hyperparameters:
+                sigma, lam = fit_local(s + delta.S, b + delta.b, self._n_work + delta.n,
+                                       self._q_work + delta.q, sigma, lam)
+            self._rebuild(s + delta.S, b + delta.b, self._q_work + delta.q, sigma, lam, self._pdiag)
+            self._n_work += delta.n
+            self._q_work += delta.q
+        self.others_weight = alpha
+        for seq in newly_in:
+            del self._unacked[seq]
+        # A client that restarted must not reuse sequence numbers the server has already summed.
+        self._next_seq = max(self._next_seq, inc + 1)
+        self._global = g
+        return True
+
+    # ------------------------------------------------------------------ posterior and regret
+    def posterior(self, kernel: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean `m = σ⁻²A⁻¹b` and covariance `A⁻¹` of one kernel's weights (`O(F³)`)."""
+        return posterior_of_factor(self._ra[kernel])
+
+    def regret(self) -> dict[str, float]:
+        """Cumulative squared loss of the prequential predictions vs the best fixed ridge predictor in
+        hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`)."""
+        own = self.own_stats()
+        if own.n == 0:
+            return {"n": 0.0, "loss": 0.0, "ridge_loss": 0.0, "regret": 0.0, "regret_per_sample": math.nan}
+        ridge = np.atleast_1d(ridge_loss(own, self.sigma, self.lam))
+        best = float(ridge.min())
+        loss = self.metrics.sq_loss
+        return {"n": own.n, "loss": loss, "ridge_loss": best, "regret": loss - best,
+                "regret_per_sample": (loss - best) / own.n, "best_ridge_kernel": float(np.argmin(ridge))}

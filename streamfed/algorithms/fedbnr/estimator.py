@@ -1,0 +1,207 @@
+"""Online FedBNR as a River regressor (docs/algorithms.md §4.10): one client with a private server — local-only
+FedBNR, the "fleet of one"; the federated runtime uses the two halves directly."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from river import base
+
+from streamfed.algorithms.fedbnr.checks import all_finite_squares, check_positive, check_target
+from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.server import FedBNRServer
+from streamfed.core.features import standardised_dictionary
+from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
+from streamfed.core.standardise import StreamScales
+
+if TYPE_CHECKING:
+    from river.proba import Gaussian
+
+__all__ = ["FedBNRRegressor"]
+
+
+class FedBNRRegressor(base.Regressor):
+    """Online FedBNR as a River regressor: one client with a private server (local-only FedBNR).
+
+    Dict keys are mapped to an input vector in sorted key order, fixed at the first `learn_one`
+    (which also builds the feature map, so the number of inputs is known). Later, a missing key reads
+    as 0 and an unknown key is ignored. A `None`, NaN or non-numeric value raises `ValueError` and
+    leaves the model unchanged. Every `sync_every` samples the pending statistics are uploaded to the
+    private server, which refits `σ, λ` by evidence (if `fit_hyperparameters`) and sends back a global.
+
+    Parameters: `n_features` (`D`; `F = 2D + 1` with the bias), `bandwidth` (float, or a tuple of
+    floats for a Gaussian bandwidth dictionary; by default `None`: a dictionary of `n_kernels`
+    bandwidths for standardised inputs, :func:`~streamfed.core.features.standardised_dictionary`, whose
+    predictions are mixed by evidence), `sigma`, `lam` (initial noise and prior scales),
+    `forgetting` (`γ ∈ (0, 1]`), `seed` (random features), `standardise` (default on: every input and
+    the target standardised online from past samples only,
+    :class:`~streamfed.core.standardise.OnlineStandardiser`, predictions mapped back — mean
+    `m + s·μ`, variance `s²·v`; the first two samples only set the scales and the prediction is then
+    the running mean and variance).
+
+    >>> from river import datasets, evaluate, metrics
+    >>> model = FedBNRRegressor(n_features=20)
+    >>> evaluate.progressive_val_score(datasets.TrumpApproval().take(300), model, metrics.MAE())
+    MAE: ...
+    >>> x = {"a": 0.5, "b": -1.0}
+    >>> model = FedBNRRegressor(n_features=8)
+    >>> model.learn_one(x, 1.0)
+    >>> model.predict_one(x, with_dist=True)
+    𝒩(μ=..., σ=...)
+    """
+
+    def __init__(
+        self,
+        n_features: int = 50,
+        bandwidth: float | tuple[float, ...] | None = None,
+        sigma: float = 1.0,
+        lam: float = 1.0,
+        fit_hyperparameters: bool = True,
+        sync_every: int = 32,
+        forgetting: float = 1.0,
+        seed: int = 0,
+        n_kernels: int = 8,
+        standardise: bool = True,
+    ) -> None:
+        self.n_features = n_features
+        self.bandwidth = bandwidth
+        self.n_kernels = n_kernels
+        self.standardise = standardise
+        self.sigma = sigma
+        self.lam = lam
+        self.fit_hyperparameters = fit_hyperparameters
+        self.sync_every = sync_every
+        self.forgetting = forgetting
+        self.seed = seed
+        # Validate now so a bad parameter fails at construction, not at the first sample.
+        if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
+            raise ValueError("n_features, sync_every and n_kernels must be >= 1")
+        check_positive("sigma", sigma)
+        check_positive("lam", lam)
+        if not (0.0 < float(forgetting) <= 1.0):
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
+        for bw in (bandwidth if isinstance(bandwidth, tuple) else () if bandwidth is None else (bandwidth,)):
+            check_positive("bandwidth", bw)
+        self._keys: list[Any] | None = None
+        self.client: FedBNRClient | None = None
+        self.server: FedBNRServer | None = None
+        self._scales: StreamScales | None = None
+
+    @classmethod
+    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
+        yield {"n_features": 8}
+        yield {"n_features": 6, "bandwidth": (0.5, 5.0), "forgetting": 0.99, "sync_every": 40, "standardise": False}
+
+    # ------------------------------------------------------------------ plumbing
+    def _build(self, keys: list[Any]) -> None:
+        if not keys:
+            raise ValueError("cannot build a feature map from an input with no features")
+        bandwidth = self.bandwidth
+        if bandwidth is None:
+            bandwidth = tuple(s.bandwidth for s in standardised_dictionary(int(self.n_kernels), len(keys)))
+        client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=bandwidth,
+                              seed=int(self.seed), sigma=self.sigma, lam=self.lam,
+                              min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local")
+        self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters))
+        self.client = client
+        self._keys = keys
+        if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)
+            self._scales = StreamScales(len(keys))
+
+    def _sync(self) -> None:
+        assert self.client is not None and self.server is not None
+        up = self.client.make_upload()
+        if up is not None:
+            self.server.apply(up)
+            self.client.apply_global(self.server.publish())
+
+    # ------------------------------------------------------------------ River protocol
+    def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
+        if self.client is None:
+            keys = sorted_keys(x)
+            dict_to_vector(keys, x)  # validate before building anything
+            check_target(y)
+            self._build(keys)
+        assert self.client is not None and self._keys is not None
+        xv = dict_to_vector(self._keys, x)
+        if self._scales is None:
+            self.client.learn(xv, y)  # type: ignore[arg-type]
+        else:
+            check_target(y)
+            self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
+        if self.client.n_pending >= int(self.sync_every):
+            self._sync()
+
+    def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
+        if self.client is None:
+            # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
+            mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
+        elif self._scales is None:
+            assert self._keys is not None
+            mu, var = self.client.predict(dict_to_vector(self._keys, x))
+        else:
+            assert self._keys is not None
+            mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
+        if not with_dist:
+            return float(mu)
+        return gaussian(float(mu), float(var))
+
+    # ------------------------------------------------------------------ array path
+    def _matrix(self, xs: Any) -> np.ndarray:
+        if hasattr(xs, "columns"):  # a DataFrame: select columns by key
+            assert self._keys is not None
+            xs = xs[self._keys].to_numpy()
+        return np.asarray(xs, dtype=np.float64)
+
+    def learn_many(self, xs: Any, ys: Any) -> None:
+        """Learn rows of a `(T, d)` array (columns in sorted-key order; a DataFrame is selected by key).
+        Same result as a loop of `learn_one`, without the dict overhead; bad input changes nothing."""
+        if self.client is None:
+            if hasattr(xs, "columns"):
+                keys = sorted_keys({c: None for c in xs.columns})
+            else:
+                keys = list(range(np.asarray(xs).shape[1] if np.ndim(xs) == 2 else 0))
+            arr = np.asarray(xs[keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
+            ys_arr = np.asarray(ys, dtype=np.float64)
+            if arr.ndim != 2 or ys_arr.shape != (arr.shape[0],) or not np.all(np.isfinite(arr)) \
+                    or not all_finite_squares(ys_arr):
+                raise ValueError(f"expected finite xs (T, d) and ys (T,), got {arr.shape} and {ys_arr.shape}")
+            self._build(keys)
+        assert self.client is not None
+        arr = self._matrix(xs)
+        ys_arr = np.asarray(ys, dtype=np.float64)
+        phis = self.client.features_many(arr)  # validates everything before any state changes
+        if ys_arr.shape != (arr.shape[0],) or not all_finite_squares(ys_arr):
+            raise ValueError(f"expected finite targets of shape ({arr.shape[0]},), got {ys_arr.shape}")
+        if self._scales is not None:
+            # as a loop of learn_one: past-only scales; rows before the scales are usable only set them
+            nxt = copy.deepcopy(self._scales)
+            zx, ready = nxt.x.transform_many(arr)
+            zy, _ = nxt.y.transform_many(ys_arr[:, None])
+            phis = self.client.features_many(zx[ready])
+            ys_arr = zy[ready, 0]
+            self._scales = nxt
+        start = 0
+        while start < ys_arr.shape[0]:
+            room = int(self.sync_every) - self.client.n_pending
+            stop = min(ys_arr.shape[0], start + max(room, 1))
+            self.client.learn_features_many(phis[start:stop], ys_arr[start:stop])
+            if self.client.n_pending >= int(self.sync_every):
+                self._sync()
+            start = stop
+
+    def predict_many(self, xs: Any) -> np.ndarray:
+        """Predictive means of the rows of a `(T, d)` array."""
+        return self.predict_dist_many(xs)[0]
+
+    def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Predictive means and variances of the rows of a `(T, d)` array."""
+        if self.client is None:
+            t = np.asarray(xs).shape[0]
+            return np.zeros(t), np.full(t, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2)
+        if self._scales is None:
+            return self.client.predict_many(self._matrix(xs))
+        return self._scales.predict_many(self._matrix(xs), self.client.predict_many)

@@ -1,0 +1,131 @@
+"""The server half of online FedBNR (docs/algorithms.md §4.6–3.7): it sums uploads idempotently (a
+`(client, seq)` pair is applied once; out-of-order ones wait for the gap to fill), fits `σ, λ` per kernel by
+maximising the exact log evidence of the global sums (:func:`~.evidence.fit_hyperparameters`) and publishes
+versioned globals. What aggregators, shards and the reducer run around it: :mod:`.aggregation`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from streamfed.algorithms.fedbnr.checks import check_positive
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
+from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
+from streamfed.algorithms.in_order import apply_in_order
+from streamfed.core.stats import SufficientStats
+
+if TYPE_CHECKING:
+    from streamfed.algorithms.fedbnr.client import FedBNRClient
+
+__all__ = ["FedBNRServer"]
+
+
+class FedBNRServer:
+    """The server half: idempotent summation of uploads, evidence-fitted hyperparameters, versioned globals.
+
+    >>> server = FedBNRServer(dim=2, kernel_version="v", min_samples=1, fit_hyperparameters=False)
+    >>> d = SufficientStats.from_samples(np.ones((3, 1, 2)), np.ones(3), kernel_version="v")
+    >>> server.apply(Upload("a", 2, 0, d)), server.apply(Upload("a", 1, 0, d))  # out of order
+    (True, True)
+    >>> server.apply(Upload("a", 1, 0, d))  # duplicate
+    False
+    >>> g = server.publish()
+    >>> g.version, g.stats.n, g.included
+    (1, 6.0, {'a': 2})
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_kernels: int = 1,
+        kernel_version: str = "",
+        epoch: int = 0,
+        *,
+        sigma: float = 1.0,
+        lam: float = 1.0,
+        fit_hyperparameters: bool = True,
+        min_samples: int = 32,
+        max_buffered: int = 256,
+    ) -> None:
+        self.dim, self.n_kernels = int(dim), int(n_kernels)
+        self.kernel_version, self.epoch = str(kernel_version), int(epoch)
+        self.sigma = np.full(self.n_kernels, check_positive("sigma", sigma))
+        self.lam = np.full(self.n_kernels, check_positive("lam", lam))
+        self.fit = bool(fit_hyperparameters)
+        self.min_samples = int(min_samples)
+        self.max_buffered = int(max_buffered)
+        self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+        self.included: dict[str, int] = {}
+        self._buffer: dict[str, dict[int, Upload]] = {}
+        self.version = 0
+        self.log_evidence = np.zeros(self.n_kernels)
+
+    @classmethod
+    def for_client(cls, client: FedBNRClient, **kwargs: Any) -> FedBNRServer:
+        """A server matching a client's feature map (dim, kernels, kernel version, privacy floor, σ, λ)."""
+        kwargs.setdefault("min_samples", client.min_upload)
+        kwargs.setdefault("sigma", float(client.sigma[0]))
+        kwargs.setdefault("lam", float(client.lam[0]))
+        return cls(client.dim, client.n_kernels, client.kernel_version, client.epoch, **kwargs)
+
+    def validate(self, up: Upload) -> None:
+        st = up.stats
+        if st.tag != (self.kernel_version, self.epoch):
+            raise ValueError(f"upload from {up.client!r} is for kernel version/epoch {st.tag}, "
+                             f"server is at {(self.kernel_version, self.epoch)}")
+        if st.S.shape != (self.n_kernels, self.dim, self.dim):
+            raise ValueError(f"upload statistics have shape {st.S.shape}, expected "
+                             f"{(self.n_kernels, self.dim, self.dim)}")
+        if not st.is_finite():
+            raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
+        if st.n < self.min_samples:
+            raise ValueError(f"upload summarises {st.n:g} samples, below the privacy floor "
+                             f"{self.min_samples}")
+        if up.seq < 1:
+            raise ValueError(f"sequence numbers start at 1, got {up.seq}")
+
+    def apply(self, up: Upload) -> bool:
+        """Sum an upload once. Returns `False` for a duplicate (already summed or already waiting).
+        An upload whose predecessor has not arrived waits in a buffer and is summed when the gap fills,
+        so `included[client]` always means "every seq up to here"."""
+        self.validate(up)
+        return apply_in_order(self.included, self._buffer, up.client, up.seq, up, self._sum, self.max_buffered)
+
+    def _sum(self, up: Upload) -> None:
+        self.stats += up.stats
+
+    def waiting(self) -> dict[str, list[int]]:
+        """Sequence numbers received out of order and not summed yet, per client."""
+        return {c: sorted(w) for c, w in self._buffer.items() if w}
+
+    def refit(self) -> bool:
+        """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums (and keep the
+        maximised evidence). `False` when there is nothing to fit yet."""
+        st = self.stats
+        if st.n <= 0 or st.q <= 0:
+            return False
+        for k in range(self.n_kernels):
+            sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
+            self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
+        return True
+
+    def rebase(self, version: int, epoch: int) -> None:
+        """Start over after the state was lost (docs/reliability.md § Lost state): empty sums of epoch `epoch`,
+        nothing included, and the next :meth:`publish` is version `version` — above every version the clients
+        have seen, so they install it, join the epoch and upload their totals again (`FedBNRClient.rebase`)."""
+        if int(epoch) <= self.epoch or int(version) <= self.version:
+            raise ValueError(f"rebase to version {version}/epoch {epoch} from {self.version}/{self.epoch}")
+        self.epoch = int(epoch)
+        self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+        self.included, self._buffer = {}, {}
+        self.version = int(version) - 1
+
+    def publish(self) -> GlobalModel:
+        """A new :class:`GlobalModel` (version + 1), hyperparameters refitted first when enabled."""
+        fitted = self.fit and self.refit()
+        if self.stats.n > 0 and not fitted:
+            self.log_evidence = np.atleast_1d(log_evidence(self.stats, self.sigma, self.lam))
+        self.version += 1
+        return GlobalModel(self.version, self.kernel_version, self.epoch, self.stats.copy(),
+                           self.sigma.copy(), self.lam.copy(), self.log_evidence.copy(), dict(self.included))

@@ -1,0 +1,177 @@
+"""The exact evidence of hierarchical (shared + personal) FedBNR, and `σ, λ, τ` by type-II maximum likelihood
+(docs/algorithms.md §5.1–10.3, §5.6).
+
+Model (one feature map `φ`, `F` features). Client `k`'s samples follow
+
+    y = φ(x)ᵀ(w + δ_k) + ε,    w ~ N(0, λ²I) (shared),   δ_k ~ N(0, τ²I) (personal),   ε ~ N(0, σ²)
+
+`τ → 0` is exact (pooled) FedBNR, `λ → 0` is local-only learning; in between, every client borrows
+strength from the others exactly as much as the evidence says the clients resemble each other.
+
+**Marginalised contributions.** With `δ_k` integrated out, client `k`'s data are `y_k ~ N(Φ_k w, C_k)`,
+`C_k = σ²I + τ²Φ_kΦ_kᵀ`. As a function of `w` this likelihood is
+
+    log p(y_k | w) = -½ wᵀP_k w + r_kᵀ w + log Z_k,      B_k = τ⁻²I + σ⁻²S_k,
+    P_k = Φ_kᵀC_k⁻¹Φ_k = τ⁻²σ⁻² B_k⁻¹ S_k,   r_k = Φ_kᵀC_k⁻¹y_k = τ⁻²σ⁻² B_k⁻¹ b_k,
+    log Z_k = log N(y_k; 0, C_k) = the FedBNR evidence of (S_k, b_k, n_k, q_k) with prior scale τ
+
+(Woodbury on `C_k⁻¹`; `P_k = σ⁻²S_k - σ⁻⁴S_kB_k⁻¹S_k` written without the cancellation). All of it depends
+only on the client's statistics `(S_k, b_k, n_k, q_k)`. In the eigenbasis `S_k = U diag(e) Uᵀ`, `z = Uᵀb_k`:
+`P_k = U diag(e / (σ² + τ²e)) Uᵀ` and `r_k = U (z / (σ² + τ²e))`.
+
+**Shared posterior.** `w | all data ~ N(A⁻¹h, A⁻¹)` with `A = λ⁻²I + Σ_k P_k`, `h = Σ_k r_k`, and the exact
+log evidence of the whole hierarchical model is
+
+    log p(y) = Σ_k log Z_k  - F log λ - ½ log|A| + ½ hᵀA⁻¹h
+
+:func:`fit_hierarchical` maximises it over `(σ, λ, τ)`. With one client the model is Bayesian linear regression
+with prior variance `λ² + τ²` (`λ`, `τ` not separately identifiable), so it fits `(σ, √(λ²+τ²))` by the
+evidence and splits the prior variance evenly (the local-only baseline: the same learner with a private
+server per client).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import optimize
+
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_log_evidence
+from streamfed.core.stats import SufficientStats
+
+__all__ = ["fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
+
+
+def sym(a: np.ndarray) -> np.ndarray:
+    """`(a + aᵀ)/2`: a matrix that should be symmetric, made exactly so."""
+    return 0.5 * (a + a.T)
+
+
+def marginal_contribution(stats: SufficientStats, sigma: float, tau: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """`(P, r, log Z)` of one client's statistics: its likelihood of the shared `w` with its personal
+    `δ ~ N(0, τ²I)` integrated out is `exp(-½wᵀPw + rᵀw + log Z)` (module docstring).
+
+    >>> rng = np.random.default_rng(0)
+    >>> phi, y = rng.standard_normal((5, 2)), rng.standard_normal(5)
+    >>> p, r, log_z = marginal_contribution(SufficientStats.from_samples(phi, y), 0.5, 2.0)
+    >>> c = 0.25 * np.eye(5) + 4.0 * phi @ phi.T  # C = σ²I + τ²ΦΦᵀ
+    >>> bool(np.allclose(p, phi.T @ np.linalg.solve(c, phi)) and np.allclose(r, phi.T @ np.linalg.solve(c, y)))
+    True
+    """
+    s2, t2 = sigma * sigma, tau * tau
+    f = stats.dim
+    s_mat = sym(stats.S)
+    b_mat = s_mat / s2 + np.eye(f) / t2
+    chol = np.linalg.cholesky(b_mat)
+    rhs = np.concatenate([s_mat, stats.b[:, None]], axis=1) / (t2 * s2)
+    sol = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))  # B⁻¹[S | b] τ⁻²σ⁻²
+    p = sym(sol[:, :f])
+    r = sol[:, f]
+    # log Z: FedBNR evidence with prior scale τ, from the same factor (|I + τ²σ⁻²S| = τ^{2F}|B|).
+    u = np.linalg.solve(chol, stats.b / s2)
+    logdet = 2.0 * np.log(np.diag(chol)).sum() + f * math.log(t2)
+    log_z = -0.5 * stats.n * math.log(2 * math.pi * s2) - 0.5 * logdet - 0.5 * (stats.q / s2 - u @ u)
+    return p, r, float(log_z)
+
+
+def hierarchical_log_evidence(
+    client_stats: Sequence[SufficientStats], sigma: float, lam: float, tau: float
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """`(log p(y), A, h)`: exact log evidence of the hierarchical model and the shared posterior's
+    natural parameters (`w | y ~ N(A⁻¹h, A⁻¹)`), from each client's statistics."""
+    f = client_stats[0].dim
+    a = np.eye(f) / (lam * lam)
+    h = np.zeros(f)
+    total = 0.0
+    for st in client_stats:
+        p, r, log_z = marginal_contribution(st, sigma, tau)
+        a += p
+        h += r
+        total += log_z
+    chol = np.linalg.cholesky(a)
+    u = np.linalg.solve(chol, h)
+    total += -f * math.log(lam) - np.log(np.diag(chol)).sum() + 0.5 * u @ u
+    return float(total), a, h
+
+
+class _Spectra:
+    """Eigendecompositions of every client's `S_k`, for `O(K F²)`-per-point evidence evaluations."""
+
+    def __init__(self, client_stats: Sequence[SufficientStats]) -> None:
+        es, us, zs = [], [], []
+        self.n = np.array([st.n for st in client_stats])
+        self.q = np.array([st.q for st in client_stats])
+        for st in client_stats:
+            e, u = np.linalg.eigh(sym(st.S))
+            es.append(np.clip(e, 0.0, None))
+            us.append(u)
+            zs.append(u.T @ st.b)
+        self.e = np.stack(es)  # (K, F)
+        self.z = np.stack(zs)  # (K, F)
+        self.u_cat = np.concatenate(us, axis=1)  # (F, K F): [U_1 | U_2 | ...]
+        self.f = self.e.shape[1]
+
+    def log_evidence(self, log_sigma: float, log_lam: float, log_tau: float) -> float:
+        s2, l2, t2 = math.exp(2 * log_sigma), math.exp(2 * log_lam), math.exp(2 * log_tau)
+        denom = s2 + t2 * self.e  # (K, F)
+        per_client = spectral_log_evidence(self.e, self.z**2, self.n, self.q, np.full(len(self.n), log_sigma),
+                                           np.full(len(self.n), log_tau))
+        d = (self.e / denom).ravel()
+        a = (self.u_cat * d) @ self.u_cat.T
+        a[np.diag_indices(self.f)] += 1.0 / l2
+        h = self.u_cat @ (self.z / denom).ravel()
+        try:
+            chol = np.linalg.cholesky(a)
+        except np.linalg.LinAlgError:
+            return -math.inf
+        u = np.linalg.solve(chol, h)
+        return float(per_client.sum() - self.f * log_lam - np.log(np.diag(chol)).sum() + 0.5 * u @ u)
+
+
+def fit_hierarchical(
+    client_stats: Sequence[SufficientStats], start: tuple[float, float, float] | None = None,
+    *, max_evals: int = 300, fixed_tau: float | None = None,
+) -> tuple[float, float, float, float]:
+    """Type-II ML `(σ, λ, τ, log p(y))` of the hierarchical model (Nelder-Mead on the logs, from `start`
+    or from the pooled FedBNR fit; search box relative to the data scale as in `fit_hyperparameters`)."""
+    total = client_stats[0].copy()
+    for st in client_stats[1:]:
+        total += st
+    sig0, lam0, _ = fit_hyperparameters(sym(total.S), total.b, total.n, total.q)
+    if len(client_stats) == 1:  # λ, τ not identifiable: split the prior variance λ² + τ² evenly
+        lam, tau = lam0 / math.sqrt(2.0), lam0 / math.sqrt(2.0)
+        if fixed_tau is not None:
+            tau = float(fixed_tau)
+            lam = math.sqrt(max(lam0**2 - tau**2, 1e-6 * lam0**2))
+        return sig0, lam, tau, float(spectral_log_evidence(
+            *_one_spectrum(total), total.n, total.q, np.log(sig0), np.log(math.hypot(lam, tau))))
+    spectra = _Spectra(client_stats)
+    y_scale = math.sqrt(total.q / total.n)
+    f_scale = math.sqrt(max(float(np.trace(total.S)) / total.n, 1e-300))
+    lo = [math.log(y_scale * 1e-4), math.log(y_scale / f_scale * 1e-4), math.log(y_scale / f_scale * 1e-5)]
+    hi = [math.log(y_scale * 10.0), math.log(y_scale / f_scale * 1e3), math.log(y_scale / f_scale * 1e3)]
+    x0 = np.log(start) if start is not None else np.log([sig0, lam0, lam0 / 3.0])
+    if fixed_tau is not None:
+        x0, lo, hi = x0[:2], lo[:2], hi[:2]
+    x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
+    log_tau = None if fixed_tau is None else math.log(fixed_tau)
+
+    def neg(theta: np.ndarray) -> float:
+        v = spectra.log_evidence(*theta) if log_tau is None else spectra.log_evidence(theta[0], theta[1], log_tau)
+        return -v if math.isfinite(v) else 1e300
+
+    m = len(x0)
+    res = optimize.minimize(neg, x0, method="Nelder-Mead", bounds=list(zip(lo, hi, strict=True)),
+                            options={"xatol": 1e-3, "fatol": 1e-4, "maxfev": max_evals,
+                                     "initial_simplex": x0 + np.vstack([np.zeros(m), 0.2 * np.eye(m)])})
+    sig, lam = math.exp(res.x[0]), math.exp(res.x[1])
+    tau = math.exp(res.x[2]) if fixed_tau is None else float(fixed_tau)
+    return sig, lam, tau, -float(res.fun)
+
+
+def _one_spectrum(st: SufficientStats) -> tuple[np.ndarray, np.ndarray]:
+    e, u = np.linalg.eigh(sym(st.S))
+    return np.clip(e, 0.0, None), (u.T @ st.b) ** 2
+
