@@ -6,6 +6,7 @@ subscribed to `#` sees only masked vectors."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -531,3 +532,21 @@ def test_robust_aggregation_with_secure_aggregation_is_refused() -> None:
         fedbnr_cfg(True, robust=Robustness(aggregation="robust"))
     fedbnr_cfg(True)  # each alone is fine
     fedbnr_cfg(False, robust=Robustness(aggregation="robust"))
+
+
+@pytest.mark.parametrize("command", [["aggregator"], ["shard", "--name", "s0"], ["reducer"]])
+def test_a_refused_configuration_is_one_line_and_exit_2_on_every_service(tmp_path, command) -> None:  # type: ignore[no-untyped-def]
+    """Before: a configuration the schema refuses ended the aggregator, shard and reducer commands in a
+    pydantic traceback (the agent command alone said it in one line)."""
+    import subprocess
+    import sys
+
+    conf = tmp_path / "fleet.toml"
+    conf.write_text('[fleet]\nfleet = "f"\nalgorithm = "fedbnr"\nn_inputs = 3\nsecure_aggregation = true\n'
+                    '[fleet.robust]\naggregation = "robust"\n')
+    res = subprocess.run([sys.executable, "-m", "streamfed.cli", *command, "--config", str(conf)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out
+    assert [line for line in out.splitlines() if line.strip()] == [out.strip().splitlines()[0]]  # one line
+    assert out.startswith("error: --config") and "cannot be combined" in out

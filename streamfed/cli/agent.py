@@ -7,7 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from streamfed.cli.common import COLUMNS_HELP, DP_HELP, SECAGG_HELP, name_list, refuse, validation_problem, with_privacy
+from streamfed.cli.common import (
+    COLUMNS_HELP,
+    DP_HELP,
+    SECAGG_HELP,
+    load,
+    name_list,
+    refuse,
+    with_privacy,
+)
 from streamfed.cli.serving import serve
 
 __all__ = ["agent"]
@@ -54,21 +62,12 @@ def agent(
     by reason and logged (the first few of each)."""
     import math
 
-    from pydantic import ValidationError
-
     from streamfed.fleet import sources
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.columns import ColumnSpec
-    from streamfed.fleet.config import load_config
     from streamfed.runtime.agent import AgentService, AgentSettings
 
-    try:
-        cfg = load_config(config)
-    except ValidationError as e:  # a value the schema refuses: where and what, not the values
-        refuse(f"--config {config}: {validation_problem(e)}")
-    except (OSError, ValueError) as e:  # no file, bad TOML/JSON
-        refuse(f"--config {config}: {e}")
-    cfg = with_privacy(cfg, dp_epsilon, secure_aggregation)
+    cfg = with_privacy(load(config), dp_epsilon, secure_aggregation)
     if not (0.0 <= max_skip_share <= 1.0) or math.isnan(max_skip_share):
         refuse(f"--max-skip-share must be between 0 and 1, got {max_skip_share}")
     if skip_window < 1:

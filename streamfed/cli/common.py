@@ -44,6 +44,21 @@ def validation_problem(e: Any) -> str:
     return "; ".join(parts)
 
 
+def load(config: Any) -> Any:
+    """The configuration file `config` (a StreamfedConfig), or one `error:` line and exit 2: a value the schema
+    refuses (where and what, not the values), no file, bad TOML/JSON."""
+    from pydantic import ValidationError
+
+    from streamfed.fleet.config import load_config
+
+    try:
+        return load_config(config)
+    except ValidationError as e:
+        refuse(f"--config {config}: {validation_problem(e)}")
+    except (OSError, ValueError) as e:
+        refuse(f"--config {config}: {e}")
+
+
 def name_list(value: str | None) -> list[str] | None:
     """A comma-separated option as a list of names (None when not given)."""
     return [v.strip() for v in value.split(",")] if value else None

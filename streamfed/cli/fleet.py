@@ -8,7 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from streamfed.cli.common import DP_HELP, SECAGG_HELP, console, name_list, refuse, validation_problem, with_privacy
+from streamfed.cli.common import (
+    DP_HELP,
+    SECAGG_HELP,
+    console,
+    load,
+    name_list,
+    refuse,
+    validation_problem,
+    with_privacy,
+)
 from streamfed.cli.serving import run_service, serve
 
 __all__ = ["aggregator", "broker_metrics", "reducer", "shard", "subscribe"]
@@ -34,10 +43,9 @@ def aggregator(
 ) -> None:
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
     from streamfed.fleet.aggregator import AggregatorCore
-    from streamfed.fleet.config import load_config
     from streamfed.runtime.aggregator import AggregatorService
 
-    cfg = with_privacy(load_config(config), dp_epsilon, secure_aggregation)
+    cfg = with_privacy(load(config), dp_epsilon, secure_aggregation)
     try:
         core = AggregatorCore(cfg.fleet, clients=_roster(clients, cfg, "aggregator"), mode=mode, quorum=quorum,  # type: ignore[arg-type]
                               round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop",
@@ -81,12 +89,12 @@ def shard(
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
 ) -> None:
     """Run one aggregator shard: take a share of the updates, validate, sum, send partials to the reducer."""
-    from streamfed.fleet.config import load_config
+
     from streamfed.fleet.sharding import ShardCore
     from streamfed.fleet.telemetry import AggregatorStats
     from streamfed.runtime.shard import ShardService
 
-    cfg = load_config(config)
+    cfg = load(config)
     stats = AggregatorStats(cfg.fleet.fleet)
     core = ShardCore(cfg.fleet, name, clients=_roster(clients, cfg, "shard"), mode=mode, stats=stats)  # type: ignore[arg-type]
     serve(lambda: ShardService(core, cfg.broker, group=group, flush_interval=flush_interval),  # None: by mode
@@ -107,11 +115,11 @@ def reducer(
     state_dir: Annotated[Path | None, typer.Option(help="persist the global state here; resume from it")] = None,
 ) -> None:
     """Run the reducer of a sharded fleet: combine the shards' partial sums, publish the global."""
-    from streamfed.fleet.config import load_config
+
     from streamfed.fleet.sharding import ReducerCore
     from streamfed.runtime.shard import ReducerService
 
-    cfg = load_config(config)
+    cfg = load(config)
     core = ReducerCore(cfg.fleet, clients=_roster(clients, cfg, "reducer"), mode=mode, window=window,  # type: ignore[arg-type]
                        shards=name_list(shards), offline="wait" if wait_offline else "drop")
     serve(lambda: ReducerService(core, cfg.broker, state_dir=state_dir), [core.stats], metrics_port,
@@ -133,10 +141,10 @@ def subscribe(
     """A live view of a fleet's predictions (or JSON lines with --json)."""
     import asyncio
 
-    from streamfed.fleet.config import BrokerConfig, load_config
+    from streamfed.fleet.config import BrokerConfig
     from streamfed.runtime.subscribe import watch
 
-    broker = load_config(config).broker if config else BrokerConfig(host=host, port=port)
+    broker = load(config).broker if config else BrokerConfig(host=host, port=port)
     try:
         asyncio.run(watch(fleet, broker, console, count=count, as_json=as_json, client_id=client_id))
     except KeyboardInterrupt:
