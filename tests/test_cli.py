@@ -260,3 +260,23 @@ def test_replay_refuses_bad_declarations_in_one_line(tmp_path, args, needle):
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], res.output
+
+
+def test_replay_reads_a_csv_in_the_encoding_it_is_told(tmp_path):
+    """Before: replay had no --encoding although its own error told the user to pass one (the agent had it)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "latin.csv"
+    rows = ["site,tempé,b,y"] + [f"s{i % 2},{rng.normal():.3f},{rng.normal():.3f},{rng.normal():.3f}"
+                                   for i in range(120)]
+    path.write_text("\n".join(rows) + "\n", encoding="latin-1")
+    args = ["replay", "--dataset", str(path), "--target", "y", "--client-column", "site", "-a", "pofmkl",
+            "--no-plots", "--out", str(tmp_path / "out")]
+    refused = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert refused.exit_code == 2 and "--encoding 'latin-1'" in refused.output, refused.output
+    done = CliRunner().invoke(app, [*args, "--encoding", "latin-1"], env={"COLUMNS": "300"})
+    assert done.exit_code == 0, done.output
+    assert "features ['tempé', 'b']" in done.output
+    # the command that makes the results again (the report's) says it
+    assert "--encoding latin-1" in (tmp_path / "out" / "results.md").read_text()

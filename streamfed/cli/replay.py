@@ -43,6 +43,8 @@ def replay(
     client_column: Annotated[str | None, typer.Option(help="with a CSV: column naming each row's client")] = None,
     features: Annotated[str | None, typer.Option(help="with a CSV: input columns A,B,... (default: numeric)")] = None,
     columns: Annotated[str | None, typer.Option(help="with a CSV: " + COLUMNS_HELP)] = None,
+    encoding: Annotated[str, typer.Option(
+        help="with a CSV: the text encoding (UTF-8 by default; a byte-order mark is dropped)")] = "utf-8",
     columns_file: Annotated[Path | None, typer.Option(
         help="with a CSV: a TOML file whose \\[inputs] section declares the input columns (e.g. the agents' "
              "configuration file), instead of --columns")] = None,
@@ -64,7 +66,7 @@ def replay(
     if normalisation is None:
         normalisation = "online" if _is_csv(dataset) else "paper"
     fleet = _load_fleet(dataset, normalisation, split, steps, cfg, target=target, client_column=client_column,
-                        features=features, columns=columns, columns_file=columns_file)
+                        features=features, columns=columns, columns_file=columns_file, encoding=encoding)
     samples = sum(len(s.y) for s in fleet.streams)
     console.print(f"[bold]{dataset}[/]: {len(fleet.streams)} clients, {samples} samples; "
                   f"algorithms {', '.join(chosen)}; {seeds} seed(s); schedule {schedule}")
@@ -83,7 +85,8 @@ def replay(
             f"--out {shlex.quote(str(out))}"]
     for flag, value in (("--eta", eta), ("--lam", lam), ("--xi", xi), ("--steps", steps),
                         ("--target", target), ("--client-column", client_column), ("--features", features),
-                        ("--columns", columns), ("--columns-file", columns_file)):
+                        ("--columns", columns), ("--columns-file", columns_file),
+                        ("--encoding", None if encoding == "utf-8" else encoding)):
         if value is not None:
             opts.append(f"{flag} {shlex.quote(str(value))}")
     opts += [f"--param {shlex.quote(p)}" for p in param or []]
@@ -133,7 +136,7 @@ def _is_csv(dataset: str) -> bool:
 
 def _load_fleet(dataset: str, normalisation: str, split: str, steps: int | None, cfg: Any, *, target: str | None,
                 client_column: str | None, features: str | None, columns: str | None,
-                columns_file: Path | None) -> Any:
+                columns_file: Path | None, encoding: str = "utf-8") -> Any:
     """The fleet of `dataset`: the Beijing streams, the synthetic fleet or a CSV file (whose report is printed;
     standardised online, `cfg` gets the agents' default dictionary)."""
     from streamfed.core.features import standardised_dictionary
@@ -148,9 +151,10 @@ def _load_fleet(dataset: str, normalisation: str, split: str, steps: int | None,
     spec = _declared_columns(columns, columns_file)
     try:
         fleet, csv_report = csv_fleet_with_report(dataset, target, client_column=client_column,
-                                                  features=features, normalisation=normalisation, columns=spec)
-    except ValueError as e:
-        refuse(str(e))
+                                                  features=features, normalisation=normalisation, columns=spec,
+                                                  encoding=encoding)
+    except ValueError as e:  # the reader's hints name its keyword arguments: here they are options
+        refuse(str(e).replace("encoding='", "--encoding '").replace("try encoding=", "try --encoding "))
     console.print(csv_report.summary(), soft_wrap=True)
     if normalisation == "online" and cfg.kernels is None:
         # unit-variance inputs: the agents' default dictionary (bandwidths around √(2d)), not the paper's
