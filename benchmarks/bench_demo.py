@@ -32,6 +32,7 @@ HOG = "while True: pass"
 
 
 def run_demo(duration: float, loaded: bool) -> dict:
+    load_before = os.getloadavg()[0]  # what else the machine was doing (the 1-minute average)
     hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(os.cpu_count() or 1)] if loaded else []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -52,6 +53,7 @@ def run_demo(duration: float, loaded: bool) -> dict:
     summary["cpu_s"] = cpu
     summary["process_wall_s"] = wall
     summary["loaded"] = loaded
+    summary["load_before"] = load_before
     summary["connection_lost_lines"] = proc.stdout.count("connection lost") + proc.stderr.count("connection lost")
     return summary
 
@@ -75,13 +77,14 @@ def main() -> None:
              f"{runs} run(s) on the machine as it is, {runs} with one busy-looping process per core beside it. "
              "Versions behind: the most any agent was behind the aggregator, looked at 4 times a second. "
              "Machine: " + machine() + f"; load average at the end {load_average()}.", "",
-             "| machine | learned / offered | versions behind (max) | agents without a global | connections lost "
+             "| machine (1-min load average before) | learned / offered | versions behind (max) | agents without a global | connections lost "
              "| updates accepted | rejected | globals | p99 ms (worst agent) | fleet MSE | demo CPU s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in rows:
         cpu = f"{s['cpu_s']:.1f}"
         p99 = "—" if s["prediction_p99_ms"] is None else f"{s['prediction_p99_ms']:.2f}"
-        lines.append(f"| {'busy (2 hogs)' if s['loaded'] else 'quiet'} | {s['samples']:,} / {s['samples_offered']:,} "
+        what = "+ one busy loop per core" if s["loaded"] else "as it was"
+        lines.append(f"| {what} ({s['load_before']:.2f}) | {s['samples']:,} / {s['samples_offered']:,} "
                      f"({s['learned_share']:.1%}) | {s['max_versions_behind']} | {s['agents_without_global']} | "
                      f"{s['connections_lost']} | {s['updates_accepted']:,} | {s['updates_rejected']} | "
                      f"{s['global_version']} | {p99} | {s['fleet_mse']:.4f} | {cpu} |")
