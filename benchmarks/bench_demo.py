@@ -77,8 +77,8 @@ def main() -> None:
              f"{runs} run(s) on the machine as it is, {runs} with one busy-looping process per core beside it. "
              "Versions behind: the most any agent was behind the aggregator, looked at 4 times a second. "
              "Machine: " + machine() + f"; load average at the end {load_average()}.", "",
-             "| machine (1-min load average before) | learned / offered | versions behind (max) | agents without a global | connections lost "
-             "| updates accepted | rejected | globals | p99 ms (worst agent) | fleet MSE | demo CPU s |",
+             "| machine (1-min load average before) | learned / offered | versions behind (max) "
+             "| agents without a global | connections lost | updates accepted | rejected | globals | p99 ms (worst agent) | fleet MSE | demo CPU s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in rows:
         cpu = f"{s['cpu_s']:.1f}"
