@@ -78,7 +78,8 @@ def main() -> None:
              "Versions behind: the most any agent was behind the aggregator, looked at 4 times a second. "
              "Machine: " + machine() + f"; load average at the end {load_average()}.", "",
              "| machine (1-min load average before) | learned / offered | versions behind (max) "
-             "| agents without a global | connections lost | updates accepted | rejected | globals | p99 ms (worst agent) | fleet MSE | demo CPU s |",
+             "| agents without a global | connections lost | updates accepted | rejected | globals "
+             "| p99 ms (worst agent) | fleet MSE | demo CPU s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in rows:
         cpu = f"{s['cpu_s']:.1f}"
