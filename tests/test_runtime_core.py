@@ -360,3 +360,30 @@ def test_predictions_state_and_metrics_carry_the_epoch_of_the_global_in_use():
     twin = AgentCore(cfg, "a", 0, mode="async")
     twin.restore(pickle.loads(pickle.dumps(agent.snapshot())))
     assert twin.global_epoch == 2
+
+
+def test_a_lockstep_agent_on_the_default_standardiser_does_not_wait_for_a_round_it_never_opened() -> None:
+    """Before: with `standardise = "online"` (the default) the first samples only set the scales and make no
+    update, but the agent waited for global version 1 after its first sample: a lock-step fleet on the defaults
+    never started (found by the latency benchmark)."""
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import decode, encode
+
+    cfg = FleetConfig(fleet="ls", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)  # online: default
+    agent = AgentCore(cfg, "a", 0, mode="lockstep")
+    agg = AggregatorCore(cfg, clients=["a"], mode="lockstep")
+    rng = np.random.default_rng(0)
+    uploads = 0
+    for t in range(10):
+        assert agent.waiting_for is None, (t, agent.steps, agent.seq, agent.global_version)
+        _, msgs = agent.on_reading(Reading(f"r{t}", rng.normal(size=2), float(t), float(rng.normal())))
+        for m in msgs:
+            uploads += 1
+            for g in agg.on_update("a", encode(m, cfg), now=float(t)):
+                if g.kind == cfg.global_kind:
+                    agent.install_global(decode(encode(g, cfg), cfg, kernel_version=agent.kernel_version))
+    assert agent.steps == 10 and uploads == agent.seq == 8  # two samples set the scales, eight rounds ran
+    assert agg.version == 8 and agent.global_version == 8

@@ -254,9 +254,11 @@ class AgentCore:
     # ------------------------------------------------------------------ inputs
     @property
     def waiting_for(self) -> int | None:
-        """Lock-step: the global version needed before the next sample may be learned (else None)."""
-        if self.mode == "lockstep" and self.global_version < self.steps:
-            return self.steps
+        """Lock-step: the global version needed before the next sample may be learned (else None): the round of
+        the last update sent. Rounds count uploads, not samples — a sample that makes no update (the online
+        standardiser's first two only set its scales) opens no round, and waiting for one would wait forever."""
+        if self.mode == "lockstep" and self.global_version < self.seq:
+            return self.seq
         return None
 
     def on_reading(self, reading: Reading, now: float | None = None) -> tuple[Prediction | None, list[Message]]:
