@@ -7,7 +7,7 @@ The machinery is `streamfed.runtime.loadtest` (its docstring says what runs and 
 `AgentService`s sharing event loops, one MQTT connection each, a private Mosquitto with no connection
 limit, the `streamfed aggregator` command with async POF-MKL windows. Every figure is set beside what
 was offered (samples and updates expected) or what it is judged against (the window). `--quick`:
-50 agents for 10 s. Several `--agents` values may be given (run one after another).
+50 agents for 5 s. Several `--agents` values may be given (run one after another).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def main() -> None:
         if args.out is not None:
             args.out.write_text(text)
         return
-    agents, seconds = ([50], 10.0) if args.quick else (args.agents, args.seconds)
+    agents, seconds = ([50], 5.0) if args.quick else (args.agents, args.seconds)
     configs = [(n, w, args.processes) for n in agents for w in args.window]
     if args.runs and not args.quick:
         configs = [(int(a), float(w), int(p)) for a, w, p in (r.split(":") for r in args.runs.split(","))]

@@ -96,8 +96,8 @@ class TimedCore(AgentCore):
         return result
 
 
-async def prediction_latency(broker, seconds: float) -> dict:
-    cfg = cfg_of("latp")
+async def prediction_latency(broker, seconds: float, tag: str = "") -> dict:
+    cfg = cfg_of(f"latp{tag}")
     rng = np.random.default_rng(1)
     n = int(100 * seconds)
     X, y = rng.uniform(-1, 1, (n, cfg.n_inputs)), rng.uniform(0, 1, n)
@@ -115,11 +115,13 @@ async def prediction_latency(broker, seconds: float) -> dict:
     return {"agent": pct(list(svc.latencies)), "bare": pct(bare)}
 
 
-async def upload_to_global(broker, mode: str, n_agents: int, steps: int, rate: float | None) -> dict:
+async def upload_to_global(broker, mode: str, n_agents: int, steps: int, rate: float | None, tag: str = "") -> dict:
+    """`tag`: in the fleet's name, so that a run never meets the retained global and persistent sessions of an
+    earlier one on the same broker (an aggregator starting at version 0 refuses agents ahead of it)."""
     # standardise="none" (both modes, so that they run the same learner): with the default "online" the first
     # two samples only set the scales and make no update, and a lock-step agent then waits for a global of a
     # round it never sent (AgentCore.waiting_for counts samples, not uploads) — the fleet never starts
-    cfg = cfg_of(f"latg{mode}", standardise="none")
+    cfg = cfg_of(f"latg{mode}{tag}", standardise="none")
     names = [f"a{i}" for i in range(n_agents)]
     rng = np.random.default_rng(2)
     agg = AggregatorService(AggregatorCore(cfg, clients=names, mode=mode, window=0.05), broker, tick=0.01)  # type: ignore[arg-type]
@@ -180,7 +182,7 @@ async def main_async(quick: bool) -> dict:
                                                 global_version=0, kernel_version=kv)))
         g_b = len(encode(pofmkl_global_message("f", "aggregator", np.zeros((16, 200)), 1, kernel_version=kv,
                                                included={f"a{i}": 1 for i in range(4)})))
-        steps = 15 if quick else 400  # quick: a smoke run (the first 5 round trips are left out)
+        steps = 25 if quick else 400  # quick: a smoke run (the first 5 round trips of each agent are left out)
         res: dict[str, Any] = {}
         fast = MosquittoProcess("set_tcp_nodelay true")  # the dev settings of this bench + set_tcp_nodelay
         try:
@@ -188,10 +190,10 @@ async def main_async(quick: bool) -> dict:
             for variant, broker, nodelay in variants:  # interleaved: the same paths under each setting
                 with tcp_nodelay() if nodelay else contextlib.nullcontext():
                     v = res[variant] = {}
-                    v["prediction"] = await prediction_latency(broker, 0.5 if quick else 10.0)
-                    v["lockstep"] = await upload_to_global(broker, "lockstep", 4, steps, 50.0)
+                    v["prediction"] = await prediction_latency(broker, 0.5 if quick else 10.0, variant)
+                    v["lockstep"] = await upload_to_global(broker, "lockstep", 4, steps, 50.0, variant)
                     v["echo_floor"] = await echo_floor(broker, steps, up_b, g_b, 50.0)
-                    v["async"] = await upload_to_global(broker, "async", 4, steps, 50.0)
+                    v["async"] = await upload_to_global(broker, "async", 4, steps, 50.0, variant)
         finally:
             fast.close()
         res["sizes"] = {"update_bytes": up_b, "global_bytes": g_b}

@@ -331,7 +331,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=None)
     args = ap.parse_args()
-    steps = args.steps or (200 if args.quick else 2000)
+    steps = args.steps or (100 if args.quick else 2000)
     sizes = (10, 100) if args.quick else (10, 100, 1000)
     t0 = time.perf_counter()
     u_lines, u = utility(steps)

@@ -127,9 +127,9 @@ def synthetic(seed: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarra
 
 
 def part_a(quick: bool) -> list[str]:
-    J = 60 if quick else 120
+    J = 20 if quick else 120
     comms = 20
-    seeds = 2 if quick else SEEDS
+    seeds = 1 if quick else SEEDS
     methods = (("PVI (HVM q(Z), α = 0.1) + DPO", "hvm", 0.1), ("PVI (HVM q(Z), α = 1) + DPO", "hvm", 1.0),
                ("FedAvg on Z + DPO", "fedavg", 0.1))
     curves: dict[str, list[list[float]]] = {name: [] for name, _, _ in methods}
@@ -272,9 +272,9 @@ def centralised_sgpr(clients: list[tuple[np.ndarray, np.ndarray]], Xt: np.ndarra
 
 def part_b(quick: bool) -> list[str]:
     datasets = ("diabetes",) if quick else ("diabetes", "trump", "beijing")
-    seeds = 2 if quick else SEEDS
+    seeds = 1 if quick else SEEDS
     m = 50
-    steps = 15 if quick else 40
+    steps = 5 if quick else 40
     methods = (("DPO (HVM)", "dpo", "hvm"), ("CPO (HVM)", "cpo", "hvm"), ("fixed Z (DPO)", "dpo", "fixed"))
     out: dict[str, Any] = {}
     lines = ["## (b) Regression over 10 clients", "",
@@ -371,10 +371,10 @@ def svgp_classifier(X: np.ndarray, y: np.ndarray, Xt: np.ndarray, m: int, seed: 
 
 
 def part_c(quick: bool) -> list[str]:
-    seeds = 2 if quick else SEEDS
+    seeds = 1 if quick else SEEDS
     m, mk = 30, 50
-    steps = 15 if quick else 50
-    comms = 20 if quick else 40
+    steps = 5 if quick else 50
+    comms = 10 if quick else 40
     res: dict[str, dict[str, list[float | None]]] = {}
     t0 = time.perf_counter()
     for seed in range(seeds):
@@ -386,7 +386,7 @@ def part_c(quick: bool) -> list[str]:
         p, _ = Predictor(g, "bernoulli", 16, seed).predict_many(Xt)
         X = np.concatenate([a for a, _ in clients])
         y = np.concatenate([b for _, b in clients])
-        pc = svgp_classifier(X, y, Xt, m, seed, 100 if quick else 300)
+        pc = svgp_classifier(X, y, Xt, m, seed, 30 if quick else 300)
         # no communications centrally: its seconds are None (`null` in the JSON, "—" in the table)
         for name, prob, sec in (("PVI + DPO (HVM), 10 clients", p, float(np.mean(times))),
                                 ("centralised SVGP classifier (gpytorch, probit)", pc, None)):
@@ -460,7 +460,7 @@ def part_e(quick: bool) -> list[str]:
     from streamfed.evaluation.datasets.beijing import load_beijing
     from streamfed.evaluation.replay import AlgorithmConfig, replay
 
-    steps = 200 if quick else 500
+    steps = 100 if quick else 500
     fleet = load_beijing(normalisation="online", split="station", steps=steps)
     common = {"n_inducing": 32, "sigma": 0.5}
     rows = [("pvi", "PVI + DPO, q(Z) (HVM), β learned", {**common, "n_pseudo": 32, "learn_beta": True}),

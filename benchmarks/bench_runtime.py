@@ -228,14 +228,14 @@ def _load() -> str:
     return " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-async def main(out: Path | None, repeats: int, seconds: float) -> None:
+async def main(out: Path | None, repeats: int, seconds: float, per_client: int = K_SEQ) -> None:
     logging.getLogger("aiomqtt").setLevel(logging.ERROR)  # the filler's "pending publish calls" warnings
     load_before = _load()
     eb = await EmbeddedBroker().start()
     try:
         broker = eb.config
         cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
-        payloads = updates(cfg)
+        payloads = updates(cfg, per_client)
         bare, agg, drained, ratios = [], [], [], []
         for r in range(repeats):
             async def agg_run(r=r):
@@ -347,5 +347,6 @@ if __name__ == "__main__":
     ap.add_argument("--out", type=Path)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--per-client", type=int, default=K_SEQ, help="queued updates per client (of 50)")
     args = ap.parse_args()
-    asyncio.run(main(args.out, args.repeats, args.seconds))
+    asyncio.run(main(args.out, args.repeats, args.seconds, args.per_client))

@@ -46,6 +46,7 @@ class Bench:
 BENCHES: dict[str, Bench] = {
     "pofmkl": Bench("benchmarks/bench_pofmkl.py", ("--reps", "3000")),
     "fedbnr": Bench("benchmarks/bench_fedbnr.py", ("--n", "300", "--n-large", "100", "--repeats", "1")),
+    "demo": Bench("benchmarks/bench_demo.py", ("--quick",), True),
     "replay": Bench("benchmarks/bench_replay.py", ("--quick",)),
     "runtime": Bench("benchmarks/bench_runtime.py", ("--repeats", "1", "--seconds", "1", "--per-client", "20")),
     "messages": Bench("benchmarks/bench_messages.py", ("--quick",), True),
