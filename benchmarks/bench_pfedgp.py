@@ -47,7 +47,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from streamfed.algorithms.pfedgp.agent import learner_class_probabilities  # noqa: E402
 from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser  # noqa: E402
 from streamfed.evaluation.datasets.aqi import beijing_aqi  # noqa: E402
 from streamfed.evaluation.replay import AlgorithmConfig, build_arrangement  # noqa: E402
@@ -185,7 +184,7 @@ def run_federated(variant: str, params: dict[str, Any], clients: list[tuple[np.n
                         continue
                     x = z
                 s = time.perf_counter()
-                pr = learner_class_probabilities(learners[c], x)
+                pr = learners[c].class_probabilities(x)
                 learners[c].learn(x, float(label))
                 learn_s += time.perf_counter() - s
                 steps += 1

@@ -14,10 +14,8 @@ import asyncio
 import contextlib
 import importlib
 import math
-import time
 import types
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,18 @@ from pydantic import Field
 
 import streamfed
 from streamfed import algorithms
-from streamfed.algorithms.base import Aggregation, Algorithm, Learner, Mode, NonFiniteError, Params, Regret, Update
+from streamfed.algorithms.base import (
+    Aggregation,
+    Algorithm,
+    BaseLearner,
+    Learner,
+    Mode,
+    NonFiniteError,
+    Params,
+    Regret,
+    Update,
+)
+from streamfed.algorithms.summed import SummedAggregation, SummedStatistics
 from streamfed.evaluation.datasets import ClientStream, Fleet, synthetic_fleet
 from streamfed.evaluation.replay import AlgorithmConfig, Arrangement, ReplayResult, replay
 from streamfed.fleet.agent import AgentCore
@@ -37,229 +46,84 @@ from streamfed.fleet.sources import Reading, array_source
 from streamfed.runtime.agent import AgentService, AgentSettings
 from streamfed.runtime.aggregator import AggregatorService
 from streamfed.wire.message import Message, encode
-from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
+from streamfed.wire.schema import MessageSchema
 from streamfed.wire.topics import Channel
 
 # =========================================================================== FedMean: a plug-in in one file
 
+# --- the fedmean plug-in begins (test_fedmean_plugin_is_short counts its code lines)
 FEDMEAN = "fedmean"
-UPDATE, GLOBAL, PARTIAL = "fedmean.update", "fedmean.global", "fedmean.partial"
-_MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
-
-
-def _whole_count(value: object) -> float:
-    c = float(value)  # type: ignore[arg-type]
-    if not (1.0 <= c <= _MAX_WHOLE and c == math.floor(c)):
-        raise ValueError(f"count = {c!r} is not a positive whole number")
-    return c
-
-
-def _bounded_sum(value: object, max_abs: float) -> float:
-    s = float(value)  # type: ignore[arg-type]
-    if not (math.isfinite(s) and abs(s) <= max_abs):
-        raise ValueError(f"sum = {s!r} is not finite or beyond ±{max_abs:g}")
-    return s
+STATS = SummedStatistics(FEDMEAN, {"sum": ()}, derived={"mean": ()})  # Σy over samples, and their count
+UPDATE, GLOBAL, PARTIAL = STATS.kinds
 
 
 class FedMeanParams(Params):
     min_upload: int = Field(10, ge=1)  # never upload the sum of fewer samples
 
 
-class FedMeanLearner:
+class FedMeanLearner(BaseLearner):
     """Predicts the global mean (no variance); uploads `(Σy, count)` of its new samples once `min_upload`
     are pending. The agent numbers its uploads (`Update.seq` is None)."""
 
     def __init__(self, min_upload: int) -> None:
         self.min_upload = int(min_upload)
         self.mean = 0.0
-        self._version = 0
         self._pend_sum, self._pend_count = 0.0, 0
         self._staged: tuple[float, float] | None = None  # (prediction, y) between begin_learn and end_learn
         self._n, self._loss, self._sy, self._syy = 0, 0.0, 0.0, 0.0
-
-    @property
-    def global_version(self) -> int:
-        return self._version
-
-    @property
-    def kernel_names(self) -> Sequence[str]:
-        return ()
-
-    @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return None
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return self.mean, None
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        y = float(y)
-        if not math.isfinite(y):
+        if not math.isfinite(y := float(y)):
             raise NonFiniteError(f"target {y!r}")
-        out = self.predict(x)
-        self._staged = (out[0], y)
-        return out
+        self._staged = (self.mean, y)
+        return self.mean, None
 
     def end_learn(self) -> None:
-        if self._staged is None:
-            return
-        pred, y = self._staged
-        self._staged = None
-        self._pend_sum += y
-        self._pend_count += 1
-        self._n += 1
-        self._loss += (pred - y) ** 2
-        self._sy += y
-        self._syy += y * y
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
+        if self._staged is not None:
+            (pred, y), self._staged = self._staged, None
+            self._pend_sum, self._pend_count = self._pend_sum + y, self._pend_count + 1
+            self._n, self._loss = self._n + 1, self._loss + (pred - y) ** 2
+            self._sy, self._syy = self._sy + y, self._syy + y * y
 
     def take_update(self) -> Update | None:
         if self._pend_count < self.min_upload:
-            return None
-        up = Update({"sum": np.asarray(self._pend_sum), "count": np.asarray(float(self._pend_count))},
-                    n_samples=self._pend_count, global_version=self._version)
+            return None  # fewer than min_upload samples never leave the client
+        up = STATS.update({"sum": self._pend_sum}, self._pend_count, self._version)
         self._pend_sum, self._pend_count = 0.0, 0
         return up
 
-    def flush(self) -> list[Update]:
-        return []  # fewer than min_upload samples never leave the client
-
     def install_global(self, msg: Message) -> bool:
-        if msg.kind != GLOBAL:
-            raise ValueError(f"expected a {GLOBAL!r} message, got {msg.kind!r}")
-        if msg.global_version <= self._version:
-            return False
-        mean = float(msg.arrays["mean"])
-        if not math.isfinite(mean):
-            raise NonFiniteError("global mean")
-        self.mean, self._version = mean, int(msg.global_version)
-        return True
+        g = STATS.read_global(msg, self._version)  # None: not newer than the installed one
+        if g is not None:
+            self.mean, self._version = float(g["mean"]), int(msg.global_version)
+        return g is not None
 
-    def regret(self) -> Regret:
-        # comparator: the best constant in hindsight, the client's own mean
+    def regret(self) -> Regret:  # comparator: the best constant in hindsight, the client's own mean
         best = max(self._syy - self._sy * self._sy / self._n, 0.0) if self._n else 0.0
         return Regret(float(self._n), self._loss, best)
 
     def diagnostics(self) -> dict[str, float]:
         return {"global_mean": self.mean}
 
-    def warm_up(self, x: np.ndarray) -> None:
-        pass
 
+class FedMeanAggregation(SummedAggregation):
+    """Σsum and Σcount over every accepted update (each once, in seq order); the global adds `mean = Σsum /
+    Σcount` (0 before any sample). Checks, windows, partials and the global message come with the spec."""
 
-@dataclass(frozen=True)
-class MeanItem:
-    """A checked update."""
+    statistics = STATS
 
-    client: str
-    seq: int
-    sum: float
-    count: float
-
-
-class FedMeanAggregation:
-    """Σsum and Σcount over every accepted update (deduplication is the cores' job); the global is
-    `mean = Σsum / Σcount` (0 before any sample) with `included`."""
-
-    def __init__(self, max_abs: float = 1e100) -> None:
-        self.max_abs = float(max_abs)
-        self.total, self.count = 0.0, 0.0
-        self._version = 0
-        self._applied: dict[str, int] = {}
-        self._win_sum, self._win_count = 0.0, 0.0
-        self._heard: set[str] = set()
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def included(self) -> dict[str, int]:
-        return {c: self._applied[c] for c in sorted(self._applied)}
-
-    def check(self, msg: Message) -> MeanItem:
-        s = _bounded_sum(msg.arrays["sum"], self.max_abs)
-        c = _whole_count(msg.arrays["count"])
-        if msg.n_samples != c:
-            raise ValueError(f"n_samples {msg.n_samples} but count {c}")
-        return MeanItem(msg.client, int(msg.seq), s, c)
-
-    def take(self, client: str, seq: int, item: MeanItem) -> None:
-        self._win_sum += item.sum
-        self._win_count += item.count
-        self._heard.add(client)
-
-    def pending(self) -> bool:
-        return bool(self._heard)
-
-    def close_window(self, order: Mapping[str, int], mark: Callable[[str], int]) -> bool:
-        if not self._heard:
-            return False
-        self._fold(self._win_sum, self._win_count)
-        for c in self._heard:
-            self._applied[c] = max(self._applied.get(c, 0), int(mark(c)))
-        self._win_sum, self._win_count, self._heard = 0.0, 0.0, set()
-        return True
-
-    def apply_round(self, round: int, items: Sequence[tuple[str, MeanItem]]) -> None:
-        for c, item in items:
-            self.take(c, item.seq, item)
-        seqs = {c: item.seq for c, item in items}
-        self.close_window({}, lambda c: seqs[c])
-
-    def _fold(self, s: float, c: float) -> None:
-        self.total += s
-        self.count += c
-        self._version += 1
-
-    # ---------------------------------------------------------------- shards and reducer
-    def partial(self, items: Sequence[MeanItem]) -> tuple[dict[str, np.ndarray], int, int]:
-        s = c = 0.0
-        for item in items:
-            s += item.sum
-            c += item.count
-        return {"sum": np.asarray(s), "count": np.asarray(c)}, int(c), 0
-
-    def read_partial(self, msg: Message) -> np.ndarray:
-        # the reducer adds what this returns with `+`: a (sum, count) vector does that exactly
-        return np.array([_bounded_sum(msg.arrays["sum"], self.max_abs), _whole_count(msg.arrays["count"])])
-
-    def apply_partial(self, total: np.ndarray, n_clients: int, included: Mapping[str, int]) -> None:
-        self._fold(float(total[0]), float(total[1]))
-        self._applied = dict(included)
-
-    # ---------------------------------------------------------------- output
-    def mean(self) -> float:
-        return self.total / self.count if self.count else 0.0
-
-    def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
-        arrays = {"mean": np.asarray(self.mean()), "sum": np.asarray(self.total), "count": np.asarray(self.count)}
-        return Message(fleet, sender, GLOBAL, self._version, self._version, kernel_version, int(self.count),
-                       time.time(), arrays, {}, self.included(), 0)
-
-    def warm_up(self) -> None:
-        pass
+    def derived(self, sums: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"mean": np.asarray(sums["sum"] / sums["count"] if sums["count"] else 0.0)}
 
 
 class FedMean(Algorithm):
-    name = FEDMEAN
-    title = "Federated running mean (test plug-in)"
-    Params = FedMeanParams
+    name, title, Params = FEDMEAN, "Federated running mean (test plug-in)", FedMeanParams
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
-        one = (ArraySpec("sum", "float64", ()), ArraySpec("count", "float64", (), positive=True))
-        return [
-            MessageSchema(UPDATE, Channel.UPDATES, one),
-            MessageSchema(GLOBAL, Channel.GLOBAL, (
-                ArraySpec("mean", "float64", ()), ArraySpec("sum", "float64", ()),
-                ArraySpec("count", "float64", (), nonnegative=True),
-            ), max_included=cfg.max_clients),
-            MessageSchema(PARTIAL, Channel.PARTIALS, one + contributor_arrays(), contributor_dims(cfg),
-                          meta=(MetaSpec("round"),), max_included=cfg.max_clients),
-        ]
+        return STATS.schemas(cfg)
 
     def kernel_version(self, cfg: FleetConfig) -> str:
         return "fedmean-1"
@@ -272,6 +136,7 @@ class FedMean(Algorithm):
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FedMeanAggregation:
         return FedMeanAggregation(max_abs=max_abs)
+# --- the fedmean plug-in ends
 
 
 @pytest.fixture
@@ -396,6 +261,44 @@ def sharded_global(cfg: FleetConfig, fleet: Fleet) -> tuple[Message, ReducerCore
             queue += [(sh, q) for q in sh.on_ack(out, now=0.0)]
     assert [m.kind for m in reducer.tick(now=1e9)] == [GLOBAL]
     return reducer.global_message(), reducer
+
+
+PLUGIN_BEGINS, PLUGIN_ENDS = "# --- the fedmean plug-in begins", "# --- the fedmean plug-in ends"
+MAX_PLUGIN_LINES = 60  # Flower's FedMedian strategy alone is 75
+
+
+def code_lines(source: str, first: int, last: int) -> set[int]:
+    """The lines in `first..last` that hold code, from the AST: every statement's first line and every line of
+    its expressions (a continued call, a parenthesised return type) — blank lines, comments and docstrings (a
+    string standing alone first in a module, class or function body) are not counted."""
+    tree = ast.parse(source)
+    docs: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            docs |= set(range(body[0].lineno, body[0].end_lineno + 1))
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt):
+            lines.add(node.lineno)
+        elif isinstance(node, ast.expr | ast.arg | ast.keyword | ast.alias):
+            lines |= set(range(node.lineno, node.end_lineno + 1))
+    return {n for n in lines - docs if first < n < last}
+
+
+def test_fedmean_plugin_is_short():
+    """The whole plug-in — its wire, both halves, the family and its parameters — between the two markers, in
+    at most MAX_PLUGIN_LINES lines of code: the contract's defaults and the summed-statistics spec do the rest."""
+    text = Path(__file__).read_text(encoding="utf-8")
+    rows = text.splitlines()
+    first, last = (1 + next(i for i, r in enumerate(rows) if r.startswith(m)) for m in (PLUGIN_BEGINS, PLUGIN_ENDS))
+    lines = code_lines(text, first, last)
+    assert len(lines) <= MAX_PLUGIN_LINES, f"the fedmean plug-in is {len(lines)} code lines"
+    # the count is of code: a docstring, a comment or a blank line in the range adds nothing
+    sample = 'def f():\n    """doc\n    string"""\n\n    # note\n    return (1,\n            2)\n'
+    assert code_lines(sample, 0, 99) == {1, 6, 7}
 
 
 def test_fedmean_plugin_runs_in_replay_mqtt_and_shards(fedmean, mosquitto_dev):

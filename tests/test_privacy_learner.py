@@ -248,7 +248,6 @@ def test_a_private_classifier_learns_its_class_labels_unclipped():
     (class 5 stays 5 with clip_label = 3): the agent's classifier gives class 5 probability once it saw it."""
     import numpy as np
 
-    from streamfed.algorithms.base import learner_class_probabilities
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.config import FleetConfig
     from streamfed.fleet.sources import Reading
@@ -262,7 +261,8 @@ def test_a_private_classifier_learns_its_class_labels_unclipped():
         label = 5 if t % 2 else 0
         agent.on_reading(Reading(f"{t}", rng.normal(label, 0.3, 2), float(t), float(label)), now=float(t))
     assert sum(agent.counters.skipped.values()) == 0
-    p = learner_class_probabilities(agent.learner, np.full(2, 5.0))
+    assert agent.learner.classifier  # declared by the family, read through the wrappers
+    p = agent.learner.class_probabilities(np.full(2, 5.0))
     assert p is not None and p[5] > 0.5 and p[3] == 0.0  # class 5 learned as 5, nothing clipped to 3
 
 

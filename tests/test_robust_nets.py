@@ -395,16 +395,14 @@ def test_urk_share_cap_holds_a_flooding_client():
 
 
 def test_robust_is_refused_for_shards_and_the_reducer():
-    from streamfed.algorithms.base import aggregation_for_partials
-
     for alg, cfg in ((URK, urk_cfg(mode="robust")), (PFEDGP, pfedgp_cfg("robust"))):
         agg = alg.aggregation(cfg)
         for role in ("shard", "reducer"):
             with pytest.raises(ValueError, match="partial sums"):
-                aggregation_for_partials(agg, role)
+                agg.for_partials(role)
         with pytest.raises(ValueError, match="partial sums"):
             agg.partial([])
-        aggregation_for_partials(alg.aggregation(urk_cfg() if alg is URK else pfedgp_cfg()), "shard")  # exact: fine
+        alg.aggregation(urk_cfg() if alg is URK else pfedgp_cfg()).for_partials("shard")  # exact: fine
 
 
 def test_state_pickles_with_bounds_and_robust_settings():

@@ -15,6 +15,13 @@ ever talk to these three objects:
   ``read_partial`` and
   ``apply_partial`` (what the reducer folds in).
 
+Every family writes its two halves on :class:`BaseLearner` and :class:`BaseAggregation`, which give every
+member with a sensible default (``learn`` = ``begin_learn`` + ``end_learn``, ``flush`` → ``[]``,
+``diagnostics`` → ``{}``, …) and *declare* the optional capabilities as class attributes (``classifier``,
+``sample_sensitivity``, ``noise_aware``; ``shardable``, ``recoverable``): the cores read them, never probe for
+them. A family whose update is a sum of arrays gets its schemas and its aggregation from a
+:class:`~streamfed.algorithms.summed.SummedStatistics` spec.
+
 Everything transport-level — sequence numbers, deduplication, acknowledgements, rounds by the clock or
 by the roster, durable state, retries — stays in the cores, which never ask which algorithm they run.
 
@@ -31,6 +38,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,9 +52,8 @@ if TYPE_CHECKING:
     from streamfed.wire.message import Message
     from streamfed.wire.schema import MessageSchema
 
-__all__ = ["Aggregation", "Algorithm", "Learner", "NonFiniteError", "Params", "Regret", "Update", "Mode",
-           "UploadSensitivity", "aggregation_diagnostics", "aggregation_for_partials", "learner_class_probabilities",
-           "learner_last_probabilities", "learner_pending_samples", "learner_upload_sensitivity"]
+__all__ = ["Aggregation", "Algorithm", "BaseAggregation", "BaseLearner", "Learner", "NonFiniteError", "Params",
+           "Regret", "Update", "Mode", "UploadSensitivity", "WrappedLearner", "aggregation_diagnostics"]
 
 Mode = Literal["lockstep", "async"]
 
@@ -119,14 +126,20 @@ class Learner(Protocol):
     published; `end_learn` finishes learning it. `learn` is both. A `ValueError` from either leaves the
     learner unchanged (the agent counts the sample as skipped).
 
-    Optional: `pending_samples: int`, samples learned that no upload may carry yet (FedBNR: below its
-    privacy floor); read through :func:`learner_pending_samples`, said at the end of a finite stream.
+    Declared capabilities (class attributes, read by the cores — never probed for):
 
-    Optional: `upload_sensitivity(label_bound) -> UploadSensitivity`, how far one sample (its label clipped
-    to `±label_bound`) can move an upload; read through :func:`learner_upload_sensitivity`. Differential
-    privacy (:mod:`streamfed.privacy`) uses it; without it every upload is clipped as a whole. And, for a
-    Bayesian learner, `noise_variance(x, noise_std) -> float`: what noise of that per-entry scale in the
-    global adds to the predictive variance at `x` (differential privacy adds it to `predict`'s).
+    * `classifier`: `class_probabilities(x)` gives the class probabilities (None otherwise) and
+      `last_probabilities` those of its last `begin_learn` (read instead of predicting a second time).
+    * `sample_sensitivity`: `upload_sensitivity(label_bound) -> UploadSensitivity` says how far one sample (its
+      label clipped to `±label_bound`) can move an upload. Differential privacy (:mod:`streamfed.privacy`)
+      uses it; without it every upload is clipped as a whole.
+    * `noise_aware` (a Bayesian learner): `noise_variance(x, noise_std) -> float`, what noise of that
+      per-entry scale in the global adds to the predictive variance at `x` (differential privacy adds it to
+      `predict`'s).
+
+    And `pending_samples: int`, samples learned that no upload may carry yet (FedBNR: below its privacy
+    floor), said at the end of a finite stream; `label_in_use`, the label as last learned when a wrapper
+    changed it (clipped), None otherwise. :class:`BaseLearner` gives every one of these a default.
     """
 
     @property
@@ -145,6 +158,17 @@ class Learner(Protocol):
     def regret(self) -> Regret: ...
     def diagnostics(self) -> Mapping[str, float]: ...  # a few named numbers worth watching ({} if none)
     def warm_up(self, x: np.ndarray) -> None: ...
+    # declared capabilities and their members (defaults in BaseLearner)
+    classifier: bool
+    sample_sensitivity: bool
+    noise_aware: bool
+    label_in_use: float | None
+    last_probabilities: np.ndarray | None
+    @property
+    def pending_samples(self) -> int: ...
+    def class_probabilities(self, x: np.ndarray) -> np.ndarray | None: ...
+    def upload_sensitivity(self, label_bound: float) -> UploadSensitivity: ...
+    def noise_variance(self, x: np.ndarray, noise_std: float) -> float: ...
 
 
 @runtime_checkable
@@ -158,14 +182,17 @@ class Aggregation(Protocol):
     mark)`: `order` ranks the fleet's clients (fold in that order for reproducible sums), `mark(client)`
     is the highest seq up to which the core has received everything from that client.
 
-    Optional: `diagnostics() -> Mapping[str, float]`, a few named numbers worth watching (exported as
-    `streamfed_aggregator_value{name=…}`); read through :func:`aggregation_diagnostics`.
+    `diagnostics() -> Mapping[str, float]`: a few named numbers worth watching (exported as
+    `streamfed_aggregator_value{name=…}`, finite ones only: :func:`aggregation_diagnostics`).
 
-    Optional: `rebase(version, epoch)`, start over after the aggregator's state was lost (the operator's
+    Declared capabilities (class attributes): `shardable` — it runs in shards and the reducer (`partial`,
+    `read_partial`, `apply_partial`); `for_partials(role)` is called once by a shard or the reducer and may
+    refuse a configuration that cannot be computed from partial sums. `recoverable` — it has
+    `rebase(version, epoch)`: start over after the aggregator's state was lost (the operator's
     `--recover`, docs/reliability.md § Lost state): the global becomes `version` (above every version the
     agents have seen) with nothing in it; an aggregation whose learners re-upload their totals on a newer epoch
     (FedBNR) moves to `epoch`, so the global is rebuilt exactly. Without it the aggregator can only say that
-    its state is behind.
+    its state is behind. :class:`BaseAggregation` gives the defaults.
 
     `check` also enforces the fleet's declared bounds (`cfg.robust`): the largest update an honest client can
     produce from the configuration, its labels clipped to `±label_bound` — anything beyond is a `ValueError`."""
@@ -183,6 +210,11 @@ class Aggregation(Protocol):
     def read_partial(self, msg: Message) -> Any: ...  # a sum: `+` adds two partials' sums
     def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None: ...
     def warm_up(self) -> None: ...
+    def diagnostics(self) -> Mapping[str, float]: ...
+    shardable: bool
+    recoverable: bool
+    def for_partials(self, role: Literal["shard", "reducer"]) -> None: ...
+    def rebase(self, version: int, epoch: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,46 +237,224 @@ class UploadSensitivity:
     scatter: Mapping[str, int] = field(default_factory=dict)
 
 
-def learner_upload_sensitivity(learner: Learner, label_bound: float) -> UploadSensitivity:
-    """A learner's optional `upload_sensitivity(label_bound)` (the default when it has none: every floating
-    array, no per-sample bound — clip each upload whole)."""
-    read = getattr(learner, "upload_sensitivity", None)
-    return UploadSensitivity() if read is None else read(float(label_bound))
+class BaseLearner:
+    """The :class:`Learner` contract with a default for everything that has a sensible one. A family writes
+    `predict`, `begin_learn` (and `end_learn` when learning is split around the published prediction),
+    `take_update`, `install_global` and `regret`; it overrides the rest only where it differs, and declares
+    its capabilities by setting the class attributes.
+
+    >>> class Constant(BaseLearner):
+    ...     def predict(self, x): return 1.0, None
+    ...     def begin_learn(self, x, y): return self.predict(x)
+    >>> lr = Constant()
+    >>> lr.learn(np.zeros(1), 2.0), lr.flush(), lr.diagnostics(), lr.global_version, lr.pending_samples
+    ((1.0, None), [], {}, 0, 0)
+    >>> lr.classifier, lr.class_probabilities(np.zeros(1)), lr.upload_sensitivity(3.0).l2
+    (False, None, None)
+    """
+
+    classifier: ClassVar[bool] = False  # class_probabilities / last_probabilities are real
+    sample_sensitivity: ClassVar[bool] = False  # upload_sensitivity bounds one sample's influence
+    noise_aware: ClassVar[bool] = False  # noise_variance says what the global's noise adds
+    # class-level defaults (instance attributes where a learner has them; never pickled when not)
+    _version: int = 0
+    last_probabilities: np.ndarray | None = None
+    label_in_use: float | None = None
+
+    @property
+    def global_version(self) -> int:
+        """The version of the installed global (default: the `_version` attribute)."""
+        return int(self._version)
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return ()
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return None
+
+    @property
+    def pending_samples(self) -> int:
+        return 0
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        raise NotImplementedError
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        raise NotImplementedError
+
+    def end_learn(self) -> None:
+        """Finish learning the sample of `begin_learn` (default: `begin_learn` did everything)."""
+
+    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        out = self.begin_learn(x, y)
+        self.end_learn()
+        return out
+
+    def take_update(self) -> Update | None:
+        raise NotImplementedError
+
+    def flush(self) -> list[Update]:
+        """What must leave before the process does (default: nothing; below a privacy floor nothing may)."""
+        return []
+
+    def install_global(self, msg: Message) -> bool:
+        raise NotImplementedError
+
+    def regret(self) -> Regret:
+        raise NotImplementedError
+
+    def diagnostics(self) -> Mapping[str, float]:
+        return {}
+
+    def warm_up(self, x: np.ndarray) -> None:
+        """Run the learning path once on a copy (whatever compiles or allocates lazily does it now)."""
+        copy.deepcopy(self).learn(x, 0.0)
+
+    def class_probabilities(self, x: np.ndarray) -> np.ndarray | None:
+        return None
+
+    def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
+        return UploadSensitivity()
+
+    def noise_variance(self, x: np.ndarray, noise_std: float) -> float:
+        return 0.0
 
 
-def learner_pending_samples(learner: Learner) -> int:
-    """A learner's optional `pending_samples` (0 when it has none)."""
-    return int(getattr(learner, "pending_samples", 0))
+class WrappedLearner(BaseLearner):
+    """A learner around another one (`inner`): every member of the contract, the declared capabilities
+    included, is the inner learner's until a wrapper overrides it.
+
+    >>> class Noisy(WrappedLearner):
+    ...     def __init__(self, inner): self.inner = inner
+    >>> class Classifier(BaseLearner):
+    ...     classifier = True
+    >>> Noisy(Classifier()).classifier, Noisy(BaseLearner()).classifier
+    (True, False)
+    """
+
+    inner: Learner
+
+    @property  # type: ignore[misc]
+    def classifier(self) -> bool:  # type: ignore[override]
+        return bool(self.inner.classifier)
+
+    @property  # type: ignore[misc]
+    def sample_sensitivity(self) -> bool:  # type: ignore[override]
+        return bool(self.inner.sample_sensitivity)
+
+    @property  # type: ignore[misc]
+    def noise_aware(self) -> bool:  # type: ignore[override]
+        return bool(self.inner.noise_aware)
+
+    # a wrapper that sets these itself shadows them with a class attribute of its own
+    @property  # type: ignore[misc]
+    def label_in_use(self) -> float | None:  # type: ignore[override]
+        return self.inner.label_in_use
+
+    @property  # type: ignore[misc]
+    def last_probabilities(self) -> np.ndarray | None:  # type: ignore[override]
+        return self.inner.last_probabilities
+
+    @property
+    def global_version(self) -> int:
+        return self.inner.global_version
+
+    @property
+    def kernel_names(self) -> Sequence[str]:
+        return self.inner.kernel_names
+
+    @property
+    def kernel_weights(self) -> np.ndarray | None:
+        return self.inner.kernel_weights
+
+    @property
+    def pending_samples(self) -> int:
+        return int(self.inner.pending_samples)
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return self.inner.predict(x)
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        return self.inner.begin_learn(x, y)
+
+    def end_learn(self) -> None:
+        self.inner.end_learn()
+
+    def take_update(self) -> Update | None:
+        return self.inner.take_update()
+
+    def flush(self) -> list[Update]:
+        return self.inner.flush()
+
+    def install_global(self, msg: Message) -> bool:
+        return self.inner.install_global(msg)
+
+    def regret(self) -> Regret:
+        return self.inner.regret()
+
+    def diagnostics(self) -> Mapping[str, float]:
+        return self.inner.diagnostics()
+
+    def warm_up(self, x: np.ndarray) -> None:
+        self.inner.warm_up(x)
+
+    def class_probabilities(self, x: np.ndarray) -> np.ndarray | None:
+        return self.inner.class_probabilities(x)
+
+    def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
+        return self.inner.upload_sensitivity(label_bound)
+
+    def noise_variance(self, x: np.ndarray, noise_std: float) -> float:
+        return self.inner.noise_variance(x, noise_std)
 
 
-def learner_class_probabilities(learner: Learner, x: np.ndarray) -> np.ndarray | None:
-    """A classifier's optional `class_probabilities(x)` (None for a learner without them: a regressor)."""
-    read = getattr(learner, "class_probabilities", None)
-    out = None if read is None else read(x)
-    return None if out is None else np.asarray(out, dtype=np.float64)
+class BaseAggregation:
+    """The :class:`Aggregation` contract with its defaults: `version` from the `_version` attribute, no
+    diagnostics, nothing to warm up, and the declared capabilities — `shardable` (True: `partial`,
+    `read_partial`, `apply_partial` are real; `for_partials` refuses a shard or reducer role otherwise) and
+    `recoverable` (False: no `rebase`).
 
+    >>> BaseAggregation().diagnostics(), BaseAggregation.shardable, BaseAggregation.recoverable
+    ({}, True, False)
+    """
 
-def learner_last_probabilities(learner: Learner) -> np.ndarray | None:
-    """A classifier's optional `last_probabilities`: those of its last `begin_learn` (read instead of
-    predicting a second time). None when it has none."""
-    out = getattr(learner, "last_probabilities", None)
-    return None if out is None else np.asarray(out, dtype=np.float64)
+    shardable: ClassVar[bool] = True
+    recoverable: ClassVar[bool] = False
+    _version: int = 0
 
+    @property
+    def version(self) -> int:
+        return int(self._version)
 
-def aggregation_for_partials(aggregation: Aggregation, role: Literal["shard", "reducer"]) -> None:
-    """Tell an aggregation it serves a shard or the reducer, through its optional `for_partials(role)` (POF-MKL:
-    a shard never sees θ, so the declared bound on Δ is left to a core that does). Nothing without it."""
-    read = getattr(aggregation, "for_partials", None)
-    if read is not None:
-        read(role)
+    def diagnostics(self) -> Mapping[str, float]:
+        return {}
+
+    def warm_up(self) -> None:
+        """Run what compiles or allocates lazily (default: nothing)."""
+
+    def for_partials(self, role: Literal["shard", "reducer"]) -> None:
+        """Told once that it serves a shard or the reducer (default: refused unless `shardable`)."""
+        if not self.shardable:
+            raise ValueError(f"{type(self).__name__} cannot run in a sharded fleet (shards and a reducer)")
+
+    def rebase(self, version: int, epoch: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot rebuild its global from its agents")
+
+    def partial(self, items: Sequence[Any]) -> tuple[dict[str, np.ndarray], int, int]:
+        raise NotImplementedError(f"{type(self).__name__} has no partial sums")
+
+    def read_partial(self, msg: Message) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no partial sums")
+
+    def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no partial sums")
 
 
 def aggregation_diagnostics(aggregation: Aggregation) -> dict[str, float]:
-    """An aggregation's optional diagnostics (`{}` when it has none), finite values only."""
-    read = getattr(aggregation, "diagnostics", None)
-    if read is None:
-        return {}
-    return {str(k): float(v) for k, v in read().items() if math.isfinite(float(v))}
+    """An aggregation's diagnostics, finite values only (what the metrics export)."""
+    return {str(k): float(v) for k, v in aggregation.diagnostics().items() if math.isfinite(float(v))}
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from streamfed.algorithms.base import BaseLearner
+
 __all__ = ["PredictThenLearn"]
 
 
-class PredictThenLearn:
-    """Mixin for a learner with a `client` whose `predict(x)` gives what `learn(x, y, prediction)` takes.
+class PredictThenLearn(BaseLearner):
+    """The :class:`~streamfed.algorithms.base.BaseLearner` of a family with a `client` whose `predict(x)` gives
+    what `learn(x, y, prediction)` takes.
 
     `_target(y)` checks the label before anything is staged (default: `float(y)`).
 
@@ -41,10 +44,6 @@ class PredictThenLearn:
     def global_version(self) -> int:
         return int(self.client.global_version)
 
-    @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return None  # one kernel (or a learned one): no weights over a dictionary
-
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return self.client.predict(x)
 
@@ -65,8 +64,3 @@ class PredictThenLearn:
             x, y, pred = self._staged
             self._staged = None
             self.client.learn(x, y, pred)
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out

@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from streamfed.algorithms.base import BaseAggregation
+
 __all__ = ["SummingWindow"]
 
 
-class SummingWindow:
+class SummingWindow(BaseAggregation):
     """The window of an order-free statistics server (`server.apply` sums an upload once, buffering
     out-of-order ones; `server.publish` makes the next global; `server.version`, `server.included`): a window
     that summed something publishes when it closes."""

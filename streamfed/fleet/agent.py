@@ -40,9 +40,7 @@ from streamfed.algorithms.base import (
     Mode,
     NonFiniteError,
     Update,
-    learner_class_probabilities,
-    learner_last_probabilities,
-    learner_pending_samples,
+    WrappedLearner,
 )
 from streamfed.fleet.bounded_labels import BoundedLabels
 from streamfed.fleet.config import FleetConfig
@@ -134,9 +132,9 @@ def _private_part(learner: object) -> PrivateLearner | None:
     for _ in range(8):  # wrappers are few; a bound instead of trusting a cycle-free chain
         if isinstance(learner, PrivateLearner):
             return learner
-        learner = getattr(learner, "inner", None)
-        if learner is None:
+        if not isinstance(learner, WrappedLearner):
             return None
+        learner = learner.inner
     return None
 
 
@@ -430,9 +428,10 @@ class AgentCore:
 
     def _class_probabilities(self, x: np.ndarray) -> np.ndarray | None:
         """A classifier's probabilities of `x` (None for a regressor: it is never asked)."""
-        if self.algorithm.task != "classification":
+        if not self.learner.classifier:
             return None
-        return learner_class_probabilities(self.learner, x)
+        p = self.learner.class_probabilities(x)
+        return None if p is None else np.asarray(p, dtype=np.float64)
 
     def _learn(self, reading: Reading, y: float, now: float, predicted: bool = False
                ) -> tuple[Prediction | None, list[Message]]:
@@ -454,10 +453,12 @@ class AgentCore:
             self._refused(reading, e)
             return None
         # a classifier staged the probabilities of this very prediction: read, not predicted again
-        proba = learner_last_probabilities(self.learner) if self.algorithm.task == "classification" else None
+        proba = self.learner.last_probabilities if self.learner.classifier else None
+        proba = None if proba is None else np.asarray(proba, dtype=np.float64)
         # quality is measured against the label as learned: one reading far outside the stream's range is clipped
         # (counted in labels_clipped / targets_winsorised), not left to dominate the MSE forever
-        y = float(getattr(self.learner, "label_in_use", y))
+        if self.learner.label_in_use is not None:
+            y = float(self.learner.label_in_use)
         # the global this step saw: an update computed from it says so even if a newer one is installed
         # before the update message is built
         return PendingLearn(reading, y, now, predicted, mean, var, self.global_version, proba)
@@ -539,7 +540,7 @@ class AgentCore:
         msgs = self.take_held()
         self.hold_uploads = hold
         msgs += self.flush()
-        held = learner_pending_samples(self.learner)
+        held = int(self.learner.pending_samples)
         if held:
             if durable:
                 log.info("agent %s: stream ended with %d samples below the upload floor; kept in the state "

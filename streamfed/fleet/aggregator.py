@@ -248,21 +248,21 @@ class AggregatorCore:
         first = msg.client not in self.ahead
         self.ahead[msg.client] = max(self.ahead.get(msg.client, 0), int(msg.global_version))
         self._ahead_epoch = max(self._ahead_epoch, int(msg.epoch))
-        rebase = getattr(self.aggregation, "rebase", None)
-        if not self.recover or rebase is None:
+        recoverable = self.aggregation.recoverable
+        if not self.recover or not recoverable:
             if first:
                 log.error("client %r is at global v%d but this aggregator's state is at v%d: the state was lost, "
                           "replaced or restored from an older copy; nothing from clients ahead of it is taken. %s",
                           msg.client, msg.global_version, self.version,
                           "Restart with --recover: a new epoch in which the agents upload their totals again."
-                          if rebase is not None and not self.recover else
+                          if recoverable and not self.recover else
                           f"{self.algorithm.name} cannot rebuild its global from its agents: restore the state "
                           "directory, or start the fleet again under a new name.")
             return []
         # Recovery: a global above every version the agents have seen, of a new epoch, nothing included.
         t0 = time.perf_counter()
         version, epoch = max(self.ahead.values()) + 1, self._ahead_epoch + 1
-        rebase(version, epoch)
+        self.aggregation.rebase(version, epoch)
         log.warning("recovering a lost state: global v%d, epoch %d; %d client(s) were ahead (up to v%d); each is "
                     "taken from the first update it sends now", self.version, epoch, len(self.ahead), version - 1)
         self.tracker = SeqTracker(self.cfg.seq_window)

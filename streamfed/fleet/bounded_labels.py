@@ -9,7 +9,7 @@ range learned from the stream, `mean ± bound·scale`, and the standardiser fold
 aggregation derives the largest honest update from the same bound (`cfg.robust.label_bound`) and refuses
 anything beyond it, so an honest agent's uploads are never refused for their size.
 
-Everything else passes through to the wrapped learner unchanged.
+Everything else passes through to the wrapped learner unchanged (:class:`~streamfed.algorithms.base.WrappedLearner`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.base import Learner
+from streamfed.algorithms.base import Learner, WrappedLearner
 
 __all__ = ["BoundedLabels"]
 
 
-class BoundedLabels:
+class BoundedLabels(WrappedLearner):
     """A :class:`~streamfed.algorithms.base.Learner` whose labels are clipped to `±bound` (counted).
 
     >>> from streamfed import algorithms
@@ -35,6 +35,8 @@ class BoundedLabels:
     >>> learner.labels_clipped, learner.diagnostics()["labels_clipped"]
     (1, 1.0)
     """
+
+    label_in_use: float | None = None  # set by this wrapper (an instance attribute), not the inner learner's
 
     def __init__(self, inner: Learner, bound: float) -> None:
         if not (bound > 0 and math.isfinite(bound)):
@@ -71,8 +73,9 @@ class BoundedLabels:
         return {**self.inner.diagnostics(), "labels_clipped": float(self.labels_clipped)}
 
     def __getattr__(self, name: str) -> Any:
-        # everything else is the wrapped learner's (read only when not found here; never for dunders,
-        # so that copying and pickling see this object's own state)
+        # the contract is WrappedLearner's; anything else a family's learner has (its `client`, …) is read
+        # through (only when not found here; never for dunders, so that copying and pickling see this
+        # object's own state)
         if name.startswith("__") or name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)

@@ -1,6 +1,6 @@
 """Differential privacy for any learner of the plug-in contract (docs/privacy.md): a wrapper that clips
 labels, noises uploads with the Gaussian mechanism calibrated to the learner's declared sensitivity
-(:func:`~streamfed.algorithms.base.learner_upload_sensitivity`), accounts every upload, and stops
+(its `upload_sensitivity`, when it declares `sample_sensitivity`), accounts every upload, and stops
 uploading — it keeps learning and predicting — once the next upload would exceed the budget.
 
 It never asks which algorithm it wraps. Learners that declare a per-sample L2 bound (FedBNR's
@@ -28,18 +28,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.base import (
-    Learner,
-    Regret,
-    Update,
-    learner_pending_samples,
-    learner_upload_sensitivity,
-)
+from streamfed.algorithms.base import Learner, Update, UploadSensitivity, WrappedLearner
 from streamfed.privacy import dp
 from streamfed.privacy.accountant import Method, PrivacyAccountant
 from streamfed.wire.message import Message
@@ -49,7 +42,7 @@ __all__ = ["PrivateLearner"]
 log = logging.getLogger(__name__)
 
 
-class PrivateLearner:
+class PrivateLearner(WrappedLearner):
     """A :class:`~streamfed.algorithms.base.Learner` whose uploads are `(epsilon, delta)`-DP each, composed
     by a :class:`~streamfed.privacy.accountant.PrivacyAccountant` and capped at `budget` (ε at `delta`;
     None: no cap). See the module docstring; `rng` seeds the noise only in tests (default: OS entropy);
@@ -80,7 +73,7 @@ class PrivateLearner:
         self.clip_labels = bool(clip_labels)
         self.clip_norm = float(clip_norm)
         self.budget = budget
-        self.sensitivity = learner_upload_sensitivity(inner, label_bound)
+        self.sensitivity = inner.upload_sensitivity(label_bound) if inner.sample_sensitivity else UploadSensitivity()
         self.l2 = self.sensitivity.l2 if self.sensitivity.l2 is not None else 2.0 * self.clip_norm
         # one upload is (ε, δ)-DP — or the multiplier is given (calibrated for a whole stream's composition)
         self.z = dp.noise_multiplier(epsilon, delta) if noise_multiplier is None else float(noise_multiplier)
@@ -136,23 +129,7 @@ class PrivateLearner:
                     self.delta, self.accountant.uploads, self.epsilon)
         return False
 
-    # ---------------------------------------------------------------- the Learner contract
-    @property
-    def global_version(self) -> int:
-        return self.inner.global_version
-
-    @property
-    def kernel_names(self) -> Sequence[str]:
-        return self.inner.kernel_names
-
-    @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return self.inner.kernel_weights
-
-    @property
-    def pending_samples(self) -> int:
-        return learner_pending_samples(self.inner)
-
+    # ---------------------------------------------------------------- the Learner contract (the rest: the inner's)
     def noise_std(self) -> float:
         """Per-entry scale of the noise summed in the installed global: `U` uploads of std `s` each give `√U·s`
         (every client of the fleet noises alike; the shares of distributed DP are in `s`)."""
@@ -161,10 +138,9 @@ class PrivateLearner:
     def _with_noise(self, x: np.ndarray, out: tuple[float, float | None]) -> tuple[float, float | None]:
         # a Bayesian learner that can say what the global's noise adds to its predictive variance gets it added
         mean, var = out
-        read = getattr(self.inner, "noise_variance", None)
-        if var is None or read is None or not self.global_uploads:
+        if var is None or not self.inner.noise_aware or not self.global_uploads:
             return out
-        extra = float(read(x, self.noise_std()))
+        extra = float(self.inner.noise_variance(x, self.noise_std()))
         return mean, var + extra if math.isfinite(extra) and extra >= 0 else var
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
@@ -173,14 +149,6 @@ class PrivateLearner:
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         y = dp.clip_label(y, self.label_bound) if self.clip_labels else y
         return self._with_noise(x, self.inner.begin_learn(x, y))
-
-    def end_learn(self) -> None:
-        self.inner.end_learn()
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
 
     def take_update(self) -> Update | None:
         if not self._may_upload():
@@ -204,19 +172,13 @@ class PrivateLearner:
             self.global_uploads = sum(int(v) for v in msg.included.values())
         return installed
 
-    def regret(self) -> Regret:
-        return self.inner.regret()
-
     def diagnostics(self) -> dict[str, float]:
         out = dict(self.inner.diagnostics())
         out.update(dp_epsilon=self.epsilon, dp_uploads=float(self.accountant.uploads))
         return out
 
-    def warm_up(self, x: np.ndarray) -> None:
-        self.inner.warm_up(x)
-
     def __getattr__(self, name: str) -> Any:
-        # only reached for attributes this wrapper lacks: optional parts of the contract it does not know
+        # only reached for attributes this wrapper lacks: a family learner's own (the contract is WrappedLearner's)
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from streamfed import algorithms
-from streamfed.algorithms.base import Mode, aggregation_diagnostics, aggregation_for_partials
+from streamfed.algorithms.base import Mode, aggregation_diagnostics
 from streamfed.fleet.admission import Admission
 from streamfed.fleet.aggregator import note_status, roster
 from streamfed.fleet.config import FleetConfig
@@ -156,7 +156,7 @@ class ShardCore:
         # check updates and to sum them into partials, never to fold anything into a global.
         self.aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs,
                                                       check_stats=check_stats and cfg.dp_epsilon is None)
-        aggregation_for_partials(self.aggregation, "shard")
+        self.aggregation.for_partials("shard")
         self.stats = stats or AggregatorStats(cfg.fleet)
         self.admission = Admission(cfg.robust)  # each shard holds the clients it hears from to their rates
         self.clients = list(clients or [])
@@ -338,7 +338,7 @@ class ReducerCore:
         self.sender = sender
         self.shards = set(shards) if shards else None  # None: any shard name
         self.aggregation = self.algorithm.aggregation(cfg)
-        aggregation_for_partials(self.aggregation, "reducer")
+        self.aggregation.for_partials("reducer")
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self.schema = cfg.protocol_schema
         self._kinds = (cfg.partial_kind,)

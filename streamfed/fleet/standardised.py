@@ -18,26 +18,18 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.base import (
-    Learner,
-    Regret,
-    Update,
-    learner_class_probabilities,
-    learner_last_probabilities,
-    learner_pending_samples,
-)
+from streamfed.algorithms.base import Learner, WrappedLearner
 from streamfed.core.standardise import StreamScales
-from streamfed.wire.message import Message
 
 __all__ = ["StandardisedLearner"]
 
 
-class StandardisedLearner:
+class StandardisedLearner(WrappedLearner):
     """A :class:`~streamfed.algorithms.base.Learner` that sees its stream standardised online.
 
     >>> from streamfed import algorithms
@@ -50,6 +42,10 @@ class StandardisedLearner:
     >>> round(mean, 6)  # no sample learned yet: the running mean of the target
     100.1
     """
+
+    # set by this wrapper itself (instance attributes), not the inner learner's
+    label_in_use: float | None = None
+    last_probabilities: np.ndarray | None = None
 
     def __init__(self, inner: Learner, n_inputs: int, target: bool = True, label_bound: float | None = None,
                  private: bool = False) -> None:
@@ -72,23 +68,7 @@ class StandardisedLearner:
         # a classifier's probabilities of its last begin_learn: class probabilities are not mapped back
         self.last_probabilities: np.ndarray | None = None
 
-    # -- what the agent reads ------------------------------------------------------------------
-    @property
-    def global_version(self) -> int:
-        return self.inner.global_version
-
-    @property
-    def kernel_names(self) -> Sequence[str]:
-        return self.inner.kernel_names
-
-    @property
-    def kernel_weights(self) -> np.ndarray | None:
-        return self.inner.kernel_weights
-
-    def regret(self) -> Regret:
-        """The learner's regret, in standard units."""
-        return self.inner.regret()
-
+    # -- what the agent reads (the rest is the inner learner's; its regret is in standard units) ----
     def diagnostics(self) -> Mapping[str, float]:
         out = dict(self.inner.diagnostics())
         y = self.scales.y
@@ -115,7 +95,7 @@ class StandardisedLearner:
     def class_probabilities(self, x: np.ndarray) -> np.ndarray | None:
         """A classifier's class probabilities of `x` (inputs standardised as for `predict`); None for a
         learner without them."""
-        return learner_class_probabilities(self.inner, self._inputs(x))
+        return self.inner.class_probabilities(self._inputs(x))
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         """Predict and learn `(x, y)` in standard units (scales from the past), then fold it in — on
@@ -135,14 +115,14 @@ class StandardisedLearner:
         if not self.target:
             if zx is None:  # the first samples only set the input scales
                 self._next, self._inner_pending = nxt, False
-                p = learner_class_probabilities(self.inner, self._inputs(x))
+                p = self.inner.class_probabilities(self._inputs(x)) if self.inner.classifier else None
                 if p is None:
                     return self.inner.predict(self._inputs(x))
                 # one prediction gives both: the most probable class and the vector published with it
-                self.last_probabilities = p
+                self.last_probabilities = np.asarray(p, dtype=np.float64)
                 return float(np.argmax(p)), None
             out = self.inner.begin_learn(zx, y)
-            self.last_probabilities = learner_last_probabilities(self.inner)
+            self.last_probabilities = self.inner.last_probabilities
             self._next, self._inner_pending = nxt, True
             return out
         if zx is None:  # the first samples only set the scales
@@ -165,11 +145,6 @@ class StandardisedLearner:
         self.targets_winsorised += self._winsorising
         self._winsorising = False
 
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
-
     def _winsorised(self, y: float) -> tuple[float, bool]:
         """`y` within the learned range `mean ± label_bound·scale` (the scales of the past), and whether it
         was outside."""
@@ -186,20 +161,7 @@ class StandardisedLearner:
         x = np.asarray(x, dtype=np.float64)
         return self.scales.x.transform(x) if self.scales.ready else np.zeros_like(x)
 
-    # -- the federated side, unchanged ---------------------------------------------------------
-    def take_update(self) -> Update | None:
-        return self.inner.take_update()
-
-    def flush(self) -> list[Update]:
-        return self.inner.flush()
-
-    @property
-    def pending_samples(self) -> int:
-        return learner_pending_samples(self.inner)
-
-    def install_global(self, msg: Message) -> bool:
-        return self.inner.install_global(msg)
-
+    # -- the federated side is the inner learner's, unchanged -----------------------------------
     def warm_up(self, x: np.ndarray) -> None:
         self.inner.warm_up(x)
         copy.deepcopy(self.inner).learn(x, 0.0)  # the inner learning path too (the first samples skip it)

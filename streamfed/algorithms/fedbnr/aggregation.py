@@ -141,6 +141,7 @@ class FedBNRAggregation(RobustShares, SummingWindow):
     (True, 1, {'a': 1})
     """
 
+    recoverable = True  # rebase: the clients upload their totals again on a new epoch
     # class-level defaults: an aggregation pickled before these existed restores as the exact one
     label_bound: float | None = None
     phi_sq_min: float | None = None
@@ -266,6 +267,3 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         return global_message(fleet, sender, s.version, packed["S_upper"], packed["b"], packed["n"], packed["q"],
                               s.sigma, s.lam, s.log_evidence, dict(s.included), kernel_version=kernel_version,
                               epoch=s.epoch)
-
-    def warm_up(self) -> None:
-        pass

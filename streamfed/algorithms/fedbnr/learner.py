@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.base import Regret, Update, UploadSensitivity
+from streamfed.algorithms.base import BaseLearner, Regret, Update, UploadSensitivity
 from streamfed.algorithms.fedbnr.messages import GlobalModel
 from streamfed.algorithms.fedbnr.wire import global_fields
 from streamfed.wire.message import Message
@@ -19,7 +19,7 @@ from streamfed.wire.message import Message
 __all__ = ["StatsLearner"]
 
 
-class StatsLearner:
+class StatsLearner(BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of FedBNR: `predict` gives the posterior predictive
     mean and variance, `begin_learn` predicts, `end_learn` makes the rank-one update (so the prediction is
     published before the O(F²) work).
@@ -33,6 +33,9 @@ class StatsLearner:
     >>> up.seq, up.n_samples, float(up.arrays["n"])
     (1, 2, 2.0)
     """
+
+    sample_sensitivity = True  # upload_sensitivity: a per-sample bound on (S_upper, b, q)
+    noise_aware = True  # noise_variance: what the global's DP noise adds to the predictive variance
 
     def __init__(self, client: Any, phi_sq: float | None = None) -> None:
         self.client = client
@@ -75,11 +78,6 @@ class StatsLearner:
             self._pending = None
             self.client.learn(x, y)
 
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
-
     def take_update(self) -> Update | None:
         up = self.client.make_upload()
         if up is None:
@@ -88,10 +86,6 @@ class StatsLearner:
         arrays = {k: np.asarray(fields[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")}
         return Update(arrays, max(int(round(float(fields["n"]))), 0), int(up.base_version), seq=int(up.seq),
                       epoch=int(fields.get("epoch", 0)))
-
-    def flush(self) -> list[Update]:
-        # pending statistics below the privacy floor never leave the device (see pending_samples)
-        return []
 
     @property
     def pending_samples(self) -> int:

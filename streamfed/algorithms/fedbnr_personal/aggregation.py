@@ -107,9 +107,6 @@ class PersonalAggregation(SummingWindow):
         return Message(fleet, sender, GLOBAL, g.version, g.version, kernel_version, 0, time.time(), arrays, {},
                        dict(g.included), g.epoch)
 
-    def warm_up(self) -> None:
-        pass
-
 
 class ClientSums(dict):  # type: ignore[type-arg]
     """client → its uploads in one or more partials, merged (time-weighted to the latest); `+` merges two,

@@ -4,13 +4,12 @@ decoding of the global it installs."""
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.base import BaseLearner, Regret, Update
 from streamfed.algorithms.fedbnr.metrics import ridge_loss
 from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal
@@ -22,7 +21,7 @@ from streamfed.wire.message import Message, writable_copy
 __all__ = ["PersonalLearner", "global_from_message"]
 
 
-class PersonalLearner:
+class PersonalLearner(BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of personalised FedBNR: the exact posterior of this
     client's own weights `w + δ_k` given the shared posterior and all its own data.
 
@@ -39,10 +38,6 @@ class PersonalLearner:
         # with the τ-mixture its "kernels" are the models of the grid, its weights their mixture weights
         self._names = tuple(f"tau={t:g}" for t in client.tau_grid) if self.mixture else tuple(kernel_names)
         self._version = 0
-
-    @property
-    def global_version(self) -> int:
-        return self._version
 
     @property
     def kernel_names(self) -> Sequence[str]:
@@ -85,12 +80,6 @@ class PersonalLearner:
         mean, var = self.client.learn(x, y)
         return float(mean), float(var)
 
-    def end_learn(self) -> None:
-        pass
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        return self.begin_learn(x, y)
-
     def take_update(self) -> Update | None:
         up = self.client.make_upload()
         if up is None:
@@ -99,9 +88,6 @@ class PersonalLearner:
         arrays = {"S_upper": pack_upper(st.S), "b": np.array(st.b, dtype=np.float64), "n": np.asarray(float(st.n)),
                   "q": np.asarray(float(st.q)), "time": np.asarray(float(up.time))}
         return Update(arrays, int(up.count), self._version, seq=int(up.seq), epoch=int(st.epoch))
-
-    def flush(self) -> list[Update]:
-        return []  # pending statistics below the privacy floor never leave the device (see pending_samples)
 
     @property
     def pending_samples(self) -> int:
@@ -117,11 +103,6 @@ class PersonalLearner:
         if installed:
             self._version = msg.global_version
         return installed
-
-    def warm_up(self, x: np.ndarray) -> None:
-        twin = copy.deepcopy(self.client)
-        twin.predict(x)
-        twin.learn(x, 0.0)
 
 
 def global_from_message(msg: Message) -> list[HierGlobal]:

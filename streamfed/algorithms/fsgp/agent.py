@@ -4,10 +4,7 @@ keeps them until a global includes them."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-
-import numpy as np
 
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fsgp.client import finite_target
@@ -22,6 +19,7 @@ class FSGPLearner(PredictThenLearn):
     """`predict` is the sparse-GP predictive (mean, variance); `begin_learn` predicts (and checks the
     target), `end_learn` makes the rank-one update, so a prediction is published before the `O(M²)` work.
 
+    >>> import numpy as np
     >>> from streamfed.algorithms.fsgp.client import FSGPClient
     >>> from streamfed.algorithms.fsgp.kernels import Hyper
     >>> h = Hyper.initial("se", np.array([[0.0], [1.0]]))
@@ -53,9 +51,6 @@ class FSGPLearner(PredictThenLearn):
         return Update(update_arrays(up, self.client.hyper.d), int(up.stats.n), int(up.base_version), seq=up.seq,
                       epoch=up.epoch)
 
-    def flush(self) -> list[Update]:
-        return []  # statistics below the privacy floor never leave the device
-
     def install_global(self, msg: Message) -> bool:
         return self.client.apply_global(read_global(msg, self.client.hyper.kind))
 
@@ -67,8 +62,3 @@ class FSGPLearner(PredictThenLearn):
         return {"epoch": float(self.client.epoch), "sigma": self.client.hyper.sigma,
                 "local_fits": float(self.client.n_fits),
                 "carried_clamped": float(getattr(self.client, "n_clamped", 0))}
-
-    def warm_up(self, x: np.ndarray) -> None:
-        twin = copy.deepcopy(self.client)
-        twin.predict(x)
-        twin.learn(x, 0.0)

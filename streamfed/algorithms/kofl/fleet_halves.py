@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamfed.algorithms.base import Update
+from streamfed.algorithms.base import BaseAggregation, BaseLearner, Update
 from streamfed.algorithms.kofl.learner import KOFLGlobal, KOFLServer, KOFLUpdate
 from streamfed.algorithms.pofmkl.agent import POFMKLLearner
 from streamfed.algorithms.pofmkl.learner import GlobalTheta, KernelUpdate, POFMKLServer, merge_updates
@@ -56,11 +56,8 @@ class KOFLLearner(POFMKLLearner):
         self._version = self.global_version
         return yhat, None
 
-    def end_learn(self) -> None:
-        pass
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        return self.begin_learn(x, y)
+    end_learn = BaseLearner.end_learn  # one fused step: no error feedback to add to
+    warm_up = BaseLearner.warm_up  # a step on a copy (POF-MKL's installs a θ-only global)
 
     def take_update(self) -> Update | None:
         u, self._step = self._step, None
@@ -71,9 +68,6 @@ class KOFLLearner(POFMKLLearner):
             arrays["losses"] = u.losses
         return Update(arrays, int(u.n_samples), self._version)
 
-    def flush(self) -> list[Update]:
-        return []
-
     def install_global(self, msg: Message) -> bool:
         theta = GlobalTheta.of(msg.arrays["theta"])
         if "logv" in msg.arrays:
@@ -83,13 +77,13 @@ class KOFLLearner(POFMKLLearner):
         self.client.set_global(params, msg.global_version)
         return True
 
-    def warm_up(self, x: np.ndarray) -> None:
-        pass
 
-
-class KOFLAggregation:
+class KOFLAggregation(BaseAggregation):
     """A baseline server in the :class:`~streamfed.algorithms.base.Aggregation` contract; a client's several
-    uploads within an asynchronous window are merged (Δ summed per kernel, losses summed)."""
+    uploads within an asynchronous window are merged (Δ summed per kernel, losses summed). The paper's baselines
+    run in the replay only: not in a sharded fleet."""
+
+    shardable = False
 
     def __init__(self, server: POFMKLServer | KOFLServer, name: str, *, max_abs: float = 1e100) -> None:
         self.server = server
@@ -143,15 +137,6 @@ class KOFLAggregation:
             self._applied[c] = max(self._applied.get(c, 0), round)
         self.server.finish_round()
 
-    def partial(self, items: Sequence[Any]) -> tuple[dict[str, np.ndarray], int, int]:
-        raise NotImplementedError("the paper's baselines run in the replay only, not in a sharded fleet")
-
-    def read_partial(self, msg: Message) -> Any:
-        raise NotImplementedError("the paper's baselines run in the replay only, not in a sharded fleet")
-
-    def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None:
-        raise NotImplementedError("the paper's baselines run in the replay only, not in a sharded fleet")
-
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
         v = self.version
         arrays: dict[str, np.ndarray] = {"theta": self.server.theta}
@@ -159,6 +144,3 @@ class KOFLAggregation:
             arrays.update(logv=self.server.logv.copy(), chosen=np.asarray(self.server.chosen, dtype=np.int64))
         return Message(fleet, sender, f"{self.name}.global", v, v, kernel_version, 0, time.time(), arrays, {},
                        self.included())
-
-    def warm_up(self) -> None:
-        pass

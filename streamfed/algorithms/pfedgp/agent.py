@@ -2,15 +2,13 @@
 
 The contract's prediction is `(mean, variance)` of a number; a classifier's is the most probable class as the
 "mean" and no variance. Its class probabilities are read through the optional `class_probabilities(x)`
-(and `n_classes`), which a shell that knows classification can publish and score (accuracy, log loss,
-calibration) — see :func:`learner_class_probabilities`.
+(and `n_classes`) — it declares `classifier` — which a shell that knows classification can publish and score
+(accuracy, log loss, calibration).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -20,13 +18,7 @@ from streamfed.algorithms.pfedgp.wire import read_global
 from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.wire.message import Message
 
-__all__ = ["PFedGPLearner", "learner_class_probabilities"]
-
-
-def learner_class_probabilities(learner: Any, x: np.ndarray) -> np.ndarray | None:
-    """A learner's optional class probabilities of `x` (None for a learner that is not a classifier)."""
-    read = getattr(learner, "class_probabilities", None)
-    return None if read is None else np.asarray(read(x), dtype=np.float64)
+__all__ = ["PFedGPLearner"]
 
 
 class PFedGPLearner(PredictThenLearn):
@@ -43,6 +35,8 @@ class PFedGPLearner(PredictThenLearn):
     >>> learner.predict(np.array([0.5])), learner.class_probabilities(np.array([0.5])).tolist()
     ((1.0, None), [0.0, 1.0])
     """
+
+    classifier = True
 
     def __init__(self, client: PFedGPClient) -> None:
         super().__init__(client)
@@ -78,9 +72,6 @@ class PFedGPLearner(PredictThenLearn):
     def take_update(self) -> Update | None:
         return self.client.take_update()
 
-    def flush(self) -> list[Update]:
-        return []  # chunks leave one per upload; the personal GP never leaves
-
     def install_global(self, msg: Message) -> bool:
         return self.client.apply_global(read_global(msg))
 
@@ -94,8 +85,3 @@ class PFedGPLearner(PredictThenLearn):
                 "log_loss": c.loss / c.n if c.n else 0.0, "classes_seen": float(len(c.budget.classes)),
                 "budget": float(len(c.budget)), "local_fits": float(c.n_fits), "proposals": float(c.n_proposals),
                 "chunks_queued": float(len(c.queue))}
-
-    def warm_up(self, x: np.ndarray) -> None:
-        twin = copy.deepcopy(self.client)
-        twin.predict(x)
-        twin.learn(x, 0.0)

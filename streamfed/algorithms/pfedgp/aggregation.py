@@ -112,6 +112,3 @@ class PFedGPAggregation(SummingWindow):
 
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
         return global_message(fleet, sender, self.server.global_model(), kernel_version)
-
-    def warm_up(self) -> None:
-        pass

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from streamfed.algorithms.base import Mode, NonFiniteError, Regret, Update
+from streamfed.algorithms.base import BaseLearner, Mode, NonFiniteError, Regret, Update
 from streamfed.algorithms.pofmkl.learner import GlobalTheta, KernelUpdate, POFMKLClient
 from streamfed.algorithms.pofmkl.wire import global_theta
 from streamfed.wire.message import Message
@@ -86,7 +86,7 @@ class ErrorFeedback:
         return KernelUpdate(chosen, delta, max(n, 1))
 
 
-class POFMKLLearner:
+class POFMKLLearner(BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of POF-MKL.
 
     >>> from streamfed.core.features import RFFBank, gaussian_dictionary
@@ -155,11 +155,6 @@ class POFMKLLearner:
         if self.ef is not None and self._step is not None:
             self.ef.add(self._step)
             self._step = None
-
-    def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        out = self.begin_learn(x, y)
-        self.end_learn()
-        return out
 
     def take_update(self) -> Update | None:
         if self.ef is None:  # lock-step: this step's update, as it is

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.base import BaseAggregation, NonFiniteError
 from streamfed.algorithms.pofmkl._layout import STEP_CAP
 from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLServer, reset_overflowed_rows
 from streamfed.algorithms.pofmkl.wire import global_message
@@ -190,7 +190,7 @@ class ClientSteps:
             del self.recent[j]
 
 
-class POFMKLAggregation:
+class POFMKLAggregation(BaseAggregation):
     """The :class:`~streamfed.algorithms.base.Aggregation` of POF-MKL.
 
     >>> agg = POFMKLAggregation(n_kernels=2, dim=2)
@@ -213,6 +213,8 @@ class POFMKLAggregation:
     ...     print(str(e).split(" (")[0])
     kernel 0: ‖Δ‖ = 1.41e+03 is beyond the declared bound 1
     """
+
+    recoverable = True  # rebase: θ is learned again from version `version` on
 
     rebased = False  # set by rebase: clients absent from `steps` are on their first upload since a lost state
 

@@ -54,9 +54,6 @@ class PVILearner(PredictThenLearn):
         self._uploaded = int(f.n)
         return Update(factor_arrays(f), new, self.client.version, seq=f.seq)
 
-    def flush(self) -> list[Update]:
-        return []  # samples since the last refinement wait for the next one
-
     def install_global(self, msg: Message) -> bool:
         return self.client.install(read_global(msg, self.client.global_state))
 

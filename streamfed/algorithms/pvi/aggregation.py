@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from streamfed.algorithms.base import BaseAggregation
 from streamfed.algorithms.fsgp.kernels import cov
 from streamfed.algorithms.pvi.factors import Factor
 from streamfed.algorithms.pvi.posterior import beta_hyper
@@ -95,7 +96,7 @@ class FactorSet:
         return FactorSet(out)
 
 
-class PVIAggregation:
+class PVIAggregation(BaseAggregation):
     """The :class:`~streamfed.algorithms.base.Aggregation` of PVI (`params`: the fleet's PVI parameters).
 
     >>> from streamfed.algorithms.pvi.state import GlobalQ
@@ -211,6 +212,3 @@ class PVIAggregation:
     # ---------------------------------------------------------------- output
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
         return global_message(fleet, sender, self.server.state, self.server.included, self.params, kernel_version)
-
-    def warm_up(self) -> None:
-        pass

@@ -3,10 +3,7 @@ contract. Order-free; the learner numbers its own uploads (statistics and chunks
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-
-import numpy as np
 
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.staged import PredictThenLearn
@@ -20,6 +17,7 @@ class URKLearner(PredictThenLearn):
     """`predict` is the Bayesian last layer's predictive (mean, variance) under the current network;
     `begin_learn` predicts, `end_learn` learns (and, every `fit_every` samples, fits the network locally).
 
+    >>> import numpy as np
     >>> from streamfed.algorithms.urk.client import URKClient
     >>> from streamfed.algorithms.urk.network import URKArch, initial_weights, omega
     >>> arch = URKArch(n_inputs=1, widths=(), n_omega=4)
@@ -45,9 +43,6 @@ class URKLearner(PredictThenLearn):
     def take_update(self) -> Update | None:
         return self.client.take_update()
 
-    def flush(self) -> list[Update]:
-        return []  # statistics below the privacy floor never leave the device; chunks leave one per upload
-
     def install_global(self, msg: Message) -> bool:
         return self.client.apply_global(read_global(msg))
 
@@ -60,8 +55,3 @@ class URKLearner(PredictThenLearn):
         return {"epoch": float(c.epoch), "sigma": float(c.phase2.sigma[0]), "lam": float(c.phase2.lam[0]),
                 "local_fits": float(c.n_fits), "proposals": float(c.n_proposals),
                 "chunks_queued": float(len(c.queue))}
-
-    def warm_up(self, x: np.ndarray) -> None:
-        twin = copy.deepcopy(self.client)
-        twin.predict(x)
-        twin.learn(x, 0.0)
