@@ -65,3 +65,16 @@ def test_agents_of_one_process_share_the_decoding_of_a_global():
     assert all(r == expected_bad and not r.installed for r in rejected)
     assert agents[0].counters.rejected_globals_by == reference.counters.rejected_globals_by
     assert shared.hits == 2 * (len(agents) - 1)
+
+
+def test_light_agents_lose_nothing_and_all_hold_a_global(mosquitto_dev):
+    """`--light`: 50 simulated agents in one process, one paho connection each, updates built from a real
+    AgentCore's; the real aggregator accepts every one and every agent ends with a recent global."""
+    opts = LoadTestOptions(agents=50, seconds=4.0, rate=2.0, window=0.5, drain=20.0, ramp=1.0, light=True)
+    r = run_loadtest(opts, broker=mosquitto_dev.broker_config())
+    assert r["agents"] == 50
+    assert r["samples_learned"] == r["samples_expected"] == 400
+    assert r["updates_published"] > 0 and r["updates_lost"] == 0 and r["clients_with_lost"] == 0, r
+    assert r["updates_rejected"] == {} and r["updates_accepted"] == r["updates_published"]
+    assert r["outbox_left"] == 0 and r["agents_without_global"] == 0
+    assert r["versions_behind_max"] <= 2

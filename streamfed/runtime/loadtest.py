@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import resource
@@ -94,6 +95,9 @@ class LoadTestOptions:
     drain: float = 30.0  # after its last sample, an agent waits at most this long for inclusion
     seed: int = 0
     keep: str | None = None  # copy the run's logs (agents, aggregator, Mosquitto) into this directory
+    light: bool = False  # light simulated agents (streamfed.runtime.loadtest_light), many per process
+    outbox_limit: int = 8  # flow control: updates sent and not yet included before samples are coalesced
+    linger: float | None = None  # light agents: seconds connected after the drain (default: 2 windows, ≥ 3 s)
 
     def resend_timeout(self) -> float:
         """An agent's `resend_after`: an update waits up to a window for its global, so a timer shorter
@@ -186,6 +190,11 @@ def _agent_main(spec_path: str, out_path: str) -> int:
     logging.getLogger("aiomqtt").setLevel(logging.ERROR)
     logging.getLogger("streamfed.runtime.agent").addHandler(_LOST_REASONS)
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("light"):
+        from streamfed.runtime.loadtest_light import run_light_agents
+
+        Path(out_path).write_text(json.dumps(run_light_agents(spec, _LOST_REASONS.counts)))
+        return 0
     if spec.get("profile"):
         import cProfile
 
@@ -267,6 +276,7 @@ async def _run_agents(spec: dict[str, Any]) -> dict[str, Any]:
         core = AgentCore(cfg, name, index, mode="async")
         services.append(Agent(core, broker, source(index, np.random.default_rng([spec["seed"], index])),
                               settings=AgentSettings(drain=float(spec["drain"]), connect_timeout=30.0,
+                                                     outbox_limit=int(spec.get("outbox_limit", 8)),
                                                      resend_after=float(spec["resend_after"]))))
     ramp = float(spec["ramp"])
     t0 = time.time()
@@ -358,11 +368,11 @@ def _warm_up(cfg: FleetConfig) -> None:
 # --------------------------------------------------------------------------- the orchestrator
 
 
-def _scrape(port: int) -> dict[str, float]:
+def _scrape(port: int, prefix: str = "streamfed_aggregator_updates_") -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("streamfed_aggregator_updates_"):
+        if line.startswith(prefix):
             key, _, value = line.rpartition(" ")
             out[key] = out.get(key, 0.0) + float(value)
     return out
@@ -397,7 +407,8 @@ async def _monitor(broker: BrokerConfig, fleet: str, globals_seen: list[tuple[fl
             await task
 
 
-async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> dict[str, Any]:
+async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path, mosq_pid: int | None = None
+               ) -> dict[str, Any]:
     fleet = f"load{random.getrandbits(32):08x}"
     cfg = opts.fleet_config(fleet)
     clients = [f"a{i:05d}" for i in range(opts.agents)]
@@ -415,6 +426,9 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     globals_seen: list[tuple[float, int, dict[str, int]]] = []
     samples: list[tuple[float, float, int]] = []  # (time, aggregator cpu s, rss)
+    # (time, cpu s, rss) of Mosquitto and of the agent processes (summed); the aggregator's ingest-lag gauge
+    others: dict[str, list[tuple[float, float, int]]] = {"mosquitto": [], "agents": []}
+    ingest_gauge: list[tuple[float, float]] = []
     stop, ready = asyncio.Event(), asyncio.Event()
     mon = asyncio.create_task(_monitor(broker, fleet, globals_seen, ready, stop))
     agents_procs: list[subprocess.Popen[bytes]] = []
@@ -425,7 +439,7 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
             if agg.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"aggregator did not come up: {(workdir / 'aggregator.log').read_text()[-2000:]}")
             await asyncio.sleep(0.05)
-        ramp = opts.ramp if opts.ramp is not None else max(1.0, opts.agents / 100)
+        ramp = opts.ramp if opts.ramp is not None else max(1.0, opts.agents / (500 if opts.light else 100))
         t_start = time.time() + ramp + 3.0  # every agent's first sample comes after the ramp
         n_samples = max(1, round(opts.seconds * opts.rate))
         shares = [[(c, i) for i, c in enumerate(clients) if i % opts.processes == p] for p in range(opts.processes)]
@@ -435,7 +449,9 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
                     "clients": share,
                     "rate": opts.rate, "samples": n_samples, "t_start": t_start, "drain": opts.drain,
                     "ramp": ramp, "seed": opts.seed, "profile": opts.profile if p == 0 else None,
-                    "resend_after": opts.resend_timeout()}
+                    "resend_after": opts.resend_timeout(), "light": opts.light,
+                    "outbox_limit": opts.outbox_limit,
+                    "linger": opts.linger if opts.linger is not None else max(3.0, 2 * opts.window)}
             sp, out = workdir / f"agents{p}.json", workdir / f"agents{p}.out.json"
             sp.write_text(json.dumps(spec))
             outs.append(out)
@@ -443,9 +459,21 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
                 [sys.executable, "-m", "streamfed.runtime.loadtest", "agents", str(sp), str(out)],
                 stdout=open(workdir / f"agents{p}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                 stdin=subprocess.DEVNULL, preexec_fn=raise_nofile))
+        next_scrape = 0.0
         while any(p.poll() is None for p in agents_procs):
             now = time.time()
             samples.append((now, *proc_stat(agg.pid)[:2]))
+            with contextlib.suppress(OSError):
+                if mosq_pid is not None:
+                    others["mosquitto"].append((now, *proc_stat(mosq_pid)[:2]))
+                stats = [proc_stat(p.pid)[:2] for p in agents_procs if p.poll() is None]
+                if len(stats) == len(agents_procs):
+                    others["agents"].append((now, sum(c for c, _ in stats), sum(r for _, r in stats)))
+            if now >= next_scrape:
+                next_scrape = now + 2.0
+                with contextlib.suppress(Exception):
+                    ingest_gauge.append((now, max(_scrape(metrics_port, "streamfed_aggregator_ingest_lag_seconds")
+                                                  .values(), default=float("nan"))))
             if now > t_start + opts.seconds + opts.drain + ramp + 600:
                 raise RuntimeError("agent processes did not finish in time")
             await asyncio.sleep(0.5)
@@ -479,6 +507,14 @@ async def _run(opts: LoadTestOptions, broker: BrokerConfig, workdir: Path) -> di
     trace = json.loads(trace_path.read_text()) if trace_path.exists() else None
     out = _analyse(opts, fleet, t_start, results, globals_seen, samples, cpu_end, hwm, metrics, trace)
     out["aggregator_stop_s"] = stop_s  # None: killed after 60 s (no trace then)
+    out["ingest_lag_gauge_max_s"] = max((v for t, v in ingest_gauge if t_start <= t <= t_start + opts.seconds
+                                         and math.isfinite(v)), default=float("nan"))
+    for name, series in others.items():
+        steady = [x for x in series if t_start <= x[0] <= t_start + opts.seconds]
+        out[f"{name}_steady"] = {
+            "cpu_fraction": ((steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
+                             if len(steady) >= 2 and steady[-1][0] > steady[0][0] else float("nan")),
+            "rss_bytes_max": max((x[2] for x in series), default=0)}
     return out
 
 
@@ -488,6 +524,8 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
              ) -> dict[str, Any]:
     agents = {c: a for r in results for c, a in r["agents"].items()}
     final = globals_seen[-1][2] if globals_seen else {}
+    final_version = globals_seen[-1][1] if globals_seen else 0
+    behind = [final_version - int(a.get("global_version", 0)) for a in agents.values()]
     lost = {c: a["seq"] - final.get(c, 0) for c, a in agents.items() if final.get(c, 0) < a["seq"]}
     over = {c: final[c] - a["seq"] for c, a in agents.items() if final.get(c, 0) > a["seq"]}
     # lag: creation of an update -> arrival of the first global including it; also from the broker's
@@ -546,7 +584,10 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
                          for k in sorted({k for r in results for k in r.get("lost_reasons", {})})},
         "dropped_predictions": sum(a["dropped_predictions"] for a in agents.values()),
         "rejected_globals": sum(a["rejected_globals"] for a in agents.values()),
-        "globals_seen": len(globals_seen),
+        "globals_seen": len(globals_seen), "final_version": final_version,
+        "versions_behind_max": max(behind, default=0),
+        "agents_more_than_2_behind": sum(b > 2 for b in behind),
+        "agents_without_global": sum(int(a.get("global_version", 0)) == 0 for a in agents.values()),
         "lag_s": {"p50": pct(lags_a, 50), "p95": pct(lags_a, 95), "p99": pct(lags_a, 99),
                   "max": float(lags_a.max()) if lags else float("nan"), "n": len(lags),
                   "p50_first_tenth": pct(lags_a[order[:tenth]], 50) if lags else float("nan"),
@@ -563,7 +604,9 @@ def _analyse(opts: LoadTestOptions, fleet: str, t_start: float, results: list[di
            if consumer is not None else {}),
         "aggregator": {"cpu_fraction_steady": agg_cpu, "rss_bytes_max": max((s[2] for s in samples), default=0),
                        "hwm_bytes": hwm, "cpu_s_total": cpu_end},
-        "agent_processes": [{"cpu_s": r["cpu_s"], "maxrss_bytes": r["maxrss_bytes"], "errors": r["n_errors"],
+        "agent_processes": [{"cpu_s": r["cpu_s"], "cpu_sampling_s": r.get("cpu_sampling_s"),
+                             "cpu_connect_s": r.get("cpu_connect_s"), "maxrss_bytes": r["maxrss_bytes"],
+                             "errors": r["n_errors"],
                              "gc_s": r.get("gc_s"), "gc_full": r.get("gc_full"),
                              "gc_connecting_s": r.get("gc_connecting_s"), "gc_counts": r.get("gc_counts"),
                              "gc_s_by_generation": r.get("gc_s_by_generation"),
@@ -619,7 +662,7 @@ def run_loadtest(opts: LoadTestOptions, broker: BrokerConfig | None = None) -> d
     try:
         b = broker or mosq.config  # type: ignore[union-attr]
         mosq_cpu0 = proc_stat(mosq.proc.pid)[0] if mosq else None
-        out = asyncio.run(_run(opts, b, workdir))
+        out = asyncio.run(_run(opts, b, workdir, mosq.proc.pid if mosq else None))
         out["loadavg_start"] = load_start
         if mosq is not None:
             cpu, rss, hwm = proc_stat(mosq.proc.pid)
@@ -653,8 +696,17 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"lag p50 {lag['p50']:.3f} s, p99 {lag['p99']:.3f} s, max {lag['max']:.3f} s (window {r['window_s']:g} s; "
         f"{100 * r.get('within_window', float('nan')):.1f}% within it); from the broker's PUBACK p50 "
         f"{r['lag_from_ack_s']['p50']:.3f} s, p99 {r['lag_from_ack_s']['p99']:.3f} s",
-        f"aggregator CPU {a['cpu_fraction_steady']:.2f} of a core, RSS max {a['rss_bytes_max'] / 2**20:.0f} MiB",
+        f"aggregator CPU {a['cpu_fraction_steady']:.2f} of a core, RSS max {a['rss_bytes_max'] / 2**20:.0f} MiB"
+        + (f"; ingest-lag gauge max {r['ingest_lag_gauge_max_s']:.3f} s" if "ingest_lag_gauge_max_s" in r else ""),
+        f"versions behind at the end: max {r['versions_behind_max']} (final v{r['final_version']}; "
+        f"{r['agents_more_than_2_behind']} agents > 2 behind, {r['agents_without_global']} without a global)",
     ]
+    for name in ("mosquitto", "agents"):
+        st = r.get(f"{name}_steady")
+        if st:
+            out.append(f"{name} CPU {st['cpu_fraction']:.2f} of a core (steady), "
+                       f"RSS max {st['rss_bytes_max'] / 2**20:.0f} MiB")
+    out.append(f"load average start {r.get('loadavg_start')} end {r.get('loadavg')}")
     if "ingest_lag_s" in r:
         ms = {k: {q: 1e3 * v for q, v in r[k].items() if q != "n"}
               for k in ("ingest_lag_s", "ingest_lag_from_ack_s", "close_late_s", "close_to_published_s",
@@ -676,11 +728,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m streamfed.runtime.loadtest")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    for f in ("agents", "processes", "n_kernels", "n_features", "n_inputs", "bin_size", "seed"):
+    for f in ("agents", "processes", "n_kernels", "n_features", "n_inputs", "bin_size", "seed", "outbox_limit"):
         r.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(LoadTestOptions, f))
     for f in ("seconds", "rate", "window", "drain"):
         r.add_argument("--" + f, type=float, default=getattr(LoadTestOptions, f))
     r.add_argument("--ramp", type=float, default=None)
+    r.add_argument("--linger", type=float, default=None)
+    r.add_argument("--light", action="store_true",
+                   help="light simulated agents: one paho connection each, many per process, pre-built updates")
     r.add_argument("--profile", default=None)
     r.add_argument("--keep", default=None, help="copy the run's logs into this directory")
     r.add_argument("--algorithm", default=algorithms.DEFAULT, choices=algorithms.fleet_names())
