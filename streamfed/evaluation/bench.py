@@ -7,7 +7,7 @@ sizes — the figures are then only indicative). `benchmarks/run_all.py` and `st
 go through :func:`run_bench` / :func:`assemble`.
 
     >>> sorted(BENCHES)[:3]
-    ['algorithms', 'fedbnr', 'fleet']
+    ['algorithms', 'demo', 'fedbnr']
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BENCHES", "Bench", "ROOT", "RESULTS", "DOCS", "assemble", "run_bench", "machine", "load_average", "section",
-           "write_section", "check_numbers"]
+           "summary", "write_section", "check_numbers"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -71,9 +71,11 @@ Every figure is measured side by side with a peer or baseline in the same run (a
 configuration and the command that reproduces it. Machine: {machine}. These are benchmarks, not timed
 tests: nothing in the test suite asserts a speed.
 
-Regenerate all: `.venv/bin/python benchmarks/run_all.py` (or one section: `... run_all.py pofmkl`;
-the same through the CLI: `streamfed bench pofmkl`). Sections: {names}.
-Load average when this file was written: {load}.
+This page is an index: each entry says what a benchmark measures and links to its figures (a result file
+under `benchmarks/results/`, with its configuration, command and the load average of its run). Regenerate
+all: `.venv/bin/python benchmarks/run_all.py` (or one: `... run_all.py pofmkl`; the same through the CLI:
+`streamfed bench pofmkl`; `streamfed bench --assemble` rebuilds this index). Entries: {names}.
+Load average when this index was written: {load}.
 
 """
 
@@ -146,16 +148,51 @@ def section(text: str) -> str:
     return "\n".join("#" + line if line.startswith("#") else line for line in text.split("\n"))
 
 
+def summary(text: str, limit: int = 420) -> tuple[str, str]:
+    r"""A result file's title (its first heading, without the `#`s) and its first paragraph of prose (what was
+    measured and how), cut at `limit` characters on a word.
+
+    >>> summary("## Replay\n\nTwelve stations, 300 steps.\n\n| a | b |")
+    ('Replay', 'Twelve stations, 300 steps.')
+    """
+    lines = text.strip().split("\n")
+    title = next((ln.lstrip("#").strip() for ln in lines if ln.startswith("#")), "")
+    paras, cur = [], []
+    for ln in lines:
+        if ln.startswith("#"):
+            continue
+        if not ln.strip():
+            if cur:
+                paras.append(" ".join(cur))
+                cur = []
+            continue
+        cur.append(ln.strip())
+    if cur:
+        paras.append(" ".join(cur))
+    prose = next((p for p in paras if not p.startswith(("|", "!", "```", "- "))), "")
+    if len(prose) > limit:
+        prose = prose[:limit].rsplit(" ", 1)[0] + " …"
+    return title, prose
+
+
 def assemble(results: Path = RESULTS, docs: Path = DOCS) -> Path:
-    """Write `docs` from the sections in `results` (registered benches in order, then any others)."""
+    """Write `docs`, an index over the result files in `results` (registered benches in order, then any others):
+    per file its title, what it measures (its first paragraph) and a link to the figures. The figures themselves
+    stay in one place, the result file."""
     results = Path(results)
     names = [n for n in BENCHES if (results / f"{n}.md").exists()]
-    sections = [section((results / f"{n}.md").read_text()) for n in names]
     extra = sorted(p for p in results.glob("*.md") if p.stem not in BENCHES and p.resolve() != Path(docs).resolve()
                    and p.name != "benchmarks.md")
-    sections += [section(p.read_text()) for p in extra]
+    files = [results / f"{n}.md" for n in names] + extra
+    rel = os.path.relpath(results, Path(docs).parent)
+    entries = []
+    for f in files:
+        title, prose = summary(f.read_text())
+        link = f"{rel}/{f.name}".replace(os.sep, "/")
+        entries.append(f"## {title or f.stem}\n\n{prose}\n\nFigures: [`{f.stem}`]({link})"
+                       + (f" (`streamfed bench {f.stem}`)" if f.stem in BENCHES else "") + "\n")
     text = HEADER.format(machine=machine(), load=load_average(),
-                         names=", ".join(names + [p.stem for p in extra]) or "none") + "\n".join(sections)
+                         names=", ".join(names + [p.stem for p in extra]) or "none") + "\n".join(entries)
     Path(docs).parent.mkdir(parents=True, exist_ok=True)
     Path(docs).write_text(text)
     return Path(docs)
