@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from streamfed.cli import app
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_replay_writes_results_and_plots(tmp_path):
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["replay", "--dataset", "beijing-air", "-a", "pofmkl", "-a", "vm-kofl",

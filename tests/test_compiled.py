@@ -266,6 +266,7 @@ def scaled_sum(x, a):
 """
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_a_group_registered_after_the_core_loads_its_own(tmp_path, monkeypatch):
     """A kernel group registered later (a plug-in family) runs on the JIT until it has a build, then on its
     own build — guarded like the others — without touching the groups already registered."""

@@ -123,6 +123,7 @@ def test_vendored_files_match_provenance() -> None:
 # ---------------------------------------------------------------- Beijing loader
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_station_counts_match_csv_recount(raw_fleet: Fleet) -> None:
     assert raw_fleet.names == BEIJING_STATIONS
     for s, station in zip(raw_fleet, BEIJING_STATIONS, strict=True):
@@ -133,6 +134,7 @@ def test_station_counts_match_csv_recount(raw_fleet: Fleet) -> None:
         assert dict(s.skipped_by_column) == by_col
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_station_values_match_csv_transcription(raw_fleet: Fleet) -> None:
     for s, station in zip(raw_fleet, BEIJING_STATIONS, strict=True):
         X, y = expected_station(station)

@@ -184,6 +184,7 @@ def test_evidence_fit_keeps_the_precision_well_conditioned() -> None:
     ("ChickWeights", lambda: datasets.ChickWeights()),
     ("Friedman", lambda: datasets.synth.Friedman(seed=7).take(2000)),
 ])
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_defaults_beat_the_running_mean_on_river_streams(name: str, stream) -> None:
     models = {"running mean": dummy.StatisticRegressor(stats.Mean()),
               "pofmkl": POFMKLRegressor(), "fedbnr": FedBNRRegressor()}

@@ -620,6 +620,7 @@ def test_regret_against_best_ridge_in_hindsight() -> None:
 # ----------------------------------------------------------------------------- River
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("params", list(FedBNRRegressor._unit_test_params()))
 def test_river_check_estimator(params: dict) -> None:
     checks.check_estimator(FedBNRRegressor(**params))

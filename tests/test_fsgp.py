@@ -159,6 +159,7 @@ def test_compiled_per_sample_path_equals_the_plain_predictive_before_and_after_a
     assert c.regret()["n"] == 90
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_reservoir_is_a_uniform_sample_of_the_stream() -> None:
     """Algorithm L keeps every sample of the stream with the same probability `cap / seen`."""
     h = make_hyper(m=3, d=1)
@@ -715,6 +716,7 @@ def test_a_version_is_an_average_over_a_quorum_of_clients() -> None:
 # =========================================================================== 4. River, bad inputs
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("params", list(FSGPRegressor._unit_test_params()))  # noqa: SLF001
 def test_river_check_estimator(params: dict) -> None:
     checks.check_estimator(FSGPRegressor(**params))

@@ -306,6 +306,7 @@ def send(fl: Fleet, test: str, client: str, payload: bytes, kind: str) -> str:
 # =========================================================================== the fuzz tests
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("name", ["pofmkl-lockstep", "pofmkl-async", "fedbnr"])
 def test_fuzz_the_aggregator_never_raises_never_corrupts(name):
     fl = fleet(name)

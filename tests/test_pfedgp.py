@@ -528,6 +528,7 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("params", list(PFedGPClassifier._unit_test_params()))
 def test_river_check_estimator(params: dict) -> None:
     checks.check_estimator(PFedGPClassifier(**params))

@@ -178,6 +178,7 @@ def test_uniform_blocks_equal_single_draws():
     np.testing.assert_array_equal(a, [r.random() for _ in range(1000)])
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("params", list(POFMKLRegressor._unit_test_params()))
 def test_river_check_estimator(params):
     checks.check_estimator(POFMKLRegressor(**params))

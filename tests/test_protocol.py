@@ -553,6 +553,7 @@ def _mutated(draw: st.DrawFn) -> tuple[bytes, FleetConfig]:
     return bytes(data), cfg
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated())
 def test_fuzz_mutated_valid_payloads(case: tuple[bytes, FleetConfig]) -> None:
@@ -582,6 +583,7 @@ def _envelope_with_a_replaced_field(draw: st.DrawFn) -> tuple[bytes, FleetConfig
     return _pack(env), cfg
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_envelope_with_a_replaced_field() | _objects.map(lambda o: (_pack(o), POF)))
 def test_fuzz_structured_payloads(case: tuple[bytes, FleetConfig]) -> None:

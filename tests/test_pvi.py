@@ -564,6 +564,7 @@ def test_streaming_client_refines_every_r_samples_and_predicts_from_q_in_between
     assert (f.seq, f.n) == (2, 20.0) and c.take_factor() is None  # the newest factor, once
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("order_seed", [0, 1])
 def test_sequential_refinements_in_any_order_reach_the_exact_sparse_gp(order_seed: int) -> None:
     """Actual local optimisations (Adam, from perturbed factors), clients refined in a random order: the state

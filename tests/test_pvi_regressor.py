@@ -27,6 +27,7 @@ def make_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return X, np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.standard_normal(n)
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("params", list(PVIRegressor._unit_test_params()))  # noqa: SLF001
 def test_river_check_estimator(params: dict) -> None:
     checks.check_estimator(PVIRegressor(**params))

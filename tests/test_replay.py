@@ -41,6 +41,7 @@ def class_fleet(fleet):
     return dataclasses.replace(fleet, streams=tuple(streams))
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("algorithm", sorted(algorithm_titles()))
 def test_every_algorithm_runs_deterministically(fleet, class_fleet, algorithm):
     if variant(algorithm)[0].task == "classification":

@@ -186,6 +186,7 @@ def run_fleet(fleet, mode, attackers=(), silent=False, flooder=None, probe=None,
     return run_attacked_fleet(fleet, cfg, upload, STEPS, attackers, silent, flooder, probe)
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("k", [1, 3])
 def test_robust_mode_keeps_every_honest_client_within_10_percent(beijing, k):
     names = list(beijing.names)
@@ -203,6 +204,7 @@ def test_robust_mode_keeps_every_honest_client_within_10_percent(beijing, k):
     assert set(core.rejected) <= {"invalid_update"} and core.rejected.get("invalid_update", 0) <= k
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_exact_mode_damage_is_bounded_by_the_rate_and_the_label_bound(beijing):
     """Exact mode sums the attacker's valid statistics whole: what bounds the damage is the rate (its n at
     most burst + rate × elapsed) and the label bound (its q at most n·B²). Measured, not removed."""
@@ -221,6 +223,7 @@ def test_exact_mode_damage_is_bounded_by_the_rate_and_the_label_bound(beijing):
     assert worst > 2.0  # the damage is real (exact mode does not defend, it bounds)
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_a_flood_keeps_its_share_at_or_below_the_cap(beijing):
     """A 20 s flood (t = 100..119) of one client sending 50 valid uploads of 32 samples a second (its rate
     allows 1000 samples/s, a 2000-sample burst): its share of the global's samples stays at or below share_cap

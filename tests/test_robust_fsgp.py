@@ -266,6 +266,7 @@ def test_exact_mode_damage_is_bounded_by_the_rate_and_the_label_bound(beijing):
     assert worst > 2.0  # the damage is real (exact mode does not defend, it bounds)
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_a_flood_keeps_its_share_at_or_below_the_cap(beijing):
     """A 20 s flood (t = 100..119) of one client sending 50 valid uploads of 32 real samples a second (its rate
     allows 1000 samples/s, a 2000-sample burst): its share of the global's samples stays at or below share_cap."""

@@ -476,6 +476,7 @@ def _ratio(calm, hit):
     return max(h[n] / c[n] for n in c), float(np.mean(list(c.values()))), float(np.mean(list(h.values())))
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("k", [1, 3])
 def test_figure_robust_mode_keeps_every_honest_mse_within_10_percent(figure, k):
     calm, hit = figure["robust", k]

@@ -421,6 +421,7 @@ def _ratio(runs, mode, k, name):
     return hit / clean
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_figure_robust_mode_keeps_every_honest_mse_within_10_percent_of_one_attacker(figure):
     """Robust mode, 1 of 12 attackers (every attack we tried): every honest MSE within 10% of the attack-free
     robust run. 3 of 12 is NOT within 10% (measured up to 4.2×, the 'reverse' attack: three colluders on the

@@ -534,6 +534,7 @@ from river import checks  # noqa: E402
 from streamfed.algorithms.urk.regressor import URKRegressor  # noqa: E402
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 @pytest.mark.parametrize("params", list(URKRegressor._unit_test_params()))  # noqa: SLF001
 def test_river_check_estimator(params: dict) -> None:
     checks.check_estimator(URKRegressor(**params))
