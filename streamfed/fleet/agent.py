@@ -466,9 +466,7 @@ class AgentCore:
     def _learn_finish(self, p: PendingLearn) -> list[Message]:
         try:
             self.learner.end_learn()
-            msgs = [self._update_message(up) for up in self._take_updates()]
-            if self.secagg is not None:  # kept in the outbox; what leaves is a round's messages
-                msgs = self.secagg_tick() if msgs else []
+            msgs = self._messages(self._take_updates())
         except ValueError as e:  # predicted, but the sample cannot be learned
             self._refused(p.reading, e)
             return []
@@ -497,26 +495,30 @@ class AgentCore:
         `upload_every` samples, unless the transport holds uploads back."""
         if self.mode != "lockstep" and (self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1):
             return []
+        return self._learner_update()
+
+    def _learner_update(self) -> list[Update]:
+        """The learner's upload, if it has one (the privacy spent noted)."""
         up = self.learner.take_update()
         if self.privacy is not None:
             self._note_privacy()
         return [] if up is None else [up]
 
-    def take_held(self) -> list[Message]:
+    def _messages(self, updates: list[Update]) -> list[Message]:
+        """Updates as messages to publish; with secure aggregation they stay in the outbox and what leaves is a
+        round's messages."""
+        msgs = [self._update_message(up) for up in updates]
+        if self.secagg is not None:
+            return self.secagg_tick() if msgs else []
+        return msgs
+
+    def take_held(self, *, ignore_hold: bool = False) -> list[Message]:
         """What the learner kept while the transport held uploads back, now that it takes them again (async
         only): the upload the next sample would have made, so a stream that pauses (or has ended) does not
-        keep its samples from the fleet until its next reading."""
-        if self.mode == "lockstep" or self.hold_uploads:
+        keep its samples from the fleet until its next reading. `ignore_hold`: even while uploads are held."""
+        if self.mode == "lockstep" or (self.hold_uploads and not ignore_hold):
             return []
-        up = self.learner.take_update()
-        if self.privacy is not None:
-            self._note_privacy()
-        if up is None:
-            return []
-        msgs = [self._update_message(up)]
-        if self.secagg is not None:  # kept in the outbox; what leaves is a round's messages
-            return self.secagg_tick()
-        return msgs
+        return self._messages(self._learner_update())
 
     def flush(self) -> list[Message]:
         """Everything the learner still carries forward that may leave it, as messages (POF-MKL: its error
@@ -536,10 +538,7 @@ class AgentCore:
         as skipped (`below_privacy_floor`) and logged — never silently."""
         # the last upload goes out even while the transport holds uploads back (flow control is about pace;
         # what is left now would otherwise wait for a sample that never comes)
-        hold, self.hold_uploads = self.hold_uploads, False
-        msgs = self.take_held()
-        self.hold_uploads = hold
-        msgs += self.flush()
+        msgs = self.take_held(ignore_hold=True) + self.flush()
         held = int(self.learner.pending_samples)
         if held:
             if durable:
