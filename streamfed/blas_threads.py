@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["ENV", "limit_blas_threads", "parse", "setting"]
+__all__ = ["ENV", "limit_blas_threads", "parse"]
 
 ENV = "STREAMFED_BLAS_THREADS"
 _BLAS_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
@@ -69,8 +69,3 @@ def limit_blas_threads() -> str:
         except Exception as e:  # noqa: BLE001 - an unknown BLAS must not stop an import
             _applied = f"BLAS threads: not limited ({type(e).__name__}: {e})"
     return _applied
-
-
-def setting() -> str:
-    """What :func:`limit_blas_threads` did in this process, in words."""
-    return limit_blas_threads()

@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,12 @@ def _fmt(v: float | None, spec: str = ".4f") -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def _p99_ms(latencies: Iterable[float]) -> float | None:
+    """The 99th percentile of an agent's prediction latencies (seconds), in ms; None before any."""
+    lat = sorted(latencies)
+    return lat[int(0.99 * (len(lat) - 1))] * 1e3 if lat else None
+
+
 def _table(services: list[AgentService], agg: AggregatorService, title: str, classifier: bool = False) -> Table:
     t = Table(title=title, expand=False)
     scores = ("acc", "log loss", "ECE") if classifier else ("MSE", "MSE100")
@@ -82,8 +89,7 @@ def _table(services: list[AgentService], agg: AggregatorService, title: str, cla
         t.add_column(col, justify="left" if col == "agent" else "right")
     for s in services:
         st = s.core.stats
-        lat = sorted(s.latencies)
-        p99 = lat[int(0.99 * (len(lat) - 1))] * 1e3 if lat else None
+        p99 = _p99_ms(s.latencies)
         r = st.regret
         rt = r / st.learner_steps if r is not None and st.learner_steps else None
         c = st.classification
@@ -178,7 +184,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     # what the sensors produced while the fleet ran: `rate` readings a second each (a stream may end sooner)
     offered = sum(min(len(s.y), int(opts.rate * streamed)) for s in streams)
     mse = sum(a.core.stats.sq_error_sum for a in agents) / max(samples, 1)
-    p99 = [sorted(a.latencies)[int(0.99 * (len(a.latencies) - 1))] * 1e3 for a in agents if a.latencies]
+    p99 = [v for a in agents if (v := _p99_ms(a.latencies)) is not None]
     summary = {
         "broker": broker.kind, "agents": len(agents), "rate": opts.rate, "samples": samples,
         "samples_offered": offered, "learned_share": samples / max(offered, 1),
