@@ -30,48 +30,20 @@ import time
 from pathlib import Path
 
 import aiomqtt
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.honest_updates import honest_updates  # noqa: E402
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
-from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.sources import Reading  # noqa: E402
 from streamfed.runtime.aggregator import AggregatorService  # noqa: E402
 from streamfed.runtime.broker import EmbeddedBroker  # noqa: E402
 from streamfed.runtime.connection import client_kwargs
-from streamfed.wire.message import encode
 from streamfed.wire.topics import Channel, topic_filter, updates_topic
 
 N_CLIENTS = 50
 logging.getLogger("mqtt").setLevel(logging.ERROR)  # aiomqtt warns per pipelined publish
-
-
-def updates(cfg: FleetConfig, per_client: int) -> list[tuple[str, bytes]]:
-    """`per_client` honest updates from each of the `N_CLIENTS` clients, in arrival order (round by round).
-
-    Each client's updates are made by a real `AgentCore` (async, one upload per learned sample) learning a
-    synthetic stream `y = sin(Σx) + noise`, so that they pass the aggregator's checks as an agent's would
-    (POF-MKL's declared ‖Δ‖ bound, `n_samples`, seq order). Random deltas do not: a standard-normal row of
-    2D = 200 values has ‖Δ‖ ≈ 14, beyond one step's bound `g · 2(R + B) = 0.4 · 2 · 10 = 8` at θ = 0."""
-    rng = np.random.default_rng(0)
-    per: list[list[bytes]] = []
-    for c in range(N_CLIENTS):
-        core = AgentCore(cfg, f"c{c}", c, mode="async")
-        msgs: list[bytes] = []
-        i = 0
-        while len(msgs) < per_client:  # the first samples of a stream only set its scales: no update
-            x = rng.standard_normal(cfg.n_inputs)
-            y = float(np.sin(x.sum()) + 0.1 * rng.standard_normal())
-            _, out = core.on_reading(Reading(f"r{i}", x, float(i), y), now=float(i))
-            msgs += [encode(m) for m in out]
-            i += 1
-        if sum(core.counters.skipped.values()):
-            raise RuntimeError(f"agent c{c} skipped samples: {core.counters.skipped}")
-        per.append(msgs[:per_client])
-    return [(f"c{c}", per[c][s]) for s in range(per_client) for c in range(N_CLIENTS)]
 
 
 async def fill(broker, cfg, payloads, sid: str) -> None:
@@ -135,7 +107,7 @@ async def run(repeats: int, per_client: int) -> dict:
     try:
         broker = eb.config
         cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
-        payloads = updates(cfg, per_client)
+        payloads = honest_updates(cfg, N_CLIENTS, per_client)
         _, info = await aggregator(broker, cfg, payloads[:200], 999)  # warm-up (numba, imports)
         assert info["accepted"] == 200 and not info["rejected"], info
         rates: dict[str, list[float]] = {"mosquitto_sub": [], "bare": [], "aggregator": []}

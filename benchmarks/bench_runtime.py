@@ -39,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.honest_updates import honest_updates  # noqa: E402
 from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig
@@ -53,29 +54,6 @@ from streamfed.wire.message import encode
 from streamfed.wire.topics import Channel, topic_filter, updates_topic
 
 K_CLIENTS, K_SEQ = 50, 100  # 5,000 queued updates (Mosquitto dev.conf queues up to 10,000)
-
-
-def updates(cfg: FleetConfig, per_client: int = K_SEQ) -> list[tuple[str, bytes]]:
-    """`per_client` honest updates from each of the `K_CLIENTS` clients, in arrival order (round by round):
-    each client's made by a real `AgentCore` (async, one upload per learned sample) learning a synthetic
-    stream, so that the aggregator accepts them as it would an agent's (POF-MKL's declared ‖Δ‖ bound refuses
-    random deltas: a standard-normal row of 2D = 200 values has ‖Δ‖ ≈ 14, one step's bound at θ = 0 is 8)."""
-    rng = np.random.default_rng(0)
-    per: list[list[bytes]] = []
-    for c in range(K_CLIENTS):
-        core = AgentCore(cfg, f"c{c}", c, mode="async")
-        msgs: list[bytes] = []
-        i = 0
-        while len(msgs) < per_client:  # the first samples of a stream only set its scales: no update
-            x = rng.standard_normal(cfg.n_inputs)
-            y = float(np.sin(x.sum()) + 0.1 * rng.standard_normal())
-            _, out = core.on_reading(Reading(f"r{i}", x, float(i), y), now=float(i))
-            msgs += [encode(m) for m in out]
-            i += 1
-        if sum(core.counters.skipped.values()):
-            raise RuntimeError(f"agent c{c} skipped samples: {core.counters.skipped}")
-        per.append(msgs[:per_client])
-    return [(f"c{c}", per[c][s]) for s in range(per_client) for c in range(K_CLIENTS)]
 
 
 async def _fill(broker, cfg, payloads, session_id: str, shared: bool = False) -> None:
@@ -235,7 +213,7 @@ async def main(out: Path | None, repeats: int, seconds: float, per_client: int =
     try:
         broker = eb.config
         cfg = FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)
-        payloads = updates(cfg, per_client)
+        payloads = honest_updates(cfg, K_CLIENTS, per_client)
         bare, agg, drained, ratios = [], [], [], []
         for r in range(repeats):
             async def agg_run(r=r):
