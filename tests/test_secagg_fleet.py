@@ -64,6 +64,12 @@ class Router:
                 for a in self.agents.values():
                     a.install_global(decode(payload, self.cfg, kernel_version=a.kernel_version), now=now)
 
+    def step(self, rng: np.random.Generator, t: int, now: float) -> None:
+        """Every agent reads (and learns) its sample of step `t`; what they publish is delivered."""
+        for a in self.agents.values():
+            x, y = _readings(rng, t)
+            self.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+
     def settle(self, now: float, rounds: int = 20, step: float = 1.0) -> float:
         for _ in range(rounds):  # let the clocks close whatever stage waits
             now += step
@@ -143,9 +149,7 @@ def test_lockstep_pofmkl_with_secure_aggregation_follows_the_plain_fleet() -> No
         rng = np.random.default_rng(1)
         now = 0.0
         for t in range(12):
-            for a in agents:
-                x, y = _readings(rng, t)
-                router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+            router.step(rng, t, now)
             now = router.settle(now, rounds=3, step=0.6)
             assert agg.version == t + 1 and all(a.waiting_for is None for a in agents)
         fleets[secure] = agg.aggregation.server.theta  # type: ignore[attr-defined]
@@ -164,9 +168,7 @@ def test_a_member_dropping_mid_round_does_not_stop_the_fleet() -> None:
     rng = np.random.default_rng(2)
     now = 0.0
     for t in range(8):
-        for a in agents:
-            x, y = _readings(rng, t)
-            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        router.step(rng, t, now)
     now = router.settle(now, rounds=6)
     assert agg.version == 1
     assert agg.included() == {c: 1 for c in "abcd"}  # e's pairwise masks removed from its shares
@@ -176,9 +178,7 @@ def test_a_member_dropping_mid_round_does_not_stop_the_fleet() -> None:
     assert agg.version == 1
     gone["on"] = False  # e is back, and everyone has new samples: e's held update joins the next round
     for t in range(8, 16):
-        for a in agents:
-            x, y = _readings(rng, t)
-            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        router.step(rng, t, now)
     now = router.settle(now + 20.0, rounds=8)
     assert agg.included() == {c: 2 for c in names}
     assert float(agg.aggregation.server.stats.n) == 80  # type: ignore[attr-defined]
@@ -346,9 +346,7 @@ def test_a_secure_fleet_with_distributed_dp_publishes_installable_globals() -> N
     rng = np.random.default_rng(4)
     now = 0.0
     for t in range(32):
-        for a in agents:
-            x, y = _readings(rng, t)
-            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        router.step(rng, t, now)
         now = router.settle(now, rounds=1, step=0.4)
     now = router.settle(now)
     assert agg.version >= 2 and agg.rejected == {}
@@ -452,9 +450,7 @@ def test_a_repeated_forward_gets_the_same_bytes_and_never_a_second_masked_input(
     now = 0.0
     t = 0
     while "masked" not in seen and t < 200:  # learn until a round reaches its masked inputs
-        for ag in agents:
-            x, y = _readings(rng, t)
-            router.deliver(ag.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        router.step(rng, t, now)
         now = router.settle(now, rounds=1, step=0.3)
         t += 1
     assert "masked" in seen, "no secure-aggregation round reached its masked inputs"
@@ -480,11 +476,9 @@ def test_a_late_global_never_makes_a_round_count_updates_twice() -> None:
     now = 0.0
     learned = 0
     for phase in range(2):  # each agent: one upload of min_upload = 8 samples per phase, a round after each
-        for t in range(8):
-            for a in agents:
-                x, y = _readings(rng, 8 * phase + t)
-                router.deliver(a.on_reading(Reading(f"{phase}-{t}", x, now, y), now=now)[1], now)
-                learned += 1
+        for t in range(8 * phase, 8 * phase + 8):
+            router.step(rng, t, now)
+            learned += len(agents)
             now = router.settle(now, rounds=1, step=0.3)
         now = router.settle(now, rounds=40, step=1.0)  # the round runs (a never hears its global)
     st = agg.aggregation.server.stats  # type: ignore[attr-defined]
@@ -512,9 +506,7 @@ def test_distributed_dp_never_unmasks_a_round_below_its_size() -> None:
     rng = np.random.default_rng(4)
     now = 0.0
     for t in range(32):
-        for a in agents:
-            x, y = _readings(rng, t)
-            router.deliver(a.on_reading(Reading(f"{t}", x, now, y), now=now)[1], now)
+        router.step(rng, t, now)
         now = router.settle(now, rounds=1, step=0.4)
     now = router.settle(now)
     assert agg.secagg is not None and agg.secagg.rounds == 0 and agg.version == 0, (agg.secagg.rounds, agg.version)
