@@ -228,7 +228,9 @@ class MqttService:
         self.connected = asyncio.Event()
         self.published = 0
         self.superseded = 0  # globals and acks not published because a newer one was waiting (_coalesce)
-        self.snapshot_kind: str | None = None  # the retained global a subclass publishes (see _coalesce)
+        # the retained global a subclass publishes: only the newest waiting one goes out (_coalesce), and none that
+        # is not on disk (see keep_state)
+        self.snapshot_kind: str | None = None
         self.received = 0
         self.reconnects = 0
         self._stop = asyncio.Event()
@@ -250,7 +252,6 @@ class MqttService:
         self.checkpoint_failures = 0
         self.saved_version: int | None = None  # the version of the state on disk
         self.held_back = 0  # globals not published because they were not on disk
-        self._global_kind: str | None = None
         self._fatal: ServiceFailed | None = None
         self.lease: Lease | None = None  # set by a subclass whose instance must be unique
 
@@ -302,7 +303,7 @@ class MqttService:
         if self.restored:
             self.log.info("%s: resumed from %s at global version %d", self.client_id, path, core.version)
         self._durable = core
-        self._global_kind = core.cfg.global_kind
+        self.snapshot_kind = self.snapshot_kind or core.cfg.global_kind  # what is held back while not on disk
         self.saved_version = int(core.version) if self.restored else None
         core.checkpoint = self._save
         self._note_health()
@@ -499,7 +500,7 @@ class MqttService:
                     batch.append(outbox.get_nowait())
                 batch = self._coalesce(batch)
             m = batch.pop(0)
-            if m.kind == self._global_kind and self.failing_since is not None:
+            if m.kind == self.snapshot_kind and self.failing_since is not None:
                 self.held_back += 1  # not on disk (or not known to be): never published
                 continue
             lease = self.lease
