@@ -47,9 +47,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.algorithms.fsgp.bound import fit_hyper  # noqa: E402
 from streamfed.algorithms.fsgp.client import FSGPClient  # noqa: E402
 from streamfed.algorithms.fsgp.design import gaussian_design  # noqa: E402
+from streamfed.algorithms.fsgp.elbo import fit_hyper  # noqa: E402
 from streamfed.algorithms.fsgp.kernels import Hyper, cov  # noqa: E402
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats  # noqa: E402
 from streamfed.algorithms.fsgp.projection import project, reembed  # noqa: E402

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.oracles
 
-from streamfed.algorithms.pofmkl.learner import POFMKLClient  # noqa: E402
+from streamfed.algorithms.pofmkl.client import POFMKLClient  # noqa: E402
 from streamfed.core import compiled  # noqa: E402
 from streamfed.core.features import RFFBank, gaussian_dictionary  # noqa: E402
 from tests.oracles.pofmkl import OracleClient  # noqa: E402

@@ -56,8 +56,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamfed.algorithms.fsgp.bound import fit_hyper  # noqa: E402
 from streamfed.algorithms.fsgp.design import gaussian_design  # noqa: E402
+from streamfed.algorithms.fsgp.elbo import fit_hyper  # noqa: E402
 from streamfed.algorithms.fsgp.kernels import Hyper, cov  # noqa: E402
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats  # noqa: E402
 from streamfed.algorithms.pvi.factors import Factor  # noqa: E402

@@ -63,7 +63,8 @@ from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.algorithms.fsgp.client import FSGPClient
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import Hyper
-from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.server import POFMKLServer
 out = {"backend": compiled.backend(), "numba": None}
 rng = np.random.default_rng(7)
 X = rng.uniform(-2, 2, (600, 5)); y = np.sin(X.sum(axis=1)) + 0.1 * rng.standard_normal(600)

@@ -19,12 +19,10 @@ from river import datasets, dummy, stats
 from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters
-from streamfed.algorithms.pofmkl.learner import (
-    KernelUpdate,
-    POFMKLClient,
-    POFMKLRegressor,
-    POFMKLServer,
-)
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.estimator import POFMKLRegressor
+from streamfed.algorithms.pofmkl.messages import KernelUpdate
+from streamfed.algorithms.pofmkl.server import POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary, standardised_dictionary
 from streamfed.core.standardise import OnlineStandardiser
 from streamfed.core.stats import SufficientStats

@@ -221,7 +221,7 @@ def resolve_path(token: str, doc: Path) -> str | None:
     """None when a path token exists (or cannot be resolved reliably: its first folder is none of the
     repository's, of `streamfed/`, of `streamfed/algorithms/` or of the page's own folder), else why not.
     Relative to the page's folder, the repository, `streamfed/` (the docs write `fleet/agent.py`) or
-    `streamfed/algorithms/` (`urk/bounds.py`): it exists if it exists in any of those that has its first
+    `streamfed/algorithms/` (`urk/robust_proposals.py`): it exists if it exists in any of those that has its first
     folder."""
     token = token.rstrip(".:,;")
     if token.startswith(("/", "~", ".")) or _PLACEHOLDER.search(token) or token.startswith("streamfed/v1"):

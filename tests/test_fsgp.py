@@ -25,14 +25,14 @@ from streamfed import algorithms
 from streamfed.algorithms.base import Aggregation, Learner, NonFiniteError
 from streamfed.algorithms.fsgp import ALGORITHM, initial_hyper
 from streamfed.algorithms.fsgp.aggregation import check_statistics
-from streamfed.algorithms.fsgp.bound import collapsed_bound, collapsed_bound_and_grad, fit_hyper
 from streamfed.algorithms.fsgp.client import FSGPClient
 from streamfed.algorithms.fsgp.design import gaussian_design
+from streamfed.algorithms.fsgp.elbo import collapsed_bound, collapsed_bound_and_grad, fit_hyper
+from streamfed.algorithms.fsgp.estimator import FSGPRegressor
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import RANK_ONE_FROM, SparsePosterior, Stats, chol_update
 from streamfed.algorithms.fsgp.projection import ProjectionMap, project, reembed
-from streamfed.algorithms.fsgp.regressor import FSGPRegressor
 from streamfed.algorithms.fsgp.server import FSGPServer
 from streamfed.evaluation.datasets import synthetic_fleet
 from streamfed.evaluation.replay import AlgorithmConfig, replay

@@ -3,15 +3,10 @@
 import numpy as np
 import pytest
 
-from streamfed.algorithms.kofl.learner import (
-    EMKOFLClient,
-    KOFLServer,
-    KOFLUpdate,
-    OFMKLAvgClient,
-    OFSKLClient,
-    VMKOFLClient,
-)
-from streamfed.algorithms.pofmkl.learner import POFMKLServer
+from streamfed.algorithms.kofl.client import EMKOFLClient, OFMKLAvgClient, OFSKLClient, VMKOFLClient
+from streamfed.algorithms.kofl.messages import KOFLUpdate
+from streamfed.algorithms.kofl.server import KOFLServer
+from streamfed.algorithms.pofmkl.server import POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from tests.oracles.kofl import run_fleet
 from tests.test_pofmkl import make_streams

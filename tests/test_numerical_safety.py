@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from streamfed.algorithms.pofmkl import POFMKLParams
-from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.server import POFMKLServer
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig

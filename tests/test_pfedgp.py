@@ -308,8 +308,8 @@ from streamfed.algorithms.base import Aggregation, Learner  # noqa: E402
 from streamfed.algorithms.chunks import split_vector  # noqa: E402
 from streamfed.algorithms.pfedgp import ALGORITHM, layout_of  # noqa: E402
 from streamfed.algorithms.pfedgp.budget import ClassBudget  # noqa: E402
-from streamfed.algorithms.pfedgp.classifier import PFedGPClassifier  # noqa: E402
 from streamfed.algorithms.pfedgp.client import PFedGPClient  # noqa: E402
+from streamfed.algorithms.pfedgp.estimator import PFedGPClassifier  # noqa: E402
 from streamfed.algorithms.pfedgp.messages import ChunkItem, PFedGPGlobal  # noqa: E402
 from streamfed.algorithms.pfedgp.network import Layout, initial_theta, omega_of  # noqa: E402
 from streamfed.algorithms.pfedgp.server import PFedGPServer  # noqa: E402

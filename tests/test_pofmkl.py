@@ -6,7 +6,10 @@ from river import checks
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.pofmkl._kernels import N_DRAWS
-from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLClient, POFMKLRegressor, POFMKLServer, run_lockstep
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.estimator import POFMKLRegressor
+from streamfed.algorithms.pofmkl.messages import KernelUpdate
+from streamfed.algorithms.pofmkl.server import POFMKLServer, run_lockstep
 from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary
 from tests.oracles.pofmkl import OracleClient, oracle_server_update
 

@@ -697,7 +697,8 @@ def test_invalid_client_names_are_refused_every_time() -> None:
 
 
 def test_pofmkl_update_and_global_through_the_wire() -> None:
-    from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+    from streamfed.algorithms.pofmkl.client import POFMKLClient
+    from streamfed.algorithms.pofmkl.server import POFMKLServer
     from streamfed.core.features import RFFBank
 
     bank = RFFBank(POF.kernel_specs, POF.n_features, POF.n_inputs, seed=POF.seed)

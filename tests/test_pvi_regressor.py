@@ -14,7 +14,7 @@ from river import checks, proba
 from streamfed import algorithms
 from streamfed.algorithms.pvi import initial_state, refine_settings
 from streamfed.algorithms.pvi.client import PVIClient
-from streamfed.algorithms.pvi.regressor import PVIRegressor
+from streamfed.algorithms.pvi.estimator import PVIRegressor
 from streamfed.algorithms.pvi.server import PVIServer
 from streamfed.fleet.config import FleetConfig
 
@@ -124,7 +124,7 @@ class NoTorch(importlib.abc.MetaPathFinder):  # torch unimportable (not a None i
 sys.meta_path.insert(0, NoTorch())
 import math
 import numpy as np
-from streamfed.algorithms.pvi.regressor import PVIRegressor
+from streamfed.algorithms.pvi.estimator import PVIRegressor
 model = PVIRegressor(n_inducing=4, n_pseudo=4, refine_every=10)
 rng = np.random.default_rng(0)
 for t in range(42):

@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 from streamfed.algorithms.fedbnr import FedBNRParams
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters
 from streamfed.algorithms.pofmkl import POFMKLParams
-from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.server import POFMKLServer, run_lockstep
 from streamfed.algorithms.pofmkl.wire import global_message as pofmkl_global_message
 from streamfed.algorithms.pofmkl.wire import update_message as pofmkl_update_message
 from streamfed.cli import app

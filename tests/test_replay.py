@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from streamfed.algorithms import variant
-from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.server import POFMKLServer, run_lockstep
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import synthetic_fleet
 from streamfed.evaluation.replay import AlgorithmConfig, Schedule, algorithm_titles, build_arrangement, replay

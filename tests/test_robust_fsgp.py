@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from streamfed.algorithms.fsgp import ALGORITHM, initial_hyper
 from streamfed.algorithms.fsgp.aggregation import check_statistics, residual_ratio
-from streamfed.algorithms.fsgp.bound import fit_hyper
 from streamfed.algorithms.fsgp.declared import clamp_to_declared, feature_sq_bound
+from streamfed.algorithms.fsgp.elbo import fit_hyper
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.messages import Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats

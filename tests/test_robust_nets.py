@@ -17,8 +17,8 @@ from streamfed import algorithms
 from streamfed.algorithms.chunks import split_vector
 from streamfed.algorithms.pfedgp.messages import ChunkItem as PChunk
 from streamfed.algorithms.shares import share_allowance
-from streamfed.algorithms.urk.bounds import RobustProposals, adam_reach, robust_delta
 from streamfed.algorithms.urk.network import features
+from streamfed.algorithms.urk.robust_proposals import RobustProposals, adam_reach, robust_delta
 from streamfed.algorithms.urk.wire import chunk_update, stats_update
 from streamfed.core.stats import SufficientStats
 from streamfed.fleet.agent import AgentCore

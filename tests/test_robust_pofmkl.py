@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from streamfed import algorithms
 from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.algorithms.pofmkl.aggregation import ROBUST_SHARDED, POFMKLAggregation, RobustRule, StepBound
-from streamfed.algorithms.pofmkl.learner import KernelUpdate
+from streamfed.algorithms.pofmkl.messages import KernelUpdate
 from streamfed.algorithms.pofmkl.wire import update_message
 from streamfed.algorithms.robust_mean import row_norms
 from streamfed.evaluation.datasets import load_beijing

@@ -9,8 +9,10 @@ import pytest
 
 from streamfed.algorithms.fedbnr import FedBNRParams
 from streamfed.algorithms.pofmkl import POFMKLParams
-from streamfed.algorithms.pofmkl.agent import ErrorFeedback
-from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.learner import ErrorFeedback
+from streamfed.algorithms.pofmkl.messages import KernelUpdate
+from streamfed.algorithms.pofmkl.server import POFMKLServer, run_lockstep
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig, replay
@@ -167,7 +169,7 @@ def test_async_window_sums_each_clients_updates_like_merge_updates():
     """The async aggregator sums a client's updates per kernel as they arrive; the global is the one
     merge_updates + the server give for the same window, to the last bit, also across a restart
     in the middle of the window."""
-    from streamfed.algorithms.pofmkl.learner import merge_updates
+    from streamfed.algorithms.pofmkl.messages import merge_updates
     from streamfed.fleet.robustness import Robustness
 
     cfg = pof_cfg(robust=Robustness(label_bound=1e9))  # random deltas: far beyond what honest labels give

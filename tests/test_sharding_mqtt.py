@@ -10,7 +10,8 @@ import pytest
 
 from streamfed.algorithms.fedbnr import FedBNRParams
 from streamfed.algorithms.pofmkl import POFMKLParams
-from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer, run_lockstep
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.server import POFMKLServer, run_lockstep
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig

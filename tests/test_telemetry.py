@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import streamfed.fleet.telemetry as metrics_module
 from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.fedbnr.learner import StatsLearner
-from streamfed.algorithms.pofmkl.agent import POFMKLLearner
-from streamfed.algorithms.pofmkl.learner import POFMKLClient, POFMKLServer
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.learner import POFMKLLearner
+from streamfed.algorithms.pofmkl.server import POFMKLServer
 from streamfed.core.features import RFFBank, gaussian_dictionary
 from streamfed.evaluation.datasets.synthetic import synthetic_fleet
 from streamfed.fleet.sources import SkipReason

@@ -531,7 +531,7 @@ def test_regret_comparator_is_ridge_on_the_initial_features_and_state_pickles() 
 
 from river import checks  # noqa: E402
 
-from streamfed.algorithms.urk.regressor import URKRegressor  # noqa: E402
+from streamfed.algorithms.urk.estimator import URKRegressor  # noqa: E402
 
 
 @pytest.mark.slow  # over 2 s: outside the pure tier, in every full run

@@ -17,7 +17,10 @@ import importlib
 
 from streamfed.algorithms.base import Algorithm, ReplayVariant
 
-__all__ = ["BUILTIN", "DEFAULT", "MOVED_NAMES", "Algorithm", "get", "names", "register", "unregister", "variant"]
+__all__ = [
+    "BUILTIN", "DEFAULT", "MOVED_MODULES", "MOVED_NAMES", "Algorithm", "get", "names", "register", "unregister",
+    "variant",
+]
 
 # name → "module:attribute" of its Algorithm object. A new family is one line here.
 BUILTIN: dict[str, str] = {
@@ -62,6 +65,33 @@ MOVED_NAMES: dict[tuple[str, str], str] = {
         "streamfed.algorithms.fedbnr_personal.aggregation",
     ("streamfed.algorithms.fedbnr_personal.fleet_halves", "ClientSums"):
         "streamfed.algorithms.fedbnr_personal.aggregation",
+    # the one template (issue 28): POF-MKL's and the baselines' learner.py split into client / server / messages /
+    # estimator, fleet_halves.py into learner / aggregation / wire (agent.py's Learner became learner.py below)
+    **{("streamfed.algorithms.pofmkl.learner", n): "streamfed.algorithms.pofmkl.messages"
+       for n in ("KernelUpdate", "GlobalTheta")},
+    ("streamfed.algorithms.pofmkl.learner", "POFMKLClient"): "streamfed.algorithms.pofmkl.client",
+    ("streamfed.algorithms.pofmkl.learner", "POFMKLServer"): "streamfed.algorithms.pofmkl.server",
+    ("streamfed.algorithms.pofmkl.learner", "POFMKLRegressor"):
+        "streamfed.algorithms.pofmkl.estimator",
+    **{("streamfed.algorithms.kofl.learner", n): "streamfed.algorithms.kofl.messages"
+       for n in ("KOFLUpdate", "KOFLGlobal")},
+    **{("streamfed.algorithms.kofl.learner", n): "streamfed.algorithms.kofl.client"
+       for n in ("OFSKLClient", "OFMKLAvgClient", "VMKOFLClient", "EMKOFLClient")},
+    ("streamfed.algorithms.kofl.learner", "KOFLServer"): "streamfed.algorithms.kofl.server",
+    ("streamfed.algorithms.kofl.fleet_halves", "KOFLLearner"): "streamfed.algorithms.kofl.learner",
+    ("streamfed.algorithms.kofl.fleet_halves", "KOFLAggregation"):
+        "streamfed.algorithms.kofl.aggregation",
+}
+# Whole modules renamed to the template's names, old module → new module (same class names inside).
+MOVED_MODULES: dict[str, str] = {
+    "streamfed.algorithms.pofmkl.agent": "streamfed.algorithms.pofmkl.learner",
+    **{f"streamfed.algorithms.{f}.agent": f"streamfed.algorithms.{f}.learner"
+       for f in ("fsgp", "pvi", "urk", "pfedgp")},
+    **{f"streamfed.algorithms.{f}.regressor": f"streamfed.algorithms.{f}.estimator"
+       for f in ("fsgp", "pvi", "urk")},
+    "streamfed.algorithms.pfedgp.classifier": "streamfed.algorithms.pfedgp.estimator",
+    "streamfed.algorithms.fsgp.bound": "streamfed.algorithms.fsgp.elbo",
+    "streamfed.algorithms.urk.bounds": "streamfed.algorithms.urk.robust_proposals",
 }
 _LOADED: dict[str, Algorithm] = {}
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from streamfed.algorithms import MOVED_MODULES as ALGORITHM_MOVED_MODULES
 from streamfed.algorithms import MOVED_NAMES as ALGORITHM_MOVED_NAMES
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "StateError", "StateStore", "atomic_write", "dumps", "loads", "read_state"]
@@ -71,6 +72,7 @@ MOVED_MODULES = {
     "streamfed.fleet.topics": "streamfed.wire.topics",
     "streamfed.privacy.learner": "streamfed.fleet.private_learner",
     "streamfed.privacy.fleet": "streamfed.fleet.secure_aggregation",
+    **ALGORITHM_MOVED_MODULES,
 }
 MOVED_NAMES = {
     ("streamfed.fleet.protocol", "SeqCheck"): "streamfed.fleet.sequences",

@@ -7,9 +7,9 @@ versioned (the envelope's `epoch`); a new version carries every statistic over b
 Nguyen & Turner (2017).
 
 * :mod:`.kernels` (covariances, `Hyper`), :mod:`.design` (data-free initial `Z`), :mod:`.posterior`
-  (statistics, predictive), :mod:`.bound` (bound, gradient, local fit), :mod:`.projection`;
+  (statistics, predictive), :mod:`.elbo` (bound, gradient, local fit), :mod:`.projection`;
 * :mod:`.client` / :mod:`.server` — the two halves; :mod:`.messages` — what they exchange;
-* :mod:`.agent`, :mod:`.aggregation`, :mod:`.wire` — the plug-in contract; :mod:`.regressor` — River.
+* :mod:`.learner`, :mod:`.aggregation`, :mod:`.wire` — the plug-in contract; :mod:`.estimator` — River.
 
 >>> import numpy as np
 >>> from streamfed.fleet.config import FleetConfig
@@ -30,9 +30,9 @@ from pydantic import Field
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 
 if TYPE_CHECKING:
-    from streamfed.algorithms.fsgp.agent import FSGPLearner
     from streamfed.algorithms.fsgp.aggregation import FSGPAggregation
     from streamfed.algorithms.fsgp.kernels import Hyper
+    from streamfed.algorithms.fsgp.learner import FSGPLearner
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
 
@@ -129,8 +129,8 @@ class FSGP(Algorithm):
         return f"fsgp-{h.kind}-m{h.m}-d{h.d}-{h.fingerprint()}"
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> FSGPLearner:
-        from streamfed.algorithms.fsgp.agent import FSGPLearner
         from streamfed.algorithms.fsgp.client import FSGPClient
+        from streamfed.algorithms.fsgp.learner import FSGPLearner
 
         if mode == "lockstep":
             raise ValueError("FSGP is order-free (use async)")
@@ -162,7 +162,7 @@ class FSGP(Algorithm):
                 ReplayVariant("fsgp-local", "FSGP without federation (each client its own server)", "local")]
 
     def estimator(self, **params: Any) -> Any:
-        from streamfed.algorithms.fsgp.regressor import FSGPRegressor
+        from streamfed.algorithms.fsgp.estimator import FSGPRegressor
 
         return FSGPRegressor(**params)
 

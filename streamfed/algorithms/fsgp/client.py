@@ -27,8 +27,8 @@ from scipy.linalg import cho_solve
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp._compiled import kern
-from streamfed.algorithms.fsgp.bound import fit_hyper
 from streamfed.algorithms.fsgp.declared import clamp_to_declared
+from streamfed.algorithms.fsgp.elbo import fit_hyper
 from streamfed.algorithms.fsgp.kernels import KIND_CODES, Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky, lower_solve

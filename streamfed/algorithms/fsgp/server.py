@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from streamfed.algorithms.fsgp.bound import LOG_BOUNDS
+from streamfed.algorithms.fsgp.elbo import LOG_BOUNDS
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky

@@ -2,8 +2,10 @@
 the comparison tables. They run in the replay only (``in_fleet = False``): nobody deploys them, and their
 uploads grow with the dictionary (`N·2D`) — the point POF-MKL makes.
 
-* :mod:`.learner` — the client halves and the vM/eM-KOFL server;
-* :mod:`.fleet_halves` — the learner and aggregation of the plug-in contract.
+* :mod:`.client` — the client halves; :mod:`.server` — the vM/eM-KOFL server; :mod:`.messages` — what they
+  exchange;
+* :mod:`.learner`, :mod:`.aggregation` — the learner and aggregation of the plug-in contract; :mod:`.wire` —
+  their message kinds.
 
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="vm-kofl", n_inputs=2, n_kernels=3, n_features=4)
@@ -70,7 +72,7 @@ class KOFL(Algorithm):
         return self.name in ("vm-kofl", "em-kofl")
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
-        from streamfed.algorithms.kofl.fleet_halves import schemas
+        from streamfed.algorithms.kofl.wire import schemas
 
         n = 1 if self.name == "ofskl" else cfg.n_kernels
         m = 1 if self.name in ("ofskl", "em-kofl") else n
@@ -80,17 +82,17 @@ class KOFL(Algorithm):
         return self._bank(cfg).version
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> Any:
-        from streamfed.algorithms.kofl import learner as kl
-        from streamfed.algorithms.kofl.fleet_halves import KOFLLearner
+        from streamfed.algorithms.kofl import client as kl
+        from streamfed.algorithms.kofl.learner import KOFLLearner
 
         cls = {"ofskl": kl.OFSKLClient, "ofmkl-avg": kl.OFMKLAvgClient, "vm-kofl": kl.VMKOFLClient,
                "em-kofl": kl.EMKOFLClient}[self.name]
         return KOFLLearner(cls(self._bank(cfg), cfg.params.eta, cfg.params.lam))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> Any:
-        from streamfed.algorithms.kofl.fleet_halves import KOFLAggregation
-        from streamfed.algorithms.kofl.learner import KOFLServer
-        from streamfed.algorithms.pofmkl.learner import POFMKLServer
+        from streamfed.algorithms.kofl.aggregation import KOFLAggregation
+        from streamfed.algorithms.kofl.server import KOFLServer
+        from streamfed.algorithms.pofmkl.server import POFMKLServer
 
         bank = self._bank(cfg)
         if self._weighted():

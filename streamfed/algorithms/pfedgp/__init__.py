@@ -10,7 +10,7 @@ inputs) is refined by periodic local steps on the predictive or marginal likelih
 version re-embeds every client's budget.
 
 * :mod:`.client` / :mod:`.server` — the two halves; :mod:`.messages`, :mod:`.wire` — what they exchange;
-* :mod:`.agent`, :mod:`.aggregation` — the plug-in contract; :mod:`.classifier` — the River classifier;
+* :mod:`.learner`, :mod:`.aggregation` — the plug-in contract; :mod:`.estimator` — the River classifier;
 * :mod:`.softmax` — the FedAvg baseline: the same network with a softmax head.
 
 Labels are class indices `0 … n_classes − 1` carried as floats; a prediction's "mean" is the most probable
@@ -37,8 +37,8 @@ from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 if TYPE_CHECKING:
     import numpy as np
 
-    from streamfed.algorithms.pfedgp.agent import PFedGPLearner
     from streamfed.algorithms.pfedgp.aggregation import PFedGPAggregation
+    from streamfed.algorithms.pfedgp.learner import PFedGPLearner
     from streamfed.algorithms.pfedgp.network import Layout
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
@@ -140,8 +140,8 @@ class PFedGP(Algorithm):
                 f"-c{p.n_classes}-{digest}")
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> PFedGPLearner:
-        from streamfed.algorithms.pfedgp.agent import PFedGPLearner
         from streamfed.algorithms.pfedgp.client import PFedGPClient
+        from streamfed.algorithms.pfedgp.learner import PFedGPLearner
         from streamfed.algorithms.pfedgp.network import omega_of
         from streamfed.algorithms.pfedgp.wire import max_chunk_numbers
 
@@ -170,7 +170,7 @@ class PFedGP(Algorithm):
         with `cfg.robust.aggregation = "robust"`, proposals combined by a clipped trimmed mean per client."""
         from streamfed.algorithms.pfedgp.aggregation import PFedGPAggregation
         from streamfed.algorithms.pfedgp.server import PFedGPServer
-        from streamfed.algorithms.urk.bounds import ProposalBound, RobustProposals
+        from streamfed.algorithms.urk.robust_proposals import ProposalBound, RobustProposals
         from streamfed.algorithms.urk.training import LOG_BOUNDS
 
         p, r = cfg.params, cfg.robust
@@ -192,7 +192,7 @@ class PFedGP(Algorithm):
                 ReplayVariant("pfedgp-local", "pFedGP without federation (each client its own network)", "local")]
 
     def estimator(self, **params: Any) -> Any:
-        from streamfed.algorithms.pfedgp.classifier import PFedGPClassifier
+        from streamfed.algorithms.pfedgp.estimator import PFedGPClassifier
 
         return PFedGPClassifier(**params)
 

@@ -7,7 +7,7 @@ the sure arrangement, as for URK-FedBNR).
 
 Bounded influence (docs/algorithms.md §9.4, §10.3, always on when the factory builds it): a
 chunk's coordinates may move at most as far as `fit_steps` Adam steps at `learning_rate` can
-(:class:`~streamfed.algorithms.urk.bounds.ProposalBound`), its weight at most a full budget. Robust
+(:class:`~streamfed.algorithms.urk.robust_proposals.ProposalBound`), its weight at most a full budget. Robust
 aggregation (a clipped, coordinate-wise trimmed mean of one delta per client) lives in the server; it needs
 each client's proposal, so shards and the reducer refuse it.
 """
@@ -25,7 +25,7 @@ from streamfed.algorithms.pfedgp.messages import ChunkItem, ProposalSum
 from streamfed.algorithms.pfedgp.server import PFedGPServer
 from streamfed.algorithms.pfedgp.wire import global_message, read_update
 from streamfed.algorithms.summing_window import SummingWindow
-from streamfed.algorithms.urk.bounds import ProposalBound
+from streamfed.algorithms.urk.robust_proposals import ProposalBound
 from streamfed.wire.message import Message
 
 __all__ = ["ROBUST_SHARDED", "PFedGPAggregation"]

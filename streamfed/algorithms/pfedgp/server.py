@@ -31,7 +31,7 @@ import numpy as np
 from streamfed.algorithms.chunks import Reassembly
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.algorithms.pfedgp.messages import ChunkItem, PFedGPGlobal
-from streamfed.algorithms.urk.bounds import RobustProposals, per_client_rows, robust_delta
+from streamfed.algorithms.urk.robust_proposals import RobustProposals, per_client_rows, robust_delta
 
 __all__ = ["PFedGPServer"]
 

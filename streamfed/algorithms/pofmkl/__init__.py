@@ -4,8 +4,10 @@ docs/algorithms.md §3.
 A dictionary of random-Fourier-feature kernels, per-agent multiplicative kernel weights (log domain), and
 each step uploads one sampled bin of at most `M` kernels (`M·2D` numbers, whatever the dictionary size).
 
-* :mod:`.learner` — the client and server halves (`POFMKLClient`, `POFMKLServer`) and the River regressor;
-* :mod:`.agent` — what an agent runs (lock-step uploads, or error feedback in asynchronous mode);
+* :mod:`.client`, :mod:`.server` — the client and server halves (`POFMKLClient`, `POFMKLServer`);
+  :mod:`.messages` — what they exchange (`KernelUpdate`, `GlobalTheta`);
+* :mod:`.learner` — what an agent runs (lock-step uploads, or error feedback in asynchronous mode);
+* :mod:`.estimator` — the River regressor (`POFMKLRegressor`);
 * :mod:`.aggregation` — what the aggregator, the shards and the reducer run;
 * :mod:`.wire` — its message kinds;
 * ``_kernels`` / ``_layout`` — the numba loops and their buffer layout.
@@ -26,8 +28,8 @@ from pydantic import Field
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 
 if TYPE_CHECKING:
-    from streamfed.algorithms.pofmkl.agent import POFMKLLearner
     from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation
+    from streamfed.algorithms.pofmkl.learner import POFMKLLearner
     from streamfed.core.features import RFFBank
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
@@ -72,8 +74,8 @@ class POFMKL(Algorithm):
         """Client `index` draws its bins from `default_rng([seed, index])`, as in the replay."""
         import numpy as np
 
-        from streamfed.algorithms.pofmkl.agent import POFMKLLearner
-        from streamfed.algorithms.pofmkl.learner import POFMKLClient
+        from streamfed.algorithms.pofmkl.client import POFMKLClient
+        from streamfed.algorithms.pofmkl.learner import POFMKLLearner
 
         p = cfg.params
         client = POFMKLClient(self.bank(cfg), p.eta, p.lam, p.xi, cfg.bin_size,
@@ -100,7 +102,7 @@ class POFMKL(Algorithm):
                               "mini-batch)", "centralised")]
 
     def estimator(self, **params: Any) -> Any:
-        from streamfed.algorithms.pofmkl.learner import POFMKLRegressor
+        from streamfed.algorithms.pofmkl.estimator import POFMKLRegressor
 
         return POFMKLRegressor(**params)
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from streamfed.algorithms.base import BaseAggregation, NonFiniteError
 from streamfed.algorithms.pofmkl._layout import STEP_CAP
-from streamfed.algorithms.pofmkl.learner import KernelUpdate, POFMKLServer, reset_overflowed_rows
+from streamfed.algorithms.pofmkl.messages import KernelUpdate
+from streamfed.algorithms.pofmkl.server import POFMKLServer, reset_overflowed_rows
 from streamfed.algorithms.pofmkl.wire import global_message
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
 from streamfed.wire.message import Message
@@ -35,10 +36,10 @@ log = logging.getLogger(__name__)
 
 class WindowSum:
     """One client's updates within an asynchronous window, summed per kernel as they arrive: exactly
-    what :func:`~streamfed.algorithms.pofmkl.learner.merge_updates` gives for the same updates (each row
+    what :func:`~streamfed.algorithms.pofmkl.messages.merge_updates` gives for the same updates (each row
     starts at 0.0 and takes the deltas in arrival order), at a few µs per update.
 
-    >>> from streamfed.algorithms.pofmkl.learner import merge_updates
+    >>> from streamfed.algorithms.pofmkl.messages import merge_updates
     >>> ups = [KernelUpdate(np.array([2]), np.ones((1, 2))), KernelUpdate(np.array([0, 2]), np.full((2, 2), 2.0))]
     >>> acc = WindowSum(2)
     >>> for u in ups: acc.add(u)

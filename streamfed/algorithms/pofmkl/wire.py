@@ -67,8 +67,8 @@ def update_message(
 
 
 def to_kernel_update(msg: Message) -> Any:
-    """The :class:`~streamfed.algorithms.pofmkl.learner.KernelUpdate` of a decoded update (writable copies)."""
-    from streamfed.algorithms.pofmkl.learner import KernelUpdate  # lazy: the codec does not need numba
+    """The :class:`~streamfed.algorithms.pofmkl.messages.KernelUpdate` of a decoded update (writable copies)."""
+    from streamfed.algorithms.pofmkl.messages import KernelUpdate  # lazy: the codec does not need numba
 
     _expect(msg, UPDATE)
     return KernelUpdate(writable_copy(msg.arrays["kernels"], "int64"), writable_copy(msg.arrays["delta"], "float64"),

@@ -11,8 +11,8 @@ Algorithm 1) and a fixed `Z` run in the same code. Kernel hyperparameters `β` a
   :mod:`.likelihoods` (Gaussian, Bernoulli) — NumPy;
 * :mod:`.free_energy` (the local free energy), :mod:`.refine` (a client's Adam step) — torch, imported
   on a client's first refinement only;
-* :mod:`.client` / :mod:`.server` — the two halves; :mod:`.agent`, :mod:`.aggregation`, :mod:`.wire` —
-  the plug-in contract; :mod:`.regressor` — River.
+* :mod:`.client` / :mod:`.server` — the two halves; :mod:`.learner`, :mod:`.aggregation`, :mod:`.wire` —
+  the plug-in contract; :mod:`.estimator` — River.
 
 >>> import numpy as np
 >>> from streamfed.fleet.config import FleetConfig
@@ -34,8 +34,8 @@ from pydantic import Field, model_validator
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 
 if TYPE_CHECKING:
-    from streamfed.algorithms.pvi.agent import PVILearner
     from streamfed.algorithms.pvi.aggregation import PVIAggregation
+    from streamfed.algorithms.pvi.learner import PVILearner
     from streamfed.algorithms.pvi.settings import RefineSettings
     from streamfed.algorithms.pvi.state import GlobalQ
     from streamfed.fleet.config import FleetConfig
@@ -141,8 +141,8 @@ class PVI(Algorithm):
         return f"pvi-{p.kernel}-{p.inducing}-{p.parameterisation}-m{g.m}-d{g.d}-{digest.hexdigest()[:12]}"
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> PVILearner:
-        from streamfed.algorithms.pvi.agent import PVILearner
         from streamfed.algorithms.pvi.client import PVIClient
+        from streamfed.algorithms.pvi.learner import PVILearner
 
         if mode == "lockstep":
             raise ValueError("PVI is order-free (use async)")
@@ -170,7 +170,7 @@ class PVI(Algorithm):
         return [ReplayVariant(self.name, self.title)]
 
     def estimator(self, **params: Any) -> Any:
-        from streamfed.algorithms.pvi.regressor import PVIRegressor
+        from streamfed.algorithms.pvi.estimator import PVIRegressor
 
         return PVIRegressor(**params)
 

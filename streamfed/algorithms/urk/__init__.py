@@ -12,7 +12,7 @@ their reservoirs.
 * :mod:`.network` — the network and its features in numpy (no torch: enough to predict and contribute);
 * :mod:`.training` — torch: the evidence, local fits, distillation (only where kernels are trained);
 * :mod:`.client` / :mod:`.server` — the two halves; :mod:`.messages`, :mod:`.wire` — what they exchange;
-* :mod:`.agent`, :mod:`.aggregation` — the plug-in contract; :mod:`.regressor` — River. Chunks:
+* :mod:`.learner`, :mod:`.aggregation` — the plug-in contract; :mod:`.estimator` — River. Chunks:
   :mod:`streamfed.algorithms.chunks`.
 
 >>> import numpy as np
@@ -35,8 +35,8 @@ from pydantic import Field, model_validator
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
 
 if TYPE_CHECKING:
-    from streamfed.algorithms.urk.agent import URKLearner
     from streamfed.algorithms.urk.aggregation import URKAggregation
+    from streamfed.algorithms.urk.learner import URKLearner
     from streamfed.algorithms.urk.network import URKArch, URKWeights
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
@@ -146,8 +146,8 @@ class URKFedBNR(Algorithm):
         return f"urk-d{arch.n_inputs}-w{widths}-m{arch.n_omega}-h{arch.shifter_width}{norm}-{digest}"
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> URKLearner:
-        from streamfed.algorithms.urk.agent import URKLearner
         from streamfed.algorithms.urk.client import URKClient
+        from streamfed.algorithms.urk.learner import URKLearner
         from streamfed.algorithms.urk.network import omega
         from streamfed.algorithms.urk.wire import max_chunk_numbers
 
@@ -168,8 +168,8 @@ class URKFedBNR(Algorithm):
         import numpy as np
 
         from streamfed.algorithms.urk.aggregation import URKAggregation
-        from streamfed.algorithms.urk.bounds import ProposalBound, RobustProposals
         from streamfed.algorithms.urk.network import omega
+        from streamfed.algorithms.urk.robust_proposals import ProposalBound, RobustProposals
         from streamfed.algorithms.urk.server import LOG_BOUNDS, URKServer
 
         p, r = cfg.params, cfg.robust
@@ -201,7 +201,7 @@ class URKFedBNR(Algorithm):
                               "local")]
 
     def estimator(self, **params: Any) -> Any:
-        from streamfed.algorithms.urk.regressor import URKRegressor
+        from streamfed.algorithms.urk.estimator import URKRegressor
 
         return URKRegressor(**params)
 

@@ -10,7 +10,7 @@ siblings and of the network's length.
 Bounded influence (docs/algorithms.md §8.11, §10.3, always on when the factory builds it): every feature vector has
 the same norm, so `tr S = n·‖φ‖²` pins `n` (a claim of more samples than the scatter holds is refused), and
 labels clipped to `±label_bound` bound `q` and `b`; a proposal's coordinates may move at most as far as
-`fit_steps` Adam steps can (:class:`~streamfed.algorithms.urk.bounds.ProposalBound`), its weight at most a
+`fit_steps` Adam steps can (:class:`~streamfed.algorithms.urk.robust_proposals.ProposalBound`), its weight at most a
 reservoir. Robust aggregation lives in the server (:class:`~streamfed.algorithms.urk.server.URKServer`).
 
 Sharding sums statistics exactly while the kernel version does not move; proposals do not travel through
@@ -27,8 +27,8 @@ import numpy as np
 from streamfed.algorithms.fedbnr.aggregation import check_statistics
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.summing_window import SummingWindow
-from streamfed.algorithms.urk.bounds import ProposalBound
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem
+from streamfed.algorithms.urk.robust_proposals import ProposalBound
 from streamfed.algorithms.urk.server import URKServer
 from streamfed.algorithms.urk.wire import global_message, read_update
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper

@@ -27,9 +27,9 @@ from streamfed.algorithms.chunks import Reassembly
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.algorithms.shares import share_allowance
-from streamfed.algorithms.urk.bounds import RobustProposals, per_client_rows, robust_delta
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem, URKGlobal
 from streamfed.algorithms.urk.network import URKWeights
+from streamfed.algorithms.urk.robust_proposals import RobustProposals, per_client_rows, robust_delta
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["LOG_BOUNDS", "URKServer"]

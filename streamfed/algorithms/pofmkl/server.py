@@ -1,0 +1,118 @@
+"""The server half of POF-MKL (docs/algorithms.md §3): owns `θ` and applies a round of updates,
+`θ_p ← θ_p - (1/|C_t|) Σ Δ_{c,p}`, dividing by the number of reporting clients (eq. 10); and the reference
+lock-step protocol of the paper."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.pofmkl._compiled import kern as _kern
+from streamfed.algorithms.pofmkl.client import POFMKLClient
+from streamfed.algorithms.pofmkl.messages import GlobalTheta, KernelUpdate
+
+__all__ = ["POFMKLServer", "reset_overflowed_rows", "run_lockstep"]
+
+accumulate_checked = _kern.accumulate_checked
+
+
+class POFMKLServer:
+    """Server half of POF-MKL: owns `θ`, applies a round of updates (eq. 10).
+
+    >>> server = POFMKLServer(n_kernels=3, dim=4)
+    >>> server.apply_round([KernelUpdate(np.array([1]), np.ones((1, 4))),
+    ...                     KernelUpdate(np.array([2]), np.ones((1, 4)))])
+    1
+    >>> server.theta[1].tolist()
+    [-0.5, -0.5, -0.5, -0.5]
+    """
+
+    def __init__(self, n_kernels: int, dim: int) -> None:
+        self.theta = np.zeros((n_kernels, dim))
+        self.version = 0
+        self.kernel_resets = 0  # rows of θ reset to 0 because they overflowed (see finish_round)
+        self.last_resets: list[int] = []
+        self._global: GlobalTheta | None = None
+        self._global_version = -1
+        self._sum = np.zeros((n_kernels, dim))
+        self._reporting = 0
+
+    def add(self, update: KernelUpdate) -> None:
+        """Add one client's update to the round in progress (validated: shapes, indices, finiteness)."""
+        k, d = update.kernels, update.delta
+        dim = self.theta.shape[1]
+        if d.ndim != 2 or d.shape[1] != dim or k.shape != (d.shape[0],):
+            raise ValueError(f"update shapes {k.shape}, {d.shape} do not match theta {self.theta.shape}")
+        status = accumulate_checked(self._sum, k.astype(np.int64, copy=False), d)
+        if status == 1:
+            raise ValueError(f"update names invalid or repeated kernels: {k.tolist()}")
+        if status == 2:
+            raise NonFiniteError("update contains a non-finite value")
+        self._reporting += 1
+
+    def finish_round(self) -> int:
+        """`θ ← θ - (Σ Δ) / |C_t|`, start a new round, return the new version.
+
+        A kernel whose row would overflow (a non-finite value, or `‖θ_p‖²` beyond float64) is reset to
+        0 instead — counted in `kernel_resets`, listed in `last_resets` — so one runaway kernel can
+        neither publish a non-finite global nor stall the fleet; the other kernels take the round."""
+        self.last_resets = []
+        if self._reporting:
+            new = self.theta - self._sum / self._reporting
+            self.last_resets = reset_overflowed_rows(new)
+            self.kernel_resets += len(self.last_resets)
+            self.theta = new
+        self._sum[:] = 0.0
+        self._reporting = 0
+        self.version += 1
+        return self.version
+
+    def global_params(self) -> GlobalTheta:
+        """What is broadcast: the current `θ` (a fresh read-only array each round) and its norms."""
+        if self._global is None or self._global_version != self.version:
+            self._global = GlobalTheta.of(self.theta)
+            self._global_version = self.version
+        return self._global
+
+    def apply_round(self, updates: Iterable[KernelUpdate]) -> int:
+        """Add every update of one round and finish it."""
+        for u in updates:
+            self.add(u)
+        return self.finish_round()
+
+
+
+def reset_overflowed_rows(theta: np.ndarray) -> list[int]:
+    """Set to 0 every row of `theta` holding a non-finite value or whose squared norm overflows; return
+    their indices.
+
+    >>> t = np.array([[1.0, 2.0], [np.inf, 0.0], [1e200, 0.0]])
+    >>> reset_overflowed_rows(t), t.tolist()
+    ([1, 2], [[1.0, 2.0], [0.0, 0.0], [0.0, 0.0]])
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = ~np.isfinite(np.einsum("pi,pi->p", theta, theta))
+    rows = np.flatnonzero(bad).tolist()
+    theta[rows] = 0.0
+    return rows
+
+
+
+def run_lockstep(
+    clients: Sequence[POFMKLClient], server: POFMKLServer, xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray],
+) -> np.ndarray:
+    """Reference lock-step protocol: at each `t` every client steps, the server aggregates, all
+    clients receive the new `θ`. Returns the predictions, shape `(T, C)`."""
+    n_steps = min(len(y) for y in ys)
+    preds = np.empty((n_steps, len(clients)))
+    for t in range(n_steps):
+        for c, client in enumerate(clients):
+            preds[t, c], upd = client.step(xs[c][t], ys[c][t])
+            server.add(upd)
+        version = server.finish_round()
+        for client in clients:
+            client.set_global(server.theta, version)
+    return preds
