@@ -43,7 +43,7 @@ from streamfed.algorithms.base import (
     WrappedLearner,
 )
 from streamfed.fleet.bounded_labels import BoundedLabels
-from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.config import FleetConfig, same_fleet
 from streamfed.fleet.secure_aggregation import Contribution, SecAggAgent
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
 from streamfed.fleet.standardised import StandardisedLearner
@@ -396,7 +396,7 @@ class AgentCore:
         configuration, client or mode (nothing is changed then)."""
         if state.get("format") != AGENT_STATE_FORMAT:
             raise ValueError(f"agent state format {state.get('format')!r}, expected {AGENT_STATE_FORMAT}")
-        if state.get("fleet_config") != self.cfg.model_dump(mode="json"):
+        if not same_fleet(state.get("fleet_config"), self.cfg):
             raise ValueError("agent state was written for a different fleet configuration")
         mine = (self.client_id, self.index, self.mode)
         theirs = (state.get("client"), state.get("index"), state.get("mode"))

@@ -44,7 +44,7 @@ from typing import Any, Literal
 from streamfed import algorithms
 from streamfed.algorithms.base import Aggregation, Mode, aggregation_diagnostics
 from streamfed.fleet.admission import Admission
-from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.config import FleetConfig, same_fleet
 from streamfed.fleet.secure_aggregation import UP_KINDS as SECAGG_UP
 from streamfed.fleet.secure_aggregation import SecAggCoordinator
 from streamfed.fleet.sequences import SeqCheck, SeqTracker
@@ -479,7 +479,7 @@ class AggregatorCore:
         restart their clocks at `now`."""
         if state.get("format") != AGGREGATOR_STATE_FORMAT:
             raise ValueError(f"aggregator state format {state.get('format')!r}, expected {AGGREGATOR_STATE_FORMAT}")
-        if state.get("fleet_config") != self.cfg.model_dump(mode="json"):
+        if not same_fleet(state.get("fleet_config"), self.cfg):
             raise ValueError("aggregator state was written for a different fleet configuration")
         if (state.get("mode"), list(state.get("clients", []))) != (self.mode, self.clients):
             raise ValueError(f"aggregator state is for mode {state.get('mode')!r} and clients {state.get('clients')}, "

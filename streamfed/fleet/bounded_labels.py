@@ -9,6 +9,11 @@ range learned from the stream, `mean ± bound·scale`, and the standardiser fold
 aggregation derives the largest honest update from the same bound (`cfg.robust.label_bound`) and refuses
 anything beyond it, so an honest agent's uploads are never refused for their size.
 
+Predictions are clipped to the same `±bound` (issue 30): every label the learner is scored on lies inside, so a
+clipped prediction is never further from it, and a global an attacker pushed as far as the aggregation's declared
+bounds allow still cannot make an honest agent predict beyond the label range (its squared error stays
+below `(2·bound)²` in the learner's units).
+
 Everything else passes through to the wrapped learner unchanged (:class:`~streamfed.algorithms.base.WrappedLearner`).
 """
 
@@ -34,6 +39,8 @@ class BoundedLabels(WrappedLearner):
     >>> _ = learner.learn(np.array([0.5]), 1e50)
     >>> learner.labels_clipped, learner.diagnostics()["labels_clipped"]
     (1, 1.0)
+    >>> abs(learner.predict(np.array([0.5]))[0]) <= 10.0
+    True
     """
 
     label_in_use: float | None = None  # set by this wrapper (an instance attribute), not the inner learner's
@@ -55,8 +62,15 @@ class BoundedLabels(WrappedLearner):
         self.label_in_use = math.copysign(self.bound, y) if self._clipping else y
         return self.label_in_use
 
+    def _within(self, out: tuple[float, float | None]) -> tuple[float, float | None]:
+        mean, var = out
+        return (max(-self.bound, min(self.bound, mean)) if math.isfinite(mean) else mean), var
+
+    def predict(self, x: np.ndarray) -> tuple[float, float | None]:
+        return self._within(self.inner.predict(x))
+
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
-        return self.inner.begin_learn(x, self._clip(y))
+        return self._within(self.inner.begin_learn(x, self._clip(y)))
 
     def end_learn(self) -> None:
         self.inner.end_learn()
@@ -67,7 +81,7 @@ class BoundedLabels(WrappedLearner):
         out = self.inner.learn(x, self._clip(y))  # a refused sample raises here: nothing is counted
         self.labels_clipped += self._clipping
         self._clipping = False
-        return out
+        return self._within(out)
 
     def diagnostics(self) -> dict[str, float]:
         return {**self.inner.diagnostics(), "labels_clipped": float(self.labels_clipped)}

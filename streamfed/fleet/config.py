@@ -297,6 +297,20 @@ class FleetConfig(BaseModel):
         return self.protocol_schema.kinds_on(Channel.PARTIALS)[0]
 
 
+def same_fleet(stored: Any, cfg: FleetConfig) -> bool:
+    """Whether a configuration stored in a state file (its JSON dump) is `cfg`, read by this build: a setting
+    added since, at its default, is the same fleet (comparing the dumps would refuse every older state).
+
+    >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2)
+    >>> same_fleet(cfg.model_dump(mode="json"), cfg), same_fleet({**cfg.model_dump(mode="json"), "seed": 1}, cfg)
+    (True, False)
+    """
+    try:
+        return FleetConfig.model_validate(stored) == cfg
+    except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+        return False
+
+
 @lru_cache(maxsize=64)
 def _protocol_schema(cfg: FleetConfig) -> ProtocolSchema:
     # Keyed by value (the model is frozen and hashable), not stored on the instance: `model_copy`

@@ -40,7 +40,7 @@ from streamfed import algorithms
 from streamfed.algorithms.base import Mode, aggregation_diagnostics
 from streamfed.fleet.admission import Admission
 from streamfed.fleet.aggregator import note_status, roster
-from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.config import FleetConfig, same_fleet
 from streamfed.fleet.sequences import SeqTracker
 from streamfed.fleet.telemetry import AggregatorStats
 from streamfed.wire.message import Message, ProtocolError, ack_message, decode
@@ -384,7 +384,7 @@ class ReducerCore:
         configuration, mode or client list. An open window restarts its clock at `now`."""
         if state.get("format") != REDUCER_STATE_FORMAT:
             raise ValueError(f"reducer state format {state.get('format')!r}, expected {REDUCER_STATE_FORMAT}")
-        if state.get("fleet_config") != self.cfg.model_dump(mode="json"):
+        if not same_fleet(state.get("fleet_config"), self.cfg):
             raise ValueError("reducer state was written for a different fleet configuration")
         if (state.get("mode"), list(state.get("clients", []))) != (self.mode, self.clients):
             raise ValueError(f"reducer state is for mode {state.get('mode')!r} and clients {state.get('clients')}, "

@@ -21,6 +21,7 @@ each step uploads one sampled bin of at most `M` kernels (`M·2D` numbers, whate
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -47,6 +48,19 @@ class POFMKLParams(Params):
     eta: float = Field(0.005, gt=0, allow_inf_nan=False)
     lam: float = Field(1e-4, ge=0, allow_inf_nan=False)
     xi: float = Field(0.1, ge=0, le=1)
+    # R: the server keeps every ‖θ_p‖ ≤ R (projection), and the declared bound of an update uses it. None: B/√λ
+    # (B the fleet's label bound), beyond which no regularised comparator lies; 100·B when λ = 0.
+    theta_radius: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    def radius(self, label_bound: float) -> float:
+        """`theta_radius`, or its default for labels within `±label_bound`.
+
+        >>> POFMKLParams().radius(10.0), POFMKLParams(lam=0.0).radius(2.0)
+        (1000.0, 200.0)
+        """
+        if self.theta_radius is not None:
+            return float(self.theta_radius)
+        return float(label_bound / math.sqrt(self.lam)) if self.lam > 0 else 100.0 * float(label_bound)
 
 
 class POFMKL(Algorithm):
@@ -90,8 +104,8 @@ class POFMKL(Algorithm):
         from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation, RobustRule, StepBound
 
         p, r = cfg.params, cfg.robust
-        bound = (StepBound.of(p.eta, p.lam, p.xi, cfg.n_kernels, cfg.bin_size, r.label_bound)
-                 if check_stats else None)
+        bound = (StepBound.of(p.eta, p.lam, p.xi, cfg.n_kernels, cfg.bin_size, r.label_bound,
+                              p.radius(r.label_bound)) if check_stats else None)
         robust = RobustRule(r.trim, r.clip_factor) if r.aggregation == "robust" else None
         return POFMKLAggregation(cfg.n_kernels, 2 * cfg.n_features, max_abs=max_abs, bound=bound, robust=robust)
 

@@ -6,7 +6,7 @@ global equals the replay's bit for bit). Asynchronous: whatever arrives within a
 Sharded: a shard sends a dense `ΣΔ`; the reducer applies `θ ← θ − ΣΔ/|C|` with `|C|` the clients in it.
 
 Bounded influence (docs/algorithms.md §3.9, always on): :class:`StepBound` is the largest row an honest
-client can send, from the configuration and the largest `‖θ_p‖` this aggregation ever published; `check`
+client can send, from the configuration alone (θ is projected onto a configured radius); `check`
 refuses anything beyond it. Robust aggregation (`[fleet.robust] aggregation = "robust"`, :class:`RobustRule`):
 rows clipped to `clip_factor ×` the round's median row norm, then per kernel a coordinate-wise trimmed mean
 over the clients that sent that row, scaled by their share of the `|C|` reporting clients.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import numpy as np
 from streamfed.algorithms.base import BaseAggregation, NonFiniteError
 from streamfed.algorithms.pofmkl._layout import STEP_CAP
 from streamfed.algorithms.pofmkl.messages import KernelUpdate
-from streamfed.algorithms.pofmkl.server import POFMKLServer, reset_overflowed_rows
+from streamfed.algorithms.pofmkl.server import POFMKLServer, project_rows, reset_overflowed_rows
 from streamfed.algorithms.pofmkl.wire import global_message
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
 from streamfed.wire.message import Message
@@ -90,8 +91,11 @@ class StepBound:
 
     A step uploads `Δ_p = g (2(f_p − y) z_p + 2λθ_p)` (docs/algorithms.md §3.2 step 4) with `g = min(η/q_J, 1/2)` and
     `q_J ≥ ξ/B_bins` (eq. 8, `B_bins = ⌈N/M⌉`), so `g ≤ step = min(η·B_bins/ξ, 1/2)` (1/2 when `ξ = 0`);
-    `‖z_p‖ = 1` (`D` sin/cos pairs scaled by `1/√D`), `|f_p| = |θ_pᵀz_p| ≤ ‖θ_p‖ ≤ R_p`, and `|y| ≤ B` (agents
-    clip labels to `label_bound`). Hence `‖Δ_p‖ ≤ step · (2(R_p + B) + 2λR_p)` per step.
+    `‖z_p‖ = 1` (`D` sin/cos pairs scaled by `1/√D`), `|f_p| = |θ_pᵀz_p| ≤ ‖θ_p‖ ≤ R`, and `|y| ≤ B` (agents
+    clip labels to `label_bound`). Hence `‖Δ_p‖ ≤ step · (2(R + B) + 2λR)` per step. `R = radius` is a number
+    of the configuration (`theta_radius`, by default `B/√λ`: the regularised comparator's norm), and the server
+    projects every row of θ onto `‖θ_p‖ ≤ R`: nothing a client sends can raise the bound. (`radius = inf`:
+    a state written before the radius, whose bound used the largest `‖θ_p‖` ever published.)
 
     >>> b = StepBound.of(eta=0.005, lam=1e-4, xi=0.1, n_kernels=16, bin_size=1, label_bound=10.0)
     >>> b.step, float(b.per_step(np.array([0.0]))[0])
@@ -103,12 +107,14 @@ class StepBound:
     step: float
     label_bound: float
     lam: float
+    radius: float = math.inf
 
     @classmethod
-    def of(cls, eta: float, lam: float, xi: float, n_kernels: int, bin_size: int, label_bound: float) -> StepBound:
+    def of(cls, eta: float, lam: float, xi: float, n_kernels: int, bin_size: int, label_bound: float,
+           radius: float = math.inf) -> StepBound:
         n_bins = -(-int(n_kernels) // int(bin_size))
         step = STEP_CAP if xi <= 0.0 else min(eta * n_bins / xi, STEP_CAP)
-        return cls(float(step), float(label_bound), float(lam))
+        return cls(float(step), float(label_bound), float(lam), float(radius))
 
     def per_step(self, radius: np.ndarray) -> np.ndarray:
         """The bound on one step's row `p`, for `‖θ_p‖ ≤ radius[p]`."""
@@ -223,12 +229,15 @@ class POFMKLAggregation(BaseAggregation):
                  robust: RobustRule | None = None) -> None:
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
-        self.server = POFMKLServer(n_kernels, dim)
+        r = bound.radius if bound is not None else math.inf
+        self.server = POFMKLServer(n_kernels, dim, radius=r)
         self.max_abs = float(max_abs)
         self.dim = dim
         self.bound = bound
         self.robust = robust
-        self.radius = np.zeros(n_kernels)  # per kernel, the largest ‖θ_p‖ ever published (θ starts at 0)
+        # per kernel, the ‖θ_p‖ the bound assumes: the configured radius (θ is projected onto it); without one
+        # (a state from before it), the largest ‖θ_p‖ ever published
+        self.radius = np.full(n_kernels, r) if math.isfinite(r) else np.zeros(n_kernels)
         self.steps: dict[str, ClientSteps] = {}  # per client, the samples its uploads summarised
         self.lockstep = False  # apply_round was called: uploads carry one step each, nothing carried forward
         self.role = "aggregator"  # "shard" once it builds a partial: it holds no θ, so it bounds nothing
@@ -257,9 +266,10 @@ class POFMKLAggregation(BaseAggregation):
         counted: it is held to `max_abs` only, the client's later uploads to the declared bound again."""
         if int(version) <= self.version:
             raise ValueError(f"rebase to version {version} from {self.version}")
-        self.server = POFMKLServer(self.server.theta.shape[0], self.dim)
+        self.server = POFMKLServer(self.server.theta.shape[0], self.dim, radius=self.server.radius)
         self.server.version = int(version)
-        self.radius = np.zeros_like(self.radius)
+        if math.isinf(self.server.radius):
+            self.radius = np.zeros_like(self.radius)
         self.steps, self._heard, self._applied = {}, {}, {}
         self.rebased = True
 
@@ -297,8 +307,8 @@ class POFMKLAggregation(BaseAggregation):
                 steps.record(seq, int(item.n_samples), kernels, [int(item.n_samples)] * len(kernels))
                 self.steps[client] = steps
                 return
-        if self.lockstep:  # a lock-step upload is its step's Δ, as it is: n_samples steps (one), nothing older
-            allowed = np.full(len(kernels), n, dtype=np.int64)
+        if self.lockstep:  # a lock-step upload is one step's Δ, whatever n_samples it claims; nothing older
+            allowed = np.ones(len(kernels), dtype=np.int64)
         else:
             allowed = steps.allowance(seq, n, kernels)
         per_step = self.bound.per_step(self.radius[item.kernels])
@@ -387,13 +397,16 @@ class POFMKLAggregation(BaseAggregation):
                 new = self.server.theta - step
             self.server.last_resets = reset_overflowed_rows(new)  # as finish_round: never a non-finite global
             self.server.kernel_resets += len(self.server.last_resets)
+            project_rows(new, self.server.radius)
             self.server.theta = new
         self.server.version += 1
         self._published()
 
     def _published(self) -> None:
-        """After a new θ: the largest norm each row ever had (what a client may still be computing with)."""
-        self.radius = np.maximum(self.radius, row_norms(self.server.theta))
+        """After a new θ. Without a configured radius (a state from before it): the largest norm each row ever had
+        (what a client may still be computing with)."""
+        if math.isinf(self.server.radius):
+            self.radius = np.maximum(self.radius, row_norms(self.server.theta))
         self._log_resets()
 
     def _log_resets(self) -> None:
@@ -403,7 +416,7 @@ class POFMKLAggregation(BaseAggregation):
 
     def diagnostics(self) -> dict[str, float]:
         """Named numbers worth watching: rows of θ reset because they overflowed; the largest `‖θ_p‖` ever
-        published (the declared bound grows with it)."""
+        published, or the configured radius θ is projected onto."""
         return {"kernel_resets": float(self.server.kernel_resets),
                 "bound_radius": float(self.radius.max()) if self.radius.size else 0.0}
 
@@ -435,6 +448,7 @@ class POFMKLAggregation(BaseAggregation):
             new = self.server.theta - total / n_clients
         self.server.last_resets = reset_overflowed_rows(new)  # as finish_round: never a non-finite global
         self.server.kernel_resets += len(self.server.last_resets)
+        project_rows(new, self.server.radius)
         self.server.theta = new
         self.server.version += 1
         self._applied = dict(included)

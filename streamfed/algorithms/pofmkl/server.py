@@ -4,6 +4,7 @@ lock-step protocol of the paper."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -13,7 +14,7 @@ from streamfed.algorithms.pofmkl._compiled import kern as _kern
 from streamfed.algorithms.pofmkl.client import POFMKLClient
 from streamfed.algorithms.pofmkl.messages import GlobalTheta, KernelUpdate
 
-__all__ = ["POFMKLServer", "reset_overflowed_rows", "run_lockstep"]
+__all__ = ["POFMKLServer", "project_rows", "reset_overflowed_rows", "run_lockstep"]
 
 accumulate_checked = _kern.accumulate_checked
 
@@ -29,7 +30,12 @@ class POFMKLServer:
     [-0.5, -0.5, -0.5, -0.5]
     """
 
-    def __init__(self, n_kernels: int, dim: int) -> None:
+    radius = math.inf  # ‖θ_p‖ ≤ radius after every round (class default: what a server pickled before it had)
+
+    def __init__(self, n_kernels: int, dim: int, radius: float = math.inf) -> None:
+        if not radius > 0:
+            raise ValueError(f"radius must be > 0, got {radius!r}")
+        self.radius = float(radius)
         self.theta = np.zeros((n_kernels, dim))
         self.version = 0
         self.kernel_resets = 0  # rows of θ reset to 0 because they overflowed (see finish_round)
@@ -63,6 +69,7 @@ class POFMKLServer:
             new = self.theta - self._sum / self._reporting
             self.last_resets = reset_overflowed_rows(new)
             self.kernel_resets += len(self.last_resets)
+            project_rows(new, self.radius)
             self.theta = new
         self._sum[:] = 0.0
         self._reporting = 0
@@ -82,6 +89,23 @@ class POFMKLServer:
             self.add(u)
         return self.finish_round()
 
+
+
+def project_rows(theta: np.ndarray, radius: float) -> None:
+    """Scale every row of `theta` whose norm exceeds `radius` back onto the ball `‖θ_p‖ ≤ radius`, in place
+    (projected online gradient descent, docs/algorithms.md §3.9: the regularised comparator lies inside, so an
+    honest run never meets the ball, and no update can take a row outside it).
+
+    >>> t = np.array([[6.0, 8.0], [0.3, 0.4]])
+    >>> project_rows(t, 5.0); t.tolist()
+    [[3.0, 4.0], [0.3, 0.4]]
+    """
+    if math.isinf(radius):
+        return
+    norms = np.sqrt(np.einsum("pi,pi->p", theta, theta))
+    over = np.flatnonzero(norms > radius)
+    if over.size:
+        theta[over] *= (radius / norms[over])[:, None]
 
 
 def reset_overflowed_rows(theta: np.ndarray) -> list[int]:
