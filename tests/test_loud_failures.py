@@ -485,6 +485,82 @@ def test_of_any_set_of_claims_only_the_newest_instance_survives(starts, rnd):
             assert (lease.since, lease.instance) == (float(newest[0]), newest[1])
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.sampled_from("abcd")), min_size=1, max_size=4,
+                unique_by=lambda t: t[2]),
+       st.randoms(use_true_random=False))
+def test_of_any_set_of_claims_the_newest_state_survives(claims_, rnd):
+    """Fencing (issue 30 part 5): with durable state versions in the claims, exactly the instance with the
+    largest (version, start, instance) raises nothing — an instance started later from an older state loses."""
+    cfg = bnr_cfg("p")
+    leases = [Lease(cfg, "aggregator", instance=i, since=float(s), version=lambda v=v: v) for v, s, i in claims_]
+    best = max(claims_)
+    for lease in leases:
+        msgs = [other.claim(True) for other in leases]
+        rnd.shuffle(msgs)
+        mine = (lease.version(), lease.since, lease.instance)
+        try:
+            for m in msgs:
+                lease.observe(m)
+        except DuplicateService as e:
+            assert mine != (best[0], float(best[1]), best[2])
+            assert "another aggregator connected as p.aggregator" in str(e)
+        else:
+            assert mine == (best[0], float(best[1]), best[2])
+
+
+def _core_at(cfg: FleetConfig, rounds: int) -> AggregatorCore:
+    """An aggregator core that has published `rounds` globals of agent a1's uploads (in process)."""
+    core = AggregatorCore(cfg, clients=["a1"], window=0.0)
+    agent = AgentCore(cfg, "a1", 0)
+    X, y = stream(5, 200)
+    from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
+
+    for t in range(200):
+        if core.version >= rounds:
+            break
+        _, ups = agent.on_reading(Reading(str(t), X[t], float(t), float(y[t])), now=float(t))
+        for m in ups:
+            for g in core.on_update(m.client, encode(m, cfg), now=float(t)) + core.tick(now=float(t)):
+                if g.kind.endswith(".global"):
+                    agent.on_global(decode(encode(g, cfg), cfg), now=float(t))
+    assert core.version == rounds, core.version
+    return core
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+def test_an_aggregator_on_a_stale_state_exits_whoever_started_first(mosquitto_dev, stale_first):
+    """Issue 30 part 5, over Mosquitto: two aggregators with one client id, one holding v2 and one v5 (started
+    from an older copy of the state). Before: the later start won, even from the stale copy, and then refused
+    every client as `ahead_of_state`. Now the one with the newer state keeps the lease, the stale one ends with
+    DuplicateService saying why, whichever started first."""
+    cfg = bnr_cfg("fence")
+    b = mosquitto_dev.broker_config()
+    stale, fresh = _core_at(cfg, 2), _core_at(cfg, 5)
+    assert (stale.version, fresh.version) == (2, 5)
+
+    async def main():
+        order = [stale, fresh] if stale_first else [fresh, stale]
+        services = {id(c): AggregatorService(c, b) for c in order}
+        tasks = {}
+        for c in order:
+            tasks[id(c)] = asyncio.create_task(services[id(c)].run())
+            await asyncio.wait_for(services[id(c)].connected.wait(), 10)
+            await asyncio.sleep(0.5)
+        done, _ = await asyncio.wait([tasks[id(stale)]], timeout=15)
+        alive = not tasks[id(fresh)].done()
+        services[id(fresh)].stop()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(tasks[id(fresh)], 10)
+        return done, tasks[id(stale)], alive
+
+    done, stale_task, fresh_alive = asyncio.run(main())
+    assert done and isinstance(stale_task.exception(), DuplicateService), stale_task
+    assert "holds a newer state (v5) than this one (v2" in str(stale_task.exception())
+    assert fresh_alive
+
+
 def test_sigterm_stops_a_cli_agent_cleanly_with_its_state_saved(mosquitto_dev, tmp_path):
     """systemd stops a service with SIGTERM. Before: the CLI had no handler, so the agent died at once — no last
     checkpoint, no stop line. Now it stops as on Ctrl-C: state saved, exit 0, no traceback."""

@@ -92,7 +92,7 @@ class AggregatorService(MqttService):
         # One aggregator per client id. Aggregators sharing a `$share` group have ids of their own and
         # no lease (they would all claim one status topic).
         if lease and shared_group is None:
-            self.lease = Lease(core.cfg, "aggregator", client_id=self.client_id)
+            self.lease = Lease(core.cfg, "aggregator", client_id=self.client_id, version=lambda: self.core.version)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:

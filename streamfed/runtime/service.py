@@ -109,10 +109,14 @@ class Lease:
     """Which instance holds a service's client id, judged from the claims on its status topic.
 
     Each instance claims the topic with a retained ``status`` (``meta``: `instance`, `since` = its start,
-    Unix time, and its health). Claims are ordered by ``(since, instance)``: a newer one than ours means
-    another instance took the client id over (:meth:`observe` raises :class:`DuplicateService`); an older
-    one is stale (the instance before a restart) and ours is published again over it (:attr:`must_claim`).
-    Another instance's ``offline`` claims nothing.
+    Unix time, its health, and `version` = the version of the durable state it holds, when it has one).
+    Fencing first (issue 30): the instance holding the newer state keeps the lease — a claim with a higher
+    `version` than ours makes this one exit (:meth:`observe` raises :class:`DuplicateService`), one with a
+    lower version is stale and ours goes over it, whatever the start times (an instance started from a stale
+    copy of the state must not take the fleet over). At equal versions, claims are ordered by
+    ``(since, instance)``: a newer one than ours means another instance took the client id over (a fail-over
+    from the same state); an older one is stale (the instance before a restart) and ours is published again
+    over it (:attr:`must_claim`). Another instance's ``offline`` claims nothing.
 
     >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2)
     >>> lease = Lease(cfg, "aggregator", instance="b", since=100.0)
@@ -128,11 +132,23 @@ class Lease:
     ... except DuplicateService as e:
     ...     print(str(e)[:73])
     another aggregator connected as f.aggregator (instance c, started 50 s af
+    >>> at = {"v": 5}
+    >>> fenced = Lease(cfg, "aggregator", instance="d", since=10.0, version=lambda: at["v"])
+    >>> fenced.observe(Lease(cfg, "aggregator", instance="e", since=99.0, version=lambda: 3).claim(True))
+    >>> fenced.must_claim  # a later start from an older state: stale, ours goes over it
+    True
+    >>> try:
+    ...     fenced.observe(Lease(cfg, "aggregator", instance="f", since=1.0, version=lambda: 7).claim(True))
+    ... except DuplicateService as e:
+    ...     print(str(e)[:60])
+    another aggregator connected as f.aggregator holds a newer s
     """
 
     def __init__(self, cfg: FleetConfig, name: str, *, instance: str | None = None,
-                 since: float | None = None, client_id: str | None = None) -> None:
+                 since: float | None = None, client_id: str | None = None,
+                 version: Callable[[], int] | None = None) -> None:
         self.cfg = cfg
+        self.version = version  # the durable state's version now (None: a service without one)
         self.name = name
         self.client_id = client_id or f"{cfg.fleet}.{name}"
         self.topic = status_topic(cfg.fleet, name)
@@ -144,6 +160,8 @@ class Lease:
     def claim(self, healthy: bool, problem: str | None = None) -> Message:
         """Our retained status: the claim, and what the service says of its health."""
         meta: dict[str, bool | float | str] = {"instance": self.instance, "since": self.since, "healthy": healthy}
+        if self.version is not None:
+            meta["version"] = float(self.version())
         if problem:
             meta["problem"] = problem[:200]
         return status_message(self.cfg.fleet, self.name, "online", meta=meta)
@@ -156,6 +174,17 @@ class Lease:
             return
         if msg.meta.get("state") != "online" or not isinstance(since, int | float) or not math.isfinite(since):
             return  # an offline word, or a status without a claim: it holds nothing
+        theirs = msg.meta.get("version")
+        if self.version is not None and isinstance(theirs, int | float) and math.isfinite(theirs):
+            ours = self.version()
+            if theirs > ours:
+                raise DuplicateService(
+                    f"another {self.name} connected as {self.client_id} holds a newer state (v{theirs:.0f}) than "
+                    f"this one (v{ours}; instance {self.instance}, perhaps started from a stale copy): this one "
+                    f"exits — start it from the newest state file, or stop the other first")
+            if theirs < ours:
+                self.must_claim = True  # the stale one: ours (with our version) goes over it, and it exits
+                return
         if (float(since), str(instance)) > (self.since, self.instance):
             raise DuplicateService(
                 f"another {self.name} connected as {self.client_id} (instance {instance}, started "

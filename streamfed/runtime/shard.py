@@ -124,7 +124,8 @@ class ReducerService(MqttService):
     def __init__(self, core: ReducerCore, broker: BrokerConfig, tick: float = 0.05, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, **kw: float) -> None:
         super().__init__(broker, client_id or f"{core.cfg.fleet}.reducer", tick=tick, **kw)
-        self.lease = Lease(core.cfg, "reducer", client_id=self.client_id)  # a second reducer is found and exits
+        # a second reducer is found and exits (the one holding the older state, or else the older one)
+        self.lease = Lease(core.cfg, "reducer", client_id=self.client_id, version=lambda: self.core.version)
         self.core = core
         self.snapshot_kind = core.cfg.global_kind  # retained: only the newest waiting one is published
         self.fleet = core.cfg.fleet
