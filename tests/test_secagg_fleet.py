@@ -542,3 +542,89 @@ def test_a_refused_configuration_is_one_line_and_exit_2_on_every_service(tmp_pat
     assert res.returncode == 2 and "Traceback" not in out, out
     assert [line for line in out.splitlines() if line.strip()] == [out.strip().splitlines()[0]]  # one line
     assert out.startswith("error: --config") and "cannot be combined" in out
+
+
+# =========================================================================== defences under secure aggregation
+
+
+def _attacked_fleet(cheat: Callable, max_sample_rate: float = 1000.0) -> tuple[AggregatorCore, list[AgentCore]]:
+    """Three honest FedBNR agents and `evil`, whose contributions pass through `cheat(contribution)` before they
+    are masked; 48 samples each, windows of 0.5 s, then every round settled."""
+    from streamfed.fleet.robustness import Robustness
+    from streamfed.fleet.secure_aggregation import Contribution
+
+    cfg = fedbnr_cfg(True, robust=Robustness(label_bound=3.0, max_sample_rate=max_sample_rate, sample_burst=100.0))
+    names = ["a", "b", "c", "evil"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    assert agents[3].secagg is not None
+    honest = agents[3].secagg.contribution
+
+    def evil() -> Contribution | None:
+        got = honest()
+        return None if got is None else cheat(got)
+
+    agents[3].secagg.contribution = evil
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=2.0)
+    router = Router(cfg, agents, agg)
+    rng = np.random.default_rng(4)
+    now = 0.0
+    for t in range(48):
+        router.step(rng, t, now)
+        now = router.settle(now, rounds=1, step=0.3)
+    router.settle(now)
+    return agg, agents
+
+
+def _rows(got, k: int, label: float, n_clear: int):  # type: ignore[no-untyped-def]
+    """`got` plus `k` rows of one in-bound feature vector labelled `label`, saying `n_clear` more samples."""
+    from streamfed.core.stats import pack_upper
+
+    arrays = {key: np.array(v, dtype=np.float64) for key, v in got.arrays.items()}
+    f = arrays["b"].shape[-1]
+    phi = np.zeros(f)
+    phi[0] = 1.0 / np.sqrt(2.0)  # an RFF-like vector: norm within the features' bound
+    arrays["S_upper"] = arrays["S_upper"] + k * pack_upper(np.outer(phi, phi))[None]
+    arrays["b"] = arrays["b"] + k * label * phi[None]
+    arrays["n"] = arrays["n"] + k
+    arrays["q"] = arrays["q"] + k * label**2
+    return got._replace(arrays=arrays, n_samples=got.n_samples + n_clear)
+
+
+def test_a_member_that_hides_samples_under_secure_aggregation_gets_no_round_in() -> None:
+    """Issue 30 part 4: before, a member added 10,000 in-bound rows labelled +B to each masked input and nothing
+    was refused (global n 99.4% the attacker's). Each member's sample count travels in the clear now, and the
+    unmasked sum must count exactly what its members said: a round with the hidden rows is refused as a whole
+    (`invalid_sum`; which member lied, masking hides), so the hidden rows never reach the global."""
+    agg, _ = _attacked_fleet(lambda got: _rows(got, 10_000, 3.0, 0))
+    st = agg.aggregation.server.stats  # type: ignore[attr-defined]
+    assert agg.counters.rejected.get("invalid_sum", 0) >= 1
+    assert float(st.n) < 10_000  # none of the hidden rows is in
+
+
+def test_a_member_claiming_its_extra_samples_is_held_to_the_rate_limit() -> None:
+    """The same rows, claimed honestly in the clear: the rate limit applies to a masked input's n_samples as to a
+    plain upload's, so an input over the member's rate is left out of the round (`rate_limited`)."""
+    agg, _ = _attacked_fleet(lambda got: _rows(got, 10_000, 3.0, 10_000), max_sample_rate=5.0)
+    st = agg.aggregation.server.stats  # type: ignore[attr-defined]
+    assert agg.counters.rejected.get("rate_limited", 0) >= 1
+    assert float(st.n) < 10_000 and float(st.n) > 0  # the honest members' rounds go on
+
+
+def test_a_sum_beyond_the_declared_bounds_is_refused() -> None:
+    """+1e9 in b (within secagg_max_abs's fixed-point range, beyond any label bound): Cauchy–Schwarz on the sum
+    (|b| ≤ √(n·q)-type bounds hold for sums of honest uploads) refuses the round."""
+    def cheat(got):  # type: ignore[no-untyped-def]
+        arrays = {key: np.array(v, dtype=np.float64) for key, v in got.arrays.items()}
+        arrays["b"] = arrays["b"] + 1e5
+        return got._replace(arrays=arrays)
+
+    agg, _ = _attacked_fleet(cheat)
+    st = agg.aggregation.server.stats  # type: ignore[attr-defined]
+    assert agg.counters.rejected.get("invalid_sum", 0) >= 1
+    assert float(np.abs(st.b).max()) < 1e3
+
+
+def test_an_honest_secure_fleet_has_no_sum_refused() -> None:
+    agg, _ = _attacked_fleet(lambda got: got)
+    assert "invalid_sum" not in agg.counters.rejected and agg.version >= 2
+    assert float(agg.aggregation.server.stats.n) == 4 * 48  # type: ignore[attr-defined]

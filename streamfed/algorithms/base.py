@@ -213,8 +213,10 @@ class Aggregation(Protocol):
     def diagnostics(self) -> Mapping[str, float]: ...
     shardable: bool
     recoverable: bool
+    checks_sums: bool
     def for_partials(self, role: Literal["shard", "reducer"]) -> None: ...
     def rebase(self, version: int, epoch: int) -> None: ...
+    def check_sum(self, total: Any, n_samples: int) -> None: ...  # secure aggregation's unmasked sum
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +416,7 @@ class BaseAggregation:
     """The :class:`Aggregation` contract with its defaults: `version` from the `_version` attribute, no
     diagnostics, nothing to warm up, and the declared capabilities — `shardable` (True: `partial`,
     `read_partial`, `apply_partial` are real; `for_partials` refuses a shard or reducer role otherwise) and
-    `recoverable` (False: no `rebase`).
+    `recoverable` (False: no `rebase`) and `checks_sums` (False: `check_sum` accepts every sum).
 
     >>> BaseAggregation().diagnostics(), BaseAggregation.shardable, BaseAggregation.recoverable
     ({}, True, False)
@@ -422,6 +424,7 @@ class BaseAggregation:
 
     shardable: ClassVar[bool] = True
     recoverable: ClassVar[bool] = False
+    checks_sums: ClassVar[bool] = False
     _version: int = 0
 
     @property
@@ -450,6 +453,11 @@ class BaseAggregation:
 
     def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no partial sums")
+
+    def check_sum(self, total: Any, n_samples: int) -> None:
+        """`ValueError` unless `total` (what `read_partial` gave) could be the sum of honest uploads of `n_samples`
+        samples in all — the declared bounds of a secure-aggregation round, whose single uploads the aggregator
+        never sees (docs/privacy.md). Default: every sum passes (`checks_sums` False)."""
 
 
 def aggregation_diagnostics(aggregation: Aggregation) -> dict[str, float]:

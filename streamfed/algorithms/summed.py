@@ -203,6 +203,14 @@ class SummedAggregation(SummingWindow):
     def read_partial(self, msg: Message) -> Sums:
         return self.spec.read(msg.arrays, self.max_abs)
 
+    checks_sums = True
+
+    def check_sum(self, total: Sums, n_samples: int) -> None:
+        """The count of a sum is what its members said in the clear (each upload's count is its `n_samples`)."""
+        if float(total[self.spec.count]) != float(n_samples):
+            raise ValueError(f"the sum counts {self.spec.count} = {float(total[self.spec.count]):g}, its members said "
+                             f"{n_samples}")
+
     def apply_partial(self, total: Sums, n_clients: int, included: Mapping[str, int]) -> None:
         self.server.sums = self.server.sums + total
         self.server.included = dict(included)

@@ -45,6 +45,7 @@ from streamfed import algorithms
 from streamfed.algorithms.base import Aggregation, Mode, aggregation_diagnostics
 from streamfed.fleet.admission import Admission
 from streamfed.fleet.config import FleetConfig, same_fleet
+from streamfed.fleet.secure_aggregation import MASKED as SECAGG_MASKED
 from streamfed.fleet.secure_aggregation import UP_KINDS as SECAGG_UP
 from streamfed.fleet.secure_aggregation import SecAggCoordinator
 from streamfed.fleet.sequences import SeqCheck, SeqTracker
@@ -326,6 +327,13 @@ class AggregatorCore:
         if self.clients and msg.client not in self.order:
             self.counters.reject("unknown_client")
             return []
+        if msg.kind == SECAGG_MASKED and not self.admission.admit(msg.client, msg.n_samples, now):
+            # its sample count travels in the clear: the rate limit holds under secure aggregation too (the input is
+            # left out of the round — a dropout, its masks cancel — and its updates come in a later one)
+            self.counters.reject("rate_limited")
+            self._warn(msg.client, "rate_limited", now, "client %r is over its rate (%g samples/s): masked input "
+                       "of seq %d left out of the round", msg.client, self.cfg.robust.max_sample_rate, msg.seq)
+            return []
         before = sum(self.secagg.rejected.values())
         summed_before = self.secagg.rejected.get("already_summed", 0)
         out, result = self.secagg.on_message(msg, now)
@@ -349,9 +357,13 @@ class AggregatorCore:
                           int(samples), now, arrays, epoch=int(epoch))
         try:
             total = self.aggregation.read_partial(partial)
+            # the declared bounds, on the sum: what its members said in the clear (n_samples) must be what they
+            # summed, and the sum must be one honest uploads of that many samples can make (issue 30)
+            self.aggregation.check_sum(total, int(samples))
         except ValueError as e:  # e.g. a count that is not whole: a member lied about its upload
-            self.counters.reject("invalid_update")
-            log.warning("secure aggregation: a round's sum was refused: %s", e)
+            self.counters.reject("invalid_sum")
+            log.warning("secure aggregation: a round's sum of %d member(s) was refused: %s (one of them lied about "
+                        "its upload; which one, masking hides)", n_clients, e)
             return out
         marks = self.aggregation.included()
         for c, s in included.items():

@@ -61,6 +61,7 @@ DEFAULT_REJECT_REASONS: tuple[str, ...] = (
     "wrong_shape", "wrong_dtype", "non_finite", "bad_index", "bad_seq", "stale_seq", "wrong_kernel_version",
     "unknown_client", "invalid_update", "late",  # the aggregator's own, beyond the codec's
     "rate_limited", "ahead_of_state",  # over its rate (fleet/admission.py); ahead of a lost state
+    "invalid_secagg", "invalid_sum",  # a secure-aggregation message refused; a round's unmasked sum beyond its bounds
 )
 
 _INF = math.inf

@@ -255,6 +255,19 @@ class FedBNRAggregation(RobustShares, SummingWindow):
             raise ValueError(f"n = {n!r} is not a count of samples")
         return st
 
+    checks_sums = True
+
+    def check_sum(self, total: SufficientStats, n_samples: int) -> None:
+        """The upload checks, on a sum: every bound of `check_statistics` is linear in the samples, or a positive
+        semi-definite cone, so it holds for a sum of honest uploads, with the count their clear `n_samples`."""
+        if float(total.n) != float(n_samples):
+            raise ValueError(f"the sum counts n = {float(total.n):g} samples, its members said {n_samples}")
+        checked = self.check_stats
+        # no per-value cap on a sum (the fixed-point range of secure aggregation bounds each member's values)
+        check_statistics(total, max_abs=math.inf, phi_sq=self.phi_sq if checked else None,
+                         label_bound=self.label_bound if checked else None,
+                         phi_sq_min=self.phi_sq_min if checked else None)
+
     def apply_partial(self, total: SufficientStats, n_clients: int, included: Mapping[str, int]) -> None:
         self.server.stats += total
         self.server.included = dict(included)

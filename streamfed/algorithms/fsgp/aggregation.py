@@ -235,6 +235,20 @@ class FSGPAggregation(RobustShares, SummingWindow):
                               [float(msg.arrays["log_sigma"])], np.asarray(msg.arrays["Z"], dtype=np.float64).ravel()))
         return PartialSum(stats, vec, float(msg.arrays["weight"]))
 
+    checks_sums = True
+
+    def check_sum(self, total: PartialSum, n_samples: int) -> None:
+        """The upload checks on a sum of statistics (linear bounds and the PSD cone hold for sums), with the count
+        the members said in the clear."""
+        if float(total.stats.n) != float(n_samples):
+            raise ValueError(f"the sum counts n = {float(total.stats.n):g} samples, its members said {n_samples}")
+        hyper = self.server.hyper_of(total.stats.epoch)
+        checked = self.check_stats
+        # no per-value cap on a sum (each upload's was checked against max_abs by the fixed-point range)
+        check_statistics(total.stats, max_abs=math.inf, psd=checked,
+                         label_bound=self.label_bound if checked else None,
+                         feat_sq=feature_sq_bound(hyper) if checked and hyper is not None else None)
+
     def apply_partial(self, total: PartialSum, n_clients: int, included: Mapping[str, int]) -> None:
         # a partial does not say which clients proposed (sharding with learned hyperparameters is not supported)
         self.server.add_sums(total.stats, total.prop_sum, total.weight, set(included) if total.weight > 0 else set())
