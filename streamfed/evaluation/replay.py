@@ -383,11 +383,12 @@ def replay(
 
     def step(c: int, t: int) -> Any:
         """One client step: its upload, checked by its aggregation (None when it has none). A rejected step
-        (a ValueError: divergence, bad input) is counted, not fatal."""
+        (a ValueError: divergence, bad input; an ArithmeticError: a value whose square overflows) is counted,
+        not fatal."""
         learner = learners[c]
         try:
             yhat, var = learner.learn(xs[c][t], ys[c][t])
-        except ValueError:
+        except (ValueError, ArithmeticError):
             rejected[c] += 1
             return None
         e = yhat - ys[c][t]
@@ -403,7 +404,7 @@ def replay(
             uploaded[c] += up.n_numbers
         try:
             return aggs[agg_of[c]].check(arr.message(c, int(seqs[c]), up))
-        except ValueError:  # refused as the aggregator would (e.g. beyond its bound): learned, not shared
+        except (ValueError, ArithmeticError):  # refused as the aggregator would (e.g. beyond its bound): learned, not shared
             rejected[c] += 1
             return None
 
