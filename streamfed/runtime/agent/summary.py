@@ -16,6 +16,8 @@ from typing import Any
 
 __all__ = ["RunSummary"]
 
+_NOT_SHARED = "below_privacy_floor"
+
 
 @dataclass(frozen=True)
 class RunSummary:
@@ -39,19 +41,21 @@ class RunSummary:
     log_loss: float | None = None
     ece: float | None = None
     max_skip_share: float | None = None
+    not_shared: int = 0  # learned samples the stream ended below the privacy floor with (never uploaded)
 
     @classmethod
     def of(cls, service: Any, source: str) -> RunSummary:
         """The summary of an :class:`~streamfed.runtime.agent.AgentService` whose source has ended."""
         watch, stats = service.skip_watch, service.core.stats
-        by_reason = {r: k for r, k in stats.skipped.items() if k}
+        # learned, but held back below the upload floor at the end: not an input skipped (said apart)
+        by_reason = {r: k for r, k in stats.skipped.items() if k and r != _NOT_SHARED}
         cls_stats = stats.classification
         return cls(client=service.client_id, source=source, items=watch.seen, learned=stats.samples,
                    skipped=dict(sorted(by_reason.items(), key=lambda rk: -rk[1])), mse=stats.mse,
                    accuracy=None if cls_stats is None else cls_stats.accuracy,
                    log_loss=None if cls_stats is None else cls_stats.log_loss,
                    ece=None if cls_stats is None else cls_stats.expected_calibration_error,
-                   max_skip_share=watch.max_share)
+                   max_skip_share=watch.max_share, not_shared=stats.skipped.get(_NOT_SHARED, 0))
 
     @property
     def n_skipped(self) -> int:
@@ -65,6 +69,8 @@ class RunSummary:
         text = f"agent {self.client}: {self.source} ended: {self.items} items, {self.learned} learned"
         if self.skipped:
             text += f", {self.n_skipped} skipped ({self._reasons()})"
+        if self.not_shared:
+            text += f", {self.not_shared} learned but not shared (below the upload floor when it ended)"
         if self.accuracy is not None:
             text += (f"; accuracy {self.accuracy:.4g}, log loss {self.log_loss:.4g}, "
                      f"ECE {self.ece:.4g}")
