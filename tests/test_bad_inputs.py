@@ -266,11 +266,11 @@ def test_ragged_and_bad_rows_are_counted_skips(tmp_path):
     items = _run(csv_source(path, "load", ["temp", "hum"]))
     got = [(i.id, i.y) if isinstance(i, Reading) else (i.reason, i.detail) for i in items]
     assert got == [("row0", 3.0),
-                   ("malformed", "row 1: 5 fields for a header of 4"),
-                   ("missing_feature", "row 2: missing ['load']"),
+                   ("malformed", "line 3: 5 fields for a header of 4"),  # file lines, as decode errors count
+                   ("missing_feature", "line 4: missing ['load']"),
                    ("row3", 3.0),
-                   ("non_numeric", "row 4: not numeric: ['hum']"),
-                   ("missing_feature", "row 5: missing ['load']")]
+                   ("non_numeric", "line 7: not numeric: ['hum']"),  # the blank line 6 counts as a line
+                   ("missing_feature", "line 8: missing ['load']")]
 
 
 def test_jsonl_bytes_that_are_not_text_are_a_skip(caplog):

@@ -178,7 +178,7 @@ def test_na_values_replace_the_default_markers(tmp_path):
     assert dict(r.missing) == {"a": 1, "y": 0} and dict(r.non_numeric) == {"a": 1, "y": 1}
     _, r = csv_fleet_with_report(tmp_path / "d.csv", "y", normalisation="none")
     assert dict(r.missing) == {"a": 1, "y": 1} and dict(r.non_numeric) == {"a": 1, "y": 0}
-    assert Column("h", "category", levels=("None",)).missing("None", parse_na_values("None"))is False
+    assert Column("h", "category", levels=("None",)).missing("None", parse_na_values("None")) is False
 
 
 def test_the_agent_reads_na_values_and_declared_levels(tmp_path, monkeypatch):
