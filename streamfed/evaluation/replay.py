@@ -404,7 +404,7 @@ def replay(
             uploaded[c] += up.n_numbers
         try:
             return aggs[agg_of[c]].check(arr.message(c, int(seqs[c]), up))
-        except (ValueError, ArithmeticError):  # refused as the aggregator would (e.g. beyond its bound): learned, not shared
+        except (ValueError, ArithmeticError):  # refused as the aggregator would (beyond its bound): learned, not shared
             rejected[c] += 1
             return None
 

@@ -23,10 +23,10 @@ _NOT_SHARED = "below_privacy_floor"
 class RunSummary:
     """An agent's finite run in numbers, and its one-line account.
 
-    >>> s = RunSummary("a1", "csv:load.csv", items=10, learned=7, skipped={"missing_feature": 3},
-    ...                mse=4.0, max_skip_share=0.5)
-    >>> s.line()
-    'agent a1: csv:load.csv ended: 10 items, 7 learned, 3 skipped (missing_feature 3); MSE 4 (RMSE 2) in the stream\\'s units'
+    >>> s = RunSummary("a1", "csv:a.csv", items=10, learned=7, skipped={"missing_feature": 3}, mse=4.0,
+    ...                max_skip_share=0.5)
+    >>> print(s.line())
+    agent a1: csv:a.csv ended: 10 items, 7 learned, 3 skipped (missing_feature 3); MSE 4 (RMSE 2) in the stream's units
     >>> s.problem() is None, RunSummary("a1", "csv:x.csv", items=4, learned=0, skipped={"non_numeric": 4}).problem()
     (True, 'agent a1: csv:x.csv: nothing learned: all 4 items skipped (non_numeric 4)')
     """
