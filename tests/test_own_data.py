@@ -246,3 +246,27 @@ def test_an_agent_that_learns_nothing_exits_non_zero(tmp_path, mosquitto_dev):
 def test_a_spec_with_a_none_level(tmp_path):
     spec = ColumnSpec.parse("holiday:category=None|Xmas")
     assert spec.encode(["None"]).tolist() == [1.0, 0.0]
+
+
+# =========================================================================== 3. figures in the stream's units
+
+
+def test_replay_reports_the_error_in_the_streams_units(tmp_path):
+    """The RMSE in the stream's units is that of the predictions mapped back and compared with the raw file."""
+    from streamfed.evaluation.replay import AlgorithmConfig, replay
+
+    rows = _rows(200)
+    rows[:, 2] = 1000.0 + 250.0 * rows[:, 2]  # a target far from unit scale
+    _write(tmp_path / "d.csv", rows)
+    fleet, _ = csv_fleet_with_report(tmp_path / "d.csv", "y", normalisation="online")
+    r = replay(fleet, "fedbnr", AlgorithmConfig(n_kernels=2, n_features=8))
+    s = fleet.streams[0]
+    mapped = s.to_original(r.means[0])  # the predictions in the stream's units
+    raw_y = rows[s.row, 2]  # the file's own targets of the emitted rows
+    expected = float(np.nanmean((mapped - raw_y) ** 2))
+    assert r.mse_stream == pytest.approx(expected, rel=1e-9)
+    assert r.mse_stream > 100 * r.mse  # not the standardised figure
+    res, out = _replay(tmp_path, tmp_path / "d.csv", "-a", "fedbnr")
+    a = json.loads((out / "results.json").read_text())["algorithms"]["fedbnr"]
+    assert a["rmse_stream_mean"] == pytest.approx(np.sqrt(a["mse_stream_mean"]))
+    assert "RMSE (units)" in res.output and "RMSE in the stream's units" in (out / "results.md").read_text()

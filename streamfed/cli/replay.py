@@ -227,12 +227,29 @@ def _replay_all(fleet: Any, chosen: list[str], cfg: Any, sched: Any, seeds: int,
 
 
 def _results_table(summary: dict[str, Any]) -> Table:
+    """Regressors: MSE as the learners see it (standardised, or the normalisation's units) ± std over seeds, and
+    the RMSE in the stream's own units; classifiers: accuracy, log loss, ECE (no MSE)."""
+    algs = summary["algorithms"]
+    classify = any(a.get("classification") for a in algs.values())
+    regress = any(not a.get("classification") for a in algs.values())
     table = Table(title="replay results")
-    for col in ("algorithm", "MSE", "± std", "avg R/T", "uploaded/step", "wall s"):
+    cols = ["algorithm"]
+    if regress:
+        cols += ["MSE", "± std", "RMSE (units)"]
+    if classify:
+        cols += ["accuracy", "log loss", "ECE"]
+    cols += ["R/T", "up/step", "wall s"]
+    for col in cols:
         table.add_column(col, justify="right" if col != "algorithm" else "left")
-    for name, a in summary["algorithms"].items():
-        table.add_row(name, f"{a['mse_mean']:.6f}", f"{a['mse_std']:.6f}", f"{a['avg_regret']:.2e}",
-                      f"{a['uploaded_per_client_step']:.0f}", f"{a['wall_s']:.1f}")
+    for name, a in algs.items():
+        c = a.get("classification")
+        row = [name]
+        if regress:
+            row += ["-"] * 3 if c else [f"{a['mse_mean']:.6f}", f"{a['mse_std']:.6f}", f"{a['rmse_stream_mean']:.5g}"]
+        if classify:
+            row += [f"{c['accuracy']:.4f}", f"{c['log_loss']:.4f}", f"{c['ece']:.4f}"] if c else ["-"] * 3
+        row += [f"{a['avg_regret']:.2e}", f"{a['uploaded_per_client_step']:.0f}", f"{a['wall_s']:.1f}"]
+        table.add_row(*row)
     return table
 
 

@@ -16,7 +16,9 @@ from streamfed.evaluation.replay import AlgorithmConfig, ReplayResult, Schedule
 
 def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, schedule: Schedule,
               dataset: dict[str, Any]) -> dict[str, Any]:
-    """Per algorithm: mean ± std over seeds of MSE and `R_c(T)/T`, uploads, wall time, config."""
+    """Per algorithm: mean ± std over seeds of MSE (standardised, as the learners see it, and in the stream's
+    units, `mse_stream_*`) and `R_c(T)/T`, uploads, wall time, config; for a classifier its accuracy, log loss
+    and expected calibration error (`classification`) instead of an MSE."""
     out: dict[str, Any] = {
         "dataset": dataset,
         "config": cfg.as_dict(),
@@ -27,6 +29,13 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
     for name, runs in results.items():
         mse = np.array([r.mse for r in runs])
         reg = np.array([r.avg_regret for r in runs])
+        stream = np.array([r.mse_stream for r in runs])
+        scores = [r.classification() for r in runs]
+        extra: dict[str, Any] = {}
+        if scores[0] is not None:
+            extra["classification"] = {k: float(np.mean([sc[k] for sc in scores if sc is not None]))
+                                       for k in ("accuracy", "log_loss", "ece")}
+            extra["classification_per_seed"] = scores
         out["algorithms"][name] = {
             "mse_mean": float(mse.mean()),
             "mse_std": float(mse.std(ddof=1)) if mse.size > 1 else 0.0,
@@ -39,7 +48,15 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
             "mse_per_seed": mse.tolist(),
             "mse_per_client": np.mean([r.mse_per_client for r in runs], axis=0).tolist(),
             "clients": runs[0].clients,
+            "mse_stream_mean": float(stream.mean()),
+            "mse_stream_std": float(stream.std(ddof=1)) if stream.size > 1 else 0.0,
+            "rmse_stream_mean": float(np.sqrt(stream).mean()),
+            **extra,
         }
+        if scores[0] is not None:  # a classifier: no MSE (its "prediction" is a class index)
+            for key in ("mse_mean", "mse_std", "mse_stream_mean", "mse_stream_std", "rmse_stream_mean"):
+                out["algorithms"][name][key] = None
+            out["algorithms"][name]["mse_per_seed"] = out["algorithms"][name]["mse_per_client"] = None
     return out
 
 
@@ -60,15 +77,28 @@ def markdown_table(summary: dict[str, Any], command: str | None = None) -> str:
         f"Config: N={cfg['n_kernels']} kernels, D={cfg['n_features']}, M={cfg['bin_size']}; parameters "
         f"{_params_text(cfg)}.",
         "",
-        "| algorithm | MSE (mean ± std over seeds) | avg R_c(T)/T | numbers uploaded / client step | wall s |"
-        " rejected steps |",
-        "|---|---|---|---|---|---|",
+        "| algorithm | MSE (mean ± std over seeds) | RMSE in the stream's units | avg R_c(T)/T | "
+        "numbers uploaded / client step | wall s | rejected steps |",
+        "|---|---|---|---|---|---|---|",
     ]
+    classifiers = {n: a for n, a in summary["algorithms"].items() if a.get("classification")}
     for name, a in summary["algorithms"].items():
+        if name in classifiers:
+            continue
         lines.append(
-            f"| {name} | {a['mse_mean']:.6f} ± {a['mse_std']:.6f} | {a['avg_regret']:.3e} | "
-            f"{a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | {a['rejected_steps']} |"
+            f"| {name} | {a['mse_mean']:.6f} ± {a['mse_std']:.6f} | {a['rmse_stream_mean']:.6g} | "
+            f"{a['avg_regret']:.3e} | {a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | "
+            f"{a['rejected_steps']} |"
         )
+    if classifiers:
+        if len(classifiers) == len(summary["algorithms"]):
+            lines = lines[:-3]
+        lines += ["", "| classifier | accuracy | log loss | ECE | numbers uploaded / client step | wall s | "
+                  "rejected steps |", "|---|---|---|---|---|---|---|"]
+        for name, a in classifiers.items():
+            c = a["classification"]
+            lines.append(f"| {name} | {c['accuracy']:.4f} | {c['log_loss']:.4f} | {c['ece']:.4f} | "
+                         f"{a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | {a['rejected_steps']} |")
     if command:
         lines = [f"Command: `{command}`", "", *lines]
     return "\n".join(lines) + "\n"
