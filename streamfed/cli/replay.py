@@ -77,9 +77,10 @@ def replay(
         normalisation = "online" if _is_csv(dataset) else "paper"
     if not 0.0 <= max_skip_share <= 1.0:
         refuse(f"--max-skip-share must be between 0 and 1, got {max_skip_share}")
+    label = _task(chosen, cfg) == "classification"  # a class label is never normalised
     fleet = _load_fleet(dataset, normalisation, split, steps, cfg, target=target, client_column=client_column,
                         features=features, columns=columns, columns_file=columns_file, encoding=encoding,
-                        na_values=na_values, max_abs=max_abs, max_skip_share=max_skip_share)
+                        na_values=na_values, max_abs=max_abs, max_skip_share=max_skip_share, label=label)
     samples = sum(len(s.y) for s in fleet.streams)
     console.print(f"[bold]{dataset}[/]: {len(fleet.streams)} clients, {samples} samples; "
                   f"algorithms {', '.join(chosen)}; {seeds} seed(s); schedule {schedule}")
@@ -123,6 +124,26 @@ def _chosen(algorithm: list[str] | None) -> list[str]:
     return chosen
 
 
+def _task(chosen: list[str], cfg: Any) -> str:
+    """The task the chosen algorithms share (each one's, from its parameters: PVI with a Bernoulli likelihood is a
+    classifier); a mix is one `error:` line, exit 2 — a class label and a regression target are read apart."""
+    from streamfed import algorithms
+
+    tasks: dict[str, list[str]] = {}
+    for name in chosen:
+        alg, v = algorithms.variant(name)
+        try:
+            task = alg.task_of(cfg.fleet_config(alg.name, n_inputs=1, seed=0, variant=v.name))
+        except ValueError as e:  # a parameter its model refuses
+            raise typer.BadParameter(f"{name}: {e}") from None
+        tasks.setdefault(task, []).append(name)
+    if len(tasks) > 1:
+        refuse(f"classifiers ({', '.join(tasks['classification'])}) and regressors "
+               f"({', '.join(tasks['regression'])}) read the target apart (a class label is never normalised): "
+               "replay them separately")
+    return next(iter(tasks))
+
+
 def _config(schedule: str, join: list[str] | None, windows: str, param: list[str] | None, dp_epsilon: float | None,
             *, n_kernels: int, n_features: int, bin_size: int, eta: float | None, lam: float | None,
             xi: float | None) -> tuple[Any, dict[str, int], list[int], Any]:
@@ -151,7 +172,7 @@ def _is_csv(dataset: str) -> bool:
 def _load_fleet(dataset: str, normalisation: str, split: str, steps: int | None, cfg: Any, *, target: str | None,
                 client_column: str | None, features: str | None, columns: str | None,
                 columns_file: Path | None, encoding: str = "utf-8", na_values: str | None = None,
-                max_abs: float = 1e150, max_skip_share: float = 1.0) -> Any:
+                max_abs: float = 1e150, max_skip_share: float = 1.0, label: bool = False) -> Any:
     """The fleet of `dataset`: the Beijing streams, the synthetic fleet or a CSV file (whose report is printed;
     standardised online, `cfg` gets the agents' default dictionary). A CSV file of which more than
     `max_skip_share` of the rows were skipped is one `error:` line and exit 5."""
@@ -173,7 +194,7 @@ def _load_fleet(dataset: str, normalisation: str, split: str, steps: int | None,
     try:
         fleet, csv_report = csv_fleet_with_report(dataset, target, client_column=client_column,
                                                   features=features, normalisation=normalisation, columns=spec,
-                                                  encoding=encoding, na_values=na, max_abs=max_abs)
+                                                  encoding=encoding, na_values=na, max_abs=max_abs, label=label)
     except ValueError as e:  # the reader's hints name its keyword arguments: here they are options
         refuse(str(e).replace("encoding='", "--encoding '").replace("try encoding=", "try --encoding "))
     console.print(csv_report.summary(), soft_wrap=True, markup=False)

@@ -208,7 +208,7 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
 
         learners = [PrivateLearner(lr, epsilon=fcfg.dp_epsilon, delta=fcfg.dp_delta, budget=fcfg.dp_budget,
                                    label_bound=fcfg.clip_label, clip_norm=fcfg.clip_norm, rng=[seed, c],
-                                   client=names[c], clip_labels=alg.task == "regression")
+                                   client=names[c], clip_labels=alg.task_of(fcfg) == "regression")
                     for c, lr in enumerate(learners)]
         aggs = [alg.aggregation(fcfg, check_stats=False)]
     arr = Arrangement(v.name, alg, fcfg, learners, aggs, of, federated=v.arrangement == "federated",
@@ -402,7 +402,9 @@ def replay(
     sq = [np.full(lengths[c], np.nan) for c in range(n)]  # NaN: not scored (before joining, or rejected)
     var_trace = [np.full(lengths[c], np.nan) for c in range(n)]
     mean_trace = [np.full(lengths[c], np.nan) for c in range(n)]
-    n_classes = arr.algorithm.n_classes(arr.cfg) or 0
+    # a classifier's probabilities: its own vector, or (a binary likelihood such as PVI's Bernoulli) [1 − m, m]
+    classify = arr.algorithm.task_of(arr.cfg) == "classification"
+    n_classes = (arr.algorithm.n_classes(arr.cfg) or 2) if classify else 0
     probas = [np.full((lengths[c], n_classes), np.nan) for c in range(n)] if n_classes else []
     uploaded = np.zeros(n)
     seqs = np.zeros(n, dtype=np.int64)
@@ -431,8 +433,9 @@ def replay(
         mean_trace[c][t] = yhat
         if var is not None:
             var_trace[c][t] = var
-        if probas and (p := learner.last_probabilities) is not None:
-            probas[c][t] = p
+        if probas:
+            p = learner.last_probabilities if learner.classifier else None
+            probas[c][t] = p if p is not None else (1.0 - min(max(yhat, 0.0), 1.0), min(max(yhat, 0.0), 1.0))
         up = learner.take_update()
         if up is None:
             return None
@@ -513,5 +516,5 @@ def replay(
         starts=starts if join else None, ys=ys,
         y_scales=[np.ones(y.size) if s.y_scale is None else np.asarray(s.y_scale[:steps], dtype=np.float64)
                   for s, y in zip(streams, ys, strict=True)],
-        probas=probas if arr.algorithm.task == "classification" else [],
+        probas=probas,
     )

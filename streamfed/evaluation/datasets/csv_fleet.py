@@ -226,6 +226,7 @@ def csv_fleet_with_report(
     max_clients: int | None = 1000,
     columns: ColumnSpec | str | None = None,
     max_abs: float = MAX_ABS,
+    label: bool = False,
 ) -> tuple[Fleet, CsvReport]:
     """Read a CSV file into a :class:`Fleet` (see the module docstring) and say what was skipped.
 
@@ -241,7 +242,8 @@ def csv_fleet_with_report(
     guard against naming a timestamp column; `None` for no limit). `na_values`: the cells that mean "no
     value" (an empty cell always does; a declared category level is a level, not missing). `max_abs`: a
     number beyond `±max_abs` is skipped and counted as `too_large` (default 1e150: any square and sum of
-    squares of such numbers stays finite).
+    squares of such numbers stays finite). `label`: the target is a class label (a classifier's), never
+    normalised.
 
     Returns the fleet (`dataset` is the file's stem, `target` the target column, `split`
     `"column:<client_column>"` or `"single"`; each stream's `row` is the 0-based data-row index of
@@ -501,7 +503,7 @@ def csv_fleet_with_report(
         extra = f" (online normalisation needs more than {warmup} per client)" if samples else ""
         raise ValueError(f"{where}: no usable rows: {samples} of {len(records)} data rows are valid{extra}"
                          + (f"; skipped: {', '.join(why)}" if why else ""))
-    streams, scaling = normalise_streams(raw, normalisation, warmup=warmup)
+    streams, scaling = normalise_streams(raw, normalisation, warmup=warmup, target=not label)
     fleet = Fleet(tuple(streams), dataset=single, normalisation=normalisation,
                   split=f"column:{client_column}" if client_column is not None else "single",
                   target=target, scaling=scaling)
@@ -559,6 +561,7 @@ def csv_fleet(
     max_clients: int | None = 1000,
     columns: ColumnSpec | str | None = None,
     max_abs: float = MAX_ABS,
+    label: bool = False,
 ) -> Fleet:
     """The fleet of :func:`csv_fleet_with_report`, without the report.
 
@@ -577,4 +580,4 @@ def csv_fleet(
     return csv_fleet_with_report(
         path, target, client_column=client_column, features=features, normalisation=normalisation,
         encoding=encoding, delimiter=delimiter, max_rows=max_rows, na_values=na_values, warmup=warmup,
-        max_clients=max_clients, columns=columns, max_abs=max_abs)[0]
+        max_clients=max_clients, columns=columns, max_abs=max_abs, label=label)[0]

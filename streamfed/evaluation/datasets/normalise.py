@@ -126,8 +126,10 @@ def paper_constants(streams: Sequence[ClientStream]) -> dict[str, float]:
     return {"x_norm": x_norm, "y_min": y_min, "y_max": y_max}
 
 
-def _paper(stream: ClientStream, c: dict[str, float]) -> ClientStream:
+def _paper(stream: ClientStream, c: dict[str, float], target: bool = True) -> ClientStream:
     x_norm = c["x_norm"] if c["x_norm"] > 0 else 1.0
+    if not target:  # a class label: never scaled
+        return replace(stream, X=stream.X / x_norm)
     span = c["y_max"] - c["y_min"]
     span = span if span > 0 else 1.0
     T = len(stream)
@@ -135,12 +137,14 @@ def _paper(stream: ClientStream, c: dict[str, float]) -> ClientStream:
                    y_offset=np.full(T, c["y_min"]), y_scale=np.full(T, span))
 
 
-def _online(stream: ClientStream, warmup: int) -> ClientStream:
+def _online(stream: ClientStream, warmup: int, target: bool = True) -> ClientStream:
     """`stream` standardised from its past: inputs and target together, so that a row refused for one of
     them (its statistics would overflow) is dropped whole and counted in `skipped`, under
     `skipped_by_column[TOO_LARGE]`."""
     both = np.concatenate([stream.X, stream.y[:, None]], axis=1)
     z, offset, scale, refused = online_standardise_rows(both, warmup)
+    if not target:  # a class label: checked for overflow with the row, but kept as it is
+        z[:, -1], offset[:, -1], scale[:, -1] = stream.y, 0.0, 1.0
     warm = np.cumsum(~refused) <= warmup  # the first `warmup` rows folded in only initialise the statistics
     emitted = ~refused & ~warm
     n_refused = int(refused.sum())
@@ -158,20 +162,22 @@ def _online(stream: ClientStream, warmup: int) -> ClientStream:
 
 
 def normalise_streams(streams: Sequence[ClientStream], normalisation: str, *,
-                      warmup: int = DEFAULT_WARMUP, constants: dict[str, float] | None = None
-                      ) -> tuple[list[ClientStream], dict[str, float | int | str]]:
+                      warmup: int = DEFAULT_WARMUP, constants: dict[str, float] | None = None,
+                      target: bool = True) -> tuple[list[ClientStream], dict[str, float | int | str]]:
     """Apply a normalisation to raw streams; returns the streams and the constants used.
 
     For `"paper"`, `constants` (see :func:`paper_constants`) default to those of `streams` together.
+    `target=False`: the target is a class label, never scaled (inputs only).
     """
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
     if normalisation == "none":
         return list(streams), {"method": "none"}
     if normalisation == "online":
-        return [_online(s, warmup) for s in streams], {"method": "online", "warmup": int(warmup)}
+        return ([_online(s, warmup, target) for s in streams],
+                {"method": "online", "warmup": int(warmup), "target": bool(target)})
     c = paper_constants(streams) if constants is None else constants
-    return [_paper(s, c) for s in streams], {"method": "paper", **c}
+    return [_paper(s, c, target) for s in streams], {"method": "paper", **c, "target": bool(target)}
 
 
 def normalise(fleet: Fleet, normalisation: str, *, warmup: int = DEFAULT_WARMUP) -> Fleet:
