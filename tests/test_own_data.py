@@ -270,3 +270,116 @@ def test_replay_reports_the_error_in_the_streams_units(tmp_path):
     a = json.loads((out / "results.json").read_text())["algorithms"]["fedbnr"]
     assert a["rmse_stream_mean"] == pytest.approx(np.sqrt(a["mse_stream_mean"]))
     assert "RMSE (units)" in res.output and "RMSE in the stream's units" in (out / "results.md").read_text()
+
+
+# =========================================================================== 4. classification first-class
+
+
+def _sea_csv(path, n=600, clients=3):
+    from river.datasets import synth
+
+    lines = ["client,a,b,c,label"]
+    for i, (x, y) in enumerate(synth.SEA(seed=1).take(n)):
+        lines.append(f"c{i % clients},{x[0]},{x[1]},{x[2]},{int(y)}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.slow
+def test_a_bernoulli_pvi_replay_is_scored_as_a_classifier(tmp_path):
+    """Before: the 0/1 label was standardised online, 461 of 559 steps rejected, an MSE printed, exit 0."""
+    _sea_csv(tmp_path / "sea.csv")
+    res, out = _replay(tmp_path, tmp_path / "sea.csv", "--client-column", "client", "-a", "pvi", "--param",
+                       "pvi.likelihood=bernoulli", "--param", "pvi.n_inducing=8", "--param", "pvi.n_pseudo=8",
+                       "--param", "pvi.refine_every=32", "--param", "pvi.steps=10")
+    assert res.exit_code == 0, res.output
+    a = json.loads((out / "results.json").read_text())["algorithms"]["pvi"]
+    assert a["rejected_steps"] == 0
+    assert a["mse_mean"] is None  # no MSE for a classifier
+    assert a["classification"]["accuracy"] > 0.75 and a["classification"]["ece"] < 0.25
+    assert "accuracy" in res.output and "| classifier | accuracy | log loss | ECE" in (out / "results.md").read_text()
+
+
+def test_classifiers_and_regressors_are_replayed_apart(tmp_path):
+    _sea_csv(tmp_path / "sea.csv", n=30)
+    res, _ = _replay(tmp_path, tmp_path / "sea.csv", "-a", "pfedgp", "-a", "fedbnr")
+    assert res.exit_code == 2
+    assert res.output.startswith("error: classifiers (pfedgp) and regressors (fedbnr) read the target apart")
+
+
+def test_reliability_bins_give_the_agents_ece():
+    """The reliability diagram's points, weighted by their counts, are the agents' ECE (an independent sum)."""
+    from streamfed.evaluation.replay import ReplayResult
+    from streamfed.evaluation.report import reliability_bins
+    from streamfed.fleet.telemetry import ClassificationStats
+
+    rng = np.random.default_rng(4)
+    p1 = rng.uniform(size=300)
+    probas = np.column_stack([1 - p1, p1])
+    y = (rng.uniform(size=300) < p1 ** 2).astype(float)
+    r = ReplayResult("x", ["a"], np.array([300]), [np.zeros(300)], np.array([299]), np.zeros((1, 1)),
+                     np.zeros((1, 0)), [], np.zeros(1), 0.0, ys=[y], probas=[probas])
+    n, conf, acc = reliability_bins([r])
+    stats = ClassificationStats()
+    for t in range(300):
+        stats.observe(int(y[t]), probas[t])
+    ok = n > 0
+    assert float(np.sum(n[ok] * np.abs(acc[ok] - conf[ok])) / n.sum()) == pytest.approx(
+        stats.expected_calibration_error, abs=1e-12)
+    assert r.classification()["accuracy"] == pytest.approx(stats.accuracy)
+
+
+def test_a_bernoulli_pvi_agent_never_standardises_its_label():
+    """Before: with standardise = "online" (the default) 100 of 120 readings were marked unlearnable."""
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.config import FleetConfig
+
+    cfg = FleetConfig(fleet="f", algorithm="pvi", n_inputs=2, standardise="online",
+                      params={"likelihood": "bernoulli", "n_inducing": 4, "n_pseudo": 4, "refine_every": 1000})
+    core = AgentCore(cfg, "a", 0)
+    rng = np.random.default_rng(0)
+    for i in range(120):
+        x = rng.normal(size=2) * 10 + 50
+        core.on_reading(Reading(f"r{i}", x, float(i), float(x[0] > 50)))
+    assert core.stats.skipped.get("unlearnable", 0) == 0
+    assert core.stats.samples == 120
+
+
+def test_no_mse_metric_for_a_classifier():
+    from prometheus_client import generate_latest
+
+    from streamfed.fleet.telemetry import AgentStats
+    from streamfed.runtime.exporter import StreamfedCollector, make_registry
+
+    clf, reg = AgentStats("c", fleet="f"), AgentStats("r", fleet="f")
+    clf.observe_prediction(1.0, 0.0, proba=np.array([0.3, 0.7]))
+    reg.observe_prediction(1.0, 0.5)
+    text = generate_latest(make_registry(StreamfedCollector([clf, reg]))).decode()
+    mse = [ln for ln in text.splitlines() if ln.startswith("streamfed_agent_mse{")]
+    assert mse == ['streamfed_agent_mse{client="r",fleet="f"} 0.25']
+    assert 'streamfed_agent_accuracy{client="c",fleet="f"} 1.0' in text
+
+
+@pytest.mark.slow
+def test_pvi_classifier_passes_rivers_checks():
+    from river.checks import check_estimator
+
+    from streamfed.algorithms.pvi.classifier import PVIClassifier
+
+    for params in PVIClassifier._unit_test_params():
+        check_estimator(PVIClassifier(**params))
+
+
+def test_pvi_classifier_refuses_a_third_class_and_learns_its_labels_raw():
+    from streamfed.algorithms.pvi.classifier import PVIClassifier
+
+    model = PVIClassifier(n_inducing=4, n_pseudo=4, refine_every=16, steps=20, learning_rate=0.05,
+                          predict_draws=0)
+    rng = np.random.default_rng(1)
+    for _ in range(64):
+        a = float(rng.normal())
+        model.learn_one({"a": a * 100 + 1000}, a > 0)  # inputs far from unit scale; the label as it is
+    assert model.predict_proba_one({"a": 1200.0})[True] > 0.6 > model.predict_proba_one({"a": 800.0})[True]
+    before = model._scales.count
+    with pytest.raises(ValueError, match="binary"):
+        model.learn_one({"a": 1.0}, "maybe")
+    assert model._scales.count == before

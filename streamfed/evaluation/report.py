@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.evaluation.replay import AlgorithmConfig, ReplayResult, Schedule
+from streamfed.fleet.telemetry import ECE_BINS
 
 
 def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, schedule: Schedule,
@@ -152,7 +153,55 @@ def plot_results(results: dict[str, list[ReplayResult]], out_dir: Path) -> list[
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+    classifiers = {name: runs for name, runs in results.items() if runs and runs[0].probas}
+    if classifiers:
+        paths.append(_reliability(classifiers, out_dir, plt))
     return paths
+
+
+def reliability_bins(runs: Sequence[ReplayResult], bins: int = ECE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per equal-width bin of the top probability (the agents' 15 by default, as their ECE), over every scored
+    step of `runs`: the count, the mean confidence and the accuracy (NaN in an empty bin) — the points of a
+    reliability diagram.
+
+    >>> r = ReplayResult("x", ["a"], np.array([2]), [np.zeros(2)], np.array([1]), np.zeros((1, 1)),
+    ...                  np.zeros((1, 0)), [], np.zeros(1), 0.0, ys=[np.array([1.0, 0.0])],
+    ...                  probas=[np.array([[0.2, 0.8], [0.15, 0.85]])])
+    >>> n, conf, acc = reliability_bins([r], bins=10); int(n[8]), round(float(conf[8]), 3), float(acc[8])
+    (2, 0.825, 0.5)
+    """
+    top, hit = [], []
+    for r in runs:
+        for p, y in zip(r.probas, r.ys, strict=True):
+            ok = ~np.isnan(p[:, 0])
+            top.append(p[ok].max(axis=1))
+            hit.append(p[ok].argmax(axis=1) == y[ok].astype(int))
+    conf, correct = np.concatenate(top), np.concatenate(hit)
+    which = np.minimum((conf * bins).astype(int), bins - 1)
+    n = np.bincount(which, minlength=bins)
+    with np.errstate(invalid="ignore"):
+        return n, np.bincount(which, conf, bins) / n, np.bincount(which, correct, bins) / n
+
+
+def _reliability(classifiers: dict[str, list[ReplayResult]], out_dir: Path, plt: Any) -> Path:
+    """`reliability.png`: each classifier's accuracy against its confidence, per bin (pooled over seeds)."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="calibrated")
+    for name, runs in classifiers.items():
+        n, conf, acc = reliability_bins(runs)
+        ok = n > 0
+        ax.plot(conf[ok], acc[ok], marker="o", label=name)
+    ax.set_xlabel("confidence (top class probability)")
+    ax.set_ylabel("accuracy")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "reliability.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(results: dict[str, list[ReplayResult]], summary: dict[str, Any], out_dir: Path,
