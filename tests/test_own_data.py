@@ -383,3 +383,16 @@ def test_pvi_classifier_refuses_a_third_class_and_learns_its_labels_raw():
     with pytest.raises(ValueError, match="binary"):
         model.learn_one({"a": 1.0}, "maybe")
     assert model._scales.count == before
+
+
+@pytest.mark.parametrize("normalisation", ["online", "paper"])
+def test_a_class_label_is_never_normalised(tmp_path, normalisation):
+    _sea_csv(tmp_path / "sea.csv", n=40, clients=2)
+    fleet, _ = csv_fleet_with_report(tmp_path / "sea.csv", "label", client_column="client",
+                                     normalisation=normalisation, label=True)
+    raw = np.loadtxt(tmp_path / "sea.csv", delimiter=",", skiprows=1, usecols=(1, 2, 3, 4))
+    for s in fleet.streams:
+        rows = raw[int(s.name[1:])::2]
+        np.testing.assert_array_equal(s.y, rows[s.row // 2, 3])  # the file's 0/1, as they are
+        np.testing.assert_array_equal(s.to_original(s.y), s.y)
+        assert not np.allclose(s.X, rows[s.row // 2, :3])  # while the inputs are normalised

@@ -173,11 +173,11 @@ def normalise_streams(streams: Sequence[ClientStream], normalisation: str, *,
         raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
     if normalisation == "none":
         return list(streams), {"method": "none"}
+    label = {} if target else {"target": "class label, not normalised"}
     if normalisation == "online":
-        return ([_online(s, warmup, target) for s in streams],
-                {"method": "online", "warmup": int(warmup), "target": bool(target)})
+        return [_online(s, warmup, target) for s in streams], {"method": "online", "warmup": int(warmup), **label}
     c = paper_constants(streams) if constants is None else constants
-    return [_paper(s, c, target) for s in streams], {"method": "paper", **c, "target": bool(target)}
+    return [_paper(s, c, target) for s in streams], {"method": "paper", **c, **label}
 
 
 def normalise(fleet: Fleet, normalisation: str, *, warmup: int = DEFAULT_WARMUP) -> Fleet:
