@@ -278,7 +278,7 @@ def test_replay_reports_the_error_in_the_streams_units(tmp_path):
 def _sea_csv(path, n=600, clients=3):
     from river.datasets import synth
 
-    lines = ["client,a,b,c,label"]
+    lines = ["client,a,b,c,y"]
     for i, (x, y) in enumerate(synth.SEA(seed=1).take(n)):
         lines.append(f"c{i % clients},{x[0]},{x[1]},{x[2]},{int(y)}")
     path.write_text("\n".join(lines) + "\n")
@@ -388,7 +388,7 @@ def test_pvi_classifier_refuses_a_third_class_and_learns_its_labels_raw():
 @pytest.mark.parametrize("normalisation", ["online", "paper"])
 def test_a_class_label_is_never_normalised(tmp_path, normalisation):
     _sea_csv(tmp_path / "sea.csv", n=40, clients=2)
-    fleet, _ = csv_fleet_with_report(tmp_path / "sea.csv", "label", client_column="client",
+    fleet, _ = csv_fleet_with_report(tmp_path / "sea.csv", "y", client_column="client",
                                      normalisation=normalisation, label=True)
     raw = np.loadtxt(tmp_path / "sea.csv", delimiter=",", skiprows=1, usecols=(1, 2, 3, 4))
     for s in fleet.streams:

@@ -21,7 +21,7 @@ def replay(
     dataset: Annotated[str, typer.Option(help="beijing-air, synthetic or PATH.csv")] = "beijing-air",
     algorithm: Annotated[list[str] | None, typer.Option(
         "--algorithm", "-a",
-        help="a registered algorithm or one of its replay variants (repeatable; default: all of them)")] = None,
+        help="a registered algorithm or one of its replay variants (repeatable; default: every regressor's)")] = None,
     seeds: Annotated[int, typer.Option(help="number of seeds (features and draws)")] = 1,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("out/replay"),
     steps: Annotated[int | None, typer.Option(help="cut each client's stream to this many samples")] = None,
@@ -113,11 +113,13 @@ def replay(
 
 
 def _chosen(algorithm: list[str] | None) -> list[str]:
-    """The algorithms (or replay variants) asked for, all of them by default; an unknown one is a bad parameter."""
+    """The algorithms (or replay variants) asked for, every regressor's by default (a classifier reads its target
+    as a class label: it is asked for by name); an unknown one is a bad parameter."""
+    from streamfed import algorithms
     from streamfed.evaluation.replay import algorithm_titles
 
     titles = algorithm_titles()
-    chosen = algorithm or list(titles)
+    chosen = algorithm or [v for v in titles if algorithms.variant(v)[0].task == "regression"]
     unknown = [a for a in chosen if a not in titles]
     if unknown:
         raise typer.BadParameter(f"unknown algorithm(s) {unknown}; choose from {', '.join(titles)}")
