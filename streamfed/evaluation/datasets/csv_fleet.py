@@ -22,7 +22,10 @@ order; nothing is imputed.
   :attr:`ClientStream.skipped_by_column`, and for the whole file, split into `missing` and
   `non_numeric` per column, in :class:`CsvReport`; a value a declared column's kind refuses (a bad
   boolean or timestamp, an undeclared level) is counted by reason and column in
-  :attr:`CsvReport.invalid`. A row with more fields than the header is skipped
+  :attr:`CsvReport.invalid`; a number beyond `±max_abs` (default 1e150, so that no square or sum of squares
+  overflows a float64) is skipped as `too_large` (:attr:`CsvReport.too_large`). Missing means empty or one of
+  `na_values` (by default :data:`NA_VALUES`), except a declared category level, which is a level even when it
+  reads `None` or `NA`. A row with more fields than the header is skipped
   as `too_many_fields` (its values cannot be trusted to be aligned); a short row's absent fields are
   missing. A row with an empty client value belongs to no client and is counted as `no_client`.
   Blank lines are ignored and not counted.
@@ -38,6 +41,7 @@ order; nothing is imputed.
     samples only initialise the statistics and are not emitted (:attr:`ClientStream.warmup`).
   - `"none"`: raw values.
 
+  A class label (`label=True`: the target of a classifier) is never normalised, only the inputs.
   A client left with no sample (all its rows skipped, or no more rows than `warmup` under
   `"online"`) is left out of the fleet and named in :attr:`CsvReport.dropped_clients`.
 
