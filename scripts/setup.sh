@@ -11,7 +11,16 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
 # the tests take the optional torch extra too (torch==2.13.0 is the CPU wheel; gpytorch is a test oracle); the
 # core never imports it (tests/test_architecture.py runs it with torch hidden)
-.venv/bin/python -m pip install --quiet -e '.[test,torch]' 2>&1 | grep -v -E "^WARNING: Location|ignored: it is neither" || true
+# pip's output (and setuptools' multi-line editable-install warning banner) goes to a log that is shown only when
+# the install fails: a set-up that works prints nothing of pip's, one that fails says so, loudly, and stops
+log=$(mktemp)
+if ! .venv/bin/python -m pip install --quiet -e '.[test,torch]' >"$log" 2>&1; then
+  echo "error: installing streamfed into .venv failed (pip install -e '.[test,torch]'):" >&2
+  cat "$log" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"
 .venv/bin/python -c "import streamfed, numba, river" >/dev/null
 
 # Debian packages used by the tests (real broker / real Prometheus). Installed only when missing.

@@ -266,11 +266,11 @@ def test_ragged_and_bad_rows_are_counted_skips(tmp_path):
     items = _run(csv_source(path, "load", ["temp", "hum"]))
     got = [(i.id, i.y) if isinstance(i, Reading) else (i.reason, i.detail) for i in items]
     assert got == [("row0", 3.0),
-                   ("malformed", "row 1: 5 fields for a header of 4"),
-                   ("missing_feature", "row 2: missing ['load']"),
+                   ("malformed", "line 3: 5 fields for a header of 4"),  # file lines, as decode errors count
+                   ("missing_feature", "line 4: missing ['load']"),
                    ("row3", 3.0),
-                   ("non_numeric", "row 4: not numeric: ['hum']"),
-                   ("missing_feature", "row 5: missing ['load']")]
+                   ("non_numeric", "line 7: not numeric: ['hum']"),  # the blank line 6 counts as a line
+                   ("missing_feature", "line 8: missing ['load']")]
 
 
 def test_jsonl_bytes_that_are_not_text_are_a_skip(caplog):
@@ -341,13 +341,20 @@ def test_agent_warns_when_most_rows_are_skipped(tmp_path, mosquitto_dev):
         [sys.executable, "-m", "streamfed.cli", "agent", "--config", str(cfg), "--client", "skippy",
          "--source", f"csv:{path}", "--features", "temp,hum", "--target", "load", "--skip-window", "20"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 5, proc.stderr  # a finite file with more than --max-skip-share skipped
     assert "Traceback" not in proc.stderr
     err = proc.stderr.splitlines()
+    # file lines, 1-based with the header as line 1: data row k is line k + 2, as decode errors count
     assert [ln for ln in err if "item skipped" in ln] == [
-        f"agent skippy: item skipped (missing_feature, {k} so far): row {k}: missing ['load']" for k in (1, 2, 3)]
+        f"agent skippy: item skipped (missing_feature, {k} so far): line {k + 2}: missing ['load']"
+        for k in (1, 2, 3)]
     assert ("agent skippy: 15 of the last 20 items skipped (75% > max 50%): missing_feature 15; "
-            "last: row 19: missing ['load']") in err
+            "last: line 21: missing ['load']") in err
+    out = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert f"agent skippy: csv:{path} ended: 40 items, 10 learned, 30 skipped (missing_feature 30)" in out[-2]
+    assert "MSE" in out[-2] and "in the stream's units" in out[-2]
+    assert out[-1] == (f"error: agent skippy: csv:{path}: 30 of 40 items skipped (75% > --max-skip-share 50%): "
+                       "missing_feature 30")
 
 
 # =========================================================================== same messages as the replay

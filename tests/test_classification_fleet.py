@@ -50,6 +50,7 @@ def test_classifier_predictions_carry_the_learners_probabilities_on_the_wire(sta
         assert int(np.argmax(msg.arrays["proba"][0])) == int(msg.arrays["mean"][0]) == int(pred.mean)
         row = _row(sub.decode(encode(agent.prediction_message(pred))))
         assert row["class"] == int(pred.mean) and row["p"] == pytest.approx(float(pred.proba.max()))
+        assert row["proba"] == pytest.approx(pred.proba.tolist())  # `subscribe --json`: the whole vector
         agent.finish_reading(pending)
         seen += 1
     # an unlabelled reading: one prediction, through the standardiser when there is one

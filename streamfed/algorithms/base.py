@@ -528,6 +528,11 @@ class Algorithm:
         """Its River estimator (a fleet of one)."""
         raise NotImplementedError
 
+    def task_of(self, cfg: FleetConfig) -> Literal["regression", "classification"]:
+        """The task of this configuration: `task`, unless a parameter makes the family a classifier (PVI's
+        Bernoulli likelihood). A classification target is a class label and is never standardised."""
+        return self.task
+
     def n_classes(self, cfg: FleetConfig) -> int | None:
         """A classifier's number of classes (its params' `n_classes`); None for a regressor."""
         if self.task != "classification":

@@ -34,10 +34,18 @@ def agent(
     target: Annotated[str | None, typer.Option(help="CSV: the label column")] = None,
     encoding: Annotated[str, typer.Option(
         help="CSV / JSON lines: the text encoding (UTF-8 by default; a byte-order mark is dropped)")] = "utf-8",
+    na_values: Annotated[str | None, typer.Option(
+        help="CSV: the cells that mean 'no value', comma-separated, replacing the default list (NA, N/A, NaN, "
+             "nan, NULL, null, None, ?, -); an empty cell always does, a declared category level never does; "
+             "also [inputs] na_values")] = None,
+    max_abs: Annotated[float | None, typer.Option(
+        help="skip (as too_large) a number beyond ±this (default 1e150, also [inputs] max_abs: no square "
+             "overflows)")] = None,
     rate: Annotated[float | None, typer.Option(help="CSV/River replay: samples per second")] = None,
     mode: Annotated[str, typer.Option(help="async, or lockstep for algorithms with lock-step rounds")] = "async",
     max_skip_share: Annotated[float, typer.Option(
-        help="warn in the log when more than this share of the last --skip-window items was skipped "
+        help="warn in the log when more than this share of the last --skip-window items was skipped; a finite "
+             "source (CSV, JSON lines, River) that skipped more than this share in all ends with exit status 5 "
              "(0..1; 1: never)")] = 0.5,
     skip_window: Annotated[int, typer.Option(help="items the skip share is taken over")] = 100,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
@@ -59,7 +67,9 @@ def agent(
     A source that cannot be used (no such file, text that is not --encoding, an empty or header-only file,
     no such --target or --features column, a bad column declaration or one whose width is not n_inputs, ...)
     is refused in one line with exit status 2, before connecting. Bad rows and messages are skipped, counted
-    by reason and logged (the first few of each)."""
+    by reason and logged (the first few of each). A finite source ends with a summary line (items, learned,
+    skipped by reason, the error in the stream's units); exit status 5, with one line saying why, when it
+    learned nothing or skipped more than --max-skip-share of its items."""
     import math
 
     from streamfed.fleet import sources
@@ -85,6 +95,12 @@ def agent(
             refuse(f"--columns: {e}")
     elif cfg.inputs is not None:
         spec = cfg.inputs.spec
+    na = sources.parse_na_values(na_values) if na_values is not None else (
+        frozenset({"", *cfg.inputs.na_values}) if cfg.inputs is not None and cfg.inputs.na_values is not None
+        else sources.NA_VALUES)
+    limit = max_abs if max_abs is not None else cfg.inputs.max_abs if cfg.inputs is not None else sources.MAX_ABS
+    if not (limit > 0 and math.isfinite(limit)):
+        refuse(f"--max-abs must be a finite number > 0, got {limit}")
     if spec is not None:
         try:
             spec.check_width(cfg.fleet.n_inputs)
@@ -102,11 +118,12 @@ def agent(
             refuse("a CSV source needs --features and --target (--columns or [inputs] may replace --features)")
         try:
             src = sources.csv_source(source[4:], target, () if spec else names, rate_hz=rate, encoding=encoding,
-                                     columns=spec)
+                                     columns=spec, na_values=na, max_abs=limit)
         except ValueError as e:
             refuse(str(e))
     elif source == "jsonl":
-        parser = sources.ReadingParser(names or [f"x{i}" for i in range(cfg.fleet.n_inputs)], columns=spec)
+        parser = sources.ReadingParser(names or [f"x{i}" for i in range(cfg.fleet.n_inputs)], columns=spec,
+                                       max_abs=limit)
         src = sources.jsonl_source(parser=parser, encoding=encoding)
     elif source.startswith("river:"):
         src = _river_source(source[6:], names, cfg.fleet.n_inputs, rate, spec)
@@ -118,6 +135,8 @@ def agent(
         refuse(str(e))
     sensor = (names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None
 
+    built: list[Any] = []
+
     def build() -> Any:
         # AgentService sizes its sensor parser by n_inputs: it is given the encoded names, then the parser reads
         # the declared columns — keeping the order and duplicate memory a restored state file gave it.
@@ -127,6 +146,8 @@ def agent(
                                                   wait_for_global=wait_for_global, sensor_queue=sensor_queue))
         if svc.parser is not None and sensor is not None:
             svc.parser = svc.parser.with_schema(() if spec is not None else sensor, columns=spec)
+            svc.parser.max_abs = limit
+        built.append(svc)
         return svc
 
     inputs = f", inputs {spec.text} ({spec.width} numbers)" if spec is not None else ""
@@ -134,6 +155,24 @@ def agent(
           lambda svc: f"agent {client!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}) on "
                       f"{cfg.broker.host}:{cfg.broker.port}, source {source}{inputs}"
                       + (f", resumed at item {svc.source_pos}" if svc.restored else ""))
+    if src is not None and built and built[0].source_finished:
+        _end_of_run(built[0], source)
+
+
+def _end_of_run(svc: Any, source: str) -> None:
+    """A finite source has ended: its summary line; exit 5 with one line when it learned nothing or skipped
+    more than --max-skip-share of its items."""
+    from streamfed.cli.common import console
+    from streamfed.runtime.agent.summary import RunSummary
+
+    summary = RunSummary.of(svc, source)
+    console.print(summary.line(), soft_wrap=True, markup=False)
+    problem = summary.problem()
+    if problem is not None:
+        from rich.markup import escape
+
+        console.print(f"[red]error[/]: {escape(problem)}", soft_wrap=True)
+        raise typer.Exit(5)
 
 
 def _agent_names(value: str | None, n_inputs: int) -> list[str] | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +21,7 @@ def replay(
     dataset: Annotated[str, typer.Option(help="beijing-air, synthetic or PATH.csv")] = "beijing-air",
     algorithm: Annotated[list[str] | None, typer.Option(
         "--algorithm", "-a",
-        help="a registered algorithm or one of its replay variants (repeatable; default: all of them)")] = None,
+        help="a registered algorithm or one of its replay variants (repeatable; default: every regressor's)")] = None,
     seeds: Annotated[int, typer.Option(help="number of seeds (features and draws)")] = 1,
     out: Annotated[Path, typer.Option(help="output directory")] = Path("out/replay"),
     steps: Annotated[int | None, typer.Option(help="cut each client's stream to this many samples")] = None,
@@ -45,6 +46,15 @@ def replay(
     columns: Annotated[str | None, typer.Option(help="with a CSV: " + COLUMNS_HELP)] = None,
     encoding: Annotated[str, typer.Option(
         help="with a CSV: the text encoding (UTF-8 by default; a byte-order mark is dropped)")] = "utf-8",
+    na_values: Annotated[str | None, typer.Option(
+        help="with a CSV: the cells that mean 'no value', comma-separated, replacing the default list (NA, N/A, "
+             "NaN, nan, NULL, null, None, ?, -); an empty cell always does, a declared category level never "
+             "does")] = None,
+    max_abs: Annotated[float, typer.Option(
+        help="with a CSV: skip (as too large) a number beyond ±this (default 1e150: no square overflows)")] = 1e150,
+    max_skip_share: Annotated[float, typer.Option(
+        help="with a CSV: end with exit status 5 when more than this share of its rows is skipped (0..1; 1: "
+             "never)")] = 0.5,
     columns_file: Annotated[Path | None, typer.Option(
         help="with a CSV: a TOML file whose \\[inputs] section declares the input columns (e.g. the agents' "
              "configuration file), instead of --columns")] = None,
@@ -65,8 +75,12 @@ def replay(
                                        n_features=n_features, bin_size=bin_size, eta=eta, lam=lam, xi=xi)
     if normalisation is None:
         normalisation = "online" if _is_csv(dataset) else "paper"
+    if not 0.0 <= max_skip_share <= 1.0:
+        refuse(f"--max-skip-share must be between 0 and 1, got {max_skip_share}")
+    label = _task(chosen, cfg) == "classification"  # a class label is never normalised
     fleet = _load_fleet(dataset, normalisation, split, steps, cfg, target=target, client_column=client_column,
-                        features=features, columns=columns, columns_file=columns_file, encoding=encoding)
+                        features=features, columns=columns, columns_file=columns_file, encoding=encoding,
+                        na_values=na_values, max_abs=max_abs, max_skip_share=max_skip_share, label=label)
     samples = sum(len(s.y) for s in fleet.streams)
     console.print(f"[bold]{dataset}[/]: {len(fleet.streams)} clients, {samples} samples; "
                   f"algorithms {', '.join(chosen)}; {seeds} seed(s); schedule {schedule}")
@@ -85,7 +99,8 @@ def replay(
             f"--out {shlex.quote(str(out))}"]
     for flag, value in (("--eta", eta), ("--lam", lam), ("--xi", xi), ("--steps", steps),
                         ("--target", target), ("--client-column", client_column), ("--features", features),
-                        ("--columns", columns), ("--columns-file", columns_file),
+                        ("--columns", columns), ("--columns-file", columns_file), ("--na-values", na_values),
+                        ("--max-abs", None if max_abs == 1e150 else max_abs),
                         ("--encoding", None if encoding == "utf-8" else encoding)):
         if value is not None:
             opts.append(f"{flag} {shlex.quote(str(value))}")
@@ -98,15 +113,37 @@ def replay(
 
 
 def _chosen(algorithm: list[str] | None) -> list[str]:
-    """The algorithms (or replay variants) asked for, all of them by default; an unknown one is a bad parameter."""
+    """The algorithms (or replay variants) asked for, every regressor's by default (a classifier reads its target
+    as a class label: it is asked for by name); an unknown one is a bad parameter."""
+    from streamfed import algorithms
     from streamfed.evaluation.replay import algorithm_titles
 
     titles = algorithm_titles()
-    chosen = algorithm or list(titles)
+    chosen = algorithm or [v for v in titles if algorithms.variant(v)[0].task == "regression"]
     unknown = [a for a in chosen if a not in titles]
     if unknown:
         raise typer.BadParameter(f"unknown algorithm(s) {unknown}; choose from {', '.join(titles)}")
     return chosen
+
+
+def _task(chosen: list[str], cfg: Any) -> str:
+    """The task the chosen algorithms share (each one's, from its parameters: PVI with a Bernoulli likelihood is a
+    classifier); a mix is one `error:` line, exit 2 — a class label and a regression target are read apart."""
+    from streamfed import algorithms
+
+    tasks: dict[str, list[str]] = {}
+    for name in chosen:
+        alg, v = algorithms.variant(name)
+        try:
+            task = alg.task_of(cfg.fleet_config(alg.name, n_inputs=1, seed=0, variant=v.name))
+        except ValueError as e:  # a parameter its model refuses
+            raise typer.BadParameter(f"{name}: {e}") from None
+        tasks.setdefault(task, []).append(name)
+    if len(tasks) > 1:
+        refuse(f"classifiers ({', '.join(tasks['classification'])}) and regressors "
+               f"({', '.join(tasks['regression'])}) read the target apart (a class label is never normalised): "
+               "replay them separately")
+    return next(iter(tasks))
 
 
 def _config(schedule: str, join: list[str] | None, windows: str, param: list[str] | None, dp_epsilon: float | None,
@@ -136,9 +173,11 @@ def _is_csv(dataset: str) -> bool:
 
 def _load_fleet(dataset: str, normalisation: str, split: str, steps: int | None, cfg: Any, *, target: str | None,
                 client_column: str | None, features: str | None, columns: str | None,
-                columns_file: Path | None, encoding: str = "utf-8") -> Any:
+                columns_file: Path | None, encoding: str = "utf-8", na_values: str | None = None,
+                max_abs: float = 1e150, max_skip_share: float = 1.0, label: bool = False) -> Any:
     """The fleet of `dataset`: the Beijing streams, the synthetic fleet or a CSV file (whose report is printed;
-    standardised online, `cfg` gets the agents' default dictionary)."""
+    standardised online, `cfg` gets the agents' default dictionary). A CSV file of which more than
+    `max_skip_share` of the rows were skipped is one `error:` line and exit 5."""
     from streamfed.core.features import standardised_dictionary
     from streamfed.evaluation.datasets import csv_fleet_with_report, load_beijing, synthetic_fleet
 
@@ -148,14 +187,31 @@ def _load_fleet(dataset: str, normalisation: str, split: str, steps: int | None,
         return synthetic_fleet(n_clients=8, n_steps=steps or 5000, n_inputs=5, seed=0)
     if not _is_csv(dataset):
         raise typer.BadParameter(f"unknown dataset {dataset!r}: beijing-air, synthetic or PATH.csv")
+    from streamfed.fleet.sources import NA_VALUES, parse_na_values
+
     spec = _declared_columns(columns, columns_file)
+    if not (max_abs > 0 and math.isfinite(max_abs)):
+        refuse(f"--max-abs must be a finite number > 0, got {max_abs}")
+    na = parse_na_values(na_values) if na_values is not None else NA_VALUES
     try:
         fleet, csv_report = csv_fleet_with_report(dataset, target, client_column=client_column,
                                                   features=features, normalisation=normalisation, columns=spec,
-                                                  encoding=encoding)
+                                                  encoding=encoding, na_values=na, max_abs=max_abs, label=label)
     except ValueError as e:  # the reader's hints name its keyword arguments: here they are options
         refuse(str(e).replace("encoding='", "--encoding '").replace("try encoding=", "try --encoding "))
-    console.print(csv_report.summary(), soft_wrap=True)
+    console.print(csv_report.summary(), soft_wrap=True, markup=False)
+    if csv_report.rows and csv_report.skipped > max_skip_share * csv_report.rows:
+        from rich.markup import escape
+
+        hint = csv_report.hint()
+        why = (f"{dataset}: {csv_report.skipped} of {csv_report.rows} rows skipped "
+               f"({100 * csv_report.skipped / csv_report.rows:.0f}% > --max-skip-share {100 * max_skip_share:.0f}%;"
+               f" reasons above)" + (f"; {hint}" if hint else ""))
+        if any(csv_report.missing.values()):
+            why += ("; a missing cell is an empty one or a marker of --na-values (by default "
+                    f"{' '.join(sorted(m for m in NA_VALUES if m))}), unless it is a declared level")
+        console.print(f"[red]error[/]: {escape(why)}", soft_wrap=True)
+        raise typer.Exit(5)
     if normalisation == "online" and cfg.kernels is None:
         # unit-variance inputs: the agents' default dictionary (bandwidths around √(2d)), not the paper's
         d = max(len(fleet.feature_names), 1)
@@ -194,12 +250,29 @@ def _replay_all(fleet: Any, chosen: list[str], cfg: Any, sched: Any, seeds: int,
 
 
 def _results_table(summary: dict[str, Any]) -> Table:
+    """Regressors: MSE as the learners see it (standardised, or the normalisation's units) ± std over seeds, and
+    the RMSE in the stream's own units; classifiers: accuracy, log loss, ECE (no MSE)."""
+    algs = summary["algorithms"]
+    classify = any(a.get("classification") for a in algs.values())
+    regress = any(not a.get("classification") for a in algs.values())
     table = Table(title="replay results")
-    for col in ("algorithm", "MSE", "± std", "avg R/T", "uploaded/step", "wall s"):
+    cols = ["algorithm"]
+    if regress:
+        cols += ["MSE", "± std", "RMSE (units)"]
+    if classify:
+        cols += ["accuracy", "log loss", "ECE"]
+    cols += ["R/T", "up/step", "wall s"]
+    for col in cols:
         table.add_column(col, justify="right" if col != "algorithm" else "left")
-    for name, a in summary["algorithms"].items():
-        table.add_row(name, f"{a['mse_mean']:.6f}", f"{a['mse_std']:.6f}", f"{a['avg_regret']:.2e}",
-                      f"{a['uploaded_per_client_step']:.0f}", f"{a['wall_s']:.1f}")
+    for name, a in algs.items():
+        c = a.get("classification")
+        row = [name]
+        if regress:
+            row += ["-"] * 3 if c else [f"{a['mse_mean']:.6f}", f"{a['mse_std']:.6f}", f"{a['rmse_stream_mean']:.5g}"]
+        if classify:
+            row += [f"{c['accuracy']:.4f}", f"{c['log_loss']:.4f}", f"{c['ece']:.4f}"] if c else ["-"] * 3
+        row += [f"{a['avg_regret']:.2e}", f"{a['uploaded_per_client_step']:.0f}", f"{a['wall_s']:.1f}"]
+        table.add_row(*row)
     return table
 
 
@@ -298,6 +371,9 @@ def _declared_columns(text: str | None, file: Path | None) -> Any:
     if not isinstance(data.get("inputs"), dict):
         refuse(f"--columns-file {file}: no [inputs] section (declare [[inputs.columns]] tables)")
     try:
-        return InputsConfig.model_validate(data["inputs"]).spec
+        spec = InputsConfig.model_validate(data["inputs"]).spec
     except ValidationError as e:
         refuse(f"--columns-file {file}: {validation_problem(e)}")
+    if spec is None:
+        refuse(f"--columns-file {file}: its [inputs] section declares no columns (declare [[inputs.columns]] tables)")
+    return spec

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from streamfed import algorithms
 from streamfed.cli.common import DP_HELP, SECAGG_HELP, console
@@ -16,16 +15,25 @@ __all__ = ["bench", "demo", "kernels", "list_algorithms"]
 
 
 def list_algorithms() -> None:
-    """The registered algorithms: where each runs, and its replay variants."""
-    table = Table(title="algorithms")
-    for col in ("name", "runs", "rounds", "predictions", "replay variants", "description"):
-        table.add_column(col)
+    """The registered algorithms, one block each: its title, task, where it runs, its rounds and predictions,
+    and its replay variants — wrapped to the terminal, readable at 80 columns."""
+    import textwrap
+
+    from rich.markup import escape
+
+    width = max(40, min(console.width, 100))
     for name in algorithms.names():
         alg = algorithms.get(name)
-        table.add_row(name, "fleet + replay" if alg.in_fleet else "replay", "lock-step or async" if alg.lockstep
-                      else "async", "mean, variance" if alg.bayesian else "mean",
-                      ", ".join(v.name for v in alg.replay_variants()), alg.title)
-    console.print(table)
+        predicts = ("class probabilities" if alg.task == "classification" else "mean, variance" if alg.bayesian
+                    else "mean")
+        facts = (f"{alg.task}; runs in {'a fleet and the replay' if alg.in_fleet else 'the replay only'}; "
+                 f"{'lock-step or async' if alg.lockstep else 'async'} rounds; predicts {predicts}")
+        variants = "replay variants: " + ", ".join(v.name for v in alg.replay_variants())
+        console.print(f"[bold]{escape(name)}[/]")
+        for text in (alg.title, facts, variants):
+            for line in textwrap.wrap(text, width=width - 2, break_on_hyphens=False):
+                console.print("  " + escape(line), soft_wrap=True, highlight=False)
+        console.print()
 
 
 def demo(

@@ -54,8 +54,10 @@ def check_labelled_scatter(S: np.ndarray, b: np.ndarray, q: float, n: float, lab
     S, b = np.asarray(S, dtype=np.float64), np.asarray(b, dtype=np.float64)
     trace = np.trace(S, axis1=-2, axis2=-1)
     if label_bound is not None:
-        if q > n * label_bound**2 * (1.0 + _SLACK) + _SLACK:
-            raise ValueError(f"q = {q:g} exceeds n·B² = {n * label_bound**2:g}: labels beyond the label bound "
+        # B·B, not B**2: a float power overflowing raises OverflowError, a product becomes inf (no bound)
+        bound2 = float(n) * (float(label_bound) * float(label_bound))
+        if q > bound2 * (1.0 + _SLACK) + _SLACK:
+            raise ValueError(f"q = {q:g} exceeds n·B² = {bound2:g}: labels beyond the label bound "
                              f"±{label_bound:g}")
         qq = max(q, 0.0)
         if np.any(b**2 > np.maximum(np.diagonal(S, axis1=-2, axis2=-1), 0.0) * qq * (1.0 + _SLACK) + _SLACK):

@@ -208,7 +208,7 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
 
         learners = [PrivateLearner(lr, epsilon=fcfg.dp_epsilon, delta=fcfg.dp_delta, budget=fcfg.dp_budget,
                                    label_bound=fcfg.clip_label, clip_norm=fcfg.clip_norm, rng=[seed, c],
-                                   client=names[c], clip_labels=alg.task == "regression")
+                                   client=names[c], clip_labels=alg.task_of(fcfg) == "regression")
                     for c, lr in enumerate(learners)]
         aggs = [alg.aggregation(fcfg, check_stats=False)]
     arr = Arrangement(v.name, alg, fcfg, learners, aggs, of, federated=v.arrangement == "federated",
@@ -248,6 +248,10 @@ class ReplayResult:
     variances: list[np.ndarray] = field(default_factory=list, repr=False)
     starts: np.ndarray | None = None  # per client, the step it joined the fleet at (None: all at 0)
     ys: list[np.ndarray] = field(default_factory=list, repr=False)  # per client, the targets
+    # per client, each target's scale back to the stream's units (`ClientStream.y_scale`; empty: unknown)
+    y_scales: list[np.ndarray] = field(default_factory=list, repr=False)
+    # per client, a classifier's class probabilities of each step (rows of NaN where not scored; empty: none)
+    probas: list[np.ndarray] = field(default_factory=list, repr=False)
 
     def first(self, client: int, n: int | None = None) -> dict[str, float]:
         """The figures of `client`'s first `n` scored samples from the step it joined (all with `n=None`):
@@ -277,6 +281,35 @@ class ReplayResult:
     def mse(self) -> float:
         """Mean of `(ŷ - y)²` over every client step (rejected steps excluded, see `rejected`)."""
         return float(np.nanmean(np.concatenate(self.sq_errors)))
+
+    @property
+    def mse_stream(self) -> float:
+        """The MSE in the stream's own units: each error times its target's scale (`y_scale`, which the
+        normalisation divided it by), squared; NaN when the scales are unknown.
+
+        >>> r = ReplayResult("x", ["a"], np.array([2]), [np.array([1.0, 4.0])], np.array([1]), np.zeros((1, 1)),
+        ...                  np.zeros((1, 0)), [], np.zeros(1), 0.0, y_scales=[np.array([10.0, 0.5])])
+        >>> r.mse, r.mse_stream
+        (2.5, 50.5)
+        """
+        if not self.y_scales:
+            return float("nan")
+        return float(np.nanmean(np.concatenate([e * s * s for e, s in zip(self.sq_errors, self.y_scales,
+                                                                             strict=True)])))
+
+    def classification(self) -> dict[str, float] | None:
+        """A classifier's prequential accuracy, log loss and expected calibration error over every scored
+        step (the agents' :class:`~streamfed.fleet.telemetry.ClassificationStats`); None for a regressor."""
+        if not self.probas:
+            return None
+        from streamfed.fleet.telemetry import ClassificationStats
+
+        stats = ClassificationStats()
+        for p, y in zip(self.probas, self.ys, strict=True):
+            for t in np.flatnonzero(~np.isnan(p[:, 0])):
+                stats.observe(int(y[t]), p[t])
+        return {"accuracy": stats.accuracy, "log_loss": stats.log_loss,
+                "ece": stats.expected_calibration_error, "n": float(stats.n)}
 
     @property
     def mse_per_client(self) -> np.ndarray:
@@ -319,7 +352,7 @@ class ReplayResult:
         return (self.regret / t).mean(axis=1)
 
     def summary(self) -> dict[str, float]:
-        return {"mse": self.mse, "avg_regret": self.avg_regret,
+        return {"mse": self.mse, "mse_stream": self.mse_stream, "avg_regret": self.avg_regret,
                 "uploaded_per_client_step": self.uploaded_per_client_step, "wall_s": self.wall_s,
                 "staleness_mean": self.staleness_mean, "rejected_steps": int(self.rejected.sum())}
 
@@ -369,6 +402,10 @@ def replay(
     sq = [np.full(lengths[c], np.nan) for c in range(n)]  # NaN: not scored (before joining, or rejected)
     var_trace = [np.full(lengths[c], np.nan) for c in range(n)]
     mean_trace = [np.full(lengths[c], np.nan) for c in range(n)]
+    # a classifier's probabilities: its own vector, or (a binary likelihood such as PVI's Bernoulli) [1 − m, m]
+    classify = arr.algorithm.task_of(arr.cfg) == "classification"
+    n_classes = (arr.algorithm.n_classes(arr.cfg) or 2) if classify else 0
+    probas = [np.full((lengths[c], n_classes), np.nan) for c in range(n)] if n_classes else []
     uploaded = np.zeros(n)
     seqs = np.zeros(n, dtype=np.int64)
     rng = np.random.default_rng([seed, 0xA5])
@@ -383,11 +420,12 @@ def replay(
 
     def step(c: int, t: int) -> Any:
         """One client step: its upload, checked by its aggregation (None when it has none). A rejected step
-        (a ValueError: divergence, bad input) is counted, not fatal."""
+        (a ValueError: divergence, bad input; an ArithmeticError: a value whose square overflows) is counted,
+        not fatal."""
         learner = learners[c]
         try:
             yhat, var = learner.learn(xs[c][t], ys[c][t])
-        except ValueError:
+        except (ValueError, ArithmeticError):
             rejected[c] += 1
             return None
         e = yhat - ys[c][t]
@@ -395,6 +433,9 @@ def replay(
         mean_trace[c][t] = yhat
         if var is not None:
             var_trace[c][t] = var
+        if probas:
+            p = learner.last_probabilities if learner.classifier else None
+            probas[c][t] = p if p is not None else (1.0 - min(max(yhat, 0.0), 1.0), min(max(yhat, 0.0), 1.0))
         up = learner.take_update()
         if up is None:
             return None
@@ -403,7 +444,7 @@ def replay(
             uploaded[c] += up.n_numbers
         try:
             return aggs[agg_of[c]].check(arr.message(c, int(seqs[c]), up))
-        except ValueError:  # refused as the aggregator would (e.g. beyond its bound): learned, not shared
+        except (ValueError, ArithmeticError):  # refused as the aggregator would (beyond its bound): learned, not shared
             rejected[c] += 1
             return None
 
@@ -473,4 +514,7 @@ def replay(
         staleness_mean=float(np.mean(staleness)) if staleness else 0.0, rounds=rounds,
         rejected=rejected, centralised=arr.centralised, arrangement=arr, means=mean_trace, variances=var_trace,
         starts=starts if join else None, ys=ys,
+        y_scales=[np.ones(y.size) if s.y_scale is None else np.asarray(s.y_scale[:steps], dtype=np.float64)
+                  for s, y in zip(streams, ys, strict=True)],
+        probas=probas,
     )

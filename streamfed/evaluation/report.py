@@ -12,11 +12,14 @@ from typing import Any
 import numpy as np
 
 from streamfed.evaluation.replay import AlgorithmConfig, ReplayResult, Schedule
+from streamfed.fleet.telemetry import ECE_BINS
 
 
 def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, schedule: Schedule,
               dataset: dict[str, Any]) -> dict[str, Any]:
-    """Per algorithm: mean ± std over seeds of MSE and `R_c(T)/T`, uploads, wall time, config."""
+    """Per algorithm: mean ± std over seeds of MSE (standardised, as the learners see it, and in the stream's
+    units, `mse_stream_*`) and `R_c(T)/T`, uploads, wall time, config; for a classifier its accuracy, log loss
+    and expected calibration error (`classification`) instead of an MSE."""
     out: dict[str, Any] = {
         "dataset": dataset,
         "config": cfg.as_dict(),
@@ -27,6 +30,13 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
     for name, runs in results.items():
         mse = np.array([r.mse for r in runs])
         reg = np.array([r.avg_regret for r in runs])
+        stream = np.array([r.mse_stream for r in runs])
+        scores = [r.classification() for r in runs]
+        extra: dict[str, Any] = {}
+        if scores[0] is not None:
+            extra["classification"] = {k: float(np.mean([sc[k] for sc in scores if sc is not None]))
+                                       for k in ("accuracy", "log_loss", "ece")}
+            extra["classification_per_seed"] = scores
         out["algorithms"][name] = {
             "mse_mean": float(mse.mean()),
             "mse_std": float(mse.std(ddof=1)) if mse.size > 1 else 0.0,
@@ -39,7 +49,15 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
             "mse_per_seed": mse.tolist(),
             "mse_per_client": np.mean([r.mse_per_client for r in runs], axis=0).tolist(),
             "clients": runs[0].clients,
+            "mse_stream_mean": float(stream.mean()),
+            "mse_stream_std": float(stream.std(ddof=1)) if stream.size > 1 else 0.0,
+            "rmse_stream_mean": float(np.sqrt(stream).mean()),
+            **extra,
         }
+        if scores[0] is not None:  # a classifier: no MSE (its "prediction" is a class index)
+            for key in ("mse_mean", "mse_std", "mse_stream_mean", "mse_stream_std", "rmse_stream_mean"):
+                out["algorithms"][name][key] = None
+            out["algorithms"][name]["mse_per_seed"] = out["algorithms"][name]["mse_per_client"] = None
     return out
 
 
@@ -60,15 +78,28 @@ def markdown_table(summary: dict[str, Any], command: str | None = None) -> str:
         f"Config: N={cfg['n_kernels']} kernels, D={cfg['n_features']}, M={cfg['bin_size']}; parameters "
         f"{_params_text(cfg)}.",
         "",
-        "| algorithm | MSE (mean ± std over seeds) | avg R_c(T)/T | numbers uploaded / client step | wall s |"
-        " rejected steps |",
-        "|---|---|---|---|---|---|",
+        "| algorithm | MSE (mean ± std over seeds) | RMSE in the stream's units | avg R_c(T)/T | "
+        "numbers uploaded / client step | wall s | rejected steps |",
+        "|---|---|---|---|---|---|---|",
     ]
+    classifiers = {n: a for n, a in summary["algorithms"].items() if a.get("classification")}
     for name, a in summary["algorithms"].items():
+        if name in classifiers:
+            continue
         lines.append(
-            f"| {name} | {a['mse_mean']:.6f} ± {a['mse_std']:.6f} | {a['avg_regret']:.3e} | "
-            f"{a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | {a['rejected_steps']} |"
+            f"| {name} | {a['mse_mean']:.6f} ± {a['mse_std']:.6f} | {a['rmse_stream_mean']:.6g} | "
+            f"{a['avg_regret']:.3e} | {a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | "
+            f"{a['rejected_steps']} |"
         )
+    if classifiers:
+        if len(classifiers) == len(summary["algorithms"]):
+            lines = lines[:-3]
+        lines += ["", "| classifier | accuracy | log loss | ECE | numbers uploaded / client step | wall s | "
+                  "rejected steps |", "|---|---|---|---|---|---|---|"]
+        for name, a in classifiers.items():
+            c = a["classification"]
+            lines.append(f"| {name} | {c['accuracy']:.4f} | {c['log_loss']:.4f} | {c['ece']:.4f} | "
+                         f"{a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | {a['rejected_steps']} |")
     if command:
         lines = [f"Command: `{command}`", "", *lines]
     return "\n".join(lines) + "\n"
@@ -122,7 +153,55 @@ def plot_results(results: dict[str, list[ReplayResult]], out_dir: Path) -> list[
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+    classifiers = {name: runs for name, runs in results.items() if runs and runs[0].probas}
+    if classifiers:
+        paths.append(_reliability(classifiers, out_dir, plt))
     return paths
+
+
+def reliability_bins(runs: Sequence[ReplayResult], bins: int = ECE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per equal-width bin of the top probability (the agents' 15 by default, as their ECE), over every scored
+    step of `runs`: the count, the mean confidence and the accuracy (NaN in an empty bin) — the points of a
+    reliability diagram.
+
+    >>> r = ReplayResult("x", ["a"], np.array([2]), [np.zeros(2)], np.array([1]), np.zeros((1, 1)),
+    ...                  np.zeros((1, 0)), [], np.zeros(1), 0.0, ys=[np.array([1.0, 0.0])],
+    ...                  probas=[np.array([[0.2, 0.8], [0.15, 0.85]])])
+    >>> n, conf, acc = reliability_bins([r], bins=10); int(n[8]), round(float(conf[8]), 3), float(acc[8])
+    (2, 0.825, 0.5)
+    """
+    top, hit = [], []
+    for r in runs:
+        for p, y in zip(r.probas, r.ys, strict=True):
+            ok = ~np.isnan(p[:, 0])
+            top.append(p[ok].max(axis=1))
+            hit.append(p[ok].argmax(axis=1) == y[ok].astype(int))
+    conf, correct = np.concatenate(top), np.concatenate(hit)
+    which = np.minimum((conf * bins).astype(int), bins - 1)
+    n = np.bincount(which, minlength=bins)
+    with np.errstate(invalid="ignore"):
+        return n, np.bincount(which, conf, bins) / n, np.bincount(which, correct, bins) / n
+
+
+def _reliability(classifiers: dict[str, list[ReplayResult]], out_dir: Path, plt: Any) -> Path:
+    """`reliability.png`: each classifier's accuracy against its confidence, per bin (pooled over seeds)."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="calibrated")
+    for name, runs in classifiers.items():
+        n, conf, acc = reliability_bins(runs)
+        ok = n > 0
+        ax.plot(conf[ok], acc[ok], marker="o", label=name)
+    ax.set_xlabel("confidence (top class probability)")
+    ax.set_ylabel("accuracy")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "reliability.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(results: dict[str, list[ReplayResult]], summary: dict[str, Any], out_dir: Path,

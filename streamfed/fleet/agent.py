@@ -170,9 +170,9 @@ class AgentCore:
             self.learner = self.privacy = PrivateLearner(
                 self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,
                 label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id,
-                noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task == "regression")
+                noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task_of(cfg) == "regression")
         self.status_changed = False  # something the status message says changed (the budget ran out)
-        regression = self.algorithm.task == "regression"
+        regression = self.algorithm.task_of(cfg) == "regression"  # a class label is never standardised
         if regression:  # a classifier's label is a class index, checked by the learner itself
             self.learner = BoundedLabels(self.learner, cfg.robust.label_bound)
         if cfg.standardise == "online":

@@ -96,6 +96,7 @@ OTHER = "<other>"  # the output name of a one-hot column's "other" slot (`site=<
 # The reasons a value is refused (the same strings as streamfed.fleet.sources.SkipReason: metric labels).
 NON_NUMERIC = "non_numeric"
 NON_FINITE = "non_finite"
+TOO_LARGE = "too_large"  # a finite number beyond the configured magnitude (its square may overflow)
 BAD_BOOLEAN = "bad_boolean"
 BAD_TIMESTAMP = "bad_timestamp"
 UNKNOWN_LEVEL = "unknown_level"
@@ -327,16 +328,33 @@ class Column:
         return n if self.kind == "number" else f"{n}:{self.kind}"
 
     # ------------------------------------------------------------------ encoding
-    def encode(self, value: Any, out: np.ndarray) -> Invalid | None:
+    def missing(self, cell: str, na_values: frozenset[str]) -> bool:
+        """Whether a CSV cell means "no value" for this column: empty, or a missing-value marker that is not
+        one of its declared levels (a category whose level is `None` has the level `None`).
+
+        >>> Column("holiday", "category", levels=("None", "Xmas")).missing("None", frozenset({"None", "NA"}))
+        False
+        >>> Column("temp").missing("None", frozenset({"None"})), Column("temp").missing(" ", frozenset())
+        (True, True)
+        """
+        text = cell.strip()
+        if not text:
+            return True
+        return text in na_values and text not in self._index  # type: ignore[attr-defined]
+
+    def encode(self, value: Any, out: np.ndarray, max_abs: float | None = None) -> Invalid | None:
         """Write this column's numbers for `value` into `out` (length `width`, zeros on entry); an
         :class:`Invalid` when the value cannot be encoded (then `out` means nothing). `value` is present:
-        telling a missing value (absent, null, an NA cell) is the caller's, since sources differ there."""
+        telling a missing value (absent, null, an NA cell) is the caller's, since sources differ there.
+        `max_abs`: a number beyond it is refused as `too_large`."""
         if self.kind == "number":
             v = to_number(value)
             if v is None:
                 return Invalid(NON_NUMERIC, f"{self.name!r}: {_show(value)} is not a number")
             if not math.isfinite(v):
                 return Invalid(NON_FINITE, f"{self.name!r}: {_show(value)} is NaN or infinite")
+            if max_abs is not None and abs(v) > max_abs:
+                return Invalid(TOO_LARGE, f"{self.name!r}: {_show(value)} is beyond ±{max_abs:g}")
             out[0] = v
             return None
         if self.kind == "boolean":
@@ -584,14 +602,14 @@ class ColumnSpec:
                              f"and the aggregator) or change the columns")
 
     # ------------------------------------------------------------------ encoding
-    def encode(self, values: Sequence[Any]) -> np.ndarray | Invalid:
+    def encode(self, values: Sequence[Any], max_abs: float | None = None) -> np.ndarray | Invalid:
         """`x` from one reading's raw values in column order (all present), or the first column's
-        :class:`Invalid` (its detail names the column)."""
+        :class:`Invalid` (its detail names the column); `max_abs` as in :meth:`Column.encode`."""
         if len(values) != len(self.columns):
             raise ValueError(f"{len(values)} values for {len(self.columns)} input columns")
         x = np.zeros(self.width)
         for col, where, value in zip(self.columns, self._slices, values, strict=True):
-            bad = col.encode(value, x[where])
+            bad = col.encode(value, x[where], max_abs)
             if bad is not None:
                 return bad
         return x

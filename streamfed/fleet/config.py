@@ -405,20 +405,28 @@ class InputsConfig(BaseModel):
     ... ''')
     >>> cfg.inputs.spec.text, cfg.inputs.spec.width
     ('site:category=north|south,rain:boolean', 3)
+
+    `na_values`: the CSV cells that mean "no value" (replacing the default list, :data:`streamfed.fleet.sources.
+    NA_VALUES`; an empty cell always means it, a declared level never does); `max_abs`: a number beyond it is
+    skipped as `too_large`. Both may be given without `columns` (an agent reading plain `--features`).
     """
 
     model_config = _STRICT
-    columns: tuple[Column, ...] = Field(min_length=1)
+    columns: tuple[Column, ...] = ()
+    na_values: tuple[str, ...] | None = None
+    max_abs: float = Field(1e150, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _distinct(self) -> InputsConfig:
-        ColumnSpec(self.columns)  # raises for a column declared twice
+        if self.columns:
+            ColumnSpec(self.columns)  # raises for a column declared twice
         return self
 
     @property
-    def spec(self) -> ColumnSpec:
-        """The columns as a :class:`~streamfed.fleet.columns.ColumnSpec` (layout and encoder)."""
-        return ColumnSpec(self.columns)
+    def spec(self) -> ColumnSpec | None:
+        """The columns as a :class:`~streamfed.fleet.columns.ColumnSpec` (layout and encoder); None when no
+        column is declared."""
+        return ColumnSpec(self.columns) if self.columns else None
 
 
 class StreamfedConfig(BaseModel):

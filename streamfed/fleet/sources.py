@@ -47,7 +47,9 @@ from streamfed.wire.schema import MAX_META_STR
 
 __all__ = [
     "FUTURE_TOLERANCE",
+    "MAX_ABS",
     "MAX_ID_LEN",
+    "NA_VALUES",
     "MAX_MESSAGE_BYTES",
     "Label",
     "LabelJoin",
@@ -56,6 +58,7 @@ __all__ = [
     "Skip",
     "columns_hint",
     "open_binary",
+    "parse_na_values",
     "unknown_columns",
     "SkipReason",
     "SkipWatch",
@@ -80,8 +83,13 @@ MAX_MESSAGE_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
 
-# CSV cells that mean "no value" (as in streamfed.evaluation.datasets.NA_VALUES; repeated to keep this module light).
-_CSV_NA = frozenset({"", "NA", "N/A", "NaN", "nan", "NULL", "null", "None", "?", "-"})
+# CSV cells that mean "no value" by default (as streamfed.evaluation.datasets.NA_VALUES; repeated to keep this module
+# light); `--na-values` / `[inputs] na_values` replace them. An empty cell always means "no value".
+NA_VALUES = frozenset({"", "NA", "N/A", "NaN", "nan", "NULL", "null", "None", "?", "-"})
+
+# The largest magnitude a reading's number may have by default: every square and every sum of squares of up
+# to 1e8 such numbers stays finite in float64, so no standardiser's or learner's statistics can overflow.
+MAX_ABS = 1e150
 
 
 FUTURE_TOLERANCE = 300.0  # seconds a reading's timestamp may be ahead of this clock (clock skew)
@@ -98,6 +106,7 @@ class SkipReason:
     MISSING_FEATURE = "missing_feature"  # a feature absent, null, NA, or a list of the wrong length
     NON_NUMERIC = "non_numeric"
     NON_FINITE = "non_finite"  # NaN, ±inf, or a number too large for a float64
+    TOO_LARGE = "too_large"  # finite, but beyond ±max_abs (default MAX_ABS = 1e150: its square could overflow)
     OUT_OF_ORDER = "out_of_order"  # timestamp older than the last accepted reading's
     FUTURE_TIMESTAMP = "future_timestamp"  # timestamp beyond now + tolerance (never stored: see ReadingParser)
     UNKNOWN_READING = "unknown_reading"  # a label for a reading we never saw (or already labelled)
@@ -195,7 +204,8 @@ class ReadingParser:
     """
 
     def __init__(self, features: Sequence[str] = (), check_order: bool = True, dedup_window: int = 10_000, *,
-                 columns: ColumnSpec | None = None, future_tolerance: float = FUTURE_TOLERANCE) -> None:
+                 columns: ColumnSpec | None = None, future_tolerance: float = FUTURE_TOLERANCE,
+                 max_abs: float = MAX_ABS) -> None:
         if columns is not None:
             if features and tuple(features) != columns.names:
                 raise ValueError(f"features {list(features)} are not the declared input columns {list(columns.names)}")
@@ -212,6 +222,9 @@ class ReadingParser:
         if not future_tolerance >= 0:
             raise ValueError(f"future_tolerance must be >= 0, got {future_tolerance!r}")
         self.future_tolerance = float(future_tolerance)
+        if not max_abs > 0:
+            raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
+        self.max_abs = float(max_abs)
         self.last_ts = -math.inf
         self.dedup_window = dedup_window
         self._recent: deque[str] = deque()
@@ -244,6 +257,8 @@ class ReadingParser:
                 return Skip(SkipReason.NON_NUMERIC, "label is not a number")
             if not math.isfinite(y):
                 return Skip(SkipReason.NON_FINITE, "label is not finite")
+            if abs(y) > self.max_abs:
+                return Skip(SkipReason.TOO_LARGE, f"label {y:g} is beyond ±{self.max_abs:g}")
             return Label(rid, y)
         return self.reading(obj.get("x"), obj.get("y"), obj.get("id"), obj.get("ts"))
 
@@ -279,6 +294,8 @@ class ReadingParser:
                 arr = np.array(vals, dtype=np.float64)
         if not np.all(np.isfinite(arr)):
             return Skip(SkipReason.NON_FINITE, "an input is NaN or infinite")
+        if np.abs(arr).max(initial=0.0) > self.max_abs:
+            return Skip(SkipReason.TOO_LARGE, f"an input is beyond ±{self.max_abs:g}")
         label = None
         if y is not None:
             label = _number(y)
@@ -286,6 +303,8 @@ class ReadingParser:
                 return Skip(SkipReason.NON_NUMERIC, "label is not a number")
             if not math.isfinite(label):
                 return Skip(SkipReason.NON_FINITE, "label is not finite")
+            if abs(label) > self.max_abs:
+                return Skip(SkipReason.TOO_LARGE, f"label {label:g} is beyond ±{self.max_abs:g}")
         t = _number(ts) if ts is not None else time.time()
         if t is None or not math.isfinite(t):
             return Skip(SkipReason.MALFORMED, "bad timestamp")
@@ -319,7 +338,7 @@ class ReadingParser:
         # Agents pickle their parser into their state file (streamfed.fleet.persistence): a file written before
         # a field existed still loads, with that field's default.
         defaults: dict[str, Any] = {"check_order": True, "last_ts": -math.inf, "dedup_window": 10_000, "_seq": 0,
-                                    "columns": None, "future_tolerance": FUTURE_TOLERANCE}
+                                    "columns": None, "future_tolerance": FUTURE_TOLERANCE, "max_abs": MAX_ABS}
         self.__dict__.update(defaults | state)
         if self.last_ts > time.time() + self.future_tolerance:
             self.last_ts = -math.inf  # a future mark stored before the check existed would block the stream
@@ -334,7 +353,7 @@ class ReadingParser:
         >>> p.with_schema(columns=ColumnSpec.parse("on:boolean")).parse(b'{"id": "r1", "x": ["on"]}').reason
         'duplicate'
         """
-        schema = ReadingParser(features, columns=columns)  # checks it
+        schema = ReadingParser(features, columns=columns, max_abs=self.max_abs)  # checks it
         new = copy.deepcopy(self)  # its own copy of the remembered ids
         new.features, new.columns = schema.features, schema.columns
         return new
@@ -540,6 +559,16 @@ def unknown_columns(where: str, what: str, names: Sequence[str], columns: Sequen
     return SourceError(f"{where}: {what} {label} not found{did}; {columns_hint(columns)}")
 
 
+def parse_na_values(text: str) -> frozenset[str]:
+    """`--na-values` text as the set of missing-value markers: comma-separated cells (surrounding spaces
+    dropped); the empty cell is always one, so `''` means "only empty cells are missing".
+
+    >>> sorted(parse_na_values("NA, -")), sorted(parse_na_values(""))
+    (['', '-', 'NA'], [''])
+    """
+    return frozenset({"", *(v.strip() for v in text.split(","))})
+
+
 def check_encoding(encoding: str, where: str = "") -> str:
     """The codec name of `encoding` (UTF-8 as `utf-8-sig`: a byte-order mark is dropped), or SourceError.
 
@@ -667,7 +696,8 @@ def _check_csv(path: Path, target: str, features: Sequence[str], id_column: str 
 
 def csv_source(path: str | Path, target: str, features: Sequence[str] = (), rate_hz: float | None = None,
                id_column: str | None = None, *, encoding: str = "utf-8", delimiter: str = ",",
-               columns: ColumnSpec | None = None) -> AsyncIterator[Reading | Skip]:
+               columns: ColumnSpec | None = None, na_values: Iterable[str] = NA_VALUES,
+               max_abs: float = MAX_ABS) -> AsyncIterator[Reading | Skip]:
     """Replay a CSV (optionally .gz) at `rate_hz`; bad rows come out as `Skip`.
 
     The inputs are the numeric `features`, or the declared input `columns` (a
@@ -681,8 +711,10 @@ def csv_source(path: str | Path, target: str, features: Sequence[str] = (), rate
     columns there are). Header names are stripped of surrounding spaces; blank lines are ignored.
 
     Rows: a row with more fields than the header is `malformed` (its values may be misaligned); a short
-    row whose features or target are absent, or an NA cell (empty, `NA`, `null`, ...) there, is
-    `missing_feature`; other text is `non_numeric`. Every skip's detail names its row. Row ids are
+    row whose features or target are absent, or an NA cell (empty, or one of `na_values`: by default `NA`,
+    `null`, `None`, ...; a declared category level is a level, not missing) there, is `missing_feature`;
+    other text is `non_numeric`; a number beyond `±max_abs` is `too_large`. Every skip's detail names its
+    file line (1-based, the header is line 1: as an editor and the decode errors count). Row ids are
     `row<i>` (0-based data rows) unless `id_column` names a column. Should the file become unreadable
     while it is replayed, a `malformed` skip says so and the stream ends (logged as an error).
     """
@@ -695,38 +727,51 @@ def csv_source(path: str | Path, target: str, features: Sequence[str] = (), rate
         features = columns.names
     layout = _check_csv(path, target, features, id_column, encoding, delimiter,
                         "input" if columns is not None else "feature")
-    parser = ReadingParser(features, check_order=False, columns=columns)
+    parser = ReadingParser(features, check_order=False, columns=columns, max_abs=max_abs)
     names = [*features, target]
     n = len(features)
+    na = frozenset(na_values)
+    # a declared category level is a level even when it is also a missing-value marker (`None`, `NA`)
+    kept = [c.missing for c in columns.columns] if columns is not None else []
+    missing = [*kept, *([None] * (len(names) - len(kept)))]
+
+    def absent_cell(v: str | None, is_missing: Any) -> bool:
+        if v is None:
+            return True
+        return bool(is_missing(v, na)) if is_missing is not None else (not v.strip() or v.strip() in na)
 
     def gen() -> Iterator[Reading | Skip]:
         i = -1
+        reader = None
         try:
             with _open_text(path, layout.codec) as fh:
-                for rec in csv.reader(fh, delimiter=delimiter):
+                reader = csv.reader(fh, delimiter=delimiter)
+                for rec in reader:
                     if not rec:
                         continue
                     i += 1
                     if i == 0:
                         continue  # the header (checked already)
-                    row = i - 1
+                    row, line = i - 1, reader.line_num
                     if len(rec) > layout.width:
-                        yield Skip(SkipReason.MALFORMED, f"row {row}: {len(rec)} fields for a header of {layout.width}")
+                        yield Skip(SkipReason.MALFORMED, f"line {line}: {len(rec)} fields for a header of "
+                                                         f"{layout.width}")
                         continue
                     cells = [rec[j] if j < len(rec) else None for j in layout.cols]
-                    absent = [c for c, v in zip(names, cells, strict=True) if v is None or v.strip() in _CSV_NA]
+                    absent = [c for c, v, m in zip(names, cells, missing, strict=True) if absent_cell(v, m)]
                     if absent:
-                        yield Skip(SkipReason.MISSING_FEATURE, f"row {row}: missing {absent}")
+                        yield Skip(SkipReason.MISSING_FEATURE, f"line {line}: missing {absent}")
                         continue
                     if layout.id_col is None:
                         rid: str | None = f"row{row}"
                     else:
                         rid = (rec[layout.id_col] if layout.id_col < len(rec) else "") or None
                     out = parser.reading(cells[:n], cells[n], rid, None)
-                    yield out if isinstance(out, Reading) else Skip(out.reason, f"row {row}: {out.detail}")
+                    yield out if isinstance(out, Reading) else Skip(out.reason, f"line {line}: {out.detail}")
         except (UnicodeDecodeError, csv.Error, *_READ_ERRORS) as e:  # the file changed since it was checked
-            log.error("%s: reading stopped after %d rows: %s", path, max(i, 0), e)
-            yield Skip(SkipReason.MALFORMED, f"{path}: reading stopped after {max(i, 0)} rows: {e}")
+            line = reader.line_num if reader is not None else 0
+            log.error("%s: reading stopped at line %d: %s", path, line, e)
+            yield Skip(SkipReason.MALFORMED, f"{path}: reading stopped at line {line}: {e}")
 
     return paced(gen(), rate_hz)
 

@@ -51,7 +51,7 @@ AGGREGATION_BUCKETS: tuple[float, ...] = (
 DEFAULT_SKIP_REASONS: tuple[str, ...] = (
     "malformed", "missing_feature", "non_numeric", "non_finite", "out_of_order", "future_timestamp",
     "unknown_reading",
-    "label_evicted", "duplicate", "unlearnable",
+    "label_evicted", "duplicate", "unlearnable", "too_large",
     "bad_boolean", "bad_timestamp", "unknown_level",  # values declared input columns refuse (fleet/columns.py)
     "below_privacy_floor",  # learned, but the stream ended below the upload floor and nothing keeps them
     "queue_full", "stopped",  # dropped unread by the agent's bounded sensor queue (runtime/agent/receiving.py)

@@ -251,7 +251,7 @@ class StreamfedCollector(Collector):
                                 ("streamfed_agent_regret", s.regret)):
                 if value is not None:
                     f[name].add_metric(lab, value)  # type: ignore[attr-defined]
-            if s.samples:
+            if s.samples and s.classification is None:  # a classifier's "mean" is a class index: no MSE
                 f["streamfed_agent_mse"].add_metric(lab, s.mse)  # type: ignore[attr-defined]
                 f["streamfed_agent_windowed_mse"].add_metric(lab, s.windowed_mse)  # type: ignore[attr-defined]
             if s.interval_total:

@@ -51,14 +51,14 @@ class PredictionDecoder:
 
 
 def _row(msg: Message) -> dict[str, Any]:
-    """One prediction as a JSON-able row (its last sample); a classifier's adds `class` (the most probable)
-    and `p` (its probability).
+    """One prediction as a JSON-able row (its last sample); a classifier's adds `class` (the most probable),
+    `p` (its probability) and `proba` (every class's probability, by class index).
 
     >>> import numpy as np
     >>> from streamfed.wire.message import prediction_message
     >>> r = _row(prediction_message("f", "a1", 1, np.array([2.0]), proba=np.array([[0.1, 0.2, 0.7]])))
-    >>> r["class"], r["p"]
-    (2, 0.7)
+    >>> r["class"], r["p"], r["proba"]
+    (2, 0.7, [0.1, 0.2, 0.7])
     """
     var = msg.arrays.get("var")
     row = {"client": msg.client, "seq": msg.seq, "mean": float(msg.arrays["mean"][-1]),
@@ -67,7 +67,7 @@ def _row(msg: Message) -> dict[str, Any]:
     proba = msg.arrays.get("proba")
     if proba is not None:
         k = int(np.argmax(proba[-1]))
-        row["class"], row["p"] = k, float(proba[-1][k])
+        row["class"], row["p"], row["proba"] = k, float(proba[-1][k]), [float(v) for v in proba[-1]]
     return row
 
 

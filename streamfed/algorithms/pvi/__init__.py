@@ -127,6 +127,10 @@ class PVI(Algorithm):
     def feature_dim(self, cfg: FleetConfig) -> int:
         return int(cfg.params.n_inducing)
 
+    def task_of(self, cfg: FleetConfig) -> Literal["regression", "classification"]:
+        """A Bernoulli likelihood's target is a class label, 0 or 1 (its predictive mean is `P(y = 1)`)."""
+        return "classification" if cfg.params.likelihood == "bernoulli" else "regression"  # type: ignore[attr-defined]
+
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.pvi.wire import schemas
 

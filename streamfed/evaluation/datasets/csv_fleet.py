@@ -22,7 +22,10 @@ order; nothing is imputed.
   :attr:`ClientStream.skipped_by_column`, and for the whole file, split into `missing` and
   `non_numeric` per column, in :class:`CsvReport`; a value a declared column's kind refuses (a bad
   boolean or timestamp, an undeclared level) is counted by reason and column in
-  :attr:`CsvReport.invalid`. A row with more fields than the header is skipped
+  :attr:`CsvReport.invalid`; a number beyond `±max_abs` (default 1e150, so that no square or sum of squares
+  overflows a float64) is skipped as `too_large` (:attr:`CsvReport.too_large`). Missing means empty or one of
+  `na_values` (by default :data:`NA_VALUES`), except a declared category level, which is a level even when it
+  reads `None` or `NA`. A row with more fields than the header is skipped
   as `too_many_fields` (its values cannot be trusted to be aligned); a short row's absent fields are
   missing. A row with an empty client value belongs to no client and is counted as `no_client`.
   Blank lines are ignored and not counted.
@@ -38,6 +41,7 @@ order; nothing is imputed.
     samples only initialise the statistics and are not emitted (:attr:`ClientStream.warmup`).
   - `"none"`: raw values.
 
+  A class label (`label=True`: the target of a classifier) is never normalised, only the inputs.
   A client left with no sample (all its rows skipped, or no more rows than `warmup` under
   `"online"`) is left out of the fleet and named in :attr:`CsvReport.dropped_clients`.
 
@@ -62,13 +66,13 @@ import numpy as np
 
 from streamfed.evaluation.datasets.adapters import NA_VALUES
 from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fleet
-from streamfed.evaluation.datasets.normalise import DEFAULT_WARMUP, normalise_streams
+from streamfed.evaluation.datasets.normalise import DEFAULT_WARMUP, TOO_LARGE, normalise_streams
 
 # declared columns are encoded by the agent's encoder, so a replay lays x out as a fleet does
 from streamfed.fleet.columns import ColumnSpec, Invalid, suggest_column
 
 # the column checks' messages are the agent's: one user, one set of messages (the agent's module is numba-free)
-from streamfed.fleet.sources import columns_hint, open_binary, unknown_columns
+from streamfed.fleet.sources import MAX_ABS, columns_hint, open_binary, unknown_columns
 
 __all__ = ["CsvReport", "csv_fleet", "csv_fleet_with_report"]
 
@@ -109,6 +113,8 @@ class CsvReport:
     invalid: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     declared: str | None = None
     suggested: Mapping[str, str] = field(default_factory=dict)  # text column left out -> a --columns item
+    too_large: Mapping[str, int] = field(default_factory=dict)  # column -> numbers beyond ±max_abs
+    na_values: tuple[str, ...] = ()  # the missing-value markers used
 
     def hint(self) -> str | None:
         """One line naming the text columns feature detection left out and how to declare them (None when
@@ -145,6 +151,7 @@ class CsvReport:
         why = [f"{c} missing {k}" for c, k in self.missing.items() if k]
         why += [f"{c} non-numeric {k}" for c, k in self.non_numeric.items() if k]
         why += [f"{c} {r.replace('_', ' ')} {k}" for r, by in self.invalid.items() for c, k in by.items() if k]
+        why += [f"{c} too large {k}" for c, k in self.too_large.items() if k]
         if self.too_many_fields:
             why.append(f"too many fields {self.too_many_fields}")
         if self.no_client:
@@ -185,16 +192,19 @@ def _decode_error(path: Path, codec: str, head: bytes) -> str:
     return f"{where}; pass the file's encoding, e.g. encoding='latin-1' or 'cp1252'"
 
 
-def _classify(text: str, na: frozenset[str]) -> float | bool:
-    """A finite float, or False (missing: empty / NA marker) or True (present but not a finite number)."""
+def _classify(text: str, na: frozenset[str], max_abs: float = MAX_ABS) -> float | bool | str:
+    """A finite float within `±max_abs`, or False (missing: empty / NA marker), True (present but not a finite
+    number) or `"too_large"` (a finite number beyond `±max_abs`: its square could overflow the statistics)."""
     text = text.strip()
-    if text in na:
+    if not text or text in na:
         return False
     try:
         v = float(text)
     except ValueError:
         return True
-    return v if math.isfinite(v) else True
+    if not math.isfinite(v):
+        return True
+    return v if abs(v) <= max_abs else TOO_LARGE
 
 
 @dataclass
@@ -219,6 +229,8 @@ def csv_fleet_with_report(
     warmup: int = DEFAULT_WARMUP,
     max_clients: int | None = 1000,
     columns: ColumnSpec | str | None = None,
+    max_abs: float = MAX_ABS,
+    label: bool = False,
 ) -> tuple[Fleet, CsvReport]:
     """Read a CSV file into a :class:`Fleet` (see the module docstring) and say what was skipped.
 
@@ -231,7 +243,11 @@ def csv_fleet_with_report(
     not causal), `"online"` (causal) or `"none"`. `encoding`: the text encoding; UTF-8 is read as
     `utf-8-sig`, so a byte-order mark is dropped. `max_rows`: read at most this many data rows
     (skipped rows included). `max_clients`: refuse a client column with more distinct values (a
-    guard against naming a timestamp column; `None` for no limit).
+    guard against naming a timestamp column; `None` for no limit). `na_values`: the cells that mean "no
+    value" (an empty cell always does; a declared category level is a level, not missing). `max_abs`: a
+    number beyond `±max_abs` is skipped and counted as `too_large` (default 1e150: any square and sum of
+    squares of such numbers stays finite). `label`: the target is a class label (a classifier's), never
+    normalised.
 
     Returns the fleet (`dataset` is the file's stem, `target` the target column, `split`
     `"column:<client_column>"` or `"single"`; each stream's `row` is the 0-based data-row index of
@@ -282,6 +298,8 @@ def csv_fleet_with_report(
     if codec == "utf-8":
         codec = "utf-8-sig"
     na = frozenset(na_values)
+    if not max_abs > 0:
+        raise ValueError(f"{where}: max_abs must be > 0, got {max_abs!r}")
 
     # -- read the header and up to max_rows data rows ------------------------------------------------
     try:
@@ -383,7 +401,7 @@ def csv_fleet_with_report(
             for rec in records:
                 if j >= len(rec) or len(rec) > width:
                     continue
-                v = _classify(rec[j], na)
+                v = _classify(rec[j], na, max_abs)
                 if v is True:
                     texts += 1
                     example = example or rec[j].strip()[:20]
@@ -397,6 +415,10 @@ def csv_fleet_with_report(
                 ignored[h] = f"non-numeric ({texts} of {numbers + texts} values are text, e.g. {example!r})"
                 present = [rec[j] for rec in records if j < len(rec) <= width and rec[j].strip() not in na]
                 item = suggest_column(h, present)
+                if item is not None and ":category=" in item:
+                    # a text column's markers (`None` on a traffic file's holiday column) are levels too: a
+                    # declared level is never missing, so the suggestion learns those rows when pasted
+                    item = suggest_column(h, [rec[j] for rec in records if j < len(rec) <= width and rec[j].strip()])
                 if item is not None:
                     suggested[h] = item
         if not feats:
@@ -415,6 +437,7 @@ def csv_fleet_with_report(
     clients: dict[str, _Client] = {}
     missing = dict.fromkeys(used, 0)
     non_numeric = dict.fromkeys(used, 0)
+    too_large = dict.fromkeys(used, 0)
     invalid: dict[str, dict[str, int]] = {}
     too_many = no_client = 0
     for i, rec in enumerate(records):
@@ -436,7 +459,7 @@ def csv_fleet_with_report(
             c.skipped += 1
             continue
         if spec is not None:
-            row = _encode_row(spec, rec, cols, na)
+            row = _encode_row(spec, rec, cols, na, max_abs)
             if isinstance(row, list):
                 c.values.append(row)
                 c.rows.append(i)
@@ -445,19 +468,18 @@ def csv_fleet_with_report(
             for col, v in zip(used, row, strict=True):
                 if v is not None:
                     c.by_column[col] += 1
-                    counts = missing if v is False else non_numeric if v is True else invalid.setdefault(v, {})
+                    counts = (missing if v is False else non_numeric if v is True else too_large if v == TOO_LARGE
+                              else invalid.setdefault(v, {}))
                     counts[col] = counts.get(col, 0) + 1
             continue
-        values = [_classify(rec[j], na) if j < len(rec) else False for j in cols]
-        if any(isinstance(v, bool) for v in values):
+        values = [_classify(rec[j], na, max_abs) if j < len(rec) else False for j in cols]
+        if any(isinstance(v, bool | str) for v in values):
             c.skipped += 1
             for col, v in zip(used, values, strict=True):
-                if v is False:
-                    missing[col] += 1
+                if isinstance(v, bool | str):
                     c.by_column[col] += 1
-                elif v is True:
-                    non_numeric[col] += 1
-                    c.by_column[col] += 1
+                    counts = missing if v is False else non_numeric if v is True else too_large
+                    counts[col] += 1
             continue
         c.values.append(values)  # type: ignore[arg-type]
         c.rows.append(i)
@@ -479,12 +501,13 @@ def csv_fleet_with_report(
         why = [f"{k} missing {v}" for k, v in missing.items() if v]
         why += [f"{k} non-numeric {v}" for k, v in non_numeric.items() if v]
         why += [f"{k} {r.replace('_', ' ')} {v}" for r, by in invalid.items() for k, v in by.items() if v]
+        why += [f"{k} too large {v}" for k, v in too_large.items() if v]
         why += [f"too many fields {too_many}"] if too_many else []
         why += [f"no client {no_client}"] if no_client else []
         extra = f" (online normalisation needs more than {warmup} per client)" if samples else ""
         raise ValueError(f"{where}: no usable rows: {samples} of {len(records)} data rows are valid{extra}"
                          + (f"; skipped: {', '.join(why)}" if why else ""))
-    streams, scaling = normalise_streams(raw, normalisation, warmup=warmup)
+    streams, scaling = normalise_streams(raw, normalisation, warmup=warmup, target=not label)
     fleet = Fleet(tuple(streams), dataset=single, normalisation=normalisation,
                   split=f"column:{client_column}" if client_column is not None else "single",
                   target=target, scaling=scaling)
@@ -495,15 +518,16 @@ def csv_fleet_with_report(
         non_numeric=MappingProxyType(non_numeric), too_many_fields=too_many, no_client=no_client,
         ignored=MappingProxyType(ignored), dropped_clients=tuple(dropped), truncated=truncated,
         invalid=MappingProxyType({r: MappingProxyType(by) for r, by in invalid.items()}),
-        declared=spec.text if spec is not None else None, suggested=MappingProxyType(suggested))
+        declared=spec.text if spec is not None else None, suggested=MappingProxyType(suggested),
+        too_large=MappingProxyType(too_large), na_values=tuple(sorted(na)))
     return fleet, report
 
 
 _NUMBER_REASONS = ("non_numeric", "non_finite")  # a number column's refusals: counted as non-numeric, as before
 
 
-def _encode_row(spec: ColumnSpec, rec: list[str], cols: list[int],
-                na: frozenset[str]) -> list[float] | tuple[bool | str | None, ...]:
+def _encode_row(spec: ColumnSpec, rec: list[str], cols: list[int], na: frozenset[str],
+                max_abs: float = MAX_ABS) -> list[float] | tuple[bool | str | None, ...]:
     """One row through the declared columns: `[*x, y]`, or (a tuple) per used column — inputs, then the
     target — what is wrong with it: False missing, True non-numeric, a reason the column's kind gave, None
     nothing."""
@@ -511,16 +535,16 @@ def _encode_row(spec: ColumnSpec, rec: list[str], cols: list[int],
     problems: list[bool | str | None] = []
     for col, where, j in zip(spec.columns, spec.slices, cols, strict=False):
         cell = rec[j] if j < len(rec) else None
-        if cell is None or cell.strip() in na:
+        if cell is None or col.missing(cell, na):
             problems.append(False)
             continue
-        bad = col.encode(cell, x[where])
+        bad = col.encode(cell, x[where], max_abs=max_abs)
         if isinstance(bad, Invalid):
             problems.append(True if bad.reason in _NUMBER_REASONS else bad.reason)
         else:
             problems.append(None)
-    y = _classify(rec[cols[-1]], na) if cols[-1] < len(rec) else False
-    problems.append(y if isinstance(y, bool) else None)
+    y = _classify(rec[cols[-1]], na, max_abs) if cols[-1] < len(rec) else False
+    problems.append(y if isinstance(y, bool | str) else None)
     if any(p is not None for p in problems):
         return tuple(problems)
     return [*x.tolist(), float(y)]
@@ -540,6 +564,8 @@ def csv_fleet(
     warmup: int = DEFAULT_WARMUP,
     max_clients: int | None = 1000,
     columns: ColumnSpec | str | None = None,
+    max_abs: float = MAX_ABS,
+    label: bool = False,
 ) -> Fleet:
     """The fleet of :func:`csv_fleet_with_report`, without the report.
 
@@ -558,4 +584,4 @@ def csv_fleet(
     return csv_fleet_with_report(
         path, target, client_column=client_column, features=features, normalisation=normalisation,
         encoding=encoding, delimiter=delimiter, max_rows=max_rows, na_values=na_values, warmup=warmup,
-        max_clients=max_clients, columns=columns)[0]
+        max_clients=max_clients, columns=columns, max_abs=max_abs, label=label)[0]

@@ -27,32 +27,55 @@ import numpy as np
 from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fleet
 
 DEFAULT_WARMUP = 2
+# the skip reason of a row whose statistics would overflow (its square is beyond float64)
+TOO_LARGE = "too_large"
 
 
 @numba.njit(cache=True)
 def _past_standardise(v: np.ndarray, warmup: int, z: np.ndarray, offset: np.ndarray,
-                      scale: np.ndarray) -> None:
-    """Row `t` of `z` from the Welford statistics of rows `< t` of `v`; rows `< warmup` are NaN."""
+                      scale: np.ndarray, refused: np.ndarray) -> None:
+    """Row `t` of `z` from the Welford statistics of the rows before `t` that were folded in; the first
+    `warmup` folded rows are NaN. A row whose fold (or transform) would not be finite in some column — a
+    value whose square overflows, like 1e300 — is refused as a whole: NaN in `z`, `refused[t]` set, the
+    statistics unchanged (else one absurd cell would make that column's scale infinite and every later
+    value of it 0)."""
     T, d = v.shape
     mean = np.zeros(d)
     m2 = np.zeros(d)
+    new_mean = np.zeros(d)
+    new_m2 = np.zeros(d)
+    k = 0  # rows folded in so far
     for t in range(T):
+        ok = True
         for j in range(d):
-            if t < warmup:
-                z[t, j] = np.nan
-                offset[t, j] = np.nan
-                scale[t, j] = np.nan
-            else:
-                s = math.sqrt(m2[j] / (t - 1)) if t >= 2 else 0.0
+            delta = v[t, j] - mean[j]
+            new_mean[j] = mean[j] + delta / (k + 1)
+            new_m2[j] = m2[j] + delta * (v[t, j] - new_mean[j])
+            if not (math.isfinite(new_mean[j]) and math.isfinite(new_m2[j])):
+                ok = False
+            if k >= warmup:
+                s = math.sqrt(m2[j] / (k - 1)) if k >= 2 else 0.0
                 if not s > 0.0:
                     s = abs(mean[j]) if mean[j] != 0.0 else 1.0
                 offset[t, j] = mean[j]
                 scale[t, j] = s
                 z[t, j] = (v[t, j] - mean[j]) / s
-            # fold sample t in only after it has been transformed
-            delta = v[t, j] - mean[j]
-            mean[j] += delta / (t + 1)
-            m2[j] += delta * (v[t, j] - mean[j])
+                if not math.isfinite(z[t, j]):
+                    ok = False
+            else:
+                z[t, j] = np.nan
+                offset[t, j] = np.nan
+                scale[t, j] = np.nan
+        refused[t] = not ok
+        if not ok:
+            for j in range(d):
+                z[t, j] = np.nan
+            continue
+        # fold sample t in only after it has been transformed
+        for j in range(d):
+            mean[j] = new_mean[j]
+            m2[j] = new_m2[j]
+        k += 1
 
 
 def online_standardise(values: np.ndarray, warmup: int = DEFAULT_WARMUP
@@ -60,12 +83,28 @@ def online_standardise(values: np.ndarray, warmup: int = DEFAULT_WARMUP
     """Standardise each column with the mean and sample std of the *previous* rows only.
 
     Returns `(z, offset, scale)`, each shaped like `values` (`(T,)` or `(T, d)`), with
-    `values = z * scale + offset`; rows before `warmup` are NaN (no usable history). `z[t]` depends on
-    `values[:t + 1]` only.
+    `values = z * scale + offset`; rows before `warmup` are NaN (no usable history), and so is a row
+    refused because its statistics would overflow (see :func:`online_standardise_rows`). `z[t]` depends
+    on `values[:t + 1]` only.
 
     >>> z, offset, scale = online_standardise(np.array([1.0, 3.0, 2.0, 10.0]))
     >>> z.tolist()[2:], offset.tolist()[2:]
     ([0.0, 8.0], [2.0, 2.0])
+    """
+    z, offset, scale, _ = online_standardise_rows(values, warmup)
+    return z, offset, scale
+
+
+def online_standardise_rows(values: np.ndarray, warmup: int = DEFAULT_WARMUP
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`online_standardise` and, per row, whether it was refused: a row (all its columns together)
+    whose square would overflow the statistics is not folded in and is NaN, so the rows after it are
+    standardised as if it had never come — the rule of the agents' :class:`~streamfed.core.standardise.
+    OnlineStandardiser`.
+
+    >>> z, _, _, refused = online_standardise_rows(np.array([1.0, 3.0, 1e300, 2.0]))
+    >>> refused.tolist(), z.tolist()[3]
+    ([False, False, True, False], 0.0)
     """
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1 (the first sample has no past), got {warmup}")
@@ -74,8 +113,9 @@ def online_standardise(values: np.ndarray, warmup: int = DEFAULT_WARMUP
         raise ValueError(f"values must be (T,) or (T, d), got shape {v.shape}")
     v2 = np.ascontiguousarray(v.reshape(v.shape[0], -1))
     z, offset, scale = (np.empty_like(v2) for _ in range(3))
-    _past_standardise(v2, int(warmup), z, offset, scale)
-    return z.reshape(v.shape), offset.reshape(v.shape), scale.reshape(v.shape)
+    refused = np.zeros(v2.shape[0], dtype=np.bool_)
+    _past_standardise(v2, int(warmup), z, offset, scale, refused)
+    return z.reshape(v.shape), offset.reshape(v.shape), scale.reshape(v.shape), refused
 
 
 def paper_constants(streams: Sequence[ClientStream]) -> dict[str, float]:
@@ -86,8 +126,10 @@ def paper_constants(streams: Sequence[ClientStream]) -> dict[str, float]:
     return {"x_norm": x_norm, "y_min": y_min, "y_max": y_max}
 
 
-def _paper(stream: ClientStream, c: dict[str, float]) -> ClientStream:
+def _paper(stream: ClientStream, c: dict[str, float], target: bool = True) -> ClientStream:
     x_norm = c["x_norm"] if c["x_norm"] > 0 else 1.0
+    if not target:  # a class label: never scaled
+        return replace(stream, X=stream.X / x_norm)
     span = c["y_max"] - c["y_min"]
     span = span if span > 0 else 1.0
     T = len(stream)
@@ -95,33 +137,47 @@ def _paper(stream: ClientStream, c: dict[str, float]) -> ClientStream:
                    y_offset=np.full(T, c["y_min"]), y_scale=np.full(T, span))
 
 
-def _online(stream: ClientStream, warmup: int) -> ClientStream:
-    w = min(warmup, len(stream))
-    zx, _, _ = online_standardise(stream.X, warmup)
-    zy, oy, sy = online_standardise(stream.y, warmup)
+def _online(stream: ClientStream, warmup: int, target: bool = True) -> ClientStream:
+    """`stream` standardised from its past: inputs and target together, so that a row refused for one of
+    them (its statistics would overflow) is dropped whole and counted in `skipped`, under
+    `skipped_by_column[TOO_LARGE]`."""
+    both = np.concatenate([stream.X, stream.y[:, None]], axis=1)
+    z, offset, scale, refused = online_standardise_rows(both, warmup)
+    if not target:  # a class label: checked for overflow with the row, but kept as it is
+        z[:, -1], offset[:, -1], scale[:, -1] = stream.y, 0.0, 1.0
+    warm = np.cumsum(~refused) <= warmup  # the first `warmup` rows folded in only initialise the statistics
+    emitted = ~refused & ~warm
+    n_refused = int(refused.sum())
 
     def cut(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else a[w:]
+        return None if a is None else a[emitted]
 
-    return replace(stream, X=zx[w:], y=zy[w:], y_offset=oy[w:], y_scale=sy[w:], warmup=stream.warmup + w,
+    by_column = dict(stream.skipped_by_column)
+    if n_refused:
+        by_column[TOO_LARGE] = by_column.get(TOO_LARGE, 0) + n_refused
+    return replace(stream, X=z[emitted, :-1], y=z[emitted, -1], y_offset=offset[emitted, -1],
+                   y_scale=scale[emitted, -1], warmup=stream.warmup + int((warm & ~refused).sum()),
+                   skipped=stream.skipped + n_refused, skipped_by_column=by_column,
                    time=cut(stream.time), source=cut(stream.source), row=cut(stream.row))
 
 
 def normalise_streams(streams: Sequence[ClientStream], normalisation: str, *,
-                      warmup: int = DEFAULT_WARMUP, constants: dict[str, float] | None = None
-                      ) -> tuple[list[ClientStream], dict[str, float | int | str]]:
+                      warmup: int = DEFAULT_WARMUP, constants: dict[str, float] | None = None,
+                      target: bool = True) -> tuple[list[ClientStream], dict[str, float | int | str]]:
     """Apply a normalisation to raw streams; returns the streams and the constants used.
 
     For `"paper"`, `constants` (see :func:`paper_constants`) default to those of `streams` together.
+    `target=False`: the target is a class label, never scaled (inputs only).
     """
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
     if normalisation == "none":
         return list(streams), {"method": "none"}
+    label = {} if target else {"target": "class label, not normalised"}
     if normalisation == "online":
-        return [_online(s, warmup) for s in streams], {"method": "online", "warmup": int(warmup)}
+        return [_online(s, warmup, target) for s in streams], {"method": "online", "warmup": int(warmup), **label}
     c = paper_constants(streams) if constants is None else constants
-    return [_paper(s, c) for s in streams], {"method": "paper", **c}
+    return [_paper(s, c, target) for s in streams], {"method": "paper", **c, **label}
 
 
 def normalise(fleet: Fleet, normalisation: str, *, warmup: int = DEFAULT_WARMUP) -> Fleet:

@@ -81,6 +81,7 @@ class Receiving:
     _stop: asyncio.Event
     _prior_ready: asyncio.Event
     _source_done: asyncio.Event
+    source_finished: bool
     _source_done_at: float | None
     _sent_at: dict[int, float]
 
@@ -178,6 +179,7 @@ class Receiving:
                         self._skip_items -= 1
                         continue
                     await self._take_async(item)
+                self.source_finished = not self._stop.is_set()  # ended on its own: the run's summary is due
                 msgs, _ = self.core.end_of_stream(durable=self.store is not None)
                 self._queue(None, msgs)
                 self._dirty = True

@@ -117,6 +117,7 @@ class AgentService(Receiving, Sending):
         self._stop = asyncio.Event()
         self._source_done = asyncio.Event()
         self._source_done_at: float | None = None
+        self.source_finished = False  # a finite source ran to its end (not stopped): see runtime/agent/summary.py
         self.connected = asyncio.Event()
         self.reconnects = 0
         # ---- durable state
