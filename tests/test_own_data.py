@@ -363,14 +363,14 @@ def test_no_mse_metric_for_a_classifier():
 def test_pvi_classifier_passes_rivers_checks():
     from river.checks import check_estimator
 
-    from streamfed.algorithms.pvi.classifier import PVIClassifier
+    from streamfed.algorithms.pvi.estimator import PVIClassifier
 
     for params in PVIClassifier._unit_test_params():
         check_estimator(PVIClassifier(**params))
 
 
 def test_pvi_classifier_refuses_a_third_class_and_learns_its_labels_raw():
-    from streamfed.algorithms.pvi.classifier import PVIClassifier
+    from streamfed.algorithms.pvi.estimator import PVIClassifier
 
     model = PVIClassifier(n_inducing=4, n_pseudo=4, refine_every=16, steps=20, learning_rate=0.05,
                           predict_draws=0)

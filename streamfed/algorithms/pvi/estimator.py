@@ -1,4 +1,6 @@
-"""PVI as a River regressor: one client with a private server (docs/algorithms.md, "PVI")."""
+"""PVI's River estimators, each one client with a private server (docs/algorithms.md, "PVI"): the regressor
+(Gaussian likelihood) and the binary classifier (Bernoulli likelihood; its class label is never standardised:
+it is the likelihood's `y ∈ {0, 1}`)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ from river import base
 from streamfed.algorithms.pvi.client import PVIClient
 from streamfed.algorithms.pvi.server import PVIServer
 from streamfed.core.river_inputs import dict_to_vector, gaussian, learn_rows, sorted_keys
-from streamfed.core.standardise import StreamScales
+from streamfed.core.standardise import INPUT_CLIP, OnlineStandardiser, StreamScales
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
 
-__all__ = ["PVIRegressor"]
+__all__ = ["PVIClassifier", "PVIRegressor"]
 
 
 def _finite_target(y: Any) -> float:
@@ -185,3 +187,149 @@ class PVIRegressor(base.Regressor):
     def predict_many(self, xs: Any) -> np.ndarray:
         """Predictive means of the rows of a `(T, d)` array."""
         return self.predict_dist_many(xs)[0]
+
+
+class PVIClassifier(base.Classifier):
+    """A streaming PVI sparse-GP classifier (Bernoulli likelihood `p(y | f) = sigmoid((2y − 1) f)`): a fleet
+    of one, for two classes.
+
+    Keys are mapped to an input vector in sorted order, fixed at the first `learn_one`; later a missing key
+    reads 0 and an unknown one is ignored; a None, NaN or non-numeric input raises `ValueError` and changes
+    nothing. Labels are River's binary ones, `True`/`False` (or `1`/`0`); another label raises `ValueError`
+    and changes nothing. Every `refine_every` samples
+    the client refines its factor on its reservoir and the private server's new state comes back. With
+    `standardise` (default) the *inputs* are standardised online from past samples only (winsorised at
+    ±5 σ) — never the label. `predict_proba_one` gives both classes' probabilities (the predictive mean
+    `E[sigmoid(f)]` for `True`); before the first sample, ½ each.
+
+    >>> from river import datasets, evaluate, metrics
+    >>> model = PVIClassifier(n_inducing=8, n_pseudo=8, steps=10, refine_every=32, predict_draws=2)
+    >>> evaluate.progressive_val_score(datasets.Phishing().take(200), model, metrics.Accuracy())
+    Accuracy: ...
+    >>> sorted(model.predict_proba_one({"empty_server_form_handler": 0.0, "popup_window": 0.5,
+    ...                                 "https": 1.0}))
+    [False, True]
+    """
+
+    def __init__(self, n_inducing: int = 16, n_pseudo: int = 16, kernel: str = "se", inducing: str = "hvm",
+                 parameterisation: str = "dpo", lengthscale: float | None = None, amplitude: float = 1.0,
+                 alpha: float = 0.1, reservoir: int = 256, refine_every: int = 64, steps: int = 30,
+                 learning_rate: float = 0.01, mc_samples: int = 1, predict_draws: int = 8, jitter: float = 1e-6,
+                 seed: int = 0, standardise: bool = True) -> None:
+        self.n_inducing = n_inducing
+        self.n_pseudo = n_pseudo
+        self.kernel = kernel
+        self.inducing = inducing
+        self.parameterisation = parameterisation
+        self.lengthscale = lengthscale
+        self.amplitude = amplitude
+        self.alpha = alpha
+        self.reservoir = reservoir
+        self.refine_every = refine_every
+        self.steps = steps
+        self.learning_rate = learning_rate
+        self.mc_samples = mc_samples
+        self.predict_draws = predict_draws
+        self.jitter = jitter
+        self.seed = seed
+        self.standardise = standardise
+        self._params()  # validated now (a pydantic ValidationError is a ValueError), not at the first sample
+        self._keys: list[Any] | None = None
+        self.client: PVIClient | None = None
+        self.server: PVIServer | None = None
+        self._scales: OnlineStandardiser | None = None
+        self.n_skipped = 0  # refinements skipped for want of torch
+
+    @classmethod
+    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
+        yield {"n_inducing": 4, "n_pseudo": 4, "refine_every": 100, "steps": 3, "predict_draws": 2}
+        yield {"n_inducing": 3, "n_pseudo": 3, "kernel": "matern32", "inducing": "fixed", "refine_every": 150,
+               "steps": 2, "predict_draws": 0, "reservoir": 64, "standardise": False}
+
+    @property
+    def _multiclass(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ plumbing
+    def _params(self) -> Any:
+        from streamfed.algorithms.pvi import PVIParams
+
+        return PVIParams(likelihood="bernoulli", kernel=self.kernel, inducing=self.inducing,
+                         parameterisation=self.parameterisation, n_inducing=self.n_inducing,
+                         n_pseudo=self.n_pseudo, amplitude=self.amplitude, lengthscale=self.lengthscale,
+                         alpha=self.alpha, reservoir=self.reservoir, refine_every=self.refine_every,
+                         steps=self.steps, learning_rate=self.learning_rate, mc_samples=self.mc_samples,
+                         predict_draws=self.predict_draws, jitter=self.jitter, max_factors=1)
+
+    def _build(self, keys: list[Any]) -> None:
+        from streamfed.algorithms.pvi import initial_state_of, refine_settings
+
+        if not keys:
+            raise ValueError("cannot build a model from an input with no features")
+        p, seed = self._params(), int(self.seed)
+        self.client = PVIClient(initial_state_of(p, len(keys), seed), refine_settings(p), client_id="local",
+                                reservoir=p.reservoir, refine_every=sys.maxsize, predict_draws=p.predict_draws,
+                                seed=seed, jitter=p.jitter)
+        self.server = PVIServer(initial_state_of(p, len(keys), seed), n_pseudo=p.n_pseudo,
+                                parameterisation=p.parameterisation, asynchronous=True, max_factors=1)
+        self._keys = keys
+        if self.standardise:
+            self._scales = OnlineStandardiser(len(keys), clip=INPUT_CLIP)
+
+    @staticmethod
+    def _label(y: Any) -> float:
+        """`y` as the likelihood's 0 or 1: `True`/`1` positive, `False`/`0` negative (River's binary labels);
+        anything else is `ValueError`."""
+        if isinstance(y, bool | np.bool_) or (isinstance(y, int | float | np.integer | np.floating) and y in (0, 1)):
+            return 1.0 if y else 0.0
+        raise ValueError(f"PVIClassifier is binary: labels are True/False or 1/0, got {y!r}")
+
+    def _z(self, x: np.ndarray, fold: bool) -> np.ndarray | None:
+        """`x` in standard units from the past (None before the scales are ready); `fold` folds it in."""
+        if self._scales is None:
+            return x
+        z = self._scales.transform(x) if self._scales.ready else None
+        if fold:
+            self._scales.update(x)
+        return z
+
+    def _p_positive(self, x: np.ndarray) -> float:
+        assert self.client is not None
+        z = self._z(x, fold=False)
+        if z is None:
+            return 0.5
+        return float(np.clip(self.client.predict(z)[0], 0.0, 1.0))
+
+    # ------------------------------------------------------------------ River protocol
+    def learn_one(self, x: dict, y: base.typing.ClfTarget) -> None:
+        yv = self._label(y)
+        if self.client is None:
+            keys = sorted_keys(x)
+            dict_to_vector(keys, x)  # validate before building anything
+            self._build(keys)
+        assert self.client is not None and self.server is not None and self._keys is not None
+        xv = dict_to_vector(self._keys, x)
+        scales = None if self._scales is None else self._scales.copy()
+        try:
+            z = self._z(xv, fold=True)
+            if z is not None:
+                self.client.learn(z, yv)
+        except ValueError:
+            self._scales = scales  # a refused sample changes nothing
+            raise
+        if z is None or self.client.n % int(self.refine_every) != 0:
+            return
+        try:
+            refined = self.client.refine()
+        except ImportError:  # no torch: the refinement is skipped, learning and predicting go on
+            self.n_skipped += 1
+            return
+        f = self.client.take_factor() if refined else None
+        if f is not None and self.server.receive(f):
+            self.client.install(self.server.publish())
+
+    def predict_proba_one(self, x: dict) -> dict[bool, float]:
+        if self.client is None or self._keys is None:
+            return {False: 0.5, True: 0.5}
+        p = self._p_positive(dict_to_vector(self._keys, x))
+        return {False: 1.0 - p, True: p}
