@@ -47,6 +47,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from streamfed.core.durable import durable
+
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.message import Message
@@ -217,6 +219,7 @@ class Aggregation(Protocol):
     def rebase(self, version: int, epoch: int) -> None: ...
 
 
+@durable("algorithms.UploadSensitivity")
 @dataclass(frozen=True, slots=True)
 class UploadSensitivity:
     """What differential privacy must know of a learner's uploads (docs/privacy.md).

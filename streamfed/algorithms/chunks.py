@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["Chunk", "Reassembly", "chunk_count", "split_vector"]
 
 
@@ -70,6 +72,7 @@ def _expected_size(index: int, count: int, total: int) -> int:
     return min(step, total - index * step)
 
 
+@durable("algorithms.Reassembly")
 class Reassembly:
     """Pieces received per `(client, seq)` until the whole vector is there; idempotent.
 

@@ -41,6 +41,7 @@ from typing import IO, Any, TextIO
 
 import numpy as np
 
+from streamfed.core.durable import durable
 from streamfed.fleet.columns import ColumnSpec, Invalid
 from streamfed.fleet.columns import to_number as _number
 from streamfed.wire.schema import MAX_META_STR
@@ -162,6 +163,7 @@ def _id(v: Any) -> str | None:
     return text if 0 < len(text) <= MAX_ID_LEN else None
 
 
+@durable("fleet.ReadingParser")
 class ReadingParser:
     """Parses sensor messages against a fixed feature schema.
 
@@ -348,6 +350,7 @@ class ReadingParser:
             self._recent_set.discard(self._recent.popleft())
 
 
+@durable("fleet.LabelJoin")
 class LabelJoin:
     """Readings waiting for their label, bounded: when full the oldest is dropped (and reported).
 

@@ -1,0 +1,317 @@
+"""A class-independent, versioned encoding of state trees (msgpack), for files that outlive the code's layout.
+
+A tree is plain values (None, bool, int of any size, float, str, bytes, list, dict) and:
+
+* NumPy arrays, as (dtype, shape, order, raw bytes): exact, bit for bit (NaN payloads, −0.0);
+* NumPy scalars (dtype, bytes), tuples, sets, frozensets, bytearrays, complex numbers, ordered dicts, deques
+  (with their bound) and defaultdicts whose factory is a builtin (list, dict, set, int, float);
+* NumPy random generators, as their bit generator's name and state (the stream continues exactly);
+* objects of **registered** classes, as ``(type name, schema version, fields)``.
+
+The type name is the one the class was registered under with :func:`durable` — never its module path, so a
+class can move between modules (or be renamed) and every file written before still loads. The fields are what
+`__getstate__` returns when the class defines one (then `__setstate__` rebuilds it, if defined), else its
+`__dict__` and `__slots__` values; a class is rebuilt without calling `__init__`. An object of a class that is
+not registered is refused (:class:`DurableError`) — nothing falls back to pickle.
+
+Schema versions: a class registered at ``version=n`` whose file says ``m < n`` is upgraded by the migrations
+registered with :func:`migration` for ``(name, m)``, ``(name, m + 1)``, … each turning a field dict of one
+version into the next. A version above the class's, an unknown name or a missing migration is a
+:class:`DurableError`.
+
+Identity: an object or array met twice in one tree is written once and comes back shared (as pickle does), so
+a learner and the wrapper that holds it keep pointing at one object; plain lists and dicts are copied.
+
+msgpack layout: plain values are msgpack's own; the rest are extension values (codes in :data:`EXT`), whose
+payload is itself msgpack (arrays: ``[dtype, shape, order, bytes]``; objects: name, version, fields written
+one after the other so the object exists before its fields are read; back-references: the index of the first
+occurrence, counting objects and arrays in the order they are written).
+
+>>> import numpy as np
+>>> @durable("doc.point", version=1)
+... class Point:
+...     def __init__(self, xy): self.xy = xy
+>>> p = decode(encode({"p": Point(np.array([1.5, -0.0])), "n": 2**70}))
+>>> type(p["p"]).__name__, p["p"].xy.tolist(), p["n"]
+('Point', [1.5, -0.0], 1180591620717411303424)
+>>> encode(object())
+Traceback (most recent call last):
+...
+streamfed.core.durable.DurableError: cannot store a builtins.object: its class is not registered (@durable)
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgpack
+import numpy as np
+
+__all__ = ["EXT", "DurableError", "durable", "decode", "encode", "migration", "registered"]
+
+T = TypeVar("T", bound=type)
+
+EXT = {"array": 1, "object": 2, "ref": 3, "tuple": 4, "set": 5, "frozenset": 6, "bigint": 7, "scalar": 8,
+       "generator": 9, "bytearray": 10, "complex": 11, "tensor": 12, "ordereddict": 13, "deque": 14,
+       "defaultdict": 15}
+# the factories a stored defaultdict may name (a factory is code: only these builtins are stored by name)
+_FACTORIES: dict[str, Callable[[], Any]] = {f.__name__: f for f in (list, dict, set, int, float)}
+_CODE = {v: k for k, v in EXT.items()}
+
+
+class DurableError(ValueError):
+    """A value that cannot be stored, or stored bytes that cannot be rebuilt (the message says which and why)."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    cls: type
+    name: str
+    version: int
+
+
+_BY_NAME: dict[str, _Entry] = {}
+_BY_CLASS: dict[type, _Entry] = {}
+_MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def durable(name: str, version: int = 1) -> Callable[[T], T]:
+    """Class decorator: store objects of this class under the stable `name` at schema `version` (raise it
+    when the fields change, and register a :func:`migration` from the old one). A name belongs to one class."""
+    if not name or version < 1:
+        raise ValueError("a durable class needs a name and a version >= 1")
+
+    def register(cls: T) -> T:
+        old = _BY_NAME.get(name)
+        # a module imported twice (or reloaded) registers its class again: the newer one wins
+        if old is not None and old.cls.__qualname__ != cls.__qualname__:
+            raise ValueError(f"durable name {name!r} is taken by {old.cls.__module__}.{old.cls.__qualname__}")
+        entry = _Entry(cls, name, version)
+        if old is not None:
+            _BY_CLASS.pop(old.cls, None)
+        _BY_NAME[name] = entry
+        _BY_CLASS[cls] = entry
+        return cls
+
+    return register
+
+
+def migration(name: str, from_version: int) -> Callable[[Callable[[dict[str, Any]], dict[str, Any]]],
+                                                         Callable[[dict[str, Any]], dict[str, Any]]]:
+    """Decorator: the function upgrades the fields of a `name` object written at `from_version` to the next."""
+    def register(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        _MIGRATIONS[(name, from_version)] = fn
+        return fn
+
+    return register
+
+
+def registered() -> dict[str, tuple[type, int]]:
+    """Every registered name → (class, version) (for tests and docs)."""
+    return {n: (e.cls, e.version) for n, e in sorted(_BY_NAME.items())}
+
+
+def _custom(cls: type, method: str) -> Callable[..., Any] | None:
+    """`cls`'s own `method` (`__getstate__`/`__setstate__`), None when only `object`'s default exists."""
+    fn = getattr(cls, method, None)
+    return None if fn is None or fn is getattr(object, method, None) else fn
+
+
+def _slots(cls: type) -> list[str]:
+    out: list[str] = []
+    for k in cls.__mro__:
+        s = k.__dict__.get("__slots__", ())
+        out.extend([s] if isinstance(s, str) else [n for n in s if n not in ("__dict__", "__weakref__")])
+    return out
+
+
+class _Encoder:
+    def __init__(self) -> None:
+        self.memo: dict[int, int] = {}
+        self.keep: list[Any] = []  # the objects memoised, alive until the end (ids stay unique)
+
+    def pack(self, value: Any) -> bytes:
+        return msgpack.packb(value, default=self.default, use_bin_type=True, strict_types=True)
+
+    def _remember(self, o: Any) -> msgpack.ExtType | None:
+        at = self.memo.get(id(o))
+        if at is not None:
+            return msgpack.ExtType(EXT["ref"], msgpack.packb(at))
+        self.memo[id(o)] = len(self.memo)
+        self.keep.append(o)
+        return None
+
+    def default(self, o: Any) -> Any:  # noqa: C901 (one branch per kind of value, in one place)
+        t = type(o)
+        if t is np.ndarray:
+            ref = self._remember(o)
+            if ref is not None:
+                return ref
+            if o.dtype.hasobject:
+                raise DurableError(f"cannot store an array of dtype {o.dtype} (Python objects)")
+            order = "F" if o.flags.f_contiguous and not o.flags.c_contiguous else "C"
+            return msgpack.ExtType(EXT["array"], self.pack([o.dtype.str if o.dtype.names is None else
+                                                            o.dtype.descr, list(o.shape), order,
+                                                            o.tobytes(order=order)]))
+        if t is int:  # only those msgpack cannot hold (beyond 64 bits) come here
+            return msgpack.ExtType(EXT["bigint"], str(o).encode())
+        if t is tuple:
+            return msgpack.ExtType(EXT["tuple"], self.pack(list(o)))
+        if t is set or t is frozenset:
+            return msgpack.ExtType(EXT[t.__name__], self.pack(list(o)))
+        if t is bytearray:
+            return msgpack.ExtType(EXT["bytearray"], bytes(o))
+        if t is collections.OrderedDict:
+            return msgpack.ExtType(EXT["ordereddict"], self.pack(list(o.items())))
+        if t is collections.deque:
+            return msgpack.ExtType(EXT["deque"], self.pack([list(o), o.maxlen]))
+        if t is collections.defaultdict:
+            factory = getattr(o.default_factory, "__name__", None)
+            if _FACTORIES.get(factory) is not o.default_factory:  # type: ignore[arg-type]
+                raise DurableError(f"cannot store a defaultdict whose factory is {o.default_factory!r}")
+            return msgpack.ExtType(EXT["defaultdict"], self.pack([factory, dict(o)]))
+        if t is complex:
+            return msgpack.ExtType(EXT["complex"], self.pack([o.real, o.imag]))
+        if isinstance(o, np.generic):
+            return msgpack.ExtType(EXT["scalar"], self.pack([o.dtype.str, o.tobytes()]))
+        if t is np.random.Generator:
+            return msgpack.ExtType(EXT["generator"], self.pack(o.bit_generator.state))
+        if t.__module__ == "torch" and t.__name__ in ("Tensor", "Parameter"):
+            a = o.detach().cpu().numpy()
+            return msgpack.ExtType(EXT["tensor"], self.pack([a, bool(o.requires_grad), t.__name__]))
+        entry = _BY_CLASS.get(t)
+        if entry is None:
+            raise DurableError(f"cannot store a {t.__module__}.{t.__qualname__}: its class is not registered "
+                               "(@durable)")
+        ref = self._remember(o)
+        if ref is not None:
+            return ref
+        get = _custom(t, "__getstate__")
+        if get is not None:
+            fields = get(o)
+            if not isinstance(fields, dict):
+                fields = {"__state__": fields}
+        else:
+            fields = dict(getattr(o, "__dict__", {}))
+            for s in _slots(t):
+                if hasattr(o, s):
+                    fields[s] = getattr(o, s)
+        if isinstance(o, tuple | list | dict):  # a container subclass (a NamedTuple, a dict of sums): its items too
+            fields["__items__"] = list(o.items()) if isinstance(o, dict) else list(o)
+        try:
+            body = self.pack(fields)
+        except DurableError as e:
+            raise DurableError(f"{e} (in a {entry.name})") from None
+        return msgpack.ExtType(EXT["object"], self.pack(entry.name) + self.pack(entry.version) + body)
+
+
+class _Decoder:
+    def __init__(self) -> None:
+        self.memo: list[Any] = []
+
+    def unpack(self, data: bytes) -> Any:
+        return msgpack.unpackb(data, ext_hook=self.ext, raw=False, strict_map_key=False, use_list=True)
+
+    def ext(self, code: int, data: bytes) -> Any:  # noqa: C901 (the inverse of _Encoder.default)
+        kind = _CODE.get(code)
+        if kind == "array":
+            at = len(self.memo)
+            self.memo.append(None)
+            dtype, shape, order, raw = self.unpack(data)
+            dt = np.dtype(dtype if isinstance(dtype, str) else [tuple(f) for f in dtype])
+            a = np.frombuffer(bytearray(raw), dtype=dt).reshape(shape, order=order)
+            self.memo[at] = a
+            return a
+        if kind == "ref":
+            return self.memo[msgpack.unpackb(data)]
+        if kind == "tuple":
+            return tuple(self.unpack(data))
+        if kind == "set":
+            return set(self.unpack(data))
+        if kind == "frozenset":
+            return frozenset(self.unpack(data))
+        if kind == "bigint":
+            return int(data.decode())
+        if kind == "bytearray":
+            return bytearray(data)
+        if kind == "ordereddict":
+            return collections.OrderedDict(self.unpack(data))
+        if kind == "deque":
+            items, maxlen = self.unpack(data)
+            return collections.deque(items, maxlen)
+        if kind == "defaultdict":
+            factory, items = self.unpack(data)
+            return collections.defaultdict(_FACTORIES[factory], items)
+        if kind == "complex":
+            re, im = self.unpack(data)
+            return complex(re, im)
+        if kind == "scalar":
+            dtype, raw = self.unpack(data)
+            return np.frombuffer(raw, dtype=np.dtype(dtype))[0]
+        if kind == "generator":
+            state = self.unpack(data)
+            bit_generator = getattr(np.random, state["bit_generator"])()
+            bit_generator.state = state
+            return np.random.Generator(bit_generator)
+        if kind == "tensor":
+            torch = sys.modules.get("torch") or __import__("torch")  # only a state that holds tensors needs torch
+            a, grad, what = self.unpack(data)
+            t = torch.from_numpy(a)
+            return torch.nn.Parameter(t, requires_grad=grad) if what == "Parameter" else t.requires_grad_(grad)
+        if kind == "object":
+            return self._object(data)
+        raise DurableError(f"unknown extension code {code}")
+
+    def _object(self, data: bytes) -> Any:
+        stream = msgpack.Unpacker(ext_hook=self.ext, raw=False, strict_map_key=False, use_list=True)
+        stream.feed(data)
+        name, version = next(stream), next(stream)
+        entry = _BY_NAME.get(name)
+        if entry is None:
+            raise DurableError(f"no class is registered as {name!r} (written by another build, or a plug-in "
+                               f"that is not loaded)")
+        if version > entry.version:
+            raise DurableError(f"{name} is at schema version {version}, this build knows up to {entry.version}")
+        cls = entry.cls
+        at = len(self.memo)
+        # made before its fields are read, so an object inside may point back at it (a tuple cannot be)
+        obj = None if issubclass(cls, tuple) else cls.__new__(cls)
+        self.memo.append(obj)
+        fields = next(stream)
+        for v in range(version, entry.version):
+            step = _MIGRATIONS.get((name, v))
+            if step is None:
+                raise DurableError(f"no migration of {name} from schema version {v} to {v + 1}")
+            fields = step(fields)
+        items = fields.pop("__items__", None)
+        if issubclass(cls, tuple):
+            obj = self.memo[at] = tuple.__new__(cls, items)
+        elif issubclass(cls, dict):
+            dict.update(obj, items)
+        elif issubclass(cls, list):
+            list.extend(obj, items)
+        put = _custom(cls, "__setstate__")
+        if put is not None:
+            put(obj, fields["__state__"] if set(fields) == {"__state__"} else fields)
+            return obj
+        slots = set(_slots(cls))
+        for k, val in fields.items():
+            if k in slots:
+                object.__setattr__(obj, k, val)
+            else:
+                obj.__dict__[k] = val
+        return obj
+
+
+def encode(tree: Any) -> bytes:
+    """The msgpack bytes of `tree` (see the module doc); :class:`DurableError` for a value it cannot hold."""
+    return _Encoder().pack(tree)
+
+
+def decode(data: bytes) -> Any:
+    """The tree :func:`encode` wrote; :class:`DurableError` (or msgpack's own errors) for bytes it cannot read."""
+    return _Decoder().unpack(data)
