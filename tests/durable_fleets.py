@@ -122,14 +122,7 @@ class Fleet:
 
     def run(self, steps: int) -> None:
         for t in range(steps):
-            for a in self.agents:
-                x, y = self.reading(t)
-                p, msgs = a.on_reading(Reading(f"r{t}", x, self.now, y), now=self.now)
-                if p is not None:
-                    self.log.append((p.reading_id, p.global_version, p.epoch, np.float64(p.mean).tobytes(),
-                                     None if p.var is None else np.float64(p.var).tobytes(),
-                                     None if p.proba is None else p.proba.tobytes()))
-                self.deliver(msgs)
+            self.step(t)
             self.now += 0.1
             self.deliver(self.agg.tick(self.now))
             if self.reducer is not None:
@@ -137,6 +130,17 @@ class Fleet:
             for a in self.agents:
                 if a.secagg is not None:
                     self.deliver(a.secagg_tick(self.now))
+
+    def step(self, t: int) -> None:
+        """Every agent reads its sample `t`; their messages are delivered (no clock moves: windows stay open)."""
+        for a in self.agents:
+            x, y = self.reading(t)
+            p, msgs = a.on_reading(Reading(f"r{t}", x, self.now, y), now=self.now)
+            if p is not None:
+                self.log.append((p.reading_id, p.global_version, p.epoch, np.float64(p.mean).tobytes(),
+                                 None if p.var is None else np.float64(p.var).tobytes(),
+                                 None if p.proba is None else p.proba.tobytes()))
+            self.deliver(msgs)
 
     def twin(self, through: Callable[[dict[str, Any]], dict[str, Any]]) -> Fleet:
         """A second fleet whose agents, aggregator and reducer are restored from states passed `through` (a file

@@ -71,6 +71,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@durable("algorithms.Regret")
 @dataclass(frozen=True, slots=True)
 class Regret:
     """A learner's regret, the same shape for every learner: after `n` samples, the cumulative squared loss
@@ -97,6 +98,7 @@ class Regret:
         return self.regret / self.n if self.n else math.nan
 
 
+@durable("algorithms.Update")
 @dataclass(frozen=True, slots=True)
 class Update:
     """One upload's content before the envelope: the arrays of the algorithm's update kind.

@@ -28,6 +28,7 @@ from streamfed.core.durable import durable
 __all__ = ["Chunk", "Reassembly", "chunk_count", "split_vector"]
 
 
+@durable("algorithms.Chunk")
 @dataclass(frozen=True)
 class Chunk:
     """Piece `index` of `count` of the vector its sender numbered `seq`; `total` is the whole vector's length

@@ -111,6 +111,7 @@ class SkipReason:
     UNKNOWN_LEVEL = "unknown_level"  # a one-hot column without an "other" slot got a level it does not declare
 
 
+@durable("fleet.Reading")
 @dataclass(frozen=True, slots=True)
 class Reading:
     """One sample's inputs (float64, schema order), its id and time; `y` when the label came with it.
@@ -125,6 +126,7 @@ class Reading:
     y: float | None = None
 
 
+@durable("fleet.Label")
 @dataclass(frozen=True, slots=True)
 class Label:
     """A label arriving after its reading.

@@ -84,6 +84,7 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
 # ============================================================================ robust aggregation
 
 
+@durable("fedbnr.TemperedUpload")
 @dataclass(frozen=True, eq=False)
 class TemperedUpload(Upload):
     """An upload summed with `weight` ∈ [0, 1] (its `stats` are what the client declared; the server sums

@@ -35,6 +35,7 @@ __all__ = ["ClientSteps", "POFMKLAggregation", "RobustRule", "StepBound", "Windo
 log = logging.getLogger(__name__)
 
 
+@durable("pofmkl.WindowSum")
 class WindowSum:
     """One client's updates within an asynchronous window, summed per kernel as they arrive: exactly
     what :func:`~streamfed.algorithms.pofmkl.messages.merge_updates` gives for the same updates (each row
