@@ -46,10 +46,10 @@ def wire(msgs: list) -> list[bytes]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "variant", "mode"), CASES, ids=["-".join(c) for c in CASES])
 def test_a_restored_fleet_behaves_as_the_one_that_saved_it(name: str, variant: str, mode: str) -> None:
-    """Agents, aggregator and reducer after 30 steps and one more read mid-window, restored from their files, then both fleets run on: every
-    prediction and every message (updates, acks, globals) is the same, bit for bit. Under secure aggregation the
-    masks are fresh randomness, so there the agents only learn (the same predictions) and the globals held
-    now are compared."""
+    """Agents, aggregator and reducer after 30 steps and one more read mid-window, restored from their files, then
+    both fleets run on: every prediction and every message (updates, acks, globals) is the same, bit for bit.
+    Under secure aggregation the masks are fresh randomness, so there the agents only learn (the same
+    predictions) and the globals held now are compared."""
     fleet = Fleet.start(name, variant, mode)
     fleet.run(30)
     fleet.step(30)  # saved mid-window: updates taken in, no global built from them yet
