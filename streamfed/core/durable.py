@@ -74,6 +74,8 @@ class _Entry:
     version: int
 
 
+_NAME_MAX = 200
+_HEAD_MAX = _NAME_MAX + 16  # an object's name and version fit in its payload's first bytes
 _BY_NAME: dict[str, _Entry] = {}
 _BY_CLASS: dict[type, _Entry] = {}
 _MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
@@ -82,8 +84,8 @@ _MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] =
 def durable(name: str, version: int = 1) -> Callable[[T], T]:
     """Class decorator: store objects of this class under the stable `name` at schema `version` (raise it
     when the fields change, and register a :func:`migration` from the old one). A name belongs to one class."""
-    if not name or version < 1:
-        raise ValueError("a durable class needs a name and a version >= 1")
+    if not 0 < len(name.encode()) <= _NAME_MAX or version < 1:
+        raise ValueError(f"a durable class needs a name of 1 to {_NAME_MAX} bytes and a version >= 1")
 
     def register(cls: T) -> T:
         old = _BY_NAME.get(name)
@@ -213,7 +215,7 @@ class _Decoder:
     def __init__(self) -> None:
         self.memo: list[Any] = []
 
-    def unpack(self, data: bytes) -> Any:
+    def unpack(self, data: bytes | memoryview) -> Any:
         return msgpack.unpackb(data, ext_hook=self.ext, raw=False, strict_map_key=False, use_list=True)
 
     def ext(self, code: int, data: bytes) -> Any:  # noqa: C901 (the inverse of _Encoder.default)
@@ -267,9 +269,10 @@ class _Decoder:
         raise DurableError(f"unknown extension code {code}")
 
     def _object(self, data: bytes) -> Any:
-        stream = msgpack.Unpacker(ext_hook=self.ext, raw=False, strict_map_key=False, use_list=True)
-        stream.feed(data)
-        name, version = next(stream), next(stream)
+        head = msgpack.Unpacker(raw=False)  # only the short name and version: the fields are read in place below
+        head.feed(data[:_HEAD_MAX])
+        name, version = next(head), next(head)
+        offset = head.tell()
         entry = _BY_NAME.get(name)
         if entry is None:
             raise DurableError(f"no class is registered as {name!r} (written by another build, or a plug-in "
@@ -281,7 +284,7 @@ class _Decoder:
         # made before its fields are read, so an object inside may point back at it (a tuple cannot be)
         obj = None if issubclass(cls, tuple) else cls.__new__(cls)
         self.memo.append(obj)
-        fields = next(stream)
+        fields = self.unpack(memoryview(data)[offset:])
         for v in range(version, entry.version):
             step = _MIGRATIONS.get((name, v))
             if step is None:
