@@ -23,12 +23,17 @@ from streamfed.wire.topics import Channel
 
 CLIENTS = ["a", "b", "c"]
 VARIANTS = ("plain", "dp", "secagg", "robust", "sharded", "raw")
+# families whose parameters choose other classes for their state (a mixture client, another head, FITC)
+PARAMS = {("fedbnr-personal", "mixture"): {"tau_grid": [0.05, 1.0]}, ("pfedgp", "softmax"): {"head": "softmax"},
+          ("pfedgp", "inducing"): {"inducing": 4}}
 
 
 def config(name: str, variant: str) -> FleetConfig:
     """A small fleet of `name` with `variant`'s wrappers (`ValueError` when the algorithm refuses them)."""
     kw: dict[str, Any] = {}
-    if variant == "dp":
+    if (name, variant) in PARAMS:
+        kw["params"] = PARAMS[name, variant]
+    elif variant == "dp":
         kw["dp_epsilon"] = 1.0
     elif variant == "secagg":
         kw["secure_aggregation"] = True
@@ -44,7 +49,7 @@ def cases() -> list[tuple[str, str, str]]:
     out = []
     for name in algorithms.names():
         alg = algorithms.get(name)
-        for variant in VARIANTS:
+        for variant in VARIANTS + tuple(v for n, v in PARAMS if n == name):
             try:
                 cfg = config(name, variant)
             except ValueError:

@@ -22,10 +22,12 @@ version into the next. A version above the class's, an unknown name or a missing
 Identity: an object or array met twice in one tree is written once and comes back shared (as pickle does), so
 a learner and the wrapper that holds it keep pointing at one object; plain lists and dicts are copied.
 
-msgpack layout: plain values are msgpack's own; the rest are extension values (codes in :data:`EXT`), whose
-payload is itself msgpack (arrays: ``[dtype, shape, order, bytes]``; objects: name, version, fields written
-one after the other so the object exists before its fields are read; back-references: the index of the first
-occurrence, counting objects and arrays in the order they are written).
+msgpack layout: a two-element array ``[tree, buffers]``. `tree` (bin) is the msgpack of the value: plain
+values are msgpack's own, the rest extension values (codes in :data:`EXT`) whose payload is itself msgpack
+(arrays: ``[dtype, shape, order, buffer index]``; objects: name, version, fields written one after the other so
+the object exists before its fields are read; back-references: the index of the first occurrence, counting
+objects and arrays in the order they are written). `buffers` (an array of bin) holds each array's raw bytes in
+`order`, beside the tree rather than inside it, so a large array is copied once, not once per nesting level.
 
 >>> import numpy as np
 >>> @durable("doc.point", version=1)
@@ -133,6 +135,7 @@ def _slots(cls: type) -> list[str]:
 
 class _Encoder:
     def __init__(self) -> None:
+        self.buffers: list[Any] = []  # the arrays' raw bytes, in the order the tree names them
         self.memo: dict[int, int] = {}
         self.keep: list[Any] = []  # the objects memoised, alive until the end (ids stay unique)
 
@@ -156,9 +159,12 @@ class _Encoder:
             if o.dtype.hasobject:
                 raise DurableError(f"cannot store an array of dtype {o.dtype} (Python objects)")
             order = "F" if o.flags.f_contiguous and not o.flags.c_contiguous else "C"
+            # the bytes go beside the tree, not inside it: nested payloads are copied once per level
+            raw = o.reshape(-1, order=order) if o.flags.c_contiguous or o.flags.f_contiguous else o.ravel()
+            self.buffers.append(raw.view(np.uint8).data if raw.size else b"")
             return msgpack.ExtType(EXT["array"], self.pack([o.dtype.str if o.dtype.names is None else
                                                             o.dtype.descr, list(o.shape), order,
-                                                            o.tobytes(order=order)]))
+                                                            len(self.buffers) - 1]))
         if t is int:  # only those msgpack cannot hold (beyond 64 bits) come here
             return msgpack.ExtType(EXT["bigint"], str(o).encode())
         if t is tuple:
@@ -212,7 +218,8 @@ class _Encoder:
 
 
 class _Decoder:
-    def __init__(self) -> None:
+    def __init__(self, buffers: list[bytes]) -> None:
+        self.buffers = buffers
         self.memo: list[Any] = []
 
     def unpack(self, data: bytes | memoryview) -> Any:
@@ -223,9 +230,10 @@ class _Decoder:
         if kind == "array":
             at = len(self.memo)
             self.memo.append(None)
-            dtype, shape, order, raw = self.unpack(data)
+            dtype, shape, order, index = self.unpack(data)
             dt = np.dtype(dtype if isinstance(dtype, str) else [tuple(f) for f in dtype])
-            a = np.frombuffer(bytearray(raw), dtype=dt).reshape(shape, order=order)
+            flat = np.frombuffer(self.buffers[index], dtype=dt).copy()  # its own writable memory
+            a = flat.reshape(shape, order=order)
             self.memo[at] = a
             return a
         if kind == "ref":
@@ -312,9 +320,15 @@ class _Decoder:
 
 def encode(tree: Any) -> bytes:
     """The msgpack bytes of `tree` (see the module doc); :class:`DurableError` for a value it cannot hold."""
-    return _Encoder().pack(tree)
+    enc = _Encoder()
+    body = enc.pack(tree)
+    return msgpack.packb([body, enc.buffers], use_bin_type=True)
 
 
 def decode(data: bytes) -> Any:
     """The tree :func:`encode` wrote; :class:`DurableError` (or msgpack's own errors) for bytes it cannot read."""
-    return _Decoder().unpack(data)
+    outer = msgpack.unpackb(data, raw=False)
+    if not (isinstance(outer, list) and len(outer) == 2 and isinstance(outer[0], bytes)
+            and isinstance(outer[1], list) and all(isinstance(b, bytes) for b in outer[1])):
+        raise DurableError("not a durable record: expected [tree bytes, list of array buffers]")
+    return _Decoder(outer[1]).unpack(outer[0])
