@@ -184,3 +184,37 @@ def test_a_damaged_or_foreign_format_2_file_is_never_loaded(tmp_path: Path) -> N
         p.write_bytes(data)
         with pytest.raises(StateError, match=reason):
             read_state(p)
+
+
+def test_a_tensor_goes_through_an_array() -> None:
+    """No state holds torch tensors today (URK, pFedGP and PVI keep NumPy arrays; tests/test_durable_states.py
+    would refuse anything else); should one, it is stored as its array with its dtype and grad flag."""
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([1.5, -0.0, float("nan")], dtype=torch.float64, requires_grad=True)
+    p = torch.nn.Parameter(torch.arange(4.0).reshape(2, 2))
+    back, bp = decode(encode([t, p]))
+    assert back.dtype == torch.float64 and back.requires_grad
+    assert back.detach().numpy().tobytes() == t.detach().numpy().tobytes()
+    assert isinstance(bp, torch.nn.Parameter) and torch.equal(bp.detach(), p.detach())
+
+
+def test_the_sensor_parser_resumes_its_order_and_duplicate_window() -> None:
+    """The agent service stores its parser (columns, last timestamp, recent ids) in its state file."""
+    from streamfed.fleet.columns import ColumnSpec
+    from streamfed.fleet.sources import ReadingParser
+
+    p = ReadingParser(columns=ColumnSpec.parse("site:category=a|b,rain:boolean"))
+    assert p.parse(b'{"id": 1, "ts": 1000.0, "x": {"site": "b", "rain": "yes"}}').x.tolist() == [0.0, 1.0, 1.0]
+    q = loads(dumps({"kind": "agent", "parser": p}))["parser"]
+    assert q.parse(b'{"id": 1, "ts": 1001.0, "x": {"site": "a", "rain": "no"}}').reason == "duplicate"
+    assert q.parse(b'{"id": 2, "ts": 999.0, "x": {"site": "a", "rain": "no"}}').reason == "out_of_order"
+    assert q.parse(b'{"id": 3, "ts": 1002.0, "x": {"site": "a", "rain": "no"}}').x.tolist() == [1.0, 0.0, 0.0]
+
+
+def test_columns_keep_their_time_zones() -> None:
+    from streamfed.fleet.columns import ColumnSpec
+
+    spec = ColumnSpec.parse("t:timestamp=Europe/Berlin|raw,u:timestamp=+08:00,v:timestamp")
+    back = decode(encode(spec))
+    values = ["2024-05-06T06:00:00Z", 1.7e9, "2024-01-01 23:30"]
+    assert back == spec and back.encode(values).tobytes() == spec.encode(values).tobytes()

@@ -3,8 +3,10 @@
 A tree is plain values (None, bool, int of any size, float, str, bytes, list, dict) and:
 
 * NumPy arrays, as (dtype, shape, order, raw bytes): exact, bit for bit (NaN payloads, −0.0);
-* NumPy scalars (dtype, bytes), tuples, sets, frozensets, bytearrays, complex numbers, ordered dicts, deques
-  (with their bound) and defaultdicts whose factory is a builtin (list, dict, set, int, float);
+* NumPy scalars (dtype, bytes), tuples, sets, frozensets, bytearrays, slices, complex numbers, ordered dicts,
+  deques (with their bound), defaultdicts whose factory is a builtin (list, dict, set, int, float), and time zones
+  (a fixed offset, or an IANA zone by name);
+* torch tensors, as their array (dtype, values), grad flag and whether a `Parameter` (no state holds one today);
 * NumPy random generators, as their bit generator's name and state (the stream continues exactly);
 * objects of **registered** classes, as ``(type name, schema version, fields)``.
 
@@ -45,7 +47,9 @@ streamfed.core.durable.DurableError: cannot store a builtins.object: its class i
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import sys
+import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -59,7 +63,7 @@ T = TypeVar("T", bound=type)
 
 EXT = {"array": 1, "object": 2, "ref": 3, "tuple": 4, "set": 5, "frozenset": 6, "bigint": 7, "scalar": 8,
        "generator": 9, "bytearray": 10, "complex": 11, "tensor": 12, "ordereddict": 13, "deque": 14,
-       "defaultdict": 15}
+       "defaultdict": 15, "tzinfo": 16, "slice": 17}
 # the factories a stored defaultdict may name (a factory is code: only these builtins are stored by name)
 _FACTORIES: dict[str, Callable[[], Any]] = {f.__name__: f for f in (list, dict, set, int, float)}
 _CODE = {v: k for k, v in EXT.items()}
@@ -182,15 +186,23 @@ class _Encoder:
             if _FACTORIES.get(factory) is not o.default_factory:  # type: ignore[arg-type]
                 raise DurableError(f"cannot store a defaultdict whose factory is {o.default_factory!r}")
             return msgpack.ExtType(EXT["defaultdict"], self.pack([factory, dict(o)]))
+        if t is slice:
+            return msgpack.ExtType(EXT["slice"], self.pack([o.start, o.stop, o.step]))
         if t is complex:
             return msgpack.ExtType(EXT["complex"], self.pack([o.real, o.imag]))
         if isinstance(o, np.generic):
             return msgpack.ExtType(EXT["scalar"], self.pack([o.dtype.str, o.tobytes()]))
         if t is np.random.Generator:
             return msgpack.ExtType(EXT["generator"], self.pack(o.bit_generator.state))
-        if t.__module__ == "torch" and t.__name__ in ("Tensor", "Parameter"):
-            a = o.detach().cpu().numpy()
-            return msgpack.ExtType(EXT["tensor"], self.pack([a, bool(o.requires_grad), t.__name__]))
+        torch = sys.modules.get("torch")  # (a state can hold a tensor only when torch is loaded)
+        if torch is not None and isinstance(o, torch.Tensor):
+            what = "Parameter" if isinstance(o, torch.nn.Parameter) else "Tensor"
+            return msgpack.ExtType(EXT["tensor"], self.pack([o.detach().cpu().numpy(), bool(o.requires_grad), what]))
+        if t is dt.timezone:  # time zones are values: a fixed offset, or an IANA zone by its key
+            return msgpack.ExtType(EXT["tzinfo"], self.pack(["offset", o.utcoffset(None).total_seconds(),
+                                                             o.tzname(None)]))
+        if t is zoneinfo.ZoneInfo:
+            return msgpack.ExtType(EXT["tzinfo"], self.pack(["iana", o.key]))
         entry = _BY_CLASS.get(t)
         if entry is None:
             raise DurableError(f"cannot store a {t.__module__}.{t.__qualname__}: its class is not registered "
@@ -231,8 +243,8 @@ class _Decoder:
             at = len(self.memo)
             self.memo.append(None)
             dtype, shape, order, index = self.unpack(data)
-            dt = np.dtype(dtype if isinstance(dtype, str) else [tuple(f) for f in dtype])
-            flat = np.frombuffer(self.buffers[index], dtype=dt).copy()  # its own writable memory
+            kind_of = np.dtype(dtype if isinstance(dtype, str) else [tuple(f) for f in dtype])
+            flat = np.frombuffer(self.buffers[index], dtype=kind_of).copy()  # its own writable memory
             a = flat.reshape(shape, order=order)
             self.memo[at] = a
             return a
@@ -256,6 +268,8 @@ class _Decoder:
         if kind == "defaultdict":
             factory, items = self.unpack(data)
             return collections.defaultdict(_FACTORIES[factory], items)
+        if kind == "slice":
+            return slice(*self.unpack(data))
         if kind == "complex":
             re, im = self.unpack(data)
             return complex(re, im)
@@ -272,6 +286,12 @@ class _Decoder:
             a, grad, what = self.unpack(data)
             t = torch.from_numpy(a)
             return torch.nn.Parameter(t, requires_grad=grad) if what == "Parameter" else t.requires_grad_(grad)
+        if kind == "tzinfo":
+            how, *args = self.unpack(data)
+            if how == "iana":
+                return zoneinfo.ZoneInfo(args[0])
+            offset = dt.timedelta(seconds=args[0])
+            return dt.UTC if offset == dt.timedelta(0) and args[1] == "UTC" else dt.timezone(offset, args[1])
         if kind == "object":
             return self._object(data)
         raise DurableError(f"unknown extension code {code}")
