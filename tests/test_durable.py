@@ -167,6 +167,7 @@ def test_a_state_file_is_written_in_format_2_and_read_back() -> None:
         dumps({"kind": "agent", "x": object()})
 
 
+@pytest.mark.slow  # (the unknown name makes the reader import every module that could register it, once)
 def test_a_damaged_or_foreign_format_2_file_is_never_loaded(tmp_path: Path) -> None:
     good = dumps({"kind": "agent", "w": np.arange(3.0)})
     flipped = bytearray(good)
@@ -218,3 +219,21 @@ def test_columns_keep_their_time_zones() -> None:
     back = decode(encode(spec))
     values = ["2024-05-06T06:00:00Z", 1.7e9, "2024-01-01 23:30"]
     assert back == spec and back.encode(values).tobytes() == spec.encode(values).tobytes()
+
+
+def test_a_name_not_yet_registered_is_resolved_on_demand() -> None:
+    """A class registers when its module is imported: a resolver (the state reader's imports the project's
+    modules) is asked for a name nobody registered before the decoder gives up."""
+    data = forgotten("test.late")
+    asked: list[str] = []
+
+    def resolve(name: str) -> None:
+        asked.append(name)
+        if name == "test.late":
+            make_class("test.late", 1, "tests.late_module")
+
+    durable.add_resolver(resolve)
+    try:
+        assert type(decode(data)["x"]).__module__ == "tests.late_module" and asked == ["test.late"]
+    finally:
+        durable._RESOLVERS.remove(resolve)

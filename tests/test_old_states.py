@@ -83,3 +83,27 @@ def test_a_class_that_never_existed_is_still_refused_in_words(tmp_path: Path) ->
     (tmp_path / "y.state").write_bytes(MAGIC + struct.pack("<IQ", PICKLE_FORMAT, len(body))
                                        + hashlib.sha256(body).digest() + body)
     assert read_state(tmp_path / "y.state") == {"kind": "agent"}
+
+
+@pytest.mark.slow
+def test_a_format_2_state_loads_in_a_process_that_imported_nothing_yet() -> None:
+    """Classes register when their modules are imported; a tool (or a service) may read a state file first.
+    The reader imports the modules that register the names it meets, so every fixture loads in a fresh process
+    whose only import is the reader (and restores as above: the objects are the registered classes)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from pathlib import Path
+from streamfed.fleet.persistence import read_state
+for p in sorted(Path(sys.argv[1]).glob("*.state")):
+    core = read_state(p)["core"]
+    held = core.get("learner", core.get("aggregation"))
+    print(p.name, type(held).__module__.split(".")[1])
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(FOLDERS[FORMAT_VERSION])], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split("\n")
+    assert len([x for x in lines if x]) == 11 and all(x.endswith(("fleet", "algorithms")) for x in lines if x), lines

@@ -13,7 +13,9 @@ A tree is plain values (None, bool, int of any size, float, str, bytes, list, di
 The type name is the one the class was registered under with :func:`durable` — never its module path, so a
 class can move between modules (or be renamed) and every file written before still loads. The fields are what
 `__getstate__` returns when the class defines one (then `__setstate__` rebuilds it, if defined), else its
-`__dict__` and `__slots__` values; a class is rebuilt without calling `__init__`. An object of a class that is
+`__dict__` and `__slots__` values; a class is rebuilt without calling `__init__`. A name met before its class's
+module was imported is looked up by the resolvers of :func:`add_resolver` (the state-file reader adds one that
+imports the project's modules). An object of a class that is
 not registered is refused (:class:`DurableError`) — nothing falls back to pickle.
 
 Schema versions: a class registered at ``version=n`` whose file says ``m < n`` is upgraded by the migrations
@@ -57,7 +59,7 @@ from typing import Any, TypeVar
 import msgpack
 import numpy as np
 
-__all__ = ["EXT", "DurableError", "durable", "decode", "encode", "migration", "registered"]
+__all__ = ["EXT", "DurableError", "add_resolver", "durable", "decode", "encode", "migration", "registered"]
 
 T = TypeVar("T", bound=type)
 
@@ -85,6 +87,7 @@ _HEAD_MAX = _NAME_MAX + 16  # an object's name and version fit in its payload's 
 _BY_NAME: dict[str, _Entry] = {}
 _BY_CLASS: dict[type, _Entry] = {}
 _MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+_RESOLVERS: list[Callable[[str], None]] = []
 
 
 def durable(name: str, version: int = 1) -> Callable[[T], T]:
@@ -116,6 +119,14 @@ def migration(name: str, from_version: int) -> Callable[[Callable[[dict[str, Any
         return fn
 
     return register
+
+
+def add_resolver(resolve: Callable[[str], None]) -> None:
+    """Call `resolve(name)` for a name no class has registered yet, before giving up on it: it may import the
+    module whose class registers it (classes register when their module is imported, and a file can be read
+    before anything imported them). Resolvers are asked in the order they were added."""
+    if resolve not in _RESOLVERS:
+        _RESOLVERS.append(resolve)
 
 
 def registered() -> dict[str, tuple[type, int]]:
@@ -302,6 +313,10 @@ class _Decoder:
         name, version = next(head), next(head)
         offset = head.tell()
         entry = _BY_NAME.get(name)
+        for resolve in _RESOLVERS if entry is None else ():
+            resolve(name)
+            if (entry := _BY_NAME.get(name)) is not None:
+                break
         if entry is None:
             raise DurableError(f"no class is registered as {name!r} (written by another build, or a plug-in "
                                f"that is not loaded)")

@@ -38,8 +38,10 @@ import fcntl
 import hashlib
 import importlib
 import io
+import logging
 import os
 import pickle
+import pkgutil
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -52,6 +54,8 @@ from streamfed.core import durable
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "PICKLE_FORMAT", "READABLE", "StateError", "StateStore", "atomic_write", "dumps",
            "loads", "read_state"]
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"STREAMFED-STATE\n"
 FORMAT_VERSION = 2  # what every write is: msgpack by streamfed.core.durable
@@ -92,6 +96,45 @@ MOVED_NAMES = {
        for n in ("ArraySpec", "MetaSpec", "MessageSchema", "ProtocolSchema")},
     **ALGORITHM_MOVED_NAMES,  # the families' own moves, named where the families are (this module names none)
 }
+
+
+# Format 2: the packages whose modules register durable classes, by the first part of the registered names
+# ("pofmkl.POFMKLClient" → the pofmkl family). A name seen before its module was imported (a state read before
+# the core that uses it was built) imports that package's modules; a name in none of them (a class that moved
+# elsewhere in the project) imports all of them, once.
+_DURABLE_AREAS = ("streamfed.core", "streamfed.wire", "streamfed.privacy", "streamfed.algorithms", "streamfed.fleet")
+_walked: set[tuple[str, bool]] = set()
+
+
+def _import_package(package: str, recursive: bool = True) -> None:
+    if (package, recursive) in _walked:
+        return
+    _walked.add((package, recursive))
+    try:
+        root = importlib.import_module(package)
+    except ImportError as e:  # an optional family without its dependencies (torch): its names stay unknown
+        log.debug("durable names: %s not importable: %s", package, e)
+        return
+    walk = pkgutil.walk_packages if recursive else pkgutil.iter_modules
+    for info in walk(getattr(root, "__path__", []), package + "."):
+        try:
+            importlib.import_module(info.name)
+        except ImportError as e:
+            log.debug("durable names: %s not importable: %s", info.name, e)
+
+
+def _import_registrations(name: str) -> None:
+    area = name.partition(".")[0]
+    if f"streamfed.{area}" in _DURABLE_AREAS:
+        _import_package(f"streamfed.{area}", recursive=area != "algorithms")  # (the families: below)
+    else:
+        _import_package(f"streamfed.algorithms.{area.replace('-', '_')}")
+    if name not in durable.registered():
+        for package in _DURABLE_AREAS:
+            _import_package(package)
+
+
+durable.add_resolver(_import_registrations)
 
 
 class _Unpickler(pickle.Unpickler):
