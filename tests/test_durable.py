@@ -21,7 +21,11 @@ from streamfed.fleet.persistence import FORMAT_VERSION, MAGIC, StateError, dumps
 
 
 def make_class(name: str, version: int, module: str, slots: bool = False) -> type:
-    """A class `Thing` defined in `module` (a stand-in for a class that moved), registered as `name`."""
+    """A class `Thing` defined in `module`, registered as `name` — in place of the class registered so before
+    (a stand-in for the class of another build: moved elsewhere, or of another schema version)."""
+    old = durable.registered().get(name)
+    if old is not None:
+        del durable._BY_NAME[name], durable._BY_CLASS[old[0]]
     ns: dict = {"__module__": module}
     if slots:
         ns["__slots__"] = ("a", "b")
@@ -52,6 +56,27 @@ def test_layouts_and_plain_values_come_back_as_they_were() -> None:
     assert [type(v) for v in back["np"]] == [np.float64, np.int32, np.bool_]
     assert np.signbit(back["np"][0]) and struct.pack("<d", back["nan"]) == struct.pack("<d", tree["nan"])
     assert type(back["t"]) is tuple and type(back["t"][1]) is tuple and back["bool"] is True
+
+
+LEAVES = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5)
+          | st.binary(max_size=5) | st.complex_numbers(allow_nan=False))
+KEYS = st.text(max_size=4) | st.integers() | st.tuples(st.integers(), st.text(max_size=2))
+
+
+@given(st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                    | st.dictionaries(KEYS, inner, max_size=4) | st.frozensets(st.integers(), max_size=3),
+                    max_leaves=20))
+def test_any_plain_tree_comes_back_equal_with_its_types(tree: object) -> None:
+    def shape(v: object) -> object:  # types all the way down, floats by their bits (NaN == NaN)
+        if isinstance(v, float):
+            return ("float", struct.pack("<d", v))
+        if isinstance(v, list | tuple):
+            return (type(v).__name__, [shape(x) for x in v])
+        if isinstance(v, dict):
+            return ("dict", sorted((repr(shape(k)), shape(x)) for k, x in v.items()))
+        return (type(v).__name__, v)
+
+    assert shape(decode(encode(tree))) == shape(tree)
 
 
 def test_a_generator_continues_its_stream() -> None:
@@ -141,9 +166,11 @@ def test_what_cannot_be_stored_is_refused_in_words() -> None:
     with pytest.raises(DurableError, match="cannot store a defaultdict"):
         import collections
         encode(collections.defaultdict(lambda: 1))
-    with pytest.raises(ValueError, match="durable name 'test.node2' is taken"):
-        make_class("test.node2", 1, "a")
+    make_class("test.node2", 1, "a")
+    with pytest.raises(ValueError, match="durable name 'test.node2' is taken by a.Thing"):
         durable.durable("test.node2")(type("Other", (), {}))
+    with pytest.raises(ValueError, match="durable name 'test.node2' is taken by a.Thing"):
+        durable.durable("test.node2")(type("Thing", (), {"__module__": "b"}))  # the same name elsewhere
 
 
 def forgotten(name: str) -> bytes:

@@ -98,8 +98,8 @@ def durable(name: str, version: int = 1) -> Callable[[T], T]:
 
     def register(cls: T) -> T:
         old = _BY_NAME.get(name)
-        # a module imported twice (or reloaded) registers its class again: the newer one wins
-        if old is not None and old.cls.__qualname__ != cls.__qualname__:
+        # a module imported again (reloaded) registers its class again: the newer one wins; another class never
+        if old is not None and (old.cls.__module__, old.cls.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"durable name {name!r} is taken by {old.cls.__module__}.{old.cls.__qualname__}")
         entry = _Entry(cls, name, version)
         if old is not None:
