@@ -149,7 +149,7 @@ def test_a_crash_between_write_and_rename_leaves_the_old_state(tmp_path, monkeyp
     (lambda b: b[:-3] + bytes([b[-3] ^ 1]) + b[-2:], "checksum mismatch"),
     (lambda b: b"\x80\x05" + b[2:], "bad magic"),
     (lambda b: b"", "truncated header"),
-    (lambda b: b[:16] + (2).to_bytes(4, "little") + b[20:], "format version 2"),
+    (lambda b: b[:16] + (3).to_bytes(4, "little") + b[20:], "format version 3"),  # (1 and 2 are read)
 ])
 def test_a_damaged_state_file_is_reported_never_loaded(tmp_path, damage, reason):
     path = tmp_path / "a.state"

@@ -47,6 +47,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from streamfed.core.durable import durable
+
 if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.message import Message
@@ -69,6 +71,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@durable("algorithms.Regret")
 @dataclass(frozen=True, slots=True)
 class Regret:
     """A learner's regret, the same shape for every learner: after `n` samples, the cumulative squared loss
@@ -95,6 +98,7 @@ class Regret:
         return self.regret / self.n if self.n else math.nan
 
 
+@durable("algorithms.Update")
 @dataclass(frozen=True, slots=True)
 class Update:
     """One upload's content before the envelope: the arrays of the algorithm's update kind.
@@ -219,6 +223,7 @@ class Aggregation(Protocol):
     def check_sum(self, total: Any, n_samples: int) -> None: ...  # secure aggregation's unmasked sum
 
 
+@durable("algorithms.UploadSensitivity")
 @dataclass(frozen=True, slots=True)
 class UploadSensitivity:
     """What differential privacy must know of a learner's uploads (docs/privacy.md).

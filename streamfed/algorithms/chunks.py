@@ -23,9 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["Chunk", "Reassembly", "chunk_count", "split_vector"]
 
 
+@durable("algorithms.Chunk")
 @dataclass(frozen=True)
 class Chunk:
     """Piece `index` of `count` of the vector its sender numbered `seq`; `total` is the whole vector's length
@@ -70,6 +73,7 @@ def _expected_size(index: int, count: int, total: int) -> int:
     return min(step, total - index * step)
 
 
+@durable("algorithms.Reassembly")
 class Reassembly:
     """Pieces received per `(client, seq)` until the whole vector is there; idempotent.
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["Robust", "RobustShares", "share_allowance"]
 
 
@@ -43,6 +45,7 @@ def share_allowance(held: float, total: float, cap: float, floor: float) -> floa
     return max(floor - held, (cap * total - held) / (1.0 - cap), 0.0)
 
 
+@durable("algorithms.Robust")
 @dataclass(frozen=True)
 class Robust:
     """Settings of robust aggregation of summed statistics: `share_cap` (largest share of the global's samples
@@ -76,6 +79,7 @@ class Robust:
                    screen_clients=params.robust_screen_clients)
 
 
+@durable("algorithms.RobustShares")
 class RobustShares:
     """Share cap, residual screening and the cold-start quorum over an order-free summing server
     (`self.server.apply(item) -> bool`, `self.server.version`). Subclasses define :meth:`_samples`,

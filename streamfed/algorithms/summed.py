@@ -37,6 +37,7 @@ import numpy as np
 from streamfed.algorithms.base import NonFiniteError, Update
 from streamfed.algorithms.in_order import apply_in_order, check_room
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
 from streamfed.wire.topics import Channel
@@ -49,6 +50,7 @@ __all__ = ["SummedAggregation", "SummedItem", "SummedStatistics", "Sums"]
 MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
 
 
+@durable("algorithms.Sums")
 class Sums(dict):  # type: ignore[type-arg]
     """Array name → summed float64 array; `+` adds two (what the reducer does with partials).
 
@@ -60,6 +62,7 @@ class Sums(dict):  # type: ignore[type-arg]
         return Sums({k: self[k] + other[k] for k in self})
 
 
+@durable("algorithms.SummedStatistics")
 @dataclass(frozen=True)
 class SummedStatistics:
     """The spec of a summed-statistics family: its name (the kinds are `<family>.update`, `.global` and `.partial`),
@@ -132,6 +135,7 @@ class SummedStatistics:
         return out
 
 
+@durable("algorithms.SummedItem")
 @dataclass(frozen=True)
 class SummedItem:
     """A checked upload: seq `seq` of `client`, its sums."""
@@ -141,6 +145,7 @@ class SummedItem:
     sums: Sums
 
 
+@durable("algorithms.SumServer")
 class SumServer:
     """The running sums (every upload once, in each client's seq order) and the last published ones."""
 
@@ -164,6 +169,7 @@ class SumServer:
         self.published, self.published_included = Sums(self.sums), dict(self.included)
 
 
+@durable("algorithms.SummedAggregation")
 class SummedAggregation(SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of a summed-statistics family (`spec`; the class
     attribute `statistics` for a subclass that fixes it). Values beyond `±max_abs` are refused; at most

@@ -23,12 +23,14 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 from streamfed.core.compiled import features as _kern
+from streamfed.core.durable import durable
 
 KernelKind = Literal["gaussian", "laplacian", "matern32", "matern52"]
 KERNEL_KINDS: tuple[str, ...] = ("gaussian", "laplacian", "matern32", "matern52")
 _DERIVATION_TAG = "streamfed/rff/v1"
 
 
+@durable("core.KernelSpec")
 @dataclass(frozen=True)
 class KernelSpec:
     """One shift-invariant kernel with `k(0) = 1`.
@@ -119,6 +121,7 @@ class FeatureMap(Protocol):
     def transform_one(self, x: np.ndarray) -> np.ndarray: ...
 
 
+@durable("core.RFFBank")
 class RFFBank:
     """A dictionary of random-Fourier-feature kernels evaluated together.
 
@@ -245,6 +248,7 @@ class RFFBank:
                 f"version={self.version})")
 
 
+@durable("core.RFFMap")
 class RFFMap:
     """One kernel's random features as a flat vector, optionally with a constant bias feature.
 

@@ -29,12 +29,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["DEFAULT_WARMUP", "INPUT_CLIP", "OnlineStandardiser", "StreamScales"]
 
 DEFAULT_WARMUP = 2
 INPUT_CLIP = 5.0  # standard deviations: where the defaults winsorise a standardised input
 
 
+@durable("core.OnlineStandardiser")
 class OnlineStandardiser:
     """Running per-column standardisation of a stream, transform-then-fold.
 
@@ -180,6 +183,7 @@ class OnlineStandardiser:
 
 
 
+@durable("core.StreamScales")
 class StreamScales:
     """A stream's input and target standardisers, used the way every default learner uses them: learn in
     standard units from the scales of the past, fold the sample in on copies (a refused sample changes

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["SufficientStats", "check_labelled_scatter", "pack_upper", "unpack_upper", "packed_size", "packed_dim"]
 
 
@@ -130,6 +132,7 @@ def unpack_upper(packed: np.ndarray, dim: int | None = None) -> np.ndarray:
     return out
 
 
+@durable("core.SufficientStats")
 @dataclass(eq=False)
 class SufficientStats:
     """`(S, b, n, q)` of a set of samples, in float64, tagged with the feature map that produced them.

@@ -42,6 +42,7 @@ from streamfed.algorithms.base import (
     Update,
     WrappedLearner,
 )
+from streamfed.core.durable import durable
 from streamfed.fleet.bounded_labels import BoundedLabels
 from streamfed.fleet.config import FleetConfig, same_fleet
 from streamfed.fleet.secure_aggregation import Contribution, SecAggAgent
@@ -88,6 +89,7 @@ class PendingLearn(NamedTuple):
     proba: np.ndarray | None = None  # a classifier's class probabilities of the reading, taken at begin_learn
 
 
+@durable("fleet.AgentCounters")
 @dataclass
 class AgentCounters:
     """Plain counters (the metrics layer reads them)."""

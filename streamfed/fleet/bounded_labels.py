@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from streamfed.algorithms.base import Learner, WrappedLearner
+from streamfed.core.durable import durable
 
 __all__ = ["BoundedLabels"]
 
 
+@durable("fleet.BoundedLabels")
 class BoundedLabels(WrappedLearner):
     """A :class:`~streamfed.algorithms.base.Learner` whose labels are clipped to `±bound` (counted).
 

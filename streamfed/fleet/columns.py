@@ -73,6 +73,8 @@ from typing import Any
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = [
     "BOOLEAN_FALSE",
     "BOOLEAN_TRUE",
@@ -216,6 +218,7 @@ def _show(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+@durable("fleet.Column")
 @dataclass(frozen=True)
 class Column:
     """One input column: its name, kind and the kind's options (see the module docstring).
@@ -438,6 +441,7 @@ class Column:
         return when
 
 
+@durable("fleet.ColumnSpec")
 @dataclass(frozen=True)
 class ColumnSpec:
     """The input columns of a fleet, in vector order: what each becomes, and how wide `x` is.

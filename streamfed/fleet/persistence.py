@@ -1,25 +1,31 @@
-"""Durable state files: versioned, checksummed, written atomically.
+"""Durable state files: versioned, checksummed, written atomically, readable after any code move.
 
 A state file is one record::
 
     magic        16 bytes  b"STREAMFED-STATE\\n"
-    format       u32 LE    FORMAT_VERSION (a reader refuses any other)
+    format       u32 LE    FORMAT_VERSION = 2 (1 is still read; a reader refuses any other)
     length       u64 LE    length of the body
     sha256       32 bytes  of the body
-    body         pickle (protocol 5) of a dict with at least "kind" (e.g. "agent", "aggregator")
+    body         a dict with at least "kind" (e.g. "agent", "aggregator"), encoded as the format says:
+                 2: msgpack by :mod:`streamfed.core.durable` (class-independent: objects by registered name
+                    and schema version, arrays as dtype/shape/bytes, generators as their state)
+                 1: pickle (protocol 5), written up to the durable format; read through the move maps below
 
 Writing (:func:`atomic_write`): the bytes go to a temporary file in the same directory, are flushed and
 fsync'ed, then `os.replace`d over the old file, and the directory is fsync'ed — so at every instant the
 path names either the complete old state or the complete new one. A crash mid-write leaves a stray
 ``.<name>.tmp-*`` file next to an intact old state; it is ignored when loading and removed by the next
-:class:`StateStore` on that path.
+:class:`StateStore` on that path. Every write is format 2: an object whose class is not registered with
+:func:`~streamfed.core.durable.durable` is refused there (:class:`~streamfed.core.durable.DurableError`),
+before anything is written.
 
 Reading (:func:`loads`): a wrong magic, an unknown format, a short file, trailing bytes or a checksum
-mismatch raise :class:`StateError` — a damaged file is never silently loaded (and never unpickled).
+mismatch raise :class:`StateError` — a damaged file is never decoded. A format-2 body that names an
+unknown type or a schema version this build cannot migrate is a :class:`StateError` too.
 
-Trust: the checksum detects corruption, not tampering. The state directory must be writable only by
-the service that owns it (as its code is); pickle is used because learner objects (numba-backed
-arrays, NumPy random generators) round-trip through it exactly.
+Trust: the checksum detects corruption, not tampering. A format-2 body rebuilds only registered classes (no
+code is named by the file); a format-1 body is a pickle, so the state directory must be writable only by the
+service that owns it (as its code is).
 
 A :class:`StateStore` also holds an exclusive `flock` on ``<path>.lock`` while open, so two processes
 can never write the same state (the lock dies with its process, also on SIGKILL).
@@ -32,8 +38,10 @@ import fcntl
 import hashlib
 import importlib
 import io
+import logging
 import os
 import pickle
+import pkgutil
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -42,11 +50,17 @@ from typing import Any
 
 from streamfed.algorithms import MOVED_MODULES as ALGORITHM_MOVED_MODULES
 from streamfed.algorithms import MOVED_NAMES as ALGORITHM_MOVED_NAMES
+from streamfed.core import durable
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "StateError", "StateStore", "atomic_write", "dumps", "loads", "read_state"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "PICKLE_FORMAT", "READABLE", "StateError", "StateStore", "atomic_write", "dumps",
+           "loads", "read_state"]
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"STREAMFED-STATE\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what every write is: msgpack by streamfed.core.durable
+PICKLE_FORMAT = 1  # what the project wrote before: read, never written
+READABLE = (PICKLE_FORMAT, FORMAT_VERSION)
 _HEADER = struct.Struct("<IQ")
 _DIGEST = 32
 _PREFIX = len(MAGIC) + _HEADER.size + _DIGEST
@@ -65,8 +79,9 @@ class StateError(RuntimeError):
         super().__init__(f"state file {self.path}: {reason}")
 
 
-# Where classes went when their modules moved: a state written before a move still loads (its pickle names the
-# old module). Whole modules, then single names that left a module that still exists.
+# Format 1 only (format 2 names no module): where classes went when their modules moved, so a pickle written
+# before a move still loads (it names the old module). Whole modules, then single names that left a module that
+# still exists.
 MOVED_MODULES = {
     "streamfed.fleet.protocol": "streamfed.wire.message",
     "streamfed.fleet.topics": "streamfed.wire.topics",
@@ -81,6 +96,45 @@ MOVED_NAMES = {
        for n in ("ArraySpec", "MetaSpec", "MessageSchema", "ProtocolSchema")},
     **ALGORITHM_MOVED_NAMES,  # the families' own moves, named where the families are (this module names none)
 }
+
+
+# Format 2: the packages whose modules register durable classes, by the first part of the registered names
+# ("pofmkl.POFMKLClient" → the pofmkl family). A name seen before its module was imported (a state read before
+# the core that uses it was built) imports that package's modules; a name in none of them (a class that moved
+# elsewhere in the project) imports all of them, once.
+_DURABLE_AREAS = ("streamfed.core", "streamfed.wire", "streamfed.privacy", "streamfed.algorithms", "streamfed.fleet")
+_walked: set[tuple[str, bool]] = set()
+
+
+def _import_package(package: str, recursive: bool = True) -> None:
+    if (package, recursive) in _walked:
+        return
+    _walked.add((package, recursive))
+    try:
+        root = importlib.import_module(package)
+    except ImportError as e:  # an optional family without its dependencies (torch): its names stay unknown
+        log.debug("durable names: %s not importable: %s", package, e)
+        return
+    walk = pkgutil.walk_packages if recursive else pkgutil.iter_modules
+    for info in walk(getattr(root, "__path__", []), package + "."):
+        try:
+            importlib.import_module(info.name)
+        except ImportError as e:
+            log.debug("durable names: %s not importable: %s", info.name, e)
+
+
+def _import_registrations(name: str) -> None:
+    area = name.partition(".")[0]
+    if f"streamfed.{area}" in _DURABLE_AREAS:
+        _import_package(f"streamfed.{area}", recursive=area != "algorithms")  # (the families: below)
+    else:
+        _import_package(f"streamfed.algorithms.{area.replace('-', '_')}")
+    if name not in durable.registered():
+        for package in _DURABLE_AREAS:
+            _import_package(package)
+
+
+durable.add_resolver(_import_registrations)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -102,7 +156,7 @@ def dumps(state: Mapping[str, Any]) -> bytes:
     """
     if not isinstance(state.get("kind"), str):
         raise ValueError("a state needs a string 'kind'")
-    body = pickle.dumps(dict(state), protocol=5)
+    body = durable.encode(dict(state))
     return MAGIC + _HEADER.pack(FORMAT_VERSION, len(body)) + hashlib.sha256(body).digest() + body
 
 
@@ -118,8 +172,8 @@ def loads(data: bytes, path: str | os.PathLike[str] = "<bytes>", kind: str | Non
         what = "truncated header" if MAGIC.startswith(data[: len(MAGIC)]) and len(data) < _PREFIX else "bad magic"
         raise StateError(path, f"{what} (not a streamfed state file, or damaged)")
     version, length = _HEADER.unpack_from(data, len(MAGIC))
-    if version != FORMAT_VERSION:
-        raise StateError(path, f"format version {version}, this build reads {FORMAT_VERSION}")
+    if version not in READABLE:
+        raise StateError(path, f"format version {version}, this build reads {' and '.join(map(str, READABLE))}")
     body = data[_PREFIX:]
     if len(body) != length:
         problem = "truncated" if len(body) < length else "trailing bytes"
@@ -127,8 +181,8 @@ def loads(data: bytes, path: str | os.PathLike[str] = "<bytes>", kind: str | Non
     if hashlib.sha256(body).digest() != data[len(MAGIC) + _HEADER.size : _PREFIX]:
         raise StateError(path, "checksum mismatch (the file is corrupt)")
     try:
-        state = _Unpickler(io.BytesIO(body)).load()
-    except Exception as e:  # an intact checksum over an unreadable pickle: written by incompatible code
+        state = durable.decode(body) if version == FORMAT_VERSION else _Unpickler(io.BytesIO(body)).load()
+    except Exception as e:  # an intact checksum over an unreadable body: written by incompatible code
         raise StateError(path, f"cannot decode the body: {type(e).__name__}: {e}") from None
     if not isinstance(state, dict) or not isinstance(state.get("kind"), str):
         raise StateError(path, "the body is not a state record")

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.algorithms.base import Learner, Update, UploadSensitivity, WrappedLearner
+from streamfed.core.durable import durable
 from streamfed.privacy import dp
 from streamfed.privacy.accountant import Method, PrivacyAccountant
 from streamfed.wire.message import Message
@@ -42,6 +43,7 @@ __all__ = ["PrivateLearner"]
 log = logging.getLogger(__name__)
 
 
+@durable("fleet.PrivateLearner")
 class PrivateLearner(WrappedLearner):
     """A :class:`~streamfed.algorithms.base.Learner` whose uploads are `(epsilon, delta)`-DP each, composed
     by a :class:`~streamfed.privacy.accountant.PrivacyAccountant` and capped at `budget` (ε at `delta`;

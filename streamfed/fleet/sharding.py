@@ -38,6 +38,7 @@ import numpy as np
 
 from streamfed import algorithms
 from streamfed.algorithms.base import Mode, aggregation_diagnostics
+from streamfed.core.durable import durable
 from streamfed.fleet.admission import Admission
 from streamfed.fleet.aggregator import note_status, roster
 from streamfed.fleet.config import FleetConfig, same_fleet
@@ -107,6 +108,7 @@ class Contribution:
     item: Any  # what the algorithm's Aggregation.check returned
 
 
+@durable("fleet.Partial")
 @dataclass
 class _Partial:
     seq: int

@@ -41,6 +41,7 @@ from typing import IO, Any, TextIO
 
 import numpy as np
 
+from streamfed.core.durable import durable
 from streamfed.fleet.columns import ColumnSpec, Invalid
 from streamfed.fleet.columns import to_number as _number
 from streamfed.wire.schema import MAX_META_STR
@@ -119,6 +120,7 @@ class SkipReason:
     UNKNOWN_LEVEL = "unknown_level"  # a one-hot column without an "other" slot got a level it does not declare
 
 
+@durable("fleet.Reading")
 @dataclass(frozen=True, slots=True)
 class Reading:
     """One sample's inputs (float64, schema order), its id and time; `y` when the label came with it.
@@ -133,6 +135,7 @@ class Reading:
     y: float | None = None
 
 
+@durable("fleet.Label")
 @dataclass(frozen=True, slots=True)
 class Label:
     """A label arriving after its reading.
@@ -171,6 +174,7 @@ def _id(v: Any) -> str | None:
     return text if 0 < len(text) <= MAX_ID_LEN else None
 
 
+@durable("fleet.ReadingParser")
 class ReadingParser:
     """Parses sensor messages against a fixed feature schema.
 
@@ -367,6 +371,7 @@ class ReadingParser:
             self._recent_set.discard(self._recent.popleft())
 
 
+@durable("fleet.LabelJoin")
 class LabelJoin:
     """Readings waiting for their label, bounded: when full the oldest is dropped (and reported).
 

@@ -24,11 +24,13 @@ from typing import Any
 import numpy as np
 
 from streamfed.algorithms.base import Learner, WrappedLearner
+from streamfed.core.durable import durable
 from streamfed.core.standardise import StreamScales
 
 __all__ = ["StandardisedLearner"]
 
 
+@durable("fleet.StandardisedLearner")
 class StandardisedLearner(WrappedLearner):
     """A :class:`~streamfed.algorithms.base.Learner` that sees its stream standardised online.
 

@@ -23,6 +23,8 @@ from typing import Literal
 import dp_accounting
 from dp_accounting import pld, rdp
 
+from streamfed.core.durable import durable
+
 __all__ = ["PrivacyAccountant", "calibrate_noise_multiplier", "dp_event"]
 
 Method = Literal["rdp", "pld"]
@@ -53,6 +55,7 @@ def _epsilon(spent: dict[float, int], delta: float, method: Method) -> float:
     return float(acc.get_epsilon(delta))
 
 
+@durable("privacy.PrivacyAccountant")
 class PrivacyAccountant:
     """The `(ε, δ)` a client has spent so far, over all its uploads (see the module docstring).
 

@@ -30,6 +30,7 @@ from streamfed.algorithms.fedbnr.wire import global_message, stats_fields
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, check_labelled_scatter
 from streamfed.wire.message import Message
 
@@ -83,6 +84,7 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
 # ============================================================================ robust aggregation
 
 
+@durable("fedbnr.TemperedUpload")
 @dataclass(frozen=True, eq=False)
 class TemperedUpload(Upload):
     """An upload summed with `weight` ∈ [0, 1] (its `stats` are what the client declared; the server sums
@@ -96,6 +98,7 @@ class TemperedUpload(Upload):
     weight: float = 1.0
 
 
+@durable("fedbnr.RobustFedBNRServer")
 class RobustFedBNRServer(FedBNRServer):
     """A :class:`FedBNRServer` that sums a :class:`TemperedUpload` with its weight (everything else as the
     exact server: validation of what the client declared, order, duplicates).
@@ -129,6 +132,7 @@ def residual_ratio(st: SufficientStats, mean: np.ndarray, cov: np.ndarray, sigma
     return r / v
 
 
+@durable("fedbnr.FedBNRAggregation")
 class FedBNRAggregation(RobustShares, SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of FedBNR.
 

@@ -48,6 +48,7 @@ from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, ridge_loss
 from streamfed.algorithms.fedbnr.packed_state import PackedState
 from streamfed.algorithms.fedbnr.personalisation import choose_others_weight, fit_local
+from streamfed.core.durable import durable
 from streamfed.core.features import FeatureMap
 from streamfed.core.river_inputs import gaussian
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = ["FedBNRClient"]
 
 
+@durable("fedbnr.FedBNRClient")
 class FedBNRClient(PackedState):
     """The client half of online FedBNR.
 

@@ -17,11 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from streamfed.algorithms.fedbnr._compiled import kern
+from streamfed.core.durable import durable
 from streamfed.core.features import FeatureMap, KernelSpec, RFFBank
 
 __all__ = ["client_features"]
 
 
+@durable("fedbnr.DefaultFeatures")
 class _DefaultFeatures:
     """Gaussian RFF (one kernel per bandwidth) plus a bias feature, all kernels in one bank pass."""
 
@@ -56,6 +58,7 @@ class _DefaultFeatures:
         return np.concatenate([z, np.ones(z.shape[:2] + (1,))], axis=2)
 
 
+@durable("fedbnr.MapList")
 class _MapList:
     """A user's feature map(s), stacked to `(K, F)`."""
 

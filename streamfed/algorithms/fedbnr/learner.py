@@ -14,11 +14,13 @@ import numpy as np
 from streamfed.algorithms.base import BaseLearner, Regret, Update, UploadSensitivity
 from streamfed.algorithms.fedbnr.messages import GlobalModel
 from streamfed.algorithms.fedbnr.wire import global_fields
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["StatsLearner"]
 
 
+@durable("fedbnr.StatsLearner")
 class StatsLearner(BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of FedBNR: `predict` gives the posterior predictive
     mean and variance, `begin_learn` predicts, `end_learn` makes the rank-one update (so the prediction is

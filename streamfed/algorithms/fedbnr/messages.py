@@ -8,11 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["GlobalModel", "Upload"]
 
 
+@durable("fedbnr.Upload")
 @dataclass(frozen=True)
 class Upload:
     """What a client publishes: delta statistics of at least `min_upload` samples.
@@ -55,6 +57,7 @@ class Upload:
     __hash__ = None  # type: ignore[assignment]
 
 
+@durable("fedbnr.GlobalModel")
 @dataclass(frozen=True)
 class GlobalModel:
     """What the server broadcasts: the global sums, the hyperparameters and who is included.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["Z95", "PrequentialMetrics", "ridge_loss"]
@@ -16,6 +17,7 @@ __all__ = ["Z95", "PrequentialMetrics", "ridge_loss"]
 Z95 = 1.959963984540054  # central 95% interval of a standard normal: ±Z95
 
 
+@durable("fedbnr.PrequentialMetrics")
 @dataclass
 class PrequentialMetrics:
     """Running prequential (predict, then learn) metrics of a Gaussian predictive.

@@ -13,6 +13,7 @@ from streamfed.algorithms.fedbnr.checks import check_positive
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.in_order import apply_in_order
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["FedBNRServer"]
 
 
+@durable("fedbnr.FedBNRServer")
 class FedBNRServer:
     """The server half: idempotent summation of uploads, evidence-fitted hyperparameters, versioned globals.
 

@@ -16,12 +16,14 @@ from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixServer
 from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.wire.message import Message
 
 __all__ = ["ClientSums", "PersonalAggregation"]
 
 
+@durable("fedbnr-personal.PersonalAggregation")
 class PersonalAggregation(SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of personalised FedBNR. Sharded, a partial holds
     per-client sums (each client's uploads in it, time-weighted to the latest), because the server keeps
@@ -108,6 +110,7 @@ class PersonalAggregation(SummingWindow):
                        dict(g.included), g.epoch)
 
 
+@durable("fedbnr-personal.ClientSums")
 class ClientSums(dict):  # type: ignore[type-arg]
     """client → its uploads in one or more partials, merged (time-weighted to the latest); `+` merges two,
     which is how the reducer sums partials within a window or a round.

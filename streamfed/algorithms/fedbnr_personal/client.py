@@ -34,6 +34,7 @@ from streamfed.algorithms.fedbnr.features import _DefaultFeatures, _MapList
 from streamfed.algorithms.fedbnr.metrics import PrequentialMetrics
 from streamfed.algorithms.fedbnr_personal.evidence import marginal_contribution, sym
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal, HierUpload
+from streamfed.core.durable import durable
 from streamfed.core.features import FeatureMap
 from streamfed.core.stats import SufficientStats
 
@@ -112,6 +113,7 @@ def _hier_learn_batch(
         kern.chol_update(ra, work)
 
 
+@durable("fedbnr-personal.FedBNRHierClient")
 class FedBNRHierClient:
     """Client half of hierarchical FedBNR (module docstring): predicts with the exact posterior of its own
     weights `w + δ_k` given the latest shared posterior and all its own data.

@@ -39,6 +39,7 @@ import numpy as np
 from scipy import optimize
 
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_log_evidence
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
@@ -96,6 +97,7 @@ def hierarchical_log_evidence(
     return float(total), a, h
 
 
+@durable("fedbnr-personal.Spectra")
 class _Spectra:
     """Eigendecompositions of every client's `S_k`, for `O(K F²)`-per-point evidence evaluations."""
 

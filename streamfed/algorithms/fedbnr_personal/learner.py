@@ -15,12 +15,14 @@ from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal
 from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
+from streamfed.core.durable import durable
 from streamfed.core.stats import pack_upper, unpack_upper
 from streamfed.wire.message import Message, writable_copy
 
 __all__ = ["PersonalLearner", "global_from_message"]
 
 
+@durable("fedbnr-personal.PersonalLearner")
 class PersonalLearner(BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of personalised FedBNR: the exact posterior of this
     client's own weights `w + δ_k` given the shared posterior and all its own data.

@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 
 __all__ = ["HierGlobal", "HierUpload"]
 
 
+@durable("fedbnr-personal.HierUpload")
 @dataclass(frozen=True)
 class HierUpload:
     """Delta statistics of at least `min_upload` samples, time-weighted to `time` (`γ^(time - t_i)` per
@@ -41,6 +43,7 @@ class HierUpload:
                    SufficientStats.from_packed(msg))
 
 
+@durable("fedbnr-personal.HierGlobal")
 @dataclass(frozen=True)
 class HierGlobal:
     """The shared posterior `w ~ N(A⁻¹h, A⁻¹)` at `time`, the hyperparameters and who is included.

@@ -20,11 +20,13 @@ from streamfed.algorithms.fedbnr.metrics import PrequentialMetrics
 from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal, HierUpload
 from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["FedBNRHierMixClient", "FedBNRHierMixServer"]
 
 
+@durable("fedbnr-personal.FedBNRHierMixServer")
 class FedBNRHierMixServer:
     """One hierarchical model per personal scale `τ_j` of a fixed grid (each with its own `σ_j, λ_j`
     fitted by the exact evidence at that `τ_j`), all fed the same uploads. `publish` returns one
@@ -102,6 +104,7 @@ class FedBNRHierMixServer:
         return [s.last_global() for s in self.servers]
 
 
+@durable("fedbnr-personal.FedBNRHierMixClient")
 class FedBNRHierMixClient:
     """Hierarchical FedBNR over a fixed grid of personal scales `τ_j`, combined by Bayesian model
     averaging with weights from each model's *prequential* evidence on this client's own stream,

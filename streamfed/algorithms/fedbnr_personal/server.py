@@ -18,6 +18,7 @@ from streamfed.algorithms.fedbnr.checks import check_positive
 from streamfed.algorithms.fedbnr_personal.evidence import fit_hierarchical, hierarchical_log_evidence
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal, HierUpload
 from streamfed.algorithms.in_order import apply_in_order
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["FedBNRHierServer"]
 
 
+@durable("fedbnr-personal.FedBNRHierServer")
 class FedBNRHierServer:
     """Server half: keeps each client's time-weighted statistics (uploads summed once per `(client, seq)`,
     in sequence order), publishes the shared posterior `(A, h)` and fits `σ, λ, τ` by the exact evidence.

@@ -38,6 +38,7 @@ from streamfed.algorithms.fsgp.wire import global_message, read_update
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.core.durable import durable
 from streamfed.core.stats import check_labelled_scatter
 from streamfed.wire.message import Message
 
@@ -109,6 +110,7 @@ def residual_ratio(st: Stats, post: SparsePosterior) -> float:
     return res / v
 
 
+@durable("fsgp.PartialSum")
 @dataclass(frozen=True)
 class PartialSum:
     """A shard's sums: statistics and weighted sums of proposals. `+` adds two."""
@@ -121,6 +123,7 @@ class PartialSum:
         return PartialSum(self.stats + other.stats, self.prop_sum + other.prop_sum, self.weight + other.weight)
 
 
+@durable("fsgp.FSGPAggregation")
 class FSGPAggregation(RobustShares, SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of FSGP.
 

@@ -33,6 +33,7 @@ from streamfed.algorithms.fsgp.kernels import KIND_CODES, Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky, lower_solve
 from streamfed.algorithms.fsgp.projection import ProjectionMap
+from streamfed.core.durable import durable
 
 __all__ = ["STAGE_ROWS", "FSGPClient", "finite_target"]
 
@@ -60,6 +61,7 @@ def finite_target(y: float) -> float:
     return y
 
 
+@durable("fsgp.FSGPClient")
 class FSGPClient:
     """One client: prequential predictions, per-sample statistics, uploads, globals, local fits.
 

@@ -23,6 +23,8 @@ from typing import Literal
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["KINDS", "KIND_CODES", "Hyper", "Kind", "cov", "cov_and_h"]
 
 Kind = Literal["se", "matern32", "matern52"]
@@ -31,6 +33,7 @@ KIND_CODES = {k: i for i, k in enumerate(KINDS)}  # the covariance as the compil
 _S3, _S5 = math.sqrt(3.0), math.sqrt(5.0)
 
 
+@durable("fsgp.Hyper")
 @dataclass(frozen=True, eq=False)
 class Hyper:
     """One version of the learned quantities: kernel kind, `log a`, `log ℓ`, `log σ`, inducing inputs `Z`.

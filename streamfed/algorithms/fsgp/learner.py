@@ -10,11 +10,13 @@ from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.fsgp.client import finite_target
 from streamfed.algorithms.fsgp.wire import read_global, update_arrays
 from streamfed.algorithms.staged import PredictThenLearn
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["FSGPLearner"]
 
 
+@durable("fsgp.FSGPLearner")
 class FSGPLearner(PredictThenLearn):
     """`predict` is the sparse-GP predictive (mean, variance); `begin_learn` predicts (and checks the
     target), `end_learn` makes the rank-one update, so a prediction is published before the `O(M²)` work.

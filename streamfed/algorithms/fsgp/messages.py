@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 from streamfed.algorithms.fsgp.kernels import Hyper
 from streamfed.algorithms.fsgp.posterior import Stats
+from streamfed.core.durable import durable
 
 __all__ = ["GlobalModel", "TemperedUpload", "Upload"]
 
 
+@durable("fsgp.Upload")
 @dataclass(frozen=True)
 class Upload:
     """Delta statistics of at least `min_upload` samples under version `stats.epoch`, numbered `seq` by
@@ -36,6 +38,7 @@ class Upload:
         return int(self.stats.epoch)
 
 
+@durable("fsgp.GlobalModel")
 @dataclass(frozen=True)
 class GlobalModel:
     """The summed statistics of every included upload, carried to the current `(θ, σ, Z)` (`hyper`, version
@@ -54,6 +57,7 @@ class GlobalModel:
     included: dict[str, int] = field(default_factory=dict)
 
 
+@durable("fsgp.TemperedUpload")
 @dataclass(frozen=True)
 class TemperedUpload(Upload):
     """An upload summed with `share` ∈ [0, 1] (robust mode's share cap and screening): the server sums

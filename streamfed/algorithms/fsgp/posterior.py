@@ -30,6 +30,7 @@ from scipy.linalg.lapack import dtrtrs
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
+from streamfed.core.durable import durable
 from streamfed.core.stats import pack_upper, unpack_upper
 
 __all__ = ["RANK_ONE_FROM", "SparsePosterior", "Stats", "chol_update", "cholesky", "lower_solve"]
@@ -37,6 +38,7 @@ __all__ = ["RANK_ONE_FROM", "SparsePosterior", "Stats", "chol_update", "cholesky
 RANK_ONE_FROM = 192  # from this M on, L_B takes a rank-one update per sample instead of a refactorisation
 
 
+@durable("fsgp.Stats")
 @dataclass(eq=False)
 class Stats:
     """`P (M, M)`, `r (M,)`, `n`, `q` of some samples under the inducing inputs of version `epoch`.
@@ -166,6 +168,7 @@ def chol_update(L: np.ndarray, x: np.ndarray) -> np.ndarray:
     return L
 
 
+@durable("fsgp.SparsePosterior")
 class SparsePosterior:
     """The predictive of statistics `stats` under `hyper` (jitter `ε`, relative to `a²`).
 

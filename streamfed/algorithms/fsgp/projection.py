@@ -27,10 +27,12 @@ from scipy.linalg import cho_solve
 
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
+from streamfed.core.durable import durable
 
 __all__ = ["ProjectionMap", "project", "reembed"]
 
 
+@durable("fsgp.ProjectionMap")
 class ProjectionMap:
     """The linear map of statistics from version `old` to version `new` (epoch `epoch`).
 

@@ -25,10 +25,12 @@ from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
 from streamfed.algorithms.in_order import apply_in_order
+from streamfed.core.durable import durable
 
 __all__ = ["FSGPServer", "RobustFSGPServer"]
 
 
+@durable("fsgp.FSGPServer")
 class FSGPServer:
     """Idempotent sums, FedAvg of proposals, versioned globals.
 
@@ -190,6 +192,7 @@ class FSGPServer:
         return GlobalModel(self.version, self.epoch, self.hyper, self.stats.copy(), dict(self.included))
 
 
+@durable("fsgp.RobustFSGPServer")
 class RobustFSGPServer(FSGPServer):
     """A :class:`FSGPServer` that sums a :class:`TemperedUpload` as `share · stats` with its proposal weighing
     `share · weight` (everything else as the exact server: validation, order, duplicates, versions).

@@ -14,6 +14,7 @@ from streamfed.algorithms.kofl.messages import KOFLUpdate
 from streamfed.algorithms.kofl.server import KOFLServer
 from streamfed.algorithms.pofmkl.messages import KernelUpdate, merge_updates
 from streamfed.algorithms.pofmkl.server import POFMKLServer
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["KOFLAggregation"]
 
 
+@durable("kofl.KOFLAggregation")
 class KOFLAggregation(BaseAggregation):
     """A baseline server in the :class:`~streamfed.algorithms.base.Aggregation` contract; a client's several
     uploads within an asynchronous window are merged (Δ summed per kernel, losses summed). The paper's baselines

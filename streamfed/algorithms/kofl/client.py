@@ -27,6 +27,7 @@ from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.kofl._kernels import kernel_gradients
 from streamfed.algorithms.kofl.messages import KOFLGlobal, KOFLUpdate
 from streamfed.algorithms.pofmkl.messages import GlobalTheta
+from streamfed.core.durable import durable
 from streamfed.core.features import RFFBank
 
 __all__ = ["EMKOFLClient", "OFMKLAvgClient", "OFSKLClient", "VMKOFLClient"]
@@ -107,6 +108,7 @@ class _GradientClient:
         return np.full(n, 1.0 / n)
 
 
+@durable("kofl.OFSKLClient")
 class OFSKLClient(_GradientClient):
     """OFSKL: a single pre-selected kernel (pass a one-kernel bank, e.g. `bank.kernel(p)`).
 
@@ -125,6 +127,7 @@ class OFSKLClient(_GradientClient):
         return float(f[0])
 
 
+@durable("kofl.OFMKLAvgClient")
 class OFMKLAvgClient(_GradientClient):
     """OFMKL-Avg: every kernel learned as in OFSKL, prediction the plain mean of the kernels'.
 
@@ -138,6 +141,7 @@ class OFMKLAvgClient(_GradientClient):
         return float(f.mean())
 
 
+@durable("kofl.VMKOFLClient")
 class VMKOFLClient(_GradientClient):
     """vM-KOFL: all kernels updated and uploaded with their losses; fleet-wide exponential weights.
 
@@ -166,6 +170,7 @@ class VMKOFLClient(_GradientClient):
         return self._vbar.copy()
 
 
+@durable("kofl.EMKOFLClient")
 class EMKOFLClient(VMKOFLClient):
     """eM-KOFL: predicts with, updates and uploads only the server-chosen kernel `I_t` (+ N losses).
 

@@ -11,6 +11,7 @@ from streamfed.algorithms.base import BaseLearner, Update
 from streamfed.algorithms.kofl.messages import KOFLGlobal, KOFLUpdate
 from streamfed.algorithms.pofmkl.learner import POFMKLLearner
 from streamfed.algorithms.pofmkl.messages import GlobalTheta
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message, writable_copy
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["KOFLLearner"]
 
 
+@durable("kofl.KOFLLearner")
 class KOFLLearner(POFMKLLearner):
     """A baseline client in the :class:`~streamfed.algorithms.base.Learner` contract (one upload per step;
     introspection as POF-MKL's, whose clients they mirror).
@@ -41,6 +43,7 @@ class KOFLLearner(POFMKLLearner):
         return yhat, None
 
     end_learn = BaseLearner.end_learn  # one fused step: no error feedback to add to
+    diagnostics = BaseLearner.diagnostics  # the baselines' clients count no kernel overflows (POF-MKL's do)
     warm_up = BaseLearner.warm_up  # a step on a copy (POF-MKL's installs a θ-only global)
 
     def take_update(self) -> Update | None:

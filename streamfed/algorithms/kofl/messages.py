@@ -8,10 +8,12 @@ from typing import NamedTuple
 import numpy as np
 
 from streamfed.algorithms.pofmkl.messages import GlobalTheta
+from streamfed.core.durable import durable
 
 __all__ = ["KOFLGlobal", "KOFLUpdate"]
 
 
+@durable("kofl.KOFLUpdate")
 class KOFLUpdate(NamedTuple):
     """Upload of a baseline client: `Δ` for some kernels and, for vM/eM-KOFL, every kernel's loss.
 
@@ -29,6 +31,7 @@ class KOFLUpdate(NamedTuple):
         return int(self.delta.size + (0 if self.losses is None else self.losses.size))
 
 
+@durable("kofl.KOFLGlobal")
 class KOFLGlobal(NamedTuple):
     """What the vM/eM-KOFL server broadcasts: `θ`, the fleet log-weights, the chosen kernel."""
 

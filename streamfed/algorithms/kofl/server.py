@@ -7,10 +7,12 @@ import numpy as np
 
 from streamfed.algorithms.kofl.messages import KOFLGlobal, KOFLUpdate
 from streamfed.algorithms.pofmkl.server import POFMKLServer
+from streamfed.core.durable import durable
 
 __all__ = ["KOFLServer"]
 
 
+@durable("kofl.KOFLServer")
 class KOFLServer(POFMKLServer):
     """Server of vM-KOFL (`sample=False`) and eM-KOFL (`sample=True`): averages `Δ` per kernel and
     keeps fleet log-weights `log v_p = -η Σ_{c,t} ℓ_{c,p}`; eM-KOFL draws the next kernel from them.

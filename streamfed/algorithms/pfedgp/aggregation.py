@@ -26,6 +26,7 @@ from streamfed.algorithms.pfedgp.server import PFedGPServer
 from streamfed.algorithms.pfedgp.wire import global_message, read_update
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.algorithms.urk.robust_proposals import ProposalBound
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["ROBUST_SHARDED", "PFedGPAggregation"]
@@ -34,6 +35,7 @@ ROBUST_SHARDED = ("robust pFedGP aggregation (trimmed mean of the clients' propo
                   "partial sums: run a single aggregator, or aggregation = \"exact\" with shards")
 
 
+@durable("pfedgp.PFedGPAggregation")
 class PFedGPAggregation(SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of pFedGP.
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["ClassBudget"]
 
 
+@durable("pfedgp.ClassBudget")
 class ClassBudget:
     """Per-class reservoirs of raw inputs with sample ids (never uploaded)."""
 

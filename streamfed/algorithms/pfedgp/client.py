@@ -44,6 +44,7 @@ from streamfed.algorithms.pfedgp.messages import PFedGPGlobal
 from streamfed.algorithms.pfedgp.network import Layout, embed, inducing_of
 from streamfed.algorithms.pfedgp.personal import GPTree
 from streamfed.algorithms.pfedgp.wire import chunk_update
+from streamfed.core.durable import durable
 
 __all__ = ["PFedGPClient", "class_label", "torch_available"]
 
@@ -67,6 +68,7 @@ def class_label(y: float, n_classes: int) -> int:
     return int(v)
 
 
+@durable("pfedgp.PFedGPClient")
 class PFedGPClient:
     """One client (see the module docstring)."""
 

@@ -29,6 +29,7 @@ from scipy.linalg import cho_solve, cholesky, solve_triangular
 
 from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
 from streamfed.algorithms.pfedgp.quadrature import sigmoid_gauss
+from streamfed.core.durable import durable
 
 __all__ = ["FITCPosterior", "fitc_gibbs", "fitc_terms"]
 
@@ -56,6 +57,7 @@ def fitc_terms(Kmm: np.ndarray, Knm: np.ndarray, kdiag: np.ndarray, kappa: np.nd
     return c, Binv, d
 
 
+@durable("pfedgp.FITCPosterior")
 @dataclass
 class FITCPosterior:
     """A node's FITC posterior: Gibbs samples `omega (C, N)`, per chain `c (C, M)` and `B⁻¹ (C, M, M)`, and

@@ -37,6 +37,7 @@ from scipy.linalg import cholesky
 
 from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
 from streamfed.algorithms.pfedgp.quadrature import sigmoid_gauss
+from streamfed.core.durable import durable
 
 __all__ = ["FullPosterior", "JITTER", "gibbs", "sample_f"]
 
@@ -68,6 +69,7 @@ def sample_f(K: np.ndarray, Lk: np.ndarray, kappa: np.ndarray, omega: np.ndarray
     return f0 + (sw * sol) @ K
 
 
+@durable("pfedgp.FullPosterior")
 @dataclass
 class FullPosterior:
     """A node's posterior as its Gibbs samples `omega (C, N)`, with what the predictive needs per chain:

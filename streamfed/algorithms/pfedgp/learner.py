@@ -16,11 +16,13 @@ from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.pfedgp.client import PFedGPClient
 from streamfed.algorithms.pfedgp.wire import read_global
 from streamfed.algorithms.staged import PredictThenLearn
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["PFedGPLearner"]
 
 
+@durable("pfedgp.PFedGPLearner")
 class PFedGPLearner(PredictThenLearn):
     """`predict` is `(most probable class, None)`; `class_probabilities` the whole vector; `begin_learn`
     predicts (and stages the probabilities), `end_learn` learns.

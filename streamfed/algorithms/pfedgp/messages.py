@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamfed.algorithms.chunks import Chunk
+from streamfed.core.durable import durable
 
 __all__ = ["ChunkItem", "PFedGPGlobal", "ProposalSum"]
 
 
+@durable("pfedgp.ChunkItem")
 @dataclass(frozen=True)
 class ChunkItem:
     """One chunk of a proposal — the delta `θ_c − θ_epoch` of a local update on a budget of `weight` samples —
@@ -30,6 +32,7 @@ class ChunkItem:
     weight: float
 
 
+@durable("pfedgp.PFedGPGlobal")
 @dataclass(frozen=True)
 class PFedGPGlobal:
     """The server's model: the shared parameters `theta` of network version `epoch`, and `included` (per
@@ -45,6 +48,7 @@ class PFedGPGlobal:
     included: dict[str, int] = field(default_factory=dict)
 
 
+@durable("pfedgp.ProposalSum")
 @dataclass(frozen=True)
 class ProposalSum:
     """What a shard sends the reducer: the weighted sum of the whole proposals it received, their weight and

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamfed.algorithms.urk.network import URKArch, URKWeights, features, initial_weights, omega
+from streamfed.core.durable import durable
 
 __all__ = ["Layout", "embed", "inducing_of", "initial_theta", "omega_of", "weights_of"]
 
 _IP_TAG = zlib.crc32(b"pfedgp-inducing")
 
 
+@durable("pfedgp.Layout")
 @dataclass(frozen=True)
 class Layout:
     """The network's shapes, the number `M` of inducing inputs (0: the full GP, no inducing inputs) and the

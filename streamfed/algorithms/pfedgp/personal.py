@@ -25,6 +25,7 @@ from streamfed.algorithms.pfedgp.gibbs import FullPosterior, gibbs
 from streamfed.algorithms.pfedgp.kernels import rbf
 from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
 from streamfed.algorithms.pfedgp.tree import Tree, build_tree
+from streamfed.core.durable import durable
 
 __all__ = ["GPTree", "prototypes"]
 
@@ -34,6 +35,7 @@ def prototypes(E: np.ndarray, y: np.ndarray, classes: tuple[int, ...]) -> np.nda
     return np.stack([np.mean(E[y == c], axis=0) for c in classes])
 
 
+@durable("pfedgp.GPTree")
 class GPTree:
     """The personal classifier. `inducing (M, D)`: FITC with those shared inducing inputs; None: the full GP.
     `chains` parallel Gibbs chains, `steps` sweeps per refresh (`burn_in` when chains start afresh).

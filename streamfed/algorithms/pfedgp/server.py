@@ -32,12 +32,14 @@ from streamfed.algorithms.chunks import Reassembly
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.algorithms.pfedgp.messages import ChunkItem, PFedGPGlobal
 from streamfed.algorithms.urk.robust_proposals import RobustProposals, per_client_rows, robust_delta
+from streamfed.core.durable import durable
 
 __all__ = ["PFedGPServer"]
 
 log = logging.getLogger(__name__)
 
 
+@durable("pfedgp.PFedGPServer")
 class PFedGPServer:
     """Idempotent reassembly, FedAvg of proposals, versioned globals. A proposal's weight is capped at
     `max_proposal_weight` (a client's budget: nobody outweighs the fleet by claiming more); values beyond

@@ -20,6 +20,7 @@ from streamfed.algorithms.chunks import split_vector
 from streamfed.algorithms.pfedgp.budget import ClassBudget
 from streamfed.algorithms.pfedgp.client import PFedGPClient
 from streamfed.algorithms.pfedgp.wire import chunk_update
+from streamfed.core.durable import durable
 
 __all__ = ["SoftmaxClient", "fit_softmax"]
 
@@ -55,6 +56,7 @@ def fit_softmax(client: PFedGPClient, X: np.ndarray, y: np.ndarray) -> np.ndarra
     return out if np.all(np.isfinite(out)) else None
 
 
+@durable("pfedgp.SoftmaxClient")
 class SoftmaxClient(PFedGPClient):
     """pFedGP's client with a shared softmax head instead of the personal GP (the FedAvg baseline)."""
 

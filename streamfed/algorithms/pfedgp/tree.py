@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["Node", "Tree", "build_tree", "two_means"]
 
 
+@durable("pfedgp.Node")
 @dataclass(frozen=True)
 class Node:
     """An internal node: the classes going `left` and `right` (each non-empty)."""
@@ -41,6 +44,7 @@ class Node:
         return mask, np.isin(y[mask], self.left).astype(np.float64)
 
 
+@durable("pfedgp.Tree")
 @dataclass
 class Tree:
     """The internal nodes (root first) and, per class, its path: `(node index, goes left)` pairs."""

@@ -28,6 +28,7 @@ from streamfed.algorithms.pofmkl.messages import KernelUpdate
 from streamfed.algorithms.pofmkl.server import POFMKLServer, project_rows, reset_overflowed_rows
 from streamfed.algorithms.pofmkl.wire import global_message
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["ClientSteps", "POFMKLAggregation", "RobustRule", "StepBound", "WindowSum"]
@@ -35,6 +36,7 @@ __all__ = ["ClientSteps", "POFMKLAggregation", "RobustRule", "StepBound", "Windo
 log = logging.getLogger(__name__)
 
 
+@durable("pofmkl.WindowSum")
 class WindowSum:
     """One client's updates within an asynchronous window, summed per kernel as they arrive: exactly
     what :func:`~streamfed.algorithms.pofmkl.messages.merge_updates` gives for the same updates (each row
@@ -85,6 +87,7 @@ ROBUST_SHARDED = ("robust aggregation (trimmed mean) cannot be computed from par
                   "aggregator, or aggregation = \"exact\" with shards")
 
 
+@durable("pofmkl.StepBound")
 @dataclass(frozen=True)
 class StepBound:
     """The largest row `‖Δ_p‖` one honest step can produce (docs/algorithms.md §3.9).
@@ -121,6 +124,7 @@ class StepBound:
         return self.step * (2.0 * (radius + self.label_bound) + 2.0 * self.lam * radius)
 
 
+@durable("pofmkl.RobustRule")
 @dataclass(frozen=True)
 class RobustRule:
     """Robust combination of a round's rows (docs/algorithms.md §3.9): clip each row to `clip_factor ×` the
@@ -135,6 +139,7 @@ class RobustRule:
     clip_factor: float
 
 
+@durable("pofmkl.ClientSteps")
 class ClientSteps:
     """Per client, the steps its uploads summarise — what bounds a row that error feedback carried forward.
 
@@ -197,6 +202,7 @@ class ClientSteps:
             del self.recent[j]
 
 
+@durable("pofmkl.POFMKLAggregation")
 class POFMKLAggregation(BaseAggregation):
     """The :class:`~streamfed.algorithms.base.Aggregation` of POF-MKL.
 

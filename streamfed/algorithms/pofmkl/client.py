@@ -20,6 +20,7 @@ from streamfed.algorithms.pofmkl._layout import (
     packed_layout,
 )
 from streamfed.algorithms.pofmkl.messages import GlobalTheta, KernelUpdate
+from streamfed.core.durable import durable
 from streamfed.core.features import RFFBank, gaussian_dictionary  # noqa: F401  (the doctest builds a bank)
 
 __all__ = ["NonFiniteError", "POFMKLClient"]
@@ -32,6 +33,7 @@ _F64 = np.dtype(np.float64)
 _new_update = tuple.__new__  # KernelUpdate(k, d) without the NamedTuple's Python-level __new__
 
 
+@durable("pofmkl.POFMKLClient")
 class POFMKLClient:
     """Client half of POF-MKL: personal log-weights plus a read-only view of the global `θ`.
 

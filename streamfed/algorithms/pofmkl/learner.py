@@ -18,6 +18,7 @@ from streamfed.algorithms.base import BaseLearner, Mode, NonFiniteError, Regret,
 from streamfed.algorithms.pofmkl.client import POFMKLClient
 from streamfed.algorithms.pofmkl.messages import GlobalTheta, KernelUpdate
 from streamfed.algorithms.pofmkl.wire import global_theta
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["ErrorFeedback", "POFMKLLearner"]
@@ -25,6 +26,7 @@ __all__ = ["ErrorFeedback", "POFMKLLearner"]
 log = logging.getLogger(__name__)
 
 
+@durable("pofmkl.ErrorFeedback")
 class ErrorFeedback:
     """Per-kernel accumulated deltas; :meth:`take` removes at most `M` kernels (largest first).
 
@@ -87,6 +89,7 @@ class ErrorFeedback:
         return KernelUpdate(chosen, delta, max(n, 1))
 
 
+@durable("pofmkl.POFMKLLearner")
 class POFMKLLearner(BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of POF-MKL.
 

@@ -11,12 +11,14 @@ import numpy as np
 
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.pofmkl._compiled import kern as _kern
+from streamfed.core.durable import durable
 
 __all__ = ["GlobalTheta", "KernelUpdate", "merge_updates"]
 
 row_sq_norms = _kern.row_sq_norms
 
 
+@durable("pofmkl.KernelUpdate")
 class KernelUpdate(NamedTuple):
     """A client's upload for one step: `Δ_p` for the kernels it selected.
 
@@ -35,6 +37,7 @@ class KernelUpdate(NamedTuple):
         return int(self.delta.size)
 
 
+@durable("pofmkl.GlobalTheta")
 class GlobalTheta(NamedTuple):
     """A validated global `θ` with its row norms `‖θ_p‖²`, computed once per round for all clients.
     Build it with :meth:`of`, which checks finiteness.

@@ -13,12 +13,14 @@ from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.pofmkl._compiled import kern as _kern
 from streamfed.algorithms.pofmkl.client import POFMKLClient
 from streamfed.algorithms.pofmkl.messages import GlobalTheta, KernelUpdate
+from streamfed.core.durable import durable
 
 __all__ = ["POFMKLServer", "project_rows", "reset_overflowed_rows", "run_lockstep"]
 
 accumulate_checked = _kern.accumulate_checked
 
 
+@durable("pofmkl.POFMKLServer")
 class POFMKLServer:
     """Server half of POF-MKL: owns `θ`, applies a round of updates (eq. 10).
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+from streamfed.core.durable import durable
 
 if TYPE_CHECKING:
     from streamfed.algorithms.pvi.aggregation import PVIAggregation
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["ALGORITHM", "PVI", "PVIParams", "initial_state", "initial_state_of", "refine_settings"]
 
 
+@durable("pvi.PVIParams")
 class PVIParams(Params):
     """PVI's settings (docs/algorithms.md, "PVI").
 

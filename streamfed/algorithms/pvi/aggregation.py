@@ -28,6 +28,7 @@ from streamfed.algorithms.pvi.posterior import beta_hyper
 from streamfed.algorithms.pvi.server import PVIServer
 from streamfed.algorithms.pvi.wire import global_message, read_factor, read_table, table_arrays
 from streamfed.algorithms.shares import share_allowance
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["FactorSet", "PVIAggregation", "RobustPVI", "factor_information", "temper"]
@@ -63,6 +64,7 @@ def temper(f: Factor, w: float) -> Factor:
     return replace(f, n=f.n * w, log_s=f.log_s - np.log(w), phi=None if f.phi is None else f.phi.power(w))
 
 
+@durable("pvi.RobustPVI")
 @dataclass(frozen=True)
 class RobustPVI:
     """Robust PVI aggregation: a factor's information at most `share_cap` of the global's, and at least
@@ -76,6 +78,7 @@ class RobustPVI:
     floor_information: float
 
 
+@durable("pvi.FactorSet")
 @dataclass(frozen=True)
 class FactorSet:
     """The newest factor per client; `+` keeps the newer of two.
@@ -96,6 +99,7 @@ class FactorSet:
         return FactorSet(out)
 
 
+@durable("pvi.PVIAggregation")
 class PVIAggregation(BaseAggregation):
     """The :class:`~streamfed.algorithms.base.Aggregation` of PVI (`params`: the fleet's PVI parameters).
 

@@ -26,10 +26,12 @@ from streamfed.algorithms.pvi.posterior import beta_hyper
 from streamfed.algorithms.pvi.predictive import Predictor
 from streamfed.algorithms.pvi.settings import RefineSettings
 from streamfed.algorithms.pvi.state import GlobalQ
+from streamfed.core.durable import durable
 
 __all__ = ["PVIClient"]
 
 
+@durable("pvi.PVIClient")
 class PVIClient:
     """One streaming client.
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["DiagGauss", "Factor", "finite_array"]
 
 
@@ -29,6 +31,7 @@ def finite_array(a: np.ndarray, what: str, ndim: int | None = None) -> np.ndarra
     return out
 
 
+@durable("pvi.DiagGauss")
 @dataclass(frozen=True, eq=False)
 class DiagGauss:
     """A fully factorised Gaussian in natural parameters; `*` multiplies densities, `/` divides them.
@@ -103,6 +106,7 @@ class DiagGauss:
         return float(np.sum(terms if weights is None else weights * terms))
 
 
+@durable("pvi.Factor")
 @dataclass(frozen=True, eq=False)
 class Factor:
     """Client `client`'s factor, its `seq`-th, summarising `n` samples.

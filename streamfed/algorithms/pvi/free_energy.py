@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from streamfed.algorithms.pvi.likelihoods import expected_log_lik
+from streamfed.core.durable import durable
 
 __all__ = ["Cavity", "FreeEnergy", "torch_cov"]
 
@@ -51,6 +52,7 @@ def torch_cov(kind: str, log_amp: torch.Tensor, log_ls: torch.Tensor, A: torch.T
     raise ValueError(f"unknown covariance {kind!r}")
 
 
+@durable("pvi.Cavity")
 @dataclass(frozen=True)
 class Cavity:
     """What client `k` holds of the others: their pseudo-observations `(V or None, m, log s)` and the
@@ -79,6 +81,7 @@ def _sums(kind: str, log_amp: torch.Tensor, log_ls: torch.Tensor, Z: torch.Tenso
     return B, b
 
 
+@durable("pvi.FreeEnergy")
 class FreeEnergy:
     """`L_k` as a function of client `k`'s variational parameters.
 

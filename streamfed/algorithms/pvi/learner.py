@@ -13,11 +13,13 @@ from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.pvi.client import PVIClient
 from streamfed.algorithms.pvi.wire import factor_arrays, read_global
 from streamfed.algorithms.staged import PredictThenLearn
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["PVILearner"]
 
 
+@durable("pvi.PVILearner")
 class PVILearner(PredictThenLearn):
     """`predict` is the current `q`'s predictive (mean, variance); `begin_learn` predicts, `end_learn`
     learns (and refines every `refine_every` samples).

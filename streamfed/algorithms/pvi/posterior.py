@@ -26,6 +26,7 @@ from scipy.linalg import cho_solve
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.posterior import cholesky, lower_solve
 from streamfed.algorithms.pvi.factors import Factor
+from streamfed.core.durable import durable
 
 __all__ = ["ConditionalQ", "beta_hyper", "natural_sums"]
 
@@ -54,6 +55,7 @@ def natural_sums(h: Hyper, K: np.ndarray, factors: Sequence[Factor]) -> tuple[np
     return B, b
 
 
+@durable("pvi.ConditionalQ")
 class ConditionalQ:
     """`q(u | Z, β)` of `factors` and its marginals of `f`.
 

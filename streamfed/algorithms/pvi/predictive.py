@@ -11,10 +11,12 @@ import numpy as np
 from streamfed.algorithms.pvi.likelihoods import predictive_y
 from streamfed.algorithms.pvi.posterior import ConditionalQ, beta_hyper
 from streamfed.algorithms.pvi.state import GlobalQ
+from streamfed.core.durable import durable
 
 __all__ = ["Predictor"]
 
 
+@durable("pvi.Predictor")
 class Predictor:
     """The predictive of state `g`.
 

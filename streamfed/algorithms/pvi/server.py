@@ -24,10 +24,12 @@ import numpy as np
 
 from streamfed.algorithms.pvi.factors import DiagGauss, Factor
 from streamfed.algorithms.pvi.state import GlobalQ
+from streamfed.core.durable import durable
 
 __all__ = ["PVIServer"]
 
 
+@durable("pvi.PVIServer")
 class PVIServer:
     """Every client's latest factor; `publish()` versions the state.
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamfed.core.durable import durable
+
 __all__ = ["RefineSettings"]
 
 
+@durable("pvi.RefineSettings")
 @dataclass(frozen=True)
 class RefineSettings:
     """How a client refines: likelihood, parameterisation (``dpo`` / ``cpo``), `M_k`, Adam steps and

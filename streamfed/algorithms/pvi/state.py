@@ -23,12 +23,14 @@ from typing import Literal
 import numpy as np
 
 from streamfed.algorithms.pvi.factors import DiagGauss, Factor
+from streamfed.core.durable import durable
 
 __all__ = ["GlobalQ", "Inducing"]
 
 Inducing = Literal["hvm", "fedavg", "fixed"]
 
 
+@durable("pvi.GlobalQ")
 @dataclass(frozen=True, eq=False)
 class GlobalQ:
     """`q ∝ p · Π_k t_k` as its factors, at `version`.

@@ -31,6 +31,7 @@ from streamfed.algorithms.urk.messages import ChunkItem, StatsItem
 from streamfed.algorithms.urk.robust_proposals import ProposalBound
 from streamfed.algorithms.urk.server import URKServer
 from streamfed.algorithms.urk.wire import global_message, read_update
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.wire.message import Message
 
@@ -40,6 +41,7 @@ ROBUST_SHARDED = ("robust URK-FedBNR aggregation (share cap per client, trimmed 
                   "computed from partial sums: run a single aggregator, or aggregation = \"exact\" with shards")
 
 
+@durable("urk.URKAggregation")
 class URKAggregation(SummingWindow):
     """The :class:`~streamfed.algorithms.base.Aggregation` of URK-FedBNR.
 

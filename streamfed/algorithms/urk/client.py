@@ -32,6 +32,7 @@ from streamfed.algorithms.fedbnr.metrics import ridge_loss
 from streamfed.algorithms.urk.messages import URKGlobal
 from streamfed.algorithms.urk.network import URKFeatureMap, URKWeights
 from streamfed.algorithms.urk.wire import chunk_update, stats_update
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["URKClient", "torch_available"]
@@ -45,6 +46,7 @@ def torch_available() -> bool:
         return False
 
 
+@durable("urk.URKClient")
 class URKClient:
     """One client: predictions and statistics under the current network, a reservoir, local fits, chunks.
 

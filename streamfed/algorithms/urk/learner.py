@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from streamfed.algorithms.base import Regret, Update
 from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.algorithms.urk.wire import read_global
+from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
 __all__ = ["URKLearner"]
 
 
+@durable("urk.URKLearner")
 class URKLearner(PredictThenLearn):
     """`predict` is the Bayesian last layer's predictive (mean, variance) under the current network;
     `begin_learn` predicts, `end_learn` learns (and, every `fit_every` samples, fits the network locally).

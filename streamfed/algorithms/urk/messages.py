@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamfed.algorithms.chunks import Chunk
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["ChunkItem", "StatsItem", "URKGlobal"]
 
 
+@durable("urk.StatsItem")
 @dataclass(frozen=True)
 class StatsItem:
     """Phase 2: delta statistics `(S, b, n, q)` of at least `min_upload` samples under the network of `epoch`,
@@ -32,6 +34,7 @@ class StatsItem:
     stats: SufficientStats
 
 
+@durable("urk.ChunkItem")
 @dataclass(frozen=True)
 class ChunkItem:
     """Phase 1: one chunk of a proposal — the delta `θ_c − θ_epoch` (network, `log σ`, `log λ`) of a local
@@ -49,6 +52,7 @@ class ChunkItem:
     weight: float
 
 
+@durable("urk.URKGlobal")
 @dataclass(frozen=True)
 class URKGlobal:
     """The server's model: the network of kernel version `epoch` (flat vector `theta`), the summed statistics

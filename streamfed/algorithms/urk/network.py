@@ -32,12 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamfed.core.durable import durable
+
 __all__ = ["URKArch", "URKFeatureMap", "URKWeights", "features", "initial_weights", "omega"]
 
 _OMEGA_TAG = zlib.crc32(b"urk-omega")  # the ω draw's own stream of the fleet seed
 _INIT_TAG = zlib.crc32(b"urk-init")
 
 
+@durable("urk.URKArch")
 @dataclass(frozen=True)
 class URKArch:
     """The shapes of a kernel network: `n_inputs` (d), the MLP `widths` (empty: identity extractor),
@@ -102,6 +105,7 @@ class URKArch:
         return sum(math.prod(s) for _, s in self.shapes()) + 2
 
 
+@durable("urk.URKWeights")
 @dataclass
 class URKWeights:
     """A network's weights (`arrays`, float64, by name) and the noise `σ` and prior scale `λ` of the
@@ -203,6 +207,7 @@ def _trig(u: np.ndarray, arch: URKArch) -> np.ndarray:
     return np.concatenate(parts, axis=1) * arch.scale
 
 
+@durable("urk.URKFeatureMap")
 class URKFeatureMap:
     """A frozen URK network as a :class:`~streamfed.core.features.FeatureMap` (what FedBNR's client sums
     statistics of). `h(ω)` is computed once: per sample the cost is the MLP and one `(m, k)` product.

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
+from streamfed.core.durable import durable
 
 __all__ = ["ADAM_BETAS", "ProposalBound", "RobustProposals", "adam_reach", "robust_delta"]
 
@@ -62,6 +63,7 @@ def adam_reach(steps: int, betas: tuple[float, float] = ADAM_BETAS) -> float:
     return total
 
 
+@durable("urk.ProposalBound")
 @dataclass(frozen=True)
 class ProposalBound:
     """The largest proposal an honest client sends (module docstring): every coordinate of `δ` within
@@ -115,6 +117,7 @@ class ProposalBound:
                              f"{self.learning_rate:g})")
 
 
+@durable("urk.RobustProposals")
 @dataclass(frozen=True)
 class RobustProposals:
     """Robust combination settings (`[fleet.robust]`: `trim`, `clip_factor`).

@@ -30,6 +30,7 @@ from streamfed.algorithms.shares import share_allowance
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem, URKGlobal
 from streamfed.algorithms.urk.network import URKWeights
 from streamfed.algorithms.urk.robust_proposals import RobustProposals, per_client_rows, robust_delta
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["LOG_BOUNDS", "URKServer"]
@@ -44,6 +45,7 @@ def _log_entries(w: URKWeights) -> np.ndarray:
     return np.concatenate([w.arrays["log_ls"], [w.log_sigma, w.log_lam]])
 
 
+@durable("urk.URKServer")
 class URKServer:
     """Idempotent sums per kernel version, averaged (or distilled) proposals, versioned globals.
 
