@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from durable_fleets import Fleet, cases
+from tests.durable_fleets import Fleet, cases
 
 from streamfed import algorithms
 from streamfed.fleet.persistence import FORMAT_VERSION, MAGIC, dumps, loads

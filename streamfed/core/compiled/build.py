@@ -71,7 +71,9 @@ def build(force: bool = False, verbose: bool = False, names: Iterable[str] | Non
     todo = [groups()[n] for n in (groups() if names is None else names)]
     keys = {g.name: g.key() for g in todo}
     links = {g.name: g.build_path(keys[g.name]) for g in todo}
-    if not force and all(p.is_file() for p in links.values()):
+    # every group built, and into one module: groups whose builds came from different source trees (another
+    # checkout sharing the cache) would load several modules, each with every kernel — the memory a build saves
+    if not force and all(p.is_file() for p in links.values()) and len({p.resolve() for p in links.values()}) == 1:
         return links
     exports = [e.export_name for g in todo for e in g.entries]
     if len(set(exports)) != len(exports):
