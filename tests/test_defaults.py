@@ -205,10 +205,15 @@ def _agent_pair(algorithm: str, **kw):
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.config import FleetConfig
 
-    on = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, n_kernels=2, n_features=6, **kw)
+    from streamfed.algorithms.dictionary import KernelDictionary
+
+    # a dictionary of two kernels for the families that learn over one: the agent's (standardised inputs)
+    dictionary = {"n_kernels": 2, "n_features": 6} if issubclass(algorithms.get(algorithm).Params, KernelDictionary) else {}
+    on = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, **dictionary, **kw)
     assert on.standardise == "online"  # the default
-    off = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, n_kernels=2, n_features=6,
-                      kernels=on.kernel_specs, standardise="none", **kw)
+    if dictionary:
+        dictionary["kernels"] = on.params.kernel_specs(on.n_inputs, on.standardise)
+    off = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, standardise="none", **dictionary, **kw)
     return AgentCore(on, "a", 0), algorithms.get(algorithm).learner(off, "a", 0)
 
 
