@@ -202,13 +202,13 @@ def test_defaults_beat_the_running_mean_on_river_streams(name: str, stream) -> N
 
 def _agent_pair(algorithm: str, **kw):
     from streamfed import algorithms
+    from streamfed.algorithms.dictionary import KernelDictionary
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.config import FleetConfig
 
-    from streamfed.algorithms.dictionary import KernelDictionary
-
     # a dictionary of two kernels for the families that learn over one: the agent's (standardised inputs)
-    dictionary = {"n_kernels": 2, "n_features": 6} if issubclass(algorithms.get(algorithm).Params, KernelDictionary) else {}
+    has_one = issubclass(algorithms.get(algorithm).Params, KernelDictionary)
+    dictionary: dict = {"n_kernels": 2, "n_features": 6} if has_one else {}
     on = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, **dictionary, **kw)
     assert on.standardise == "online"  # the default
     if dictionary:

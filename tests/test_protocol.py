@@ -701,7 +701,8 @@ def test_pofmkl_update_and_global_through_the_wire() -> None:
     from streamfed.algorithms.pofmkl.server import POFMKLServer
     from streamfed.core.features import RFFBank
 
-    bank = RFFBank(POF.params.kernel_specs(POF.n_inputs, POF.standardise), POF.params.n_features, POF.n_inputs, seed=POF.seed)
+    p = POF.params
+    bank = RFFBank(p.kernel_specs(POF.n_inputs, POF.standardise), p.n_features, POF.n_inputs, seed=POF.seed)
     client = POFMKLClient(bank, bin_size=POF.params.bin_size, rng=1)
     direct, wired = POFMKLServer(3, 4), POFMKLServer(3, 4)
     for t in range(20):

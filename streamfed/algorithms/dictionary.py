@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from streamfed.core.features import RFFBank
     from streamfed.fleet.config import FleetConfig
 
-__all__ = ["DICTIONARY_FIELDS", "KernelDictionary", "dictionary_of", "rff_bank"]
+__all__ = ["DICTIONARY_FIELDS", "KernelDictionary", "dictionary_of", "kernel_specs", "rff_bank"]
 
 # Every field a family's Params may take from the top of `[fleet]` (where they lived before they were the
 # families'): KernelDictionary's, and POF-MKL's bin size.
@@ -99,6 +99,16 @@ def dictionary_of(cfg: FleetConfig) -> KernelDictionary:
     return cfg.params
 
 
+def kernel_specs(cfg: FleetConfig) -> tuple[str, ...]:
+    """The fleet's dictionary as canonical spec strings, for its inputs as its agents scale them.
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> kernel_specs(FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, kernels=["gaussian:2"]))
+    ('gaussian:2.0',)
+    """
+    return dictionary_of(cfg).kernel_specs(cfg.n_inputs, cfg.standardise)
+
+
 def rff_bank(cfg: FleetConfig) -> RFFBank:
     """The fleet's dictionary as one :class:`~streamfed.core.features.RFFBank`, frequencies from the fleet seed.
 
@@ -108,6 +118,5 @@ def rff_bank(cfg: FleetConfig) -> RFFBank:
     """
     from streamfed.core.features import KernelSpec, RFFBank
 
-    d = dictionary_of(cfg)
-    specs = d.kernel_specs(cfg.n_inputs, cfg.standardise)
-    return RFFBank([KernelSpec.parse(s) for s in specs], d.n_features, cfg.n_inputs, seed=cfg.seed)
+    specs = [KernelSpec.parse(s) for s in kernel_specs(cfg)]
+    return RFFBank(specs, dictionary_of(cfg).n_features, cfg.n_inputs, seed=cfg.seed)

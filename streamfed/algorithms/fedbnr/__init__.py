@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant
-from streamfed.algorithms.dictionary import KernelDictionary, dictionary_of
+from streamfed.algorithms.dictionary import KernelDictionary, dictionary_of, kernel_specs
 
 if TYPE_CHECKING:
     from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation
@@ -69,9 +69,9 @@ def feature_maps(cfg: FleetConfig) -> list[RFFMap]:
     when `params.bias`), frequencies derived from the fleet seed."""
     from streamfed.core.features import KernelSpec, RFFBank, RFFMap
 
-    d = dictionary_of(cfg)
-    return [RFFMap(RFFBank([KernelSpec.parse(s)], d.n_features, cfg.n_inputs, seed=cfg.seed),
-                   bias=cfg.params.bias) for s in d.kernel_specs(cfg.n_inputs, cfg.standardise)]
+    n_features = dictionary_of(cfg).n_features
+    return [RFFMap(RFFBank([KernelSpec.parse(s)], n_features, cfg.n_inputs, seed=cfg.seed),
+                   bias=cfg.params.bias) for s in kernel_specs(cfg)]
 
 
 class FedBNR(Algorithm):

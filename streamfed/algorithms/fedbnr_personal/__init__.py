@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from streamfed.algorithms.base import Mode, ReplayVariant
-from streamfed.algorithms.dictionary import KernelDictionary
+from streamfed.algorithms.dictionary import KernelDictionary, kernel_specs
 from streamfed.algorithms.fedbnr import FedBNR
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class FedBNRPersonal(FedBNR):
 
         if mode == "lockstep":
             raise ValueError("personalised FedBNR is order-free (use async)")
-        return PersonalLearner(self._client(cfg, client_id), kernel_names=cfg.params.kernel_specs(cfg.n_inputs, cfg.standardise)[:1])
+        return PersonalLearner(self._client(cfg, client_id), kernel_names=kernel_specs(cfg)[:1])
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PersonalAggregation:
