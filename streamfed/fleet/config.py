@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, field_validator, model_validator
 
-from streamfed.algorithms.base import Params
+from streamfed.algorithms.base import Algorithm, Params
 from streamfed.algorithms.dictionary import DICTIONARY_FIELDS
 from streamfed.fleet.columns import Column, ColumnSpec
 from streamfed.fleet.robustness import Robustness
@@ -300,7 +300,7 @@ def same_fleet(stored: Any, cfg: FleetConfig) -> bool:
         return False
 
 
-def _moved_into(params: Any, moved: Mapping[str, Any], alg: Any) -> Any:
+def _moved_into(params: Any, moved: Mapping[str, Any], alg: Algorithm) -> dict[str, Any]:
     """`params` (a mapping or the family's model) with the dictionary settings given at the top of `[fleet]`
     added; one the family does not have, or one given in both places, is an error."""
     fields = alg.Params.model_fields
