@@ -13,7 +13,7 @@ from streamfed.algorithms.dictionary import DICTIONARY_FIELDS, KernelDictionary,
 from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.cli import app
 from streamfed.core.features import KernelSpec, RFFBank, gaussian_dictionary, standardised_dictionary
-from streamfed.fleet.config import FleetConfig, StreamfedConfig, load_config
+from streamfed.fleet.config import FleetConfig, StreamfedConfig, load_config, same_fleet
 
 WITH = [n for n in algorithms.names() if issubclass(algorithms.get(n).Params, KernelDictionary)]
 WITHOUT = [n for n in algorithms.names() if n not in WITH]
@@ -161,13 +161,13 @@ def test_a_dump_written_before_the_move_is_the_same_fleet() -> None:
     old = {"fleet": "f", "algorithm": "fsgp", "n_inputs": 2, "n_kernels": 8, "n_features": 50, "kernels": None,
            "bin_size": 1, "params": {"n_inducing": 4}}
     fsgp = FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2, params={"n_inducing": 4})
-    assert FleetConfig.from_dump(old) == fsgp and fsgp.written_for(old)
+    assert FleetConfig.from_dump(old) == fsgp and same_fleet(old, fsgp)
     old_pof = old | {"algorithm": "pofmkl", "n_kernels": 4, "params": {"eta": 0.1}}
     pof = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, params={"eta": 0.1})
-    assert pof.written_for(old_pof) and pof.written_for(pof.model_dump(mode="json"))
-    assert not pof.written_for(old_pof | {"n_kernels": 5})  # another dictionary: another fleet
-    assert not pof.written_for(old_pof | {"bin_size": 9})  # not even a valid configuration
-    assert not pof.written_for(None) and not fsgp.written_for(old | {"n_inputs": 3})
+    assert same_fleet(old_pof, pof) and same_fleet(pof.model_dump(mode="json"), pof)
+    assert not same_fleet(old_pof | {"n_kernels": 5}, pof)  # another dictionary: another fleet
+    assert not same_fleet(old_pof | {"bin_size": 9}, pof)  # not even a valid configuration
+    assert not same_fleet(None, pof) and not same_fleet(old | {"n_inputs": 3}, fsgp)
 
 
 def test_an_edge_file_in_the_old_form_loads(tmp_path) -> None:
