@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_algorithms.py [--out benchmarks/results/algorithms.md] [--quick]
 
 The algorithms are whatever :func:`streamfed.algorithms.names` lists (none is named here); each gets
-`FleetConfig(fleet="bench", algorithm=name, n_inputs=10, n_kernels=4, n_features=50, bin_size=1, seed=0)`
-and is reached only through :mod:`streamfed.algorithms.base` (`Algorithm.learner` / `.aggregation`) and
+`FleetConfig(fleet="bench", algorithm=name, n_inputs=10, seed=0)` with, in the params of the families that have
+a kernel dictionary, `n_kernels=4, n_features=50` (and POF-MKL's `bin_size=1`), and is reached only through
+:mod:`streamfed.algorithms.base` (`Algorithm.learner` / `.aggregation`) and
 the fleet's pure cores. The stream is `synthetic_fleet(clients, warmup + steps, 10, seed=0)`; a classifier
 (`task == "classification"`: pFedGP) learns its targets cut into `n_classes` classes at the fleet's quantiles.
 
@@ -54,13 +55,16 @@ from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import Reading  # noqa: E402
 from streamfed.wire.message import encode
 
-SHAPE = {"n_inputs": 10, "n_kernels": 4, "n_features": 50, "bin_size": 1, "seed": 0}
+SHAPE = {"n_inputs": 10, "seed": 0}
+DICTIONARY = {"n_kernels": 4, "n_features": 50, "bin_size": 1}  # for the families whose params have these fields
 PEER = "River LinearRegression"
 clock = time.perf_counter_ns
 
 
 def fleet_config(name: str) -> FleetConfig:
-    return FleetConfig(fleet="bench", algorithm=name, **SHAPE)
+    fields = algorithms.get(name).Params.model_fields
+    return FleetConfig(fleet="bench", algorithm=name, **SHAPE,
+                       params={k: v for k, v in DICTIONARY.items() if k in fields})
 
 
 def targets(alg: algorithms.Algorithm, cfg: FleetConfig, fleet) -> list[np.ndarray]:
@@ -265,7 +269,7 @@ def main() -> None:
 
     def notes(r: dict) -> str:
         parts = [] if r["in_fleet"] else ["paper's baseline: replay only, (a) only"]
-        parts.append(f"{r['kernels_used']} of {SHAPE['n_kernels']} kernels" if r["kernels_used"]
+        parts.append(f"{r['kernels_used']} of {DICTIONARY['n_kernels']} kernels" if r["kernels_used"]
                      else "its learner names no kernels (`kernel_names` is empty)")
         if r["bayesian"]:
             parts.append("predicts a variance")
@@ -283,8 +287,9 @@ def main() -> None:
         "## Algorithms: agent step, upload and aggregation of every registered algorithm",
         "",
         f"Command: `{cmd}` ({sizes}; {runtime:.0f} s). Every algorithm of `streamfed.algorithms.names()` "
-        "with one fleet shape, `FleetConfig(fleet=\"bench\", algorithm=name, n_inputs=10, n_kernels=4, "
-        "n_features=50, bin_size=1, seed=0)` (default hyperparameters; some algorithms use only one kernel of "
+        "with one fleet shape, `FleetConfig(fleet=\"bench\", algorithm=name, n_inputs=10, seed=0)` and, for the "
+        "families with a kernel dictionary, `n_kernels=4, n_features=50, bin_size=1` in their params (default "
+        "hyperparameters otherwise; some algorithms use only one kernel of "
         "the four: the notes give the learner's own `kernel_names` count), on one stream, "
         "`synthetic_fleet(clients, warm-up + timed, 10, seed=0)` (a classifier, pFedGP, learns its targets cut "
         "into `n_classes` classes at the fleet's quantiles). "

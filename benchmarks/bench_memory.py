@@ -189,7 +189,7 @@ def _state_rows(sizes: list[dict], n_agents: int, steps: int) -> list[dict]:
         grown = (_rss() - before) / n_agents
         snap = pickle.dumps(cores[0].snapshot(), protocol=pickle.HIGHEST_PROTOCOL)
         learner = pickle.dumps(cores[0].learner, protocol=pickle.HIGHEST_PROTOCOL)
-        label = f"{cfg.algorithm} K = {cfg.n_kernels}, D = {cfg.n_features}, F = {cfg.feature_dim}"
+        label = f"{cfg.algorithm} K = {cfg.params.n_kernels}, D = {cfg.params.n_features}, F = {cfg.feature_dim}"
         rows.append({"agent": label, **size, "snapshot_pickle_bytes": len(snap), "learner_pickle_bytes": len(learner),
                      "learner_ndarray_bytes": _ndarray_bytes(cores[0].learner, set()),
                      "rss_per_agent_bytes": grown, "agents_built": n_agents})

@@ -70,8 +70,9 @@ def payloads(cfg: FleetConfig, first: int, last: int) -> list[tuple[str, bytes]]
     out = []
     for s in range(first, last + 1):
         for c in range(N_CLIENTS):
-            k = np.sort(rng.choice(cfg.n_kernels, cfg.bin_size, replace=False))
-            delta = rng.standard_normal((cfg.bin_size, 2 * cfg.n_features)) * 1e-3
+            p = cfg.params
+            k = np.sort(rng.choice(p.n_kernels, p.bin_size, replace=False))
+            delta = rng.standard_normal((p.bin_size, p.dim)) * 1e-3
             out.append((f"c{c}", encode(pofmkl_update_message(cfg.fleet, f"c{c}", s, k, delta, global_version=0,
                                                               kernel_version=kv))))
     return out

@@ -117,11 +117,11 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     # a classifier runs on the stations' PM2.5 AQI bands (inputs as read: the agents standardise them)
     fleet = beijing_aqi() if classifier else load_beijing(normalisation="online", split="station")
     streams = fleet.streams[: opts.agents]
-    settings: dict[str, Any] = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size}
-    settings.update(alg.demo_settings())  # what makes a good live demo of this algorithm (e.g. one kernel)
-    params = dict(settings.pop("params", {}))
-    if "eta" in alg.Params.model_fields:
-        params.setdefault("eta", opts.eta)
+    settings: dict[str, Any] = dict(alg.demo_settings())  # what makes a good live demo of this algorithm
+    # the demo's dictionary and step size, for the families whose settings have them, unless its own say otherwise
+    fields = alg.Params.model_fields
+    ours = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size, "eta": opts.eta}
+    params = {k: v for k, v in ours.items() if k in fields} | dict(settings.pop("params", {}))
     cfg = FleetConfig(fleet="demo", algorithm=opts.algorithm, n_inputs=streams[0].X.shape[1],
                       params=alg.Params(**params), dp_epsilon=opts.dp_epsilon,
                       secure_aggregation=opts.secure_aggregation, **settings)
@@ -136,8 +136,10 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     console.print(f"[bold]metrics[/]: {server.url}\n  scrape them with: prometheus --config.file={prom} "
                   f"--storage.tsdb.path={opts.out_dir}/prometheus-data --web.listen-address=127.0.0.1:9090\n"
                   "  (recording rules and alerts: broker_config/prometheus/; dashboard: broker_config/grafana/)")
-    console.print(f"[bold]fleet[/]: {len(agents)} agents ({cfg.algorithm}, N={cfg.n_kernels}, D={cfg.n_features}, "
-                  f"M={cfg.bin_size}) at {opts.rate:g} samples/s each, for {opts.duration:g} s; "
+    shown = [cfg.algorithm, *(f"{s}={getattr(cfg.params, k)}" for s, k in (
+        ("N", "n_kernels"), ("D", "n_features"), ("M", "bin_size")) if k in fields)]
+    console.print(f"[bold]fleet[/]: {len(agents)} agents ({', '.join(shown)}) at {opts.rate:g} samples/s each, "
+                  f"for {opts.duration:g} s; "
                   f"predictions on streamfed/v1/demo/predictions/+")
     # Compile (or load from numba's cache) the per-sample and aggregation paths once, before the clock
     # starts: on a fresh install that takes longer than a short demo, and it is process-wide, so the

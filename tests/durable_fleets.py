@@ -41,7 +41,10 @@ def config(name: str, variant: str) -> FleetConfig:
         kw["robust"] = {"aggregation": "robust"}
     elif variant == "raw":
         kw["standardise"] = "none"
-    return FleetConfig(fleet="d", algorithm=name, n_inputs=3, n_kernels=2, n_features=4, kernels=None, seed=1, **kw)
+    # a dictionary of two kernels for the families that learn over one
+    fields = algorithms.get(name).Params.model_fields
+    kw.update({k: v for k, v in (("n_kernels", 2), ("n_features", 4), ("kernels", None)) if k in fields})
+    return FleetConfig(fleet="d", algorithm=name, n_inputs=3, seed=1, **kw)
 
 
 def cases() -> list[tuple[str, str, str]]:

@@ -69,11 +69,18 @@ def test_nothing_points_outside_the_repository() -> None:
     assert not hits, f"these files point outside the repository: {hits}"
 
 
+def _small_fleet(alg: algorithms.Algorithm) -> FleetConfig:
+    """A small fleet of `alg`: a dictionary of two kernels for the families that learn over one."""
+    dictionary = {"n_kernels": 2, "n_features": 4, "kernels": None}
+    return FleetConfig(fleet="f", algorithm=alg.name, n_inputs=3,
+                       params={k: v for k, v in dictionary.items() if k in alg.Params.model_fields})
+
+
 @pytest.mark.parametrize("name", algorithms.names())
 def test_every_registered_algorithm_fills_the_contract(name: str) -> None:
     alg = algorithms.get(name)
     assert alg.name == name and alg.title and issubclass(alg.Params, algorithms.base.Params)
-    cfg = FleetConfig(fleet="f", algorithm=name, n_inputs=3, n_kernels=2, n_features=4, kernels=None)
+    cfg = _small_fleet(alg)
     ps = cfg.protocol_schema
     for channel in (Channel.UPDATES, Channel.GLOBAL, Channel.PARTIALS):
         assert len(ps.kinds_on(channel)) == 1, f"{name}: one kind on {channel}"
@@ -135,7 +142,7 @@ def test_every_family_follows_the_template(family: str) -> None:
         if type(alg).__module__ != package:
             continue
         checked.append(name)
-        cfg = FleetConfig(fleet="f", algorithm=name, n_inputs=3, n_kernels=2, n_features=4, kernels=None)
+        cfg = _small_fleet(alg)
         learner = alg.learner(cfg, "a", 0, "lockstep" if alg.lockstep else "async")
         assert type(learner).__module__ == f"{package}.learner", (name, type(learner).__module__)
         assert type(alg.aggregation(cfg)).__module__ == f"{package}.aggregation", name

@@ -202,13 +202,18 @@ def test_defaults_beat_the_running_mean_on_river_streams(name: str, stream) -> N
 
 def _agent_pair(algorithm: str, **kw):
     from streamfed import algorithms
+    from streamfed.algorithms.dictionary import KernelDictionary
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.config import FleetConfig
 
-    on = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, n_kernels=2, n_features=6, **kw)
+    # a dictionary of two kernels for the families that learn over one: the agent's (standardised inputs)
+    has_one = issubclass(algorithms.get(algorithm).Params, KernelDictionary)
+    dictionary: dict = {"n_kernels": 2, "n_features": 6} if has_one else {}
+    on = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, **dictionary, **kw)
     assert on.standardise == "online"  # the default
-    off = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, n_kernels=2, n_features=6,
-                      kernels=on.kernel_specs, standardise="none", **kw)
+    if dictionary:
+        dictionary["kernels"] = on.params.kernel_specs(on.n_inputs, on.standardise)
+    off = FleetConfig(fleet="f", algorithm=algorithm, n_inputs=3, standardise="none", **dictionary, **kw)
     return AgentCore(on, "a", 0), algorithms.get(algorithm).learner(off, "a", 0)
 
 

@@ -72,6 +72,7 @@ def test_agent_toml_is_a_valid_complete_configuration():
     cfg = load_config(EDGE / "agent.toml", env={})
     f, b = cfg.fleet, cfg.broker
     assert (f.algorithm, f.n_inputs) == ("pofmkl", 10)
+    assert (f.params.n_kernels, f.params.n_features, f.params.bin_size) == (16, 100, 1)  # in [fleet.pofmkl]
     assert f.n_inputs == len(BEIJING_INPUTS)
     assert b.use_tls and b.port == 8883 and b.tls_ca == "/etc/streamfed/ca.crt"
     assert b.username and b.password is None  # the password is never in the file

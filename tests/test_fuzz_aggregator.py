@@ -183,7 +183,7 @@ def _pack_array(rng: np.random.Generator, name: str, good_dtype: str, good_shape
 def _stats_arrays(rng: np.random.Generator, cfg: FleetConfig) -> tuple[dict, str]:
     """FedBNR statistics: sometimes those of real samples, else improper ones (not PSD, tr S too large,
     n not a count, q < 0) — finite, so only the aggregator's own checks can refuse them."""
-    k, f = cfg.n_kernels, cfg.feature_dim
+    k, f = cfg.params.n_kernels, cfg.feature_dim
     n = int(rng.integers(1, 6))
     phi = rng.standard_normal((k, n, f))
     phi /= np.linalg.norm(phi, axis=-1, keepdims=True) / math.sqrt(2.0)  # ‖φ‖² = 2, as RFF + bias
@@ -379,7 +379,7 @@ def _must_refuse(fl: Fleet, rng: np.random.Generator) -> tuple[str, bytes, str, 
     fresh = fl.agg.tracker.mark(c) + 1
     if cfg.algorithm == "pofmkl":
         return c, pack(seq=fresh, arrays=arr("delta", np.full(shape, 1e200))), "huge_delta", "invalid_update"
-    k, f = cfg.n_kernels, cfg.feature_dim
+    k, f = cfg.params.n_kernels, cfg.feature_dim
     iu = np.triu_indices(f)
     s_bad = np.repeat((np.eye(f) * -1.0)[None], k, axis=0)[:, iu[0], iu[1]]
     return c, pack(seq=fresh, arrays=arr("S_upper", s_bad)), "not_psd", "invalid_update"

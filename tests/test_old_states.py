@@ -29,7 +29,7 @@ HERE = Path(__file__).parent / "fixtures" / "states"
 FOLDERS = {PICKLE_FORMAT: HERE, FORMAT_VERSION: HERE / "format2"}
 EXPECT = {(v, name): want for v, d in FOLDERS.items()
           for name, want in json.loads((d / "expect.json").read_text()).items()}
-CONFIGS = {(v, name): FleetConfig.model_validate(c) for v, d in FOLDERS.items()
+CONFIGS = {(v, name): FleetConfig.from_dump(c) for v, d in FOLDERS.items()
            for name, c in json.loads((d / "configs.json").read_text()).items()}
 X0 = np.array([0.3, -0.2, 0.5])
 

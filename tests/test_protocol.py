@@ -111,7 +111,7 @@ def test_pofmkl_schema_from_configuration() -> None:
 
 
 def test_fedbnr_schema_from_configuration() -> None:
-    assert BNR.n_kernels == 2 and BNR.feature_dim == 3
+    assert BNR.params.n_kernels == 2 and BNR.feature_dim == 3
     assert BNR.array_shapes("fedbnr.update") == {
         "S_upper": ("float64", (2, 6)), "b": ("float64", (2, 3)), "n": ("float64", ()), "q": ("float64", ())}
     assert set(BNR.array_shapes("fedbnr.global")) == {"S_upper", "b", "n", "q", "sigma", "lam", "log_evidence"}
@@ -172,7 +172,7 @@ def test_fleet_config_validation() -> None:
         FleetConfig(standardise="none", fleet="f", algorithm="pofmkl", n_inputs=1, sensor_topic="a/+/{client}")
     cfg = FleetConfig(standardise="none",
                       fleet="f", algorithm="pofmkl", n_inputs=1, kernels=["laplacian:2", "gaussian:0.5"])
-    assert cfg.kernels == ("laplacian:2.0", "gaussian:0.5") and cfg.n_kernels == 2
+    assert cfg.params.kernels == ("laplacian:2.0", "gaussian:0.5") and cfg.params.n_kernels == 2
     with pytest.raises(ValidationError):
         cfg.seed = 3  # type: ignore[misc]
 
@@ -180,7 +180,7 @@ def test_fleet_config_validation() -> None:
 def test_default_kernel_dictionary_matches_the_learners() -> None:
     from streamfed.core.features import gaussian_dictionary
 
-    assert POF.kernel_specs == tuple(s.key for s in gaussian_dictionary(3))
+    assert POF.params.kernel_specs(POF.n_inputs, POF.standardise) == tuple(s.key for s in gaussian_dictionary(3))
 
 
 def test_streamfed_config_from_toml_json_env(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -201,7 +201,7 @@ username = "station-1"
     env = {"STREAMFED_BROKER__PASSWORD": "pw", "STREAMFED_FLEET__FEDBNR__SIGMA": "0.5",
            "STREAMFED_APT_PACKAGES": "mosquitto", "OTHER": "x"}
     cfg = StreamfedConfig.from_toml(toml_text, env)
-    assert cfg.fleet.n_kernels == 2 and cfg.fleet.params.min_upload == 64 and cfg.fleet.params.sigma == 0.5
+    assert cfg.fleet.params.n_kernels == 2 and cfg.fleet.params.min_upload == 64 and cfg.fleet.params.sigma == 0.5
     assert cfg.broker.port == 8883 and cfg.broker.protocol == "5" and cfg.broker.use_tls
     assert cfg.broker.password is not None and cfg.broker.password.get_secret_value() == "pw"
     assert "pw" not in repr(cfg)
@@ -213,7 +213,7 @@ username = "station-1"
     assert load_config(tmp_path / "c.json", env={}).broker == BrokerConfig()
     only_env = {"STREAMFED_FLEET__FLEET": "g", "STREAMFED_FLEET__ALGORITHM": "pofmkl",
                 "STREAMFED_FLEET__N_INPUTS": "4", "STREAMFED_FLEET__KERNELS": '["gaussian:1.0"]'}
-    assert load_config(env=only_env).fleet.kernels == ("gaussian:1.0",)
+    assert load_config(env=only_env).fleet.params.kernels == ("gaussian:1.0",)
     assert env_overrides({"STREAMFED___X": "1", "STREAMFED_A__": "2"}) == {}
 
 
@@ -701,8 +701,9 @@ def test_pofmkl_update_and_global_through_the_wire() -> None:
     from streamfed.algorithms.pofmkl.server import POFMKLServer
     from streamfed.core.features import RFFBank
 
-    bank = RFFBank(POF.kernel_specs, POF.n_features, POF.n_inputs, seed=POF.seed)
-    client = POFMKLClient(bank, bin_size=POF.bin_size, rng=1)
+    p = POF.params
+    bank = RFFBank(p.kernel_specs(POF.n_inputs, POF.standardise), p.n_features, POF.n_inputs, seed=POF.seed)
+    client = POFMKLClient(bank, bin_size=POF.params.bin_size, rng=1)
     direct, wired = POFMKLServer(3, 4), POFMKLServer(3, 4)
     for t in range(20):
         _, upd = client.step(np.array([0.1 * t, -0.2]), 0.5)

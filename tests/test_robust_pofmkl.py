@@ -121,10 +121,10 @@ def huge(value=1e100, rounds=4):
     """The issue's attacker: ±1e100 in every entry of one row, for `rounds` rounds, then zeros."""
 
     def attack(r, honest, core):
-        dim = 2 * core.cfg.n_features
+        dim = 2 * core.cfg.params.n_features
         if r > rounds:
             return np.array([0]), np.zeros((1, dim))
-        return np.array([r % core.cfg.n_kernels]), np.full((1, dim), value * (-1) ** r)
+        return np.array([r % core.cfg.params.n_kernels]), np.full((1, dim), value * (-1) ** r)
 
     return attack
 
@@ -456,7 +456,8 @@ def rule_comparison() -> list[tuple[str, dict[str, float], float]]:
     streams = load_beijing(normalisation="paper", split="station", steps=STEPS).streams
 
     def cfg(aggregation: str, bin_size: int, **robust: float) -> FleetConfig:
-        return fig_cfg(aggregation, **robust).model_copy(update={"bin_size": bin_size})
+        c = fig_cfg(aggregation, **robust)
+        return FleetConfig.model_validate(c.model_dump() | {"params": c.params.model_dump() | {"bin_size": bin_size}})
 
     out = []
     for title, m, robust in (("M = 1, trim 0.25, clip 2 (default)", 1, {}),

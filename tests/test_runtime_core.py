@@ -122,7 +122,7 @@ def test_async_agent_publishes_at_most_m_kernels_and_loses_nothing(fleet):
     sent = np.zeros((4, 40))
     for t in range(STEPS):
         for m in agent.on_reading(Reading(f"{t}", s.X[t], float(t), float(s.y[t])))[1]:
-            assert m.arrays["kernels"].size <= cfg.bin_size
+            assert m.arrays["kernels"].size <= cfg.params.bin_size
             sent[m.arrays["kernels"]] += m.arrays["delta"]
     for m in agent.flush():
         sent[m.arrays["kernels"]] += m.arrays["delta"]
@@ -157,8 +157,8 @@ def _async_updates(cfg, clients, per_client, seed):
     out = []
     for s in range(1, per_client + 1):
         for c in rng.permutation(clients):
-            k = np.sort(rng.choice(cfg.n_kernels, rng.integers(1, cfg.bin_size + 1), replace=False))
-            d = rng.standard_normal((k.size, 2 * cfg.n_features)) * 10.0 ** rng.integers(-3, 4)
+            k = np.sort(rng.choice(cfg.params.n_kernels, rng.integers(1, cfg.params.bin_size + 1), replace=False))
+            d = rng.standard_normal((k.size, 2 * cfg.params.n_features)) * 10.0 ** rng.integers(-3, 4)
             d[rng.random(d.shape) < 0.05] = -0.0
             out.append((str(c), encode(pofmkl_update_message(cfg.fleet, str(c), s, k, d, global_version=0,
                                                              kernel_version=agg.kernel_version), cfg)))
@@ -190,7 +190,7 @@ def test_async_window_sums_each_clients_updates_like_merge_updates():
     for c, p in payloads:
         m = decode(p, cfg)
         per_client[c].append(KernelUpdate(m.arrays["kernels"], m.arrays["delta"], m.n_samples))
-    srv = POFMKLServer(cfg.n_kernels, 2 * cfg.n_features)
+    srv = POFMKLServer(cfg.params.n_kernels, cfg.params.dim)
     for c in clients:
         srv.add(merge_updates(per_client[c]))
     srv.finish_round()

@@ -150,7 +150,7 @@ def test_aggregator_takes_a_queued_burst_like_its_core(mosquitto_dev):
     stream = []
     for s in range(1, 41):
         for c in [*names, "stranger"]:
-            k = np.sort(rng.choice(cfg.n_kernels, 2, replace=False))
+            k = np.sort(rng.choice(cfg.params.n_kernels, 2, replace=False))
             payload = encode(pofmkl_update_message(cfg.fleet, c, s, k, rng.standard_normal((2, 16)),
                                                    global_version=0, kernel_version=ref.kernel_version))
             stream.append((c, payload))

@@ -503,8 +503,8 @@ class Algorithm:
 
     # ---------------------------------------------------------------- configuration and wire
     def feature_dim(self, cfg: FleetConfig) -> int:
-        """Features per kernel as the learner sees them."""
-        return 2 * cfg.n_features
+        """Features per kernel as the learner sees them (for the families whose wire schemas need it)."""
+        raise NotImplementedError(f"algorithm {self.name!r} declares no feature dimension")
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         """Its message kinds: exactly one on `updates`, one on `global`, one on `partials`."""

@@ -126,10 +126,12 @@ class AlgorithmConfig:
         return gaussian_dictionary(self.n_kernels, self.bandwidth_low, self.bandwidth_high)
 
     def params_for(self, alg: Algorithm, variant: str | None = None) -> dict[str, Any]:
-        """The hyperparameters `alg` gets: the shared ones it has a field for, then its own, then the
-        variant's. Unknown names in its own section are refused by its model."""
+        """The hyperparameters `alg` gets: the dictionary and the shared ones it has a field for, then its own,
+        then the variant's. Unknown names in its own section are refused by its model."""
         fields = alg.Params.model_fields
-        out = {k: v for k, v in self.shared.items() if k in fields}
+        dictionary = {"kernels": tuple(s.key for s in self.specs()), "n_features": self.n_features,
+                      "bin_size": self.bin_size}
+        out = {k: v for k, v in (dictionary | self.shared).items() if k in fields}
         out.update(self.params.get(alg.name, {}))
         if variant is not None and variant != alg.name:
             out.update(self.params.get(variant, {}))
@@ -143,9 +145,8 @@ class AlgorithmConfig:
         alg = algorithms.get(algorithm)
         robust = Robustness() if label_bound is None else Robustness(
             label_bound=max(Robustness().label_bound, float(label_bound) * (1 + 1e-9)))
-        return FleetConfig(fleet=_FLEET, algorithm=algorithm, n_inputs=n_inputs,
-                           kernels=tuple(s.key for s in self.specs()), n_features=self.n_features,
-                           bin_size=self.bin_size, seed=seed, max_clients=100_000, standardise="none",
+        return FleetConfig(fleet=_FLEET, algorithm=algorithm, n_inputs=n_inputs, seed=seed, max_clients=100_000,
+                           standardise="none",
                            params=alg.Params(**self.params_for(alg, variant)), robust=robust, **self.privacy)
 
 

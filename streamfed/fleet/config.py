@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, field_validator, model_validator
 
-from streamfed.algorithms.base import Params
+from streamfed.algorithms.base import Algorithm, Params
+from streamfed.algorithms.dictionary import DICTIONARY_FIELDS
 from streamfed.fleet.columns import Column, ColumnSpec
 from streamfed.fleet.robustness import Robustness
 from streamfed.wire.schema import (
@@ -82,18 +83,23 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 class FleetConfig(BaseModel):
     """What every member of a fleet must agree on: the learner, its sizes and the fleet seed.
 
-    `kernels` are kernel specs (`"gaussian:0.5"`, `"laplacian:1.0"`, ...); without them the
-    dictionary is `standardised_dictionary(n_kernels, n_inputs)` (bandwidths around `√(2d)`) when the
-    agents standardise their streams, else `gaussian_dictionary(n_kernels)` (`[0.05, 5]`, for inputs
-    normalised to norm ≤ 1 as in the POF-MKL paper). `n_kernels` follows `kernels` when only they are
-    given. `bin_size` is `M`, the kernels an update may carry; the algorithm's own settings are `params`.
+    The algorithm's own settings are `params` (its `Params` model), given in a file as a section named after it
+    (`[fleet.pofmkl]`). The random-feature kernel dictionary of the families that have one (`n_kernels`,
+    `n_features`, `kernels`, POF-MKL's `bin_size`: :class:`~streamfed.algorithms.dictionary.KernelDictionary`) is
+    among them; given at the top of `[fleet]`, where it used to live, it is moved into `params` (an error for a
+    family without such a setting).
 
     >>> cfg = FleetConfig(fleet="beijing", algorithm="fedbnr", n_inputs=10, n_features=8,
     ...                   kernels=["gaussian:1.0", "gaussian:2.0"])
-    >>> cfg.n_kernels, cfg.feature_dim
+    >>> cfg.params.n_kernels, cfg.feature_dim
     (2, 17)
     >>> {a.name: (a.dtype, a.shape) for a in cfg.message_schema("fedbnr.update").arrays}
     {'S_upper': ('float64', (2, 153)), 'b': ('float64', (2, 17)), 'n': ('float64', ()), 'q': ('float64', ())}
+    >>> try:
+    ...     FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2, n_kernels=4)
+    ... except ValueError as e:
+    ...     print(e.errors()[0]["msg"])
+    Value error, n_kernels: algorithm 'fsgp' has no such setting
     """
 
     model_config = _STRICT
@@ -101,10 +107,6 @@ class FleetConfig(BaseModel):
     fleet: str
     algorithm: str  # a registered algorithm (streamfed.algorithms.names())
     n_inputs: int = Field(ge=1)
-    n_kernels: int = Field(8, ge=1)
-    n_features: int = Field(50, ge=1)  # D: random features per kernel, 2D numbers each
-    kernels: tuple[str, ...] | None = None
-    bin_size: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
     # How an agent scales its stream: "online" standardises each input and the target with the running mean
     # and standard deviation of its own past samples (the first two only set the scales) and maps predictions
@@ -166,20 +168,6 @@ class FleetConfig(BaseModel):
             raise ValueError(f"fleet name {problem}")
         return v
 
-    @field_validator("kernels")
-    @classmethod
-    def _kernel_specs(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if v is None:
-            return None
-        if not v:
-            raise ValueError("kernels, when given, must not be empty")
-        from streamfed.core.features import KernelSpec  # lazy: keeps this module importable without numba
-
-        keys = tuple(KernelSpec.parse(s).key for s in v)  # canonical text: part of frequency derivation
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"kernels are repeated: {list(keys)}")
-        return keys
-
     @model_validator(mode="before")
     @classmethod
     def _algorithm_params(cls, data: Any) -> Any:
@@ -207,16 +195,32 @@ class FleetConfig(BaseModel):
         given = data.get("params", section)
         if isinstance(given, BaseModel) and not isinstance(given, alg.Params):
             given = given.model_dump()
+        moved = {k: data.pop(k) for k in DICTIONARY_FIELDS if k in data}
+        if moved:
+            given = _moved_into(given, moved, alg)
         data["params"] = given if isinstance(given, alg.Params) else alg.Params.model_validate(given or {})
         return data
 
-    @model_validator(mode="before")
     @classmethod
-    def _n_kernels_from_kernels(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and data.get("kernels") and "n_kernels" not in data:
-            data = dict(data)
-            data["n_kernels"] = len(data["kernels"])
-        return data
+    def from_dump(cls, dumped: Mapping[str, Any]) -> FleetConfig:
+        """A configuration from a `model_dump` of any version, such as the one a state file records. Dumps
+        written before the kernel dictionary moved into the families' `params` carry its fields at the top
+        for every family; a family without them never read them, so they are dropped for it.
+
+        >>> old = {"fleet": "f", "algorithm": "fsgp", "n_inputs": 2, "n_kernels": 8, "bin_size": 1, "params": {}}
+        >>> FleetConfig.from_dump(old) == FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2)
+        True
+        """
+        from streamfed import algorithms
+
+        data = dict(dumped)
+        name = data.get("algorithm")
+        if isinstance(name, str) and name in algorithms.names():
+            fields = algorithms.get(name).Params.model_fields
+            for k in DICTIONARY_FIELDS:
+                if k in data and k not in fields:
+                    del data[k]
+        return cls.model_validate(data)
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetConfig:
@@ -227,27 +231,12 @@ class FleetConfig(BaseModel):
             raise ValueError("robust aggregation screens each client's upload, which secure aggregation hides: the "
                              "two cannot be combined (docs/reliability.md; under secure aggregation only the "
                              "clients' sample counts are checked)")
-        if self.kernels is not None and len(self.kernels) != self.n_kernels:
-            raise ValueError(f"n_kernels={self.n_kernels} but {len(self.kernels)} kernels are listed")
-        if self.bin_size > self.n_kernels:
-            raise ValueError(f"bin_size (M={self.bin_size}) must be <= n_kernels (N={self.n_kernels})")
         from streamfed.wire.topics import sensor_topic
 
         sensor_topic(self.fleet, "probe", self.sensor_topic)  # raises for a bad template
         return self
 
     # ---------------------------------------------------------------- derived sizes
-    @property
-    def kernel_specs(self) -> tuple[str, ...]:
-        """The kernel dictionary as canonical spec strings."""
-        if self.kernels is not None:
-            return self.kernels
-        from streamfed.core.features import gaussian_dictionary, standardised_dictionary
-
-        if self.standardise == "online":
-            return tuple(s.key for s in standardised_dictionary(self.n_kernels, self.n_inputs))
-        return tuple(s.key for s in gaussian_dictionary(self.n_kernels))
-
     @property
     def feature_dim(self) -> int:
         """Features per kernel as the learner sees them (the algorithm says: `2D`, plus a bias feature...)."""
@@ -306,9 +295,23 @@ def same_fleet(stored: Any, cfg: FleetConfig) -> bool:
     (True, False)
     """
     try:
-        return FleetConfig.model_validate(stored) == cfg
+        return FleetConfig.from_dump(stored) == cfg
     except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
         return False
+
+
+def _moved_into(params: Any, moved: Mapping[str, Any], alg: Algorithm) -> dict[str, Any]:
+    """`params` (a mapping or the family's model) with the dictionary settings given at the top of `[fleet]`
+    added; one the family does not have, or one given in both places, is an error."""
+    fields = alg.Params.model_fields
+    for k in moved:
+        if k not in fields:
+            raise ValueError(f"{k}: algorithm {alg.name!r} has no such setting")
+    own = params.model_dump(exclude_unset=True) if isinstance(params, BaseModel) else dict(params or {})
+    for k in moved:
+        if k in own:
+            raise ValueError(f"{k}: given both at the top of [fleet] and in the params of {alg.name!r}")
+    return {**own, **moved}
 
 
 @lru_cache(maxsize=64)

@@ -110,9 +110,10 @@ class LoadTestOptions:
         # uploads each one, and one that refits hyperparameters at every global keeps them (the cost measured is
         # the transport's and the aggregation's, not an optimiser's).
         fields = algorithms.get(self.algorithm).Params.model_fields
-        params = {k: v for k, v in (("min_upload", 1), ("fit_hyperparameters", False)) if k in fields}
+        # the dictionary's sizes, for the families that learn over one
+        params = {k: v for k, v in (("min_upload", 1), ("fit_hyperparameters", False), ("n_kernels", self.n_kernels),
+                                    ("n_features", self.n_features), ("bin_size", self.bin_size)) if k in fields}
         return FleetConfig(fleet=fleet, algorithm=self.algorithm, n_inputs=self.n_inputs,
-                           n_kernels=self.n_kernels, n_features=self.n_features, bin_size=self.bin_size,
                            max_clients=max(10_000, self.agents), params=params)
 
 

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
-from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant
+from streamfed.algorithms.dictionary import KernelDictionary, dictionary_of, kernel_specs
 
 if TYPE_CHECKING:
     from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["ALGORITHM", "FedBNR", "FedBNRParams", "feature_maps"]
 
 
-class FedBNRParams(Params):
-    """Online FedBNR hyperparameters (docs/algorithms.md §4); defaults match `FedBNRClient`.
+class FedBNRParams(KernelDictionary):
+    """Online FedBNR hyperparameters (docs/algorithms.md §4): the kernel dictionary (a posterior per kernel), then
+    the model's own; defaults match `FedBNRClient`.
 
     >>> FedBNRParams(min_upload=64).min_upload
     64
@@ -67,8 +69,9 @@ def feature_maps(cfg: FleetConfig) -> list[RFFMap]:
     when `params.bias`), frequencies derived from the fleet seed."""
     from streamfed.core.features import KernelSpec, RFFBank, RFFMap
 
-    return [RFFMap(RFFBank([KernelSpec.parse(s)], cfg.n_features, cfg.n_inputs, seed=cfg.seed),
-                   bias=cfg.params.bias) for s in cfg.kernel_specs]
+    n_features = dictionary_of(cfg).n_features
+    return [RFFMap(RFFBank([KernelSpec.parse(s)], n_features, cfg.n_inputs, seed=cfg.seed),
+                   bias=cfg.params.bias) for s in kernel_specs(cfg)]
 
 
 class FedBNR(Algorithm):
@@ -81,7 +84,7 @@ class FedBNR(Algorithm):
     cheap_regret = False  # O(K·F³): read per upload
 
     def feature_dim(self, cfg: FleetConfig) -> int:
-        return 2 * cfg.n_features + (1 if cfg.params.bias else 0)
+        return dictionary_of(cfg).dim + (1 if cfg.params.bias else 0)
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.fedbnr.wire import schemas
@@ -100,7 +103,7 @@ class FedBNR(Algorithm):
 
     def demo_settings(self) -> dict[str, Any]:
         # one kernel: a dictionary of 16 at F = 101 would cost 16 rank-one updates per sample
-        return {"kernels": ["gaussian:2.0"], "n_kernels": 1, "params": {"min_upload": 32}}
+        return {"params": {"kernels": ["gaussian:2.0"], "n_kernels": 1, "min_upload": 32}}
 
     def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> StatsLearner:
         from streamfed.algorithms.fedbnr.learner import StatsLearner

@@ -39,8 +39,8 @@ def stats_arrays(k: int, f: int) -> tuple[ArraySpec, ...]:
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    stats = stats_arrays(cfg.n_kernels, cfg.feature_dim)
-    k = cfg.n_kernels
+    k = cfg.params.n_kernels  # type: ignore[attr-defined]
+    stats = stats_arrays(k, cfg.feature_dim)
     return [
         MessageSchema(UPDATE, Channel.UPDATES, stats),
         MessageSchema(GLOBAL, Channel.GLOBAL, stats + (

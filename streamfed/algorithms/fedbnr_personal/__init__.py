@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from streamfed.algorithms.base import Mode, Params, ReplayVariant
+from streamfed.algorithms.base import Mode, ReplayVariant
+from streamfed.algorithms.dictionary import KernelDictionary, kernel_specs
 from streamfed.algorithms.fedbnr import FedBNR
 
 if TYPE_CHECKING:
@@ -35,10 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["ALGORITHM", "FedBNRPersonal", "PersonalParams"]
 
 
-class PersonalParams(Params):
-    """Hyperparameters of personalised FedBNR (docs/algorithms.md §5): initial `σ, λ, τ` (refitted by the
-    evidence at every global when `fit_hyperparameters`; `fit_tau=False` keeps `τ`), forgetting per time unit
-    (one sample) on the shared and the own level, and the privacy floor.
+class PersonalParams(KernelDictionary):
+    """Hyperparameters of personalised FedBNR (docs/algorithms.md §5): the kernel dictionary (it learns over the
+    first kernel), initial `σ, λ, τ` (refitted by the evidence at every global when `fit_hyperparameters`;
+    `fit_tau=False` keeps `τ`), forgetting per time unit (one sample) on the shared and the own level, and the
+    privacy floor.
 
     >>> PersonalParams(tau=0.5).tau
     0.5
@@ -110,7 +112,7 @@ class FedBNRPersonal(FedBNR):
 
         if mode == "lockstep":
             raise ValueError("personalised FedBNR is order-free (use async)")
-        return PersonalLearner(self._client(cfg, client_id), kernel_names=cfg.kernel_specs[:1])
+        return PersonalLearner(self._client(cfg, client_id), kernel_names=kernel_specs(cfg)[:1])
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PersonalAggregation:

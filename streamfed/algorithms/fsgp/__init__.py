@@ -51,7 +51,7 @@ class FSGPParams(Params):
     n_inducing: int = Field(32, ge=1, le=1024)  # M
     amplitude: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial a
     # initial ℓ_d, every input; None: √(2d), the scale of distances between standardised inputs (as the
-    # kernel dictionaries of streamed fleets, FleetConfig.kernel_specs)
+    # kernel dictionaries of streamed fleets, KernelDictionary.kernel_specs)
     lengthscale: float | None = Field(None, gt=0, allow_inf_nan=False)
     sigma: float = Field(0.5, gt=0, allow_inf_nan=False)  # initial noise σ
     inducing_scale: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial Z ~ quasi-random N(0, scale²I)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import Field
 
-from streamfed.algorithms.base import Algorithm, Mode, Params
+from streamfed.algorithms.base import Algorithm, Mode
+from streamfed.algorithms.dictionary import KernelDictionary, rff_bank
 
 if TYPE_CHECKING:
     from streamfed.core.features import RFFBank
@@ -33,9 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["EM_KOFL", "KOFL", "KOFLParams", "OFMKL_AVG", "OFSKL", "VM_KOFL"]
 
 
-class KOFLParams(Params):
-    """Step size and regulariser of the baselines' gradient steps; `kernel`: OFSKL's kernel (index into the
-    dictionary; default its middle bandwidth).
+class KOFLParams(KernelDictionary):
+    """The kernel dictionary, the step size and regulariser of the baselines' gradient steps; `kernel`: OFSKL's
+    kernel (index into the dictionary; default its middle bandwidth).
 
     >>> KOFLParams().eta
     0.005
@@ -58,9 +59,7 @@ class KOFL(Algorithm):
         self.name, self.title = name, title  # type: ignore[misc]
 
     def _bank(self, cfg: FleetConfig) -> RFFBank:
-        from streamfed.core.features import KernelSpec, RFFBank
-
-        bank = RFFBank([KernelSpec.parse(s) for s in cfg.kernel_specs], cfg.n_features, cfg.n_inputs, seed=cfg.seed)
+        bank = rff_bank(cfg)
         if self.name == "ofskl":  # one pre-selected kernel of the dictionary
             p0 = bank.n_kernels // 2 if cfg.params.kernel is None else cfg.params.kernel
             if p0 >= bank.n_kernels:
@@ -68,15 +67,18 @@ class KOFL(Algorithm):
             return bank.kernel(p0).bank
         return bank
 
+    def feature_dim(self, cfg: FleetConfig) -> int:
+        return cfg.params.dim  # type: ignore[attr-defined,no-any-return]
+
     def _weighted(self) -> bool:
         return self.name in ("vm-kofl", "em-kofl")
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.kofl.wire import schemas
 
-        n = 1 if self.name == "ofskl" else cfg.n_kernels
+        n = 1 if self.name == "ofskl" else cfg.params.n_kernels  # type: ignore[attr-defined]
         m = 1 if self.name in ("ofskl", "em-kofl") else n
-        return schemas(self.name, n, m, 2 * cfg.n_features, losses=self._weighted(), cfg=cfg)
+        return schemas(self.name, n, m, self.feature_dim(cfg), losses=self._weighted(), cfg=cfg)
 
     def kernel_version(self, cfg: FleetConfig) -> str:
         return self._bank(cfg).version

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant
+from streamfed.algorithms.dictionary import KernelDictionary, rff_bank
 
 if TYPE_CHECKING:
     from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation
@@ -38,13 +39,16 @@ if TYPE_CHECKING:
 __all__ = ["ALGORITHM", "POFMKL", "POFMKLParams"]
 
 
-class POFMKLParams(Params):
-    """POF-MKL hyperparameters (docs/algorithms.md §3); defaults match `POFMKLClient`.
+class POFMKLParams(KernelDictionary):
+    """POF-MKL hyperparameters (docs/algorithms.md §3): the kernel dictionary, the bin size `M` (the kernels an
+    update may carry), the step size, regulariser and exploration rate, the radius of θ; defaults match
+    `POFMKLClient`.
 
-    >>> POFMKLParams().eta
-    0.005
+    >>> POFMKLParams().eta, POFMKLParams(n_kernels=4, bin_size=2).bin_size
+    (0.005, 2)
     """
 
+    bin_size: int = Field(1, ge=1)  # M
     eta: float = Field(0.005, gt=0, allow_inf_nan=False)
     lam: float = Field(1e-4, ge=0, allow_inf_nan=False)
     xi: float = Field(0.1, ge=0, le=1)
@@ -62,6 +66,12 @@ class POFMKLParams(Params):
             return float(self.theta_radius)
         return float(label_bound / math.sqrt(self.lam)) if self.lam > 0 else 100.0 * float(label_bound)
 
+    @model_validator(mode="after")
+    def _bin_fits(self) -> POFMKLParams:
+        if self.bin_size > self.n_kernels:
+            raise ValueError(f"bin_size (M={self.bin_size}) must be <= n_kernels (N={self.n_kernels})")
+        return self
+
 
 class POFMKL(Algorithm):
     """The POF-MKL family: itself, and in the replay its local-only and centralised arrangements."""
@@ -72,9 +82,10 @@ class POFMKL(Algorithm):
     lockstep = True
 
     def bank(self, cfg: FleetConfig) -> RFFBank:
-        from streamfed.core.features import KernelSpec, RFFBank
+        return rff_bank(cfg)
 
-        return RFFBank([KernelSpec.parse(s) for s in cfg.kernel_specs], cfg.n_features, cfg.n_inputs, seed=cfg.seed)
+    def feature_dim(self, cfg: FleetConfig) -> int:
+        return cfg.params.dim  # type: ignore[attr-defined,no-any-return]
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.pofmkl.wire import schemas
@@ -92,7 +103,7 @@ class POFMKL(Algorithm):
         from streamfed.algorithms.pofmkl.learner import POFMKLLearner
 
         p = cfg.params
-        client = POFMKLClient(self.bank(cfg), p.eta, p.lam, p.xi, cfg.bin_size,
+        client = POFMKLClient(self.bank(cfg), p.eta, p.lam, p.xi, p.bin_size,
                               rng=np.random.default_rng([cfg.seed, index]))
         return POFMKLLearner(client, mode)
 
@@ -104,10 +115,10 @@ class POFMKL(Algorithm):
         from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation, RobustRule, StepBound
 
         p, r = cfg.params, cfg.robust
-        bound = (StepBound.of(p.eta, p.lam, p.xi, cfg.n_kernels, cfg.bin_size, r.label_bound,
+        bound = (StepBound.of(p.eta, p.lam, p.xi, p.n_kernels, p.bin_size, r.label_bound,
                               p.radius(r.label_bound)) if check_stats else None)
         robust = RobustRule(r.trim, r.clip_factor) if r.aggregation == "robust" else None
-        return POFMKLAggregation(cfg.n_kernels, 2 * cfg.n_features, max_abs=max_abs, bound=bound, robust=robust)
+        return POFMKLAggregation(p.n_kernels, p.dim, max_abs=max_abs, bound=bound, robust=robust)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

@@ -34,7 +34,8 @@ UPDATE, GLOBAL, PARTIAL = "pofmkl.update", "pofmkl.global", "pofmkl.partial"
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    n, dim, m = cfg.n_kernels, 2 * cfg.n_features, cfg.bin_size
+    p = cfg.params
+    n, dim, m = p.n_kernels, p.dim, p.bin_size  # type: ignore[attr-defined]
     return [
         MessageSchema(UPDATE, Channel.UPDATES, (
             ArraySpec("kernels", "int64", ("m",), index_bound=n, distinct=True),
