@@ -43,11 +43,12 @@ from streamfed.algorithms.base import (
     WrappedLearner,
 )
 from streamfed.core.durable import durable
+from streamfed.core.standardise import DeclaredScales
 from streamfed.fleet.bounded_labels import BoundedLabels
 from streamfed.fleet.config import FleetConfig, same_fleet
 from streamfed.fleet.secure_aggregation import Contribution, SecAggAgent
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
-from streamfed.fleet.standardised import StandardisedLearner
+from streamfed.fleet.standardised import NEEDS_PUBLIC_SCALES, StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
 from streamfed.wire.message import Message, ProtocolError, decode, encode, prediction_message
 from streamfed.wire.schema import MAX_META_STR
@@ -172,15 +173,22 @@ class AgentCore:
             self.learner = self.privacy = PrivateLearner(
                 self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,
                 label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id,
-                noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task_of(cfg) == "regression")
+                noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task_of(cfg) == "regression",
+                # the public schedule: one upload per window of arrivals (lock-step: one per learned sample)
+                window=cfg.dp_upload_window if mode == "async" else None, n_inputs=cfg.n_inputs)
         self.status_changed = False  # something the status message says changed (the budget ran out)
         regression = self.algorithm.task_of(cfg) == "regression"  # a class label is never standardised
         if regression:  # a classifier's label is a class index, checked by the learner itself
             self.learner = BoundedLabels(self.learner, cfg.robust.label_bound)
         if cfg.standardise == "online":
+            if self.privacy is not None and cfg.public_scales is None:
+                raise ValueError(NEEDS_PUBLIC_SCALES)
+            ps = cfg.public_scales
             self.learner = StandardisedLearner(self.learner, cfg.n_inputs, target=regression,
                                                label_bound=cfg.robust.label_bound if regression else None,
-                                               private=self.privacy is not None)
+                                               private=self.privacy is not None,
+                                               scales=None if ps is None else DeclaredScales(
+                                                   ps.x_mean, ps.x_scale, ps.y_mean, ps.y_scale))
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self._update_kind = cfg.update_kind  # resolved once: read for every update message
         self.upload_every = max(1, int(upload_every))
@@ -298,6 +306,7 @@ class AgentCore:
         """A delayed label: learn from the reading it names (unknown → skipped and counted)."""
         reading = self.join.match(label)
         if reading is None:
+            self._arrival()
             self.on_skip(Skip(SkipReason.UNKNOWN_READING))
             return []
         _, msgs = self._learn(reading, label.y, time.time() if now is None else now, predicted=True)
@@ -468,9 +477,14 @@ class AgentCore:
     def _learn_finish(self, p: PendingLearn) -> list[Message]:
         try:
             self.learner.end_learn()
-            msgs = self._messages(self._take_updates())
         except ValueError as e:  # predicted, but the sample cannot be learned
             self._refused(p.reading, e)
+            return []
+        self._arrival()
+        try:
+            msgs = self._messages(self._take_updates())
+        except ValueError as e:
+            self._refused(p.reading, e, arrived=True)
             return []
         self.steps += 1
         self.counters.learned += 1
@@ -485,7 +499,14 @@ class AgentCore:
             self.stats.update_from_learner(self.learner)
         return msgs
 
-    def _refused(self, reading: Reading, error: ValueError) -> None:
+    def _arrival(self) -> None:
+        """Differential privacy's public schedule counts every labelled reading, learned or refused (docs/privacy.md)."""
+        if self.privacy is not None:
+            self.privacy.arrival()
+
+    def _refused(self, reading: Reading, error: ValueError, arrived: bool = False) -> None:
+        if not arrived:
+            self._arrival()
         reason = SkipReason.NON_FINITE if isinstance(error, NonFiniteError) else SkipReason.UNLEARNABLE
         self.on_skip(Skip(reason))
         if self.counters.skipped.get(reason, 0) <= 3 or self.counters.skipped[reason] % 1000 == 0:
@@ -502,9 +523,13 @@ class AgentCore:
     def _learner_update(self) -> list[Update]:
         """The learner's upload, if it has one (the privacy spent noted)."""
         up = self.learner.take_update()
+        ups = [] if up is None else [up]
         if self.privacy is not None:
+            # DP's schedule may have closed more than one window since (a refused reading closes one too)
+            while getattr(self.privacy, "ready", None) and (up := self.learner.take_update()) is not None:
+                ups.append(up)
             self._note_privacy()
-        return [] if up is None else [up]
+        return ups
 
     def _messages(self, updates: list[Update]) -> list[Message]:
         """Updates as messages to publish; with secure aggregation they stay in the outbox and what leaves is a
