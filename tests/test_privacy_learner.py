@@ -26,6 +26,8 @@ from streamfed.privacy import dp
 from streamfed.runtime.exporter import StreamfedCollector, make_registry
 from streamfed.wire.message import decode, encode
 
+PUBLIC3 = {"x_mean": [0.0, 0.0, 0.0], "x_scale": [1.0, 1.0, 1.0], "y_mean": 0.0, "y_scale": 1.0}
+
 
 def fedbnr_cfg(**kw: object) -> FleetConfig:
     kw.setdefault("standardise", "none")
@@ -172,7 +174,7 @@ def test_a_fleet_without_dp_still_refuses_statistics_that_are_not_of_samples() -
 
 
 def test_the_accountant_survives_a_restart() -> None:
-    cfg = fedbnr_cfg(dp_epsilon=1.0, standardise="online")
+    cfg = fedbnr_cfg(dp_epsilon=1.0, standardise="online", public_scales=PUBLIC3)
     agent = AgentCore(cfg, "a", 0)
     rng = np.random.default_rng(0)
     for t in range(40):
@@ -275,7 +277,9 @@ def test_no_metric_publishes_the_streams_own_statistics_under_dp() -> None:
 
     def names(dp: float | None) -> set[str]:
         cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_kernels=1, n_features=4,
-                          kernels=["gaussian:1.0"], dp_epsilon=dp)
+                          kernels=["gaussian:1.0"], dp_epsilon=dp,
+                          public_scales=None if dp is None else {"x_mean": [0.0, 0.0], "x_scale": [1.0, 1.0],
+                                                                 "y_mean": 50.0, "y_scale": 5.0})
         core = AgentCore(cfg, "a", 0)
         rng = np.random.default_rng(0)
         for i in range(40):

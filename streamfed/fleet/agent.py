@@ -162,7 +162,12 @@ class AgentCore:
         self.algorithm = algorithms.get(cfg.algorithm)
         if mode == "lockstep" and not self.algorithm.lockstep:
             raise ValueError(f"lock-step mode is not {cfg.algorithm}'s protocol: it is order-free (use async)")
-        self.learner: Learner = self.algorithm.learner(cfg, client_id, index, mode)
+        lcfg = cfg
+        if cfg.dp_epsilon is not None and mode == "async" and getattr(cfg.params, "min_upload", None) is not None:
+            # under DP's public schedule the window is the floor (each upload counts dp_window arrivals): the learner
+            # gives what it holds at every close, else one refused reading would carry a window into the next
+            lcfg = cfg.model_copy(update={"params": cfg.params.model_copy(update={"min_upload": 1})})
+        self.learner: Learner = self.algorithm.learner(lcfg, client_id, index, mode)
         # differential privacy wraps the learner itself: labels are clipped in the learner's units (inside
         # the standardiser), uploads noised as they leave it (docs/privacy.md)
         self.privacy: PrivateLearner | None = None
@@ -500,7 +505,7 @@ class AgentCore:
         return msgs
 
     def _arrival(self) -> None:
-        """Differential privacy's public schedule counts every labelled reading, learned or refused (docs/privacy.md)."""
+        """DP's public schedule counts every labelled reading, learned or refused (docs/privacy.md)."""
         if self.privacy is not None:
             self.privacy.arrival()
 

@@ -106,6 +106,10 @@ class PrivateLearner(WrappedLearner):
         # (own seq, the inner's newest seq up to it): the globals' marks translated for a self-numbering learner
         self._marks: list[tuple[int, int]] = [(0, 0)]
         self._template = None if self.window is None else self._make_template(int(n_inputs))  # type: ignore[arg-type]
+        if self.window is not None and self._template is None:
+            log.info("agent %s: its learner uploads on the server's rounds, not per sample: no DP upload window",
+                     client or "?")
+            self.window = None
 
     # ---------------------------------------------------------------- privacy state
     @property
@@ -171,19 +175,20 @@ class PrivateLearner(WrappedLearner):
         arrays = {k: (np.zeros_like(v) if np.asarray(v).dtype.kind == "f" else v) for k, v in t.arrays.items()}
         return Update(arrays, 0, int(self.inner.global_version), None, int(t.epoch))
 
-    def _make_template(self, n_inputs: int) -> Update:
+    def _make_template(self, n_inputs: int) -> Update | None:
         """The shape of an upload, from a throw-away copy of the learner taught a few made-up samples (before any
-        real one is seen: it depends on the configuration only)."""
+        real one is seen: it depends on the configuration only). None for a learner whose uploads follow the
+        server's rounds rather than its samples (pFedGP's proposals): it keeps its own schedule."""
         twin = copy.deepcopy(self.inner)
-        for _ in range(10_000):
-            twin.learn(np.zeros(n_inputs), 1.0)
-            up = twin.take_update()
-            if up is None:
-                ups = twin.flush()
-                up = ups[0] if ups else None
+        for _ in range(4 * int(self.window or 1) + 64):
+            try:
+                twin.learn(np.zeros(n_inputs), 1.0)
+                up = twin.take_update()
+            except ValueError:
+                return None
             if up is not None:
                 return up
-        raise ValueError("differential privacy: this learner makes no upload to take a dummy's shape from")
+        return None
 
     def _may_upload(self) -> bool:
         if self.exhausted:
