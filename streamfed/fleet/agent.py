@@ -305,7 +305,7 @@ class AgentCore:
     def finish_reading(self, pending: PendingLearn | None) -> list[Message]:
         """The rest of a labelled reading begun with :meth:`begin_reading`: learn, take the update, count.
         Returns the update messages to publish."""
-        return [] if pending is None else self._learn_finish(pending)
+        return self._released() if pending is None else self._learn_finish(pending)
 
     def on_label(self, label: Label, now: float | None = None) -> list[Message]:
         """A delayed label: learn from the reading it names (unknown → skipped and counted)."""
@@ -313,7 +313,7 @@ class AgentCore:
         if reading is None:
             self._arrival()
             self.on_skip(Skip(SkipReason.UNKNOWN_READING))
-            return []
+            return self._released()
         _, msgs = self._learn(reading, label.y, time.time() if now is None else now, predicted=True)
         return msgs
 
@@ -453,7 +453,7 @@ class AgentCore:
                ) -> tuple[Prediction | None, list[Message]]:
         pending = self._learn_begin(reading, y, now, predicted)
         if pending is None:
-            return None, []
+            return None, self._released()
         msgs = self._learn_finish(pending)
         return (None if predicted else self._prediction(reading, pending.mean, pending.var, now, pending.proba)), msgs
 
@@ -503,6 +503,13 @@ class AgentCore:
         elif msgs:
             self.stats.update_from_learner(self.learner)
         return msgs
+
+    def _released(self) -> list[Message]:
+        """What DP's schedule closed on a refused reading, leaving now as it would have on a learned one (when it
+        leaves must not say which it was)."""
+        if self.privacy is None or not getattr(self.privacy, "ready", None) or self.hold_uploads:
+            return []
+        return self._messages(self._learner_update())
 
     def _arrival(self) -> None:
         """DP's public schedule counts every labelled reading, learned or refused (docs/privacy.md)."""
