@@ -120,6 +120,10 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     settings: dict[str, Any] = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size}
     settings.update(alg.demo_settings())  # what makes a good live demo of this algorithm (e.g. one kernel)
     params = dict(settings.pop("params", {}))
+    if opts.dp_epsilon is not None:
+        # DP refuses the agents' running scales (docs/privacy.md) and the demo has no public ones to declare: the
+        # agents take the streams as they come (the regression streams are already normalised by the dataset)
+        settings["standardise"] = "none"
     if "eta" in alg.Params.model_fields:
         params.setdefault("eta", opts.eta)
     cfg = FleetConfig(fleet="demo", algorithm=opts.algorithm, n_inputs=streams[0].X.shape[1],
