@@ -384,3 +384,28 @@ def test_scheduled_uploads_and_dummies_install_as_globals_and_count_once() -> No
         assert a.outbox == {}
     # the last global counts the schedule's n (6 uploads of 8 per agent), the dummy's window included
     assert last is not None and float(np.ravel(last.arrays["n"])[0]) == 96.0
+
+
+def test_lockstep_rounds_under_dp_go_on_through_refused_readings() -> None:
+    """Lock-step under DP: one upload per arrival, a dummy for a refused reading, so every round closes with every
+    member and the number of rounds says nothing of which readings were learned."""
+    cfg = pof_cfg(dp_epsilon=4.0)
+    names = ["a", "b"]
+    agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, mode="lockstep", window=0.0)
+    rng = np.random.default_rng(0)
+    for t in range(10):
+        queue = []
+        for a in agents:
+            y = float("nan") if (a.client_id == "a" and t in (3, 4)) else float(rng.normal())
+            queue += a.on_reading(Reading(f"{t}", rng.normal(size=3), float(t), y))[1]
+        assert len(queue) == 2  # a refused reading uploads too
+        while queue:
+            m = queue.pop(0)
+            if m.kind.endswith(".update"):
+                queue += agg.on_update(m.client, encode(m, cfg), now=float(t))
+            elif m.kind.endswith(".global"):
+                for a in agents:
+                    assert a.install_global(decode(encode(m, cfg), cfg, kernel_version=a.kernel_version)).installed
+    assert agg.version == 10 and agg.rejected == {}
+    assert [a.seq for a in agents] == [10, 10] and [a.privacy.accountant.uploads for a in agents] == [10, 10]

@@ -178,9 +178,10 @@ class AgentCore:
             self.learner = self.privacy = PrivateLearner(
                 self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,
                 label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id,
-                noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task_of(cfg) == "regression",
-                # the public schedule: one upload per window of arrivals (lock-step: one per learned sample)
-                window=cfg.dp_upload_window if mode == "async" else None, n_inputs=cfg.n_inputs)
+                noise_share=1.0 / (cfg.dp_round_clients or 1),
+                clip_labels=self.algorithm.task_of(cfg) == "regression",
+                # the public schedule: one upload per window of arrivals (lock-step: one per arrival, refused or not)
+                window=cfg.dp_upload_window if mode == "async" else 1, n_inputs=cfg.n_inputs)
         self.status_changed = False  # something the status message says changed (the budget ran out)
         regression = self.algorithm.task_of(cfg) == "regression"  # a class label is never standardised
         if regression:  # a classifier's label is a class index, checked by the learner itself
