@@ -264,9 +264,9 @@ class PrivateLearner(WrappedLearner):
         return dataclasses.replace(msg, included={**msg.included, self.client: inner_mark})
 
     def diagnostics(self) -> dict[str, float]:
-        out = dict(self.inner.diagnostics())
-        out.update(dp_epsilon=self.epsilon, dp_uploads=float(self.accountant.uploads))
-        return out
+        # the learner's own numbers (FedBNR's log evidence, POF-MKL's overflow count) are statistics of the raw
+        # samples, outside the noise: under DP only what the accountant says is exported
+        return {"dp_epsilon": self.epsilon, "dp_uploads": float(self.accountant.uploads)}
 
     def __getattr__(self, name: str) -> Any:
         # only reached for attributes this wrapper lacks: a family learner's own (the contract is WrappedLearner's)

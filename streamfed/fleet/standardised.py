@@ -88,7 +88,7 @@ class StandardisedLearner(WrappedLearner):
         if y.count and not getattr(self, "private", False):  # (states pickled before `private` existed)
             out["target_mean"] = float(y.mean[0])
             out["target_scale"] = float(y.scale[0])
-        if self.label_bound is not None:
+        if self.label_bound is not None and not getattr(self, "private", False):  # a count of the data's outliers
             out["targets_winsorised"] = float(self.targets_winsorised)
         return out
 
