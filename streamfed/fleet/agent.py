@@ -528,8 +528,11 @@ class AgentCore:
 
     def _take_updates(self) -> list[Update]:
         """Lock-step: this step's update, always. Otherwise: one, if the learner has it, after every
-        `upload_every` samples, unless the transport holds uploads back."""
-        if self.mode != "lockstep" and (self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1):
+        `upload_every` samples, unless the transport holds uploads back. Under DP's schedule, whatever it closed
+        (counting learned samples would make the time it leaves depend on which readings were refused)."""
+        scheduled = getattr(self.privacy, "window", None) is not None
+        if self.mode != "lockstep" and (self.hold_uploads or (
+                not scheduled and self.steps % self.upload_every != self.upload_every - 1)):
             return []
         return self._learner_update()
 
