@@ -28,6 +28,16 @@ arrivals; each says `n = window` (its count array and `n_samples`), and uploads 
 2.0 1.09
 >>> private.exhausted  # a second upload would have made ε > 2
 True
+
+On the public schedule, a window of two arrivals whose one reading was refused still uploads, counting two:
+
+>>> scheduled = PrivateLearner(algorithms.get("fedbnr").learner(cfg, "a", 0), epsilon=1.0, delta=1e-5,
+...                            window=2, n_inputs=1, rng=0)
+>>> _ = scheduled.learn(np.array([0.1]), 1.0); scheduled.arrival()
+>>> scheduled.arrival()  # a refused reading: an arrival without a sample
+>>> up = scheduled.take_update()
+>>> up.seq, up.n_samples, float(up.arrays["n"])
+(1, 2, 2.0)
 """
 
 from __future__ import annotations
@@ -107,8 +117,9 @@ class PrivateLearner(WrappedLearner):
         self._marks: list[tuple[int, int]] = [(0, 0)]
         self._template = None if self.window is None else self._make_template(int(n_inputs))  # type: ignore[arg-type]
         if self.window is not None and self._template is None:
-            log.info("agent %s: its learner uploads on the server's rounds, not per sample: no DP upload window",
-                     client or "?")
+            log.warning("agent %s: its learner made no upload from made-up samples (it uploads on the server's "
+                        "rounds): no DP upload window, its own schedule applies (docs/privacy.md)",
+                        client or "?")
             self.window = None
 
     # ---------------------------------------------------------------- privacy state
