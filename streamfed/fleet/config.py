@@ -27,17 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    SerializeAsAny,
-    SerializerFunctionWrapHandler,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializeAsAny, field_validator, model_validator
 
 from streamfed.algorithms.base import Params
 from streamfed.fleet.columns import Column, ColumnSpec
@@ -287,17 +277,6 @@ class FleetConfig(BaseModel):
 
         sensor_topic(self.fleet, "probe", self.sensor_topic)  # raises for a bad template
         return self
-
-    @model_serializer(mode="wrap")
-    def _without_unset_dp_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # the fields issue 31 added are left out while unset, so that every state file written before them (their
-        # configuration is checked against this dump on restore) still matches
-        out = handler(self)
-        if isinstance(out, dict):
-            for k in ("dp_window", "public_scales"):
-                if out.get(k, 0) is None:
-                    del out[k]
-        return out
 
     @property
     def dp_upload_window(self) -> int:
