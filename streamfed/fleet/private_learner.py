@@ -94,7 +94,9 @@ class PrivateLearner(WrappedLearner):
         self.clip_labels = bool(clip_labels)
         self.clip_norm = float(clip_norm)
         self.budget = budget
-        self.sensitivity = inner.upload_sensitivity(label_bound) if inner.sample_sensitivity else UploadSensitivity()
+        # without a per-sample bound the upload is clipped whole; a count array it names is the schedule's, not noised
+        self.sensitivity = (inner.upload_sensitivity(label_bound) if inner.sample_sensitivity
+                            else UploadSensitivity(count=_count_array(inner, label_bound)))
         self.l2 = self.sensitivity.l2 if self.sensitivity.l2 is not None else 2.0 * self.clip_norm
         # one upload is (ε, δ)-DP — or the multiplier is given (calibrated for a whole stream's composition)
         self.z = dp.noise_multiplier(epsilon, delta) if noise_multiplier is None else float(noise_multiplier)
@@ -135,7 +137,8 @@ class PrivateLearner(WrappedLearner):
     def _privatise(self, up: Update) -> Update:
         names = self.sensitivity.arrays
         if names is None:
-            names = tuple(k for k, v in up.arrays.items() if np.asarray(v).dtype.kind == "f")
+            names = tuple(k for k, v in up.arrays.items()
+                          if np.asarray(v).dtype.kind == "f" and k != self.sensitivity.count)
         arrays = dict(up.arrays)
         if self.sensitivity.l2 is None:  # no per-sample bound: clip the upload as a whole
             flat = np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in names])
@@ -284,6 +287,14 @@ class PrivateLearner(WrappedLearner):
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def _count_array(inner: Learner, label_bound: float) -> str | None:
+    """The count array a learner without a per-sample bound names (PVI's factor `n`), if any."""
+    try:
+        return inner.upload_sensitivity(label_bound).count
+    except ValueError:
+        return None
 
 
 def dp_error(detail: str) -> ValueError:
