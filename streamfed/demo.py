@@ -122,6 +122,10 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     fields = alg.Params.model_fields
     ours = {"n_kernels": opts.n_kernels, "n_features": opts.n_features, "bin_size": opts.bin_size, "eta": opts.eta}
     params = {k: v for k, v in ours.items() if k in fields} | dict(settings.pop("params", {}))
+    if opts.dp_epsilon is not None:
+        # DP refuses the agents' running scales (docs/privacy.md) and the demo has no public ones to declare: the
+        # agents take the streams as they come (the regression streams are already normalised by the dataset)
+        settings["standardise"] = "none"
     cfg = FleetConfig(fleet="demo", algorithm=opts.algorithm, n_inputs=streams[0].X.shape[1],
                       params=alg.Params(**params), dp_epsilon=opts.dp_epsilon,
                       secure_aggregation=opts.secure_aggregation, **settings)

@@ -35,6 +35,8 @@ def config(name: str, variant: str) -> FleetConfig:
         kw["params"] = PARAMS[name, variant]
     elif variant == "dp":
         kw["dp_epsilon"] = 1.0
+        # DP needs declared scales with the agents' standardisation (docs/privacy.md § The privacy boundary)
+        kw["public_scales"] = {"x_mean": [0.0, 0.0, 0.0], "x_scale": [1.0, 1.0, 1.0]}
     elif variant == "secagg":
         kw["secure_aggregation"] = True
     elif variant == "robust":

@@ -63,7 +63,7 @@ def test_classifier_predictions_carry_the_learners_probabilities_on_the_wire(sta
 
 
 def test_private_classifier_passes_its_probabilities_through() -> None:
-    cfg = pfedgp_cfg(dp_epsilon=4.0, dp_delta=1e-5)
+    cfg = pfedgp_cfg(dp_epsilon=4.0, dp_delta=1e-5, public_scales={"x_mean": [0.0, 0.0], "x_scale": [1.0, 1.0]})
     agent = AgentCore(cfg, "a", 0, mode="async")
     for reading in class_stream(6):
         pred, msgs = agent.on_reading(reading)

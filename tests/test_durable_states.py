@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 import pytest
-from tests.durable_fleets import Fleet, cases
 
 from streamfed import algorithms
 from streamfed.fleet.persistence import FORMAT_VERSION, MAGIC, dumps, loads
 from streamfed.wire.message import encode
+from tests.durable_fleets import Fleet, cases
 
 CASES = cases()
 X0 = np.array([0.3, -0.2, 0.5])

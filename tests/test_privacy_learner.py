@@ -26,6 +26,8 @@ from streamfed.privacy import dp
 from streamfed.runtime.exporter import StreamfedCollector, make_registry
 from streamfed.wire.message import decode, encode
 
+PUBLIC3 = {"x_mean": [0.0, 0.0, 0.0], "x_scale": [1.0, 1.0, 1.0], "y_mean": 0.0, "y_scale": 1.0}
+
 
 def fedbnr_cfg(**kw: object) -> FleetConfig:
     kw.setdefault("standardise", "none")
@@ -172,7 +174,7 @@ def test_a_fleet_without_dp_still_refuses_statistics_that_are_not_of_samples() -
 
 
 def test_the_accountant_survives_a_restart() -> None:
-    cfg = fedbnr_cfg(dp_epsilon=1.0, standardise="online")
+    cfg = fedbnr_cfg(dp_epsilon=1.0, standardise="online", public_scales=PUBLIC3)
     agent = AgentCore(cfg, "a", 0)
     rng = np.random.default_rng(0)
     for t in range(40):
@@ -275,7 +277,9 @@ def test_no_metric_publishes_the_streams_own_statistics_under_dp() -> None:
 
     def names(dp: float | None) -> set[str]:
         cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_kernels=1, n_features=4,
-                          kernels=["gaussian:1.0"], dp_epsilon=dp)
+                          kernels=["gaussian:1.0"], dp_epsilon=dp,
+                          public_scales=None if dp is None else {"x_mean": [0.0, 0.0], "x_scale": [1.0, 1.0],
+                                                                 "y_mean": 50.0, "y_scale": 5.0})
         core = AgentCore(cfg, "a", 0)
         rng = np.random.default_rng(0)
         for i in range(40):
@@ -285,3 +289,123 @@ def test_no_metric_publishes_the_streams_own_statistics_under_dp() -> None:
 
     assert {"target_mean", "target_scale"} <= names(None)
     assert not {"target_mean", "target_scale"} & names(1.0)
+
+
+# ---------------------------------------------------------------- the privacy boundary (issue 31)
+class _ZeroNoise:
+    """A generator whose Gaussian draws are zero: the noiseless release, to compare neighbouring streams."""
+
+    def normal(self, loc: float, scale: float, size: object = None) -> np.ndarray:
+        return np.zeros(size)  # type: ignore[arg-type]
+
+
+def _scheduled_uploads(cfg: FleetConfig, ys: list[float]) -> list[tuple[int, int, int, np.ndarray]]:
+    """(arrival, seq, n_samples, noised numbers) of every upload an agent makes over the stream, noise zero."""
+    agent = AgentCore(cfg, "a", 0)
+    assert agent.privacy is not None
+    agent.privacy.rng = _ZeroNoise()  # type: ignore[assignment]
+    names = agent.privacy.sensitivity.arrays or ("delta",)
+    rng = np.random.default_rng(7)
+    out = []
+    for t, y in enumerate(ys):
+        for m in agent.on_reading(Reading(f"{t}", rng.normal(0, 1, 3), float(t), y))[1]:
+            out.append((t, m.seq, m.n_samples, _flat(m.arrays, names)))
+    return out
+
+
+def test_dp_on_running_scales_is_refused_at_start_up_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"needs \[fleet.public_scales\]") as e:
+        AgentCore(fedbnr_cfg(dp_epsilon=1.0, standardise="online"), "a", 0)
+    assert "\n" not in str(e.value)
+    AgentCore(fedbnr_cfg(dp_epsilon=1.0, standardise="none"), "a", 0)  # unit-scale streams: no scales to declare
+    AgentCore(fedbnr_cfg(standardise="online"), "a", 0)  # without DP the running scales stay the default
+    with pytest.raises(ValueError, match="public_scales declares 1 inputs"):
+        fedbnr_cfg(public_scales={"x_mean": [0.0], "x_scale": [1.0]})
+    with pytest.raises(ValueError, match="x_scale"):
+        fedbnr_cfg(public_scales={"x_mean": [0.0] * 3, "x_scale": [1.0, 0.0, 1.0]})
+    with pytest.raises(ValueError, match="dp_window"):
+        fedbnr_cfg(dp_epsilon=1.0, dp_window=4)  # below the aggregator's floor min_upload = 8
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 23), st.floats(-1e3, 1e3), st.sampled_from(["none", "online"]))
+def test_neighbouring_streams_make_the_same_uploads_and_differ_in_one_by_at_most_the_sensitivity(
+        which: int, y_target: float, standardise: str) -> None:
+    """One sample present (`y_target` at arrival `which`) or absent (that reading refused): the same uploads at the
+    same arrivals with the same seq and n; noiseless, they differ in the target's window only, by <= Δ₂."""
+    cfg = fedbnr_cfg(dp_epsilon=1.0, standardise=standardise,
+                     public_scales=PUBLIC3 if standardise == "online" else None)
+    ys = [float(np.sin(t)) for t in range(24)]
+    with_target = _scheduled_uploads(cfg, [y_target if t == which else y for t, y in enumerate(ys)])
+    without = _scheduled_uploads(cfg, [float("nan") if t == which else y for t, y in enumerate(ys)])
+    assert [u[:3] for u in with_target] == [u[:3] for u in without] == [(7, 1, 8), (15, 2, 8), (23, 3, 8)]
+    l2 = AgentCore(cfg, "a", 0).privacy.l2  # type: ignore[union-attr]
+    for (t, _, _, a), (_, _, _, b) in zip(with_target, without, strict=True):
+        moved = float(np.linalg.norm(a - b))
+        if t - 7 <= which <= t:
+            assert moved <= l2 * (1 + 1e-12)
+        else:
+            assert moved == 0.0
+
+
+def test_a_window_without_a_sample_sends_a_dummy_of_the_same_shape() -> None:
+    cfg = fedbnr_cfg(dp_epsilon=1.0)
+    ys = [float("nan")] * 8 + [0.5] * 8  # the first window: every reading refused
+    ups = _scheduled_uploads(cfg, ys)
+    assert [u[:3] for u in ups] == [(7, 1, 8), (15, 2, 8)]
+    dummy, real = ups[0][3], ups[1][3]
+    p = AgentCore(cfg, "a", 0).privacy
+    assert p is not None
+    shift = dp.psd_shift(int(p.sensitivity.scatter["S_upper"]), p.std)  # public, on the scatter's diagonal
+    assert dummy.shape == real.shape and set(np.unique(dummy).tolist()) == {0.0, shift}
+    assert len(set(np.unique(real).tolist()) - {0.0, shift}) > 10  # the real one carries statistics
+
+
+def test_scheduled_uploads_and_dummies_install_as_globals_and_count_once() -> None:
+    """Uploads are numbered by the private learner (dummies included): the aggregator sums each once and FedBNR's
+    own numbering follows through the translated marks (its working posterior is global + what it has not seen)."""
+    cfg = fedbnr_cfg(dp_epsilon=4.0)
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(["a", "b"])]
+    agg = AggregatorCore(cfg, clients=["a", "b"], window=0.0)
+    rng = np.random.default_rng(1)
+    last = None
+    for t in range(48):
+        for a in agents:
+            y = float("nan") if (a.client_id == "a" and t < 8) else float(rng.normal())
+            for m in a.on_reading(Reading(f"{t}", rng.normal(0, 1, 3), float(t), y))[1]:
+                for g in agg.on_update(m.client, encode(m, cfg), now=0.0):
+                    if g.kind.endswith(".global"):
+                        last = g
+                        for b in agents:
+                            assert b.install_global(g, now=0.0).reason is None
+    assert agg.rejected == {}
+    for a in agents:
+        assert a.privacy is not None and a.privacy.accountant.uploads == 6 == agg.included()[a.client_id]
+        assert a.outbox == {}
+    # the last global counts the schedule's n (6 uploads of 8 per agent), the dummy's window included
+    assert last is not None and float(np.ravel(last.arrays["n"])[0]) == 96.0
+
+
+def test_lockstep_rounds_under_dp_go_on_through_refused_readings() -> None:
+    """Lock-step under DP: one upload per arrival, a dummy for a refused reading, so every round closes with every
+    member and the number of rounds says nothing of which readings were learned."""
+    cfg = pof_cfg(dp_epsilon=4.0)
+    names = ["a", "b"]
+    agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, mode="lockstep", window=0.0)
+    rng = np.random.default_rng(0)
+    for t in range(10):
+        queue = []
+        for a in agents:
+            y = float("nan") if (a.client_id == "a" and t in (3, 4)) else float(rng.normal())
+            queue += a.on_reading(Reading(f"{t}", rng.normal(size=3), float(t), y))[1]
+        assert len(queue) == 2  # a refused reading uploads too
+        while queue:
+            m = queue.pop(0)
+            if m.kind.endswith(".update"):
+                queue += agg.on_update(m.client, encode(m, cfg), now=float(t))
+            elif m.kind.endswith(".global"):
+                for a in agents:
+                    assert a.install_global(decode(encode(m, cfg), cfg, kernel_version=a.kernel_version)).installed
+    assert agg.version == 10 and agg.rejected == {}
+    assert [a.seq for a in agents] == [10, 10] and [a.privacy.accountant.uploads for a in agents] == [10, 10]

@@ -233,7 +233,9 @@ class UploadSensitivity:
     one sample (label within the bound asked for) can move those arrays together; None: not bounded per
     sample, so each upload is clipped to a norm `C` as a whole (two uploads then differ by at most `2C`).
     `scatter`: packed upper triangles of scatter matrices, by array name → matrix size; their noise is
-    symmetric, and a public shift on their diagonal keeps the noisy sum positive semi-definite.
+    symmetric, and a public shift on their diagonal keeps the noisy sum positive semi-definite. `count`: the
+    array holding the upload's sample count, if any (not noised: under DP's public schedule it is set to the
+    schedule's count, docs/privacy.md).
 
     >>> UploadSensitivity(("S_upper", "b", "q"), 1.7, {"S_upper": 5}).l2
     1.7
@@ -242,6 +244,7 @@ class UploadSensitivity:
     arrays: tuple[str, ...] | None = None
     l2: float | None = None
     scatter: Mapping[str, int] = field(default_factory=dict)
+    count: str | None = None
 
 
 class BaseLearner:

@@ -31,7 +31,7 @@ import numpy as np
 
 from streamfed.core.durable import durable
 
-__all__ = ["DEFAULT_WARMUP", "INPUT_CLIP", "OnlineStandardiser", "StreamScales"]
+__all__ = ["DEFAULT_WARMUP", "INPUT_CLIP", "DeclaredScales", "OnlineStandardiser", "StreamScales"]
 
 DEFAULT_WARMUP = 2
 INPUT_CLIP = 5.0  # standard deviations: where the defaults winsorise a standardised input
@@ -249,3 +249,45 @@ class StreamScales:
         s = float(self.y.scale[0])
         return float(self.y.mean[0]) + s * mean, s * s * var
 
+
+
+@durable("core.DeclaredScales")
+class DeclaredScales(StreamScales):
+    """Fixed, declared scales with the interface of :class:`StreamScales`: every sample is standardised with the
+    same public `(mean, scale)` per input and for the target, nothing is learned from the stream. Under
+    differential privacy the transform of one sample must not depend on the others (docs/privacy.md): the
+    running scales would carry one sample into every later upload, declared ones carry nothing.
+
+    >>> s = DeclaredScales([1000.0], [10.0], 40.0, 5.0)
+    >>> zx, zy, nxt = s.step(np.array([1020.0]), 45.0)
+    >>> zx.tolist(), zy, nxt is s, s.ready
+    ([2.0], 1.0, True, True)
+    >>> s.predict(np.array([1000.0]), lambda z: (0.5, 1.0))  # mapped back: 40 + 5·0.5, 5²·1
+    (42.5, 25.0)
+    """
+
+    def __init__(self, x_mean: object, x_scale: object, y_mean: float = 0.0, y_scale: float = 1.0,
+                 clip: float | None = INPUT_CLIP) -> None:
+        xm = np.asarray(x_mean, dtype=np.float64).reshape(-1)
+        xs = np.asarray(x_scale, dtype=np.float64).reshape(-1)
+        if xm.shape != xs.shape or xm.size < 1:
+            raise ValueError(f"declared scales: {xm.size} input means for {xs.size} scales")
+        values = np.concatenate([xm, xs, [float(y_mean), float(y_scale)]])
+        if not (np.isfinite(values).all() and (xs > 0).all() and float(y_scale) > 0):
+            raise ValueError("declared scales must be finite, with every scale > 0")
+        # standardisers frozen at the declared values: two "past samples" whose mean and sample deviation they are
+        # (scale = sqrt(m2 / (count − 1)) with count 2), never updated
+        self.x = OnlineStandardiser.from_state({"count": 2, "mean": xm.tolist(), "m2": (xs * xs).tolist(),
+                                                "warmup": 0, "clip": clip})
+        self.y = OnlineStandardiser.from_state({"count": 2, "mean": [float(y_mean)],
+                                                "m2": [float(y_scale) ** 2], "warmup": 0, "clip": None})
+
+    def step(self, x: np.ndarray, y: float) -> tuple[np.ndarray | None, float, StreamScales]:
+        """`(z_x, z_y, self)`: the declared transform of this sample alone. `ValueError` for a value that is not
+        finite or of the wrong width."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != (self.x.n_columns,):
+            raise ValueError(f"expected {self.x.n_columns} values, got shape {x.shape}")
+        if not (np.isfinite(x).all() and math.isfinite(float(y))):
+            raise ValueError("a value is not finite")
+        return self.x.transform(x), float(self.y.transform(np.array([float(y)]))[0]), self

@@ -43,11 +43,12 @@ from streamfed.algorithms.base import (
     WrappedLearner,
 )
 from streamfed.core.durable import durable
+from streamfed.core.standardise import DeclaredScales
 from streamfed.fleet.bounded_labels import BoundedLabels
 from streamfed.fleet.config import FleetConfig, same_fleet
 from streamfed.fleet.secure_aggregation import Contribution, SecAggAgent
 from streamfed.fleet.sources import Label, LabelJoin, Reading, Skip, SkipReason
-from streamfed.fleet.standardised import StandardisedLearner
+from streamfed.fleet.standardised import NEEDS_PUBLIC_SCALES, StandardisedLearner
 from streamfed.fleet.telemetry import AgentStats
 from streamfed.wire.message import Message, ProtocolError, decode, encode, prediction_message
 from streamfed.wire.schema import MAX_META_STR
@@ -161,7 +162,12 @@ class AgentCore:
         self.algorithm = algorithms.get(cfg.algorithm)
         if mode == "lockstep" and not self.algorithm.lockstep:
             raise ValueError(f"lock-step mode is not {cfg.algorithm}'s protocol: it is order-free (use async)")
-        self.learner: Learner = self.algorithm.learner(cfg, client_id, index, mode)
+        lcfg = cfg
+        if cfg.dp_epsilon is not None and mode == "async" and getattr(cfg.params, "min_upload", None) is not None:
+            # under DP's public schedule the window is the floor (each upload counts dp_window arrivals): the learner
+            # gives what it holds at every close, else one refused reading would carry a window into the next
+            lcfg = cfg.model_copy(update={"params": cfg.params.model_copy(update={"min_upload": 1})})
+        self.learner: Learner = self.algorithm.learner(lcfg, client_id, index, mode)
         # differential privacy wraps the learner itself: labels are clipped in the learner's units (inside
         # the standardiser), uploads noised as they leave it (docs/privacy.md)
         self.privacy: PrivateLearner | None = None
@@ -172,15 +178,23 @@ class AgentCore:
             self.learner = self.privacy = PrivateLearner(
                 self.learner, epsilon=cfg.dp_epsilon, delta=cfg.dp_delta, budget=cfg.dp_budget,
                 label_bound=cfg.clip_label, clip_norm=cfg.clip_norm, client=client_id,
-                noise_share=1.0 / (cfg.dp_round_clients or 1), clip_labels=self.algorithm.task_of(cfg) == "regression")
+                noise_share=1.0 / (cfg.dp_round_clients or 1),
+                clip_labels=self.algorithm.task_of(cfg) == "regression",
+                # the public schedule: one upload per window of arrivals (lock-step: one per arrival, refused or not)
+                window=cfg.dp_upload_window if mode == "async" else 1, n_inputs=cfg.n_inputs)
         self.status_changed = False  # something the status message says changed (the budget ran out)
         regression = self.algorithm.task_of(cfg) == "regression"  # a class label is never standardised
         if regression:  # a classifier's label is a class index, checked by the learner itself
             self.learner = BoundedLabels(self.learner, cfg.robust.label_bound)
         if cfg.standardise == "online":
+            if self.privacy is not None and cfg.public_scales is None:
+                raise ValueError(NEEDS_PUBLIC_SCALES)
+            ps = cfg.public_scales
             self.learner = StandardisedLearner(self.learner, cfg.n_inputs, target=regression,
                                                label_bound=cfg.robust.label_bound if regression else None,
-                                               private=self.privacy is not None)
+                                               private=self.privacy is not None,
+                                               scales=None if ps is None else DeclaredScales(
+                                                   ps.x_mean, ps.x_scale, ps.y_mean, ps.y_scale))
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self._update_kind = cfg.update_kind  # resolved once: read for every update message
         self.upload_every = max(1, int(upload_every))
@@ -292,14 +306,15 @@ class AgentCore:
     def finish_reading(self, pending: PendingLearn | None) -> list[Message]:
         """The rest of a labelled reading begun with :meth:`begin_reading`: learn, take the update, count.
         Returns the update messages to publish."""
-        return [] if pending is None else self._learn_finish(pending)
+        return self._released() if pending is None else self._learn_finish(pending)
 
     def on_label(self, label: Label, now: float | None = None) -> list[Message]:
         """A delayed label: learn from the reading it names (unknown → skipped and counted)."""
         reading = self.join.match(label)
         if reading is None:
+            self._arrival()
             self.on_skip(Skip(SkipReason.UNKNOWN_READING))
-            return []
+            return self._released()
         _, msgs = self._learn(reading, label.y, time.time() if now is None else now, predicted=True)
         return msgs
 
@@ -439,7 +454,7 @@ class AgentCore:
                ) -> tuple[Prediction | None, list[Message]]:
         pending = self._learn_begin(reading, y, now, predicted)
         if pending is None:
-            return None, []
+            return None, self._released()
         msgs = self._learn_finish(pending)
         return (None if predicted else self._prediction(reading, pending.mean, pending.var, now, pending.proba)), msgs
 
@@ -468,9 +483,14 @@ class AgentCore:
     def _learn_finish(self, p: PendingLearn) -> list[Message]:
         try:
             self.learner.end_learn()
-            msgs = self._messages(self._take_updates())
         except ValueError as e:  # predicted, but the sample cannot be learned
             self._refused(p.reading, e)
+            return []
+        self._arrival()
+        try:
+            msgs = self._messages(self._take_updates())
+        except ValueError as e:
+            self._refused(p.reading, e, arrived=True)
             return []
         self.steps += 1
         self.counters.learned += 1
@@ -485,7 +505,21 @@ class AgentCore:
             self.stats.update_from_learner(self.learner)
         return msgs
 
-    def _refused(self, reading: Reading, error: ValueError) -> None:
+    def _released(self) -> list[Message]:
+        """What DP's schedule closed on a refused reading, leaving now as it would have on a learned one (when it
+        leaves must not say which it was)."""
+        if self.privacy is None or not getattr(self.privacy, "ready", None) or self.hold_uploads:
+            return []
+        return self._messages(self._learner_update())
+
+    def _arrival(self) -> None:
+        """DP's public schedule counts every labelled reading, learned or refused (docs/privacy.md)."""
+        if self.privacy is not None:
+            self.privacy.arrival()
+
+    def _refused(self, reading: Reading, error: ValueError, arrived: bool = False) -> None:
+        if not arrived:
+            self._arrival()
         reason = SkipReason.NON_FINITE if isinstance(error, NonFiniteError) else SkipReason.UNLEARNABLE
         self.on_skip(Skip(reason))
         if self.counters.skipped.get(reason, 0) <= 3 or self.counters.skipped[reason] % 1000 == 0:
@@ -494,17 +528,24 @@ class AgentCore:
 
     def _take_updates(self) -> list[Update]:
         """Lock-step: this step's update, always. Otherwise: one, if the learner has it, after every
-        `upload_every` samples, unless the transport holds uploads back."""
-        if self.mode != "lockstep" and (self.hold_uploads or self.steps % self.upload_every != self.upload_every - 1):
+        `upload_every` samples, unless the transport holds uploads back. Under DP's schedule, whatever it closed
+        (counting learned samples would make the time it leaves depend on which readings were refused)."""
+        scheduled = getattr(self.privacy, "window", None) is not None
+        if self.mode != "lockstep" and (self.hold_uploads or (
+                not scheduled and self.steps % self.upload_every != self.upload_every - 1)):
             return []
         return self._learner_update()
 
     def _learner_update(self) -> list[Update]:
         """The learner's upload, if it has one (the privacy spent noted)."""
         up = self.learner.take_update()
+        ups = [] if up is None else [up]
         if self.privacy is not None:
+            # DP's schedule may have closed more than one window since (a refused reading closes one too)
+            while getattr(self.privacy, "ready", None) and (up := self.learner.take_update()) is not None:
+                ups.append(up)
             self._note_privacy()
-        return [] if up is None else [up]
+        return ups
 
     def _messages(self, updates: list[Update]) -> list[Message]:
         """Updates as messages to publish; with secure aggregation they stay in the outbox and what leaves is a

@@ -19,6 +19,7 @@ No I/O here except :func:`load_config`, which reads the one file it is given.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from streamfed.wire.topics import Channel, name_problem
 
 __all__ = [
     "FleetConfig",
+    "PublicScales",
     "BrokerConfig",
     "StreamfedConfig",
     "InputsConfig",
@@ -78,6 +80,33 @@ def common_schemas(cfg: FleetConfig) -> list[MessageSchema]:
 
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class PublicScales(BaseModel):
+    """`[fleet.public_scales]`: declared, data-independent scales for the agents' standardisation — each input's
+    `x_mean` and `x_scale`, the target's `y_mean` and `y_scale` — used instead of the running scales of the
+    stream. Under differential privacy they are required with `standardise = "online"` (docs/privacy.md: the
+    running scales carry one sample into every later upload). Take them from a sensor's datasheet or public
+    knowledge, never from the private streams.
+
+    >>> PublicScales(x_mean=[1000.0], x_scale=[10.0], y_mean=40.0, y_scale=5.0).y_scale
+    5.0
+    """
+
+    model_config = _STRICT
+    x_mean: tuple[float, ...] = Field(min_length=1)
+    x_scale: tuple[float, ...] = Field(min_length=1)
+    y_mean: float = Field(0.0, allow_inf_nan=False)
+    y_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _valid(self) -> PublicScales:
+        if len(self.x_mean) != len(self.x_scale):
+            raise ValueError(f"public_scales: {len(self.x_mean)} x_mean for {len(self.x_scale)} x_scale")
+        if not all(math.isfinite(v) for v in self.x_mean) or not all(math.isfinite(v) and v > 0
+                                                                      for v in self.x_scale):
+            raise ValueError("public_scales: x_mean must be finite and every x_scale finite and > 0")
+        return self
 
 
 class FleetConfig(BaseModel):
@@ -139,6 +168,12 @@ class FleetConfig(BaseModel):
     # distributed DP (needs secure aggregation): each agent adds 1/dp_round_clients of the noise variance, so the
     # sum of a round of that many carries the whole noise; None: local DP (each upload carries all of it)
     dp_round_clients: int | None = Field(None, ge=1)
+    # Under DP the upload schedule is public: one upload per dp_window *arrivals* (labelled readings and labels,
+    # learned or refused), a noised dummy when a window has nothing to send, its count `n` the window's size.
+    # None: the algorithm's min_upload where it has one, else 1.
+    dp_window: int | None = Field(None, ge=1)
+    # declared scales for standardise = "online" (required with DP; see PublicScales)
+    public_scales: PublicScales | None = None
     # How far one member can move the fleet: label bound, rate limits, exact or robust aggregation
     # (streamfed.fleet.robustness; docs/reliability.md)
     robust: Robustness = Field(default_factory=Robustness)
@@ -227,6 +262,13 @@ class FleetConfig(BaseModel):
         if self.dp_round_clients is not None and not (self.secure_aggregation and self.dp_epsilon is not None):
             raise ValueError("dp_round_clients (distributed DP) needs dp_epsilon and secure_aggregation: "
                              "without it every upload would leave with a fraction of its noise")
+        if self.public_scales is not None and len(self.public_scales.x_mean) != self.n_inputs:
+            raise ValueError(f"public_scales declares {len(self.public_scales.x_mean)} inputs, n_inputs is "
+                             f"{self.n_inputs}")
+        floor = getattr(self.params, "min_upload", None)
+        if self.dp_window is not None and floor is not None and self.dp_window < floor:
+            raise ValueError(f"dp_window ({self.dp_window}) must be >= min_upload ({floor}): every DP upload counts "
+                             "dp_window samples, and the aggregator refuses fewer than min_upload")
         if self.secure_aggregation and self.robust.aggregation == "robust":
             raise ValueError("robust aggregation screens each client's upload, which secure aggregation hides: the "
                              "two cannot be combined (docs/reliability.md; under secure aggregation only the "
@@ -235,6 +277,13 @@ class FleetConfig(BaseModel):
 
         sensor_topic(self.fleet, "probe", self.sensor_topic)  # raises for a bad template
         return self
+
+    @property
+    def dp_upload_window(self) -> int:
+        """Arrivals per upload under differential privacy: `dp_window`, or the algorithm's `min_upload`, or 1."""
+        if self.dp_window is not None:
+            return int(self.dp_window)
+        return int(getattr(self.params, "min_upload", 1) or 1)
 
     # ---------------------------------------------------------------- derived sizes
     @property

@@ -9,6 +9,12 @@ are noised at `2·clip_norm`. Local DP: `noise_share = 1`. Distributed DP behind
 each of `n` clients adds the share `1/n` of the variance, so only the unmasked sum carries the full
 noise; the accountant then records the multiplier the *sum* has.
 
+**The public schedule** (`window`, what an agent uses): uploads are not cut when the learner has one — that
+would let one sample shift every later upload — but after every `window` *arrivals* (:meth:`arrival`, once per
+labelled reading, learned or refused). At each close the learner's pending update leaves, or a noised *dummy*
+(zeros of an upload's shape) when it has none, so neighbouring streams make the same uploads at the same
+arrivals; each says `n = window` (its count array and `n_samples`), and uploads are numbered here.
+
 >>> from streamfed import algorithms
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=3, kernels=["gaussian:1.0"],
@@ -22,10 +28,22 @@ noise; the accountant then records the multiplier the *sum* has.
 2.0 1.09
 >>> private.exhausted  # a second upload would have made ε > 2
 True
+
+On the public schedule, a window of two arrivals whose one reading was refused still uploads, counting two:
+
+>>> scheduled = PrivateLearner(algorithms.get("fedbnr").learner(cfg, "a", 0), epsilon=1.0, delta=1e-5,
+...                            window=2, n_inputs=1, rng=0)
+>>> _ = scheduled.learn(np.array([0.1]), 1.0); scheduled.arrival()
+>>> scheduled.arrival()  # a refused reading: an arrival without a sample
+>>> up = scheduled.take_update()
+>>> up.seq, up.n_samples, float(up.arrays["n"])
+(1, 2, 2.0)
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -62,7 +80,8 @@ class PrivateLearner(WrappedLearner):
     def __init__(self, inner: Learner, *, epsilon: float, delta: float, budget: float | None = None,
                  label_bound: float = 3.0, clip_norm: float = 1.0, noise_share: float = 1.0,
                  method: Method = "rdp", rng: np.random.Generator | int | None = None,
-                 client: str = "", noise_multiplier: float | None = None, clip_labels: bool = True) -> None:
+                 client: str = "", noise_multiplier: float | None = None, clip_labels: bool = True,
+                 window: int | None = None, n_inputs: int | None = None) -> None:
         if not (epsilon > 0 and 0 < delta < 1 and label_bound > 0 and clip_norm > 0 and 0 < noise_share <= 1):
             raise ValueError("need epsilon > 0, 0 < delta < 1, label_bound > 0, clip_norm > 0, 0 < noise_share <= 1")
         if budget is not None and not budget > 0:
@@ -75,7 +94,9 @@ class PrivateLearner(WrappedLearner):
         self.clip_labels = bool(clip_labels)
         self.clip_norm = float(clip_norm)
         self.budget = budget
-        self.sensitivity = inner.upload_sensitivity(label_bound) if inner.sample_sensitivity else UploadSensitivity()
+        # without a per-sample bound the upload is clipped whole; a count array it names is the schedule's, not noised
+        self.sensitivity = (inner.upload_sensitivity(label_bound) if inner.sample_sensitivity
+                            else UploadSensitivity(count=_count_array(inner, label_bound)))
         self.l2 = self.sensitivity.l2 if self.sensitivity.l2 is not None else 2.0 * self.clip_norm
         # one upload is (ε, δ)-DP — or the multiplier is given (calibrated for a whole stream's composition)
         self.z = dp.noise_multiplier(epsilon, delta) if noise_multiplier is None else float(noise_multiplier)
@@ -87,6 +108,21 @@ class PrivateLearner(WrappedLearner):
         self.rng = np.random.default_rng(rng)
         self.exhausted = False
         self.global_uploads = 0  # noised uploads summed in the installed global (its `included` seqs)
+        # the public schedule (module docstring): None uploads whenever the learner has one (the replay's rows)
+        if window is not None and not (int(window) >= 1 and n_inputs is not None and int(n_inputs) >= 1):
+            raise ValueError("a DP upload window needs window >= 1 and n_inputs")
+        self.window = None if window is None else int(window)
+        self.arrivals = 0
+        self.ready: list[Update] = []  # privatised uploads of closed windows, oldest first
+        self.uploaded = 0  # this wrapper's numbering of its scheduled uploads
+        # (own seq, the inner's newest seq up to it): the globals' marks translated for a self-numbering learner
+        self._marks: list[tuple[int, int]] = [(0, 0)]
+        self._template = None if self.window is None else self._make_template(int(n_inputs))  # type: ignore[arg-type]
+        if self.window is not None and self._template is None:
+            log.warning("agent %s: its learner made no upload from made-up samples (it uploads on the server's "
+                        "rounds): no DP upload window, its own schedule applies (docs/privacy.md)",
+                        client or "?")
+            self.window = None
 
     # ---------------------------------------------------------------- privacy state
     @property
@@ -101,7 +137,8 @@ class PrivateLearner(WrappedLearner):
     def _privatise(self, up: Update) -> Update:
         names = self.sensitivity.arrays
         if names is None:
-            names = tuple(k for k, v in up.arrays.items() if np.asarray(v).dtype.kind == "f")
+            names = tuple(k for k, v in up.arrays.items()
+                          if np.asarray(v).dtype.kind == "f" and k != self.sensitivity.count)
         arrays = dict(up.arrays)
         if self.sensitivity.l2 is None:  # no per-sample bound: clip the upload as a whole
             flat = np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in names])
@@ -118,7 +155,54 @@ class PrivateLearner(WrappedLearner):
             noisy[k] = np.array(noisy[k], dtype=np.float64)
             noisy[k][..., diag] += dp.psd_shift(int(dim), self.std)
         self.accountant.spend(self.z)
-        return Update(noisy, up.n_samples, up.global_version, up.seq, up.epoch)
+        if getattr(self, "window", None) is None:
+            return Update(noisy, up.n_samples, up.global_version, up.seq, up.epoch)
+        # the schedule's count, not the data's (module docstring)
+        if self.sensitivity.count is not None and self.sensitivity.count in noisy:
+            noisy[self.sensitivity.count] = np.full_like(np.asarray(noisy[self.sensitivity.count], dtype=np.float64),
+                                                         float(self.window))
+        self.uploaded += 1
+        return Update(noisy, int(self.window), up.global_version, self.uploaded, up.epoch)
+
+    # ---------------------------------------------------------------- the public schedule
+    def arrival(self) -> None:
+        """One arrival (a labelled reading, learned or refused) has been handled: every `window` of them closes an
+        upload — the learner's pending one, or a dummy — queued for :meth:`take_update`."""
+        if getattr(self, "window", None) is None:
+            return
+        self.arrivals += 1
+        if self.arrivals % self.window or not self._may_upload():  # type: ignore[operator]
+            return
+        try:
+            up = self.inner.take_update()
+        except ValueError as e:  # a statistic not finite: the samples stay pending, a dummy keeps the schedule
+            log.warning("agent %s: upload not made (%s): a dummy leaves in its place", self.client or "?", e)
+            up = None
+        if up is not None and up.seq is not None:
+            self._marks.append((self.uploaded + 1, int(up.seq)))
+        self.ready.append(self._privatise(self._dummy() if up is None else up))
+
+    def _dummy(self) -> Update:
+        """An upload of nothing: zeros of an upload's shape (the public template), at the learner's global."""
+        t = self._template
+        assert t is not None
+        arrays = {k: (np.zeros_like(v) if np.asarray(v).dtype.kind == "f" else v) for k, v in t.arrays.items()}
+        return Update(arrays, 0, int(self.inner.global_version), None, int(t.epoch))
+
+    def _make_template(self, n_inputs: int) -> Update | None:
+        """The shape of an upload, from a throw-away copy of the learner taught a few made-up samples (before any
+        real one is seen: it depends on the configuration only). None for a learner whose uploads follow the
+        server's rounds rather than its samples (pFedGP's proposals): it keeps its own schedule."""
+        twin = copy.deepcopy(self.inner)
+        for _ in range(4 * int(self.window or 1) + 64):
+            try:
+                twin.learn(np.zeros(n_inputs), 1.0)
+                up = twin.take_update()
+            except ValueError:
+                return None
+            if up is not None:
+                return up
+        return None
 
     def _may_upload(self) -> bool:
         if self.exhausted:
@@ -153,12 +237,18 @@ class PrivateLearner(WrappedLearner):
         return self._with_noise(x, self.inner.begin_learn(x, y))
 
     def take_update(self) -> Update | None:
+        if getattr(self, "window", None) is not None:  # the schedule's uploads, made at their arrival
+            return self.ready.pop(0) if self.ready else None
         if not self._may_upload():
             return None  # what is pending stays in the learner: it never leaves
         up = self.inner.take_update()
         return None if up is None else self._privatise(up)
 
     def flush(self) -> list[Update]:
+        if getattr(self, "window", None) is not None:
+            # closed windows only: what is pending waits for its window (a partial one would be data-dependent)
+            out, self.ready = self.ready, []
+            return out
         if not self._may_upload():
             return []
         out = []
@@ -169,21 +259,42 @@ class PrivateLearner(WrappedLearner):
         return out
 
     def install_global(self, msg: Message) -> bool:
+        uploads = sum(int(v) for v in msg.included.values())
+        if getattr(self, "window", None) is not None and self.client in msg.included:
+            msg = self._translated(msg)
         installed = self.inner.install_global(msg)
         if installed:
-            self.global_uploads = sum(int(v) for v in msg.included.values())
+            self.global_uploads = uploads
         return installed
 
+    def _translated(self, msg: Message) -> Message:
+        """`msg` with this client's mark in the learner's own numbering (uploads are numbered here, dummies
+        included): the newest of its uploads up to the mark."""
+        mark = int(msg.included[self.client])
+        self.uploaded = max(self.uploaded, mark)  # a restart without state must not reuse numbers already summed
+        older = [m for m in self._marks if m[0] <= mark]
+        inner_mark = older[-1][1] if older else self._marks[0][1]
+        self._marks = [(mark, inner_mark)] + [m for m in self._marks if m[0] > mark]
+        return dataclasses.replace(msg, included={**msg.included, self.client: inner_mark})
+
     def diagnostics(self) -> dict[str, float]:
-        out = dict(self.inner.diagnostics())
-        out.update(dp_epsilon=self.epsilon, dp_uploads=float(self.accountant.uploads))
-        return out
+        # the learner's own numbers (FedBNR's log evidence, POF-MKL's overflow count) are statistics of the raw
+        # samples, outside the noise: under DP only what the accountant says is exported
+        return {"dp_epsilon": self.epsilon, "dp_uploads": float(self.accountant.uploads)}
 
     def __getattr__(self, name: str) -> Any:
         # only reached for attributes this wrapper lacks: a family learner's own (the contract is WrappedLearner's)
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def _count_array(inner: Learner, label_bound: float) -> str | None:
+    """The count array a learner without a per-sample bound names (PVI's factor `n`), if any."""
+    try:
+        return inner.upload_sensitivity(label_bound).count
+    except ValueError:
+        return None
 
 
 def dp_error(detail: str) -> ValueError:

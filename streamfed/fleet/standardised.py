@@ -12,6 +12,11 @@ running mean.
 The learner itself, its updates and its globals live in standard units: what is federated is unchanged,
 and FedBNR's statistics still sum exactly (each client's transform is fixed at the time of its sample).
 Its regret is in standard units too; the agent's MSE and coverage are in the stream's units.
+
+Under differential privacy the running scales are data outside the privacy boundary: one sample changes the
+transform of every later one, hence every later upload. The agent then standardises with *declared* scales
+(`[fleet.public_scales]`, :class:`~streamfed.core.standardise.DeclaredScales`) and refuses to start without
+them (:data:`NEEDS_PUBLIC_SCALES`; docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ from streamfed.algorithms.base import Learner, WrappedLearner
 from streamfed.core.durable import durable
 from streamfed.core.standardise import StreamScales
 
-__all__ = ["StandardisedLearner"]
+__all__ = ["NEEDS_PUBLIC_SCALES", "StandardisedLearner"]
+
+NEEDS_PUBLIC_SCALES = (
+    "differential privacy with standardise = \"online\" needs [fleet.public_scales] (x_mean, x_scale, y_mean, "
+    "y_scale, from public knowledge of the sensors): the running scales of the stream would carry each sample into "
+    "every later upload (docs/privacy.md); or set standardise = \"none\"")
 
 
 @durable("fleet.StandardisedLearner")
@@ -50,7 +60,7 @@ class StandardisedLearner(WrappedLearner):
     last_probabilities: np.ndarray | None = None
 
     def __init__(self, inner: Learner, n_inputs: int, target: bool = True, label_bound: float | None = None,
-                 private: bool = False) -> None:
+                 private: bool = False, scales: StreamScales | None = None) -> None:
         self.inner = inner
         # under differential privacy the stream's own statistics (the target's running mean and scale) are data:
         # they are not exported as metrics
@@ -62,7 +72,8 @@ class StandardisedLearner(WrappedLearner):
         self.targets_winsorised = 0
         self._winsorising = False
         self.label_in_use = 0.0
-        self.scales = StreamScales(n_inputs)  # inputs winsorised at ±INPUT_CLIP, never the target
+        # inputs winsorised at ±INPUT_CLIP, never the target; `scales`: fixed ones (DeclaredScales) instead of running
+        self.scales = StreamScales(n_inputs) if scales is None else scales
         # a classifier's target is a class index: it is passed on as it is, and predictions are not mapped back
         self.target = bool(target)
         self._next: StreamScales | None = None  # the scales with the sample being learned folded in
@@ -77,7 +88,7 @@ class StandardisedLearner(WrappedLearner):
         if y.count and not getattr(self, "private", False):  # (states pickled before `private` existed)
             out["target_mean"] = float(y.mean[0])
             out["target_scale"] = float(y.scale[0])
-        if self.label_bound is not None:
+        if self.label_bound is not None and not getattr(self, "private", False):  # a count of the data's outliers
             out["targets_winsorised"] = float(self.targets_winsorised)
         return out
 

@@ -96,14 +96,14 @@ class StatsLearner(BaseLearner):
 
     def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
         """One sample (`‖φ‖² <= P` for every kernel, `|y| <= label_bound`) moves `(S_upper, b, q)` by at most
-        `sqrt(K·(P² + P·C²) + C⁴)`; `n` is the upload's size, public (docs/privacy.md)."""
+        `sqrt(K·(P² + P·C²) + C⁴)`; `n` is the upload's size, set by DP's public schedule (docs/privacy.md)."""
         from streamfed.privacy.dp import stats_sensitivity
 
         if getattr(self, "phi_sq", None) is None:  # (also a state pickled before phi_sq existed)
             raise ValueError("this FedBNR learner was built without a bound on ‖φ‖²: its sensitivity is unknown")
         k, f = int(self.client.n_kernels), int(self.client.dim)
         return UploadSensitivity(("S_upper", "b", "q"), stats_sensitivity(float(self.phi_sq), label_bound, k),
-                                 {"S_upper": f})
+                                 {"S_upper": f}, count="n")
 
     def noise_variance(self, x: np.ndarray, noise_std: float) -> float:
         """The variance that noise of per-entry scale `noise_std` on the global's `S_upper` and `b` adds to the

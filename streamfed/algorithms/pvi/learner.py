@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.base import Regret, Update, UploadSensitivity
 from streamfed.algorithms.pvi.client import PVIClient
 from streamfed.algorithms.pvi.wire import factor_arrays, read_global
 from streamfed.algorithms.staged import PredictThenLearn
@@ -58,6 +58,11 @@ class PVILearner(PredictThenLearn):
 
     def install_global(self, msg: Message) -> bool:
         return self.client.install(read_global(msg, self.client.global_state))
+
+    def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
+        """No per-sample bound (uploads are clipped whole under DP); the factor's `n` is its count: set by DP's
+        public schedule, never noised (docs/privacy.md)."""
+        return UploadSensitivity(count="n")
 
     def regret(self) -> Regret:
         r = self.client.regret()
