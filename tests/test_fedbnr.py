@@ -16,6 +16,7 @@ from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence, spectral_log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
+from streamfed.algorithms.fedbnr.metrics import RidgeComparator
 from streamfed.algorithms.fedbnr.personalisation import OTHERS_WEIGHT_GRID
 from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.core.features import KernelSpec, RFFBank, RFFMap
@@ -615,6 +616,69 @@ def test_regret_against_best_ridge_in_hindsight() -> None:
     assert r["loss"] == pytest.approx(loss, rel=1e-9)
     assert r["ridge_loss"] == pytest.approx(ridge, rel=1e-9)
     assert r["regret"] == pytest.approx(loss - ridge, rel=1e-8)
+
+
+def test_ridge_comparator_last_pivot_is_the_ridge_loss() -> None:
+    """The comparator's loss, the square of the last pivot of the augmented factor of `[Φ y]` with `rI` on the
+    features' diagonal, is `yᵀy - bᵀA⁻¹b` (A = rI + ΦᵀΦ, b = Φᵀy): checked against a plain solve, for rows
+    taken one at a time from empty statistics and for a factor made from statistics then given more rows."""
+    rng = np.random.default_rng(4)
+    phi, y = rng.standard_normal((40, 2, 5)), rng.standard_normal(40)
+    reg = np.array([0.3, 2.0])
+
+    def plain(t: int, k: int) -> float:
+        a = reg[k] * np.eye(5) + phi[:t, k].T @ phi[:t, k]
+        b = phi[:t, k].T @ y[:t]
+        return float(y[:t] @ y[:t] - b @ np.linalg.solve(a, b))
+
+    one_by_one = RidgeComparator.of(SufficientStats.zeros(5, (2,)), reg)
+    for t in range(40):
+        one_by_one.fold_samples(phi[t:t + 1], y[t:t + 1])
+        assert one_by_one.loss() == pytest.approx([plain(t + 1, 0), plain(t + 1, 1)], rel=1e-10)
+    half = RidgeComparator.of(SufficientStats.from_samples(phi[:25], y[:25]), reg)
+    half.fold_samples(phi[25:], y[25:])
+    assert half.n == one_by_one.n == 40
+    assert half.loss() == pytest.approx([plain(40, 0), plain(40, 1)], rel=1e-10)
+
+
+@pytest.mark.parametrize("path", ["learn", "learn_predict", "learn_many"])
+def test_regret_read_often_follows_every_path_of_own_samples(path: str) -> None:
+    """The regret read every few samples (the comparator kept up to date between reads) equals the plain
+    transcription at every read: across stage flushes, uploads, new σ, λ from globals and a dictionary."""
+    maps = [TanhMap(2, 6, seed=8), TanhMap(2, 6, seed=9, name="tanh2")]
+    if path == "learn_predict":  # the default RFF map: the fused compiled step
+        client = FedBNRClient(n_inputs=2, n_features=4, bandwidth=[0.7, 1.5], sigma=0.3, lam=0.8, min_upload=16)
+    else:
+        client = FedBNRClient(maps, sigma=0.3, lam=0.8, min_upload=16)
+    server = FedBNRServer.for_client(client)
+    x, y = make_data(400, seed=21)
+    phis = np.stack([client.features(xi) for xi in x])
+    loss = 0.0
+    t = 0
+    rng = np.random.default_rng(1)
+    while t < 400:
+        step = int(rng.choice([1, 5, 11, 40, 75]))  # reads between, and across, flushes of the 32-row stage
+        if path == "learn_many":
+            means, _ = client.learn_many(x[t:t + step], y[t:t + step])
+            loss += float(((y[t:t + step] - means) ** 2).sum())
+        else:
+            for i in range(t, min(t + step, 400)):
+                mu, _ = client.learn_predict(x[i], y[i]) if path == "learn_predict" else client.predict(x[i])
+                if path == "learn":
+                    client.learn(x[i], y[i])
+                loss += (y[i] - mu) ** 2
+        t = min(t + step, 400)
+        if (up := client.make_upload()) is not None:  # flushes the stage
+            server.apply(up)
+            if rng.random() < 0.4:
+                client.apply_global(server.publish())  # σ, λ refitted: the comparator's ridge changes
+        r = client.regret()
+        ridge = min(oracle_ridge_loss(phis[:t, k], y[:t], float(client.sigma[k]), float(client.lam[k]))
+                    for k in range(2))
+        assert r["n"] == t
+        assert r["loss"] == pytest.approx(loss, rel=1e-9)
+        assert r["ridge_loss"] == pytest.approx(ridge, rel=1e-9)
+    assert client.global_version >= 3
 
 
 # ----------------------------------------------------------------------------- River

@@ -237,6 +237,46 @@ def flush(s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.nda
                 spi[j] += acc
 
 
+@numba.njit(cache=True)
+def fold_rows(factor: np.ndarray, stage: np.ndarray, stage_y: np.ndarray, start: int, stop: int,
+              work: np.ndarray) -> None:
+    """Rank-one updates of the augmented factors `factor (K, F+1, F+1)` by the staged rows `start..stop-1`:
+    `factor[k]ᵀfactor[k] += [φ_k; y][φ_k; y]ᵀ` for each row (`stage (K, F, B)`, `stage_y (B,)`) — the regret's
+    comparator (:class:`~.metrics.RidgeComparator`) takes the client's own samples this way."""
+    n_kernels, f = stage.shape[0], stage.shape[1]
+    for t in range(start, stop):
+        for k in range(n_kernels):
+            for i in range(f):
+                work[i] = stage[k, i, t]
+            work[f] = stage_y[t]
+            chol_update(factor[k], work)
+
+
+@numba.njit(cache=True)
+def fold_samples(factor: np.ndarray, phis: np.ndarray, ys: np.ndarray, work: np.ndarray) -> None:
+    """:func:`fold_rows` for samples given as `phis (T, K, F)`, `ys (T,)`."""
+    n_kernels, f = phis.shape[1], phis.shape[2]
+    for t in range(phis.shape[0]):
+        for k in range(n_kernels):
+            for i in range(f):
+                work[i] = phis[t, k, i]
+            work[f] = ys[t]
+            chol_update(factor[k], work)
+
+
+@numba.njit(cache=True)
+def symmetric_from_upper(upper: np.ndarray, out: np.ndarray) -> None:
+    """`out[k]`: the symmetric matrix whose upper triangle (diagonal included) is that of `upper[k]` (the
+    pending scatter accumulates its upper triangle only; its lower one is not read)."""
+    n_kernels, f = upper.shape[0], upper.shape[1]
+    for k in range(n_kernels):
+        for i in range(f):
+            for j in range(i, f):
+                v = upper[k, i, j]
+                out[k, i, j] = v
+                out[k, j, i] = v
+
+
 @numba.njit(cache=True, fastmath=_FAST)
 def learn_one(
     ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,

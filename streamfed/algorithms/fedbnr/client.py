@@ -45,12 +45,12 @@ from streamfed.algorithms.fedbnr.checks import all_finite_products, all_finite_s
 from streamfed.algorithms.fedbnr.factor import factorise, posterior_of_factor, stats_from_factor
 from streamfed.algorithms.fedbnr.features import _DefaultFeatures, client_features
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
-from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, ridge_loss
-from streamfed.algorithms.fedbnr.packed_state import PackedState
+from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, RidgeComparator
+from streamfed.algorithms.fedbnr.packed_state import STAGE, PackedState
 from streamfed.algorithms.fedbnr.personalisation import choose_others_weight, fit_local
 from streamfed.core.features import FeatureMap
 from streamfed.core.river_inputs import gaussian
-from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
+from streamfed.core.stats import SufficientStats
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
@@ -85,6 +85,10 @@ class FedBNRClient(PackedState):
     >>> bool(abs(client.predict(np.array([0.5]))[0] - mean) < 0.05)  # refitted σ, λ; same data
     True
     """
+
+    # The regret's comparator (.metrics.RidgeComparator): made by the first regret() and from then on given every
+    # own sample before the stage is flushed (a class default: a client pickled before it existed has none).
+    _comparator: RidgeComparator | None = None
 
     def __init__(
         self,
@@ -263,6 +267,8 @@ class FedBNRClient(PackedState):
             mu, var = self.predict(x)
             self.learn(x, y)
             return mu, var
+        if self._comparator is not None and self._staged == STAGE:
+            self._fold_staged()  # the step may flush the stage
         status, mu, var = kern.packed_step(self._buf, xf, y)
         if status:
             self._cache = None
@@ -335,6 +341,8 @@ class FedBNRClient(PackedState):
         if phi is not None:
             self._phi[...] = phi
         self._cache = None
+        if self._comparator is not None and self._staged == STAGE:
+            self._fold_staged()  # the step may flush the stage
         if not kern.packed_learn(self._buf, y):  # checked before anything was touched
             raise ValueError("features times target overflow")
 
@@ -391,25 +399,44 @@ class FedBNRClient(PackedState):
             raise ValueError("features and targets must be finite")
         means = np.empty(t)
         variances = np.empty(t)
+        cmp = self._comparator
+        if cmp is not None:
+            self._fold_staged()  # the batch may flush the stage
         self._staged = kern.learn_batch(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
                                         self._staged, phis, ys, self.sigma, self.lam, self._n_work,
                                         self._sqrt_gamma, self._refresh, self._refresh_j, self._work,
                                         means, variances)
         self._after_learn(ys)
+        if cmp is not None:
+            cmp.fold_samples(phis, ys)
         self.metrics.update_many(means, variances, ys)
         return means, variances
 
     # ------------------------------------------------------------------ federation
+    def _n_own(self) -> int:
+        """Samples this client has learned (uploaded or pending)."""
+        return int(round(float(self._own_uploaded.n))) + self._n_pend
+
+    def _fold_staged(self) -> None:
+        """Give the regret's comparator the own samples it has not taken yet: the last ones learned, all still in
+        the stage (it is given them before every flush)."""
+        cmp = self._comparator
+        if cmp is not None:
+            staged = self._staged
+            cmp.fold_rows(self._stage, self._stage_y, staged - (self._n_own() - cmp.n), staged)
+
     def _flush(self) -> None:
         if self._staged:
+            self._fold_staged()
             kern.flush(self._s_pend, self._b_pend, self._stage, self._stage_y, self._staged)
             self._staged = 0
 
     def _pending_stats(self) -> SufficientStats:
         self._flush()
-        s_upper = pack_upper(self._s_pend)  # only the upper triangle was accumulated
-        return SufficientStats(unpack_upper(s_upper, self.dim), self._b_pend, float(self._n_pend),
-                               self._q_pend, self.kernel_version, self.epoch)
+        s_mat = np.empty_like(self._s_pend)
+        kern.symmetric_from_upper(self._s_pend, s_mat)  # only the upper triangle was accumulated
+        return SufficientStats(s_mat, self._b_pend, float(self._n_pend), self._q_pend, self.kernel_version,
+                               self.epoch)
 
     def make_upload(self) -> Upload | None:
         """The delta statistics of the pending samples as an :class:`Upload`, or `None` while fewer than
@@ -566,12 +593,23 @@ class FedBNRClient(PackedState):
 
     def regret(self) -> dict[str, float]:
         """Cumulative squared loss of the prequential predictions vs the best fixed ridge predictor in
-        hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`)."""
-        own = self.own_stats()
-        if own.n == 0:
+        hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`).
+
+        The comparator (:class:`~.metrics.RidgeComparator`) is made by the first call (`O(K·F³)`) and
+        refactorised when `σ_k, λ_k` changed since the last (a new global); otherwise a call costs the
+        rank-one updates of the samples learned since (`O(K·F²)` each), which learning pays from then on."""
+        n = self._n_own()
+        if n == 0:
             return {"n": 0.0, "loss": 0.0, "ridge_loss": 0.0, "regret": 0.0, "regret_per_sample": math.nan}
-        ridge = np.atleast_1d(ridge_loss(own, self.sigma, self.lam))
+        reg = (self.sigma / self.lam) ** 2  # the comparator's ridge σ²/λ², per kernel
+        cmp = self._comparator
+        if cmp is None or not np.array_equal(cmp.reg, reg):
+            self._comparator = None  # (own_stats flushes the stage, which would fold into the old one)
+            self._comparator = cmp = RidgeComparator.of(self.own_stats(), reg)
+        else:
+            self._fold_staged()
+        ridge = cmp.loss()
         best = float(ridge.min())
         loss = self.metrics.sq_loss
-        return {"n": own.n, "loss": loss, "ridge_loss": best, "regret": loss - best,
-                "regret_per_sample": (loss - best) / own.n, "best_ridge_kernel": float(np.argmin(ridge))}
+        return {"n": float(n), "loss": loss, "ridge_loss": best, "regret": loss - best,
+                "regret_per_sample": (loss - best) / n, "best_ridge_kernel": float(np.argmin(ridge))}
