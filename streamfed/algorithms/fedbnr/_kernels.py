@@ -368,7 +368,7 @@ def _block(buf: np.ndarray, i: int, size: int) -> np.ndarray:
 
 @numba.njit(cache=True)
 def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[bool, float, float]:
-    """Features of `x` (default RFF + bias map) into the `phi` block and the predictive, from the
+    """Features of `x` (RFF + bias maps) into the `phi` block and the predictive, from the
     packed state; refreshes the kernels' log weights first when they are stale. `(ok, mean, var)`."""
     k, f, d, nd = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND])
     if x.shape[0] != d:

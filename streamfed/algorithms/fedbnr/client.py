@@ -43,7 +43,7 @@ from streamfed.algorithms.fedbnr import _layout as lay
 from streamfed.algorithms.fedbnr._compiled import kern
 from streamfed.algorithms.fedbnr.checks import all_finite_products, all_finite_squares, check_positive, check_target
 from streamfed.algorithms.fedbnr.factor import factorise, posterior_of_factor, stats_from_factor
-from streamfed.algorithms.fedbnr.features import _DefaultFeatures, client_features
+from streamfed.algorithms.fedbnr.features import client_features
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, RidgeComparator
 from streamfed.algorithms.fedbnr.packed_state import STAGE, PackedState
@@ -108,9 +108,10 @@ class FedBNRClient(PackedState):
     ) -> None:
         self._features = client_features(feature_map, n_inputs=n_inputs, n_features=n_features,
                                          bandwidth=bandwidth, seed=seed)
-        # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
-        self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
-            self._features.bank.frequency_matrix, self._features.bank.scratch, self._features.bank.n_inputs)
+        # (frequencies, scratch, n_inputs) of RFF + bias maps (the default, or a fleet's dictionary), for the
+        # fused numba prediction path.
+        bank = self._features.bank
+        self._fast = None if bank is None else (bank.frequency_matrix, bank.scratch, bank.n_inputs)
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         if int(min_upload) < 1:
@@ -178,7 +179,7 @@ class FedBNRClient(PackedState):
             raise ValueError(f"input must be a finite 1-d vector, got shape {x.shape}"
                              + ("" if x.ndim != 1 else " with a non-finite value"))
         phi = self._features.transform(x)
-        if isinstance(self._features, _DefaultFeatures):
+        if self._features.bank is not None:
             return phi  # shape and finiteness checked inside
         phi = np.ascontiguousarray(phi, dtype=np.float64)
         if phi.shape != (self.n_kernels, self.dim) or not kern.all_finite(phi.reshape(-1)):
@@ -230,7 +231,7 @@ class FedBNRClient(PackedState):
                                     self._means, self._vars)
 
     def _fast_input(self, x: Any) -> np.ndarray | None:
-        """`x` itself when the packed numba path can take it (default map, float64 vector of the right
+        """`x` itself when the packed numba path can take it (RFF + bias maps, float64 vector of the right
         length), else `None`."""
         if (self._fast is not None and type(x) is np.ndarray and x.dtype == np.float64 and x.ndim == 1
                 and x.shape[0] == self._fast[2]):
