@@ -547,16 +547,21 @@ class FedBNRClient(PackedState):
         inc = int(g.included.get(self.client_id, 0))
         newly_in = [s for s in self._unacked if s <= inc]
         not_in = self._zero_stats()
+        any_not_in = False
         for seq, up in self._unacked.items():
             if seq > inc:
                 not_in += up.stats
+                any_not_in = True
         alpha = self.others_weight
         if self.auto_weight:
             own_all = self.own_stats()
             alpha = self.choose_others_weight(g.stats - (self._own_uploaded - not_in), own_all, sigma, lam)
         if self.forgetting == 1.0:
             # Exact: global + own uploads the global does not contain + pending.
-            total = self._pending_stats() + g.stats + not_in
+            total = self._pending_stats()  # (a fresh copy: summed into in place)
+            total += g.stats
+            if any_not_in:
+                total += not_in
             if alpha != 1.0:
                 # Tempered: α × (global - own part of it) + own part of it.
                 own_in = self._own_uploaded - not_in

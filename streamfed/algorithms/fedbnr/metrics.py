@@ -101,7 +101,6 @@ class RidgeComparator:
         self.factor = factor
         self.reg = reg
         self.n = int(n)
-        self._work = np.empty(factor.shape[-1])
 
     @classmethod
     def of(cls, stats: SufficientStats, reg: np.ndarray) -> RidgeComparator:
@@ -116,14 +115,14 @@ class RidgeComparator:
     def fold_rows(self, stage: np.ndarray, stage_y: np.ndarray, start: int, stop: int) -> None:
         """Take the staged rows `start..stop-1` of a client's stage (`(K, F, B)`, `(B,)`)."""
         if stop > start:
-            kern.fold_rows(self.factor, stage, stage_y, start, stop, self._work)
+            kern.fold_rows(self.factor, stage, stage_y, start, stop)
             self.n += stop - start
 
     def fold_samples(self, phis: np.ndarray, ys: np.ndarray) -> None:
         """Take samples `phis (T, K, F)`, `ys (T,)`."""
         if ys.shape[0]:
             kern.fold_samples(self.factor, np.ascontiguousarray(phis, dtype=np.float64),
-                              np.ascontiguousarray(ys, dtype=np.float64), self._work)
+                              np.ascontiguousarray(ys, dtype=np.float64))
             self.n += int(ys.shape[0])
 
     def loss(self) -> np.ndarray:
