@@ -299,14 +299,22 @@ def fold_samples(factor: np.ndarray, phis: np.ndarray, ys: np.ndarray) -> None:
 @numba.njit(cache=True)
 def symmetric_from_upper(upper: np.ndarray, out: np.ndarray) -> None:
     """`out[k]`: the symmetric matrix whose upper triangle (diagonal included) is that of `upper[k]` (the
-    pending scatter accumulates its upper triangle only; its lower one is not read)."""
+    pending scatter accumulates its upper triangle only; its lower one is not read). In 32 × 32 tiles, so the
+    mirrored (column) writes stay in cache."""
     n_kernels, f = upper.shape[0], upper.shape[1]
+    tile = 32
     for k in range(n_kernels):
-        for i in range(f):
-            for j in range(i, f):
-                v = upper[k, i, j]
-                out[k, i, j] = v
-                out[k, j, i] = v
+        u = upper[k]
+        o = out[k]
+        for i0 in range(0, f, tile):
+            i1 = min(i0 + tile, f)
+            for j0 in range(i0, f, tile):
+                j1 = min(j0 + tile, f)
+                for i in range(i0, i1):
+                    for j in range(max(i, j0), j1):
+                        v = u[i, j]
+                        o[i, j] = v
+                        o[j, i] = v
 
 
 @numba.njit(cache=True, fastmath=_FAST)
