@@ -641,6 +641,30 @@ def test_ridge_comparator_last_pivot_is_the_ridge_loss() -> None:
     assert half.loss() == pytest.approx([plain(40, 0), plain(40, 1)], rel=1e-10)
 
 
+def test_ridge_comparator_best_skips_only_kernels_that_cannot_win() -> None:
+    """`best` at new regularisers equals the plain minimum over kernels every time, while kernels whose bound
+    rules them out stay at their old regulariser (and keep taking samples there)."""
+    rng = np.random.default_rng(7)
+    kk, f = 6, 4
+    scale = np.geomspace(0.05, 3.0, kk)  # kernels of very different fit: most are far from the best
+    phi = rng.standard_normal((120, kk, f)) * scale[None, :, None]
+    y = phi[:, -1] @ rng.standard_normal(f) + 0.1 * rng.standard_normal(120)
+    reg = np.ones(kk)
+    cmp = RidgeComparator.of(SufficientStats.zeros(f, (kk,)), reg)
+    skipped = 0
+    for t0 in range(0, 120, 10):
+        cmp.fold_samples(phi[t0:t0 + 10], y[t0:t0 + 10])
+        reg = reg * rng.uniform(0.5, 2.0, kk)
+        t = t0 + 10
+        plain = [float(y[:t] @ y[:t] - (b := phi[:t, k].T @ y[:t]) @ np.linalg.solve(
+            phi[:t, k].T @ phi[:t, k] + reg[k] * np.eye(f), b)) for k in range(kk)]
+        loss, k = cmp.best(reg, lambda t=t: SufficientStats.from_samples(phi[:t], y[:t]))
+        assert k == int(np.argmin(plain))
+        assert loss == pytest.approx(min(plain), rel=1e-10)
+        skipped += int(np.sum(cmp.reg != reg))
+    assert skipped > 0
+
+
 @pytest.mark.parametrize("path", ["learn", "learn_predict", "learn_many"])
 def test_regret_read_often_follows_every_path_of_own_samples(path: str) -> None:
     """The regret read every few samples (the comparator kept up to date between reads) equals the plain

@@ -601,21 +601,19 @@ class FedBNRClient(PackedState):
         """Cumulative squared loss of the prequential predictions vs the best fixed ridge predictor in
         hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`).
 
-        The comparator (:class:`~.metrics.RidgeComparator`) is made by the first call (`O(K·F³)`) and
-        refactorised when `σ_k, λ_k` changed since the last (a new global); otherwise a call costs the
-        rank-one updates of the samples learned since (`O(K·F²)` each), which learning pays from then on."""
+        The comparator (:class:`~.metrics.RidgeComparator`) is made by the first call (`O(K·F³)`); after that a
+        call costs the rank-one updates of the samples learned since (`O(K·F²)` each, which learning pays from
+        then on), plus a refactorisation of the kernels that can still be the best when `σ_k, λ_k` changed (a
+        new global)."""
         n = self._n_own()
         if n == 0:
             return {"n": 0.0, "loss": 0.0, "ridge_loss": 0.0, "regret": 0.0, "regret_per_sample": math.nan}
         reg = (self.sigma / self.lam) ** 2  # the comparator's ridge σ²/λ², per kernel
-        cmp = self._comparator
-        if cmp is None or not np.array_equal(cmp.reg, reg):
-            self._comparator = None  # (own_stats flushes the stage, which would fold into the old one)
-            self._comparator = cmp = RidgeComparator.of(self.own_stats(), reg)
+        if self._comparator is None:
+            self._comparator = RidgeComparator.of(self.own_stats(), reg)
         else:
             self._fold_staged()
-        ridge = cmp.loss()
-        best = float(ridge.min())
+        best, kernel = self._comparator.best(reg, self.own_stats)
         loss = self.metrics.sq_loss
         return {"n": float(n), "loss": loss, "ridge_loss": best, "regret": loss - best,
-                "regret_per_sample": (loss - best) / n, "best_ridge_kernel": float(np.argmin(ridge))}
+                "regret_per_sample": (loss - best) / n, "best_ridge_kernel": float(kernel)}

@@ -6,6 +6,7 @@ maintained sample by sample (:class:`RidgeComparator`, what a client's regret re
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,8 +88,8 @@ class RidgeComparator:
 
     has the upper Cholesky factor `C` whose last pivot gives the comparator's loss: `ρ² = q - uᵀu =
     q - bᵀ(S + rI)⁻¹b` (:func:`ridge_loss`). A sample `(φ, y)` is one rank-one update of `C` (`O(F²)`, no
-    solve); a new `r` (the client's `σ, λ` changed) costs one refactorisation (`O(F³)`) from the statistics.
-    `n` counts the samples folded in.
+    solve); a new `r` (the client's `σ, λ` changed) costs a refactorisation (`O(F³)`) from the statistics — only
+    of the kernels that can still be the best (:meth:`best`). `n` counts the samples folded in.
 
     >>> phi, y = np.array([[[1.0, 0.0]], [[0.0, 2.0]]]), np.array([1.0, -1.0])
     >>> c = RidgeComparator.of(SufficientStats.zeros(2, (1,)), np.ones(1))
@@ -124,6 +125,34 @@ class RidgeComparator:
             kern.fold_samples(self.factor, np.ascontiguousarray(phis, dtype=np.float64),
                               np.ascontiguousarray(ys, dtype=np.float64))
             self.n += int(ys.shape[0])
+
+    def best(self, reg: np.ndarray, stats: Callable[[], SufficientStats]) -> tuple[float, int]:
+        """`(loss, kernel)` of the best kernel at regularisers `reg (K,)`, exactly. A kernel whose factor is at
+        another `r` is refactorised (from `stats()`, the statistics of the `n` samples folded in) only if it can
+        be the best: the loss `L(r)` is non-decreasing in `r` and `L(r)/r` non-increasing (both objectives are
+        compared point by point), so `L(r') ∈ [min(1, r'/r), max(1, r'/r)]·L(r)`, and a kernel whose lower bound
+        is above another's upper bound is left at its old `r` (it keeps taking samples there, which is all the
+        bound needs)."""
+        reg = np.asarray(reg, dtype=np.float64)
+        loss = self.loss()
+        ratio = reg / self.reg
+        exact = ratio == 1.0
+        lo = np.where(exact, loss, np.minimum(ratio, 1.0) * loss)
+        hi = np.where(exact, loss, np.maximum(ratio, 1.0) * loss)
+        stale = np.flatnonzero(~exact & (lo <= hi.min() * (1.0 + 1e-9)))  # (slack: rounding of the losses)
+        if stale.size:
+            st = stats()
+            if int(round(st.n)) != self.n:
+                raise ValueError(f"statistics of {st.n:g} samples for a comparator of {self.n}")
+            f = st.dim
+            s_mat, b = st.S.reshape((-1, f, f))[stale], st.b.reshape((-1, f))[stale]
+            self.factor[stale] = factorise(s_mat, b, st.q, np.ones(stale.size), 1.0 / np.sqrt(reg[stale]),
+                                           np.ones((stale.size, f)))
+            self.reg[stale] = reg[stale]
+            loss = self.loss()
+        candidates = np.flatnonzero(self.reg == reg)  # the best kernel is among these (see above)
+        k = int(candidates[np.argmin(loss[candidates])])
+        return float(loss[k]), k
 
     def loss(self) -> np.ndarray:
         """`min_w Σ(y - φᵀw)² + r‖w‖²` per kernel, `(K,)`."""
