@@ -265,6 +265,32 @@ def test_log_evidence_equals_n_by_n_gaussian(sigma: float, lam: float) -> None:
     assert float(client.log_evidence()[0]) == pytest.approx(expected, rel=1e-9)
 
 
+def test_refit_growth_refits_only_once_the_sums_grew_by_the_fraction() -> None:
+    """`refit_growth = 0.5`: σ, λ are refitted at a publish only when the sums hold ≥ 1.5× the samples of the last
+    fit — and then to exactly what a server refitting every time finds; in between they stay."""
+    fmap = TanhMap(2, 6, seed=3)
+    x, y = make_data(200, seed=5)
+    phis = np.stack([fmap.transform_one(xi) for xi in x])[:, None, :]
+    lazy = FedBNRServer(dim=6, kernel_version=fmap.version, min_samples=1, refit_growth=0.5)
+    eager = FedBNRServer(dim=6, kernel_version=fmap.version, min_samples=1)
+    fitted_at = []
+    for seq, t0 in enumerate(range(0, 200, 20), start=1):
+        d = SufficientStats.from_samples(phis[t0:t0 + 20], y[t0:t0 + 20], kernel_version=fmap.version)
+        for srv in (lazy, eager):
+            srv.apply(Upload("a", seq, 0, d))
+        before = lazy.sigma.copy()
+        g_lazy, g_eager = lazy.publish(), eager.publish()
+        if t0 + 20 >= 1.5 * (fitted_at[-1] if fitted_at else 0):
+            fitted_at.append(t0 + 20)
+            assert np.array_equal(g_lazy.sigma, g_eager.sigma) and np.array_equal(g_lazy.lam, g_eager.lam)
+        else:
+            assert np.array_equal(g_lazy.sigma, before)
+            assert g_lazy.log_evidence == pytest.approx(log_evidence(lazy.stats, lazy.sigma, lazy.lam))
+    assert fitted_at == [20, 40, 60, 100, 160]
+    with pytest.raises(ValueError, match="refit_growth"):
+        FedBNRServer(dim=6, refit_growth=-0.1)
+
+
 def test_fit_hyperparameters_finds_the_evidence_maximum() -> None:
     fmap = TanhMap(2, 11, seed=4)
     x, y = make_data(70, seed=6, noise=0.2)
