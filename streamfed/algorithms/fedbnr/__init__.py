@@ -52,9 +52,6 @@ class FedBNRParams(Params):
     min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
     forgetting: float = Field(1.0, gt=0, le=1)
     fit_hyperparameters: bool = True
-    # refit σ, λ only once the global's sample count has grown by this fraction since the last fit (0: at every
-    # global; docs/algorithms.md §4.7)
-    refit_growth: float = Field(0.0, ge=0, allow_inf_nan=False)
     bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
     # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §4.13, §10.2): an upload whose residual ratio
     # under the current global exceeds robust_screen × the median of the other clients' latest ratios is
@@ -129,7 +126,7 @@ class FedBNR(Algorithm):
         p, r = cfg.params, cfg.robust
         robust = Robust.of(r, p)
         server = (RobustFedBNRServer if robust else FedBNRServer).for_client(
-            probe, fit_hyperparameters=p.fit_hyperparameters, refit_growth=p.refit_growth)
+            probe, fit_hyperparameters=p.fit_hyperparameters)
         return FedBNRAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats,
                                  label_bound=r.label_bound, phi_sq_min=phi_sq_min, robust=robust,
                                  roster=len(cfg.clients) if cfg.clients else None)
