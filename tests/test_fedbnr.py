@@ -644,6 +644,22 @@ def test_regret_against_best_ridge_in_hindsight() -> None:
     assert r["regret"] == pytest.approx(loss - ridge, rel=1e-8)
 
 
+def test_a_dictionary_of_rff_maps_takes_the_stacked_bank_bit_for_bit() -> None:
+    """A list of RFF + bias maps (a fleet's dictionary) is evaluated as one stacked bank in one compiled call: the
+    same numbers as the maps one by one, and the client takes the fused step with it."""
+    maps = [RFFMap(RFFBank([KernelSpec.parse(s)], 7, 3, seed=2), bias=True) for s in ("gaussian:0.3", "gaussian:2.0",
+                                                                                     "laplacian:1.0")]
+    client = FedBNRClient(maps, sigma=0.5, lam=1.0)
+    assert client._fast is not None  # noqa: SLF001 (the path is what is tested)
+    rng = np.random.default_rng(3)
+    for x in rng.standard_normal((20, 3)) * 3:
+        assert np.array_equal(client.features(x), np.stack([m.transform_one(x) for m in maps]))
+    no_bias = FedBNRClient([RFFMap(RFFBank(["gaussian:1.0"], 7, 3, seed=2))], sigma=0.5, lam=1.0)
+    assert no_bias._fast is None  # noqa: SLF001
+    with pytest.raises(ValueError):
+        client.features(np.array([0.0, np.nan, 1.0]))
+
+
 def test_ridge_comparator_last_pivot_is_the_ridge_loss() -> None:
     """The comparator's loss, the square of the last pivot of the augmented factor of `[Φ y]` with `rI` on the
     features' diagonal, is `yᵀy - bᵀA⁻¹b` (A = rI + ΦᵀΦ, b = Φᵀy): checked against a plain solve, for rows
