@@ -660,6 +660,37 @@ def test_a_dictionary_of_rff_maps_takes_the_stacked_bank_bit_for_bit() -> None:
         client.features(np.array([0.0, np.nan, 1.0]))
 
 
+def test_a_global_message_is_decoded_once_and_read_only_by_its_learners() -> None:
+    """Learners installing one message share its decode; a distinct message (even an equal one) is decoded anew;
+    and a client installing it through the shared decode predicts as one given its own decode."""
+    from streamfed.algorithms.fedbnr.learner import StatsLearner, decoded_global
+    from streamfed.algorithms.fedbnr.wire import global_fields, global_message
+
+    x, y = make_data(64, seed=2)
+    clients = [FedBNRClient(n_inputs=2, n_features=5, min_upload=8, client_id=f"c{i}") for i in range(3)]
+    server = FedBNRServer.for_client(clients[0])
+    for i, c in enumerate(clients):
+        c.learn_many(x[i::3], y[i::3])
+        server.apply(c.make_upload())
+    g = server.publish()
+    st = g.stats.to_packed()
+
+    def message() -> object:
+        return global_message("f", "agg", g.version, st["S_upper"], st["b"], st["n"], st["q"], g.sigma, g.lam,
+                              g.log_evidence, g.included, kernel_version=g.kernel_version)
+
+    msg = message()
+    learners = [StatsLearner(c) for c in clients[:2]]
+    assert all(lr.install_global(msg) for lr in learners)
+    assert decoded_global(msg) is decoded_global(msg)
+    assert decoded_global(message()) is not decoded_global(msg)
+    alone = copy.deepcopy(clients[2])
+    clients[2].apply_global(GlobalModel.from_message(global_fields(msg)))
+    StatsLearner(alone).install_global(msg)
+    for xi in x[:5]:
+        assert alone.predict(xi) == clients[2].predict(xi)
+
+
 def test_ridge_comparator_last_pivot_is_the_ridge_loss() -> None:
     """The comparator's loss, the square of the last pivot of the augmented factor of `[Φ y]` with `rI` on the
     features' diagonal, is `yᵀy - bᵀA⁻¹b` (A = rI + ΦᵀΦ, b = Φᵀy): checked against a plain solve, for rows
