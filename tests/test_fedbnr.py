@@ -691,6 +691,17 @@ def test_a_global_message_is_decoded_once_and_read_only_by_its_learners() -> Non
         assert alone.predict(xi) == clients[2].predict(xi)
 
 
+@pytest.mark.parametrize("f", [1, 31, 32, 33, 70])
+def test_symmetric_from_upper_mirrors_the_upper_triangle_across_tiles(f: int) -> None:
+    from streamfed.algorithms.fedbnr._compiled import kern
+
+    upper = np.random.default_rng(f).standard_normal((2, f, f))  # the lower triangle is garbage, never read
+    out = np.full_like(upper, np.nan)
+    kern.symmetric_from_upper(upper, out)
+    tri = np.triu(upper)
+    assert np.array_equal(out, tri + np.swapaxes(np.triu(upper, 1), 1, 2))
+
+
 def test_ridge_comparator_last_pivot_is_the_ridge_loss() -> None:
     """The comparator's loss, the square of the last pivot of the augmented factor of `[Φ y]` with `rI` on the
     features' diagonal, is `yᵀy - bᵀA⁻¹b` (A = rI + ΦᵀΦ, b = Φᵀy): checked against a plain solve, for rows
