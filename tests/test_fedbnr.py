@@ -16,6 +16,7 @@ from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence, spectral_log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
+from streamfed.algorithms.fedbnr.metrics import RidgeComparator
 from streamfed.algorithms.fedbnr.personalisation import OTHERS_WEIGHT_GRID
 from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.core.features import KernelSpec, RFFBank, RFFMap
@@ -262,6 +263,32 @@ def test_log_evidence_equals_n_by_n_gaussian(sigma: float, lam: float) -> None:
     client = FedBNRClient(fmap, sigma=sigma, lam=lam)
     client.learn_many(x, y)
     assert float(client.log_evidence()[0]) == pytest.approx(expected, rel=1e-9)
+
+
+def test_refit_growth_refits_only_once_the_sums_grew_by_the_fraction() -> None:
+    """`refit_growth = 0.5`: σ, λ are refitted at a publish only when the sums hold ≥ 1.5× the samples of the last
+    fit — and then to exactly what a server refitting every time finds; in between they stay."""
+    fmap = TanhMap(2, 6, seed=3)
+    x, y = make_data(200, seed=5)
+    phis = np.stack([fmap.transform_one(xi) for xi in x])[:, None, :]
+    lazy = FedBNRServer(dim=6, kernel_version=fmap.version, min_samples=1, refit_growth=0.5)
+    eager = FedBNRServer(dim=6, kernel_version=fmap.version, min_samples=1)
+    fitted_at = []
+    for seq, t0 in enumerate(range(0, 200, 20), start=1):
+        d = SufficientStats.from_samples(phis[t0:t0 + 20], y[t0:t0 + 20], kernel_version=fmap.version)
+        for srv in (lazy, eager):
+            srv.apply(Upload("a", seq, 0, d))
+        before = lazy.sigma.copy()
+        g_lazy, g_eager = lazy.publish(), eager.publish()
+        if t0 + 20 >= 1.5 * (fitted_at[-1] if fitted_at else 0):
+            fitted_at.append(t0 + 20)
+            assert np.array_equal(g_lazy.sigma, g_eager.sigma) and np.array_equal(g_lazy.lam, g_eager.lam)
+        else:
+            assert np.array_equal(g_lazy.sigma, before)
+            assert g_lazy.log_evidence == pytest.approx(log_evidence(lazy.stats, lazy.sigma, lazy.lam))
+    assert fitted_at == [20, 40, 60, 100, 160]
+    with pytest.raises(ValueError, match="refit_growth"):
+        FedBNRServer(dim=6, refit_growth=-0.1)
 
 
 def test_fit_hyperparameters_finds_the_evidence_maximum() -> None:
@@ -615,6 +642,151 @@ def test_regret_against_best_ridge_in_hindsight() -> None:
     assert r["loss"] == pytest.approx(loss, rel=1e-9)
     assert r["ridge_loss"] == pytest.approx(ridge, rel=1e-9)
     assert r["regret"] == pytest.approx(loss - ridge, rel=1e-8)
+
+
+def test_a_dictionary_of_rff_maps_takes_the_stacked_bank_bit_for_bit() -> None:
+    """A list of RFF + bias maps (a fleet's dictionary) is evaluated as one stacked bank in one compiled call: the
+    same numbers as the maps one by one, and the client takes the fused step with it."""
+    maps = [RFFMap(RFFBank([KernelSpec.parse(s)], 7, 3, seed=2), bias=True) for s in ("gaussian:0.3", "gaussian:2.0",
+                                                                                     "laplacian:1.0")]
+    client = FedBNRClient(maps, sigma=0.5, lam=1.0)
+    assert client._fast is not None  # noqa: SLF001 (the path is what is tested)
+    rng = np.random.default_rng(3)
+    for x in rng.standard_normal((20, 3)) * 3:
+        assert np.array_equal(client.features(x), np.stack([m.transform_one(x) for m in maps]))
+    no_bias = FedBNRClient([RFFMap(RFFBank(["gaussian:1.0"], 7, 3, seed=2))], sigma=0.5, lam=1.0)
+    assert no_bias._fast is None  # noqa: SLF001
+    with pytest.raises(ValueError):
+        client.features(np.array([0.0, np.nan, 1.0]))
+
+
+def test_a_global_message_is_decoded_once_and_read_only_by_its_learners() -> None:
+    """Learners installing one message share its decode; a distinct message (even an equal one) is decoded anew;
+    and a client installing it through the shared decode predicts as one given its own decode."""
+    from streamfed.algorithms.fedbnr.learner import StatsLearner, decoded_global
+    from streamfed.algorithms.fedbnr.wire import global_fields, global_message
+
+    x, y = make_data(64, seed=2)
+    clients = [FedBNRClient(n_inputs=2, n_features=5, min_upload=8, client_id=f"c{i}") for i in range(3)]
+    server = FedBNRServer.for_client(clients[0])
+    for i, c in enumerate(clients):
+        c.learn_many(x[i::3], y[i::3])
+        server.apply(c.make_upload())
+    g = server.publish()
+    st = g.stats.to_packed()
+
+    def message() -> object:
+        return global_message("f", "agg", g.version, st["S_upper"], st["b"], st["n"], st["q"], g.sigma, g.lam,
+                              g.log_evidence, g.included, kernel_version=g.kernel_version)
+
+    msg = message()
+    learners = [StatsLearner(c) for c in clients[:2]]
+    assert all(lr.install_global(msg) for lr in learners)
+    assert decoded_global(msg) is decoded_global(msg)
+    assert decoded_global(message()) is not decoded_global(msg)
+    alone = copy.deepcopy(clients[2])
+    clients[2].apply_global(GlobalModel.from_message(global_fields(msg)))
+    StatsLearner(alone).install_global(msg)
+    for xi in x[:5]:
+        assert alone.predict(xi) == clients[2].predict(xi)
+
+
+@pytest.mark.parametrize("f", [1, 31, 32, 33, 70])
+def test_symmetric_from_upper_mirrors_the_upper_triangle_across_tiles(f: int) -> None:
+    from streamfed.algorithms.fedbnr._compiled import kern
+
+    upper = np.random.default_rng(f).standard_normal((2, f, f))  # the lower triangle is garbage, never read
+    out = np.full_like(upper, np.nan)
+    kern.symmetric_from_upper(upper, out)
+    tri = np.triu(upper)
+    assert np.array_equal(out, tri + np.swapaxes(np.triu(upper, 1), 1, 2))
+
+
+def test_ridge_comparator_last_pivot_is_the_ridge_loss() -> None:
+    """The comparator's loss, the square of the last pivot of the augmented factor of `[Φ y]` with `rI` on the
+    features' diagonal, is `yᵀy - bᵀA⁻¹b` (A = rI + ΦᵀΦ, b = Φᵀy): checked against a plain solve, for rows
+    taken one at a time from empty statistics and for a factor made from statistics then given more rows."""
+    rng = np.random.default_rng(4)
+    phi, y = rng.standard_normal((40, 2, 5)), rng.standard_normal(40)
+    reg = np.array([0.3, 2.0])
+
+    def plain(t: int, k: int) -> float:
+        a = reg[k] * np.eye(5) + phi[:t, k].T @ phi[:t, k]
+        b = phi[:t, k].T @ y[:t]
+        return float(y[:t] @ y[:t] - b @ np.linalg.solve(a, b))
+
+    one_by_one = RidgeComparator.of(SufficientStats.zeros(5, (2,)), reg)
+    for t in range(40):
+        one_by_one.fold_samples(phi[t:t + 1], y[t:t + 1])
+        assert one_by_one.loss() == pytest.approx([plain(t + 1, 0), plain(t + 1, 1)], rel=1e-10)
+    half = RidgeComparator.of(SufficientStats.from_samples(phi[:25], y[:25]), reg)
+    half.fold_samples(phi[25:], y[25:])
+    assert half.n == one_by_one.n == 40
+    assert half.loss() == pytest.approx([plain(40, 0), plain(40, 1)], rel=1e-10)
+
+
+def test_ridge_comparator_best_skips_only_kernels_that_cannot_win() -> None:
+    """`best` at new regularisers equals the plain minimum over kernels every time, while kernels whose bound
+    rules them out stay at their old regulariser (and keep taking samples there)."""
+    rng = np.random.default_rng(7)
+    kk, f = 6, 4
+    scale = np.geomspace(0.05, 3.0, kk)  # kernels of very different fit: most are far from the best
+    phi = rng.standard_normal((120, kk, f)) * scale[None, :, None]
+    y = phi[:, -1] @ rng.standard_normal(f) + 0.1 * rng.standard_normal(120)
+    reg = np.ones(kk)
+    cmp = RidgeComparator.of(SufficientStats.zeros(f, (kk,)), reg)
+    skipped = 0
+    for t0 in range(0, 120, 10):
+        cmp.fold_samples(phi[t0:t0 + 10], y[t0:t0 + 10])
+        reg = reg * rng.uniform(0.5, 2.0, kk)
+        t = t0 + 10
+        plain = [float(y[:t] @ y[:t] - (b := phi[:t, k].T @ y[:t]) @ np.linalg.solve(
+            phi[:t, k].T @ phi[:t, k] + reg[k] * np.eye(f), b)) for k in range(kk)]
+        loss, k = cmp.best(reg, lambda t=t: SufficientStats.from_samples(phi[:t], y[:t]))
+        assert k == int(np.argmin(plain))
+        assert loss == pytest.approx(min(plain), rel=1e-10)
+        skipped += int(np.sum(cmp.reg != reg))
+    assert skipped > 0
+
+
+@pytest.mark.parametrize("path", ["learn", "learn_predict", "learn_many"])
+def test_regret_read_often_follows_every_path_of_own_samples(path: str) -> None:
+    """The regret read every few samples (the comparator kept up to date between reads) equals the plain
+    transcription at every read: across stage flushes, uploads, new σ, λ from globals and a dictionary."""
+    maps = [TanhMap(2, 6, seed=8), TanhMap(2, 6, seed=9, name="tanh2")]
+    if path == "learn_predict":  # the default RFF map: the fused compiled step
+        client = FedBNRClient(n_inputs=2, n_features=4, bandwidth=[0.7, 1.5], sigma=0.3, lam=0.8, min_upload=16)
+    else:
+        client = FedBNRClient(maps, sigma=0.3, lam=0.8, min_upload=16)
+    server = FedBNRServer.for_client(client)
+    x, y = make_data(400, seed=21)
+    phis = np.stack([client.features(xi) for xi in x])
+    loss = 0.0
+    t = 0
+    rng = np.random.default_rng(1)
+    while t < 400:
+        step = int(rng.choice([1, 5, 11, 40, 75]))  # reads between, and across, flushes of the 32-row stage
+        if path == "learn_many":
+            means, _ = client.learn_many(x[t:t + step], y[t:t + step])
+            loss += float(((y[t:t + step] - means) ** 2).sum())
+        else:
+            for i in range(t, min(t + step, 400)):
+                mu, _ = client.learn_predict(x[i], y[i]) if path == "learn_predict" else client.predict(x[i])
+                if path == "learn":
+                    client.learn(x[i], y[i])
+                loss += (y[i] - mu) ** 2
+        t = min(t + step, 400)
+        if (up := client.make_upload()) is not None:  # flushes the stage
+            server.apply(up)
+            if rng.random() < 0.4:
+                client.apply_global(server.publish())  # σ, λ refitted: the comparator's ridge changes
+        r = client.regret()
+        ridge = min(oracle_ridge_loss(phis[:t, k], y[:t], float(client.sigma[k]), float(client.lam[k]))
+                    for k in range(2))
+        assert r["n"] == t
+        assert r["loss"] == pytest.approx(loss, rel=1e-9)
+        assert r["ridge_loss"] == pytest.approx(ridge, rel=1e-9)
+    assert client.global_version >= 3
 
 
 # ----------------------------------------------------------------------------- River

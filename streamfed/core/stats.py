@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -90,14 +89,6 @@ def packed_dim(size: int) -> int:
     return dim
 
 
-@lru_cache(maxsize=16)
-def _triu(dim: int) -> tuple[np.ndarray, np.ndarray]:
-    iu = np.triu_indices(dim)
-    for a in iu:
-        a.setflags(write=False)
-    return iu
-
-
 def pack_upper(mat: np.ndarray) -> np.ndarray:
     """Upper triangle (diagonal included) of the last two axes, row-major: `(..., F, F)` → `(..., P)`.
 
@@ -107,8 +98,13 @@ def pack_upper(mat: np.ndarray) -> np.ndarray:
     mat = np.asarray(mat, dtype=np.float64)
     if mat.ndim < 2 or mat.shape[-1] != mat.shape[-2]:
         raise ValueError(f"expected (..., F, F) matrices, got shape {mat.shape}")
-    iu = _triu(mat.shape[-1])
-    return np.ascontiguousarray(mat[..., iu[0], iu[1]])
+    dim = mat.shape[-1]
+    out = np.empty(mat.shape[:-2] + (packed_size(dim),))
+    pos = 0
+    for i in range(dim):  # row by row: contiguous slices (fancy indexing with triu_indices is ~2x slower)
+        out[..., pos:pos + dim - i] = mat[..., i, i:]
+        pos += dim - i
+    return out
 
 
 def unpack_upper(packed: np.ndarray, dim: int | None = None) -> np.ndarray:
@@ -125,10 +121,13 @@ def unpack_upper(packed: np.ndarray, dim: int | None = None) -> np.ndarray:
         dim = packed_dim(packed.shape[-1])
     elif packed.shape[-1] != packed_size(dim):
         raise ValueError(f"packed length {packed.shape[-1]} does not match F={dim}")
-    iu = _triu(dim)
-    out = np.zeros(packed.shape[:-1] + (dim, dim))
-    out[..., iu[0], iu[1]] = packed
-    out[..., iu[1], iu[0]] = packed  # mirror; the diagonal is written twice with the same value
+    out = np.empty(packed.shape[:-1] + (dim, dim))
+    pos = 0
+    for i in range(dim):  # row i of the triangle is row i and (mirrored) column i: slices, not fancy indexing
+        row = packed[..., pos:pos + dim - i]
+        out[..., i, i:] = row
+        out[..., i + 1:, i] = row[..., 1:]
+        pos += dim - i
     return out
 
 

@@ -7,7 +7,8 @@ dictionary each kernel keeps its own posterior and predictions are their evidenc
   globals; its state in one buffer (:mod:`.packed_state`), its feature maps (:mod:`.features`), its working
   posterior as a Cholesky factor (:mod:`.factor`), the power prior and local `σ, λ` (:mod:`.personalisation`);
 * :mod:`.server` — `FedBNRServer`, the server half; :mod:`.evidence` — the evidence, `σ, λ` by type-II ML;
-* :mod:`.metrics` — prequential metrics and the regret's ridge reference; :mod:`.checks` — what is refused;
+* :mod:`.metrics` — prequential metrics and the regret's ridge comparator (kept by rank-one updates); :mod:`.checks`
+  — what is refused;
 * :mod:`.learner` — what an agent runs (`StatsLearner`); :mod:`.aggregation` — what aggregators, shards and
   the reducer run; :mod:`.estimator` — the River regressor (`FedBNRRegressor`);
 * :mod:`.messages` — `Upload` / `GlobalModel`; :mod:`.wire` — their message kinds; ``_kernels`` / ``_layout`` —
@@ -81,7 +82,7 @@ class FedBNR(Algorithm):
     title = "Online FedBNR (exact federated Bayesian regression over random features, evidence-weighted kernels)"
     Params = FedBNRParams
     bayesian = True
-    cheap_regret = False  # O(K·F³): read per upload
+    cheap_regret = False  # a read after a global refactorises the comparator (O(F³) a kernel): per upload
 
     def feature_dim(self, cfg: FleetConfig) -> int:
         return dictionary_of(cfg).dim + (1 if cfg.params.bias else 0)

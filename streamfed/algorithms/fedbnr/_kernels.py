@@ -238,6 +238,86 @@ def flush(s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.nda
 
 
 @numba.njit(cache=True, fastmath=_FAST)
+def chol_update_rows(r: np.ndarray, xs: np.ndarray) -> None:
+    """`m` rank-one updates in place: on return `rᵀr` equals the old `rᵀr + Σ_t x_t x_tᵀ` (rows `x_t` of `xs`,
+    destroyed). The rotations of :func:`chol_update`, the same numbers in the same order for each row of `r`, but
+    row `k` of `r` meets every `x_t` while it is in cache: one pass over `r` for `m` samples instead of `m`."""
+    n = r.shape[0]
+    m = xs.shape[0]
+    for k in range(n):
+        rk = r[k, k + 1:]
+        for t in range(m):
+            xk = xs[t, k]
+            if xk == 0.0:
+                continue
+            rkk = r[k, k]
+            rnew = np.sqrt(rkk * rkk + xk * xk)
+            r[k, k] = rnew
+            if k + 1 == n:
+                continue  # last row: no off-diagonal part (and r_kk may be 0 there: the ρ entry)
+            inv_rkk = 1.0 / rkk
+            c = rnew * inv_rkk
+            s = xk * inv_rkk
+            inv_c = rkk / rnew
+            xt = xs[t, k + 1:]
+            for j in range(n - k - 1):
+                rkj = (rk[j] + s * xt[j]) * inv_c
+                rk[j] = rkj
+                xt[j] = c * xt[j] - s * rkj
+
+
+@numba.njit(cache=True)
+def fold_rows(factor: np.ndarray, stage: np.ndarray, stage_y: np.ndarray, start: int, stop: int) -> None:
+    """Rank-one updates of the augmented factors `factor (K, F+1, F+1)` by the staged rows `start..stop-1`:
+    `factor[k]ᵀfactor[k] += [φ_k; y][φ_k; y]ᵀ` for each row (`stage (K, F, B)`, `stage_y (B,)`) — the regret's
+    comparator (:class:`~.metrics.RidgeComparator`) takes the client's own samples this way."""
+    n_kernels, f = stage.shape[0], stage.shape[1]
+    m = stop - start
+    xs = np.empty((m, f + 1))
+    for k in range(n_kernels):
+        for t in range(m):
+            for i in range(f):
+                xs[t, i] = stage[k, i, start + t]
+            xs[t, f] = stage_y[start + t]
+        chol_update_rows(factor[k], xs)
+
+
+@numba.njit(cache=True)
+def fold_samples(factor: np.ndarray, phis: np.ndarray, ys: np.ndarray) -> None:
+    """:func:`fold_rows` for samples given as `phis (T, K, F)`, `ys (T,)`."""
+    n_kernels, f = phis.shape[1], phis.shape[2]
+    m = phis.shape[0]
+    xs = np.empty((m, f + 1))
+    for k in range(n_kernels):
+        for t in range(m):
+            for i in range(f):
+                xs[t, i] = phis[t, k, i]
+            xs[t, f] = ys[t]
+        chol_update_rows(factor[k], xs)
+
+
+@numba.njit(cache=True)
+def symmetric_from_upper(upper: np.ndarray, out: np.ndarray) -> None:
+    """`out[k]`: the symmetric matrix whose upper triangle (diagonal included) is that of `upper[k]` (the
+    pending scatter accumulates its upper triangle only; its lower one is not read). In 32 × 32 tiles, so the
+    mirrored (column) writes stay in cache."""
+    n_kernels, f = upper.shape[0], upper.shape[1]
+    tile = 32
+    for k in range(n_kernels):
+        u = upper[k]
+        o = out[k]
+        for i0 in range(0, f, tile):
+            i1 = min(i0 + tile, f)
+            for j0 in range(i0, f, tile):
+                j1 = min(j0 + tile, f)
+                for i in range(i0, i1):
+                    for j in range(max(i, j0), j1):
+                        v = u[i, j]
+                        o[i, j] = v
+                        o[j, i] = v
+
+
+@numba.njit(cache=True, fastmath=_FAST)
 def learn_one(
     ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
     phi: np.ndarray, y: float, inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray,
@@ -328,7 +408,7 @@ def _block(buf: np.ndarray, i: int, size: int) -> np.ndarray:
 
 @numba.njit(cache=True)
 def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[bool, float, float]:
-    """Features of `x` (default RFF + bias map) into the `phi` block and the predictive, from the
+    """Features of `x` (RFF + bias maps) into the `phi` block and the predictive, from the
     packed state; refreshes the kernels' log weights first when they are stale. `(ok, mean, var)`."""
     k, f, d, nd = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND])
     if x.shape[0] != d:

@@ -43,15 +43,15 @@ from streamfed.algorithms.fedbnr import _layout as lay
 from streamfed.algorithms.fedbnr._compiled import kern
 from streamfed.algorithms.fedbnr.checks import all_finite_products, all_finite_squares, check_positive, check_target
 from streamfed.algorithms.fedbnr.factor import factorise, posterior_of_factor, stats_from_factor
-from streamfed.algorithms.fedbnr.features import _DefaultFeatures, client_features
+from streamfed.algorithms.fedbnr.features import client_features
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
-from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, ridge_loss
-from streamfed.algorithms.fedbnr.packed_state import PackedState
+from streamfed.algorithms.fedbnr.metrics import Z95, PrequentialMetrics, RidgeComparator
+from streamfed.algorithms.fedbnr.packed_state import STAGE, PackedState
 from streamfed.algorithms.fedbnr.personalisation import choose_others_weight, fit_local
 from streamfed.core.durable import durable
 from streamfed.core.features import FeatureMap
 from streamfed.core.river_inputs import gaussian
-from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
+from streamfed.core.stats import SufficientStats
 
 if TYPE_CHECKING:
     from river.proba import Gaussian
@@ -88,6 +88,10 @@ class FedBNRClient(PackedState):
     True
     """
 
+    # The regret's comparator (.metrics.RidgeComparator): made by the first regret() and from then on given every
+    # own sample before the stage is flushed (a class default: a client pickled before it existed has none).
+    _comparator: RidgeComparator | None = None
+
     def __init__(
         self,
         feature_map: FeatureMap | Sequence[FeatureMap] | None = None,
@@ -106,9 +110,10 @@ class FedBNRClient(PackedState):
     ) -> None:
         self._features = client_features(feature_map, n_inputs=n_inputs, n_features=n_features,
                                          bandwidth=bandwidth, seed=seed)
-        # (frequencies, scratch, n_inputs) of the default map, for the fused numba prediction path.
-        self._fast = None if not isinstance(self._features, _DefaultFeatures) else (
-            self._features.bank.frequency_matrix, self._features.bank.scratch, self._features.bank.n_inputs)
+        # (frequencies, scratch, n_inputs) of RFF + bias maps (the default, or a fleet's dictionary), for the
+        # fused numba prediction path.
+        bank = self._features.bank
+        self._fast = None if bank is None else (bank.frequency_matrix, bank.scratch, bank.n_inputs)
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         if int(min_upload) < 1:
@@ -176,7 +181,7 @@ class FedBNRClient(PackedState):
             raise ValueError(f"input must be a finite 1-d vector, got shape {x.shape}"
                              + ("" if x.ndim != 1 else " with a non-finite value"))
         phi = self._features.transform(x)
-        if isinstance(self._features, _DefaultFeatures):
+        if self._features.bank is not None:
             return phi  # shape and finiteness checked inside
         phi = np.ascontiguousarray(phi, dtype=np.float64)
         if phi.shape != (self.n_kernels, self.dim) or not kern.all_finite(phi.reshape(-1)):
@@ -228,7 +233,7 @@ class FedBNRClient(PackedState):
                                     self._means, self._vars)
 
     def _fast_input(self, x: Any) -> np.ndarray | None:
-        """`x` itself when the packed numba path can take it (default map, float64 vector of the right
+        """`x` itself when the packed numba path can take it (RFF + bias maps, float64 vector of the right
         length), else `None`."""
         if (self._fast is not None and type(x) is np.ndarray and x.dtype == np.float64 and x.ndim == 1
                 and x.shape[0] == self._fast[2]):
@@ -265,6 +270,8 @@ class FedBNRClient(PackedState):
             mu, var = self.predict(x)
             self.learn(x, y)
             return mu, var
+        if self._comparator is not None and self._staged == STAGE:
+            self._fold_staged()  # the step may flush the stage
         status, mu, var = kern.packed_step(self._buf, xf, y)
         if status:
             self._cache = None
@@ -337,6 +344,8 @@ class FedBNRClient(PackedState):
         if phi is not None:
             self._phi[...] = phi
         self._cache = None
+        if self._comparator is not None and self._staged == STAGE:
+            self._fold_staged()  # the step may flush the stage
         if not kern.packed_learn(self._buf, y):  # checked before anything was touched
             raise ValueError("features times target overflow")
 
@@ -393,25 +402,44 @@ class FedBNRClient(PackedState):
             raise ValueError("features and targets must be finite")
         means = np.empty(t)
         variances = np.empty(t)
+        cmp = self._comparator
+        if cmp is not None:
+            self._fold_staged()  # the batch may flush the stage
         self._staged = kern.learn_batch(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
                                         self._staged, phis, ys, self.sigma, self.lam, self._n_work,
                                         self._sqrt_gamma, self._refresh, self._refresh_j, self._work,
                                         means, variances)
         self._after_learn(ys)
+        if cmp is not None:
+            cmp.fold_samples(phis, ys)
         self.metrics.update_many(means, variances, ys)
         return means, variances
 
     # ------------------------------------------------------------------ federation
+    def _n_own(self) -> int:
+        """Samples this client has learned (uploaded or pending)."""
+        return int(round(float(self._own_uploaded.n))) + self._n_pend
+
+    def _fold_staged(self) -> None:
+        """Give the regret's comparator the own samples it has not taken yet: the last ones learned, all still in
+        the stage (it is given them before every flush)."""
+        cmp = self._comparator
+        if cmp is not None:
+            staged = self._staged
+            cmp.fold_rows(self._stage, self._stage_y, staged - (self._n_own() - cmp.n), staged)
+
     def _flush(self) -> None:
         if self._staged:
+            self._fold_staged()
             kern.flush(self._s_pend, self._b_pend, self._stage, self._stage_y, self._staged)
             self._staged = 0
 
     def _pending_stats(self) -> SufficientStats:
         self._flush()
-        s_upper = pack_upper(self._s_pend)  # only the upper triangle was accumulated
-        return SufficientStats(unpack_upper(s_upper, self.dim), self._b_pend, float(self._n_pend),
-                               self._q_pend, self.kernel_version, self.epoch)
+        s_mat = np.empty_like(self._s_pend)
+        kern.symmetric_from_upper(self._s_pend, s_mat)  # only the upper triangle was accumulated
+        return SufficientStats(s_mat, self._b_pend, float(self._n_pend), self._q_pend, self.kernel_version,
+                               self.epoch)
 
     def make_upload(self) -> Upload | None:
         """The delta statistics of the pending samples as an :class:`Upload`, or `None` while fewer than
@@ -521,16 +549,21 @@ class FedBNRClient(PackedState):
         inc = int(g.included.get(self.client_id, 0))
         newly_in = [s for s in self._unacked if s <= inc]
         not_in = self._zero_stats()
+        any_not_in = False
         for seq, up in self._unacked.items():
             if seq > inc:
                 not_in += up.stats
+                any_not_in = True
         alpha = self.others_weight
         if self.auto_weight:
             own_all = self.own_stats()
             alpha = self.choose_others_weight(g.stats - (self._own_uploaded - not_in), own_all, sigma, lam)
         if self.forgetting == 1.0:
             # Exact: global + own uploads the global does not contain + pending.
-            total = self._pending_stats() + g.stats + not_in
+            total = self._pending_stats()  # (a fresh copy: summed into in place)
+            total += g.stats
+            if any_not_in:
+                total += not_in
             if alpha != 1.0:
                 # Tempered: α × (global - own part of it) + own part of it.
                 own_in = self._own_uploaded - not_in
@@ -568,12 +601,21 @@ class FedBNRClient(PackedState):
 
     def regret(self) -> dict[str, float]:
         """Cumulative squared loss of the prequential predictions vs the best fixed ridge predictor in
-        hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`)."""
-        own = self.own_stats()
-        if own.n == 0:
+        hindsight on this client's own samples (the best kernel's, at the current `σ_k, λ_k`).
+
+        The comparator (:class:`~.metrics.RidgeComparator`) is made by the first call (`O(K·F³)`); after that a
+        call costs the rank-one updates of the samples learned since (`O(K·F²)` each, which learning pays from
+        then on), plus a refactorisation of the kernels that can still be the best when `σ_k, λ_k` changed (a
+        new global)."""
+        n = self._n_own()
+        if n == 0:
             return {"n": 0.0, "loss": 0.0, "ridge_loss": 0.0, "regret": 0.0, "regret_per_sample": math.nan}
-        ridge = np.atleast_1d(ridge_loss(own, self.sigma, self.lam))
-        best = float(ridge.min())
+        reg = (self.sigma / self.lam) ** 2  # the comparator's ridge σ²/λ², per kernel
+        if self._comparator is None:
+            self._comparator = RidgeComparator.of(self.own_stats(), reg)
+        else:
+            self._fold_staged()
+        best, kernel = self._comparator.best(reg, self.own_stats)
         loss = self.metrics.sq_loss
-        return {"n": own.n, "loss": loss, "ridge_loss": best, "regret": loss - best,
-                "regret_per_sample": (loss - best) / own.n, "best_ridge_kernel": float(np.argmin(ridge))}
+        return {"n": float(n), "loss": loss, "ridge_loss": best, "regret": loss - best,
+                "regret_per_sample": (loss - best) / n, "best_ridge_kernel": float(kernel)}

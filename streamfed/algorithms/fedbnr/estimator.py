@@ -30,7 +30,8 @@ class FedBNRRegressor(base.Regressor):
     (which also builds the feature map, so the number of inputs is known). Later, a missing key reads
     as 0 and an unknown key is ignored. A `None`, NaN or non-numeric value raises `ValueError` and
     leaves the model unchanged. Every `sync_every` samples the pending statistics are uploaded to the
-    private server, which refits `σ, λ` by evidence (if `fit_hyperparameters`) and sends back a global.
+    private server, which refits `σ, λ` by evidence (if `fit_hyperparameters`; with `refit_growth = g > 0` only
+    once its sample count has grown by the fraction `g` since the last fit) and sends back a global.
 
     Parameters: `n_features` (`D`; `F = 2D + 1` with the bias), `bandwidth` (float, or a tuple of
     floats for a Gaussian bandwidth dictionary; by default `None`: a dictionary of `n_kernels`
@@ -65,6 +66,7 @@ class FedBNRRegressor(base.Regressor):
         seed: int = 0,
         n_kernels: int = 8,
         standardise: bool = True,
+        refit_growth: float = 0.0,
     ) -> None:
         self.n_features = n_features
         self.bandwidth = bandwidth
@@ -76,11 +78,14 @@ class FedBNRRegressor(base.Regressor):
         self.sync_every = sync_every
         self.forgetting = forgetting
         self.seed = seed
+        self.refit_growth = refit_growth
         # Validate now so a bad parameter fails at construction, not at the first sample.
         if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
             raise ValueError("n_features, sync_every and n_kernels must be >= 1")
         check_positive("sigma", sigma)
         check_positive("lam", lam)
+        if not float(refit_growth) >= 0.0:
+            raise ValueError(f"refit_growth must be >= 0, got {refit_growth!r}")
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         for bw in (bandwidth if isinstance(bandwidth, tuple) else () if bandwidth is None else (bandwidth,)):
@@ -105,7 +110,8 @@ class FedBNRRegressor(base.Regressor):
         client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=bandwidth,
                               seed=int(self.seed), sigma=self.sigma, lam=self.lam,
                               min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local")
-        self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters))
+        self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters),
+                                              refit_growth=float(getattr(self, "refit_growth", 0.0)))
         self.client = client
         self._keys = keys
         if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)

@@ -2,7 +2,11 @@
 
 Either the default — Gaussian RFF of one or more bandwidths plus a bias feature, all kernels in one bank pass
 and one compiled call per sample (:class:`_DefaultFeatures`) — or the user's maps of equal size
-(:class:`_MapList`); :func:`client_features` picks one from the client's arguments.
+(:class:`_MapList`); :func:`client_features` picks one from the client's arguments. Both expose `bank`: an
+:class:`~streamfed.core.features.RFFBank` whose rows plus a bias feature are the features (`None` when they are
+not), which the client's compiled step evaluates itself. A list of RFF maps with the bias feature (what a fleet's
+dictionary is) gets one, stacked from their frequencies: each feature is the same sum in the same order, so
+bit for bit the same as the maps one by one.
 
 >>> fm = client_features(None, n_inputs=2, n_features=3, bandwidth=(0.5, 2.0), seed=0)
 >>> fm.n_kernels, fm.dim, fm.transform(np.zeros(2)).shape
@@ -18,7 +22,7 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr._compiled import kern
 from streamfed.core.durable import durable
-from streamfed.core.features import FeatureMap, KernelSpec, RFFBank
+from streamfed.core.features import FeatureMap, KernelSpec, RFFBank, RFFMap
 
 __all__ = ["client_features"]
 
@@ -62,6 +66,8 @@ class _DefaultFeatures:
 class _MapList:
     """A user's feature map(s), stacked to `(K, F)`."""
 
+    bank: RFFBank | None = None  # (a class default: a list pickled before it existed has none)
+
     def __init__(self, maps: Sequence[FeatureMap]) -> None:
         self.maps = list(maps)
         dims = {int(m.dim) for m in self.maps}
@@ -73,9 +79,17 @@ class _MapList:
         self.version = versions[0] if len(versions) == 1 else hashlib.sha256(
             "|".join(versions).encode()).hexdigest()[:16]
         self.names = [str(getattr(m, "name", None) or v) for m, v in zip(self.maps, versions, strict=True)]
+        if all(type(m) is RFFMap and m.bias for m in self.maps) and len(
+                {(m.bank.n_features, m.bank.n_inputs) for m in self.maps}) == 1:
+            self.bank = RFFBank.from_frequencies(np.concatenate([m.bank.frequencies for m in self.maps]))
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((self.n_kernels, self.dim))
+        if self.bank is not None:  # one compiled call for every kernel
+            x = self.bank.check_input(x)
+            if not kern.rff_bias_features(self.bank.frequency_matrix, x, self.bank.scratch, out):
+                raise ValueError("a feature is not finite")
+            return out
         for k, m in enumerate(self.maps):
             out[k] = m.transform_one(x)
         return out

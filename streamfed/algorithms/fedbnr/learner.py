@@ -6,6 +6,7 @@ a global includes them)."""
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,8 +18,23 @@ from streamfed.algorithms.fedbnr.wire import global_fields
 from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
-__all__ = ["StatsLearner"]
+__all__ = ["StatsLearner", "decoded_global"]
 
+# Globals decoded, per message: a fleet replayed in one process installs one message in every learner, and the
+# decode (the unpacked scatter, K·F² numbers) is the same for all; a GlobalModel is only read by the clients.
+# Keyed by the message's id while it is alive (a Message compares by value, so it is not hashable).
+_decoded: dict[int, tuple[weakref.ref, GlobalModel]] = {}
+
+
+def decoded_global(msg: Message) -> GlobalModel:
+    """The :class:`GlobalModel` of a `fedbnr.global` message, decoded once per message object."""
+    key = id(msg)
+    hit = _decoded.get(key)
+    if hit is not None and hit[0]() is msg:
+        return hit[1]
+    g = GlobalModel.from_message(global_fields(msg))
+    _decoded[key] = (weakref.ref(msg, lambda _ref, key=key: _decoded.pop(key, None)), g)
+    return g
 
 @durable("fedbnr.StatsLearner")
 class StatsLearner(BaseLearner):
@@ -122,7 +138,7 @@ class StatsLearner(BaseLearner):
                          for k, (m, cov) in enumerate(cached[1])))
 
     def install_global(self, msg: Message) -> bool:
-        g = GlobalModel.from_message(global_fields(msg))
+        g = decoded_global(msg)
         if g.kernel_version == self.client.kernel_version and g.epoch > self.client.epoch:
             # an aggregator that lost its state started a new epoch: send everything learned again (on a copy,
             # so that a global refused below changes nothing)

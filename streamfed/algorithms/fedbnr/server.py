@@ -49,12 +49,16 @@ class FedBNRServer:
         fit_hyperparameters: bool = True,
         min_samples: int = 32,
         max_buffered: int = 256,
+        refit_growth: float = 0.0,
     ) -> None:
         self.dim, self.n_kernels = int(dim), int(n_kernels)
         self.kernel_version, self.epoch = str(kernel_version), int(epoch)
         self.sigma = np.full(self.n_kernels, check_positive("sigma", sigma))
         self.lam = np.full(self.n_kernels, check_positive("lam", lam))
         self.fit = bool(fit_hyperparameters)
+        if not (float(refit_growth) >= 0.0 and np.isfinite(refit_growth)):
+            raise ValueError(f"refit_growth must be a finite fraction >= 0, got {refit_growth!r}")
+        self.refit_growth = float(refit_growth)
         self.min_samples = int(min_samples)
         self.max_buffered = int(max_buffered)
         self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
@@ -101,6 +105,16 @@ class FedBNRServer:
         """Sequence numbers received out of order and not summed yet, per client."""
         return {c: sorted(w) for c, w in self._buffer.items() if w}
 
+    # the sample count of the sums σ, λ were last fitted on (class defaults: a server pickled before them refits
+    # at every publish, as it did)
+    refit_growth = 0.0
+    _n_fitted = 0.0
+
+    def refit_due(self) -> bool:
+        """Whether :meth:`publish` refits `σ, λ`: fitting is on and the sums hold at least `1 + refit_growth`
+        times the samples of the last fit (`refit_growth = 0`: at every publish)."""
+        return self.fit and self.stats.n >= self._n_fitted * (1.0 + self.refit_growth)
+
     def refit(self) -> bool:
         """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums (and keep the
         maximised evidence). `False` when there is nothing to fit yet."""
@@ -110,6 +124,7 @@ class FedBNRServer:
         for k in range(self.n_kernels):
             sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
             self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
+        self._n_fitted = st.n
         return True
 
     def rebase(self, version: int, epoch: int) -> None:
@@ -121,11 +136,13 @@ class FedBNRServer:
         self.epoch = int(epoch)
         self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
         self.included, self._buffer = {}, {}
+        self._n_fitted = 0.0
         self.version = int(version) - 1
 
     def publish(self) -> GlobalModel:
-        """A new :class:`GlobalModel` (version + 1), hyperparameters refitted first when enabled."""
-        fitted = self.fit and self.refit()
+        """A new :class:`GlobalModel` (version + 1), hyperparameters refitted first when due
+        (:meth:`refit_due`)."""
+        fitted = self.refit_due() and self.refit()
         if self.stats.n > 0 and not fitted:
             self.log_evidence = np.atleast_1d(log_evidence(self.stats, self.sigma, self.lam))
         self.version += 1
