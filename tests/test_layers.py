@@ -162,3 +162,17 @@ def test_the_check_can_fail(tmp_path: Path, how: str) -> None:
     (pkg / "core" / "bad.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                          "    from streamfed.fleet.agent import AgentCore\n")
     assert not any("core/bad.py" in line for line in violations(pkg))
+
+
+def test_the_type_checkers_exemptions_only_shrink() -> None:
+    """scripts/test.sh runs mypy on every module of streamfed/; modules listed in pyproject.toml's override are
+    checked but their errors not enforced (issue 28). The list may shrink, never grow: a new module is typed."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    exempt = [m for o in config.get("overrides", []) if o.get("ignore_errors") for m in o["module"]]
+    assert config["files"] == ["streamfed"]
+    assert len(exempt) <= 61, f"{len(exempt)} modules exempt from type errors (61 when the check came in)"
+    for m in exempt:  # every entry names a module that exists
+        rel = m.replace(".", "/")
+        assert (PACKAGE.parent / f"{rel}.py").is_file() or (PACKAGE.parent / rel / "__init__.py").is_file(), m
