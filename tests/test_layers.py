@@ -172,7 +172,7 @@ def test_the_type_checkers_exemptions_only_shrink() -> None:
     config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
     exempt = [m for o in config.get("overrides", []) if o.get("ignore_errors") for m in o["module"]]
     assert config["files"] == ["streamfed"]
-    assert len(exempt) <= 61, f"{len(exempt)} modules exempt from type errors (61 when the check came in)"
+    assert len(exempt) <= 54, f"{len(exempt)} modules exempt from type errors (54 when the check came in)"
     for m in exempt:  # every entry names a module that exists
         rel = m.replace(".", "/")
         assert (PACKAGE.parent / f"{rel}.py").is_file() or (PACKAGE.parent / rel / "__init__.py").is_file(), m

@@ -42,7 +42,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -69,6 +69,24 @@ class Params(BaseModel):
     a fleet configuration holding it stays hashable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+P = TypeVar("P", bound=Params)
+
+
+def params_of(cfg: FleetConfig, kind: type[P]) -> P:
+    """`cfg.params` as the family's own settings model `kind` (what a family's factories read, typed as such);
+    `TypeError` if the fleet's settings are another family's.
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> from streamfed.algorithms.fsgp import FSGPParams
+    >>> params_of(FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2), FSGPParams).n_inducing
+    32
+    """
+    p = cfg.params
+    if not isinstance(p, kind):
+        raise TypeError(f"the fleet's settings are {type(p).__name__}, not {kind.__name__}")
+    return p
 
 
 @durable("algorithms.Regret")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
-from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant, params_of
 from streamfed.algorithms.dictionary import KernelDictionary, dictionary_of, kernel_specs
 
 if TYPE_CHECKING:
@@ -39,10 +39,20 @@ if TYPE_CHECKING:
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
 
-__all__ = ["ALGORITHM", "FedBNR", "FedBNRParams", "feature_maps"]
+__all__ = ["ALGORITHM", "FedBNR", "FedBNRParams", "RFFFeatures", "feature_maps"]
 
 
-class FedBNRParams(KernelDictionary):
+class RFFFeatures(KernelDictionary):
+    """The kernel dictionary of the FedBNR families, with the constant feature they add to the `2D` random ones.
+
+    >>> RFFFeatures().bias
+    True
+    """
+
+    bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
+
+
+class FedBNRParams(RFFFeatures):
     """Online FedBNR hyperparameters (docs/algorithms.md §4): the kernel dictionary (a posterior per kernel), then
     the model's own; defaults match `FedBNRClient`.
 
@@ -55,7 +65,6 @@ class FedBNRParams(KernelDictionary):
     min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
     forgetting: float = Field(1.0, gt=0, le=1)
     fit_hyperparameters: bool = True
-    bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
     # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §4.13, §10.2): an upload whose residual ratio
     # under the current global exceeds robust_screen × the median of the other clients' latest ratios is
     # taken with weight 0, once robust_screen_clients others have one; any client may hold
@@ -72,7 +81,7 @@ def feature_maps(cfg: FleetConfig) -> list[RFFMap]:
 
     n_features = dictionary_of(cfg).n_features
     return [RFFMap(RFFBank([KernelSpec.parse(s)], n_features, cfg.n_inputs, seed=cfg.seed),
-                   bias=cfg.params.bias) for s in kernel_specs(cfg)]
+                   bias=params_of(cfg, RFFFeatures).bias) for s in kernel_specs(cfg)]
 
 
 class FedBNR(Algorithm):
@@ -85,7 +94,7 @@ class FedBNR(Algorithm):
     cheap_regret = False  # a read after a global refactorises the comparator (O(F³) a kernel): per upload
 
     def feature_dim(self, cfg: FleetConfig) -> int:
-        return dictionary_of(cfg).dim + (1 if cfg.params.bias else 0)
+        return dictionary_of(cfg).dim + (1 if params_of(cfg, RFFFeatures).bias else 0)
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.fedbnr.wire import schemas
@@ -95,7 +104,7 @@ class FedBNR(Algorithm):
     def _client(self, cfg: FleetConfig, client_id: str = "client") -> Any:
         from streamfed.algorithms.fedbnr.client import FedBNRClient
 
-        p = cfg.params
+        p = params_of(cfg, FedBNRParams)
         return FedBNRClient(feature_maps(cfg), sigma=p.sigma, lam=p.lam, min_upload=p.min_upload,
                             forgetting=p.forgetting, client_id=client_id)
 
@@ -127,7 +136,7 @@ class FedBNR(Algorithm):
         # RFF features (plus the constant bias) have one norm for every input (docs/algorithms.md §2.1), so
         # the largest and the smallest ‖φ‖² are those of any input
         phi_sq, phi_sq_min = float(np.max(norms)), float(np.min(norms))
-        p, r = cfg.params, cfg.robust
+        p, r = params_of(cfg, FedBNRParams), cfg.robust
         robust = Robust.of(r, p)
         server = (RobustFedBNRServer if robust else FedBNRServer).for_client(
             probe, fit_hyperparameters=p.fit_hyperparameters)

@@ -146,7 +146,7 @@ class FedBNRClient(PackedState):
         self._own_uploaded = SufficientStats.zeros(f, (kk,), self.kernel_version, self.epoch)
         self._global: GlobalModel | None = None
         self._next_seq = 1
-        self._cache: tuple[np.ndarray, np.ndarray, float, float] | None = None
+        self._cache: tuple[np.ndarray, float, float] | None = None  # (x, mean, variance) of the last predict
         self.metrics = PrequentialMetrics()
         self._rebuild(np.zeros((kk, f, f)), np.zeros((kk, f)), 0.0, self.sigma, self.lam, self._pdiag)
 
@@ -374,7 +374,7 @@ class FedBNRClient(PackedState):
             self._q_work = g**t * self._q_work + float(decay @ y2)
             self._pdiag *= g**t
             cols = (self._refresh_j + np.arange(t)) % self.dim
-            np.add.at(self._pdiag, (slice(None), cols), self.dim * (1.0 - g) * decay)
+            np.add.at(self._pdiag, (slice(None), cols), self.dim * (1.0 - g) * decay)  # type: ignore[arg-type]
             self._refresh_j = int((self._refresh_j + t) % self.dim)
         self._cache = None
         self._logw_dirty = True

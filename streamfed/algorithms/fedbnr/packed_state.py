@@ -39,6 +39,24 @@ class PackedState:
     dim: int
     _fast: tuple[np.ndarray, np.ndarray, int] | None
 
+    # the views (bound by _bind_views; declared here for readers and the type checker)
+    _ra: np.ndarray
+    _s_pend: np.ndarray
+    _b_pend: np.ndarray
+    _stage: np.ndarray
+    _stage_y: np.ndarray
+    _work: np.ndarray
+    _phi: np.ndarray
+    _means: np.ndarray
+    _vars: np.ndarray
+    _logw: np.ndarray
+    sigma: np.ndarray
+    _inv_sigma: np.ndarray
+    lam: np.ndarray
+    _refresh: np.ndarray
+    _pdiag: np.ndarray
+    _wt: np.ndarray
+
     # attribute → block of the buffer it is a view of
     _VIEWS = {"_ra": "ra", "_s_pend": "s_pend", "_b_pend": "b_pend", "_stage": "stage", "_stage_y": "stage_y",
               "_work": "work", "_phi": "phi", "_means": "means", "_vars": "vars", "_logw": "logw",

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from streamfed.algorithms.base import params_of
+from streamfed.algorithms.fedbnr import FedBNRParams
 from streamfed.wire.message import Message, writable_copy
 from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
 from streamfed.wire.topics import Channel
@@ -39,7 +41,7 @@ def stats_arrays(k: int, f: int) -> tuple[ArraySpec, ...]:
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    k = cfg.params.n_kernels  # type: ignore[attr-defined]
+    k = params_of(cfg, FedBNRParams).n_kernels  # type: ignore[attr-defined]
     stats = stats_arrays(k, cfg.feature_dim)
     return [
         MessageSchema(UPDATE, Channel.UPDATES, stats),

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from streamfed.algorithms.base import Mode, ReplayVariant
-from streamfed.algorithms.dictionary import KernelDictionary, kernel_specs
-from streamfed.algorithms.fedbnr import FedBNR
+from streamfed.algorithms.base import Mode, ReplayVariant, params_of
+from streamfed.algorithms.dictionary import kernel_specs
+from streamfed.algorithms.fedbnr import FedBNR, RFFFeatures
 
 if TYPE_CHECKING:
     from streamfed.algorithms.fedbnr_personal.aggregation import PersonalAggregation
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["ALGORITHM", "FedBNRPersonal", "PersonalParams"]
 
 
-class PersonalParams(KernelDictionary):
+class PersonalParams(RFFFeatures):
     """Hyperparameters of personalised FedBNR (docs/algorithms.md §5): the kernel dictionary (it learns over the
     first kernel), initial `σ, λ, τ` (refitted by the evidence at every global when `fit_hyperparameters`;
     `fit_tau=False` keeps `τ`), forgetting per time unit (one sample) on the shared and the own level, and the
@@ -54,7 +54,6 @@ class PersonalParams(KernelDictionary):
     min_upload: int = Field(32, ge=1)
     fit_hyperparameters: bool = True
     fit_tau: bool = True
-    bias: bool = True  # a constant feature besides the 2D random ones (F = 2D + 1)
     # The prequential τ-mixture: one model per τ of this grid (σ, λ by the evidence at each), averaged per client
     # by their discounted prequential evidence on its own stream (docs/algorithms.md §5.7). None: one model, τ by
     # the evidence.
@@ -85,7 +84,7 @@ class FedBNRPersonal(FedBNR):
         from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
         from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient
 
-        p = cfg.params
+        p = params_of(cfg, PersonalParams)
         kw = dict(sigma=p.sigma, lam=p.lam, forgetting=p.forgetting, own_forgetting=p.own_forgetting,
                   min_upload=p.min_upload, client_id=client_id)
         if p.tau_grid:
@@ -121,7 +120,7 @@ class FedBNRPersonal(FedBNR):
         from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 
         probe = self._client(cfg)
-        p = cfg.params
+        p = params_of(cfg, PersonalParams)
         if p.tau_grid:
             phi = probe.models[0].features_many(np.zeros((1, cfg.n_inputs)))
             server: Any = FedBNRHierMixServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters)

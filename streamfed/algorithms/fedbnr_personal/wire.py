@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from streamfed.algorithms.base import params_of
+from streamfed.algorithms.fedbnr_personal import PersonalParams
 from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
 from streamfed.wire.topics import Channel
 
@@ -26,7 +28,7 @@ SCALARS = ("sigma", "lam", "tau", "time", "forgetting", "log_evidence")
 
 def n_models(cfg: FleetConfig) -> int:
     """The models a global carries: one per `τ` of the grid, or one (τ by evidence)."""
-    return len(cfg.params.tau_grid) if cfg.params.tau_grid else 1
+    return len(params_of(cfg, PersonalParams).tau_grid) if params_of(cfg, PersonalParams).tau_grid else 1
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:

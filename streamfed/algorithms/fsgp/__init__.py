@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant, params_of
 
 if TYPE_CHECKING:
     from streamfed.algorithms.fsgp.aggregation import FSGPAggregation
@@ -81,7 +81,7 @@ def initial_hyper(cfg: FleetConfig) -> Hyper:
     from streamfed.algorithms.fsgp.design import gaussian_design
     from streamfed.algorithms.fsgp.kernels import Hyper
 
-    p = cfg.params
+    p = params_of(cfg, FSGPParams)
     Z = gaussian_design(p.n_inducing, cfg.n_inputs, seed=cfg.seed, scale=p.inducing_scale)
     ls = p.lengthscale if p.lengthscale is not None else math.sqrt(2.0 * cfg.n_inputs)
     return Hyper.initial(p.kernel, Z, amplitude=p.amplitude, lengthscale=ls, sigma=p.sigma)
@@ -99,7 +99,7 @@ def inducing_box(cfg: FleetConfig) -> float | None:
 
     from streamfed.core.standardise import INPUT_CLIP
 
-    p = cfg.params
+    p = params_of(cfg, FSGPParams)
     box = p.inducing_box if p.inducing_box is not None else (
         2.0 * INPUT_CLIP if cfg.standardise == "online" else None)
     if box is None:
@@ -117,7 +117,7 @@ class FSGP(Algorithm):
     cheap_regret = False  # O(M³): read per upload
 
     def feature_dim(self, cfg: FleetConfig) -> int:
-        return int(cfg.params.n_inducing)
+        return int(params_of(cfg, FSGPParams).n_inducing)
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.fsgp.wire import schemas
@@ -134,7 +134,7 @@ class FSGP(Algorithm):
 
         if mode == "lockstep":
             raise ValueError("FSGP is order-free (use async)")
-        p = cfg.params
+        p = params_of(cfg, FSGPParams)
         return FSGPLearner(FSGPClient(
             initial_hyper(cfg), jitter=p.jitter, min_upload=p.min_upload, client_id=client_id,
             learn_hyperparameters=p.learn_hyperparameters, reservoir=p.reservoir, fit_every=p.fit_every,
@@ -147,7 +147,7 @@ class FSGP(Algorithm):
         from streamfed.algorithms.fsgp.server import FSGPServer, RobustFSGPServer
         from streamfed.algorithms.shares import Robust
 
-        p, r = cfg.params, cfg.robust
+        p, r = params_of(cfg, FSGPParams), cfg.robust
         robust = Robust.of(r, p)
         server = (RobustFSGPServer if robust else FSGPServer)(
             initial_hyper(cfg), jitter=p.jitter, min_samples=p.min_upload,

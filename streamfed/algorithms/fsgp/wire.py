@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from streamfed.algorithms.base import params_of
+from streamfed.algorithms.fsgp import FSGPParams
 from streamfed.algorithms.fsgp.kernels import Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats
@@ -47,7 +49,7 @@ def _hyper_specs(m: int, d: int) -> tuple[ArraySpec, ...]:
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    m, d = cfg.params.n_inducing, cfg.n_inputs
+    m, d = params_of(cfg, FSGPParams).n_inducing, cfg.n_inputs
     weight = (ArraySpec("weight", "float64", (), nonnegative=True),)
     return [
         MessageSchema(UPDATE, Channel.UPDATES, _stats_specs(m) + _hyper_specs(m, d) + weight),

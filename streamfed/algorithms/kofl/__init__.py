@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import Field
 
-from streamfed.algorithms.base import Algorithm, Mode
+from streamfed.algorithms.base import Algorithm, Mode, params_of
 from streamfed.algorithms.dictionary import KernelDictionary, rff_bank
 
 if TYPE_CHECKING:
@@ -61,14 +61,14 @@ class KOFL(Algorithm):
     def _bank(self, cfg: FleetConfig) -> RFFBank:
         bank = rff_bank(cfg)
         if self.name == "ofskl":  # one pre-selected kernel of the dictionary
-            p0 = bank.n_kernels // 2 if cfg.params.kernel is None else cfg.params.kernel
+            p0 = bank.n_kernels // 2 if params_of(cfg, KOFLParams).kernel is None else params_of(cfg, KOFLParams).kernel
             if p0 >= bank.n_kernels:
                 raise ValueError(f"OFSKL kernel {p0} is not in a dictionary of {bank.n_kernels}")
             return bank.kernel(p0).bank
         return bank
 
     def feature_dim(self, cfg: FleetConfig) -> int:
-        return cfg.params.dim  # type: ignore[attr-defined,no-any-return]
+        return params_of(cfg, KOFLParams).dim
 
     def _weighted(self) -> bool:
         return self.name in ("vm-kofl", "em-kofl")
@@ -76,7 +76,7 @@ class KOFL(Algorithm):
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.kofl.wire import schemas
 
-        n = 1 if self.name == "ofskl" else cfg.params.n_kernels  # type: ignore[attr-defined]
+        n = 1 if self.name == "ofskl" else params_of(cfg, KOFLParams).n_kernels
         m = 1 if self.name in ("ofskl", "em-kofl") else n
         return schemas(self.name, n, m, self.feature_dim(cfg), losses=self._weighted(), cfg=cfg)
 
@@ -89,7 +89,7 @@ class KOFL(Algorithm):
 
         cls = {"ofskl": kl.OFSKLClient, "ofmkl-avg": kl.OFMKLAvgClient, "vm-kofl": kl.VMKOFLClient,
                "em-kofl": kl.EMKOFLClient}[self.name]
-        return KOFLLearner(cls(self._bank(cfg), cfg.params.eta, cfg.params.lam))
+        return KOFLLearner(cls(self._bank(cfg), params_of(cfg, KOFLParams).eta, params_of(cfg, KOFLParams).lam))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> Any:
         from streamfed.algorithms.kofl.aggregation import KOFLAggregation
@@ -98,7 +98,7 @@ class KOFL(Algorithm):
 
         bank = self._bank(cfg)
         if self._weighted():
-            server = KOFLServer(bank.n_kernels, bank.dim, cfg.params.eta, sample=self.name == "em-kofl",
+            server = KOFLServer(bank.n_kernels, bank.dim, params_of(cfg, KOFLParams).eta, sample=self.name == "em-kofl",
                                 rng=np.random.default_rng([cfg.seed, 0xE3]))
         else:
             server = POFMKLServer(bank.n_kernels, bank.dim)

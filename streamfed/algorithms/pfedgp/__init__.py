@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant, params_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,7 +84,7 @@ def layout_of(cfg: FleetConfig) -> Layout:
     from streamfed.algorithms.pfedgp.network import Layout
     from streamfed.algorithms.urk.network import URKArch
 
-    p = cfg.params
+    p = params_of(cfg, PFedGPParams)
     arch = URKArch(cfg.n_inputs, tuple(int(w) for w in p.widths), int(p.n_omega), int(p.shifter_width))
     extra = 0
     if p.head == "softmax":
@@ -107,7 +107,7 @@ def initial_of(cfg: FleetConfig) -> np.ndarray:
     """Network version 0 from the fleet seed."""
     from streamfed.algorithms.pfedgp.network import initial_theta
 
-    layout, p = layout_of(cfg), cfg.params
+    layout, p = layout_of(cfg), params_of(cfg, PFedGPParams)
     ls = p.net_lengthscale if p.net_lengthscale is not None else math.sqrt(2.0 * layout.arch.latent)
     return initial_theta(layout, cfg.seed, lengthscale=ls)
 
@@ -133,7 +133,7 @@ class PFedGP(Algorithm):
     def kernel_version(self, cfg: FleetConfig) -> str:
         from streamfed.algorithms.pfedgp.network import omega_of
 
-        layout, p = layout_of(cfg), cfg.params
+        layout, p = layout_of(cfg), params_of(cfg, PFedGPParams)
         digest = hashlib.sha256(initial_of(cfg).tobytes() + omega_of(layout, cfg.seed).tobytes()).hexdigest()[:12]
         widths = "x".join(str(v) for v in layout.arch.widths) or "id"
         return (f"pfedgp-d{cfg.n_inputs}-w{widths}-m{layout.arch.n_omega}-M{layout.n_inducing}-{p.head}"
@@ -147,7 +147,7 @@ class PFedGP(Algorithm):
 
         if mode == "lockstep":
             raise ValueError("pFedGP is order-free (use async)")
-        p = cfg.params
+        p = params_of(cfg, PFedGPParams)
         layout = layout_of(cfg)
         args: dict[str, Any] = dict(
             n_classes=p.n_classes, client_id=client_id, budget=p.budget, learn_kernel=p.learn_kernel,
@@ -173,7 +173,7 @@ class PFedGP(Algorithm):
         from streamfed.algorithms.urk.robust_proposals import ProposalBound, RobustProposals
         from streamfed.algorithms.urk.training import LOG_BOUNDS
 
-        p, r = cfg.params, cfg.robust
+        p, r = params_of(cfg, PFedGPParams), cfg.robust
         max_weight = float(p.budget * p.n_classes)
         server = PFedGPServer(initial_of(cfg), min_proposal_weight=p.min_proposal_weight,
                               proposal_quorum=p.proposal_quorum, max_proposal_weight=max_weight,

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamfed.algorithms.base import Update
+from streamfed.algorithms.base import Update, params_of
 from streamfed.algorithms.chunks import Chunk
+from streamfed.algorithms.pfedgp import PFedGPParams
 from streamfed.algorithms.pfedgp.messages import ChunkItem, PFedGPGlobal
 from streamfed.wire.message import Message
 from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
@@ -46,7 +47,7 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
     from streamfed.algorithms.pfedgp import layout_of
 
     n = layout_of(cfg).n_params
-    p = min(max_chunk_numbers(cfg.params.max_chunk_bytes), n)
+    p = min(max_chunk_numbers(params_of(cfg, PFedGPParams).max_chunk_bytes), n)
     return [
         MessageSchema(UPDATE, Channel.UPDATES, (
             ArraySpec("chunk", "float64", ("p",)), ArraySpec("part", "int64", (4,), nonnegative=True),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
-from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant, params_of
 from streamfed.algorithms.dictionary import KernelDictionary, rff_bank
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class POFMKL(Algorithm):
         return rff_bank(cfg)
 
     def feature_dim(self, cfg: FleetConfig) -> int:
-        return cfg.params.dim  # type: ignore[attr-defined,no-any-return]
+        return params_of(cfg, POFMKLParams).dim
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.pofmkl.wire import schemas
@@ -102,7 +102,7 @@ class POFMKL(Algorithm):
         from streamfed.algorithms.pofmkl.client import POFMKLClient
         from streamfed.algorithms.pofmkl.learner import POFMKLLearner
 
-        p = cfg.params
+        p = params_of(cfg, POFMKLParams)
         client = POFMKLClient(self.bank(cfg), p.eta, p.lam, p.xi, p.bin_size,
                               rng=np.random.default_rng([cfg.seed, index]))
         return POFMKLLearner(client, mode)
@@ -114,7 +114,7 @@ class POFMKL(Algorithm):
         bounded per step); `cfg.robust.aggregation = "robust"` combines rows by `RobustRule`."""
         from streamfed.algorithms.pofmkl.aggregation import POFMKLAggregation, RobustRule, StepBound
 
-        p, r = cfg.params, cfg.robust
+        p, r = params_of(cfg, POFMKLParams), cfg.robust
         bound = (StepBound.of(p.eta, p.lam, p.xi, p.n_kernels, p.bin_size, r.label_bound,
                               p.radius(r.label_bound)) if check_stats else None)
         robust = RobustRule(r.trim, r.clip_factor) if r.aggregation == "robust" else None

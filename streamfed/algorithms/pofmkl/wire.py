@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from streamfed.algorithms.base import params_of
+from streamfed.algorithms.pofmkl import POFMKLParams
 from streamfed.wire.schema import ArraySpec, MessageSchema, MetaSpec, contributor_arrays, contributor_dims
 from streamfed.wire.topics import Channel
 
@@ -34,7 +36,7 @@ UPDATE, GLOBAL, PARTIAL = "pofmkl.update", "pofmkl.global", "pofmkl.partial"
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    p = cfg.params
+    p = params_of(cfg, POFMKLParams)
     n, dim, m = p.n_kernels, p.dim, p.bin_size  # type: ignore[attr-defined]
     return [
         MessageSchema(UPDATE, Channel.UPDATES, (

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant, params_of
 from streamfed.core.durable import durable
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class PVIParams(Params):
 
 def initial_state(cfg: FleetConfig) -> GlobalQ:
     """Version 0: no factors, the data-free design of `Z` (FSGP's, fleet seed) and the configured `β`."""
-    return initial_state_of(cfg.params, cfg.n_inputs, cfg.seed)  # type: ignore[arg-type]
+    return initial_state_of(params_of(cfg, PVIParams), cfg.n_inputs, cfg.seed)
 
 
 def initial_state_of(p: PVIParams, d: int, seed: int) -> GlobalQ:
@@ -127,11 +127,11 @@ class PVI(Algorithm):
     cheap_regret = False
 
     def feature_dim(self, cfg: FleetConfig) -> int:
-        return int(cfg.params.n_inducing)
+        return int(params_of(cfg, PVIParams).n_inducing)
 
     def task_of(self, cfg: FleetConfig) -> Literal["regression", "classification"]:
         """A Bernoulli likelihood's target is a class label, 0 or 1 (its predictive mean is `P(y = 1)`)."""
-        return "classification" if cfg.params.likelihood == "bernoulli" else "regression"  # type: ignore[attr-defined]
+        return "classification" if params_of(cfg, PVIParams).likelihood == "bernoulli" else "regression"
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.pvi.wire import schemas
@@ -140,7 +140,7 @@ class PVI(Algorithm):
 
     def kernel_version(self, cfg: FleetConfig) -> str:
         g = initial_state(cfg)
-        p = cfg.params
+        p = params_of(cfg, PVIParams)
         digest = hashlib.sha256(repr(p.model_dump()).encode())
         digest.update(g.Z.tobytes())
         digest.update(g.beta.tobytes())
@@ -152,16 +152,16 @@ class PVI(Algorithm):
 
         if mode == "lockstep":
             raise ValueError("PVI is order-free (use async)")
-        return PVILearner(PVIClient(initial_state(cfg), refine_settings(cfg.params), client_id=client_id,
-                                    reservoir=cfg.params.reservoir, refine_every=cfg.params.refine_every,
-                                    predict_draws=cfg.params.predict_draws, seed=cfg.seed,
-                                    jitter=cfg.params.jitter))
+        p = params_of(cfg, PVIParams)
+        return PVILearner(PVIClient(initial_state(cfg), refine_settings(p), client_id=client_id,
+                                    reservoir=p.reservoir, refine_every=p.refine_every,
+                                    predict_draws=p.predict_draws, seed=cfg.seed, jitter=p.jitter))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> PVIAggregation:
         from streamfed.algorithms.pvi.aggregation import PVIAggregation, RobustPVI
         from streamfed.algorithms.pvi.server import PVIServer
 
-        p = cfg.params
+        p = params_of(cfg, PVIParams)
         server = PVIServer(initial_state(cfg), n_pseudo=p.n_pseudo, parameterisation=p.parameterisation,
                            damping=p.damping, asynchronous=p.asynchronous, max_factors=p.max_factors,
                            max_abs=max_abs)

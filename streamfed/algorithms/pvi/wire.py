@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from streamfed.algorithms.base import params_of
+from streamfed.algorithms.pvi import PVIParams
 from streamfed.algorithms.pvi.factors import DiagGauss, Factor
 from streamfed.algorithms.pvi.state import GlobalQ
 from streamfed.wire.message import Message
@@ -57,7 +59,7 @@ def _factor_specs(p: Any, d: int, lead: tuple[str, ...]) -> tuple[ArraySpec, ...
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    p, d = cfg.params, cfg.n_inputs
+    p, d = params_of(cfg, PVIParams), cfg.n_inputs
     m = int(p.n_inducing)
     local_z = (ArraySpec("Z", "float64", (m, d)),) if p.inducing == "fedavg" else ()
     point = (ArraySpec("Z", "float64", (m, d)), ArraySpec("beta", "float64", (d + 2,)))

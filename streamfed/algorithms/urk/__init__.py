@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant
+from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant, params_of
 
 if TYPE_CHECKING:
     from streamfed.algorithms.urk.aggregation import URKAggregation
@@ -93,7 +93,7 @@ def arch_of(cfg: FleetConfig) -> URKArch:
     """The network's shapes for a fleet."""
     from streamfed.algorithms.urk.network import URKArch
 
-    p = cfg.params
+    p = params_of(cfg, URKParams)
     return URKArch(cfg.n_inputs, tuple(int(w) for w in p.widths), int(p.n_omega), int(p.shifter_width),
                    p.normalisation)
 
@@ -114,7 +114,7 @@ def initial_of(cfg: FleetConfig) -> URKWeights:
     """Kernel version 0: the network initialised from the fleet seed, the configured `ℓ, σ, λ`."""
     from streamfed.algorithms.urk.network import initial_weights
 
-    arch, p = arch_of(cfg), cfg.params
+    arch, p = arch_of(cfg), params_of(cfg, URKParams)
     ls = p.lengthscale if p.lengthscale is not None else math.sqrt(2.0 * arch.latent)
     return initial_weights(arch, cfg.seed, lengthscale=ls, sigma=p.sigma, lam=p.lam)
 
@@ -129,7 +129,7 @@ class URKFedBNR(Algorithm):
     cheap_regret = False  # O(F³): read per upload
 
     def feature_dim(self, cfg: FleetConfig) -> int:
-        return 2 * int(cfg.params.n_omega)
+        return 2 * int(params_of(cfg, URKParams).n_omega)
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.urk.wire import schemas
@@ -153,7 +153,7 @@ class URKFedBNR(Algorithm):
 
         if mode == "lockstep":
             raise ValueError("URK-FedBNR is order-free (use async)")
-        p = cfg.params
+        p = params_of(cfg, URKParams)
         return URKLearner(URKClient(
             initial_of(cfg), omega(arch_of(cfg), cfg.seed), self.kernel_version(cfg), client_id=client_id,
             min_upload=p.min_upload, learn_kernel=p.learn_kernel, reservoir=p.reservoir, fit_every=p.fit_every,
@@ -172,7 +172,7 @@ class URKFedBNR(Algorithm):
         from streamfed.algorithms.urk.robust_proposals import ProposalBound, RobustProposals
         from streamfed.algorithms.urk.server import LOG_BOUNDS, URKServer
 
-        p, r = cfg.params, cfg.robust
+        p, r = params_of(cfg, URKParams), cfg.robust
         kd = None
         if p.distill_inputs is not None and p.distill_targets is not None:
             X = np.array(p.distill_inputs, dtype=np.float64)

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamfed.algorithms.base import Update
+from streamfed.algorithms.base import Update, params_of
 from streamfed.algorithms.chunks import Chunk
+from streamfed.algorithms.urk import URKParams
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem, URKGlobal
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.wire.message import Message
@@ -57,7 +58,7 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
     s = f * (f + 1) // 2
     scal = (ArraySpec("n", "float64", (), nonnegative=True), ArraySpec("q", "float64", (), nonnegative=True))
     fixed = (ArraySpec("S_upper", "float64", (s,)), ArraySpec("b", "float64", (f,)), *scal)
-    p = min(max_chunk_numbers(cfg.params.max_chunk_bytes), arch.n_params)
+    p = min(max_chunk_numbers(params_of(cfg, URKParams).max_chunk_bytes), arch.n_params)
     return [
         MessageSchema(UPDATE, Channel.UPDATES, (
             ArraySpec("S_upper", "float64", ("s",)), ArraySpec("b", "float64", ("f",)), *scal,
