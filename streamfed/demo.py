@@ -47,7 +47,7 @@ from streamfed.runtime.broker import EmbeddedBroker
 from streamfed.runtime.exporter import StreamfedCollector, make_registry, serve_metrics
 from streamfed.wire.message import Reason
 
-__all__ = ["UNITS", "DemoOptions", "DemoStats", "public_scales", "run_demo"]
+__all__ = ["UNITS", "DemoOptions", "DemoStats", "fleet_errors", "public_scales", "run_demo"]
 
 UNITS = "µg/m³"  # of the Beijing target, CO, as the dataset records it
 
@@ -259,7 +259,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
     agg = AggregatorService(AggregatorCore(cfg, clients=[s.name for s in streams], mode="async", window=opts.window),
                             bcfg)
     y_scale = None if declared is None else declared.y_scale
-    agents = [AgentService(AgentCore(cfg, s.name, i, mode="async", stats=DemoStats(
+    agents = [AgentService(AgentCore(cfg, s.name, i, mode="async", stats=None if classifier else DemoStats(
                   s.name, fleet=cfg.fleet, algorithm=cfg.algorithm, y_scale=y_scale)),
                   bcfg, array_source(s.X, s.y, rate_hz=opts.rate))
               for i, s in enumerate(streams)]
