@@ -5,6 +5,7 @@ import io
 import subprocess
 import urllib.request
 
+import pytest
 from rich.console import Console
 
 from streamfed import demo as demo_mod
@@ -46,6 +47,14 @@ def test_demo_runs_a_fleet_and_serves_metrics(monkeypatch, tmp_path):
     assert summary["updates_rejected"] == sum(summary["rejected_by_reason"].values())
     assert summary["global_version"] > 0
     assert "summary" in text and "metrics" in text
+    # the error in the stream's units (CO in µg/m³: hundreds, where the standardised MSE is about 1) next to the
+    # standardised one, per agent and for the fleet, in the table, the printed summary and summary.json
+    assert summary["stream_units"] == "µg/m³" and 50.0 < summary["fleet_rmse_stream"] < 5000.0, summary
+    assert summary["fleet_mse_stream"] == pytest.approx(summary["fleet_rmse_stream"] ** 2)
+    assert 0.0 < summary["fleet_mse"] < 10.0, summary
+    assert set(summary["agents_rmse_stream"]) == set(summary["agents_mse"]) == {"Aotizhongxin", "Changping",
+                                                                                "Dingling"}
+    assert f"RMSE {summary['fleet_rmse_stream']:.1f} µg/m³" in text and "RMSE µg/m³" in text
     assert 'streamfed_agent_regret{client="Aotizhongxin",fleet="demo"}' in body
     assert "streamfed_aggregator_global_version" in body
     cmd = ["promtool", "check", "config", str(tmp_path / "prometheus.yml")]

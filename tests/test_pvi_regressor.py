@@ -40,6 +40,14 @@ def test_the_algorithm_exposes_it_as_its_estimator() -> None:
         PVIRegressor(n_inducing=0)
 
 
+def test_a_bernoulli_likelihood_is_refused_with_the_classifiers_name() -> None:
+    """Before: `PVIRegressor(likelihood='bernoulli')` raised `TypeError` (an unknown keyword)."""
+    with pytest.raises(ValueError, match=r"'bernoulli'.*use PVIClassifier"):
+        PVIRegressor(likelihood="bernoulli")
+    assert PVIRegressor(likelihood="gaussian").likelihood == "gaussian"  # its one likelihood, as a River param
+    assert "likelihood" in PVIRegressor()._get_params()
+
+
 def test_river_regressor_is_a_plain_client_and_server_and_returns_gaussian() -> None:
     pytest.importorskip("torch")
     X, y = make_data(40, seed=3)

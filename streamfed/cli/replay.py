@@ -251,7 +251,8 @@ def _replay_all(fleet: Any, chosen: list[str], cfg: Any, sched: Any, seeds: int,
 
 def _results_table(summary: dict[str, Any]) -> Table:
     """Regressors: MSE as the learners see it (standardised, or the normalisation's units) ± std over seeds, and
-    the RMSE in the stream's own units; classifiers: accuracy, log loss, ECE (no MSE)."""
+    the RMSE in the stream's own units; classifiers: accuracy, log loss, ECE (no MSE), and as R/T the regret in
+    log loss against each client's class frequencies in hindsight (not the learner's own, whose loss differs)."""
     algs = summary["algorithms"]
     classify = any(a.get("classification") for a in algs.values())
     regress = any(not a.get("classification") for a in algs.values())
@@ -261,7 +262,8 @@ def _results_table(summary: dict[str, Any]) -> Table:
         cols += ["MSE", "± std", "RMSE (units)"]
     if classify:
         cols += ["accuracy", "log loss", "ECE"]
-    cols += ["R/T", "up/step", "wall s"]
+    # R/T: the learner's own regret for a regressor; a classifier's in log loss against its class frequencies
+    cols += ["R/T (log loss)" if classify else "R/T", "up/step", "wall s"]
     for col in cols:
         table.add_column(col, justify="right" if col != "algorithm" else "left")
     for name, a in algs.items():
@@ -271,7 +273,8 @@ def _results_table(summary: dict[str, Any]) -> Table:
             row += ["-"] * 3 if c else [f"{a['mse_mean']:.6f}", f"{a['mse_std']:.6f}", f"{a['rmse_stream_mean']:.5g}"]
         if classify:
             row += [f"{c['accuracy']:.4f}", f"{c['log_loss']:.4f}", f"{c['ece']:.4f}"] if c else ["-"] * 3
-        row += [f"{a['avg_regret']:.2e}", f"{a['uploaded_per_client_step']:.0f}", f"{a['wall_s']:.1f}"]
+        regret = c.get("log_loss_regret", float("nan")) if c else a["avg_regret"]
+        row += [f"{regret:.2e}", f"{a['uploaded_per_client_step']:.0f}", f"{a['wall_s']:.1f}"]
         table.add_row(*row)
     return table
 

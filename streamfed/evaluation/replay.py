@@ -300,17 +300,38 @@ class ReplayResult:
 
     def classification(self) -> dict[str, float] | None:
         """A classifier's prequential accuracy, log loss and expected calibration error over every scored
-        step (the agents' :class:`~streamfed.fleet.telemetry.ClassificationStats`); None for a regressor."""
+        step (the agents' :class:`~streamfed.fleet.telemetry.ClassificationStats`), and its average regret in
+        log loss, `log_loss_regret`: mean over clients of `R_c(T)/T_c`, the client's log loss minus that of
+        the best constant class probabilities in hindsight (its class frequencies `f`, whose log loss is the
+        entropy `−Σ f log f`) — the same yardstick for every classifier, where the learners' own regrets
+        use different losses. None for a regressor.
+
+        >>> r = ReplayResult("x", ["a"], np.array([2]), [np.zeros(2)], np.array([1]), np.zeros((1, 1)),
+        ...                  np.zeros((1, 0)), [], np.zeros(1), 0.0, ys=[np.array([0.0, 1.0])],
+        ...                  probas=[np.array([[0.5, 0.5], [0.5, 0.5]])])
+        >>> c = r.classification()
+        >>> round(c["log_loss"], 6), round(c["log_loss_regret"], 6)  # ½ each: the class frequencies' own loss
+        (0.693147, 0.0)
+        """
         if not self.probas:
             return None
         from streamfed.fleet.telemetry import ClassificationStats
 
         stats = ClassificationStats()
+        regrets = []
         for p, y in zip(self.probas, self.ys, strict=True):
-            for t in np.flatnonzero(~np.isnan(p[:, 0])):
+            own = ClassificationStats()
+            scored = np.flatnonzero(~np.isnan(p[:, 0]))
+            for t in scored:
                 stats.observe(int(y[t]), p[t])
+                own.observe(int(y[t]), p[t])
+            if own.n:
+                _, counts = np.unique(y[scored], return_counts=True)
+                f = counts / own.n
+                regrets.append(own.log_loss + float(np.sum(f * np.log(f))))
         return {"accuracy": stats.accuracy, "log_loss": stats.log_loss,
-                "ece": stats.expected_calibration_error, "n": float(stats.n)}
+                "ece": stats.expected_calibration_error, "n": float(stats.n),
+                "log_loss_regret": float(np.mean(regrets)) if regrets else float("nan")}
 
     @property
     def mse_per_client(self) -> np.ndarray:

@@ -18,8 +18,9 @@ from streamfed.fleet.telemetry import ECE_BINS
 def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, schedule: Schedule,
               dataset: dict[str, Any]) -> dict[str, Any]:
     """Per algorithm: mean ± std over seeds of MSE (standardised, as the learners see it, and in the stream's
-    units, `mse_stream_*`) and `R_c(T)/T`, uploads, wall time, config; for a classifier its accuracy, log loss
-    and expected calibration error (`classification`) instead of an MSE."""
+    units, `mse_stream_*`) and `R_c(T)/T`, uploads, wall time, config; for a classifier its accuracy, log loss,
+    expected calibration error and regret in log loss (`classification`) instead of an MSE and the learner's
+    regret."""
     out: dict[str, Any] = {
         "dataset": dataset,
         "config": cfg.as_dict(),
@@ -35,7 +36,7 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
         extra: dict[str, Any] = {}
         if scores[0] is not None:
             extra["classification"] = {k: float(np.mean([sc[k] for sc in scores if sc is not None]))
-                                       for k in ("accuracy", "log_loss", "ece")}
+                                       for k in ("accuracy", "log_loss", "ece", "log_loss_regret")}
             extra["classification_per_seed"] = scores
         out["algorithms"][name] = {
             "mse_mean": float(mse.mean()),
@@ -54,8 +55,10 @@ def summarise(results: dict[str, list[ReplayResult]], cfg: AlgorithmConfig, sche
             "rmse_stream_mean": float(np.sqrt(stream).mean()),
             **extra,
         }
-        if scores[0] is not None:  # a classifier: no MSE (its "prediction" is a class index)
-            for key in ("mse_mean", "mse_std", "mse_stream_mean", "mse_stream_std", "rmse_stream_mean"):
+        if scores[0] is not None:  # a classifier: no MSE (its "prediction" is a class index), and no learner's
+            # regret (each in its own loss: squared on the class index, Brier, log loss): `log_loss_regret` instead
+            for key in ("mse_mean", "mse_std", "mse_stream_mean", "mse_stream_std", "rmse_stream_mean",
+                        "avg_regret", "avg_regret_std"):
                 out["algorithms"][name][key] = None
             out["algorithms"][name]["mse_per_seed"] = out["algorithms"][name]["mse_per_client"] = None
     return out
@@ -94,11 +97,12 @@ def markdown_table(summary: dict[str, Any], command: str | None = None) -> str:
     if classifiers:
         if len(classifiers) == len(summary["algorithms"]):
             lines = lines[:-3]
-        lines += ["", "| classifier | accuracy | log loss | ECE | numbers uploaded / client step | wall s | "
-                  "rejected steps |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| classifier | accuracy | log loss | ECE | avg R_c(T)/T in log loss (vs class frequencies) | "
+                  "numbers uploaded / client step | wall s | rejected steps |", "|---|---|---|---|---|---|---|---|"]
         for name, a in classifiers.items():
             c = a["classification"]
             lines.append(f"| {name} | {c['accuracy']:.4f} | {c['log_loss']:.4f} | {c['ece']:.4f} | "
+                         f"{c.get('log_loss_regret', float('nan')):.3e} | "
                          f"{a['uploaded_per_client_step']:.0f} | {a['wall_s']:.1f} | {a['rejected_steps']} |")
     if command:
         lines = [f"Command: `{command}`", "", *lines]

@@ -48,7 +48,8 @@ class PVIRegressor(base.Regressor):
     it goes to the private server, whose new state comes back. The refinement needs torch: without it
     the regressor still learns (its reservoir, its scales) and predicts from the prior, the refinement
     skipped and counted in `n_skipped`. With `standardise` (default) inputs and target are standardised
-    online from past samples only and predictions mapped back.
+    online from past samples only and predictions mapped back. `likelihood` is `"gaussian"`, its only one:
+    another (`"bernoulli"`) is a `ValueError` that names :class:`PVIClassifier`.
 
     >>> from river import datasets, evaluate, metrics
     >>> model = PVIRegressor(n_inducing=8, n_pseudo=8, steps=10, predict_draws=2)
@@ -63,7 +64,12 @@ class PVIRegressor(base.Regressor):
                  parameterisation: str = "dpo", learn_beta: bool = False, lengthscale: float | None = None,
                  amplitude: float = 1.0, sigma: float = 0.5, alpha: float = 0.1, reservoir: int = 256,
                  refine_every: int = 64, steps: int = 30, learning_rate: float = 0.01, mc_samples: int = 1,
-                 predict_draws: int = 8, jitter: float = 1e-6, seed: int = 0, standardise: bool = True) -> None:
+                 predict_draws: int = 8, jitter: float = 1e-6, seed: int = 0, standardise: bool = True,
+                 likelihood: str = "gaussian") -> None:
+        if likelihood != "gaussian":  # the one likelihood of a regressor; a binary label is PVIClassifier's
+            raise ValueError(f"PVIRegressor's likelihood is 'gaussian', got {likelihood!r}: for a binary label "
+                             "(Bernoulli likelihood) use PVIClassifier (streamfed.algorithms.pvi.estimator)")
+        self.likelihood = likelihood
         self.n_inducing = n_inducing
         self.n_pseudo = n_pseudo
         self.kernel = kernel
