@@ -5,8 +5,8 @@
 **Utility** — the 12 Beijing stations (raw readings, `T` samples each; each agent standardises with the
 declared public scales of `streamfed/evaluation/datasets/public_scales.py` and uploads on DP's public schedule of
 32 arrivals, as `streamfed agent` does), run through the real fleet cores in process (`AgentCore` → codec →
-`AggregatorCore` → codec → every agent), prequentially: each prediction is made before its label is learned. FedBNR (one Gaussian kernel, D = 10, uploads of 32
-samples, σ and λ fitted by the evidence) and POF-MKL (lock-step, N = 8, D = 50, M = 2). At a total
+`AggregatorCore` → codec → every agent), prequentially: each prediction is made before its label is learned.
+FedBNR (one Gaussian kernel, D = 10, uploads of 32 samples, σ and λ fitted by the evidence) and POF-MKL (lock-step, N = 8, D = 50, M = 2). At a total
 per-client budget ε ∈ {1, 4, 8} (δ = 1e-5) the noise multiplier is calibrated (`dp_accounting`, RDP) so
 that the client's `U` uploads compose to exactly ε; ∞ is the noiseless fleet. *Local* DP: each upload
 carries the whole noise; *distributed* DP: each of the 12 clients adds 1/12 of the variance and only the
