@@ -2,18 +2,19 @@
 
     .venv/bin/python benchmarks/bench_privacy.py [--out benchmarks/results/privacy.md] [--quick]
 
-**Utility** — the 12 Beijing stations (raw readings, `T` samples each; each agent standardises with the
-declared public scales of `streamfed/evaluation/datasets/public_scales.py` and uploads on DP's public schedule of
-32 arrivals, as `streamfed agent` does), run through the real fleet cores in process (`AgentCore` → codec →
+**Utility** — the 12 Beijing stations (raw readings, `T` samples each; each agent standardises with the declared
+public scales of `streamfed/evaluation/datasets/public_scales.py` and uploads on DP's public schedule of 32
+arrivals, as `streamfed agent` does), run through the real fleet cores in process (`AgentCore` → codec →
 `AggregatorCore` → codec → every agent), prequentially: each prediction is made before its label is learned.
-FedBNR (one Gaussian kernel, D = 10, uploads of 32 samples, σ and λ fitted by the evidence) and POF-MKL (lock-step, N = 8, D = 50, M = 2). At a total
-per-client budget ε ∈ {1, 4, 8} (δ = 1e-5) the noise multiplier is calibrated (`dp_accounting`, RDP) so
-that the client's `U` uploads compose to exactly ε; ∞ is the noiseless fleet. *Local* DP: each upload
-carries the whole noise; *distributed* DP: each of the 12 clients adds 1/12 of the variance and only the
-sum (behind secure aggregation) carries the whole noise. Labels clipped to `|y| <= 1` in the declared units
-(CO within [−2,000, 6,000] µg/m³), POF-MKL updates clipped to `‖Δ‖ <= C` (C = the median norm of its noiseless
-updates). MSE and NLPD (Gaussian, FedBNR only) over every prediction of every station; NLPD uses the
-predictive variance the agent reports, which adds the global's noise to first order (docs/privacy.md).
+FedBNR (one Gaussian kernel, D = 10, uploads of 32 samples, σ and λ fitted by the evidence) and POF-MKL
+(lock-step, N = 8, D = 50, M = 2). At a total per-client budget ε ∈ {1, 4, 8} (δ = 1e-5) the noise multiplier is
+calibrated (`dp_accounting`, RDP) so that the client's `U` uploads compose to exactly ε; ∞ is the noiseless
+fleet. *Local* DP: each upload carries the whole noise; *distributed* DP: each of the 12 clients adds 1/12 of
+the variance and only the sum (behind secure aggregation) carries the whole noise. Labels clipped to `|y| <= 1`
+in the declared units (CO within [−2,000, 6,000] µg/m³), POF-MKL updates clipped to `‖Δ‖ <= C` (C = the median
+norm of its noiseless updates). MSE and NLPD (Gaussian, FedBNR only) over every prediction of every station;
+NLPD uses the predictive variance the agent reports, which adds the global's noise to first order
+(docs/privacy.md).
 
 **Secure aggregation** — one SecAgg+ round in process (`streamfed.privacy.secagg.run_round`: key
 advertisement, encrypted Shamir shares, masked inputs, unmasking) over FedBNR uploads of the Beijing
