@@ -446,18 +446,23 @@ def test_a_private_agent_never_makes_an_upload_its_codec_refuses(algorithm: str)
     """Learners clipped whole have every float array noised, among them arrays the wire declares nonnegative
     (FSGP's `n`, `q`; URK's `weight`, `q`): noise made most of their uploads unsendable ("negative value"). The
     noised values are now projected onto the declared signs (post-processing): every upload encodes and decodes.
-    (Whether the aggregator then takes it is the family's business: FSGP's noised count `n` no longer equals its
-    `n_samples` — it does not name `n` as its count — and is refused there, counted, never raised.)"""
+    FSGP's count `n` is named as such (not noised, the schedule's): its aggregator takes every upload. (URK's
+    chunked uploads are refused by its aggregator under DP — a separate matter, counted, never raised.)"""
     cfg = FleetConfig(fleet="q", algorithm=algorithm, n_inputs=1, standardise="none", dp_epsilon=1.0)
     agent = AgentCore(cfg, "a1", 0, mode="async")
     agent.privacy.rng = np.random.default_rng(3)  # type: ignore[union-attr]
+    agg = AggregatorCore(cfg, clients=["a1"], mode="async", window=0.0, check_stats=False)
     sent = 0
     for t in range(400):
         _, msgs = agent.on_reading(Reading(f"r{t}", np.array([np.sin(t)]), float(t), y=0.1 * np.cos(t)))
         for m in msgs:
             payload = encode(m, cfg)  # raised ProtocolError(bad_array) before
             decode(payload, cfg, kernel_version=agent.kernel_version, kinds=(cfg.update_kind,))
+            if algorithm == "fsgp":
+                agg.on_update("a1", payload, now=float(t))
             sent += 1
     assert sent >= 10
+    if algorithm == "fsgp":  # its count `n` is the schedule's, so the aggregator takes every upload
+        assert sum(agg.rejected.values()) == 0, agg.rejected
     spec = {a.name: a for a in cfg.message_schema(cfg.update_kind).arrays}
     assert any(spec[k].nonnegative for k in agent.privacy.constraints)  # type: ignore[union-attr]
