@@ -95,3 +95,25 @@ def test_neighbouring_streams_scrape_the_same_under_dp(algorithm: str) -> None:
     assert scrape(algorithm, dp=False, with_target=True) != scrape(algorithm, dp=False, with_target=False)
     assert (scrape(algorithm, dp=True, with_target=True, opt_in=True)
             != scrape(algorithm, dp=True, with_target=False, opt_in=True))
+
+
+# ---------------------------------------------------------------- streamfed replay --dp-epsilon (issue 31)
+@pytest.mark.slow  # a replay through the CLI: over 2 s with its imports
+def test_replay_under_dp_refuses_what_would_break_the_agents_boundary_in_one_line(tmp_path) -> None:  # noqa: ANN001
+    """A dataset without declared scales, or a normalisation by the data's own statistics, would report a guarantee
+    the agent does not give: one `error:` line, exit 2. Beijing runs on the agent's boundary, and the report's
+    command says --dp-epsilon (it did not before)."""
+    from typer.testing import CliRunner
+
+    from streamfed.cli import app
+
+    for extra in (["--dataset", "synthetic"], ["--dataset", "beijing-air", "--normalisation", "paper"]):
+        res = CliRunner().invoke(app, ["replay", *extra, "--dp-epsilon", "1", "-a", "fedbnr", "--steps", "40",
+                                       "--out", str(tmp_path)])
+        assert res.exit_code == 2, res.output
+        assert res.output.startswith("error: --dp-epsilon") and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["replay", "--dataset", "beijing-air", "--dp-epsilon", "4", "-a", "fedbnr",
+                                   "--steps", "64", "--n-features", "5", "--out", str(tmp_path), "--no-plots"])
+    assert res.exit_code == 0, res.output
+    report = (tmp_path / "results.md").read_text()
+    assert "--dp-epsilon 4.0" in report and "--normalisation none" in report
