@@ -2,17 +2,19 @@
 
     .venv/bin/python benchmarks/bench_privacy.py [--out benchmarks/results/privacy.md] [--quick]
 
-**Utility** — the 12 Beijing stations (paper normalisation, `T` samples each), run through the real fleet
-cores in process (`AgentCore` → codec → `AggregatorCore` → codec → every agent), prequentially: each
-prediction is made before its label is learned. FedBNR (one Gaussian kernel, D = 10, uploads of 32
-samples, σ and λ fitted by the evidence) and POF-MKL (lock-step, N = 8, D = 50, M = 2). At a total
-per-client budget ε ∈ {1, 4, 8} (δ = 1e-5) the noise multiplier is calibrated (`dp_accounting`, RDP) so
-that the client's `U` uploads compose to exactly ε; ∞ is the noiseless fleet. *Local* DP: each upload
-carries the whole noise; *distributed* DP: each of the 12 clients adds 1/12 of the variance and only the
-sum (behind secure aggregation) carries the whole noise. Labels clipped to `|y| <= 1` (the normalised
-range: nothing is clipped), POF-MKL updates clipped to `‖Δ‖ <= C` (C = the median norm of its noiseless
-updates). MSE and NLPD (Gaussian, FedBNR only) over every prediction of every station; NLPD uses the
-predictive variance the agent reports, which adds the global's noise to first order (docs/privacy.md).
+**Utility** — the 12 Beijing stations (raw readings, `T` samples each; each agent standardises with the declared
+public scales of `streamfed/evaluation/datasets/public_scales.py` and uploads on DP's public schedule of 32
+arrivals, as `streamfed agent` does), run through the real fleet cores in process (`AgentCore` → codec →
+`AggregatorCore` → codec → every agent), prequentially: each prediction is made before its label is learned.
+FedBNR (one Gaussian kernel, D = 10, uploads of 32 samples, σ and λ fitted by the evidence) and POF-MKL
+(lock-step, N = 8, D = 50, M = 2). At a total per-client budget ε ∈ {1, 4, 8} (δ = 1e-5) the noise multiplier is
+calibrated (`dp_accounting`, RDP) so that the client's `U` uploads compose to exactly ε; ∞ is the noiseless
+fleet. *Local* DP: each upload carries the whole noise; *distributed* DP: each of the 12 clients adds 1/12 of
+the variance and only the sum (behind secure aggregation) carries the whole noise. Labels clipped to `|y| <= 1`
+in the declared units (CO within [−2,000, 6,000] µg/m³), POF-MKL updates clipped to `‖Δ‖ <= C` (C = the median
+norm of its noiseless updates). MSE and NLPD (Gaussian, FedBNR only) over every prediction of every station;
+NLPD uses the predictive variance the agent reports, which adds the global's noise to first order
+(docs/privacy.md).
 
 **Secure aggregation** — one SecAgg+ round in process (`streamfed.privacy.secagg.run_round`: key
 advertisement, encrypted Shamir shares, masked inputs, unmasking) over FedBNR uploads of the Beijing
@@ -40,10 +42,10 @@ from streamfed.algorithms.fedbnr.wire import stats_update_message  # noqa: E402
 from streamfed.algorithms.pofmkl import POFMKLParams  # noqa: E402
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 from streamfed.evaluation.datasets import load_beijing  # noqa: E402
+from streamfed.evaluation.datasets.public_scales import beijing_public_scales  # noqa: E402
 from streamfed.fleet.agent import AgentCore  # noqa: E402
 from streamfed.fleet.aggregator import AggregatorCore  # noqa: E402
 from streamfed.fleet.config import FleetConfig
-from streamfed.fleet.private_learner import PrivateLearner
 from streamfed.fleet.sources import Reading  # noqa: E402
 from streamfed.privacy import fixed_point  # noqa: E402
 from streamfed.privacy.accountant import calibrate_noise_multiplier  # noqa: E402
@@ -59,14 +61,19 @@ UPLOAD = 32
 UTILITY_FEATURES = 10
 
 
-def fedbnr_cfg(n_features: int = 50) -> FleetConfig:
+def _scaling(declared: bool) -> dict:
+    # the utility runs standardise as a private agent must: with declared, public scales on the raw readings
+    return {"standardise": "online", "public_scales": beijing_public_scales()} if declared else {"standardise": "none"}
+
+
+def fedbnr_cfg(n_features: int = 50, declared: bool = False) -> FleetConfig:
     return FleetConfig(fleet="bench", algorithm="fedbnr", n_inputs=10, n_features=n_features, kernels=["gaussian:2.0"],
-                       standardise="none", fedbnr=FedBNRParams(min_upload=UPLOAD))
+                       fedbnr=FedBNRParams(min_upload=UPLOAD), **_scaling(declared))
 
 
-def pofmkl_cfg() -> FleetConfig:
+def pofmkl_cfg(declared: bool = False) -> FleetConfig:
     return FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=8, n_features=50, bin_size=2,
-                       standardise="none", seed=1, pofmkl=POFMKLParams())
+                       seed=1, pofmkl=POFMKLParams(), **_scaling(declared))
 
 
 def run_fleet(cfg: FleetConfig, fleet, steps: int, z: float | None, share: float, clip_norm: float,
@@ -77,13 +84,19 @@ def run_fleet(cfg: FleetConfig, fleet, steps: int, z: float | None, share: float
     names = [s.name for s in streams]
     lockstep = cfg.algorithm == "pofmkl"
     mode = "lockstep" if lockstep else "async"
+    if z is not None:
+        # the agent's own privacy boundary (declared scales, the public schedule of dp_window arrivals, dummies):
+        # AgentCore builds it from the configuration; ε per upload is a placeholder for the calibrated multiplier
+        cfg = cfg.model_copy(update={"dp_epsilon": 1.0, "dp_delta": DELTA, "clip_label": 1.0, "clip_norm": clip_norm})
     agents = [AgentCore(cfg, n, i, mode=mode) for i, n in enumerate(names)]
     if z is not None:
         for i, a in enumerate(agents):
-            # public attributes of the core: the bench sets the calibrated multiplier the config cannot say
-            a.learner = a.privacy = PrivateLearner(a.learner, epsilon=1.0, delta=DELTA, label_bound=1.0,
-                                                   clip_norm=clip_norm, noise_share=share, noise_multiplier=z,
-                                                   rng=seed * 1000 + i, client=a.client_id)
+            # public attributes of the private learner: the multiplier calibrated for the whole stream, the
+            # distributed share (secure aggregation's masking is left out: the sum it unmasks is what is summed here)
+            p = a.privacy
+            p.z, p.noise_share = z, share
+            p.std = z * p.l2 * math.sqrt(share)
+            p.rng = np.random.default_rng(seed * 1000 + i)
     agg = AggregatorCore(cfg, clients=names, mode=mode, window=0.0, check_stats=z is None)
     sq, nlpd, norms, rejected_globals = [], [], [], 0
     for t in range(steps):
@@ -113,13 +126,16 @@ def run_fleet(cfg: FleetConfig, fleet, steps: int, z: float | None, share: float
 
 
 def utility(steps: int) -> tuple[list[str], dict]:
-    fleet = load_beijing("paper", steps=steps)
+    fleet = load_beijing("none", steps=steps)  # raw readings: the agents standardise with the declared scales
     n = len(fleet.streams)
     out: dict = {}
-    lines = ["", f"### Utility under differential privacy (Beijing, 12 stations × {steps} samples, δ = {DELTA:g})", "",
-             "| algorithm | ε (per client, whole stream) | uploads per client | noise multiplier z | DP | MSE | NLPD |",
+    lines = ["", f"### Utility under differential privacy (Beijing, 12 stations × {steps} samples, δ = {DELTA:g}; "
+             "declared scales, the agent's public schedule)", "",
+             "| algorithm | ε (per client, whole stream) | uploads per client | noise multiplier z | DP | MSE (µg/m³)² "
+             "| NLPD |",
              "|---|---|---|---|---|---|---|"]
-    for name, make in (("fedbnr", lambda: fedbnr_cfg(UTILITY_FEATURES)), ("pofmkl", pofmkl_cfg)):
+    for name, make in (("fedbnr", lambda: fedbnr_cfg(UTILITY_FEATURES, declared=True)),
+                       ("pofmkl", lambda: pofmkl_cfg(declared=True))):
         cfg = make()
         uploads = steps // UPLOAD if name == "fedbnr" else steps
         t0 = time.perf_counter()
@@ -128,14 +144,14 @@ def utility(steps: int) -> tuple[list[str], dict]:
         rows = {"inf": plain}
         for eps in EPSILONS:
             if eps == math.inf:
-                lines.append(f"| {name} | ∞ | {uploads} | 0 | none | {plain['mse']:.5f} | {_f(plain['nlpd'])} |")
+                lines.append(f"| {name} | ∞ | {uploads} | 0 | none | {plain['mse']:,.0f} | {_f(plain['nlpd'])} |")
                 continue
             z = calibrate_noise_multiplier(eps, DELTA, uploads)
             for mode, share in (("local", 1.0), ("distributed", 1.0 / n)):
                 r = run_fleet(cfg, fleet, steps, z, share, clip)
                 r["z"] = z
                 rows[f"{eps:g}/{mode}"] = r
-                lines.append(f"| {name} | {eps:g} | {uploads} | {z:.2f} | {mode} | {r['mse']:.5f} | {_f(r['nlpd'])} |")
+                lines.append(f"| {name} | {eps:g} | {uploads} | {z:.2f} | {mode} | {r['mse']:,.0f} | {_f(r['nlpd'])} |")
         out[name] = {"uploads": uploads, "clip_norm": clip, "rows": rows, "seconds": time.perf_counter() - t0}
     lines += ["", "POF-MKL's clip norm C = the median L2 norm of its noiseless updates "
               f"({out['pofmkl']['clip_norm']:.3g}). Globals rejected by an agent and updates rejected by the "

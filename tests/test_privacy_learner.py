@@ -200,20 +200,49 @@ def test_bad_privacy_settings_are_refused_clearly() -> None:
 
 def test_replay_with_dp_noises_the_federated_rows_only() -> None:
     from streamfed.evaluation.datasets import load_beijing
+    from streamfed.evaluation.datasets.public_scales import beijing_public_scales
     from streamfed.evaluation.replay import AlgorithmConfig, build_arrangement, replay
 
-    fleet = load_beijing("paper", steps=96)
-    plain = AlgorithmConfig(n_kernels=1, n_features=5, params={"fedbnr": {"min_upload": 16}})
+    fleet = load_beijing("none", steps=96)
+    public = {"public_scales": beijing_public_scales()}
+    plain = AlgorithmConfig(n_kernels=1, n_features=5, params={"fedbnr": {"min_upload": 16}}, privacy=public)
     noisy = AlgorithmConfig(n_kernels=1, n_features=5, params={"fedbnr": {"min_upload": 16}},
-                            privacy={"dp_epsilon": 1.0, "clip_label": 1.0})
+                            privacy={"dp_epsilon": 1.0, "clip_label": 1.0, **public})
     a = replay(fleet, "fedbnr", plain, steps=96)
     b = replay(fleet, "fedbnr", noisy, steps=96)
     assert np.isfinite(b.mse) and b.mse != a.mse
     arr = build_arrangement("fedbnr", 2, fleet.n_inputs, noisy, seed=0)
-    assert all(isinstance(lr, PrivateLearner) for lr in arr.learners)
+    assert all(isinstance(p, PrivateLearner) for p in arr.privates) and len(arr.privates) == 2
     local = build_arrangement("fedbnr-local", 2, fleet.n_inputs, noisy, seed=0)
-    assert not any(isinstance(lr, PrivateLearner) for lr in local.learners)  # nothing leaves a local learner
-    assert noisy.as_dict()["privacy"] == {"dp_epsilon": 1.0, "clip_label": 1.0}
+    assert not local.privates  # nothing leaves a local learner
+    assert noisy.as_dict()["privacy"]["dp_epsilon"] == 1.0
+
+
+def test_replay_under_dp_keeps_the_agents_privacy_boundary() -> None:
+    """The replay's private rows are the agent's: declared scales (none: refused, the dataset's own normalisation is
+    a data statistic), and one upload per window of arrivals — a refused reading still counts — so neighbouring
+    streams (a label made unreadable) upload alike."""
+    from streamfed.evaluation.datasets import load_beijing
+    from streamfed.evaluation.datasets.base import Fleet
+    from streamfed.evaluation.datasets.public_scales import beijing_public_scales
+    from streamfed.evaluation.replay import NEEDS_DECLARED_SCALES, AlgorithmConfig, build_arrangement, replay
+
+    with pytest.raises(ValueError, match="declared public scales"):
+        build_arrangement("fedbnr", 2, 10, AlgorithmConfig(n_kernels=1, privacy={"dp_epsilon": 1.0}), seed=0)
+    assert "public_scales" in NEEDS_DECLARED_SCALES
+    base = load_beijing("none", steps=64)
+    cfg = AlgorithmConfig(n_kernels=1, n_features=5, params={"fedbnr": {"min_upload": 16}},
+                          privacy={"dp_epsilon": 1.0, "public_scales": beijing_public_scales()})
+    s0 = base.streams[0]
+    y = s0.y.copy()
+    y[5] = np.nan  # the neighbour: arrival 5 carries no sample (refused)
+    neighbour = Fleet((type(s0)(s0.name, s0.X, y, s0.feature_names), *base.streams[1:]), dataset="x",
+                      normalisation="none", split="station")
+    r1, r0 = replay(base, "fedbnr", cfg, steps=64), replay(neighbour, "fedbnr", cfg, steps=64)
+    assert r0.rejected[0] == 1 and r1.rejected[0] == 0
+    np.testing.assert_array_equal(r0.uploaded_numbers, r1.uploaded_numbers)  # 4 windows of 16 each, both
+    assert [p.accountant.uploads for p in r0.arrangement.privates] == [4] * len(base.streams)
+    assert [p.accountant.uploads for p in r1.arrangement.privates] == [4] * len(base.streams)
 
 
 def test_predictive_variance_accounts_for_the_globals_noise() -> None:
@@ -409,3 +438,31 @@ def test_lockstep_rounds_under_dp_go_on_through_refused_readings() -> None:
                     assert a.install_global(decode(encode(m, cfg), cfg, kernel_version=a.kernel_version)).installed
     assert agg.version == 10 and agg.rejected == {}
     assert [a.seq for a in agents] == [10, 10] and [a.privacy.accountant.uploads for a in agents] == [10, 10]
+
+
+# ---------------------------------------------------------------- every DP upload is sendable
+@pytest.mark.parametrize("algorithm", ["fsgp", "urk-fedbnr"])
+def test_a_private_agent_never_makes_an_upload_its_codec_refuses(algorithm: str) -> None:
+    """Learners clipped whole have every float array noised, among them arrays the wire declares nonnegative
+    (FSGP's `n`, `q`; URK's `weight`, `q`): noise made most of their uploads unsendable ("negative value"). The
+    noised values are now projected onto the declared signs (post-processing): every upload encodes and decodes.
+    FSGP's count `n` is named as such (not noised, the schedule's): its aggregator takes every upload. (URK's
+    chunked uploads are refused by its aggregator under DP — a separate matter, counted, never raised.)"""
+    cfg = FleetConfig(fleet="q", algorithm=algorithm, n_inputs=1, standardise="none", dp_epsilon=1.0)
+    agent = AgentCore(cfg, "a1", 0, mode="async")
+    agent.privacy.rng = np.random.default_rng(3)  # type: ignore[union-attr]
+    agg = AggregatorCore(cfg, clients=["a1"], mode="async", window=0.0, check_stats=False)
+    sent = 0
+    for t in range(400):
+        _, msgs = agent.on_reading(Reading(f"r{t}", np.array([np.sin(t)]), float(t), y=0.1 * np.cos(t)))
+        for m in msgs:
+            payload = encode(m, cfg)  # raised ProtocolError(bad_array) before
+            decode(payload, cfg, kernel_version=agent.kernel_version, kinds=(cfg.update_kind,))
+            if algorithm == "fsgp":
+                agg.on_update("a1", payload, now=float(t))
+            sent += 1
+    assert sent >= 10
+    if algorithm == "fsgp":  # its count `n` is the schedule's, so the aggregator takes every upload
+        assert sum(agg.rejected.values()) == 0, agg.rejected
+    spec = {a.name: a for a in cfg.message_schema(cfg.update_kind).arrays}
+    assert any(spec[k].nonnegative for k in agent.privacy.constraints)  # type: ignore[union-attr]

@@ -57,6 +57,10 @@ def agent(
                                               "oldest is dropped and counted (queue_full)")] = 4096,
     dp_epsilon: Annotated[float | None, typer.Option(help=DP_HELP)] = None,
     secure_aggregation: Annotated[bool | None, typer.Option(help=SECAGG_HELP)] = None,
+    dp_unnoised_metrics: Annotated[bool, typer.Option(
+        help="under differential privacy, still export the agent's quality metrics (MSE, coverage, regret, kernel "
+             "weights, sample, skip and learned counts, latencies): un-noised statistics of the raw stream, outside "
+             "the privacy guarantee (default: withheld; docs/privacy.md)")] = False,
 ) -> None:
     """Run one edge agent: predict, learn, publish predictions and bounded updates.
 
@@ -133,6 +137,7 @@ def agent(
         core = AgentCore(cfg.fleet, client, index, mode=mode)  # type: ignore[arg-type]
     except ValueError as e:
         refuse(str(e))
+    core.stats.unnoised_metrics = dp_unnoised_metrics
     sensor = (names or [f"x{i}" for i in range(cfg.fleet.n_inputs)]) if src is None else None
 
     built: list[Any] = []

@@ -65,7 +65,9 @@ def replay(
     windows: Annotated[str, typer.Option(help="with --leave-one-out: sample counts to score, e.g. 336,2000")
                        ] = "336,2000",
     dp_epsilon: Annotated[float | None, typer.Option(
-        help="differential privacy of the federated rows: every upload (ε, 1e-5)-DP (docs/privacy.md)")] = None,
+        help="differential privacy of the federated rows: every upload (ε, 1e-5)-DP, with the agent's privacy "
+             "boundary — declared public scales on the raw readings, the public upload schedule (beijing-air "
+             "only; docs/privacy.md)")] = None,
 ) -> None:
     """Replay a fleet in-process (no network) and compare algorithms: results.json, results.md, plots."""
     from streamfed.evaluation.report import summarise, write_report
@@ -73,11 +75,13 @@ def replay(
     chosen = _chosen(algorithm)
     sched, joins, score, cfg = _config(schedule, join, windows, param, dp_epsilon, n_kernels=n_kernels,
                                        n_features=n_features, bin_size=bin_size, eta=eta, lam=lam, xi=xi)
+    label = _task(chosen, cfg) == "classification"  # a class label is never normalised
+    if dp_epsilon is not None:
+        normalisation = _private_scaling(dataset, normalisation, cfg)
     if normalisation is None:
         normalisation = "online" if _is_csv(dataset) else "paper"
     if not 0.0 <= max_skip_share <= 1.0:
         refuse(f"--max-skip-share must be between 0 and 1, got {max_skip_share}")
-    label = _task(chosen, cfg) == "classification"  # a class label is never normalised
     fleet = _load_fleet(dataset, normalisation, split, steps, cfg, target=target, client_column=client_column,
                         features=features, columns=columns, columns_file=columns_file, encoding=encoding,
                         na_values=na_values, max_abs=max_abs, max_skip_share=max_skip_share, label=label)
@@ -97,7 +101,7 @@ def replay(
             f"--normalisation {normalisation}", f"--split {split}", f"--schedule {schedule}",
             f"--n-kernels {n_kernels}", f"--n-features {n_features}", f"--bin-size {bin_size}",
             f"--out {shlex.quote(str(out))}"]
-    for flag, value in (("--eta", eta), ("--lam", lam), ("--xi", xi), ("--steps", steps),
+    for flag, value in (("--eta", eta), ("--lam", lam), ("--xi", xi), ("--steps", steps), ("--dp-epsilon", dp_epsilon),
                         ("--target", target), ("--client-column", client_column), ("--features", features),
                         ("--columns", columns), ("--columns-file", columns_file), ("--na-values", na_values),
                         ("--max-abs", None if max_abs == 1e150 else max_abs),
@@ -165,6 +169,23 @@ def _config(schedule: str, join: list[str] | None, windows: str, param: list[str
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     return sched, joins, score, cfg
+
+
+def _private_scaling(dataset: str, normalisation: str | None, cfg: Any) -> str:
+    """Under --dp-epsilon the replay keeps the agent's privacy boundary: raw readings, standardised by each agent
+    with declared public scales (docs/privacy.md § The privacy boundary) — known for beijing-air only; anything
+    else is one `error:` line, exit 2."""
+    if dataset != "beijing-air":
+        refuse(f"--dp-epsilon: {dataset!r} has no declared public scales (only beijing-air has: "
+               "streamfed/evaluation/datasets/public_scales.py); a dataset-wide or running normalisation is a "
+               "statistic of the data, outside the privacy guarantee — run agents with [fleet.public_scales]")
+    if normalisation not in (None, "none"):
+        refuse(f"--dp-epsilon standardises with the declared public scales: --normalisation {normalisation} would "
+               "scale by the data's own statistics, outside the privacy guarantee (leave it out)")
+    from streamfed.evaluation.datasets.public_scales import beijing_public_scales
+
+    cfg.privacy["public_scales"] = beijing_public_scales()
+    return "none"
 
 
 def _is_csv(dataset: str) -> bool:

@@ -43,6 +43,10 @@ __all__ = ["AlgorithmConfig", "Arrangement", "ReplayResult", "Schedule", "algori
            "replay"]
 
 _FLEET = "replay"
+# a replay under differential privacy without declared scales would normalise with the data's own statistics,
+# outside the privacy boundary the agent keeps (docs/privacy.md § The privacy boundary)
+NEEDS_DECLARED_SCALES = ("differential privacy in a replay needs declared public scales (privacy={'public_scales': "
+                         "...}: the agents standardise with them, as deployed agents do)")
 
 
 @dataclass(frozen=True)
@@ -145,9 +149,11 @@ class AlgorithmConfig:
         alg = algorithms.get(algorithm)
         robust = Robustness() if label_bound is None else Robustness(
             label_bound=max(Robustness().label_bound, float(label_bound) * (1 + 1e-9)))
+        # declared scales (`public_scales` among the privacy settings) are applied by each agent, as a private
+        # agent must; otherwise the streams come normalised at the dataset layer
+        scaling = {"standardise": "online" if "public_scales" in self.privacy else "none", **self.privacy}
         return FleetConfig(fleet=_FLEET, algorithm=algorithm, n_inputs=n_inputs, seed=seed, max_clients=100_000,
-                           standardise="none",
-                           params=alg.Params(**self.params_for(alg, variant)), robust=robust, **self.privacy)
+                           params=alg.Params(**self.params_for(alg, variant)), robust=robust, **scaling)
 
 
 @dataclass
@@ -165,6 +171,8 @@ class Arrangement:
     kernel_names: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     kernel_version: str = ""
+    # under differential privacy, each client's private learner (its public schedule counts every arrival)
+    privates: list[Any] = field(default_factory=list)
 
     def message(self, c: int, seq: int, up: Update) -> Message:
         """Client `c`'s upload in the envelope the network carries (not encoded)."""
@@ -194,27 +202,40 @@ def build_arrangement(name: str, fleet_size: int, n_inputs: int, cfg: AlgorithmC
     names = names or [f"c{c}" for c in range(fleet_size)]
     mode = "lockstep" if alg.lockstep else "async"
     n = fleet_size
+    make = alg.learner
+    if fcfg.public_scales is not None:  # the agent's standardisation with declared scales (no DP: nothing leaves)
+        from streamfed.fleet.agent import AgentCore
+
+        plain = fcfg.model_copy(update={"dp_epsilon": None})
+
+        def make(_: FleetConfig, name: str, index: int, mode: str) -> Learner:  # type: ignore[misc]
+            return AgentCore(plain, name, index, mode).learner  # type: ignore[arg-type]
     if v.arrangement == "centralised":
-        one = alg.learner(fcfg, names[0], 0, mode)
+        one = make(fcfg, names[0], 0, mode)
         learners, aggs, of = [one] * n, [alg.aggregation(fcfg)], [0] * n
     elif v.arrangement == "local":
-        learners = [alg.learner(fcfg, names[c], c, mode) for c in range(n)]
+        learners = [make(fcfg, names[c], c, mode) for c in range(n)]
         aggs, of = [alg.aggregation(fcfg) for _ in range(n)], list(range(n))
     else:
-        learners = [alg.learner(fcfg, names[c], c, mode) for c in range(n)]
+        learners = [make(fcfg, names[c], c, mode) for c in range(n)]
         aggs, of = [alg.aggregation(fcfg)], [0] * n
+    privates: list[Any] = []
     if fcfg.dp_epsilon is not None and v.arrangement == "federated":
-        # what an agent of the fleet runs (AgentCore): uploads noised, accounted; the server checks bounds only
-        from streamfed.fleet.private_learner import PrivateLearner
+        # what an agent of the fleet runs, built by AgentCore itself: declared scales, labels bounded and clipped,
+        # the private learner on the public schedule of dp_window arrivals with its dummies (docs/privacy.md § The
+        # privacy boundary); the server checks bounds only
+        if fcfg.public_scales is None:
+            raise ValueError(NEEDS_DECLARED_SCALES)
+        from streamfed.fleet.agent import AgentCore
 
-        learners = [PrivateLearner(lr, epsilon=fcfg.dp_epsilon, delta=fcfg.dp_delta, budget=fcfg.dp_budget,
-                                   label_bound=fcfg.clip_label, clip_norm=fcfg.clip_norm, rng=[seed, c],
-                                   client=names[c], clip_labels=alg.task_of(fcfg) == "regression")
-                    for c, lr in enumerate(learners)]
+        cores = [AgentCore(fcfg, names[c], c, mode) for c in range(n)]
+        for c, core in enumerate(cores):
+            core.privacy.rng = np.random.default_rng([seed, c])  # type: ignore[union-attr]
+        learners, privates = [core.learner for core in cores], [core.privacy for core in cores]
         aggs = [alg.aggregation(fcfg, check_stats=False)]
     arr = Arrangement(v.name, alg, fcfg, learners, aggs, of, federated=v.arrangement == "federated",
                       centralised=v.arrangement == "centralised", kernel_names=list(learners[0].kernel_names),
-                      names=names, kernel_version=alg.kernel_version(fcfg))
+                      names=names, kernel_version=alg.kernel_version(fcfg), privates=privates)
     for a, agg in enumerate(aggs):  # the initial global (eM-KOFL: the server's first kernel choice)
         arr.broadcast(agg, sorted({c for c in range(n) if of[c] == a}) if not arr.centralised else [0])
     return arr
@@ -449,6 +470,10 @@ def replay(
             yhat, var = learner.learn(xs[c][t], ys[c][t])
         except (ValueError, ArithmeticError):
             rejected[c] += 1
+            yhat = None
+        if arr.privates:  # DP's public schedule: every labelled reading is an arrival, learned or refused
+            arr.privates[c].arrival()
+        if yhat is None:
             return None
         e = yhat - ys[c][t]
         sq[c][t] = e * e

@@ -181,7 +181,8 @@ class AgentCore:
                 noise_share=1.0 / (cfg.dp_round_clients or 1),
                 clip_labels=self.algorithm.task_of(cfg) == "regression",
                 # the public schedule: one upload per window of arrivals (lock-step: one per arrival, refused or not)
-                window=cfg.dp_upload_window if mode == "async" else 1, n_inputs=cfg.n_inputs)
+                window=cfg.dp_upload_window if mode == "async" else 1, n_inputs=cfg.n_inputs,
+                schema=cfg.protocol_schema.kinds.get(cfg.update_kind))  # noised values kept within its signs
         self.status_changed = False  # something the status message says changed (the budget ran out)
         regression = self.algorithm.task_of(cfg) == "regression"  # a class label is never standardised
         if regression:  # a classifier's label is a class index, checked by the learner itself

@@ -55,6 +55,7 @@ from streamfed.core.durable import durable
 from streamfed.privacy import dp
 from streamfed.privacy.accountant import Method, PrivacyAccountant
 from streamfed.wire.message import Message
+from streamfed.wire.schema import ArraySpec, MessageSchema
 
 __all__ = ["PrivateLearner"]
 
@@ -81,7 +82,8 @@ class PrivateLearner(WrappedLearner):
                  label_bound: float = 3.0, clip_norm: float = 1.0, noise_share: float = 1.0,
                  method: Method = "rdp", rng: np.random.Generator | int | None = None,
                  client: str = "", noise_multiplier: float | None = None, clip_labels: bool = True,
-                 window: int | None = None, n_inputs: int | None = None) -> None:
+                 window: int | None = None, n_inputs: int | None = None,
+                 schema: MessageSchema | None = None) -> None:
         if not (epsilon > 0 and 0 < delta < 1 and label_bound > 0 and clip_norm > 0 and 0 < noise_share <= 1):
             raise ValueError("need epsilon > 0, 0 < delta < 1, label_bound > 0, clip_norm > 0, 0 < noise_share <= 1")
         if budget is not None and not budget > 0:
@@ -105,6 +107,11 @@ class PrivateLearner(WrappedLearner):
         self.noise_share = float(noise_share)
         self.std = self.z * self.l2 * math.sqrt(self.noise_share)  # this client's share of the noise
         self.accountant = PrivacyAccountant(delta, method)
+        # the upload kind's declared sign constraints (`schema`): a noised array is projected onto them, so that
+        # an honest agent never makes an upload its own codec refuses (a noised `q = Σy²` below 0)
+        self.constraints: dict[str, ArraySpec] = {} if schema is None else {
+            a.name: a for a in schema.arrays if a.dtype.startswith("float") and (a.nonnegative or a.positive
+                                                                               or a.simplex)}
         self.rng = np.random.default_rng(rng)
         self.exhausted = False
         self.global_uploads = 0  # noised uploads summed in the installed global (its `included` seqs)
@@ -154,6 +161,10 @@ class PrivateLearner(WrappedLearner):
             diag = _diagonal_positions(int(dim))
             noisy[k] = np.array(noisy[k], dtype=np.float64)
             noisy[k][..., diag] += dp.psd_shift(int(dim), self.std)
+        for k in names:
+            spec = getattr(self, "constraints", {}).get(k)  # (states pickled before `constraints` existed)
+            if spec is not None:
+                noisy[k] = _project(np.asarray(noisy[k], dtype=np.float64), spec)
         self.accountant.spend(self.z)
         if getattr(self, "window", None) is None:
             return Update(noisy, up.n_samples, up.global_version, up.seq, up.epoch)
@@ -295,6 +306,25 @@ def _count_array(inner: Learner, label_bound: float) -> str | None:
         return inner.upload_sensitivity(label_bound).count
     except ValueError:
         return None
+
+
+def _project(v: np.ndarray, spec: ArraySpec) -> np.ndarray:
+    """`v` projected onto the set its wire spec allows (nonnegative, positive, rows on the simplex). A function of
+    the noised value and the public schema alone: post-processing, which costs no privacy.
+
+    >>> _project(np.array([-0.5, 2.0]), ArraySpec("q", "float64", (2,), nonnegative=True)).tolist()
+    [0.0, 2.0]
+    >>> _project(np.array([[-1.0, 1.0, 3.0]]), ArraySpec("p", "float64", (1, 3), simplex=True)).tolist()
+    [[0.0, 0.25, 0.75]]
+    """
+    if spec.simplex:
+        v = np.maximum(v, 0.0)
+        total = v.sum(axis=-1, keepdims=True)
+        uniform = np.full_like(v, 1.0 / max(v.shape[-1], 1)) if v.ndim else v
+        return np.where(total > 0, v / np.where(total > 0, total, 1.0), uniform)
+    if spec.positive:
+        return np.maximum(v, np.finfo(np.float64).tiny)
+    return np.maximum(v, 0.0)
 
 
 def dp_error(detail: str) -> ValueError:

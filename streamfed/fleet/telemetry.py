@@ -30,6 +30,7 @@ __all__ = [
     "AGGREGATION_BUCKETS",
     "DEFAULT_SKIP_REASONS",
     "DEFAULT_REJECT_REASONS",
+    "DP_PUBLIC_VALUES",
     "LatencyHistogram",
     "WindowedMSE",
     "ClassificationStats",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 Z95 = 1.959963984540054  # standard normal quantile of 0.975: the central 95% interval is mean ± Z95·sd
+# The learner values a private learner reports that depend on the number of uploads alone (a function of the
+# public schedule and the budget), not on the data: the only ones exported while data statistics are withheld.
+DP_PUBLIC_VALUES: frozenset[str] = frozenset({"dp_epsilon", "dp_uploads"})
 # Prediction: numba steps take ~10 µs, a Python-level round trip up to milliseconds.
 PREDICTION_BUCKETS: tuple[float, ...] = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -254,7 +258,7 @@ class AgentStats:
         "learner_steps", "learner_loss", "best_kernel_loss", "regret", "kernel_names", "kernel_weights",
         "learner_values", "recent_skip_ratio",
         "upload_bytes", "upload_messages", "global_version", "global_epoch", "global_received_at", "newest_version",
-        "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget", "classification", "healthy",
+        "dp_epsilon", "dp_delta", "dp_exhausted", "dp_budget", "classification", "healthy", "unnoised_metrics",
     )
 
     def __init__(self, client: str, *, fleet: str = "default", algorithm: str = "unknown", window: int = 100,
@@ -291,6 +295,9 @@ class AgentStats:
         self.dp_delta: float | None = None
         self.dp_budget: float | None = None
         self.dp_exhausted = False
+        # under DP the quality metrics are statistics of the raw stream, outside the noise: withheld unless the
+        # operator opts in (`streamfed agent --dp-unnoised-metrics`; docs/privacy.md § The privacy boundary)
+        self.unnoised_metrics = False
         # a classifier's scores: created by its first scored probabilities (a regressor never has them)
         self.classification: ClassificationStats | None = None
 
@@ -299,6 +306,14 @@ class AgentStats:
         self.dp_epsilon, self.dp_delta = float(epsilon), float(delta)
         self.dp_budget = None if budget is None else float(budget)
         self.dp_exhausted = bool(exhausted)
+
+    @property
+    def withholds_data_statistics(self) -> bool:
+        """Whether an exporter must leave out every number computed from the raw stream (MSE, coverage, regret,
+        kernel weights, sample, skip and learned counts, latencies, the learner's own values other than
+        :data:`DP_PUBLIC_VALUES`): differential privacy is on and the operator has not opted in to
+        publishing them un-noised."""
+        return self.dp_epsilon is not None and not self.unnoised_metrics
 
     # ------------------------------------------------------------------ hot path
     def observe_prediction(self, y: float, yhat: float, latency_s: float | None = None,

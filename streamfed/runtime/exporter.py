@@ -54,6 +54,13 @@ name                                                     type      labels
 
 A gauge that is not known yet (no learner read, no interval prediction, no global received, no
 round) is omitted rather than exported as NaN.
+
+Under differential privacy an agent's series are only those independent of its data beyond what the
+accountant covers (:attr:`AgentStats.withholds_data_statistics`): info, upload bytes and messages, health, the
+global's version, epoch, staleness and versions behind, the ``dp_*`` gauges and the learner values
+``dp_epsilon`` / ``dp_uploads``. Every quality metric, count of samples and latency is withheld (and the agent
+left out of the fleet-wide latency histogram) unless the operator opted in (``unnoised_metrics``;
+docs/privacy.md § The privacy boundary).
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ from prometheus_client.core import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from streamfed.fleet.telemetry import AgentStats, AggregatorStats
+from streamfed.fleet.telemetry import DP_PUBLIC_VALUES, AgentStats, AggregatorStats
 
 __all__ = ["MetricsServer", "StreamfedCollector", "make_registry", "serve_metrics"]
 
@@ -239,11 +246,32 @@ class StreamfedCollector(Collector):
         for s in agents:
             lab = [s.fleet, s.client]
             f["streamfed_agent"].add_metric(lab, {"algorithm": s.algorithm})  # type: ignore[attr-defined]
+            f["streamfed_agent_upload_bytes"].add_metric(lab, s.upload_bytes)  # type: ignore[attr-defined]
+            f["streamfed_agent_upload_messages"].add_metric(lab, s.upload_messages)  # type: ignore[attr-defined]
+            f["streamfed_agent_healthy"].add_metric(lab, s.healthy)  # type: ignore[attr-defined]
+            if s.global_version is not None:
+                f["streamfed_agent_global_version"].add_metric(lab, s.global_version)  # type: ignore[attr-defined]
+                f["streamfed_agent_global_epoch"].add_metric(lab, s.global_epoch)  # type: ignore[attr-defined]
+                f["streamfed_agent_global_staleness_seconds"].add_metric(  # type: ignore[attr-defined]
+                    lab, s.staleness_seconds())
+            f["streamfed_agent_global_versions_behind"].add_metric(  # type: ignore[attr-defined]
+                lab, s.versions_behind(newest.get(s.fleet, 0)))
+            if s.dp_epsilon is not None and s.dp_delta is not None:
+                f["streamfed_agent_dp_epsilon"].add_metric(lab, s.dp_epsilon)  # type: ignore[attr-defined]
+                f["streamfed_agent_dp_delta"].add_metric(lab, s.dp_delta)  # type: ignore[attr-defined]
+                f["streamfed_agent_dp_budget_exhausted"].add_metric(lab, float(s.dp_exhausted))  # type: ignore[attr-defined]
+                if s.dp_budget is not None:
+                    f["streamfed_agent_dp_budget"].add_metric(lab, s.dp_budget)  # type: ignore[attr-defined]
+            if s.withholds_data_statistics:
+                # differential privacy: only numbers the accountant covers or that are public (uploads, versions,
+                # health) leave; every statistic of the raw stream stays on the device (docs/privacy.md)
+                for name, v in list(s.learner_values.items()):
+                    if name in DP_PUBLIC_VALUES:
+                        f["streamfed_agent_learner_value"].add_metric([*lab, name], v)  # type: ignore[attr-defined]
+                continue
             f["streamfed_agent_samples"].add_metric(lab, s.samples)  # type: ignore[attr-defined]
             for reason, n in list(s.skipped.items()):
                 f["streamfed_agent_samples_skipped"].add_metric([*lab, reason], n)  # type: ignore[attr-defined]
-            f["streamfed_agent_upload_bytes"].add_metric(lab, s.upload_bytes)  # type: ignore[attr-defined]
-            f["streamfed_agent_upload_messages"].add_metric(lab, s.upload_messages)  # type: ignore[attr-defined]
             if s.learner_steps is not None:
                 f["streamfed_agent_learner_steps"].add_metric(lab, s.learner_steps)  # type: ignore[attr-defined]
             for name, value in (("streamfed_agent_cumulative_loss", s.learner_loss),
@@ -269,22 +297,8 @@ class StreamfedCollector(Collector):
                 f["streamfed_agent_kernel_weight"].add_metric([*lab, kernel], w)  # type: ignore[attr-defined]
             if s.recent_skip_ratio is not None:
                 f["streamfed_agent_recent_skip_ratio"].add_metric(lab, s.recent_skip_ratio)  # type: ignore[attr-defined]
-            f["streamfed_agent_healthy"].add_metric(lab, s.healthy)  # type: ignore[attr-defined]
             for name, v in list(s.learner_values.items()):
                 f["streamfed_agent_learner_value"].add_metric([*lab, name], v)  # type: ignore[attr-defined]
-            if s.global_version is not None:
-                f["streamfed_agent_global_version"].add_metric(lab, s.global_version)  # type: ignore[attr-defined]
-                f["streamfed_agent_global_epoch"].add_metric(lab, s.global_epoch)  # type: ignore[attr-defined]
-                f["streamfed_agent_global_staleness_seconds"].add_metric(  # type: ignore[attr-defined]
-                    lab, s.staleness_seconds())
-            f["streamfed_agent_global_versions_behind"].add_metric(  # type: ignore[attr-defined]
-                lab, s.versions_behind(newest.get(s.fleet, 0)))
-            if s.dp_epsilon is not None and s.dp_delta is not None:
-                f["streamfed_agent_dp_epsilon"].add_metric(lab, s.dp_epsilon)  # type: ignore[attr-defined]
-                f["streamfed_agent_dp_delta"].add_metric(lab, s.dp_delta)  # type: ignore[attr-defined]
-                f["streamfed_agent_dp_budget_exhausted"].add_metric(lab, float(s.dp_exhausted))  # type: ignore[attr-defined]
-                if s.dp_budget is not None:
-                    f["streamfed_agent_dp_budget"].add_metric(lab, s.dp_budget)  # type: ignore[attr-defined]
 
             counts = list(s.latency.counts)
             if per_client:

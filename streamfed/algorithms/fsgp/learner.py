@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from streamfed.algorithms.base import Regret, Update
+from streamfed.algorithms.base import Regret, Update, UploadSensitivity
 from streamfed.algorithms.fsgp.client import finite_target
 from streamfed.algorithms.fsgp.wire import read_global, update_arrays
 from streamfed.algorithms.staged import PredictThenLearn
@@ -55,6 +55,11 @@ class FSGPLearner(PredictThenLearn):
 
     def install_global(self, msg: Message) -> bool:
         return self.client.apply_global(read_global(msg, self.client.hyper.kind))
+
+    def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
+        """No per-sample bound (uploads are clipped whole under DP); the statistics' `n` is their count: set by DP's
+        public schedule, never noised — the aggregator checks it against `n_samples` (docs/privacy.md)."""
+        return UploadSensitivity(count="n")
 
     def regret(self) -> Regret:
         r = self.client.regret()
