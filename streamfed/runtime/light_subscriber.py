@@ -202,6 +202,10 @@ class LightSubscriber(asyncio.Protocol):
             if text is not None:
                 raise BrokerRefused(text, 1)
             raise IngestLost(f"the broker refused the connection: reason 0x{body[1]:02x}")
+        if self._transport is None:  # lost while the queued messages came in after the CONNACK
+            assert self._closed is not None
+            self._closed.result()
+            raise IngestLost("connection closed during the handshake")
         self._transport.write(subscribe_packet(1, topics))
         kind, body = await self._reply(timeout, "SUBACK")
         if kind != _SUBACK:
@@ -286,6 +290,12 @@ class LightSubscriber(asyncio.Protocol):
         except IngestLost as e:
             log.error("light subscriber: %s", e)
             self._lose(e)
+            return
+        except Exception as e:  # the handler failed: nothing of this read is acknowledged, the broker sends it again
+            log.error("light subscriber: the message handler failed; the connection is dropped unacknowledged",
+                      exc_info=e)
+            self.pending_acks = []
+            self._lose(IngestLost(f"the message handler failed: {e!r}"[:200]))
             return
         if self.pending_acks and self._transport is not None:
             acks = self.pending_acks
