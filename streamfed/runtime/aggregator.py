@@ -118,6 +118,9 @@ class AggregatorService(MqttService):
     def light_max_packet(self) -> int:
         return self.core.schema.max_bytes + 65536  # the codec refuses what is over its own limit, counted
 
+    def light_refused(self) -> None:
+        self.light_ingest = False
+
     def on_oversized(self, topic: str, size: int) -> None:
         self.core.counters.reject("too_large")
 

@@ -45,6 +45,7 @@ import logging
 import ssl
 import struct
 from collections.abc import Callable
+
 import aiomqtt
 
 from streamfed.fleet.config import BrokerConfig
@@ -177,7 +178,7 @@ class LightSubscriber(asyncio.Protocol):
         ctx = _tls_context(broker)
         try:
             await asyncio.wait_for(loop.create_connection(lambda: proto, broker.host, broker.port, ssl=ctx), timeout)
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             raise IngestLost(f"cannot connect to {broker.host}:{broker.port}: {e or 'timed out'}") from e
         try:
             await proto._handshake(broker, client_id, topics, persistent, timeout, receive_maximum)

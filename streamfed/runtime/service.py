@@ -56,7 +56,14 @@ from streamfed.fleet.telemetry import AggregatorStats
 from streamfed.runtime.connection import client_kwargs
 from streamfed.runtime.light_subscriber import LightSubscriber
 from streamfed.runtime.mqtt import IncomingQueue, incoming_drain, paho_of
-from streamfed.runtime.session import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
+from streamfed.runtime.session import (
+    OP_TIMEOUT,
+    BrokerRefused,
+    PubackWatch,
+    check_subscription,
+    reconnect_loop,
+    until_lost,
+)
 from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
 from streamfed.wire.topics import ParsedTopic, status_topic, try_parse_topic
 
@@ -275,6 +282,9 @@ class MqttService:
     def on_oversized(self, topic: str, size: int) -> None:
         """A message over :meth:`light_max_packet` bytes was skipped unread (and acknowledged)."""
 
+    def light_refused(self) -> None:
+        """The broker refused the light connection: from now on :meth:`subscriptions` takes those filters too."""
+
     def on_connect(self) -> list[Message]:
         """Messages to send once subscribed (e.g. the current global, or partials not yet acknowledged)."""
         return []
@@ -476,11 +486,22 @@ class MqttService:
                         client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
                 light = self.light_subscriptions()
                 if light:
-                    ingest = await LightSubscriber.open(
-                        self.broker, f"{self.client_id}.ingest", light, lambda batch: self._take_batch(batch, outbox),
-                        timeout=self.connect_timeout, max_packet=self.light_max_packet(),
-                        on_oversized=self.on_oversized)
-                    tasks.append(asyncio.create_task(ingest.wait_closed()))
+                    try:
+                        ingest = await LightSubscriber.open(
+                            self.broker, f"{self.client_id}.ingest", light,
+                            lambda batch: self._take_batch(batch, outbox), timeout=self.connect_timeout,
+                            max_packet=self.light_max_packet(), on_oversized=self.on_oversized)
+                    except BrokerRefused as e:
+                        # e.g. an ACL that binds this account to one client id: slower, but it works
+                        self.log.warning("%s: the broker refused the light ingest connection %s.ingest (%s); "
+                                         "updates are taken over aiomqtt instead (slower): let this account "
+                                         "connect as that client id too", self.client_id, self.client_id, e.reason)
+                        self.light_refused()
+                        for topic in light:
+                            check_subscription(topic, await until_lost(
+                                client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
+                    else:
+                        tasks.append(asyncio.create_task(ingest.wait_closed()))
                 # The claim goes out on every connect (the broker may have lost its retained messages); a newer
                 # instance's claim it overwrites still reaches the receiver first, retained, and ends this one.
                 for m in [*self._claims(), *self.on_connect()]:
