@@ -83,7 +83,7 @@ class AggregatorService(MqttService):
         self.fleet = core.cfg.fleet
         self.ingested = 0
         # updates over a light connection of our own (MQTT v5 only); aiomqtt keeps the rest
-        self.light_ingest = light_ingest and broker.protocol == "5"
+        self.light_ingest = light_ingest and getattr(broker, "protocol", "5") == "5"
         self._timer: asyncio.TimerHandle | None = None  # closes the open asynchronous window on time
         path = os.environ.get("STREAMFED_AGGREGATOR_TRACE")
         self.trace: dict[str, list[Any]] | None = (

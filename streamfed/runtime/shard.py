@@ -72,7 +72,7 @@ class ShardService(MqttService):
         self._global_kind = f"{core.cfg.algorithm}.global"
         self._partials = channel_topic(self.fleet, Channel.PARTIALS, core.name)
         # its share of the updates over a light connection of its own (MQTT v5 only), as the aggregator's
-        self.light_ingest = light_ingest and broker.protocol == "5"
+        self.light_ingest = light_ingest and getattr(broker, "protocol", "5") == "5"
 
     def subscriptions(self) -> list[str]:
         own = [global_topic(self.fleet), channel_topic(self.fleet, Channel.SHARD_ACKS, self.core.name)]
