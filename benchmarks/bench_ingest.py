@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="pofmkl,fedbnr", help="comma-separated: pofmkl, fedbnr")
     args = ap.parse_args()
-    per_client = {"pofmkl": 10, "fedbnr": 2} if args.quick else {"pofmkl": 200, "fedbnr": 40}
+    per_client = {"pofmkl": 10, "fedbnr": 2} if args.quick else {"pofmkl": 200, "fedbnr": 20}
     res = asyncio.run(run(1 if args.quick else args.repeats, per_client, args.only.split(",")))
     lines = [
         "## Aggregator ingest vs the broker's ceiling (`mosquitto_sub`)",

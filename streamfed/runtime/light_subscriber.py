@@ -219,15 +219,24 @@ class LightSubscriber(asyncio.Protocol):
         self._pinger = asyncio.get_running_loop().create_task(self._keepalive(broker.keepalive))
 
     async def _reply(self, timeout: float, what: str) -> tuple[int, bytes]:
+        """The next CONNACK or SUBACK. A persistent session's queued messages come first, ahead of the SUBACK,
+        and are handled as they come: the wait times out only after `timeout` seconds without any input."""
         assert self._control is not None and self._closed is not None
+        loop = asyncio.get_running_loop()
         get = asyncio.ensure_future(self._control.get())
-        await asyncio.wait({get, self._closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if get.done():
-            return get.result()
-        get.cancel()
-        if self._closed.done():
-            self._closed.result()  # raises why it closed
-        raise IngestLost(f"no {what} within {timeout:g} s")
+        try:
+            while True:
+                quiet = loop.time() - self._heard
+                if quiet >= timeout:
+                    raise IngestLost(f"no {what} within {timeout:g} s")
+                await asyncio.wait({get, self._closed}, timeout=timeout - quiet, return_when=asyncio.FIRST_COMPLETED)
+                if get.done():
+                    return get.result()
+                if self._closed.done():
+                    self._closed.result()  # raises why it closed
+                    raise IngestLost(f"connection closed before the {what}")
+        finally:
+            get.cancel()
 
     async def _keepalive(self, keepalive: int) -> None:
         loop = asyncio.get_running_loop()
