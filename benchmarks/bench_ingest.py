@@ -149,7 +149,8 @@ async def run_one(broker, cfg, payloads, repeats: int, binary: str) -> dict:
 CONFIGS = {
     "pofmkl": ("POF-MKL (N = 16, D = 100, M = 2)",
                FleetConfig(fleet="bench", algorithm="pofmkl", n_inputs=10, n_kernels=16, n_features=100, bin_size=2)),
-    "fedbnr": ("FedBNR (D = 50, F = 101)", FleetConfig(fleet="benchb", algorithm="fedbnr", n_inputs=10, n_features=50)),
+    "fedbnr": ("FedBNR (one kernel, D = 50, F = 101)",
+               FleetConfig(fleet="benchb", algorithm="fedbnr", n_inputs=10, n_kernels=1, n_features=50)),
 }
 
 
@@ -181,7 +182,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="pofmkl,fedbnr", help="comma-separated: pofmkl, fedbnr")
     args = ap.parse_args()
-    per_client = {"pofmkl": 10, "fedbnr": 2} if args.quick else {"pofmkl": 200, "fedbnr": 20}
+    per_client = {"pofmkl": 10, "fedbnr": 2} if args.quick else {"pofmkl": 200, "fedbnr": 40}
     res = asyncio.run(run(1 if args.quick else args.repeats, per_client, args.only.split(",")))
     lines = [
         "## Aggregator ingest vs the broker's ceiling (`mosquitto_sub`)",
