@@ -116,7 +116,8 @@ def main() -> None:
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"rows": a.rows, "clients": a.clients, "datasets": {}}
-    lines = [f"Command: `.venv/bin/python benchmarks/bench_classification_replay.py --rows {a.rows} "
+    lines = ["# Classification replays: streamfed against River classifiers", "",
+             f"Command: `.venv/bin/python benchmarks/bench_classification_replay.py --rows {a.rows} "
              f"--clients {a.clients}`", ""]
     for name, stream in streams(a.rows).items():
         samples = list(stream)

@@ -39,10 +39,12 @@ def test_bench_runs_at_quick_size(name, tmp_path):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         figures = {k: v for k, v in data.items() if k != "meta"}
         assert figures and check_numbers(figures) == []
-        if name == "ingest":  # honest updates: the aggregator takes every one of them
-            assert data["messages"] > 0 and data["aggregator_accepted"] == [data["messages"]] * data["repeats"]
-            assert sum(data["aggregator_refused"]) == 0
-            assert all(math.isfinite(v) and v > 0 for v in data["median"].values())
+        if name == "ingest":  # honest updates: the aggregator takes every one of them, over either path
+            for algo in ("pofmkl", "fedbnr"):
+                r = data[algo]
+                assert r["messages"] > 0 and r["aggregator_accepted"] == [r["messages"]] * (2 * data["repeats"])
+                assert sum(r["aggregator_refused"]) == 0
+                assert all(math.isfinite(v) and v > 0 for v in r["median"].values())
     assert (tmp_path / "benchmarks.md").read_text().startswith("# Benchmarks")  # assembled beside, not in docs/
     after = _documented()
     # a smoke run leaves the documented figures and plots alone (rewrites none of them)

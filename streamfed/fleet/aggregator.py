@@ -154,6 +154,7 @@ class AggregatorCore:
         self.adopting = False
         self._ahead_epoch = 0  # the newest epoch an ahead-of-state client named
         self._warned: dict[tuple[str, str], float] = {}  # (client, reason) → when last logged at warning
+        self._lag_warned_at = -float("inf")  # when the aggregator last said it is behind its input
         # secure aggregation: rounds of masked uploads; the unmasked sum is folded in as a shard's partial is
         self.secagg: SecAggCoordinator | None = None
         if cfg.secure_aggregation:
@@ -278,7 +279,8 @@ class AggregatorCore:
         its input (a machine too busy, a fleet too large for one process): said at warning, once a minute,
         with what to do. Agents slow down by themselves (each has a few updates outstanding at most)."""
         self.stats.ingest_lag_s = lag
-        if lag > LAG_WARNING:
+        if lag > LAG_WARNING and now - self._lag_warned_at >= 60.0:  # checked here: behind, this runs per update
+            self._lag_warned_at = now
             self._warn("*", "behind", now, "aggregator %s is %.1f s behind its input: updates wait that long before "
                        "they are taken in (streamfed_aggregator_ingest_lag_seconds); agents coalesce their uploads "
                        "meanwhile — shard the fleet (docs/sharding.md) if it persists", self.cfg.fleet, lag)

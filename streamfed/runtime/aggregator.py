@@ -73,7 +73,7 @@ class AggregatorService(MqttService):
                  shared_group: str | None = None, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, max_refusals: int = 3,
                  connect_timeout: float = 5.0, checkpoint_retry: float = 1.0, checkpoint_deadline: float = 30.0,
-                 lease: bool = True) -> None:
+                 lease: bool = True, light_ingest: bool = True) -> None:
         super().__init__(broker, client_id or f"{core.cfg.fleet}.aggregator", tick=tick, max_refusals=max_refusals,
                          connect_timeout=connect_timeout,  # connect_timeout: see streamfed.runtime.session.OP_TIMEOUT
                          checkpoint_retry=checkpoint_retry, checkpoint_deadline=checkpoint_deadline)
@@ -82,6 +82,8 @@ class AggregatorService(MqttService):
         self.snapshot_kind = core.cfg.global_kind  # retained: only the newest waiting one is published
         self.fleet = core.cfg.fleet
         self.ingested = 0
+        # updates over a light connection of our own (MQTT v5 only); aiomqtt keeps the rest
+        self.light_ingest = light_ingest and getattr(broker, "protocol", "5") == "5"
         self._timer: asyncio.TimerHandle | None = None  # closes the open asynchronous window on time
         path = os.environ.get("STREAMFED_AGGREGATOR_TRACE")
         self.trace: dict[str, list[Any]] | None = (
@@ -107,9 +109,24 @@ class AggregatorService(MqttService):
 
     # ------------------------------------------------------------------ MqttService hooks
     def subscriptions(self) -> list[str]:
-        upd = (shared_filter(self.shared_group, self.fleet) if self.shared_group
-               else topic_filter(Channel.UPDATES, self.fleet))
-        return [upd, topic_filter(Channel.STATUS, self.fleet)]
+        status = topic_filter(Channel.STATUS, self.fleet)
+        return [status] if self.light_ingest else [self._updates_filter(), status]
+
+    def light_subscriptions(self) -> list[str]:
+        return [self._updates_filter()] if self.light_ingest else []
+
+    def light_max_packet(self) -> int:
+        return self.core.schema.max_bytes + 65536  # the codec refuses what is over its own limit, counted
+
+    def light_refused(self) -> None:
+        self.light_ingest = False
+
+    def on_oversized(self, topic: str, size: int) -> None:
+        self.core.counters.reject("too_large")
+
+    def _updates_filter(self) -> str:
+        return (shared_filter(self.shared_group, self.fleet) if self.shared_group
+                else topic_filter(Channel.UPDATES, self.fleet))
 
     def on_connect(self) -> list[Message]:
         # the current global, retained, then what we hold per client (agents resend the rest)

@@ -19,7 +19,9 @@ drops the rest:
   update counts as included when a global's ``included`` map covers its seq); **flow control** as the real agent
   does it (``outbox_limit`` updates outstanding: further samples are coalesced, as POF-MKL's error feedback does,
   and leave as one update as soon as a global makes room, or at the end of the stream); resend after
-  ``resend_after`` s, and on an ack that names an update missing; globals decoded once per process
+  ``resend_after`` s, backing off as the real agent does while globals are late (the wait doubles after each
+  timed resend, up to ``AgentSettings.resend_backoff`` times, and resets when a global includes an update), and
+  on an ack that names an update missing or that was sent that long ago; globals decoded once per process
   (:class:`~streamfed.runtime.shared_globals.SharedGlobals`).
 
 After its last sample an agent waits (at most `drain` s) for its updates to be included; the process then stays
@@ -45,6 +47,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from streamfed.fleet.config import BrokerConfig, FleetConfig
+from streamfed.runtime.agent.settings import AgentSettings
 from streamfed.runtime.shared_globals import SharedGlobals
 from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
 from streamfed.wire.topics import acks_topic, global_topic, status_topic, updates_topic
@@ -77,7 +80,7 @@ class LightAgent:
     __slots__ = ("name", "index", "client", "fd", "events", "connected", "subacks", "seq", "outbox", "mids",
                  "sent_at", "created", "acked", "learned", "pending", "global_version", "global_epoch", "resent",
                  "reconnects", "rejected_globals", "reconnect_at", "done_at", "ended", "loop", "utopic",
-                 "atopic", "connects")
+                 "atopic", "connects", "resend_wait", "resend_oldest")
 
     def __init__(self, loop: _LightLoop, name: str, index: int) -> None:
         self.loop, self.name, self.index = loop, name, index
@@ -114,6 +117,8 @@ class LightAgent:
         self.ended = False
         self.utopic = updates_topic(fleet, name)
         self.atopic = acks_topic(fleet, name)
+        self.resend_wait = loop.resend_after  # backs off while globals are late (see resend_due)
+        self.resend_oldest = 0
 
     # ------------------------------------------------------------------ connection
     def connect(self) -> None:
@@ -162,11 +167,23 @@ class LightAgent:
             self.mids[info.mid] = seq  # paho keeps it in its session and sends it on reconnect
         self.loop.wants_write(self)
 
-    def resend_due(self, now: float, after: float) -> None:
+    def resend_due(self, now: float, after: float | None = None) -> None:
+        """Send again what waited the resend timer's wait (`after` overrides it: 0 after a reconnect). A timed
+        resend doubles the wait, up to `resend_backoff` × `resend_after`; an included update resets it."""
+        if not self.outbox:
+            return
+        loop = self.loop
+        oldest = min(self.outbox)
+        if oldest != self.resend_oldest:
+            self.resend_oldest, self.resend_wait = oldest, loop.resend_after
+        wait = self.resend_wait if after is None else after
         inflight = set(self.mids.values())
-        for seq in [s for s in self.outbox if s not in inflight and now - self.sent_at.get(s, -math.inf) >= after]:
+        again = [s for s in self.outbox if s not in inflight and now - self.sent_at.get(s, -math.inf) >= wait]
+        for seq in again:
             self.resent += 1
             self.publish(seq)
+        if again and after is None:
+            self.resend_wait = min(2 * wait, loop.resend_after * loop.resend_backoff)
 
     # ------------------------------------------------------------------ what arrives
     def on_global(self, payload: bytes) -> None:
@@ -197,8 +214,10 @@ class LightAgent:
         missing = set(msg.arrays["missing"].tolist()) if "missing" in msg.arrays else set()
         now = time.monotonic()
         inflight = set(self.mids.values())
+        # not named missing: probably on its way to an aggregator behind its input; the resend timer's wait
+        wait = self.resend_wait
         for s in sorted(self.outbox):
-            if s > mark and s not in inflight and (s in missing or now - self.sent_at.get(s, -math.inf) >= 1.0):
+            if s > mark and s not in inflight and (s in missing or now - self.sent_at.get(s, -math.inf) >= wait):
                 self.resent += 1
                 self.publish(s)
 
@@ -251,8 +270,10 @@ def _on_disconnect(client: mqtt.Client, agent: LightAgent, flags: Any, rc: Any, 
 class _LightLoop:
     """The epoll loop that drives every paho client of the process."""
 
-    def __init__(self, cfg: FleetConfig, broker: BrokerConfig, outbox_limit: int, pool: list[Any]) -> None:
+    def __init__(self, cfg: FleetConfig, broker: BrokerConfig, outbox_limit: int, pool: list[Any],
+                 resend_after: float = 10.0, resend_backoff: float = AgentSettings.resend_backoff) -> None:
         self.cfg, self.broker, self.outbox_limit, self.pool = cfg, broker, max(1, outbox_limit), pool
+        self.resend_after, self.resend_backoff = float(resend_after), max(1.0, float(resend_backoff))
         from streamfed import algorithms
 
         self.kernel_version = algorithms.get(cfg.algorithm).kernel_version(cfg)
@@ -302,18 +323,41 @@ class _LightLoop:
             self.watch(agent)
 
 
+def _tend(agents: list[LightAgent], n: int, loop: _LightLoop, k: int, mono: float) -> int:
+    """paho's housekeeping (keepalive pings) for the next slice of the first `n` agents, and the reconnects due
+    among them; returns where the next slice starts. A twentieth per call, called every tenth of a second: each
+    agent every 2 s. (Before, the connect phase did none: with a ramp over 45 s the first agents sent nothing for
+    1.5 keepalives and the broker closed them.)"""
+    for _ in range(max(1, n // 20)):
+        a = agents[k % n]
+        k += 1
+        if a.fd >= 0:
+            a.client.loop_misc()
+            loop.watch(a)
+        elif not a.ended and mono >= a.reconnect_at and a.reconnect_at:
+            a.reconnect_at = 0.0
+            try:
+                a.client.reconnect()
+                loop.watch(a)
+            except OSError as e:
+                loop.note_lost(f"reconnect: {e}"[:80])
+                a.reconnect_at = mono + 2.0
+    return k
+
+
 def run_light_agents(spec: dict[str, Any], lost_reasons: dict[str, int]) -> dict[str, Any]:
     """One agent process of light agents (the spec as `loadtest._run` writes it); returns per-agent results."""
     cfg = FleetConfig.model_validate(spec["fleet"])
     broker = BrokerConfig.model_validate(spec["broker"])
     rate, n_samples = float(spec["rate"]), int(spec["samples"])
     period = 1.0 / rate
-    loop = _LightLoop(cfg, broker, int(spec.get("outbox_limit", 8)), honest_updates(cfg, seed=int(spec["seed"])))
+    loop = _LightLoop(cfg, broker, int(spec.get("outbox_limit", 8)), honest_updates(cfg, seed=int(spec["seed"])),
+                      resend_after=float(spec["resend_after"]))
     rng = np.random.default_rng([spec["seed"], len(spec["clients"])])
     agents = [LightAgent(loop, name, index) for name, index in spec["clients"]]
     phases = rng.uniform(0, period, len(agents))
     order = np.argsort(phases)
-    ramp, resend_after, drain = float(spec["ramp"]), float(spec["resend_after"]), float(spec["drain"])
+    ramp, drain = float(spec["ramp"]), float(spec["drain"])
     linger = float(spec.get("linger", 3.0))
     t0 = time.time()
     cpu0 = time.process_time()
@@ -322,12 +366,17 @@ def run_light_agents(spec: dict[str, Any], lost_reasons: dict[str, int]) -> dict
     k = 0
     late = float(spec["t_start"]) + float(spec.get("connect_grace", 60.0))
     connected_at = None
+    next_misc, misc_k = time.monotonic() + 0.1, 0
     while True:
         now = time.time()
         while k < n and now >= t0 + ramp * k / max(1, n):
             agents[k].connect()
             k += 1
         loop.poll(0.005 if k < n else 0.05)
+        mono = time.monotonic()
+        if k and mono >= next_misc:  # the ones connected keep their keepalive while the rest connect
+            next_misc = mono + 0.1
+            misc_k = _tend(agents, k, loop, misc_k, mono)
         if k == n and all(a.connected for a in agents):
             connected_at = time.time()
             break
@@ -342,7 +391,6 @@ def run_light_agents(spec: dict[str, Any], lost_reasons: dict[str, int]) -> dict
     last_taken = 0.0
     i = j = 0  # sample round i, agent j (in phase order) of it
     next_resend = next_misc = time.monotonic() + 1.0
-    misc_k = 0
     cpu_sampling0 = None
     while True:
         now = time.time()
@@ -364,25 +412,12 @@ def run_light_agents(spec: dict[str, Any], lost_reasons: dict[str, int]) -> dict
         mono = time.monotonic()
         if mono >= next_misc:  # keepalive pings and reconnects, a slice of the agents per tenth of a second
             next_misc = mono + 0.1
-            for _ in range(max(1, n // 20)):
-                a = agents[misc_k % n]
-                misc_k += 1
-                if a.fd >= 0:
-                    a.client.loop_misc()
-                    loop.watch(a)
-                elif not a.ended and mono >= a.reconnect_at and a.reconnect_at:
-                    a.reconnect_at = 0.0
-                    try:
-                        a.client.reconnect()
-                        loop.watch(a)
-                    except OSError as e:
-                        loop.note_lost(f"reconnect: {e}"[:80])
-                        a.reconnect_at = mono + 2.0
+            misc_k = _tend(agents, n, loop, misc_k, mono)
         if mono >= next_resend:
             next_resend = mono + 1.0
             for a in agents:
                 if a.outbox and a.connected:
-                    a.resend_due(mono, resend_after)
+                    a.resend_due(mono)
         if i >= n_samples:
             if all(not a.outbox for a in agents) or any(
                     a.done_at is not None and mono - a.done_at > drain for a in agents):

@@ -54,8 +54,16 @@ from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.persistence import StateStore
 from streamfed.fleet.telemetry import AggregatorStats
 from streamfed.runtime.connection import client_kwargs
+from streamfed.runtime.light_subscriber import LightSubscriber
 from streamfed.runtime.mqtt import IncomingQueue, incoming_drain, paho_of
-from streamfed.runtime.session import OP_TIMEOUT, PubackWatch, check_subscription, reconnect_loop, until_lost
+from streamfed.runtime.session import (
+    OP_TIMEOUT,
+    BrokerRefused,
+    PubackWatch,
+    check_subscription,
+    reconnect_loop,
+    until_lost,
+)
 from streamfed.wire.message import Message, ProtocolError, decode, encode, status_message
 from streamfed.wire.topics import ParsedTopic, status_topic, try_parse_topic
 
@@ -289,6 +297,23 @@ class MqttService:
         """Topic filters to subscribe to (QoS 1) on every connect."""
         raise NotImplementedError
 
+    def light_subscriptions(self) -> list[str]:
+        """Topic filters taken over a :class:`~streamfed.runtime.light_subscriber.LightSubscriber` connection of
+        their own (client id ``<client_id>.ingest``, persistent session) instead of aiomqtt: the update stream,
+        whose per-message cost in paho was the ceiling of the aggregator's ingest. Only over MQTT v5."""
+        return []
+
+    def light_max_packet(self) -> int:
+        """The largest PUBLISH the light connection buffers; a larger one is skipped and :meth:`on_oversized`
+        told."""
+        return 1 << 24
+
+    def on_oversized(self, topic: str, size: int) -> None:
+        """A message over :meth:`light_max_packet` bytes was skipped unread (and acknowledged)."""
+
+    def light_refused(self) -> None:
+        """The broker refused the light connection: from now on :meth:`subscriptions` takes those filters too."""
+
     def on_connect(self) -> list[Message]:
         """Messages to send once subscribed (e.g. the current global, or partials not yet acknowledged)."""
         return []
@@ -483,10 +508,29 @@ class MqttService:
             self._outbox = outbox
             receiver = asyncio.create_task(receive_batches(client, lambda m: self._take(m, outbox)))
             tasks = [receiver]
+            ingest: LightSubscriber | None = None
             try:
                 for topic in self.subscriptions():
                     check_subscription(topic, await until_lost(
                         client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
+                light = self.light_subscriptions()
+                if light:
+                    try:
+                        ingest = await LightSubscriber.open(
+                            self.broker, f"{self.client_id}.ingest", light,
+                            lambda batch: self._take_batch(batch, outbox), timeout=self.connect_timeout,
+                            max_packet=self.light_max_packet(), on_oversized=self.on_oversized)
+                    except BrokerRefused as e:
+                        # e.g. an ACL that binds this account to one client id: slower, but it works
+                        self.log.warning("%s: the broker refused the light ingest connection %s.ingest (%s); "
+                                         "updates are taken over aiomqtt instead (slower): let this account "
+                                         "connect as that client id too", self.client_id, self.client_id, e.reason)
+                        self.light_refused()
+                        for topic in light:
+                            check_subscription(topic, await until_lost(
+                                client.subscribe(topic, qos=1, timeout=OP_TIMEOUT), receiver))
+                    else:
+                        tasks.append(asyncio.create_task(ingest.wait_closed()))
                 # The claim goes out on every connect (the broker may have lost its retained messages); a newer
                 # instance's claim it overwrites still reaches the receiver first, retained, and ends this one.
                 for m in [*self._claims(), *self.on_connect()]:
@@ -502,6 +546,8 @@ class MqttService:
                         raise t.exception()  # type: ignore[misc]
             finally:
                 self._outbox = None
+                if ingest is not None:
+                    ingest.close()
                 await _cancel_all(tasks)
 
     def _coalesce(self, batch: list[Message]) -> list[Message]:
@@ -563,20 +609,27 @@ class MqttService:
                 outbox.put_nowait(m)
 
     def _take(self, message: aiomqtt.Message, outbox: asyncio.Queue[Message]) -> None:
-        topic = message.topic.value
+        payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
+        self._take_raw(message.topic.value, bytes(payload), outbox)
+
+    def _take_batch(self, batch: list[tuple[str, bytes]], outbox: asyncio.Queue[Message]) -> None:
+        """The messages of one read of the light connection, in order."""
+        for topic, payload in batch:
+            self._take_raw(topic, payload, outbox)
+
+    def _take_raw(self, topic: str, payload: bytes, outbox: asyncio.Queue[Message]) -> None:
         parsed = self._topics.get(topic)
         if parsed is None:
             parsed = try_parse_topic(topic)
             if len(self._topics) >= _TOPIC_CACHE:
                 self._topics.clear()
             self._topics[topic] = parsed
-        payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
         self.received += 1
         lease = self.lease
         if lease is not None and topic == lease.topic:
-            self._on_claim(lease, bytes(payload))
+            self._on_claim(lease, payload)
             return
-        for m in self._guarded(lambda: self.handle(parsed, bytes(payload))):
+        for m in self._guarded(lambda: self.handle(parsed, payload)):
             outbox.put_nowait(m)
 
     def _on_claim(self, lease: Lease, payload: bytes) -> None:

@@ -52,14 +52,15 @@ class ShardService(MqttService):
     >>> from streamfed.fleet.config import FleetConfig
     >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=2, n_features=3)
     >>> svc = ShardService(ShardCore(cfg, "s1", mode="async"), BrokerConfig(), group="shards")
-    >>> svc.client_id, svc.subscriptions()[0]
+    >>> svc.client_id, svc.light_subscriptions()[0]  # over its own light connection (MQTT v5)
     ('f.shard.s1', '$share/shards/streamfed/v1/f/updates/+')
     """
 
     log = logging.getLogger(__name__)
 
     def __init__(self, core: ShardCore, broker: BrokerConfig, group: str = "shards",
-                 flush_interval: float | None = None, client_id: str | None = None, **kw: float) -> None:
+                 flush_interval: float | None = None, client_id: str | None = None, light_ingest: bool = True,
+                 **kw: float) -> None:
         if flush_interval is None:
             # A lock-step round waits for the last partial, so flush promptly; asynchronous windows are
             # ~0.5 s, so fewer, larger partials (each costs a publish, an ack and a reducer decode).
@@ -70,10 +71,24 @@ class ShardService(MqttService):
         self.group = group
         self._global_kind = f"{core.cfg.algorithm}.global"
         self._partials = channel_topic(self.fleet, Channel.PARTIALS, core.name)
+        # its share of the updates over a light connection of its own (MQTT v5 only), as the aggregator's
+        self.light_ingest = light_ingest and getattr(broker, "protocol", "5") == "5"
 
     def subscriptions(self) -> list[str]:
-        return [shared_filter(self.group, self.fleet), global_topic(self.fleet),
-                channel_topic(self.fleet, Channel.SHARD_ACKS, self.core.name)]
+        own = [global_topic(self.fleet), channel_topic(self.fleet, Channel.SHARD_ACKS, self.core.name)]
+        return own if self.light_ingest else [shared_filter(self.group, self.fleet), *own]
+
+    def light_subscriptions(self) -> list[str]:
+        return [shared_filter(self.group, self.fleet)] if self.light_ingest else []
+
+    def light_max_packet(self) -> int:
+        return self.core.schema.max_bytes + 65536  # the codec refuses what is over its own limit, counted
+
+    def light_refused(self) -> None:
+        self.light_ingest = False
+
+    def on_oversized(self, topic: str, size: int) -> None:
+        self.core.reject("too_large")
 
     def on_connect(self) -> list[Message]:
         return self.core.unacked()  # the reducer acknowledges again what it already has

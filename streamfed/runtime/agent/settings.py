@@ -42,6 +42,9 @@ class AgentSettings:
     # ---- delivery
     #: seconds after which an update not yet included in a global is sent again
     resend_after: float = 10.0
+    #: while globals are late the resend timer backs off: each timed resend that finds its update still not
+    #: included doubles the wait, up to this multiple of `resend_after`; an update included resets it
+    resend_backoff: float = 8.0
     #: an ack makes an update it does not name missing be sent again only once it was sent this many seconds ago
     ack_grace: float = 1.0
     #: seconds to wait, after the source ends, for the last updates to be included (None: 30 lock-step, 5 async)
