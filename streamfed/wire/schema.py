@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from streamfed.core.durable import durable
 from streamfed.wire.topics import Channel
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ _INCLUDED_ENTRY = 64 + 16  # a client name plus a uint64 and headers
 # =========================================================================== schema data
 
 
+@durable("wire.ArraySpec")  # a private learner keeps its upload kind's sign constraints in its state
 @dataclass(frozen=True)
 class ArraySpec:
     """One array of a message kind.
