@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_fsgp_inducing.py [--quick] [--steps N] [--seeds 0,1,2]
                                                        [--ms 32,48,64,96,128] [--out PATH.md]
+    .venv/bin/python benchmarks/bench_fsgp_inducing.py --render RUN.json [RUN2.json ...] --out PATH.md
 
 * Accuracy: the 12 Beijing stations (`normalisation="online"`, every client its station, the first `--steps`
   samples each) through `streamfed.evaluation.replay.replay`, for every M: `fsgp` (one shared sparse GP,
@@ -13,7 +14,8 @@
   every M timed in turn in the same process, the best of 3 rounds; the ratio to the peer, FSGP at M = 32,
   measured in the same rounds. A shared machine slows every M alike, so the ratio is the comparable figure.
 
-With `--out PATH.md`, the figures also go to `PATH.json`.
+With `--out PATH.md`, the figures also go to `PATH.json`; `--render` rewrites the markdown from such JSON files
+(several runs, e.g. a second range of M, merged by M).
 """
 
 from __future__ import annotations
@@ -84,7 +86,12 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--ms", default="32,48,64,96,128")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--render", type=Path, nargs="+", metavar="JSON",
+                    help="measure nothing: write the markdown of these runs' JSON (rows merged by M)")
     args = ap.parse_args()
+    if args.render:
+        emit(render([json.loads(p.read_text(encoding="utf-8")) for p in args.render]), args.out)
+        return
     steps, cost_steps = (150, 300) if args.quick else (args.steps, args.cost_steps)
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
     ms = [int(m) for m in args.ms.split(",")]
@@ -123,13 +130,39 @@ def main() -> None:
         print(f"M={m}: fed {row['fsgp']['mse']:.4f} local {row['fsgp-local']['mse']:.4f} "
               f"{us[m]:.1f} µs ({row['ratio']:.2f}×), median {med[m]:.1f} µs", flush=True)
 
-    better = [r["M"] for r in rows if r["fsgp"]["mse"] <= r["fsgp-local"]["mse"]]
-    qualifying = [r["M"] for r in rows if r["M"] in better and r["us"] <= 50.0]
-    qualifying_median = [r["M"] for r in rows if r["M"] in better and r["median_us"] <= 50.0]
     wall = time.perf_counter() - t_start
     cmd = "benchmarks/bench_fsgp_inducing.py" + (" --quick" if args.quick else
                                                   f" --steps {steps} --seeds {args.seeds} --ms {args.ms}")
+    data = {"command": cmd, "wall_s": wall, "steps": steps, "cost_steps": cost_steps, "seeds": seeds,
+            "stations": list(fleet.names), "rows": rows}
+    if args.out:
+        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    emit(render([data]), args.out)
+
+
+def emit(text: str, out: Path | None) -> None:
+    if out:
+        out.write_text(text, encoding="utf-8")
+    print(text)
+
+
+def render(runs: list[dict[str, Any]]) -> str:
+    """The markdown of one or more runs (JSON as written by `--out`; same steps and stations), rows by M."""
+    head = runs[0]
+    steps, seeds, cost_steps, names = head["steps"], head["seeds"], head["cost_steps"], head["stations"]
+    rows = sorted((r for run in runs for r in run["rows"]), key=lambda r: r["M"])
+    better = [r["M"] for r in rows if r["fsgp"]["mse"] <= r["fsgp-local"]["mse"]]
+    qualifying = [r["M"] for r in rows if r["M"] in better and r["us"] <= 50.0]
+    qualifying_median = [r["M"] for r in rows if r["M"] in better and r["median_us"] <= 50.0]
+    commands = "; ".join(f"`.venv/bin/python {run['command']} --out PATH.md`"
+                         + (f" ({run['wall_s']:.0f} s)" if "wall_s" in run else "") for run in runs)
     lines = [f"# FSGP: inducing inputs M on Beijing, federated against local-only ({steps} steps, 12 stations)", "",
+             f"Command: {commands}. The 12 Beijing stations (online normalisation, every client its station, the first "
+             f"{steps} samples each) replayed by `fsgp` (one shared sparse GP) and `fsgp-local` (every station its "
+             "own server) at each M, every other setting FSGP's default; prequential MSE per station and pooled, "
+             f"seeds {', '.join(map(str, seeds))}. Cost: µs per sample of an `FSGPLearner`'s `predict` then `learn` "
+             "(local fits amortised: the mean; a sample without a fit: the median), as a ratio to M = 32 timed in "
+             "the same run.", "",
              "| M | federated MSE | local-only MSE | fed / local | NLPD fed / local | 95% cov. fed / local "
              "| stations fed ≤ local | seeds fed ≤ local | µs/sample mean (× M = 32) | median (× M = 32) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -140,33 +173,23 @@ def main() -> None:
                      f"{f['coverage']:.3f} / {lo['coverage']:.3f} | {r['stations_fed_no_worse']}/12 | "
                      f"{r['seeds_fed_no_worse']}/{len(seeds)} | {r['us']:.1f} ({r['ratio']:.2f}×) | "
                      f"{r['median_us']:.1f} ({r['median_ratio']:.2f}×) |")
-    names = fleet.names
     lines += ["", "Per station, MSE federated / local-only (mean over seeds):", "",
               "| station | " + " | ".join(f"M = {r['M']}" for r in rows) + " |",
               "|---|" + "---|" * len(rows)]
     for s, name in enumerate(names):
         lines.append(f"| {name} | " + " | ".join(
             f"{r['fsgp']['stations'][s]:.3f} / {r['fsgp-local']['stations'][s]:.3f}" for r in rows) + " |")
-    lines += ["", f"Seeds: {', '.join(map(str, seeds))} (MSE mean ± sd over seeds). Every setting but M is FSGP's "
-              "default (SE-ARD, data-free initial Z, θ, σ and Z learned by FedAvg of local fits; `fsgp-local`: "
-              "the same learner, every station its own server). Cost: `predict` then `learn` (and `take_update`) "
-              f"of a fresh learner per station over the first {cost_steps} samples of each — the mean, with the "
-              "local hyperparameter fits (every 128 samples) amortised, and the median, a sample without a fit — "
-              "best of 3 rounds, every "
-              "M in turn in one process (`OPENBLAS_NUM_THREADS=1`) on a shared 2-core machine; the ratio to M = 32 "
-              "in the same rounds is the comparable figure.",
+    lines += ["", f"MSE: mean ± sd over seeds. Every setting but M is FSGP's default (SE-ARD, data-free initial Z; "
+              "θ, σ and Z learned by FedAvg of local fits; `fsgp-local`: the same learner, every station its own "
+              "server). Cost: `predict` then `learn` (and `take_update`) of a fresh learner per station over the "
+              f"first {cost_steps} samples of each — the mean, with the local hyperparameter fits (every 128 samples) "
+              "amortised, and the median, a sample without a fit — best of 3 rounds, every M in turn in one process "
+              "(`OPENBLAS_NUM_THREADS=1`) on a shared 2-core machine; the ratio to M = 32 in the same rounds is the "
+              "comparable figure (rows from separate runs have their own M = 32 peer).",
               "", "M with federated pooled MSE ≤ local-only: " + (", ".join(map(str, better)) or "none")
               + "; of those ≤ 50 µs per sample, mean: " + (", ".join(map(str, qualifying)) or "none")
-              + "; median: " + (", ".join(map(str, qualifying_median)) or "none") + ".", "",
-              f"Command: `{cmd}` ({wall:.0f} s)."]
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"command": cmd, "steps": steps, "cost_steps": cost_steps, "seeds": seeds, "stations": list(names),
-             "rows": rows, "better": better, "qualifying_mean": qualifying,
-             "qualifying_median": qualifying_median}, indent=1), encoding="utf-8")
-    print(text)
+              + "; median: " + (", ".join(map(str, qualifying_median)) or "none") + "."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
