@@ -14,8 +14,8 @@
   every M timed in turn in the same process, the best of 3 rounds; the ratio to the peer, FSGP at M = 32,
   measured in the same rounds. A shared machine slows every M alike, so the ratio is the comparable figure.
 
-With `--out PATH.md`, the figures also go to `PATH.json`; `--render` rewrites the markdown from such JSON files
-(several runs, e.g. a second range of M, merged by M).
+With `--out PATH.md`, the figures also go to `PATH.json` (`--out PATH.json`: only there); `--render`
+rewrites the markdown from such JSON files (several runs, e.g. a second range of M, merged by M).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def main() -> None:
             "stations": list(fleet.names), "rows": rows}
     if args.out:
         args.out.with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
-    emit(render([data]), args.out)
+    emit(render([data]), args.out if args.out and args.out.suffix != ".json" else None)
 
 
 def emit(text: str, out: Path | None) -> None:
