@@ -306,8 +306,9 @@ import streamfed.runtime.agent  # noqa: F401
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.sources import Reading
+extra = {"bin_size": 2} if sys.argv[1] == "pofmkl" else {}  # M: POF-MKL's setting only
 cfg = FleetConfig(standardise="none",
-                  fleet="m", algorithm=sys.argv[1], n_inputs=4, n_kernels=3, n_features=16, bin_size=2)
+                  fleet="m", algorithm=sys.argv[1], n_inputs=4, n_kernels=3, n_features=16, **extra)
 core = AgentCore(cfg, "a1", 0)
 core.warm_up()
 rng = np.random.default_rng(0)

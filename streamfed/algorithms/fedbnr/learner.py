@@ -154,4 +154,7 @@ class StatsLearner(BaseLearner):
         twin.predict(x)
         twin.learn(x, 0.0)
         twin.own_stats()  # folds the staged rows, as every upload does
+        twin.regret()  # makes the regret's comparator (the agent reads the regret once per upload) ...
+        twin.learn(x, 0.0)
+        twin.own_stats()  # ... which then takes the staged rows at every flush (fold_rows)
         twin.log_evidence()  # what diagnostics() reads
