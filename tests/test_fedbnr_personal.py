@@ -470,10 +470,9 @@ def test_a_tau_grid_must_be_distinct_positive_values():
 
 
 def test_tau_mixture_agent_and_aggregator_resume_from_their_snapshots_exactly():
-    """Durable state: an agent and an aggregator of the τ-mixture restored from a pickled snapshot continue
+    """Durable state: an agent and an aggregator of the τ-mixture restored from an encoded snapshot continue
     exactly as the originals do."""
-    import pickle
-
+    from streamfed.core import durable
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.fleet.sources import Reading
@@ -482,9 +481,9 @@ def test_tau_mixture_agent_and_aggregator_resume_from_their_snapshots_exactly():
     agg, agents = _run_personal_fleet({"tau_grid": [0.05, 1.0]}, steps=40)
     a = agents[0]
     twin_a = AgentCore(a.cfg, a.client_id, a.index)
-    twin_a.restore(pickle.loads(pickle.dumps(a.snapshot())))
+    twin_a.restore(durable.decode(durable.encode(a.snapshot())))
     twin_g = AggregatorCore(agg.cfg, mode="async", window=0.0)
-    twin_g.restore(pickle.loads(pickle.dumps(agg.snapshot())))
+    twin_g.restore(durable.decode(durable.encode(agg.snapshot())))
     rng = np.random.default_rng(3)
     for t in range(24):
         x, y = rng.normal(size=2), float(rng.normal())

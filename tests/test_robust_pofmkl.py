@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import math
-import pickle
 import statistics
 
 import numpy as np
@@ -26,6 +25,7 @@ from streamfed.algorithms.pofmkl.aggregation import ROBUST_SHARDED, POFMKLAggreg
 from streamfed.algorithms.pofmkl.messages import KernelUpdate
 from streamfed.algorithms.pofmkl.wire import update_message
 from streamfed.algorithms.robust_mean import row_norms
+from streamfed.core import durable
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
@@ -385,12 +385,12 @@ def test_robust_is_refused_for_shards_and_the_reducer_and_exact_shards_still_wor
     assert ex.role == "shard"
 
 
-def test_state_pickles_with_its_bound_and_counts():
+def test_state_keeps_its_bound_and_counts():
     agg = ALG.aggregation(fig_cfg("robust"))
     msg = update_message("fig", "a", 1, np.array([2]), np.full((1, 40), 0.01), global_version=0, kernel_version="k")
     agg.take("a", 1, agg.check(msg))
     agg.close_window({}, lambda c: 1)
-    back = pickle.loads(pickle.dumps(agg))
+    back = durable.decode(durable.encode(agg))
     assert back.bound == agg.bound and back.robust == agg.robust
     assert np.array_equal(back.radius, agg.radius) and back.steps["a"].total == 1
     assert back.server.theta.tobytes() == agg.server.theta.tobytes()

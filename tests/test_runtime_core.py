@@ -2,7 +2,6 @@
 FedBNR equals a centralised fit, async error feedback loses no update mass, bad input is counted."""
 
 import dataclasses
-import pickle
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from streamfed.algorithms.pofmkl.client import POFMKLClient
 from streamfed.algorithms.pofmkl.learner import ErrorFeedback
 from streamfed.algorithms.pofmkl.messages import KernelUpdate
 from streamfed.algorithms.pofmkl.server import POFMKLServer, run_lockstep
+from streamfed.core import durable
 from streamfed.core.features import RFFBank
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig, replay
@@ -180,7 +180,7 @@ def test_async_window_sums_each_clients_updates_like_merge_updates():
     for c, p in payloads[:half]:
         assert agg.on_update(c, p, now=0.0) == []
     resumed = AggregatorCore(cfg, clients=clients, mode="async", window=10.0)
-    resumed.restore(pickle.loads(pickle.dumps(agg.snapshot())), now=0.0)  # as on disk
+    resumed.restore(durable.decode(durable.encode(agg.snapshot())), now=0.0)  # as on disk (format 2)
     for core in (agg, resumed):
         for c, p in payloads[half:]:
             assert core.on_update(c, p, now=1.0) == []
@@ -360,7 +360,7 @@ def test_predictions_state_and_metrics_carry_the_epoch_of_the_global_in_use():
     samples = {s.name: s.value for fam in StreamfedCollector([agent.stats]).collect() for s in fam.samples}
     assert samples["streamfed_agent_global_epoch"] == 2
     twin = AgentCore(cfg, "a", 0, mode="async")
-    twin.restore(pickle.loads(pickle.dumps(agent.snapshot())))
+    twin.restore(durable.decode(durable.encode(agent.snapshot())))
     assert twin.global_epoch == 2
 
 

@@ -271,9 +271,9 @@ def test_shard_rejects_like_the_aggregator(fleet):
 
 
 def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
-    """A reducer rebuilt from the snapshot it wrote before a global (pickled, as the state file holds it)
+    """A reducer rebuilt from the snapshot it wrote before a global (encoded as the state file holds it)
     continues exactly as one that never stopped: same θ after every later round."""
-    import pickle
+    from streamfed.core import durable
 
     streams = fleet.streams[:3]
     cfg = pof_cfg()
@@ -282,7 +282,7 @@ def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
     rng = random.Random(5)
     sharded = ShardedFleet(cfg, names, 2, rng)
     saved = []
-    sharded.reducer.checkpoint = lambda core: saved.append(pickle.dumps(core.snapshot()))
+    sharded.reducer.checkpoint = lambda core: saved.append(durable.encode(core.snapshot()))
     ref = AggregatorCore(cfg, clients=names, mode="lockstep")  # never stops
     for t in range(30):
         msgs = [m for a, s in zip(agents, streams, strict=True)
@@ -297,7 +297,7 @@ def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
             # resends in again, the restored reducer refuses what s1's partial already brought.
             assert sharded.flush({0}) == [] and sharded.shards[0].held == 0
             restored = ReducerCore(cfg, names, mode="lockstep", window=0.0)
-            restored.restore(pickle.loads(saved[-1]))
+            restored.restore(durable.decode(saved[-1]))
             assert restored.version == 14 and restored.included() == {n: 14 for n in names}
             sharded.reducer = restored
             by_name = {a.client_id: a for a in agents}
@@ -311,20 +311,20 @@ def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
     np.testing.assert_allclose(sharded.reducer.aggregation.server.theta, ref.aggregation.server.theta,
                                rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="different fleet configuration"):
-        ReducerCore(bnr_cfg(), names, mode="async").restore(pickle.loads(saved[-1]))
+        ReducerCore(bnr_cfg(), names, mode="async").restore(durable.decode(saved[-1]))
 
 
 def test_fedbnr_reducer_checkpoint_holds_no_applied_window(fleet):
     """The checkpoint before a FedBNR global is taken with the window already summed into the statistics and
     emptied: restoring it must not add that window a second time."""
-    import pickle
+    from streamfed.core import durable
 
     cfg = bnr_cfg()
     names = [s.name for s in fleet.streams[:2]]
     agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
     shard, red = ShardCore(cfg, "s0", names), ReducerCore(cfg, names, mode="async", window=0.0)
     saved = []
-    red.checkpoint = lambda core: saved.append(pickle.dumps(core.snapshot()))
+    red.checkpoint = lambda core: saved.append(durable.encode(core.snapshot()))
     for t in range(60):
         for a, s in zip(agents, fleet.streams[:2], strict=True):
             for m in a.on_reading(Reading(f"{t}", s.X[t], float(t), float(s.y[t])))[1]:
@@ -333,7 +333,7 @@ def test_fedbnr_reducer_checkpoint_holds_no_applied_window(fleet):
         red.on_partial("s0", encode(p, cfg), now=0.0)
     assert saved and red.aggregation.server.stats.n >= 100  # uploads of >= 8 samples: the last few still pending
     again = ReducerCore(cfg, names, mode="async", window=0.0)
-    again.restore(pickle.loads(saved[-1]))
+    again.restore(durable.decode(saved[-1]))
     assert again.aggregation.server.stats.n == red.aggregation.server.stats.n and again._win_sum is None
     np.testing.assert_array_equal(again.aggregation.server.stats.S, red.aggregation.server.stats.S)
 
