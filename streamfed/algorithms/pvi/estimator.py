@@ -37,6 +37,32 @@ def _finite_target(y: Any) -> float:
     return v
 
 
+def _fleet_of_one(p: Any, n_inputs: int, seed: int) -> tuple[PVIClient, PVIServer]:
+    """A client and its private server for the settings `p`. The estimator refines (and syncs) the client itself
+    every `refine_every` samples (:func:`_refine_and_sync`): the client never does on its own."""
+    from streamfed.algorithms.pvi import initial_state_of, refine_settings
+
+    client = PVIClient(initial_state_of(p, n_inputs, seed), refine_settings(p), client_id="local",
+                       reservoir=p.reservoir, refine_every=sys.maxsize, predict_draws=p.predict_draws, seed=seed,
+                       jitter=p.jitter)
+    server = PVIServer(initial_state_of(p, n_inputs, seed), n_pseudo=p.n_pseudo,
+                       parameterisation=p.parameterisation, asynchronous=True, max_factors=1)
+    return client, server
+
+
+def _refine_and_sync(client: PVIClient, server: PVIServer) -> bool:
+    """Refine the client's factor on its reservoir and install the private server's new state; False when the
+    refinement was skipped for want of torch (learning and predicting go on)."""
+    try:
+        refined = client.refine()
+    except ImportError:
+        return False
+    f = client.take_factor() if refined else None
+    if f is not None and server.receive(f):
+        client.install(server.publish())
+    return True
+
+
 class PVIRegressor(base.Regressor):
     """A streaming PVI sparse-GP regressor (Gaussian likelihood): a fleet of one.
 
@@ -115,17 +141,9 @@ class PVIRegressor(base.Regressor):
                          max_factors=1)
 
     def _build(self, keys: list[Any]) -> None:
-        from streamfed.algorithms.pvi import initial_state_of, refine_settings
-
         if not keys:
             raise ValueError("cannot build a model from an input with no features")
-        p, seed = self._params(), int(self.seed)
-        # the regressor refines (and syncs) itself every `refine_every` samples: the client never does
-        self.client = PVIClient(initial_state_of(p, len(keys), seed), refine_settings(p), client_id="local",
-                                reservoir=p.reservoir, refine_every=sys.maxsize, predict_draws=p.predict_draws,
-                                seed=seed, jitter=p.jitter)
-        self.server = PVIServer(initial_state_of(p, len(keys), seed), n_pseudo=p.n_pseudo,
-                                parameterisation=p.parameterisation, asynchronous=True, max_factors=1)
+        self.client, self.server = _fleet_of_one(self._params(), len(keys), int(self.seed))
         self._keys = keys
         if self.standardise:  # inputs winsorised at ±INPUT_CLIP, as every default estimator (never the target)
             self._scales = StreamScales(len(keys))
@@ -134,16 +152,8 @@ class PVIRegressor(base.Regressor):
         """The client learns one sample (standard units); refine and sync every `refine_every`."""
         assert self.client is not None and self.server is not None
         self.client.learn(x, y)
-        if self.client.n % int(self.refine_every) != 0:
-            return
-        try:
-            refined = self.client.refine()
-        except ImportError:  # no torch: the refinement is skipped, learning and predicting go on
+        if self.client.n % int(self.refine_every) == 0 and not _refine_and_sync(self.client, self.server):
             self.n_skipped += 1
-            return
-        f = self.client.take_factor() if refined else None
-        if f is not None and self.server.receive(f):
-            self.client.install(self.server.publish())
 
     def _prior(self) -> tuple[float, float]:
         return 0.0, float(self.amplitude) ** 2 + float(self.sigma) ** 2
@@ -268,16 +278,9 @@ class PVIClassifier(base.Classifier):
                          predict_draws=self.predict_draws, jitter=self.jitter, max_factors=1)
 
     def _build(self, keys: list[Any]) -> None:
-        from streamfed.algorithms.pvi import initial_state_of, refine_settings
-
         if not keys:
             raise ValueError("cannot build a model from an input with no features")
-        p, seed = self._params(), int(self.seed)
-        self.client = PVIClient(initial_state_of(p, len(keys), seed), refine_settings(p), client_id="local",
-                                reservoir=p.reservoir, refine_every=sys.maxsize, predict_draws=p.predict_draws,
-                                seed=seed, jitter=p.jitter)
-        self.server = PVIServer(initial_state_of(p, len(keys), seed), n_pseudo=p.n_pseudo,
-                                parameterisation=p.parameterisation, asynchronous=True, max_factors=1)
+        self.client, self.server = _fleet_of_one(self._params(), len(keys), int(self.seed))
         self._keys = keys
         if self.standardise:
             self._scales = OnlineStandardiser(len(keys), clip=INPUT_CLIP)
@@ -323,16 +326,9 @@ class PVIClassifier(base.Classifier):
         except ValueError:
             self._scales = scales  # a refused sample changes nothing
             raise
-        if z is None or self.client.n % int(self.refine_every) != 0:
-            return
-        try:
-            refined = self.client.refine()
-        except ImportError:  # no torch: the refinement is skipped, learning and predicting go on
+        if z is not None and self.client.n % int(self.refine_every) == 0 \
+                and not _refine_and_sync(self.client, self.server):
             self.n_skipped += 1
-            return
-        f = self.client.take_factor() if refined else None
-        if f is not None and self.server.receive(f):
-            self.client.install(self.server.publish())
 
     def predict_proba_one(self, x: dict) -> dict[bool, float]:
         if self.client is None or self._keys is None:
