@@ -25,7 +25,7 @@ import numpy as np
 from streamfed.algorithms.base import BaseAggregation, NonFiniteError
 from streamfed.algorithms.pofmkl._layout import STEP_CAP
 from streamfed.algorithms.pofmkl.messages import KernelUpdate
-from streamfed.algorithms.pofmkl.server import POFMKLServer, project_rows, reset_overflowed_rows
+from streamfed.algorithms.pofmkl.server import POFMKLServer
 from streamfed.algorithms.pofmkl.wire import global_message
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
 from streamfed.core.durable import durable
@@ -399,12 +399,7 @@ class POFMKLAggregation(BaseAggregation):
             for p, rows in by_kernel.items():
                 # over the senders S_p of row p, scaled by |S_p|/|C|: untrimmed, Σ_{S_p} Δ̃/|C| (eq. 10's estimate)
                 step[p] = trimmed_mean(np.array(rows), self.robust.trim) * (len(rows) / n)
-            with np.errstate(over="ignore", invalid="ignore"):
-                new = self.server.theta - step
-            self.server.last_resets = reset_overflowed_rows(new)  # as finish_round: never a non-finite global
-            self.server.kernel_resets += len(self.server.last_resets)
-            project_rows(new, self.server.radius)
-            self.server.theta = new
+            self.server.descend(step)  # as finish_round: never a non-finite global, never beyond the radius
         self.server.version += 1
         self._published()
 
@@ -450,12 +445,7 @@ class POFMKLAggregation(BaseAggregation):
         if self.robust is not None:
             raise ValueError(ROBUST_SHARDED)
         # eq. (10), as POFMKLServer.finish_round: θ ← θ − (Σ_{c ∈ C} Δ_c) / |C|
-        with np.errstate(over="ignore", invalid="ignore"):
-            new = self.server.theta - total / n_clients
-        self.server.last_resets = reset_overflowed_rows(new)  # as finish_round: never a non-finite global
-        self.server.kernel_resets += len(self.server.last_resets)
-        project_rows(new, self.server.radius)
-        self.server.theta = new
+        self.server.descend(total / n_clients)
         self.server.version += 1
         self._applied = dict(included)
         self._published()

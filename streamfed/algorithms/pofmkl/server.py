@@ -68,15 +68,22 @@ class POFMKLServer:
         neither publish a non-finite global nor stall the fleet; the other kernels take the round."""
         self.last_resets = []
         if self._reporting:
-            new = self.theta - self._sum / self._reporting
-            self.last_resets = reset_overflowed_rows(new)
-            self.kernel_resets += len(self.last_resets)
-            project_rows(new, self.radius)
-            self.theta = new
+            self.descend(self._sum / self._reporting)
         self._sum[:] = 0.0
         self._reporting = 0
         self.version += 1
         return self.version
+
+    def descend(self, step: np.ndarray) -> None:
+        """`θ ← θ − step`, each row kept finite (reset to 0 if it overflows, counted) and within the radius
+        (projected): what every way of folding a round into θ ends with (rounds here, the robust rule and the
+        reducer's partial sums in the aggregation). The version is the caller's to move."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = self.theta - step
+        self.last_resets = reset_overflowed_rows(new)
+        self.kernel_resets += len(self.last_resets)
+        project_rows(new, self.radius)
+        self.theta = new
 
     def global_params(self) -> GlobalTheta:
         """What is broadcast: the current `θ` (a fresh read-only array each round) and its norms."""
