@@ -39,6 +39,7 @@ from streamfed.evaluation.datasets.aqi import beijing_aqi
 from streamfed.fleet.agent import AgentCore
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import FleetConfig, PublicScales
+from streamfed.fleet.robustness import Robustness
 from streamfed.fleet.sources import array_source
 from streamfed.fleet.telemetry import AgentStats
 from streamfed.runtime.agent import AgentService
@@ -252,6 +253,9 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
             settings["standardise"] = "none"
         else:
             settings["public_scales"] = declared = public_scales(fleet.streams)
+    # the fleet declares its sensors' rate: the aggregator's rate limits follow from it (docs/reliability.md §7.1)
+    if 0 < opts.rate < float("inf"):
+        settings.setdefault("robust", Robustness(sensor_rate=opts.rate))
     cfg = FleetConfig(fleet="demo", algorithm=opts.algorithm, n_inputs=streams[0].X.shape[1],
                       params=alg.Params(**params), dp_epsilon=opts.dp_epsilon,
                       secure_aggregation=opts.secure_aggregation, **settings)

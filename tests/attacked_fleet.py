@@ -19,15 +19,20 @@ from streamfed.wire.message import Message, decode, encode
 Upload = Callable[[AgentCore, AggregatorCore, str, int, np.ndarray, np.ndarray], Message]
 
 
+Labels = Callable[[AgentCore, AggregatorCore, Any, np.ndarray], np.ndarray]
+
+
 def run_attacked_fleet(fleet: Any, cfg: FleetConfig, upload: Upload, steps: int, attackers: Collection[str] = (),
-                       silent: bool = False, flooder: str | None = None, probe: int | None = None
-                       ) -> tuple[dict[str, float], AggregatorCore]:
+                       silent: bool = False, flooder: str | None = None, probe: int | None = None,
+                       labels: Labels | None = None) -> tuple[dict[str, float], AggregatorCore]:
     """Every honest client's prequential MSE, and the core. An attacker sends, whenever its token bucket holds
     16 samples, statistics of real rows of its station with every label at −B·sign(the global's prediction)
     (`B = cfg.robust.label_bound`) and n = all the tokens it has — protocol-valid: they pass every declared
     bound. The flooder sends honest statistics (real rows, real labels), 50 uploads a second from t = 100 to
-    119. `silent`: the attackers send nothing (the attack-free run of the same honest clients). `probe`: the
-    step at which `core.probed` records the clients' shares; `core.agents` holds the agents at the end."""
+    119. `labels(agent, core, stream, rows)`: the attackers' labels instead (an adaptive attacker sees its
+    agent, the core and its rows). `silent`: the attackers send nothing (the attack-free run of the same honest
+    clients). `probe`: the step at which `core.probed` records the clients' shares; `core.agents` holds the
+    agents at the end."""
     names = list(fleet.names)
     agents = {n: AgentCore(cfg, n, i) for i, n in enumerate(names)}
     core = AggregatorCore(cfg, clients=names, window=0.0)
@@ -64,7 +69,9 @@ def run_attacked_fleet(fleet: Any, cfg: FleetConfig, upload: Upload, steps: int,
             s = fleet.streams[i]
             if n in attackers:
                 k = int(level[n])
-                if not silent and k >= 16:
+                if not silent and k >= 16 and labels is not None:
+                    msgs.append(forged(n, t, k, lambda s, rows, a=agents[n]: labels(a, core, s, rows)))
+                elif not silent and k >= 16:
                     sign = np.sign(agents[n].learner.predict(s.X[t])[0]) or 1.0
                     msgs.append(forged(n, t, k, lambda s, rows, sign=sign: np.full(rows.size, -bound * sign)))
                 continue

@@ -521,6 +521,7 @@ class Algorithm:
     bayesian: ClassVar[bool] = False
     cheap_regret: ClassVar[bool] = True
     in_fleet: ClassVar[bool] = True
+    robust_by_default: ClassVar[bool] = False
 
     # ---------------------------------------------------------------- configuration and wire
     def feature_dim(self, cfg: FleetConfig) -> int:

@@ -3,7 +3,10 @@ aggregation = "robust"`), for any aggregation that sums uploads of samples' stat
 
 * **share cap** — no client's samples may exceed `share_cap` of the samples in the sums: an upload that would
   put its client over is taken *tempered*, `w · stats` with the fraction `w` that fits (:func:`share_allowance`);
-  a cold-start `floor` of samples any client may hold whatever the total;
+  a cold-start `floor` of samples any client may hold whatever the total. A fleet of `k` members (its roster,
+  else the clients heard from) caps at `max(share_cap, 1.5/k)` (:func:`effective_cap`): with fewer than
+  `1/share_cap` members an honest client's fair share `1/k` is over `share_cap`, and a fixed cap would stop
+  every member from adding anything past the floor;
 * **residual screening** — an upload whose mean squared residual under the current global, relative to what
   the global predicts of it, exceeds `screen` × the median of the other clients' latest ratios is taken with
   weight 0 (accepted — its sequence number counts as included — but nothing summed);
@@ -27,7 +30,22 @@ import numpy as np
 
 from streamfed.core.durable import durable
 
-__all__ = ["Robust", "RobustShares", "share_allowance"]
+__all__ = ["Robust", "RobustShares", "effective_cap", "share_allowance"]
+
+# a member's fair share 1/k with room for unequal rates: the cap of a fleet of k members is at least 1.5/k
+FAIR_SHARE_SLACK = 1.5
+
+
+def effective_cap(share_cap: float, members: int) -> float:
+    """The share cap of a fleet of `members`: `share_cap`, or `1.5/members` when that is larger (a fleet too
+    small for the configured cap; one member holds everything).
+
+    >>> effective_cap(0.25, 12), effective_cap(0.25, 3), effective_cap(0.25, 1)
+    (0.25, 0.5, 1.0)
+    """
+    if members <= 0:
+        return 1.0
+    return max(share_cap, min(1.0, FAIR_SHARE_SLACK / members))
 
 
 def share_allowance(held: float, total: float, cap: float, floor: float) -> float:
@@ -179,7 +197,9 @@ class RobustShares:
         assert self.robust is not None
         w_screen = self._screen_weight(client, item)
         n = self._samples(item) * w_screen
-        allowed = share_allowance(self._held.get(client, 0.0), self._total, self.robust.share_cap, self.robust.floor)
+        # the roster when there is one (an attacker cannot widen the cap by appearing under new names)
+        cap = effective_cap(self.robust.share_cap, self._roster or len(self._level))
+        allowed = share_allowance(self._held.get(client, 0.0), self._total, cap, self.robust.floor)
         if w_screen == 0.0:
             self.screened += 1
         self._apply(client, item, w_screen * (1.0 if n <= allowed else allowed / n))

@@ -42,12 +42,14 @@ def aggregator(
                                           "(docs/reliability.md § Lost state)")] = False,
 ) -> None:
     """Run a fleet's aggregator: validate, deduplicate and aggregate updates; publish the global."""
+    from streamfed.fleet.aggregation_mode import resolve_aggregation
     from streamfed.fleet.aggregator import AggregatorCore
     from streamfed.runtime.aggregator import AggregatorService
 
     cfg = with_privacy(load(config), dp_epsilon, secure_aggregation)
+    fleet, mode_line = resolve_aggregation(cfg.fleet, authenticated=cfg.broker.username is not None)
     try:
-        core = AggregatorCore(cfg.fleet, clients=_roster(clients, cfg, "aggregator"), mode=mode, quorum=quorum,  # type: ignore[arg-type]
+        core = AggregatorCore(fleet, clients=_roster(clients, cfg, "aggregator"), mode=mode, quorum=quorum,  # type: ignore[arg-type]
                               round_timeout=round_timeout, window=window, offline="wait" if wait_offline else "drop",
                               recover=recover)
     except ValueError as e:
@@ -55,15 +57,8 @@ def aggregator(
     serve(lambda: AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir),
           [core.stats], metrics_port,
           lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}, "
-                      f"{_aggregation_mode(cfg.fleet)}) on {cfg.broker.host}:{cfg.broker.port}"
+                      f"{mode_line}) on {cfg.broker.host}:{cfg.broker.port}"
                       + (f", global v{core.version} resumed" if svc.restored else ""))
-
-
-def _aggregation_mode(fleet: Any) -> str:
-    """How the aggregator combines uploads, in the words its start-up line uses (docs/reliability.md §7.2)."""
-    if fleet.robust.aggregation == "robust":
-        return "robust aggregation: trimmed means and share caps, not equal to the centralised model"
-    return "exact aggregation: every member trusted, bounds only"
 
 
 def _roster(option: str | None, cfg: Any, role: str) -> list[str] | None:

@@ -134,7 +134,9 @@ class AggregatorCore:
         self.sender = sender
         # noised uploads are not the statistics of real samples: only bounds and shapes can be checked
         check_stats = check_stats and cfg.dp_epsilon is None
-        self.aggregation: Aggregation = self.algorithm.aggregation(cfg, max_abs=max_abs, check_stats=check_stats)
+        # the roster given here (`--clients`) is the aggregation's too: robust mode's quorum and share cap count it
+        of = cfg if clients is None or cfg.clients is not None else cfg.model_copy(update={"clients": tuple(clients)})
+        self.aggregation: Aggregation = self.algorithm.aggregation(of, max_abs=max_abs, check_stats=check_stats)
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self.tracker = SeqTracker(cfg.seq_window)
         self.schema = cfg.protocol_schema  # resolved once: decode runs for every payload

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.fleet.agent import AgentCore
+from streamfed.fleet.aggregation_mode import resolve_aggregation
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig, FleetConfig
 from streamfed.fleet.sources import Reading
@@ -126,13 +127,15 @@ def _stop_on_signals(services: Sequence[AgentService | AggregatorService]) -> No
 async def run_aggregators(broker: BrokerConfig, state_dir: Path | None, fleets: Sequence[FleetSpec],
                           **options: float) -> None:
     """Every fleet's aggregator, until SIGTERM/SIGINT (`options`: the spec's service settings)."""
-    services = [AggregatorService(AggregatorCore(f.config, clients=f.clients, mode=f.mode,  # type: ignore[arg-type]
+    resolved = [resolve_aggregation(f.config, authenticated=broker.username is not None) for f in fleets]
+    services = [AggregatorService(AggregatorCore(cfg, clients=f.clients, mode=f.mode,  # type: ignore[arg-type]
                                                  window=f.window, offline=f.offline),  # type: ignore[arg-type]
                                   broker, state_dir=state_dir, connect_timeout=2.0, **options)  # type: ignore[arg-type]
-                for f in fleets]
+                for f, (cfg, _) in zip(fleets, resolved, strict=True)]
     _stop_on_signals(services)
-    for s in services:
-        log.info("aggregator %s: version %d (%s)", s.fleet, s.core.version, "resumed" if s.restored else "new")
+    for s, (_, line) in zip(services, resolved, strict=True):
+        log.info("aggregator %s: version %d (%s), %s", s.fleet, s.core.version, "resumed" if s.restored else "new",
+                 line)
     await asyncio.gather(*(s.run() for s in services))
 
 

@@ -92,6 +92,7 @@ class FedBNR(Algorithm):
     Params = FedBNRParams
     bayesian = True
     cheap_regret = False  # a read after a global refactorises the comparator (O(F³) a kernel): per upload
+    robust_by_default = True  # share caps and screening: no measurable cost without attackers (reliability.md)
 
     def feature_dim(self, cfg: FleetConfig) -> int:
         return dictionary_of(cfg).dim + (1 if params_of(cfg, RFFFeatures).bias else 0)

@@ -73,6 +73,7 @@ class FedBNRPersonal(FedBNR):
     name = "fedbnr-personal"
     title = "Personalised FedBNR (shared + personal weights, σ, λ, τ by the exact evidence)"
     Params = PersonalParams
+    robust_by_default = False  # no robust aggregation of its own (shared + personal statistics)
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.fedbnr_personal.wire import schemas
