@@ -54,12 +54,16 @@ def run_attacked_fleet(fleet: Any, cfg: FleetConfig, upload: Upload, steps: int,
             m = queue.pop(0)
             payload = encode(m, cfg)
             if m.kind.endswith(".update"):
+                refused = sum(core.rejected.values())
                 queue += core.on_update(m.client, payload, now=now)
+                if m.client in attackers and sum(core.rejected.values()) > refused:
+                    seqs[m.client] -= 1  # a refused forgery's seq is used again (no gap to wedge the next ones)
             elif m.kind.endswith(".global"):
                 for a in agents.values():
                     a.on_global(decode(payload, cfg, kernel_version=a.kernel_version), now=now)
 
     rate, burst = cfg.robust.max_sample_rate, cfg.robust.sample_burst
+    least = max(16, int(getattr(cfg.params, "min_upload", 16)))  # the smallest upload the aggregator takes
     for t in range(steps):
         now = float(t)
         msgs: list[Message] = []
@@ -69,9 +73,9 @@ def run_attacked_fleet(fleet: Any, cfg: FleetConfig, upload: Upload, steps: int,
             s = fleet.streams[i]
             if n in attackers:
                 k = int(level[n])
-                if not silent and k >= 16 and labels is not None:
+                if not silent and k >= least and labels is not None:
                     msgs.append(forged(n, t, k, lambda s, rows, a=agents[n]: labels(a, core, s, rows)))
-                elif not silent and k >= 16:
+                elif not silent and k >= least:
                     sign = np.sign(agents[n].learner.predict(s.X[t])[0]) or 1.0
                     msgs.append(forged(n, t, k, lambda s, rows, sign=sign: np.full(rows.size, -bound * sign)))
                 continue

@@ -267,18 +267,19 @@ def test_exact_mode_damage_is_bounded_by_the_rate_and_the_label_bound(beijing):
 
 
 @pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
-def test_a_flood_keeps_its_share_at_or_below_the_cap(beijing):
+@pytest.mark.parametrize(("fair_share", "cap"), [(None, 0.25), (1.5, 1.5 / 12)])
+def test_a_flood_keeps_its_share_at_or_below_the_cap(beijing, fair_share, cap):
     """A 20 s flood (t = 100..119) of one client sending 50 valid uploads of 32 real samples a second (its rate
-    allows 1000 samples/s, a 2000-sample burst): its share of the global's samples stays at or below share_cap."""
-    cap = 0.25
+    allows 1000 samples/s, a 2000-sample burst): its share of the global's samples stays at or below the cap (a
+    fixed share_cap, or the default 1.5 × a fair share of the 12 members)."""
     _, core = run_fleet(beijing, "robust", flooder=beijing.names[1], max_sample_rate=1000.0, sample_burst=2000.0,
-                        share_cap=cap, probe=119)
+                        share_cap=0.25, fair_share=fair_share, probe=119)
     flood = core.probed[beijing.names[1]]
     after = core.aggregation.client_shares()[beijing.names[1]]
     print(f"flood: share {flood:.4f} at its end, {after:.4f} at t = {STEPS} (cap {cap}), "
           f"{core.aggregation.diagnostics()}, refused {core.rejected}")
     assert flood <= cap * (1 + 1e-12)
-    assert flood > 0.24  # it was capped, not screened: its data is honest
+    assert flood > 0.96 * cap  # it was capped, not screened: its data is honest
     assert core.rejected == {}
 
 

@@ -3,10 +3,16 @@ aggregation = "robust"`), for any aggregation that sums uploads of samples' stat
 
 * **share cap** — no client's samples may exceed `share_cap` of the samples in the sums: an upload that would
   put its client over is taken *tempered*, `w · stats` with the fraction `w` that fits (:func:`share_allowance`);
-  a cold-start `floor` of samples any client may hold whatever the total. A fleet of `k` members (its roster,
-  else the clients heard from) caps at `max(share_cap, 1.5/k)` (:func:`effective_cap`): with fewer than
-  `1/share_cap` members an honest client's fair share `1/k` is over `share_cap`, and a fixed cap would stop
-  every member from adding anything past the floor;
+  a cold-start `floor` of samples any client may hold whatever the total. The cap is `fair_share/k` for a
+  fleet whose `k` members have been heard from (`fair_share = 1.5`: an honest member's fair share `1/k` with
+  room for unequal rates; the roster bounds `k`, so an attacker cannot widen it under new names), or a fixed
+  `share_cap` — never below `1.5/k` (:func:`effective_cap`: a fixed 0.25 would stop every member of a fleet of
+  two or three from adding anything past the floor);
+* **soft screening** — each client's residual ratio is followed over time (an exponential average over its
+  uploads); a client whose average is over `soft` × the median of the others' averages has its uploads taken
+  with weight `soft · median / average`. An honest member's residuals average close to the fleet's; a member
+  biasing its labels has a ratio that grows with the square of the bias, so what it moves the global by —
+  weight × bias — is largest at the threshold and falls beyond it;
 * **residual screening** — an upload whose mean squared residual under the current global, relative to what
   the global predicts of it, exceeds `screen` × the median of the other clients' latest ratios is taken with
   weight 0 (accepted — its sequence number counts as included — but nothing summed);
@@ -36,16 +42,22 @@ __all__ = ["Robust", "RobustShares", "effective_cap", "share_allowance"]
 FAIR_SHARE_SLACK = 1.5
 
 
-def effective_cap(share_cap: float, members: int) -> float:
-    """The share cap of a fleet of `members`: `share_cap`, or `1.5/members` when that is larger (a fleet too
-    small for the configured cap; one member holds everything).
+def effective_cap(share_cap: float | None, members: int, fair_share: float | None = None) -> float:
+    """The share cap of a fleet of `members`: `fair_share/members` when `fair_share` is given, else
+    `share_cap`, and never below `1.5/members` (a fleet too small for the configured cap; one member holds
+    everything).
 
     >>> effective_cap(0.25, 12), effective_cap(0.25, 3), effective_cap(0.25, 1)
     (0.25, 0.5, 1.0)
+    >>> effective_cap(None, 12, 1.5), effective_cap(0.25, 12, 1.5)
+    (0.125, 0.125)
     """
     if members <= 0:
         return 1.0
-    return max(share_cap, min(1.0, FAIR_SHARE_SLACK / members))
+    floor = min(1.0, FAIR_SHARE_SLACK / members)
+    if fair_share is not None:
+        return max(floor, min(1.0, fair_share / members))
+    return max(share_cap if share_cap is not None else 1.0, floor)
 
 
 def share_allowance(held: float, total: float, cap: float, floor: float) -> float:
@@ -69,7 +81,9 @@ class Robust:
     """Settings of robust aggregation of summed statistics: `share_cap` (largest share of the global's samples
     one client may hold), `floor` (samples any client may hold whatever the total: the cold start), `screen`
     (an upload whose residual ratio exceeds `screen` × the median of the other clients' latest ratios is taken
-    with weight 0) and `screen_clients` (how many other clients must have a ratio before screening starts).
+    with weight 0), `screen_clients` (how many other clients must have a ratio before screening starts),
+    `fair_share` (None: the fixed `share_cap`; else the cap is `fair_share / members`) and `soft` (0: off; else a
+    client whose average ratio exceeds `soft` × the others' median is down-weighted — module docstring).
 
     >>> Robust(share_cap=0.25, floor=128.0).screen
     50.0
@@ -79,22 +93,27 @@ class Robust:
     floor: float
     screen: float = 50.0
     screen_clients: int = 3
+    fair_share: float | None = None
+    soft: float = 0.0
 
     @classmethod
     def of(cls, robust: Any, params: Any) -> Robust | None:
         """The settings a fleet asks for: `robust` its `[fleet.robust]` (None in exact mode), `params` the
-        algorithm's, with `robust_share_floor` (None: 4 × `min_upload`), `robust_screen`, `robust_screen_clients`.
+        algorithm's, with `robust_share_floor` (None: one upload, `min_upload` — a larger cold-start floor let
+        colluders hold most of the first globals), `robust_screen`, `robust_screen_clients` and, where it has
+        one, `robust_soft`.
 
         >>> from types import SimpleNamespace as NS
-        >>> Robust.of(NS(aggregation="robust", share_cap=0.25),
+        >>> Robust.of(NS(aggregation="robust", share_cap=0.25, fair_share=1.5),
         ...           NS(robust_share_floor=None, min_upload=8, robust_screen=50.0, robust_screen_clients=3)).floor
-        32.0
+        8.0
         """
         if robust.aggregation != "robust":
             return None
-        floor = params.robust_share_floor if params.robust_share_floor is not None else 4 * params.min_upload
+        floor = params.robust_share_floor if params.robust_share_floor is not None else params.min_upload
         return cls(share_cap=robust.share_cap, floor=float(floor), screen=params.robust_screen,
-                   screen_clients=params.robust_screen_clients)
+                   screen_clients=params.robust_screen_clients, fair_share=robust.fair_share,
+                   soft=float(getattr(params, "robust_soft", 0.0) or 0.0))
 
 
 @durable("algorithms.RobustShares")
@@ -147,6 +166,7 @@ class RobustShares:
         self._held: dict[str, float] = {}  # per client: the samples of it in the sums (weighted)
         self._total = 0.0  # Σ _held
         self._level: dict[str, tuple[float, float]] = {}  # per client: latest residual ratio, global n then
+        self._avg: dict[str, float] = {}  # per client: the average of its ratios (soft screening)
         self.screened = 0  # uploads taken with weight 0
         self.tempered = 0  # uploads taken with 0 < weight < 1 (the share cap)
         # cold start: uploads wait until `quorum` clients have sent one (then screened in order); at most
@@ -198,7 +218,7 @@ class RobustShares:
         w_screen = self._screen_weight(client, item)
         n = self._samples(item) * w_screen
         # the roster when there is one (an attacker cannot widen the cap by appearing under new names)
-        cap = effective_cap(self.robust.share_cap, self._roster or len(self._level))
+        cap = effective_cap(self.robust.share_cap, len(self._level) or (self._roster or 0), self.robust.fair_share)
         allowed = share_allowance(self._held.get(client, 0.0), self._total, cap, self.robust.floor)
         if w_screen == 0.0:
             self.screened += 1
@@ -230,8 +250,34 @@ class RobustShares:
             return 0.0
         self._level[client] = (ratio, n_now)
         if not others or len(others) < self.robust.screen_clients:
+            self._follow(client, ratio)
             return 1.0
-        return 0.0 if ratio > self.robust.screen * float(np.median(others)) else 1.0
+        if ratio > self.robust.screen * float(np.median(others)):
+            return 0.0
+        return self._soft_weight(client, ratio)
+
+    # a client's average ratio follows its last ~5 uploads: long enough that one honest outlier does not
+    # down-weight it, short enough that a client that starts biasing is caught within a few uploads
+    _FOLLOW = 0.2
+
+    def _follow(self, client: str, ratio: float) -> float:
+        """The client's exponential average of its residual ratios, with `ratio` folded in."""
+        avg = getattr(self, "_avg", None)
+        if avg is None:  # a state written before soft screening
+            avg = self._avg = {}
+        a = avg[client] = (1.0 - self._FOLLOW) * avg.get(client, ratio) + self._FOLLOW * ratio
+        return a
+
+    def _soft_weight(self, client: str, ratio: float) -> float:
+        """1, or `soft · median / average` for a client whose average ratio is over `soft` × the median of the
+        other clients' averages (module docstring)."""
+        assert self.robust is not None
+        a = self._follow(client, ratio)
+        soft = self.robust.soft
+        others = [v for c, v in self._avg.items() if c != client]
+        if soft <= 0.0 or len(others) < self.robust.screen_clients or a <= 0.0:
+            return 1.0
+        return min(1.0, soft * float(np.median(others)) / a)
 
     def robust_diagnostics(self) -> dict[str, float]:
         """Uploads screened out, uploads taken with weight < 1, the largest client share of the sums."""

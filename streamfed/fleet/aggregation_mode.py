@@ -55,7 +55,8 @@ def resolve_aggregation(fleet: FleetConfig, *, authenticated: bool, sharded: boo
     bounds = f"labels within ±{r.label_bound:g}, ≤ {r.max_sample_rate:g} samples/s per client" + (
         "" if r.rates_declared else " (a generic limit: declare [fleet.robust] sensor_rate)")
     if mode == "robust":
-        return resolved, (f"robust aggregation: summed statistics capped at a {r.share_cap:g} share per member and "
+        cap = (f"{r.fair_share:g}× a fair share" if r.fair_share is not None else f"a {r.share_cap:g} share")
+        return resolved, (f"robust aggregation: summed statistics capped at {cap} per member and "
                           f"screened, updates clipped and trimmed ({r.trim:g} a side), {bounds}; trusts no single "
                           f"member, not equal to the centralised model ({why})")
     trust = ("the masked sums are checked against the clients' declared bounds" if fleet.secure_aggregation

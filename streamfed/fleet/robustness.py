@@ -15,8 +15,9 @@ Two layers (docs/reliability.md § Bounded influence):
   hostile member, they do not remove it. `"robust"` gives that equality up: gradient-like updates (POF-MKL,
   the network proposals of URK-FedBNR and pFedGP) are combined by a coordinate-wise trimmed mean (`trim` off
   each side; 0.5 is the median) after clipping each client's update to `clip_factor` × the round's median
-  norm; summed statistics (FedBNR, FSGP) cap each client's share of the samples in the global at `share_cap`
-  and screen each upload's residuals under the current global (the algorithm's own settings). `"auto"` (the
+  norm; summed statistics (FedBNR, FSGP) cap each client's share of the samples in the global at `fair_share`
+  (1.5) times a fair share (or a fixed `share_cap`), screen each upload's residuals under the current global and
+  down-weight a member whose residuals stay far from the fleet's (the algorithm's own settings). `"auto"` (the
   default) is robust on a production (authenticated) broker for the families whose robust rule costs nothing
   without attackers, exact otherwise (streamfed.fleet.aggregation_mode); whatever it resolves to, the
   aggregator's start-up line says, and what it trusts.
@@ -63,7 +64,9 @@ class Robustness(BaseModel):
     # client's update clipped to clip_factor × the median of the round's update norms
     trim: float = Field(0.25, ge=0.0, le=0.5)
     clip_factor: float = Field(2.0, ge=1.0, allow_inf_nan=False)
-    # robust, summed statistics: the largest share of the global's samples one client may hold
+    # robust, summed statistics: each member's share of the global's samples at most fair_share / (members heard
+    # from) — 1.5 times a fair share, room for unequal rates — or, with fair_share = None, the fixed share_cap
+    fair_share: float | None = Field(1.5, ge=1.0, allow_inf_nan=False)
     share_cap: float = Field(0.25, gt=0.0, le=1.0)
 
     @model_validator(mode="before")

@@ -71,7 +71,7 @@ class FSGPParams(Params):
     inducing_box: float | None = Field(None, gt=0, allow_inf_nan=False)
     # robust aggregation ([fleet.robust] aggregation = "robust", docs/algorithms.md §6.13, §10.2): residual screening at
     # robust_screen × the median client, after robust_screen_clients others; the cold-start floor of samples any
-    # client may hold (None: 4 × min_upload)
+    # client may hold (None: min_upload, one upload)
     robust_screen: float = Field(50.0, gt=1.0, allow_inf_nan=False)
     robust_screen_clients: int = Field(3, ge=1)
     robust_share_floor: float | None = Field(None, gt=0, allow_inf_nan=False)
