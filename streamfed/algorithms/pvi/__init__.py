@@ -74,6 +74,7 @@ class PVIParams(Params):
     asynchronous: bool = True  # apply each factor as it arrives (else at the window's end)
     reservoir: int = Field(256, ge=2)
     refine_every: int = Field(64, ge=1)  # R: samples between refinements
+    streaming: bool = True  # absorb each sample into the local factor between refinements (.streaming)
     steps: int = Field(30, ge=1)  # Adam steps per refinement
     learning_rate: float = Field(0.01, gt=0, allow_inf_nan=False)
     mc_samples: int = Field(1, ge=1, le=64)  # draws of φ per Adam step

@@ -44,7 +44,7 @@ def _fleet_of_one(p: Any, n_inputs: int, seed: int) -> tuple[PVIClient, PVIServe
 
     client = PVIClient(initial_state_of(p, n_inputs, seed), refine_settings(p), client_id="local",
                        reservoir=p.reservoir, refine_every=sys.maxsize, predict_draws=p.predict_draws, seed=seed,
-                       jitter=p.jitter)
+                       jitter=p.jitter, streaming=p.streaming)
     server = PVIServer(initial_state_of(p, n_inputs, seed), n_pseudo=p.n_pseudo,
                        parameterisation=p.parameterisation, asynchronous=True, max_factors=1)
     return client, server
