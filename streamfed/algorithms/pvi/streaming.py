@@ -168,9 +168,11 @@ class StreamedPredictor:
             lam = np.maximum(p * (1.0 - p), _MIN_CURVATURE)
             r = float(y) - p
         denom = 1.0 + lam * np.maximum(v, 0.0)
-        w = self.w + g * (r / denom)[:, None]
-        Sigma = self.Sigma - (lam / denom)[:, None, None] * g[:, :, None] * g[:, None, :]
-        if not math.isfinite(float(w.sum()) + float(Sigma.sum())):  # one reduction each: a NaN or ∞ shows
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below, not warned about
+            w = self.w + g * (r / denom)[:, None]
+            Sigma = self.Sigma - (lam / denom)[:, None, None] * g[:, :, None] * g[:, None, :]
+            finite = math.isfinite(float(w.sum()) + float(Sigma.sum()))  # one reduction each: a NaN or ∞ shows
+        if not finite:
             raise ValueError("absorbing the sample would make the local posterior non-finite")
         self.w, self.Sigma = w, Sigma
         self.n_absorbed += 1
