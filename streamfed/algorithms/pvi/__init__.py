@@ -156,7 +156,8 @@ class PVI(Algorithm):
         p = params_of(cfg, PVIParams)
         return PVILearner(PVIClient(initial_state(cfg), refine_settings(p), client_id=client_id,
                                     reservoir=p.reservoir, refine_every=p.refine_every,
-                                    predict_draws=p.predict_draws, seed=cfg.seed, jitter=p.jitter))
+                                    predict_draws=p.predict_draws, seed=cfg.seed, jitter=p.jitter,
+                                    streaming=p.streaming))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> PVIAggregation:
         from streamfed.algorithms.pvi.aggregation import PVIAggregation, RobustPVI
