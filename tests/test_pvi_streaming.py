@@ -6,6 +6,7 @@ factor, against plain dense NumPy transcriptions kept in this file.
    state's factors), in any order of the samples; with no factor it is FSGP's exact sparse GP.
 2. Bernoulli likelihood: each sample is one Newton step on `log sigmoid((2y - 1) kᵀK⁻¹u)` at the current mean.
 3. The client: samples since its last refinement are re-absorbed under a new global, dropped by a refinement.
+4. The conformal variance scale: the 95% quantile of the window's studentised residuals, transcribed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from streamfed.algorithms.fsgp.kernels import Hyper, cov
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats
+from streamfed.algorithms.pvi.calibration import VarianceCalibration
 from streamfed.algorithms.pvi.client import PVIClient
 from streamfed.algorithms.pvi.factors import DiagGauss, Factor
 from streamfed.algorithms.pvi.posterior import beta_hyper
@@ -218,3 +220,38 @@ def test_client_reabsorbs_its_pending_samples_under_a_new_global_and_drops_them_
     for x, t in zip(X[20:], y[20:], strict=True):
         fresh.absorb(x, t)
     assert c.predict(probe[0]) == pytest.approx(fresh.predict_local(fresh.local(probe[0])), abs=1e-12)
+
+
+# =========================================================================== 4. the conformal variance scale
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 400))
+def test_calibration_scale_is_the_windows_95_percent_quantile(seed: int, n: int) -> None:
+    rng = np.random.default_rng(seed)
+    res = rng.standard_t(3, size=n) * rng.uniform(0.1, 3.0)
+    var = rng.uniform(0.01, 4.0, size=n)
+    c = VarianceCalibration(window=256, min_samples=32, every=1)
+    for r, v in zip(res, var, strict=True):
+        c.update(float(r), float(v))
+    z = np.abs(res / np.sqrt(var))[-256:]
+    want = 1.0 if n < 32 else min(max((np.quantile(z, 0.95) / 1.959963984540054) ** 2, 1e-4), 1e4)
+    assert c.scale == pytest.approx(want, rel=1e-12)
+
+
+def test_a_client_whose_sigma_is_wrong_covers_95_percent_once_calibrated() -> None:
+    """σ configured at 0.1 on a stream of noise sd 0.6: the model's own intervals are far too narrow; the
+    calibrated ones cover ~95% of the later samples (prequentially: each prediction before its sample)."""
+    rng = np.random.default_rng(2)
+    g = GlobalQ.initial("se", np.linspace(-2, 2, 8)[:, None], np.array([0.0, 0.0, math.log(0.1)]), "fixed")
+    covered = {}
+    for calibrate in (False, True):
+        c = PVIClient(g, RefineSettings(), client_id="a", refine_every=10**9, predict_draws=0, calibrate=calibrate)
+        hits = []
+        for _ in range(1500):
+            x = rng.uniform(-2, 2, 1)
+            y = math.sin(2 * x[0]) + 0.6 * rng.standard_normal()
+            m, v = c.learn(x, y)
+            hits.append(abs(y - m) <= 1.959963984540054 * math.sqrt(v))
+        covered[calibrate] = float(np.mean(hits[300:]))
+    assert covered[False] < 0.5 and 0.92 <= covered[True] <= 0.98, covered

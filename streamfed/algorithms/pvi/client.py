@@ -8,7 +8,9 @@ latest global with its own newest factor in place of the one the global holds, a
 default) every sample since its last refinement absorbed into its local factor as it arrives
 (:mod:`.streaming`: the exact conjugate update for a Gaussian likelihood, one Newton step for a Bernoulli
 one). Those samples are kept (at most :data:`PENDING_CAP`) until the next refinement summarises them, so a
-new global or refinement takes them again; nothing but refinements is uploaded.
+new global or refinement takes them again; nothing but refinements is uploaded. With `calibrate` (the
+default; Gaussian likelihood) the predictive variance is scaled online by :mod:`.calibration` (a conformal
+scale from its own past prequential residuals); the mean never is.
 
 The regret's comparator is the best fixed ridge predictor `kᵀw` in hindsight, `k = k(Z₀, x)` under the
 initial `(Z₀, β₀)`, regularised by `σ₀² K(Z₀, Z₀)` (FSGP's comparator, the same for every PVI variant).
@@ -27,6 +29,7 @@ from scipy.linalg import cho_solve
 from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp.kernels import cov
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
+from streamfed.algorithms.pvi.calibration import VarianceCalibration
 from streamfed.algorithms.pvi.factors import Factor
 from streamfed.algorithms.pvi.posterior import beta_hyper
 from streamfed.algorithms.pvi.predictive import Predictor
@@ -55,7 +58,7 @@ class PVIClient:
 
     def __init__(self, g0: GlobalQ, settings: RefineSettings, *, client_id: str = "client", reservoir: int = 256,
                  refine_every: int = 64, predict_draws: int = 8, seed: int = 0, jitter: float = 1e-6,
-                 streaming: bool = True) -> None:
+                 streaming: bool = True, calibrate: bool = True) -> None:
         if reservoir < 2 or refine_every < 1 or predict_draws < 0:
             raise ValueError("reservoir >= 2, refine_every >= 1 and predict_draws >= 0 are required")
         self.settings = settings
@@ -71,6 +74,8 @@ class PVIClient:
         self._res_n, self.n = 0, 0
         self._rng = np.random.default_rng([self.seed, zlib.crc32(self.client_id.encode())])
         self.streaming = bool(streaming)
+        # a Bernoulli predictive's variance is p(1 - p): nothing to calibrate
+        self.calibration = VarianceCalibration() if calibrate and settings.likelihood == "gaussian" else None
         self._pending: deque[tuple[np.ndarray, float]] = deque(maxlen=PENDING_CAP)  # since the last refinement
         self._predictor = self._predictor_of(g0)
         # the regret's comparator: kernel features under the initial (Z₀, β₀), never moved
@@ -115,8 +120,12 @@ class PVIClient:
         return x
 
     def predict_many(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Predictive means and variances; where rounding overflowed, the prior's instead (no non-finite
-        value leaves the client)."""
+        """Predictive means and variances (the variances scaled by the calibration, if any); where rounding
+        overflowed, the prior's instead (no non-finite value leaves the client)."""
+        mean, var = self._model_predict_many(X)
+        return mean, var * self._scale()
+
+    def _model_predict_many(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(over="ignore", invalid="ignore"):
             mean, var = self._predictor.predict_many(X)
         bad = ~(np.isfinite(mean) & np.isfinite(var))
@@ -134,13 +143,22 @@ class PVIClient:
             return 0.5, 0.25
         return 0.0, math.exp(2 * self._h0.log_amp) + self._h0.noise_var
 
-    def predict(self, x: np.ndarray) -> tuple[float, float]:
-        x = self._x(x)
+    def _scale(self) -> float:
+        """The calibration's variance scale (1 without one)."""
+        c = getattr(self, "calibration", None)
+        return 1.0 if c is None else c.scale
+
+    def _model_predict(self, x: np.ndarray) -> tuple[float, float]:
+        """The model's own predictive at a checked `x` (no calibration)."""
         if isinstance(self._predictor, StreamedPredictor):
             with np.errstate(over="ignore", invalid="ignore"):
                 return self._finite(*self._predictor.predict_local(self._predictor.local(x)))
-        m, v = self.predict_many(x[None, :])
+        m, v = self._model_predict_many(x[None, :])
         return float(m[0]), float(v[0])
+
+    def predict(self, x: np.ndarray) -> tuple[float, float]:
+        m, v = self._model_predict(self._x(x))
+        return m, v * self._scale()
 
     # ------------------------------------------------------------------ learning
     def learn(self, x: np.ndarray, y: float, prediction: tuple[float, float] | None = None) -> tuple[float, float]:
@@ -154,12 +172,14 @@ class PVIClient:
             raise ValueError(f"target {y!r} is not 0 or 1")
         streamed = self._predictor if isinstance(self._predictor, StreamedPredictor) else None
         loc = None if streamed is None else streamed.local(x)
+        scale = self._scale()
         if prediction is not None:
+            model_var = prediction[1] / scale  # the prediction was made under the same scale (nothing learned since)
             pred = prediction
-        elif loc is not None and streamed is not None:
-            pred = self._finite(*streamed.predict_local(loc))
         else:
-            pred = self.predict(x)
+            m, model_var = (self._finite(*streamed.predict_local(loc)) if streamed is not None and loc is not None
+                            else self._model_predict(x))
+            pred = (m, model_var * scale)
         k = cov(self._h0, self._h0.Z, x[None, :])[:, 0]
         if not (math.isfinite(self.loss + (pred[0] - y) ** 2) and math.isfinite(self._own0.q + y * y)):
             raise NonFiniteError("a running sum would overflow")
@@ -168,6 +188,9 @@ class PVIClient:
             self._pending.append((x, y))
         self._own0.add(k, y)
         self.loss += (pred[0] - y) ** 2
+        calibration = getattr(self, "calibration", None)
+        if calibration is not None:
+            calibration.update(y - pred[0], model_var)
         self._keep(x, y)
         self.n += 1
         if self.n % self.refine_every == 0:

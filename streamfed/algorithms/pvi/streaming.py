@@ -63,8 +63,9 @@ def batched_cov(kind: str, log_amp: np.ndarray, log_ls: np.ndarray, Z: np.ndarra
 
 
 class Local(NamedTuple):
-    """One input's `k (S, M)`, `g = Σ k (S, M)` and `f`'s mean and variance `(S,)`, per draw."""
+    """One input `x (d,)`, its `k (S, M)`, `g = Σ k (S, M)` and `f`'s mean and variance `(S,)`, per draw."""
 
+    x: np.ndarray
     k: np.ndarray
     g: np.ndarray
     mean: np.ndarray
@@ -138,13 +139,16 @@ class StreamedPredictor:
         if last is not None and last[0] == key:
             return last[1]
         k, g, mean, var = self._f_moments(x)
-        loc = Local(k[:, :, 0], g[:, :, 0], mean[:, 0], var[:, 0])
+        loc = Local(x[0], k[:, :, 0], g[:, :, 0], mean[:, 0], var[:, 0])
         self._last = (key, loc)
         return loc
 
     def predict_local(self, loc: Local) -> tuple[float, float]:
         """Mean and variance of `y` at the input of `loc` (as :meth:`predict_many`, for one input)."""
-        if self.n_absorbed == 0 or self.likelihood != "gaussian":
+        if self.n_absorbed == 0:  # the state itself, by its triangular solves (as predict_many)
+            m, v = self.base.predict_many(loc.x[None, :])
+            return float(m[0]), float(v[0])
+        if self.likelihood != "gaussian":
             m, v = predictive_y(self.likelihood, loc.mean[:, None], loc.var[:, None], self.log_sigmas)
             return float(m[0]), float(v[0])
         # the mixture's moments (predictive_y's Gaussian case, inlined: this is the per-sample path)
