@@ -107,6 +107,15 @@ class StreamedPredictor:
         self.w = np.stack([c.w for c in base.conds])
         self.n_absorbed = 0
 
+    def __getstate__(self) -> dict:
+        """The state without the last input's cache (recomputed on demand; a stored state need not carry it)."""
+        state = dict(self.__dict__)
+        state.pop("_last", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     @property
     def n_draws(self) -> int:
         return int(self.w.shape[0])
@@ -189,4 +198,5 @@ class StreamedPredictor:
 def _lower_inverse(L: np.ndarray, eye: np.ndarray) -> np.ndarray:
     from scipy.linalg import solve_triangular
 
-    return solve_triangular(L, eye, lower=True, check_finite=False)
+    # C order, as a state restored from a file has it: a matmul's rounding may depend on the layout
+    return np.ascontiguousarray(solve_triangular(L, eye, lower=True, check_finite=False))
