@@ -2,6 +2,7 @@
 refinements, against refinements alone, FSGP and the running mean.
 
     .venv/bin/python benchmarks/bench_pvi_streaming.py --out benchmarks/results/pvi_streaming.md
+    .venv/bin/python benchmarks/bench_pvi_streaming.py --parts c --out benchmarks/results/pvi_streaming_bernoulli.md
     .venv/bin/python benchmarks/bench_pvi_streaming.py --quick        # smoke run (short slices), prints only
 
 * (a) The federated plug-in on the Beijing streams, the protocol of `bench_pvi.py` part (e), where the issue's
@@ -16,6 +17,9 @@ refinements, against refinements alone, FSGP and the running mean.
   `FSGPRegressor()` and River's running mean, `predict_one(x, with_dist=True)` then `learn_one(x, y)` on every
   sample. RMSE as a ratio to the running mean's, coverage, and time per sample in the same run: the median,
   the mean over the samples without a refinement (PVI) and the mean over all, each as a ratio to FSGP's.
+* (c) (`--parts c`, its own result file) A Bernoulli PVI through `streamfed replay` on River's SEA stream (seed 1,
+  600 samples over 3 clients, tests/test_own_data.py's configuration): accuracy, log loss and ECE, streaming
+  (one Newton step per sample) against refinements alone.
 """
 
 from __future__ import annotations
@@ -196,6 +200,47 @@ def part_b(quick: bool) -> tuple[list[str], dict[str, Any]]:
     return [*lines, ""], res
 
 
+# =========================================================================== (c) Bernoulli, through the replay
+
+
+SEA_PARAMS = ["--param", "pvi.likelihood=bernoulli", "--param", "pvi.n_inducing=8", "--param", "pvi.n_pseudo=8",
+              "--param", "pvi.refine_every=32", "--param", "pvi.steps=10"]
+
+
+def part_c(quick: bool) -> tuple[list[str], dict[str, Any]]:
+    """River's SEA (seed 1) as a CSV of 3 clients (round robin), replayed by `streamfed replay` with a Bernoulli
+    PVI, streaming and refinements alone (tests/test_own_data.py's configuration)."""
+    import json
+    import subprocess
+    import tempfile
+
+    from river.datasets import synth
+
+    n = 200 if quick else 600
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / "sea.csv"
+        rows = ["client,a,b,c,y"] + [f"c{i % 3},{x[0]},{x[1]},{x[2]},{int(y)}"
+                                     for i, (x, y) in enumerate(synth.SEA(seed=1).take(n))]
+        csv.write_text("\n".join(rows) + "\n")
+        for label, extra in (("PVI Bernoulli, streaming (Newton step per sample)", []),
+                             ("PVI Bernoulli, refinements alone (streaming = false)",
+                              ["--param", "pvi.streaming=false"])):
+            dest = Path(tmp) / f"out{len(out)}"
+            cmd = [sys.executable, "-m", "streamfed.cli", "replay", "--dataset", str(csv), "--target", "y",
+                   "--client-column", "client", "--out", str(dest), "--no-plots", "-a", "pvi", *SEA_PARAMS, *extra]
+            subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            out[label] = json.loads((dest / "results.json").read_text())["algorithms"]["pvi"]["classification"]
+            print(f"  (c) {label}: {out[label]}", flush=True)
+    lines = [f"## (c) Bernoulli: River's SEA (seed 1, {n} samples, 3 clients) through `streamfed replay`", "",
+             "`streamfed replay --dataset sea.csv --target y --client-column client -a pvi "
+             + " ".join(SEA_PARAMS) + "` (prequential, the agents' figures):", "",
+             "| configuration | accuracy | log loss | ECE |", "|---|---|---|---|"]
+    for label, r in out.items():
+        lines.append(f"| {label} | {r['accuracy']:.3f} | {r['log_loss']:.3f} | {r['ece']:.3f} |")
+    return [*lines, ""], out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -207,17 +252,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
     steps = 100 if args.quick else args.steps
     t0 = time.perf_counter()
-    lines = ["# PVI as a streaming learner", "",
+    title = "PVI as a streaming classifier (Bernoulli)" if args.parts == "c" else "PVI as a streaming learner"
+    intro = ("A Bernoulli PVI client takes one Newton step per sample on its local factor between refinements "
+             "(streamfed/algorithms/pvi/streaming.py): prequential accuracy, log loss and ECE through `streamfed "
+             "replay`, against refinements alone." if args.parts == "c" else
              "PVI's client absorbs every sample into its local factor between refinements (the exact conjugate "
              "update for a Gaussian likelihood; streamfed/algorithms/pvi/streaming.py) instead of waiting for the "
              "next refinement: prequential accuracy, calibration and cost against refinements alone, FSGP and the "
-             f"running mean. Machine: {machine()}; load average at the start {load_average()}.", ""]
+             "running mean.")
+    lines = [f"# {title}", "", f"{intro} Machine: {machine()}; load average at the start {load_average()}.", ""]
     data: dict[str, Any] = {}
     if "a" in args.parts:
         part, data["a"] = part_a(steps, seeds)
         lines += part
     if "b" in args.parts:
         part, data["b"] = part_b(args.quick)
+        lines += part
+    if "c" in args.parts:
+        part, data["c"] = part_c(args.quick)
         lines += part
     cmd = "benchmarks/bench_pvi_streaming.py" + (" --quick" if args.quick else "") + \
         ("" if args.parts == "ab" else f" --parts {args.parts}")
