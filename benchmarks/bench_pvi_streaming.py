@@ -2,7 +2,7 @@
 refinements, against refinements alone, FSGP and the running mean.
 
     .venv/bin/python benchmarks/bench_pvi_streaming.py --out benchmarks/results/pvi_streaming.md
-    .venv/bin/python benchmarks/bench_pvi_streaming.py --parts c --out benchmarks/results/pvi_streaming_bernoulli.md
+    .venv/bin/python benchmarks/bench_pvi_streaming.py --parts cd --out benchmarks/results/pvi_streaming_more.md
     .venv/bin/python benchmarks/bench_pvi_streaming.py --quick        # smoke run (short slices), prints only
 
 * (a) The federated plug-in on the Beijing streams, the protocol of `bench_pvi.py` part (e), where the issue's
@@ -17,9 +17,12 @@ refinements, against refinements alone, FSGP and the running mean.
   `FSGPRegressor()` and River's running mean, `predict_one(x, with_dist=True)` then `learn_one(x, y)` on every
   sample. RMSE as a ratio to the running mean's, coverage, and time per sample in the same run: the median,
   the mean over the samples without a refinement (PVI) and the mean over all, each as a ratio to FSGP's.
-* (c) (`--parts c`, its own result file) A Bernoulli PVI through `streamfed replay` on River's SEA stream (seed 1,
+* (c) (`--parts cd`: the second result file) A Bernoulli PVI through `streamfed replay` on River's SEA stream (seed 1,
   600 samples over 3 clients, tests/test_own_data.py's configuration): accuracy, log loss and ECE, streaming
   (one Newton step per sample) against refinements alone.
+* (d) Cost: the three models of (b) but the running mean interleaved sample by sample on Friedman seed 0 (3,000
+  samples), so that they share the machine's load: per-sample µs, median as a ratio to FSGP, 90th percentile,
+  mean between refinements and mean over all.
 """
 
 from __future__ import annotations
@@ -241,6 +244,52 @@ def part_c(quick: bool) -> tuple[list[str], dict[str, Any]]:
     return [*lines, ""], out
 
 
+# =========================================================================== (d) cost, interleaved
+
+
+def part_d(quick: bool) -> tuple[list[str], dict[str, Any]]:
+    """Per-sample cost with the models interleaved sample by sample (each sample goes to every model in turn, the
+    order rotating), so that all of them run under the same load of the shared machine."""
+    n = 400 if quick else 3000
+    rows = list(datasets.synth.Friedman(seed=0).take(n))
+    makers = MODELS[:3]
+    models = [make() for _, make in makers]
+    times = np.zeros((len(models), n))
+    refined = np.zeros((len(models), n), dtype=bool)
+
+    def events(m: Any) -> int:
+        c = getattr(m, "client", None)
+        return 0 if c is None or not hasattr(c, "n_refined") else c.n_refined + c.n_failed + m.n_skipped
+
+    for i, (x, y) in enumerate(rows):
+        for j in np.roll(np.arange(len(models)), i):
+            m = models[j]
+            before = events(m)
+            t0 = clock()
+            m.predict_one(x, with_dist=True)
+            m.learn_one(x, y)
+            times[j, i] = (clock() - t0) / 1e3
+            refined[j, i] = events(m) != before
+    out: dict[str, Any] = {}
+    fs_median = float(np.median(times[2, 50:]))
+    lines = [f"## (d) Cost per sample, the models interleaved (Friedman seed 0, {n} samples)", "",
+             "Each sample goes to the three models in turn (the order rotating), so they share the machine's load; "
+             "`predict_one(x, with_dist=True)` + `learn_one(x, y)`, after 50 untimed samples. \"between "
+             "refinements\": the samples on which no refinement ran (FSGP: every sample; its local fits every 128 "
+             "samples are in its figures).", "",
+             "| model | µs median (× FSGP) | 90th percentile | mean between refinements | mean, all |",
+             "|---|---|---|---|---|"]
+    for j, (label, _) in enumerate(makers):
+        t, r = times[j, 50:], refined[j, 50:]
+        between = t[~r]
+        rec = {"median": float(np.median(between)), "p90": float(np.percentile(between, 90)),
+               "mean_between": float(between.mean()), "mean": float(t.mean()), "refinements": int(r.sum())}
+        out[label] = rec
+        lines.append(f"| {label} | {rec['median']:.0f} ({rec['median'] / fs_median:.2f}×) | {rec['p90']:.0f} | "
+                     f"{rec['mean_between']:.0f} | {rec['mean']:.0f} |")
+    return [*lines, ""], out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -252,10 +301,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
     steps = 100 if args.quick else args.steps
     t0 = time.perf_counter()
-    title = "PVI as a streaming classifier (Bernoulli)" if args.parts == "c" else "PVI as a streaming learner"
+    more = args.parts == "cd"  # the second result file: the Bernoulli replay and the interleaved cost
+    title = "PVI as a streaming learner: Bernoulli and cost" if more else "PVI as a streaming learner"
     intro = ("A Bernoulli PVI client takes one Newton step per sample on its local factor between refinements "
              "(streamfed/algorithms/pvi/streaming.py): prequential accuracy, log loss and ECE through `streamfed "
-             "replay`, against refinements alone." if args.parts == "c" else
+             "replay`, against refinements alone; and the cost per sample of `PVIRegressor`, streaming and not, "
+             "beside `FSGPRegressor` with the three interleaved sample by sample." if more else
              "PVI's client absorbs every sample into its local factor between refinements (the exact conjugate "
              "update for a Gaussian likelihood; streamfed/algorithms/pvi/streaming.py) instead of waiting for the "
              "next refinement: prequential accuracy, calibration and cost against refinements alone, FSGP and the "
@@ -270,6 +321,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         lines += part
     if "c" in args.parts:
         part, data["c"] = part_c(args.quick)
+        lines += part
+    if "d" in args.parts:
+        part, data["d"] = part_d(args.quick)
         lines += part
     cmd = "benchmarks/bench_pvi_streaming.py" + (" --quick" if args.quick else "") + \
         ("" if args.parts == "ab" else f" --parts {args.parts}")

@@ -49,9 +49,13 @@ def batched_cov(kind: str, log_amp: np.ndarray, log_ls: np.ndarray, Z: np.ndarra
     >>> bool(np.allclose(c[0], cov(h, h.Z, X), rtol=1e-14, atol=0))
     True
     """
-    delta = (X[None, None, :, :] - Z[:, :, None, :]) * np.exp(-log_ls)[:, None, None, :]
+    return _profile(kind, np.exp(2.0 * log_amp)[:, None, None], np.exp(-log_ls)[:, None, None, :], Z, X)
+
+
+def _profile(kind: str, a2: np.ndarray, inv_ls: np.ndarray, Z: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """:func:`batched_cov` from `a² (S, 1, 1)` and `1/ℓ (S, 1, 1, d)`."""
+    delta = (X[None, None, :, :] - Z[:, :, None, :]) * inv_ls
     rho2 = np.einsum("smtd,smtd->smt", delta, delta)
-    a2 = np.exp(2.0 * log_amp)[:, None, None]
     if kind == "se":
         return a2 * np.exp(-0.5 * rho2)
     rho = np.sqrt(rho2)
@@ -110,7 +114,8 @@ class StreamedPredictor:
     def __getstate__(self) -> dict:
         """The state without the last input's cache (recomputed on demand; a stored state need not carry it)."""
         state = dict(self.__dict__)
-        state.pop("_last", None)
+        for cache in ("_last", "_a2", "_inv_ls"):
+            state.pop(cache, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -123,12 +128,16 @@ class StreamedPredictor:
     # ------------------------------------------------------------------ f given (Z, β), per draw
     def _f_moments(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """`k (S, M, T)`, `g = Σ k (S, M, T)`, mean `kᵀw (S, T)` and variance of `f (S, T)` per draw."""
-        k = batched_cov(self.kind, self.log_amp, self.log_ls, self.Z, X)
+        a2 = getattr(self, "_a2", None)
+        if a2 is None:  # fixed per state: computed once (the per-sample path)
+            a2 = self._a2 = np.exp(2.0 * self.log_amp)[:, None, None]
+            self._inv_ls = np.exp(-self.log_ls)[:, None, None, :]
+        k = _profile(self.kind, a2, self._inv_ls, self.Z, X)
         Rk = self.R @ k
         g = self.Sigma @ k
         mean = np.einsum("sm,smt->st", self.w, k)
         # k(x,x) - kᵀK⁻¹k + kᵀΣk; k(x,x) - kᵀK⁻¹k >= 0 exactly, rounding must not make a variance negative
-        var = np.exp(2.0 * self.log_amp)[:, None] - np.sum(Rk * Rk, axis=1) + np.sum(k * g, axis=1)
+        var = a2[:, :, 0] - np.einsum("smt,smt->st", Rk, Rk) + np.einsum("smt,smt->st", k, g)
         return k, g, mean, np.maximum(var, 0.0)
 
     def predict_many(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,7 +192,7 @@ class StreamedPredictor:
         denom = 1.0 + lam * np.maximum(v, 0.0)
         with np.errstate(over="ignore", invalid="ignore"):  # refused below, not warned about
             w = self.w + g * (r / denom)[:, None]
-            Sigma = self.Sigma - (lam / denom)[:, None, None] * g[:, :, None] * g[:, None, :]
+            Sigma = self.Sigma - (g * (lam / denom)[:, None])[:, :, None] * g[:, None, :]
             finite = math.isfinite(float(w.sum()) + float(Sigma.sum()))  # one reduction each: a NaN or ∞ shows
         if not finite:
             raise ValueError("absorbing the sample would make the local posterior non-finite")
