@@ -74,6 +74,8 @@ class PVIParams(Params):
     asynchronous: bool = True  # apply each factor as it arrives (else at the window's end)
     reservoir: int = Field(256, ge=2)
     refine_every: int = Field(64, ge=1)  # R: samples between refinements
+    streaming: bool = True  # absorb each sample into the local factor between refinements (.streaming)
+    calibrate: bool = True  # Gaussian: scale the predictive variance by a conformal factor (.calibration)
     steps: int = Field(30, ge=1)  # Adam steps per refinement
     learning_rate: float = Field(0.01, gt=0, allow_inf_nan=False)
     mc_samples: int = Field(1, ge=1, le=64)  # draws of φ per Adam step
@@ -155,7 +157,8 @@ class PVI(Algorithm):
         p = params_of(cfg, PVIParams)
         return PVILearner(PVIClient(initial_state(cfg), refine_settings(p), client_id=client_id,
                                     reservoir=p.reservoir, refine_every=p.refine_every,
-                                    predict_draws=p.predict_draws, seed=cfg.seed, jitter=p.jitter))
+                                    predict_draws=p.predict_draws, seed=cfg.seed, jitter=p.jitter,
+                                    streaming=p.streaming, calibrate=p.calibrate))
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> PVIAggregation:
         from streamfed.algorithms.pvi.aggregation import PVIAggregation, RobustPVI

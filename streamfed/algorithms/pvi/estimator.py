@@ -44,7 +44,7 @@ def _fleet_of_one(p: Any, n_inputs: int, seed: int) -> tuple[PVIClient, PVIServe
 
     client = PVIClient(initial_state_of(p, n_inputs, seed), refine_settings(p), client_id="local",
                        reservoir=p.reservoir, refine_every=sys.maxsize, predict_draws=p.predict_draws, seed=seed,
-                       jitter=p.jitter)
+                       jitter=p.jitter, streaming=p.streaming, calibrate=p.calibrate)
     server = PVIServer(initial_state_of(p, n_inputs, seed), n_pseudo=p.n_pseudo,
                        parameterisation=p.parameterisation, asynchronous=True, max_factors=1)
     return client, server
@@ -71,9 +71,12 @@ class PVIRegressor(base.Regressor):
     `lengthscale` None starts every `ℓ_d` at `√(2d)`); later a missing key reads 0 and an unknown one is
     ignored; a None, NaN or non-numeric value (input or target) raises `ValueError` and changes nothing.
     Every `refine_every` samples the client refines its factor (`steps` Adam steps on its reservoir) and
-    it goes to the private server, whose new state comes back. The refinement needs torch: without it
-    the regressor still learns (its reservoir, its scales) and predicts from the prior, the refinement
-    skipped and counted in `n_skipped`. With `standardise` (default) inputs and target are standardised
+    it goes to the private server, whose new state comes back; in between (`streaming`, default) each
+    sample is absorbed into its local factor exactly (the conjugate update, :mod:`.streaming`). The
+    refinement needs torch: without it the regressor still learns (its reservoir, its scales and, with
+    `streaming`, its local factor) and predicts from that, the refinement skipped and counted in `n_skipped`.
+    With `calibrate` (default) the predictive variance is scaled online so that the 95% interval covers
+    95% of the past residuals (:mod:`.calibration`). With `standardise` (default) inputs and target are standardised
     online from past samples only and predictions mapped back. `likelihood` is `"gaussian"`, its only one:
     another (`"bernoulli"`) is a `ValueError` that names :class:`PVIClassifier`.
 
@@ -91,7 +94,7 @@ class PVIRegressor(base.Regressor):
                  amplitude: float = 1.0, sigma: float = 0.5, alpha: float = 0.1, reservoir: int = 256,
                  refine_every: int = 64, steps: int = 30, learning_rate: float = 0.01, mc_samples: int = 1,
                  predict_draws: int = 8, jitter: float = 1e-6, seed: int = 0, standardise: bool = True,
-                 likelihood: str = "gaussian") -> None:
+                 likelihood: str = "gaussian", streaming: bool = True, calibrate: bool = True) -> None:
         if likelihood != "gaussian":  # the one likelihood of a regressor; a binary label is PVIClassifier's
             raise ValueError(f"PVIRegressor's likelihood is 'gaussian', got {likelihood!r}: for a binary label "
                              "(Bernoulli likelihood) use PVIClassifier (streamfed.algorithms.pvi.estimator)")
@@ -115,6 +118,8 @@ class PVIRegressor(base.Regressor):
         self.jitter = jitter
         self.seed = seed
         self.standardise = standardise
+        self.streaming = streaming
+        self.calibrate = calibrate
         self._params()  # validated now (a pydantic ValidationError is a ValueError), not at the first sample
         self._keys: list[Any] | None = None
         self.client: PVIClient | None = None
@@ -138,7 +143,8 @@ class PVIRegressor(base.Regressor):
                          lengthscale=self.lengthscale, sigma=self.sigma, alpha=self.alpha, reservoir=self.reservoir,
                          refine_every=self.refine_every, steps=self.steps, learning_rate=self.learning_rate,
                          mc_samples=self.mc_samples, predict_draws=self.predict_draws, jitter=self.jitter,
-                         max_factors=1)
+                         max_factors=1, streaming=getattr(self, "streaming", True),
+                         calibrate=getattr(self, "calibrate", True))
 
     def _build(self, keys: list[Any]) -> None:
         if not keys:
@@ -213,7 +219,8 @@ class PVIClassifier(base.Classifier):
     reads 0 and an unknown one is ignored; a None, NaN or non-numeric input raises `ValueError` and changes
     nothing. Labels are River's binary ones, `True`/`False` (or `1`/`0`); another label raises `ValueError`
     and changes nothing. Every `refine_every` samples
-    the client refines its factor on its reservoir and the private server's new state comes back. With
+    the client refines its factor on its reservoir and the private server's new state comes back; in between
+    (`streaming`, default) each sample is absorbed into its local factor by one Newton step. With
     `standardise` (default) the *inputs* are standardised online from past samples only (winsorised at
     ±5 σ) — never the label. `predict_proba_one` gives both classes' probabilities (the predictive mean
     `E[sigmoid(f)]` for `True`); before the first sample, ½ each.
@@ -231,7 +238,7 @@ class PVIClassifier(base.Classifier):
                  parameterisation: str = "dpo", lengthscale: float | None = None, amplitude: float = 1.0,
                  alpha: float = 0.1, reservoir: int = 256, refine_every: int = 64, steps: int = 30,
                  learning_rate: float = 0.01, mc_samples: int = 1, predict_draws: int = 8, jitter: float = 1e-6,
-                 seed: int = 0, standardise: bool = True) -> None:
+                 seed: int = 0, standardise: bool = True, streaming: bool = True) -> None:
         self.n_inducing = n_inducing
         self.n_pseudo = n_pseudo
         self.kernel = kernel
@@ -249,6 +256,7 @@ class PVIClassifier(base.Classifier):
         self.jitter = jitter
         self.seed = seed
         self.standardise = standardise
+        self.streaming = streaming
         self._params()  # validated now (a pydantic ValidationError is a ValueError), not at the first sample
         self._keys: list[Any] | None = None
         self.client: PVIClient | None = None
@@ -275,7 +283,8 @@ class PVIClassifier(base.Classifier):
                          n_pseudo=self.n_pseudo, amplitude=self.amplitude, lengthscale=self.lengthscale,
                          alpha=self.alpha, reservoir=self.reservoir, refine_every=self.refine_every,
                          steps=self.steps, learning_rate=self.learning_rate, mc_samples=self.mc_samples,
-                         predict_draws=self.predict_draws, jitter=self.jitter, max_factors=1)
+                         predict_draws=self.predict_draws, jitter=self.jitter, max_factors=1,
+                         streaming=getattr(self, "streaming", True))
 
     def _build(self, keys: list[Any]) -> None:
         if not keys:
