@@ -9,8 +9,9 @@
   last refresh, embedded with the network it was made with. A refresh's work is charged to the credit, so the
   work per sample is bounded by the budget, not by the classes or samples seen (`work_per_sample = None`: no
   bound, every refresh runs when due).
-* Where torch is installed and `learn_kernel`: every `fit_every` samples (when the credit allows), a local update
-  of the shared parameters on the budget (:func:`~.training.fit_local`), charged the same way; the delta to the
+* Where torch is installed and `learn_kernel`: every `fit_every` samples (when its credit allows), a local update
+  of the shared parameters on the budget (:func:`~.training.fit_local`), charged the same way to a credit of its
+  own (then refreshes and local updates each earn half of `work_per_sample`); the delta to the
   current version is split into chunks of at most `max_chunk_numbers` (:mod:`streamfed.algorithms.chunks`) and
   queued; `take_update` hands out one chunk per call, numbered `seq`. A new local update waits until the previous
   one is sent.
@@ -83,6 +84,7 @@ class PFedGPClient:
 
     # class-level defaults: a client stored before the work credit existed restores unbounded, as it ran
     credit: WorkCredit = WorkCredit(None)
+    fit_credit: WorkCredit = WorkCredit(None)
     smoothing: float = 0.0
     model_theta: np.ndarray | None = None
     last_refresh = last_fit = 0
@@ -112,7 +114,8 @@ class PFedGPClient:
         self._seed = [int(seed), zlib.crc32(self.client_id.encode())]
         self._rng = np.random.default_rng([*self._seed, 1])
         self.budget = ClassBudget(layout.arch.n_inputs, int(budget), [*self._seed, 2], total=max_budget)
-        self.credit = WorkCredit(work_per_sample)
+        share = None if work_per_sample is None else float(work_per_sample) / (2.0 if self.trains else 1.0)
+        self.credit, self.fit_credit = WorkCredit(share), WorkCredit(share)  # refreshes', local updates'
         self.smoothing = float(smoothing)
         self.model_theta = self.theta.copy()  # the network the personal GP was refreshed with
         self.last_refresh = self.last_fit = 0  # samples learnt at the last refresh, the last local update
@@ -187,13 +190,16 @@ class PFedGPClient:
         self.counts[c] += 1
         self.loss += -math.log(max(float(p[c]), LOG_FLOOR))
         self.correct += int(int(np.argmax(p)) == c)
-        if self.trains and self.n - self.last_fit >= self.fit_every and self.credit.allows():
-            self.last_fit = self.n
-            work = fit_work(self.model.node_sizes, chains=self.train_chains, gibbs_steps=self.gp_args["steps"] + 1,
-                            steps=self.fit_steps)
-            if self.fit():
-                self.credit.charge(work)
-                self.fit_units += work
+        if self.trains:
+            self.fit_credit.earn()
+            if self.n - self.last_fit >= self.fit_every and self.fit_credit.allows():
+                self.last_fit = self.n
+                work = fit_work(self.model.node_sizes, chains=self.train_chains, steps=self.fit_steps)
+                fits = self.n_fits
+                self.fit()
+                if self.n_fits > fits:  # it ran (whether or not it proposed)
+                    self.fit_credit.charge(work)
+                    self.fit_units += work
         return p
 
     def _current(self) -> bool:

@@ -2,10 +2,11 @@
 
 The work model counts, in *work units*, what dominates each step: a Gibbs sweep of `C` chains on a tree node of
 `n` samples factorises `C` matrices of `n × n` (`n³` each) plus a fixed overhead per call (`NODE_OVERHEAD`, the
-cost of a small node being mostly Python and dispatch); a local update of the network does the same per Adam
-step and chain, `FIT_FACTOR` times dearer (the torch graph and its backward pass); a prediction reads `C`
-matrices of `n × n` per node. One unit is roughly a fraction of a nanosecond on one core — the counts, not the
-clock, are what the tests assert on.
+cost of a small node being mostly Python and dispatch); a local update of the network costs, per Adam step,
+chain and node, `FIT_FACTOR · n³` plus `FIT_NODE_OVERHEAD` (torch's graph and backward pass on small matrices:
+about 1.5 ms a node, whatever its size); a prediction reads `C` matrices of `n × n` per node. One unit is
+0.25–0.35 ns on one core of the machine the benchmarks ran on (`benchmarks/bench_pfedgp_cost.py`) — the counts,
+not the clock, are what the tests assert on.
 
 :class:`WorkCredit` earns `per_sample` units with every sample learnt and lets a refresh or a local update start
 only when it is not in debt; the step's work is then charged (after the fact: its size is known only once it
@@ -19,6 +20,8 @@ True
 (False, 250.0)
 >>> refresh_work([4, 2], chains=2, sweeps=1) == 2 * 2 * (4**3 + 2**3 + 2 * NODE_OVERHEAD)
 True
+>>> fit_work([4], chains=2, steps=3) == 3 * 2 * (FIT_FACTOR * 4**3 + FIT_NODE_OVERHEAD)
+True
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from collections.abc import Iterable
 
 from streamfed.core.durable import durable
 
-__all__ = ["FIT_FACTOR", "NODE_OVERHEAD", "WorkCredit", "fit_work", "predict_work", "refresh_work"]
+__all__ = ["FIT_FACTOR", "FIT_NODE_OVERHEAD", "NODE_OVERHEAD", "WorkCredit", "fit_work", "predict_work", "refresh_work"]
 
 #: Work units of one call on a node, whatever its size (≈ a 34-sample node's factorisation).
 NODE_OVERHEAD = 40_000.0
-#: A local update's chain-sweep against a refresh's: torch's graph, its backward pass, the predictive objective.
-FIT_FACTOR = 4.0
+#: A local update's `n³` term per Adam step and chain (Gibbs sweeps, the objective, its gradient).
+FIT_FACTOR = 1.5
+#: A local update's fixed work per Adam step, chain and node (measured: ≈ 1.5 ms, mostly torch's overhead).
+FIT_NODE_OVERHEAD = 4.5e6
 
 
 def refresh_work(node_sizes: Iterable[int], *, chains: int, sweeps: int) -> float:
@@ -41,10 +46,9 @@ def refresh_work(node_sizes: Iterable[int], *, chains: int, sweeps: int) -> floa
     return float(chains) * (int(sweeps) + 1) * sum(float(n) ** 3 + NODE_OVERHEAD for n in node_sizes)
 
 
-def fit_work(node_sizes: Iterable[int], *, chains: int, gibbs_steps: int, steps: int) -> float:
-    """Units of a local update: `steps` Adam steps, each `gibbs_steps` sweeps and the objective per node."""
-    sizes = list(node_sizes)
-    return FIT_FACTOR * int(steps) * refresh_work(sizes, chains=chains, sweeps=gibbs_steps)
+def fit_work(node_sizes: Iterable[int], *, chains: int, steps: int) -> float:
+    """Units of a local update: `steps` Adam steps, each the Gibbs sweeps and the objective per node and chain."""
+    return float(steps) * float(chains) * sum(FIT_FACTOR * float(n) ** 3 + FIT_NODE_OVERHEAD for n in node_sizes)
 
 
 def predict_work(node_sizes: Iterable[int], *, chains: int) -> float:
