@@ -29,6 +29,7 @@ from streamfed.algorithms.pfedgp.fitc import FITCPosterior, fitc_gibbs
 from streamfed.algorithms.pfedgp.gibbs import FullPosterior, gibbs
 from streamfed.algorithms.pfedgp.kernels import rbf
 from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
+from streamfed.algorithms.pfedgp.quadrature import chain_log_probs
 from streamfed.algorithms.pfedgp.tree import Tree, build_tree
 from streamfed.core.durable import durable
 
@@ -63,6 +64,8 @@ class GPTree:
         self.posteriors: list[FullPosterior | FITCPosterior] = []
         self._omega: list[dict[int, np.ndarray]] = []  # per node: sample id → its ω in each chain
         self._masks: list[np.ndarray] = []  # per node: which rows of E reach it
+
+    _paths: tuple[np.ndarray, np.ndarray] | None = None  # the tree's path matrices, a cache (reset by fit)
 
     @property
     def classes(self) -> tuple[int, ...]:
@@ -120,6 +123,7 @@ class GPTree:
             new_omegas.append({int(i): post.omega[:, j].copy() for j, i in enumerate(iv)})
             posteriors.append(post)
         self.tree, self._omega, self.posteriors, self.E = tree, new_omegas, posteriors, E
+        self._paths = None
         self._masks = [node.labels(y)[0] for node in tree.nodes]
         return work
 
@@ -146,19 +150,38 @@ class GPTree:
         if self.tree is None:
             return np.zeros((np.shape(Es)[0], 0))
         Es = np.asarray(Es, dtype=np.float64)
-        n_nodes = len(self.tree.nodes)
-        left, right = np.empty((Es.shape[0], n_nodes)), np.empty((Es.shape[0], n_nodes))
+        if not self.posteriors:  # one class: no node, log 1
+            return np.zeros((Es.shape[0], len(self.classes)))
         kss = np.full(Es.shape[0], self.outputscale)
+        kall = self.k(self.E if self.inducing is None else self.inducing, Es)  # one kernel for every node
+        mus, vs = [], []
         for v, post in enumerate(self.posteriors):
-            base = self.E[self._masks[v]] if self.inducing is None else self.inducing
-            left[:, v], right[:, v] = post.log_probs(self.k(base, Es), kss)
+            mu, var = post.moments(kall[self._masks[v]] if self.inducing is None else kall, kss)
+            mus.append(mu)
+            vs.append(var)
+        # every node's chains in one quadrature call: (nodes · C, T) → (T, nodes) each side
+        left, right = chain_log_probs(np.concatenate(mus), np.concatenate(vs), groups=len(mus))
+        left, right = np.atleast_2d(left).reshape(len(mus), -1).T, np.atleast_2d(right).reshape(len(mus), -1).T
         floor = np.log(NODE_FLOOR)
         # each node's pair renormalised (the quadrature's two sides sum to 1 only up to rounding), then floored
         norm = np.logaddexp(left, right)
         left, right = np.maximum(left - norm, floor), np.maximum(right - norm, floor)
-        lp = self.tree.class_log_probabilities(left, right)
+        on_left, on_right = self._path_matrices()
+        lp = left @ on_left + right @ on_right  # eq. 15's sums along the paths (Tree.class_log_probabilities)
         m = np.max(lp, axis=1, keepdims=True)
         return lp - (m + np.log(np.sum(np.exp(lp - m), axis=1, keepdims=True)))
+
+    def _path_matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        """0/1 matrices `(nodes, classes)`: node `v` on class `j`'s path going left / going right."""
+        assert self.tree is not None
+        if self._paths is None:
+            n, k = len(self.tree.nodes), len(self.tree.classes)
+            on_left, on_right = np.zeros((n, k)), np.zeros((n, k))
+            for j, c in enumerate(self.tree.classes):
+                for v, left in self.tree.paths[c]:
+                    (on_left if left else on_right)[v, j] = 1.0
+            self._paths = (on_left, on_right)
+        return self._paths
 
     def proba(self, Es: np.ndarray) -> np.ndarray:
         """Class probabilities `(T, len(classes))` of the rows of `Es` (empty columns before any sample)."""

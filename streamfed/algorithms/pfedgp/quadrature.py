@@ -43,7 +43,8 @@ def log_sigmoid_gauss(mu: np.ndarray, var: np.ndarray) -> np.ndarray:
     """`log E[σ(f)]`, `f ~ N(mu, var)`, summed in the log domain: accurate where `E[σ(f)]` rounds to 0 or 1 —
     the other side, `log E[σ(−f)]`, is this at `−mu`.
 
-    >>> bool(np.isclose(np.exp(log_sigmoid_gauss(np.array(0.7), np.array(2.0))), sigmoid_gauss(np.array(0.7), np.array(2.0))))
+    >>> a, v = np.array(0.7), np.array(2.0)
+    >>> bool(np.isclose(np.exp(log_sigmoid_gauss(a, v)), sigmoid_gauss(a, v)))
     True
     >>> float(log_sigmoid_gauss(np.array(-60.0), np.array(1e-9))) < -59  # σ(−60) ≈ 1e-26, not 0
     True
@@ -55,13 +56,16 @@ def log_sigmoid_gauss(mu: np.ndarray, var: np.ndarray) -> np.ndarray:
     return m + np.log(np.sum(np.exp(a - m[..., None]), axis=-1)) - 0.5 * math.log(math.pi)
 
 
-def chain_log_probs(mu: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eq. 18 averaged over the chains (axis 0 of `mu, var (C, T)`), in the log domain: `(log p(left),
-    log p(right))` of shape `(T,)` each; each side computed on its own, so neither is `log 0`."""
-    C = mu.shape[0]
-
-    def side(lp: np.ndarray) -> np.ndarray:
-        m = np.max(lp, axis=0)
-        return m + np.log(np.sum(np.exp(lp - m[None]), axis=0)) - math.log(C)
-
-    return side(log_sigmoid_gauss(mu, var)), side(log_sigmoid_gauss(-mu, var))
+def chain_log_probs(mu: np.ndarray, var: np.ndarray, groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 18 averaged over the chains, in the log domain: `mu, var (groups · C, T)` — `groups` blocks of `C`
+    chains each (tree nodes, stacked so that one call does them all) → `(log p(left), log p(right))`, each
+    `(groups, T)` (`(T,)` when `groups == 1`); each side computed on its own, so neither is `log 0`."""
+    mu, var = np.asarray(mu, dtype=np.float64), np.asarray(var, dtype=np.float64)
+    C = mu.shape[0] // int(groups)
+    both = log_sigmoid_gauss(np.stack([mu, -mu]), np.stack([var, var]))  # (2, groups · C, T)
+    both = both.reshape(2, int(groups), C, -1)
+    m = np.max(both, axis=2)
+    out = m + np.log(np.sum(np.exp(both - m[:, :, None]), axis=2)) - math.log(C)  # (2, groups, T)
+    if groups == 1:
+        return out[0, 0], out[1, 0]
+    return out[0], out[1]
