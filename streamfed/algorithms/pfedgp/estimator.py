@@ -46,10 +46,10 @@ class PFedGPClassifier(base.Classifier):
     are standardised online from past samples only (winsorised at ±5 σ) when `standardise`."""
 
     def __init__(self, max_classes: int | None = None, widths: tuple[int, ...] = (16,), n_omega: int = 16,
-                 lengthscale: float = 0.5, outputscale: float = 8.0, inducing: int = 0, budget: int = 128,
-                 chains: int = 8, gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1,
+                 lengthscale: float = 0.5, outputscale: float = 8.0, inducing: int = 0, budget: int = 256,
+                 chains: int = 4, gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1,
                  learn_kernel: bool = True, objective: str = "predictive", fit_every: int = 64, fit_steps: int = 5,
-                 learning_rate: float = 0.01, seed: int = 0, standardise: bool = True, max_budget: int | None = 256,
+                 learning_rate: float = 0.01, seed: int = 0, standardise: bool = True, max_budget: int | None = 512,
                  work_per_sample: float | None = 2.0**25, smoothing: float = 1e-6) -> None:
         self.max_classes = max_classes
         self.max_budget = max_budget
