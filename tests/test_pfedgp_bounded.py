@@ -266,3 +266,20 @@ def test_estimator_predict_then_learn_reuses_the_prediction() -> None:
             assert model.client.predict_units == before[0]
             reused += 1
     assert reused >= 25
+
+
+def test_fleet_params_reach_the_client() -> None:
+    from streamfed.algorithms.pfedgp import ALGORITHM
+    from streamfed.fleet.config import FleetConfig
+
+    cfg = FleetConfig(fleet="f", algorithm="pfedgp", n_inputs=2,
+                      params={"n_classes": 40, "widths": [4], "n_omega": 8, "budget": 8, "chains": 3,
+                              "learn_kernel": False, "max_budget": 24, "work_per_sample": 1e5, "smoothing": 1e-3})
+    learner = ALGORITHM.learner(cfg, "a", 0)
+    X, y = blobs(120, 40, seed=21)
+    for xi, yi in zip(X, y, strict=True):
+        learner.learn(xi, float(yi))
+    c = learner.client
+    assert len(c.budget) <= max(24, len(c.budget.classes)) and c.refresh_units <= c.n * 1e5 + c.credit.largest
+    p = learner.class_probabilities(X[0])
+    assert p.shape == (40,) and np.all(p >= 1e-3 / 40 * (1 - 1e-9)) and np.all(p < 1)
