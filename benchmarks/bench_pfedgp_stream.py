@@ -11,7 +11,7 @@
   `StandardScaler | LogisticRegression` (one-vs-rest for more than two classes), in the same process. Three
   seeds: the pFedGP seed (bundled streams) or the generator's seed (synthetic; the recipe then runs on
   the same rows).
-* (b) Cost per sample (`predict_proba_one` then `learn_one`, wall clock, one torch and one BLAS thread) on a
+* (b) Cost per sample (`predict_proba_one` then `learn_one`, CPU time, one torch and one BLAS thread) on a
   26-class and a 2-class `synth.RandomRBF` stream (10 features), the defaults against the recipe in the same
   run and against pFedGP without the bound (`max_budget=None, budget=32, work_per_sample=None`: the settings
   measured in issue 34, run for fewer samples); torch's first backward pass (its lazy imports, ~2 s) is done
@@ -125,24 +125,36 @@ def part_a(quick: bool, seeds: list[int]) -> tuple[list[str], dict]:
     return lines, data
 
 
-def cost_run(model: Any, stream: Any) -> dict[str, Any]:
-    times, extreme = [], 0
-    for x, y in stream:
-        t = time.perf_counter()
-        p = model.predict_proba_one(x)
-        model.learn_one(x, y)
-        times.append(time.perf_counter() - t)
-        extreme += int(len(p) > 1 and any(v <= 0.0 or v >= 1.0 for v in p.values()))
-    ms = 1e3 * np.array(times)
-    half = len(ms) // 2
-    out: dict[str, Any] = {"n": len(times), "ms_mean": float(ms.mean()), "ms_first_half": float(ms[:half].mean()),
-                           "ms_second_half": float(ms[half:].mean()), "ms_last_100": float(ms[-100:].mean()),
-                           "ms_max": float(ms.max()), "extreme": extreme}
-    c = getattr(model, "client", None)
-    if c is not None:
-        out.update({"refreshes": c.refreshes, "local_updates": c.n_fits, "budget": len(c.budget),
-                    "units_per_sample": (c.refresh_units + c.fit_units) / max(c.n, 1),
-                    "predict_units_per_sample": c.predict_units / max(c.n, 1)})
+def cost_runs(runs: dict[str, tuple[Any, list]]) -> dict[str, dict[str, Any]]:
+    """The models in lockstep — sample i of each in turn — so that the machine's load (two cores shared with
+    other jobs) weighs on all of them alike: CPU time of this process (`time.process_time`) and wall time."""
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    extreme = dict.fromkeys(runs, 0)
+    for i in range(max(len(rows) for _, rows in runs.values())):
+        for name, (model, rows) in runs.items():
+            if i >= len(rows):
+                continue
+            x, y = rows[i]
+            t, c = time.perf_counter(), time.process_time()
+            p = model.predict_proba_one(x)
+            model.learn_one(x, y)
+            cpu[name].append(time.process_time() - c)
+            wall[name].append(time.perf_counter() - t)
+            extreme[name] += int(len(p) > 1 and any(v <= 0.0 or v >= 1.0 for v in p.values()))
+    out: dict[str, dict[str, Any]] = {}
+    for name, (model, _) in runs.items():
+        ms, w = 1e3 * np.array(cpu[name]), 1e3 * np.array(wall[name])
+        half = len(ms) // 2
+        r: dict[str, Any] = {"n": len(ms), "ms_mean": float(ms.mean()), "ms_first_half": float(ms[:half].mean()),
+                             "ms_second_half": float(ms[half:].mean()), "ms_last_100": float(ms[-100:].mean()),
+                             "ms_max": float(ms.max()), "wall_ms_mean": float(w.mean()), "extreme": extreme[name]}
+        c = getattr(model, "client", None)
+        if c is not None:
+            r.update({"refreshes": c.refreshes, "local_updates": c.n_fits, "budget": len(c.budget),
+                      "units_per_sample": (c.refresh_units + c.fit_units) / max(c.n, 1),
+                      "predict_units_per_sample": c.predict_units / max(c.n, 1)})
+        out[name] = r
     return out
 
 
@@ -157,29 +169,32 @@ def part_b(quick: bool) -> tuple[list[str], dict]:
     n = 300 if quick else 1500
     n_old = 150 if quick else 600
     warm_torch()
-    rows: dict[str, Any] = {}
-    for k in (26, 2):
-        def rbf(n_: int, k: int = k) -> Any:
-            return synth.RandomRBF(seed_model=1, seed_sample=1, n_classes=k, n_features=10, n_centroids=2 * k).take(n_)
 
-        rows[f"pFedGP, defaults, {k} classes"] = cost_run(PFedGPClassifier(), rbf(n))
-        rows[f"recipe, {k} classes"] = cost_run(recipe(k), rbf(n))
-        rows[f"pFedGP unbounded (issue 34's settings), {k} classes"] = cost_run(
-            PFedGPClassifier(max_budget=None, budget=32, work_per_sample=None), rbf(n_old))
-        print(k, {name: r for name, r in rows.items() if str(k) in name}, flush=True)
+    def rbf(n_: int, k: int) -> list:
+        gen = synth.RandomRBF(seed_model=1, seed_sample=1, n_classes=k, n_features=10, n_centroids=2 * k)
+        return list(gen.take(n_))
+
+    rows = cost_runs({f"pFedGP, defaults, {k} classes": (PFedGPClassifier(), rbf(n, k)) for k in (26, 2)}
+                     | {f"recipe, {k} classes": (recipe(k), rbf(n, k)) for k in (26, 2)})
+    print(rows, flush=True)
+    rows |= cost_runs({f"pFedGP unbounded (issue 34's settings), {k} classes":
+                       (PFedGPClassifier(max_budget=None, budget=32, work_per_sample=None), rbf(n_old, k))
+                       for k in (26, 2)})
     lines = ["## (b) Cost per sample, 26 classes against 2", "",
              "`synth.RandomRBF(seed_model=1, seed_sample=1, n_features=10, n_centroids=2k)`; predict_proba_one + "
-             "learn_one per sample, ms on one core; units: refresh + local-update work per sample (cost.py).", "",
-             "| model | samples | ms/sample mean | first half | second half | last 100 | max | refreshes | local "
-             "updates | budget | units/sample | extreme |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "learn_one per sample, CPU ms of this process (one core), the models run in lockstep (the defaults and "
+             "the recipe together, then the two unbounded runs together); wall: the mean wall-clock ms; units: "
+             "refresh + local-update work per sample (cost.py).", "",
+             "| model | samples | CPU ms/sample mean | first half | second half | last 100 | max | wall ms | refreshes "
+             "| local updates | budget | units/sample | extreme |", "|" + "---|" * 13]
     for name, r in rows.items():
         extra = (f"{r['refreshes']} | {r['local_updates']} | {r['budget']} | {r['units_per_sample']:.3g}"
                  if "refreshes" in r else "– | – | – | –")
         lines.append(f"| {name} | {r['n']} | {r['ms_mean']:.1f} | {r['ms_first_half']:.1f} | "
-                     f"{r['ms_second_half']:.1f} | {r['ms_last_100']:.1f} | {r['ms_max']:.0f} | {extra} | "
-                     f"{r['extreme']} |")
+                     f"{r['ms_second_half']:.1f} | {r['ms_last_100']:.1f} | {r['ms_max']:.0f} | "
+                     f"{r['wall_ms_mean']:.1f} | {extra} | {r['extreme']} |")
     a, b = rows["pFedGP, defaults, 26 classes"], rows["pFedGP, defaults, 2 classes"]
-    lines += ["", f"Ratio 26 classes / 2 classes (defaults, mean ms/sample): {a['ms_mean'] / b['ms_mean']:.2f}; "
+    lines += ["", f"Ratio 26 classes / 2 classes (defaults, mean CPU ms/sample): {a['ms_mean'] / b['ms_mean']:.2f}; "
               f"second half {a['ms_second_half'] / b['ms_second_half']:.2f}.", ""]
     return lines, rows
 
