@@ -283,3 +283,18 @@ def test_fleet_params_reach_the_client() -> None:
     assert len(c.budget) <= max(24, len(c.budget.classes)) and c.refresh_units <= c.n * 1e5 + c.credit.largest
     p = learner.class_probabilities(X[0])
     assert p.shape == (40,) and np.all(p >= 1e-3 / 40 * (1 - 1e-9)) and np.all(p < 1)
+
+
+def test_a_stored_client_continues_with_its_credit_and_budget() -> None:
+    """The state format carries the credit, the counters and the total: a restored client learns exactly on."""
+    from streamfed.core.durable import decode, encode
+
+    c = client(5, max_budget=20, work_per_sample=3e5)
+    X, y = blobs(120, 5, seed=31)
+    for xi, yi in zip(X[:100], y[:100], strict=True):
+        c.learn(xi, float(yi))
+    restored = decode(encode(c))
+    assert restored.credit.balance == c.credit.balance and restored.budget.total == 20
+    for xi, yi in zip(X[100:], y[100:], strict=True):
+        assert np.array_equal(c.learn(xi, float(yi)), restored.learn(xi, float(yi)))
+    assert (restored.refreshes, restored.refresh_units) == (c.refreshes, c.refresh_units)
