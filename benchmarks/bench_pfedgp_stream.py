@@ -149,11 +149,11 @@ def cost_runs(runs: dict[str, tuple[Any, list]]) -> dict[str, dict[str, Any]]:
         r: dict[str, Any] = {"n": len(ms), "ms_mean": float(ms.mean()), "ms_first_half": float(ms[:half].mean()),
                              "ms_second_half": float(ms[half:].mean()), "ms_last_100": float(ms[-100:].mean()),
                              "ms_max": float(ms.max()), "wall_ms_mean": float(w.mean()), "extreme": extreme[name]}
-        c = getattr(model, "client", None)
-        if c is not None:
-            r.update({"refreshes": c.refreshes, "local_updates": c.n_fits, "budget": len(c.budget),
-                      "units_per_sample": (c.refresh_units + c.fit_units) / max(c.n, 1),
-                      "predict_units_per_sample": c.predict_units / max(c.n, 1)})
+        gp = getattr(model, "client", None)
+        if gp is not None:
+            r.update({"refreshes": gp.refreshes, "local_updates": gp.n_fits, "budget": len(gp.budget),
+                      "units_per_sample": (gp.refresh_units + gp.fit_units) / max(gp.n, 1),
+                      "predict_units_per_sample": gp.predict_units / max(gp.n, 1)})
         out[name] = r
     return out
 
