@@ -63,6 +63,10 @@ class PFedGPParams(Params):
     outputscale: float = Field(8.0, gt=0, allow_inf_nan=False)  # (the paper's 8)
     inducing: int = Field(0, ge=0, le=4096)  # M shared inducing inputs (FITC, pFedGP-IP-compute); 0: full GP
     budget: int = Field(32, ge=1, le=100_000)  # samples kept per class
+    # the whole budget's bound and the work credit (cost.py); None: as fleets ran before (bounded by n_classes)
+    max_budget: int | None = Field(None, ge=1, le=1_000_000)
+    work_per_sample: float | None = Field(None, gt=0, allow_inf_nan=False)
+    smoothing: float = Field(1e-6, ge=0, lt=1)  # the uniform mixture's weight: no probability exactly 0 or 1
     chains: int = Field(8, ge=1, le=256)
     gibbs_steps: int = Field(2, ge=1, le=1000)  # sweeps per refresh (chains continue)
     burn_in: int = Field(10, ge=1, le=10_000)  # sweeps for fresh chains
@@ -151,6 +155,7 @@ class PFedGP(Algorithm):
         layout = layout_of(cfg)
         args: dict[str, Any] = dict(
             n_classes=p.n_classes, client_id=client_id, budget=p.budget, learn_kernel=p.learn_kernel,
+            max_budget=p.max_budget, work_per_sample=p.work_per_sample, smoothing=p.smoothing,
             fit_every=p.fit_every, fit_steps=p.fit_steps, learning_rate=p.learning_rate,
             max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed)
         if p.head == "softmax":

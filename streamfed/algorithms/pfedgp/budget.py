@@ -2,6 +2,11 @@
 of that class's stream (Vitter's algorithm R with the client's own generator). Raw inputs are kept — a new
 network version re-embeds them — with one id per sample, so a Gibbs chain can follow a sample that stays.
 
+With a `total`, the budget as a whole is bounded too: each of the `k` classes seen keeps at most
+`max(1, min(capacity, total // k))`, so a new class shrinks the others — each drops a uniform subset of its rows
+(a uniform subset of a uniform sample is a uniform sample, and algorithm R continues from the class's count).
+The budget then holds at most `max(total, k)` samples whatever the number of classes.
+
 >>> import numpy as np
 >>> b = ClassBudget(n_inputs=1, capacity=2, seed=0)
 >>> [b.add(np.array([float(t)]), t % 2) for t in range(4)][:2]
@@ -24,10 +29,13 @@ __all__ = ["ClassBudget"]
 class ClassBudget:
     """Per-class reservoirs of raw inputs with sample ids (never uploaded)."""
 
-    def __init__(self, n_inputs: int, capacity: int, seed: int | list[int] = 0) -> None:
-        if capacity < 1 or n_inputs < 1:
-            raise ValueError("capacity and n_inputs must be >= 1")
+    total: int | None = None  # (a budget stored before the total existed restores unbounded)
+
+    def __init__(self, n_inputs: int, capacity: int, seed: int | list[int] = 0, total: int | None = None) -> None:
+        if capacity < 1 or n_inputs < 1 or (total is not None and total < 1):
+            raise ValueError("capacity, n_inputs and total must be >= 1")
         self.n_inputs, self.capacity = int(n_inputs), int(capacity)
+        self.total = None if total is None else int(total)
         self._rng = np.random.default_rng(seed)
         self._x: dict[int, np.ndarray] = {}
         self._id: dict[int, np.ndarray] = {}
@@ -42,22 +50,37 @@ class ClassBudget:
     def __len__(self) -> int:
         return sum(self._n.values())
 
+    def per_class(self, n_classes: int | None = None) -> int:
+        """Rows a class may keep when `n_classes` (default: those seen) share the budget."""
+        k = max(1, len(self._x) if n_classes is None else int(n_classes))
+        return self.capacity if self.total is None else max(1, min(self.capacity, self.total // k))
+
+    def _shrink(self, cap: int) -> None:
+        for c in self._x:
+            n = self._n[c]
+            if n > cap:
+                keep = np.sort(self._rng.choice(n, size=cap, replace=False))
+                self._x[c][:cap], self._id[c][:cap] = self._x[c][keep], self._id[c][keep]
+                self._n[c] = cap
+
     def add(self, x: np.ndarray, y: int) -> bool:
         """Offer sample `(x, y)` (its id: the count of samples offered before it); whether it was kept."""
         y = int(y)
         sid = self.seen
         self.seen += 1
         if y not in self._x:
+            self._shrink(self.per_class(len(self._x) + 1))
             self._x[y] = np.zeros((self.capacity, self.n_inputs))
             self._id[y] = np.zeros(self.capacity, dtype=np.int64)
             self._n[y] = self._seen_c[y] = 0
         self._seen_c[y] += 1
-        if self._n[y] < self.capacity:
+        cap = self.per_class()
+        if self._n[y] < cap:
             i = self._n[y]
             self._n[y] += 1
         else:
             i = int(self._rng.integers(self._seen_c[y]))
-            if i >= self.capacity:
+            if i >= cap:
                 return False
         self._x[y][i], self._id[y][i] = x, sid
         return True

@@ -1,7 +1,12 @@
 """pFedGP as a River classifier: one client with a private server (a fleet of one — the network is refined by
 the client's own local updates, each adopted at once).
 
-Labels may be any hashables: each new label takes the next class index, up to `max_classes`.
+Labels may be any hashables: each new label takes the next class index (no limit unless `max_classes` is
+set). The probabilities are over the labels seen so far, each strictly inside (0, 1) once two are known.
+
+Bounded cost on the defaults: the budget holds at most `max_budget` samples in all (`budget` per class while
+they fit), and refreshes and local updates draw on a work credit of `work_per_sample` units per sample
+(:mod:`.cost`), so predict + learn costs what the budget costs, however many classes or samples come.
 
 >>> from river import datasets, evaluate, metrics
 >>> model = PFedGPClassifier(widths=(8,), n_omega=8, budget=16, fit_every=50, fit_steps=2)
@@ -40,12 +45,16 @@ class PFedGPClassifier(base.Classifier):
     an unknown one is ignored; a None, NaN or non-numeric value raises `ValueError` and changes nothing. Inputs
     are standardised online from past samples only (winsorised at ±5 σ) when `standardise`."""
 
-    def __init__(self, max_classes: int = 16, widths: tuple[int, ...] = (16,), n_omega: int = 16,
-                 lengthscale: float = 0.5, outputscale: float = 8.0, inducing: int = 0, budget: int = 32,
-                 chains: int = 8, gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1,
+    def __init__(self, max_classes: int | None = None, widths: tuple[int, ...] = (16,), n_omega: int = 16,
+                 lengthscale: float = 0.5, outputscale: float = 8.0, inducing: int = 0, budget: int = 256,
+                 chains: int = 4, gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1,
                  learn_kernel: bool = True, objective: str = "predictive", fit_every: int = 64, fit_steps: int = 5,
-                 learning_rate: float = 0.01, seed: int = 0, standardise: bool = True) -> None:
+                 learning_rate: float = 0.01, seed: int = 0, standardise: bool = True, max_budget: int | None = 512,
+                 work_per_sample: float | None = 2.0**25, smoothing: float = 1e-6) -> None:
         self.max_classes = max_classes
+        self.max_budget = max_budget
+        self.work_per_sample = work_per_sample
+        self.smoothing = smoothing
         self.widths = widths
         self.n_omega = n_omega
         self.lengthscale = lengthscale
@@ -63,8 +72,10 @@ class PFedGPClassifier(base.Classifier):
         self.learning_rate = learning_rate
         self.seed = seed
         self.standardise = standardise
-        if int(max_classes) < 2 or objective not in ("predictive", "marginal"):
-            raise ValueError("max_classes >= 2; objective 'predictive' or 'marginal'")
+        if (max_classes is not None and int(max_classes) < 2) or objective not in ("predictive", "marginal"):
+            raise ValueError("max_classes None or >= 2; objective 'predictive' or 'marginal'")
+        if max_budget is not None and int(max_budget) < 1:
+            raise ValueError(f"max_budget must be None or >= 1, got {max_budget!r}")
         for name in ("lengthscale", "outputscale", "learning_rate"):
             v = float(getattr(self, name))
             if not (math.isfinite(v) and v > 0):
@@ -74,6 +85,7 @@ class PFedGPClassifier(base.Classifier):
         self.client: PFedGPClient | None = None
         self.server: PFedGPServer | None = None
         self._scales: OnlineStandardiser | None = None
+        self._last: tuple[bytes, int, int, np.ndarray] | None = None  # the last prediction, for learn_one to reuse
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -93,12 +105,13 @@ class PFedGPClassifier(base.Classifier):
         ls = math.sqrt(2.0 * layout.arch.latent)
         theta = initial_theta(layout, int(self.seed), lengthscale=ls)
         self.client = PFedGPClient(
-            layout, theta, omega_of(layout, int(self.seed)), n_classes=int(self.max_classes), client_id="local",
+            layout, theta, omega_of(layout, int(self.seed)), n_classes=max(2, len(self._labels)), client_id="local",
             budget=int(self.budget), lengthscale=float(self.lengthscale), outputscale=float(self.outputscale),
             chains=int(self.chains), gibbs_steps=int(self.gibbs_steps), burn_in=int(self.burn_in),
             refresh_every=int(self.refresh_every), learn_kernel=bool(self.learn_kernel), objective=self.objective,
             fit_every=int(self.fit_every), fit_steps=int(self.fit_steps), learning_rate=float(self.learning_rate),
-            max_chunk_numbers=1 << 30, seed=int(self.seed))
+            max_chunk_numbers=1 << 30, seed=int(self.seed), max_budget=self.max_budget,
+            work_per_sample=self.work_per_sample, smoothing=float(self.smoothing))
         self.server = PFedGPServer(theta, min_proposal_weight=1e-9)  # one client: its proposal is the fleet's
         self._keys = keys
         self._scales = OnlineStandardiser(len(keys), clip=INPUT_CLIP) if self.standardise else None
@@ -115,15 +128,25 @@ class PFedGPClassifier(base.Classifier):
             self._build(keys)
         assert self.client is not None and self.server is not None and self._keys is not None
         raw = dict_to_vector(self._keys, x)
-        if y not in self._labels:
-            if len(self._labels) >= int(self.max_classes):
-                raise ValueError(f"more than max_classes = {self.max_classes} labels")
-            self._labels.append(y)
+        new = y not in self._labels
+        if new and self.max_classes is not None and len(self._labels) >= int(self.max_classes):
+            raise ValueError(f"more than max_classes = {self.max_classes} labels")
         scales = copy.deepcopy(self._scales)
         if scales is not None:
             scales.update(raw)  # raises before anything changes
-        self.client.learn(self._inputs(x), float(self._labels.index(y)))
+        v = self._inputs(x)
+        probs = None
+        if self._last is not None and self._last[:3] == (v.tobytes(), self.client.n, self.client.refreshes):
+            probs = self._last[3]  # predict_proba_one just computed it, on the same model
+        c = len(self._labels) if new else self._labels.index(y)
+        if c >= self.client.n_classes:
+            self.client.grow(c + 1)
+            probs = None
+        self.client.learn(v, float(c), probs)
+        if new:
+            self._labels.append(y)
         self._scales = scales
+        self._last = None
         while (up := self.client.take_update()) is not None:
             self.server.apply(read_update(Message("local", "local", UPDATE, int(up.seq or 0),
                                                   up.global_version, "", 0, 0.0, dict(up.arrays), epoch=up.epoch)))
@@ -132,5 +155,9 @@ class PFedGPClassifier(base.Classifier):
     def predict_proba_one(self, x: dict) -> dict[Hashable, float]:
         if self.client is None or not self._labels:
             return {}
-        p = self.client.predict(self._inputs(x))
-        return {label: float(p[i]) for i, label in enumerate(self._labels)}
+        v = self._inputs(x)
+        p = self.client.predict(v)
+        self._last = (v.tobytes(), self.client.n, self.client.refreshes, p)
+        q = p[: len(self._labels)]
+        q = q / q.sum()  # over the labels seen (a slot not yet named holds the smoothing's share)
+        return {label: float(q[i]) for i, label in enumerate(self._labels)}

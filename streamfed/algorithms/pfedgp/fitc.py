@@ -28,7 +28,7 @@ import numpy as np
 from scipy.linalg import cho_solve, cholesky, solve_triangular
 
 from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
-from streamfed.algorithms.pfedgp.quadrature import sigmoid_gauss
+from streamfed.algorithms.pfedgp.quadrature import chain_log_probs, sigmoid_gauss
 from streamfed.core.durable import durable
 
 __all__ = ["FITCPosterior", "fitc_gibbs", "fitc_terms"]
@@ -86,6 +86,10 @@ class FITCPosterior:
         """`p(y* = 1)` of each test input `(T,)`, averaged over the chains."""
         mu, var = self.moments(kstar, kss)
         return np.mean(sigmoid_gauss(mu, var), axis=0)
+
+    def log_probs(self, kstar: np.ndarray, kss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`(log p(y* = 1), log p(y* = 0))`, each `(T,)`, in the log domain."""
+        return chain_log_probs(*self.moments(kstar, kss))
 
 
 def fitc_gibbs(Kmm: np.ndarray, Knm: np.ndarray, kdiag: np.ndarray, y: np.ndarray, *, chains: int = 10,

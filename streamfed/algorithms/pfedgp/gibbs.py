@@ -36,7 +36,7 @@ import numpy as np
 from scipy.linalg import cholesky
 
 from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
-from streamfed.algorithms.pfedgp.quadrature import sigmoid_gauss
+from streamfed.algorithms.pfedgp.quadrature import chain_log_probs, sigmoid_gauss
 from streamfed.core.durable import durable
 
 __all__ = ["FullPosterior", "JITTER", "gibbs", "sample_f"]
@@ -88,13 +88,17 @@ class FullPosterior:
     def moments(self, kstar: np.ndarray, kss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`μ*, Σ*` per chain and test input: `kstar (N, T)` = `k(X, x*)`, `kss (T,)` → `(C, T)` each."""
         mu = self.alpha @ kstar
-        var = kss[None, :] - np.einsum("it,cij,jt->ct", kstar, self.A, kstar)
+        var = kss[None, :] - np.sum(np.matmul(self.A, kstar) * kstar[None], axis=1)  # a batched product: BLAS
         return mu, np.maximum(var, 1e-12)
 
     def prob(self, kstar: np.ndarray, kss: np.ndarray) -> np.ndarray:
         """`p(y* = 1)` of each test input `(T,)`: eq. 18 averaged over the chains."""
         mu, var = self.moments(kstar, kss)
         return np.mean(sigmoid_gauss(mu, var), axis=0)
+
+    def log_probs(self, kstar: np.ndarray, kss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`(log p(y* = 1), log p(y* = 0))`, each `(T,)`: `prob` in the log domain, both sides computed."""
+        return chain_log_probs(*self.moments(kstar, kss))
 
 
 def gibbs(K: np.ndarray, y: np.ndarray, *, chains: int = 10, steps: int = 5, rng: np.random.Generator,

@@ -73,8 +73,8 @@ class SoftmaxClient(PFedGPClient):
     def refresh(self, rebuild: bool = False) -> None:
         self._stale = False  # nothing personal to refresh
 
-    def _refresh(self, budget: ClassBudget, rebuild: bool = False) -> None:
-        pass
+    def _refresh(self, budget: ClassBudget, rebuild: bool = False) -> float:
+        return 0.0  # nothing personal: no work
 
     def fit(self) -> bool:
         if self.queue or len(self.budget) < 2:

@@ -63,6 +63,16 @@ class Tree:
                 out[:, j] *= p_left[:, v] if left else 1.0 - p_left[:, v]
         return out
 
+    def class_log_probabilities(self, log_left: np.ndarray, log_right: np.ndarray) -> np.ndarray:
+        """Eq. 15 in the log domain: `(T, n_nodes)` log-probabilities of "left" and of "right" at each node →
+        `(T, n_classes)` sums along the paths (no product underflows to 0)."""
+        log_left, log_right = np.asarray(log_left, dtype=np.float64), np.asarray(log_right, dtype=np.float64)
+        out = np.zeros((log_left.shape[0], len(self.classes)))
+        for j, c in enumerate(self.classes):
+            for v, left in self.paths[c]:
+                out[:, j] += log_left[:, v] if left else log_right[:, v]
+        return out
+
 
 def two_means(points: np.ndarray, rng: np.random.Generator, iters: int = 50) -> np.ndarray:
     """A 2-means partition (k-means++ seeding, then Lloyd's iterations) of `points (n ≥ 2, D)`: a boolean
