@@ -98,9 +98,9 @@ def beijing():
 @pytest.mark.parametrize("k", [3, 12])
 def test_robust_default_costs_at_most_one_percent_without_attackers(beijing, k):
     """The figure behind `robust_by_default`: honest fleets of `k` Beijing stations on FedBNR's default settings,
-    exact against the resolved auto mode of a production broker: the fleet's mean prequential MSE within 1% (12
-    stations, 300 steps: robust 3.5% *better*, stations from −12% to +1.5%: screening drops a few outlying honest
-    uploads), no station worse by more than 3%."""
+    exact against the resolved auto mode of a production broker: the fleet's mean prequential MSE within 1%, no
+    station worse by more than 3% (docs/reliability.md §7.2.1: robust is ~9% *better* than exact over 1,000 steps,
+    the soft screen down-weighting the uploads of pollution episodes)."""
     fleet = SimpleNamespace(names=list(beijing.names[:k]), streams=list(beijing.streams[:k]))
     base = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, standardise="none", clients=tuple(fleet.names))
     robust, _ = resolve_aggregation(base, authenticated=True)
@@ -118,3 +118,51 @@ def test_robust_default_costs_at_most_one_percent_without_attackers(beijing, k):
           f"{max(ratios.values()):.4f}, {core.aggregation.diagnostics()}")
     assert fleet_ratio <= 1.01
     assert max(ratios.values()) <= 1.03
+
+
+def _adaptive_upload(agent, core, client, seq, X, y):
+    st = SufficientStats.from_samples(agent.learner.client.features_many(X), y,
+                                      kernel_version=core.kernel_version).to_packed()
+    return stats_update_message("t", client, seq, st["S_upper"], st["b"], float(st["n"]), float(st["q"]),
+                                global_version=core.version, kernel_version=core.kernel_version, created=0.0)
+
+
+def adaptive_labels(streams, factor):
+    """An omniscient attacker that echoes the global's prediction shifted by `sqrt(factor · median · v)` per row
+    (`v` its predictive variance): its residual ratio is `factor` times the median honest station's (the honest
+    stations' last 32 rows under the same global), so it sits under any screen above `factor`."""
+    def labels(agent, core, s, rows):
+        c = agent.learner.client
+        t = int(rows.max())
+        lo = max(0, t - 31)
+        ratios = []
+        for st in streams:
+            m, v = c.predict_many(st.X[lo:t + 1])
+            ratios.append(float(np.mean((st.y[lo:t + 1] - m) ** 2 / v)))
+        mean, var = c.predict_many(s.X[rows])
+        return mean + np.sqrt(factor * max(float(np.median(ratios)), 1e-6) * var)
+    return labels
+
+
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
+@pytest.mark.parametrize(("k", "bound"), [(1, 1.45), (3, 1.85)])
+def test_an_adaptive_attacker_against_the_robust_default(beijing, k, bound):
+    """Issue 30's adaptive attacker on FedBNR's production default (robust, every setting at its default but a
+    declared 1 Hz sensor rate): `k` of 12 stations send biased labels whose residual ratio is 4× the honest
+    median (under the 50× screen; the ratio that did most harm of 1.5, 4 and 30), as many samples as their rate
+    allows. Before the fair-share cap, the one-upload floor and the soft screen: ×2.86 (1 of 12), ×11.6 (3 of 12).
+    Measured now ×1.30 and ×1.60 — over the issue's ×1.10 / ×1.25 (docs/reliability.md §7.2.1 says so)."""
+    names = list(beijing.names)
+    base = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, standardise="none", clients=tuple(names),
+                       robust=Robustness(sensor_rate=1.0))
+    cfg, _ = resolve_aggregation(base, authenticated=True)
+    attackers = tuple(names[:k])
+    labels = adaptive_labels(beijing.streams[k:], 4.0)
+    calm, _ = run_attacked_fleet(beijing, cfg, _adaptive_upload, 300, attackers, silent=True)
+    hit, core = run_attacked_fleet(beijing, cfg, _adaptive_upload, 300, attackers, labels=labels)
+    worst = max(hit[n] / calm[n] for n in hit)
+    shares = core.aggregation.client_shares()
+    print(f"adaptive, {k} of 12: worst honest MSE ratio {worst:.4f}, attackers' shares "
+          f"{[round(shares.get(a, 0.0), 4) for a in attackers]}, {core.aggregation.diagnostics()}")
+    assert worst <= bound
+    assert all(shares.get(a, 0.0) <= 1.5 / 12 + 1e-9 for a in attackers)  # the fair-share cap holds

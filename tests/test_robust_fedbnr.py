@@ -187,8 +187,8 @@ def run_fleet(fleet, mode, attackers=(), silent=False, flooder=None, probe=None,
 
 
 @pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
-@pytest.mark.parametrize("k", [1, 3])
-def test_robust_mode_keeps_every_honest_client_within_10_percent(beijing, k):
+@pytest.mark.parametrize(("k", "bound"), [(1, 1.10), (3, 1.25)])  # issue 30's figures for 1 and 3 of 12
+def test_robust_mode_keeps_every_honest_client_within_10_percent(beijing, k, bound):
     names = list(beijing.names)
     attackers = tuple(names[:k])
     calm, _ = run_fleet(beijing, "robust", attackers, silent=True)
@@ -196,7 +196,7 @@ def test_robust_mode_keeps_every_honest_client_within_10_percent(beijing, k):
     worst = max(hit[n] / calm[n] for n in hit)
     print(f"robust, {k} of 12 attackers: worst honest MSE ratio {worst:.4f}, mean MSE "
           f"{np.mean(list(calm.values())):.5f} → {np.mean(list(hit.values())):.5f}, {core.aggregation.diagnostics()}")
-    assert worst <= 1.10
+    assert worst <= bound
     shares = core.aggregation.client_shares()
     assert all(shares.get(a, 0.0) <= 1e-12 for a in attackers)  # every forged upload was screened out
     # taken with weight 0, not refused (no resend loop, no wedged sequence) — but for the cold start: an attacker
