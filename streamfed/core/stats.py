@@ -122,9 +122,21 @@ def unpack_upper(packed: np.ndarray, dim: int | None = None) -> np.ndarray:
         dim = packed_dim(packed.shape[-1])
     elif packed.shape[-1] != packed_size(dim):
         raise ValueError(f"packed length {packed.shape[-1]} does not match F={dim}")
-    # one gather through a cached index (entry (i, j) of the matrix ← its packed position): ~10x faster than
-    # two slice copies per row at F ≈ 100, and the same numbers (a copy)
-    return np.take(packed, _symmetric_index(dim), axis=-1).reshape(packed.shape[:-1] + (dim, dim))
+    if dim <= _GATHER_MAX_DIM:
+        # one gather through a cached index (entry (i, j) of the matrix ← its packed position): ~10x faster than
+        # two slice copies per row at F ≈ 100, and the same numbers (a copy)
+        return np.take(packed, _symmetric_index(dim), axis=-1).reshape(packed.shape[:-1] + (dim, dim))
+    out = np.empty(packed.shape[:-1] + (dim, dim))
+    pos = 0
+    for i in range(dim):  # row i of the triangle is row i and (mirrored) column i: slices, not fancy indexing
+        row = packed[..., pos:pos + dim - i]
+        out[..., i, i:] = row
+        out[..., i + 1:, i] = row[..., 1:]
+        pos += dim - i
+    return out
+
+
+_GATHER_MAX_DIM = 512  # an index of dim² intp (2 MiB at 512); beyond, the slice copies cost little per entry
 
 
 _SYMMETRIC_INDEX: dict[int, np.ndarray] = {}
