@@ -5,6 +5,7 @@ one must match on any stream of uploads: in order, out of order, repeated, forgo
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ _op = st.tuples(st.sampled_from(["up"] * 12 + ["forget"]), st.integers(-4, 1), s
                 st.sets(st.integers(0, 3), min_size=1, max_size=3))
 
 
+@pytest.mark.slow
 @given(ops=st.lists(_op, min_size=50, max_size=250))
 @settings(max_examples=40, deadline=None)
 def test_client_steps_match_the_reference_bookkeeping(ops: list) -> None:
