@@ -3,6 +3,8 @@ and a real Mosquitto; every published update must be in the last global, none re
 
 import math
 
+import pytest
+
 from streamfed.runtime.loadtest import LoadTestOptions, run_loadtest
 
 
@@ -78,3 +80,15 @@ def test_light_agents_lose_nothing_and_all_hold_a_global(mosquitto_dev):
     assert r["updates_rejected"] == {} and r["updates_accepted"] == r["updates_published"]
     assert r["outbox_left"] == 0 and r["agents_without_global"] == 0
     assert r["versions_behind_max"] <= 2
+
+
+@pytest.mark.slow
+def test_light_agents_keep_their_connection_through_the_linger(mosquitto_dev):
+    """A linger longer than Mosquitto's 1.5 keepalives: the agents still ping, the broker closes none of them.
+    (Before: no housekeeping in the linger, and every agent of the 10,000-agent runs — linger 60 s, keepalive
+    30 s — lost its connection once at the end.)"""
+    opts = LoadTestOptions(agents=10, seconds=2.0, rate=2.0, window=0.5, drain=20.0, ramp=1.0, light=True,
+                           linger=10.0)
+    r = run_loadtest(opts, broker=mosquitto_dev.broker_config(keepalive=4))  # closed after 6 s silent
+    assert r["updates_lost"] == 0 and r["outbox_left"] == 0, r
+    assert r["reconnects"] == 0 and r["lost_reasons"] == {}, r["lost_reasons"]

@@ -151,3 +151,17 @@ def test_construction_copies_inputs() -> None:
     c = st_.copy()
     c.S[1, 1] = 9.0
     assert st_.S[1, 1] == 1.0
+
+
+@pytest.mark.parametrize("dim", [101, 513])  # through the cached gather index, and past its size limit
+def test_unpack_upper_is_the_mirrored_triangle(dim: int) -> None:
+    rng = np.random.default_rng(dim)
+    packed = rng.standard_normal((2, packed_size(dim)))
+    full = unpack_upper(packed, dim)
+    for k in range(2):
+        want = np.zeros((dim, dim))
+        want[np.triu_indices(dim)] = packed[k]  # the upper triangle row by row, then mirrored
+        want = want + np.triu(want, 1).T
+        assert np.array_equal(full[k], want)
+    full[0, 0, 0] = 7.0  # a copy: the packed input is not changed through it
+    assert packed[0, 0] != 7.0

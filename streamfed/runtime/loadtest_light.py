@@ -426,8 +426,13 @@ def run_light_agents(spec: dict[str, Any], lost_reasons: dict[str, int]) -> dict
         loop.poll(min(0.05, max(0.0, nxt)))
     sampling_cpu = (time.process_time() - cpu_sampling0[0]) if cpu_sampling0 else float("nan")
     end_linger = time.monotonic() + linger
-    while time.monotonic() < end_linger:
+    while (mono := time.monotonic()) < end_linger:
         loop.poll(0.05)
+        # keepalive here too: the linger is 2 windows (60 s at a 30 s window), beyond Mosquitto's 1.5 × 30 s, and
+        # without pings the broker closed every agent once at its end (the one reconnect per agent at 10,000)
+        if mono >= next_misc:
+            next_misc = mono + 0.1
+            misc_k = _tend(agents, n, loop, misc_k, mono)
     for a in agents:
         a.ended = True
         with contextlib.suppress(Exception):

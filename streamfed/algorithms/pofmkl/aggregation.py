@@ -183,7 +183,7 @@ class ClientSteps:
         if seq in self.recent:
             return
         self.total += n
-        later = [j for j in self.recent if j > seq]
+        later = [j for j in self.recent if j > seq] if seq < self.top else []  # nothing recorded is above top
         # steps up to and including seq: known when every recorded later seq is still remembered
         exact = seq > self.top - self.KEEP
         cum = self.total - sum(self.recent[j][0] for j in later)
@@ -193,8 +193,11 @@ class ClientSteps:
         self.recent[seq] = (int(n), {int(p): int(k) for p, k in zip(kernels, allowed, strict=True)})
         self.top = max(self.top, seq)
         if len(self.recent) > self.KEEP:
-            for j in sorted(self.recent)[: len(self.recent) - self.KEEP]:
-                del self.recent[j]
+            if len(self.recent) == self.KEEP + 1:  # the usual case, one over: its smallest seq goes
+                del self.recent[min(self.recent)]
+            else:
+                for j in sorted(self.recent)[: len(self.recent) - self.KEEP]:
+                    del self.recent[j]
 
     def forget(self, seq: int) -> None:
         """An upload was folded into the global: its seq can no longer come again (the cores refuse it)."""
@@ -320,9 +323,9 @@ class POFMKLAggregation(BaseAggregation):
         per_step = self.bound.per_step(self.radius[item.kernels])
         limit = allowed * per_step * (1.0 + BOUND_SLACK)
         norms = row_norms(item.delta)
-        bad = np.flatnonzero(~(norms <= limit))
-        if bad.size:
-            i = int(bad[0])
+        within = norms <= limit  # NaN compares False: refused
+        if not within.all():
+            i = int(np.flatnonzero(~within)[0])
             p = kernels[i]
             b = self.bound
             raise ValueError(f"kernel {p}: ‖Δ‖ = {norms[i]:.3g} is beyond the declared bound {limit[i]:.3g} "
