@@ -252,9 +252,12 @@ class POFMKLAggregation(BaseAggregation):
         self.role = "aggregator"  # "shard" once it builds a partial: it holds no θ, so it bounds nothing
         self._heard: dict[str, WindowSum] = {}  # async window: per client heard, its updates summed
         self._applied: dict[str, int] = {}  # per client, the highest seq in the global
+        # robust mode: per kernel, the latest clipped row of each recent client (the sliding reference set)
+        self._recent: dict[int, dict[str, np.ndarray]] = {}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_recent", {})  # a state from before the sliding reference set
         # pickled before bounds and robust aggregation: no bound, exact (what that aggregator did)
         if "radius" not in state:
             self.bound, self.robust, self.lockstep, self.role = None, None, False, "aggregator"
@@ -354,7 +357,7 @@ class POFMKLAggregation(BaseAggregation):
         if self.robust is None:
             self._aggregate(merged)
         else:
-            self._aggregate_robust(merged)
+            self._aggregate_robust(merged, clients)
         for c in clients:
             self._applied[c] = mark(c)
         self._heard.clear()
@@ -385,26 +388,55 @@ class POFMKLAggregation(BaseAggregation):
             self.server.finish_round()  # finish_round reset the partial sums; this one adds nothing
         self._published()
 
-    def _aggregate_robust(self, updates: list[KernelUpdate]) -> None:
+    # the sliding reference set: per kernel, the latest row of at most this many recent clients
+    RECENT_CLIENTS = 32
+
+    def _aggregate_robust(self, updates: list[KernelUpdate], clients: Sequence[str] | None = None) -> None:
         """One round by :class:`RobustRule` (docs/algorithms.md §3.9): `θ_p ← θ_p − (|S_p|/|C|)·TM_trim(Δ̃_{c,p} :
         c ∈ S_p)`, `S_p` the clients that sent row `p`, `Δ̃` the rows clipped to `clip_factor × median ‖Δ_{c,q}‖`
-        over every row of the round. With `trim = 0` and no clipping this is eq. (10), `Σ_{c∈S_p} Δ_{c,p}/|C|`."""
+        over every row of the round. With `trim = 0` and no clipping this is eq. (10), `Σ_{c∈S_p} Δ_{c,p}/|C|`.
+
+        Asynchronous windows (`clients` given) are judged against the **sliding reference set** too — per kernel,
+        the latest row of each of the last `RECENT_CLIENTS` clients that sent it, in any window: the clip norm is
+        the median over the round's rows and those, and each kernel's step is clamped coordinate-wise to the
+        `trim … 1 − trim` quantiles of the reference rows with the round's. A client alone in its window (or a few
+        colluders in theirs) is held to what the fleet's recent rows span instead of being the whole trimmed mean."""
         assert self.robust is not None
         n = len(updates)
         if n:
-            tau = clip_threshold(np.concatenate([row_norms(u.delta) for u in updates]), self.robust.clip_factor)
+            recent = self._recent if clients is not None else {}
+            others = [r for p_rows in recent.values() for c, r in p_rows.items() if c not in (clients or ())]
+            norms = np.concatenate([row_norms(u.delta) for u in updates] + ([row_norms(np.array(others))]
+                                                                            if others else []))
+            tau = clip_threshold(norms, self.robust.clip_factor)
             by_kernel: dict[int, list[np.ndarray]] = {}
-            for u in updates:
+            for j, u in enumerate(updates):
                 clipped = clip_rows(u.delta, tau)
                 for i, p in enumerate(u.kernels.tolist()):
                     by_kernel.setdefault(p, []).append(clipped[i])
+                    if clients is not None:
+                        self._remember(p, clients[j], clipped[i])
             step = np.zeros_like(self.server.theta)
             for p, rows in by_kernel.items():
                 # over the senders S_p of row p, scaled by |S_p|/|C|: untrimmed, Σ_{S_p} Δ̃/|C| (eq. 10's estimate)
-                step[p] = trimmed_mean(np.array(rows), self.robust.trim) * (len(rows) / n)
+                mean = trimmed_mean(np.array(rows), self.robust.trim)
+                ref = [r for c, r in recent.get(p, {}).items() if c not in (clients or ())]
+                if ref and self.robust.trim > 0.0:
+                    span = np.array(ref + rows)
+                    lo, hi = np.quantile(span, [self.robust.trim, 1.0 - self.robust.trim], axis=0)
+                    mean = np.clip(mean, lo, hi)
+                step[p] = mean * (len(rows) / n)
             self.server.descend(step)  # as finish_round: never a non-finite global, never beyond the radius
         self.server.version += 1
         self._published()
+
+    def _remember(self, kernel: int, client: str, row: np.ndarray) -> None:
+        """`row` as `client`'s latest of `kernel` in the sliding reference set (the oldest client leaves)."""
+        rows = self._recent.setdefault(kernel, {})
+        rows.pop(client, None)
+        rows[client] = np.array(row, dtype=np.float64)
+        while len(rows) > self.RECENT_CLIENTS:
+            rows.pop(next(iter(rows)))
 
     def _published(self) -> None:
         """After a new θ. Without a configured radius (a state from before it): the largest norm each row ever had
