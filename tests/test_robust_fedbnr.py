@@ -108,6 +108,49 @@ CFG = cfg_of()
 AGG = ALGORITHM.aggregation(CFG)
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
+@settings(max_examples=40, deadline=None)
+@given(uploads=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 120), st.integers(0, 2**32 - 1),
+                                  st.sampled_from(["+B", "-B", "signs", "spread"]),
+                                  st.sampled_from([1e-3, 1.0, 1e3])), min_size=1, max_size=12),
+       aggregation=st.sampled_from(["exact", "robust"]))
+def test_any_in_bound_statistics_keep_the_global_within_the_bounds_prediction(uploads, aggregation):
+    """Fuzz (issue 30): clients send any statistics the declared bounds accept — inputs anywhere, at any scale or
+    all on one point, labels at +B, −B or anywhere in ±B, any n. After every window the global's statistics pass
+    the same declared bounds (they are sums of bounded samples, tempered or not), and every kernel's posterior
+    mean predicts within `‖φ‖·λ·√q/σ ≤ ‖φ‖·λ·B·√n/σ` at any input (the ridge objective at μ is at most its value
+    at 0, `q/σ²`, so `‖μ‖²/λ² ≤ q/σ²`) — what the bounds promise, whatever the members send."""
+    cfg = cfg_of(aggregation=aggregation)
+    agg = ALGORITHM.aggregation(cfg)
+    seqs: dict[str, int] = {}
+    probe = features(cfg, np.random.default_rng(0).normal(size=(64, 3)) * 30)
+    for client_no, n, seed, labels, scale in uploads:
+        rng = np.random.default_rng(seed)
+        c = f"c{client_no}"
+        seqs[c] = seqs.get(c, 0) + 1
+        X = rng.normal(size=(n, 3)) * scale if rng.random() < 0.7 else np.repeat(rng.normal(size=(1, 3)), n, 0)
+        y = {"+B": np.full(n, B), "-B": np.full(n, -B), "signs": np.where(rng.random(n) < 0.5, -B, B),
+             "spread": rng.uniform(-B, B, n)}[labels]
+        try:  # a refusal (below the privacy floor, waiting for the cold-start quorum) leaves nothing behind
+            item = agg.check(upload(cfg, agg, X, y, client=c, seq=seqs[c]))
+        except ValueError:
+            seqs[c] -= 1
+            continue
+        agg.take(c, seqs[c], item)
+        agg.close_window({}, lambda c: seqs[c])
+        g = agg.server.stats
+        if g.n <= 0:
+            continue
+        check_statistics(g, max_abs=1e100, phi_sq=agg.phi_sq, label_bound=B, phi_sq_min=agg.phi_sq_min,
+                         whole_n=False)
+        for k in range(g.S.shape[0]):
+            sigma, lam = float(agg.server.sigma[k]), float(agg.server.lam[k])
+            mean = np.linalg.solve(g.S[k] / sigma**2 + np.eye(g.S.shape[1]) / lam**2, g.b[k] / sigma**2)
+            reach = np.sqrt(agg.phi_sq) * lam * np.sqrt(max(float(g.q), 0.0)) / sigma
+            assert reach <= np.sqrt(agg.phi_sq) * lam * B * np.sqrt(g.n) / sigma * (1 + 1e-9)
+            assert np.all(np.abs(probe[:, k] @ mean) <= reach * (1 + 1e-9) + 1e-12)
+
+
 # ------------------------------------------------------------------ robust aggregation: the formulas
 def test_residual_ratio_equals_the_raw_samples_residual():
     """(q − 2bᵀμ + μᵀSμ)/n is the mean squared residual Σ(y − φᵀμ)²/n, per kernel, to 1e-10."""
