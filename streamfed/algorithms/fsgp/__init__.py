@@ -75,6 +75,10 @@ class FSGPParams(Params):
     robust_screen: float = Field(50.0, gt=1.0, allow_inf_nan=False)
     robust_screen_clients: int = Field(3, ge=1)
     robust_share_floor: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # robust mode's soft screen (algorithms/shares.py, as FedBNR's): a client whose average residual ratio is over
+    # robust_soft × the others' median has its uploads down-weighted; 0 (the default) turns it off — at 1.0 the
+    # attack-free Beijing fleet's MSE rose 25% (docs/reliability.md §7.2.1), unlike FedBNR's
+    robust_soft: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
 
 def initial_hyper(cfg: FleetConfig) -> Hyper:
