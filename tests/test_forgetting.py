@@ -242,3 +242,24 @@ def test_without_a_half_life_nothing_changes_on_the_wire() -> None:
     assert up is not None and up.count == 0 and "time" not in up.to_message()
     with pytest.raises(ValueError, match="exclusive"):
         FedBNRClient(n_inputs=2, n_features=3, forgetting=0.99, half_life_s=H)
+
+
+def test_robust_shares_follow_the_discounted_sums() -> None:
+    """Robust mode's per-client shares are each client's weight in the discounted sums (not its lifetime
+    samples): a client that uploaded long ago holds a small share of the current global."""
+    from streamfed.algorithms.shares import Robust
+
+    one = SufficientStats.from_samples(np.ones((4, 1, 2)), np.ones(4), kernel_version="v")
+    server = RobustFedBNRServer(dim=2, kernel_version="v", min_samples=1, fit_hyperparameters=False,
+                                half_life_s=H)
+    agg = FedBNRAggregation(server, phi_sq=2.0, robust=Robust(share_cap=1.0, floor=1e9, screen_clients=1))
+    agg.take("old", 1, Upload("old", 1, 0, one, time=0.0, count=4))
+    agg.take("new", 1, Upload("new", 1, 0, one, time=0.0, count=4))
+    agg.take("new", 2, Upload("new", 2, 0, one, time=3 * H, count=4))  # the sums move to 3H
+    agg.take("old", 2, Upload("old", 2, 0, one.scaled(0.5), time=H, count=4))  # late, older: moved to 3H
+    held = {"old": 4 * 0.5**3 + 2 * 0.5**2, "new": 4 * 0.5**3 + 4}
+    total = sum(held.values())
+    assert server.stats.n == pytest.approx(total, rel=1e-14)
+    shares = agg.client_shares()
+    for c, h in held.items():
+        assert shares[c] == pytest.approx(h / total, rel=1e-12)

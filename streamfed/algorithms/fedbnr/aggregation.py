@@ -207,7 +207,15 @@ class FedBNRAggregation(RobustShares, SummingWindow):
 
     # what the robust state machine (algorithms/shares.py) asks of FedBNR
     def _samples(self, item: Upload) -> float:
-        return float(item.stats.n)
+        """The upload's weight in the sums: its `n`, with a half-life as the server would hold it now."""
+        d = self.server.discount
+        return float(item.stats.n) * (1.0 if d is None else d.factor(item.time, self.server.time))
+
+    def _apply(self, client: str, item: Upload, w: float) -> None:
+        d = self.server.discount
+        if d is not None and item.time > self.server.time:  # the sums move to a later time: so do the shares
+            self.scale_held(d.factor(self.server.time, item.time))
+        super()._apply(client, item, w)
 
     def _tempered(self, item: Upload, w: float) -> TemperedUpload:
         return TemperedUpload(item.client, item.seq, item.base_version, item.stats, item.time, item.count, weight=w)
