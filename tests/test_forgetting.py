@@ -263,3 +263,23 @@ def test_robust_shares_follow_the_discounted_sums() -> None:
     shares = agg.client_shares()
     for c, h in held.items():
         assert shares[c] == pytest.approx(h / total, rel=1e-12)
+
+
+def test_an_upload_stamped_in_the_future_is_refused() -> None:
+    """Attack: a client stamping its upload years ahead would move the sums to that time and discount every other
+    client's statistics to nothing. The aggregator refuses times beyond its clock (plus a small skew)."""
+    c = _client("a")
+    now = 1.7e9
+    for i, x in enumerate(np.random.default_rng(1).uniform(-1, 1, (4, 2))):
+        c.advance(now + i)
+        c.learn(x, 0.5)
+    learner = StatsLearner(c, phi_sq=float(np.sum(c.features(np.zeros(2)) ** 2)))
+    upd = learner.take_update()
+    assert upd is not None
+    agg = FedBNRAggregation(FedBNRServer.for_client(c, fit_hyperparameters=False), phi_sq=learner.phi_sq)
+    agg.now = lambda: now + 10.0  # type: ignore[method-assign]
+    msg = Message("f", "a", UPDATE, upd.seq, 0, c.kernel_version, upd.n_samples, 0.0, dict(upd.arrays))
+    assert agg.check(msg).time == now + 3
+    future = dict(upd.arrays, time=np.asarray(now + 10 * 365 * 86400.0))
+    with pytest.raises(ValueError, match="ahead of this aggregator's clock"):
+        agg.check(Message("f", "a", UPDATE, upd.seq, 0, c.kernel_version, upd.n_samples, 0.0, future))

@@ -19,6 +19,7 @@ cap is taken with the fraction that fits (a tempered contribution).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ __all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload"
            "residual_ratio", "share_allowance"]
 
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
+# with a half-life: how far ahead of the aggregator's clock an upload's time may be (clocks are not perfectly synced)
+MAX_CLOCK_SKEW_S = 300.0
 _REL = 1e-9  # relative slack of every inequality: far above rounding of honest sums, far below any attack
 
 
@@ -197,6 +200,10 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         # the server checks against n_samples)
         if timed and int(msg.n_samples) != up.count:
             raise ValueError(f"n_samples = {msg.n_samples} but the upload counts {up.count} samples")
+        # an upload stamped in the future would discount everyone's statistics when the sums move to its time
+        if timed and math.isfinite(up.time) and up.time > self.now() + MAX_CLOCK_SKEW_S:  # (∞: validate says)
+            raise ValueError(f"upload time {up.time:.0f} is more than {MAX_CLOCK_SKEW_S:g} s ahead of this "
+                             f"aggregator's clock")
         if not timed and int(msg.n_samples) != up.stats.n:
             raise ValueError(f"n_samples = {msg.n_samples} but the statistics count n = {up.stats.n:g}")
         # the server's own checks (kernel version/epoch, shapes, privacy floor, seq >= 1), without applying
@@ -204,6 +211,10 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         self._check_cold_start(up.client)
         check_room(self.server.included, self.server.waiting(), up.client, up.seq, self.server.max_buffered)
         return up
+
+    def now(self) -> float:
+        """The aggregator's clock (seconds since the epoch): no upload may be stamped far beyond it."""
+        return time.time()
 
     # what the robust state machine (algorithms/shares.py) asks of FedBNR
     def _samples(self, item: Upload) -> float:
