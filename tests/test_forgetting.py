@@ -283,3 +283,33 @@ def test_an_upload_stamped_in_the_future_is_refused() -> None:
     future = dict(upd.arrays, time=np.asarray(now + 10 * 365 * 86400.0))
     with pytest.raises(ValueError, match="ahead of this aggregator's clock"):
         agg.check(Message("f", "a", UPDATE, upd.seq, 0, c.kernel_version, upd.n_samples, 0.0, future))
+
+
+def test_a_restored_client_and_server_continue_bit_for_bit() -> None:
+    from streamfed.fleet.persistence import dumps, loads
+
+    rng = np.random.default_rng(4)
+    xs, ys, ts = _stream(rng, 40, 1.7e9)
+    c = _client("a")
+    server = FedBNRServer.for_client(c, fit_hyperparameters=False)
+    for x, y, t in zip(xs[:25], ys[:25], ts[:25], strict=True):
+        c.advance(t)
+        c.learn(x, y)
+    up = c.make_upload()
+    assert up is not None
+    server.apply(up)
+    c.advance(ts[25])
+    c.learn(xs[25], ys[25])  # pending after the upload
+    state = loads(dumps({"kind": "t", "client": c, "server": server}))
+    twins = [(c, server), (state["client"], state["server"])]
+    outs = []
+    for cl, sv in twins:
+        cl.apply_global(sv.publish())
+        for x, y, t in zip(xs[26:], ys[26:], ts[26:], strict=True):
+            cl.advance(t)
+            cl.learn(x, y)
+        u = cl.make_upload()
+        sv.apply(u)
+        outs.append((cl.predict(xs[0]), sv.publish().stats.S.copy(), u.time))
+    assert outs[0][0] == outs[1][0] and outs[0][2] == outs[1][2]
+    assert np.array_equal(outs[0][1], outs[1][1])

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 
+from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
 __all__ = ["Discount"]
 
 
+@durable("fedbnr.Discount")
 class Discount:
     """The weight `2^(−Δ/h)` of a sample `Δ ≥ 0` seconds old, and statistics moved forward in time by it.
 
