@@ -313,3 +313,32 @@ def test_a_restored_client_and_server_continue_bit_for_bit() -> None:
         outs.append((cl.predict(xs[0]), sv.publish().stats.S.copy(), u.time))
     assert outs[0][0] == outs[1][0] and outs[0][2] == outs[1][2]
     assert np.array_equal(outs[0][1], outs[1][1])
+
+
+def test_a_fleet_config_with_a_half_life_carries_time_through_the_codec() -> None:
+    """FedBNRParams.half_life_s reaches the learner, the aggregation and the wire schema: an update and a global
+    survive the strict codec with their `time`, and the aggregation takes the update."""
+    from streamfed.algorithms.fedbnr import ALGORITHM
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.wire.message import decode, encode
+
+    cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_features=3, kernels=["gaussian:1.0"],
+                      params={"half_life_s": H, "min_upload": 4})
+    learner = ALGORITHM.learner(cfg, "a1", 0)
+    for x in np.random.default_rng(0).uniform(-1, 1, (4, 2)):
+        learner.learn(x, float(x[0]))
+    upd = learner.take_update()
+    assert upd is not None and "time" in upd.arrays and upd.n_samples == 4
+    msg = Message("f", "a1", UPDATE, upd.seq, 0, learner.client.kernel_version, upd.n_samples, 0.0,
+                  dict(upd.arrays))
+    back = decode(encode(msg, cfg), cfg)
+    agg = ALGORITHM.aggregation(cfg)
+    agg.take("a1", back.seq, agg.check(back))
+    assert agg.close_window({}, lambda _: 0)
+    out = decode(encode(agg.global_message("f", "agg", learner.client.kernel_version), cfg), cfg)
+    assert float(out.arrays["time"]) == pytest.approx(float(upd.arrays["time"]))
+    assert learner.install_global(out)
+    # without a half-life the schema has no time: a timed update is refused by the codec
+    plain = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_features=3, kernels=["gaussian:1.0"])
+    with pytest.raises(ValueError):
+        encode(msg, plain)
