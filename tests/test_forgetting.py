@@ -342,3 +342,36 @@ def test_a_fleet_config_with_a_half_life_carries_time_through_the_codec() -> Non
     plain = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_features=3, kernels=["gaussian:1.0"])
     with pytest.raises(ValueError):
         encode(msg, plain)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.lists(st.floats(0, 5 * H), min_size=1, max_size=5)),
+                min_size=1, max_size=8),
+       st.randoms(use_true_random=False))
+def test_server_sums_are_exact_in_any_arrival_order(uploads: list, rnd: object) -> None:
+    """Any uploads (each: samples at given times, discounted by the client to its latest one), in any order of
+    arrival across clients: the server's sums at its reference time are numpy's weighted sums over all samples."""
+    rng = np.random.default_rng(len(uploads))
+    seqs: dict[str, int] = {}
+    made, rows = [], []
+    for client, ts in uploads:
+        ts = np.sort(np.array(ts))
+        phi = rng.standard_normal((len(ts), 1, 2))
+        y = rng.standard_normal(len(ts))
+        w = 0.5 ** ((ts[-1] - ts) / H)
+        stats = SufficientStats(np.einsum("t,tki,tkj->kij", w, phi, phi), np.einsum("t,tki,t->ki", w, phi, y),
+                                float(w.sum()), float(w @ y**2))
+        seqs[client] = seqs.get(client, 0) + 1
+        made.append(Upload(client, seqs[client], 0, stats, time=float(ts[-1]), count=len(ts)))
+        rows.append((phi[:, 0], y, ts))
+    rnd.shuffle(made)  # type: ignore[attr-defined]
+    server = FedBNRServer(dim=2, min_samples=1, fit_hyperparameters=False, half_life_s=H)
+    for up in made:
+        server.apply(up)
+    phis, ys, ts = (np.concatenate(r) for r in zip(*rows, strict=True))
+    assert server.time == ts.max()
+    w = 0.5 ** ((server.time - ts) / H)
+    np.testing.assert_allclose(server.stats.S[0], (phis * w[:, None]).T @ phis, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(server.stats.b[0], phis.T @ (w * ys), rtol=1e-12, atol=1e-12)
+    assert server.stats.n == pytest.approx(w.sum(), rel=1e-12)
+    assert server.stats.q == pytest.approx(w @ ys**2, rel=1e-12)
