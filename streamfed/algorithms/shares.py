@@ -279,6 +279,13 @@ class RobustShares:
             return 1.0
         return min(1.0, soft * float(np.median(others)) / a)
 
+    def scale_held(self, factor: float) -> None:
+        """Scale every client's samples held in the sums (and their total) by `factor` ∈ (0, 1]: sums discounted
+        in time (FedBNR's `half_life_s`) hold each sample with a weight that decays, and the shares must follow."""
+        if self.robust is not None:
+            self._held = {c: h * factor for c, h in self._held.items()}
+            self._total *= factor
+
     def robust_diagnostics(self) -> dict[str, float]:
         """Uploads screened out, uploads taken with weight < 1, the largest client share of the sums."""
         if self.robust is None:

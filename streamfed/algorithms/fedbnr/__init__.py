@@ -64,6 +64,9 @@ class FedBNRParams(RFFFeatures):
     lam: float = Field(1.0, gt=0, allow_inf_nan=False)
     min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
     forgetting: float = Field(1.0, gt=0, le=1)
+    # forgetting that federates exactly (docs/algorithms.md §4.14): a sample `Δ` seconds old (readings' times on
+    # the agents' clocks) weighs 2^(−Δ/half_life_s) in uploads and globals alike; None: off
+    half_life_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     fit_hyperparameters: bool = True
     # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §4.13, §10.2): an upload whose residual ratio
     # under the current global exceeds robust_screen × the median of the other clients' latest ratios is
@@ -111,7 +114,7 @@ class FedBNR(Algorithm):
 
         p = params_of(cfg, FedBNRParams)
         return FedBNRClient(feature_maps(cfg), sigma=p.sigma, lam=p.lam, min_upload=p.min_upload,
-                            forgetting=p.forgetting, client_id=client_id)
+                            forgetting=p.forgetting, client_id=client_id, half_life_s=p.half_life_s)
 
     def kernel_version(self, cfg: FleetConfig) -> str:
         return self._client(cfg).kernel_version

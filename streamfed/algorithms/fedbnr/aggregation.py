@@ -19,6 +19,7 @@ cap is taken with the fraction that fits (a tempered contribution).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ __all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload"
            "residual_ratio", "share_allowance"]
 
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
+# with a half-life: how far ahead of the aggregator's clock an upload's time may be (clocks are not perfectly synced)
+MAX_CLOCK_SKEW_S = 300.0
 _REL = 1e-9  # relative slack of every inequality: far above rounding of honest sums, far below any attack
 
 
@@ -91,7 +94,7 @@ class TemperedUpload(Upload):
     `weight · stats`). `weight = 0`: accepted — its sequence number counts as included — but nothing summed.
 
     >>> s = SufficientStats.zeros(2, (1,), kernel_version="v")
-    >>> TemperedUpload("a", 1, 0, s, 0.5).weight
+    >>> TemperedUpload("a", 1, 0, s, weight=0.5).weight
     0.5
     """
 
@@ -105,13 +108,13 @@ class RobustFedBNRServer(FedBNRServer):
 
     >>> srv = RobustFedBNRServer(dim=2, kernel_version="v", min_samples=1, fit_hyperparameters=False)
     >>> d = SufficientStats.from_samples(np.ones((4, 1, 2)), np.ones(4), kernel_version="v")
-    >>> srv.apply(TemperedUpload("a", 1, 0, d, 0.25)), srv.stats.n
+    >>> srv.apply(TemperedUpload("a", 1, 0, d, weight=0.25)), srv.stats.n
     (True, 1.0)
     """
 
     def _sum(self, up: Upload) -> None:
         w = float(getattr(up, "weight", 1.0))
-        self.stats += up.stats if w == 1.0 else up.stats.scaled(w)
+        self._add(up.stats if w == 1.0 else up.stats.scaled(w), up.time)
 
 
 def residual_ratio(st: SufficientStats, mean: np.ndarray, cov: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -187,12 +190,21 @@ class FedBNRAggregation(RobustShares, SummingWindow):
     def check(self, msg: Message) -> Upload:
         up = Upload.from_message(stats_fields(msg))
         checked = self.check_stats
+        timed = self.server.discount is not None
+        # discounted statistics (a half-life) are statistics of samples with weights in (0, 1]: every bound holds
         check_statistics(up.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
                          label_bound=self.label_bound if checked else None,
-                         phi_sq_min=self.phi_sq_min if checked else None)
+                         phi_sq_min=self.phi_sq_min if checked else None, whole_n=not timed)
         # n is public even in noised uploads (DP noises S, b, q only): the core's token bucket charges
-        # n_samples, which bounds the real n only if they are one number
-        if int(msg.n_samples) != up.stats.n:
+        # n_samples, which bounds the real n only if they are one number (discounted: n ≤ the raw count, which
+        # the server checks against n_samples)
+        if timed and int(msg.n_samples) != up.count:
+            raise ValueError(f"n_samples = {msg.n_samples} but the upload counts {up.count} samples")
+        # an upload stamped in the future would discount everyone's statistics when the sums move to its time
+        if timed and math.isfinite(up.time) and up.time > self.now() + MAX_CLOCK_SKEW_S:  # (∞: validate says)
+            raise ValueError(f"upload time {up.time:.0f} is more than {MAX_CLOCK_SKEW_S:g} s ahead of this "
+                             f"aggregator's clock")
+        if not timed and int(msg.n_samples) != up.stats.n:
             raise ValueError(f"n_samples = {msg.n_samples} but the statistics count n = {up.stats.n:g}")
         # the server's own checks (kernel version/epoch, shapes, privacy floor, seq >= 1), without applying
         self.server.validate(up)
@@ -200,12 +212,24 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         check_room(self.server.included, self.server.waiting(), up.client, up.seq, self.server.max_buffered)
         return up
 
+    def now(self) -> float:
+        """The aggregator's clock (seconds since the epoch): no upload may be stamped far beyond it."""
+        return time.time()
+
     # what the robust state machine (algorithms/shares.py) asks of FedBNR
     def _samples(self, item: Upload) -> float:
-        return float(item.stats.n)
+        """The upload's weight in the sums: its `n`, with a half-life as the server would hold it now."""
+        d = self.server.discount
+        return float(item.stats.n) * (1.0 if d is None else d.factor(item.time, self.server.time))
+
+    def _apply(self, client: str, item: Upload, w: float) -> None:
+        d = self.server.discount
+        if d is not None and item.time > self.server.time:  # the sums move to a later time: so do the shares
+            self.scale_held(d.factor(self.server.time, item.time))
+        super()._apply(client, item, w)
 
     def _tempered(self, item: Upload, w: float) -> TemperedUpload:
-        return TemperedUpload(item.client, item.seq, item.base_version, item.stats, w)
+        return TemperedUpload(item.client, item.seq, item.base_version, item.stats, item.time, item.count, weight=w)
 
     def _ratio(self, item: Upload) -> float:
         """The upload's residual ratio under the current global, kernels weighted as the global predicts."""
@@ -241,6 +265,7 @@ class FedBNRAggregation(RobustShares, SummingWindow):
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[Upload]) -> tuple[dict[str, np.ndarray], int, int]:
+        self._no_time_base("shard")
         st = items[0].stats.copy()
         for up in items[1:]:
             st += up.stats
@@ -248,7 +273,12 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         return ({k: np.asarray(packed[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")},
                 int(st.n), int(self.server.epoch))
 
+    def _no_time_base(self, role: str) -> None:
+        if self.server.discount is not None:  # a partial carries no time: its sums could not be discounted exactly
+            raise ValueError(f"a FedBNR {role} cannot sum discounted statistics (half_life_s) yet: run one aggregator")
+
     def read_partial(self, msg: Message) -> SufficientStats:
+        self._no_time_base("reducer")
         fields = {k: np.array(msg.arrays[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")}
         fields.update(kernel_version=msg.kernel_version, epoch=msg.epoch)
         st = SufficientStats.from_packed(fields)
@@ -283,4 +313,4 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         packed = s.stats.to_packed()
         return global_message(fleet, sender, s.version, packed["S_upper"], packed["b"], packed["n"], packed["q"],
                               s.sigma, s.lam, s.log_evidence, dict(s.included), kernel_version=kernel_version,
-                              epoch=s.epoch)
+                              epoch=s.epoch, time_base=None if s.discount is None else s.time)

@@ -42,6 +42,7 @@ import numpy as np
 from streamfed.algorithms.fedbnr import _layout as lay
 from streamfed.algorithms.fedbnr._compiled import kern
 from streamfed.algorithms.fedbnr.checks import all_finite_products, all_finite_squares, check_positive, check_target
+from streamfed.algorithms.fedbnr.discount import Discount
 from streamfed.algorithms.fedbnr.factor import factorise, posterior_of_factor, stats_from_factor
 from streamfed.algorithms.fedbnr.features import client_features
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
@@ -88,6 +89,13 @@ class FedBNRClient(PackedState):
     True
     """
 
+    # Forgetting on a shared time base (.discount; class defaults: a client pickled before it restores without):
+    # the clock (time of the latest sample or global), the pending statistics discounted to the clock as of the
+    # last advance (`_dpend`) and the raw pending statistics then (`_plast`), all uploads discounted to a time.
+    half_life_s: float | None = None
+    discount: Discount | None = None
+    _clock = -math.inf
+
     # The regret's comparator (.metrics.RidgeComparator): made by the first regret() and from then on given every
     # own sample before the stage is flushed (a class default: a client pickled before it existed has none).
     _comparator: RidgeComparator | None = None
@@ -107,6 +115,7 @@ class FedBNRClient(PackedState):
         others_weight: float | str = 1.0,
         local_hyperparameters: bool = False,
         client_id: str = "client",
+        half_life_s: float | None = None,
     ) -> None:
         self._features = client_features(feature_map, n_inputs=n_inputs, n_features=n_features,
                                          bandwidth=bandwidth, seed=seed)
@@ -116,6 +125,8 @@ class FedBNRClient(PackedState):
         self._fast = None if bank is None else (bank.frequency_matrix, bank.scratch, bank.n_inputs)
         if not (0.0 < float(forgetting) <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
+        if half_life_s is not None and float(forgetting) != 1.0:
+            raise ValueError("forgetting per step and a half-life on the time base are exclusive: choose one")
         if int(min_upload) < 1:
             raise ValueError(f"min_upload must be >= 1, got {min_upload!r}")
         self.auto_weight = others_weight == "auto"
@@ -148,6 +159,12 @@ class FedBNRClient(PackedState):
         self._next_seq = 1
         self._cache: tuple[np.ndarray, float, float] | None = None  # (x, mean, variance) of the last predict
         self.metrics = PrequentialMetrics()
+        self.half_life_s = None if half_life_s is None else float(half_life_s)
+        self.discount = None if half_life_s is None else Discount(half_life_s)
+        if self.discount is not None:
+            self._clock = -math.inf
+            zero = self._zero_stats
+            self._dpend, self._plast, self._own_disc = zero(), zero(), (zero(), -math.inf)
         self._rebuild(np.zeros((kk, f, f)), np.zeros((kk, f)), 0.0, self.sigma, self.lam, self._pdiag)
 
     # ------------------------------------------------------------------ introspection
@@ -441,6 +458,58 @@ class FedBNRClient(PackedState):
         return SufficientStats(s_mat, self._b_pend, float(self._n_pend), self._q_pend, self.kernel_version,
                                self.epoch)
 
+    @property
+    def clock(self) -> float:
+        """With a half-life: the time (seconds) of the latest sample or global (−∞ before any)."""
+        return self._clock
+
+    def advance(self, time: float) -> None:
+        """Move the clock to `time` (with a half-life; a no-op otherwise): what was learned so far is discounted
+        by `2^(−Δ/h)` — the pending statistics exactly; the working posterior by the same factor with the prior
+        precision it loses given back as one cyclic rank-one refresh (as per-step forgetting does; the next global
+        rebuilds it exactly). A time before the clock counts as the clock (statistics never move back in time);
+        a time that is not finite is refused (`ValueError`, nothing changed)."""
+        d = self.discount
+        if d is None:
+            return
+        time = float(time)
+        if not math.isfinite(time):
+            raise ValueError(f"time must be finite, got {time!r}")
+        if not time > self._clock:
+            return
+        g = d.factor(self._clock, time)
+        first = not math.isfinite(self._clock)  # the first sample's time: nothing learned yet to discount
+        self._clock = time
+        if g == 1.0 or first:
+            return
+        raw = self._pending_stats()
+        self._dpend = (self._dpend + (raw - self._plast)).scaled(g)
+        self._plast = raw
+        if g < 1e-6:  # (nearly) everything forgotten: rebuild exactly rather than scale the factor towards zero
+            s_work, b_work = stats_from_factor(self._ra, self.sigma, self.lam, self._pdiag)
+            self._rebuild(g * s_work, g * b_work, g * self._q_work, self.sigma.copy(), self.lam.copy(),
+                          np.ones_like(self._pdiag))
+            self._n_work *= g
+            self._q_work *= g
+            return
+        lost = self.dim * (1.0 - g)
+        j = self._refresh_j
+        refresh = np.zeros((1, self.n_kernels, self.dim))
+        refresh[0, :, j] = math.sqrt(lost) / self.lam
+        self._ra *= math.sqrt(g)
+        kern.fold_samples(self._ra, refresh, np.zeros(1))  # + refresh_k² e_j e_jᵀ, one rank-one update a kernel
+        self._pdiag *= g
+        self._pdiag[:, j] += lost
+        self._refresh_j = (j + 1) % self.dim
+        self._n_work *= g
+        self._q_work *= g
+        self._cache = None
+        self._logw_dirty = True
+
+    def _discounted_pending(self) -> SufficientStats:
+        """The pending statistics discounted to the clock (samples learned since the last advance weigh 1)."""
+        return self._dpend + (self._pending_stats() - self._plast)
+
     def make_upload(self) -> Upload | None:
         """The delta statistics of the pending samples as an :class:`Upload`, or `None` while fewer than
         `min_upload` samples are pending (the privacy floor). Raises `ValueError` (and keeps the
@@ -448,7 +517,14 @@ class FedBNRClient(PackedState):
         if self._n_pend < self.min_upload:
             return None
         stats = self._pending_stats().check_finite()
-        up = Upload(self.client_id, self._next_seq, self.global_version, stats)
+        if self.discount is None:
+            up = Upload(self.client_id, self._next_seq, self.global_version, stats)
+        else:
+            disc = self._discounted_pending().check_finite()
+            up = Upload(self.client_id, self._next_seq, self.global_version, disc, self._clock, self._n_pend)
+            own, t_own = self._own_disc
+            self._own_disc = (self.discount.shift(own, t_own, self._clock) + disc, self._clock)
+            self._dpend, self._plast = self._zero_stats(), self._zero_stats()
         self._unacked[up.seq] = up
         self._own_uploaded += stats
         self._next_seq += 1
@@ -470,7 +546,7 @@ class FedBNRClient(PackedState):
         total to send — or for an epoch that is not newer."""
         if int(epoch) <= self.epoch:
             raise ValueError(f"epoch {epoch} is not newer than this client's {self.epoch}")
-        if self.forgetting != 1.0:
+        if self.forgetting != 1.0 or self.discount is not None:
             raise ValueError("a client with forgetting has no exact totals to upload again")
         own = self.own_stats()
         self.epoch = int(epoch)
@@ -489,7 +565,7 @@ class FedBNRClient(PackedState):
         Without forgetting: `global + unacked uploads + pending` (exact sums). With forgetting: the
         decayed statistics recovered from the factor (`σ²(A - λ⁻²P)`, `σ²h`, `σ²c`).
         """
-        if self.forgetting == 1.0:
+        if self.forgetting == 1.0 and self.discount is None:
             return self._exact_work_stats()
         s, b = stats_from_factor(self._ra, self.sigma, self.lam, self._pdiag)
         return SufficientStats(s, b, self._n_work, self._q_work, self.kernel_version, self.epoch)
@@ -544,6 +620,8 @@ class FedBNRClient(PackedState):
         if not (g.stats.is_finite() and np.all(np.isfinite(sigma)) and np.all(np.isfinite(lam))
                 and np.all(sigma > 0) and np.all(lam > 0)):
             raise ValueError("global contains non-finite statistics or non-positive hyperparameters")
+        if self.discount is not None and not math.isfinite(g.time):
+            raise ValueError(f"global time {g.time!r} is not finite")
         if self._global is not None and g.version <= self._global.version:
             return False
         inc = int(g.included.get(self.client_id, 0))
@@ -554,6 +632,47 @@ class FedBNRClient(PackedState):
             if seq > inc:
                 not_in += up.stats
                 any_not_in = True
+        if self.discount is not None:
+            self._apply_discounted(g, inc, sigma, lam)
+        else:
+            self._apply_global(g, inc, not_in, any_not_in, newly_in, sigma, lam)
+        for seq in newly_in:
+            del self._unacked[seq]
+        # A client that restarted must not reuse sequence numbers the server has already summed.
+        self._next_seq = max(self._next_seq, inc + 1)
+        self._global = g
+        return True
+
+    def _apply_discounted(self, g: GlobalModel, inc: int, sigma: np.ndarray, lam: np.ndarray) -> None:
+        """:meth:`apply_global` with a half-life: everything is brought to the clock (moved to the global's time
+        if that is later) and the working posterior is rebuilt exactly — `global + own uploads not in it +
+        pending`, each discounted to the clock (the tempered and local variants as without forgetting)."""
+        d = self.discount
+        assert d is not None
+        self.advance(g.time)
+        t = self._clock if math.isfinite(self._clock) else float(g.time)
+        glob = d.shift(g.stats, g.time, t)
+        not_in = self._zero_stats()
+        for seq, up in self._unacked.items():
+            if seq > inc:
+                not_in += d.shift(up.stats, up.time, t)
+        pending = self._discounted_pending()
+        own, t_own = self._own_disc
+        own_in = d.shift(own, t_own, t) - not_in
+        alpha = self.others_weight
+        if self.auto_weight:
+            alpha = self.choose_others_weight(glob - own_in, own_in + not_in + pending, sigma, lam)
+        total = pending + glob + not_in
+        if alpha != 1.0:
+            total -= (glob - own_in).scaled(1.0 - alpha)
+        if self.local_hyperparameters:
+            sigma, lam = fit_local(total.S, total.b, total.n, total.q, sigma, lam)
+        self._rebuild(total.S, total.b, total.q, sigma, lam, np.ones_like(self._pdiag))
+        self._n_work, self._q_work = total.n, total.q
+        self.others_weight = alpha
+
+    def _apply_global(self, g: GlobalModel, inc: int, not_in: SufficientStats, any_not_in: bool,
+                      newly_in: list[int], sigma: np.ndarray, lam: np.ndarray) -> None:
         alpha = self.others_weight
         if self.auto_weight:
             own_all = self.own_stats()
@@ -587,12 +706,6 @@ class FedBNRClient(PackedState):
             self._n_work += delta.n
             self._q_work += delta.q
         self.others_weight = alpha
-        for seq in newly_in:
-            del self._unacked[seq]
-        # A client that restarted must not reuse sequence numbers the server has already summed.
-        self._next_seq = max(self._next_seq, inc + 1)
-        self._global = g
-        return True
 
     # ------------------------------------------------------------------ posterior and regret
     def posterior(self, kernel: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ a global includes them)."""
 from __future__ import annotations
 
 import copy
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -85,7 +86,14 @@ class StatsLearner(BaseLearner):
         mean, var = self.client.predict(x)
         return float(mean), float(var)
 
+    def now(self) -> float:
+        """The time a sample is learned at, with a half-life: the agent's clock (seconds since the epoch), the
+        base every agent and the aggregator share."""
+        return time.time()
+
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        if getattr(self.client, "discount", None) is not None:
+            self.client.advance(self.now())
         out = self.predict(x)
         self._pending = (x, y)
         return out
@@ -102,7 +110,10 @@ class StatsLearner(BaseLearner):
             return None
         fields = up.to_message()
         arrays = {k: np.asarray(fields[k], dtype=np.float64) for k in ("S_upper", "b", "n", "q")}
-        return Update(arrays, max(int(round(float(fields["n"]))), 0), int(up.base_version), seq=int(up.seq),
+        if up.count:  # discounted: the time travels, and n_samples is the raw count
+            arrays["time"] = np.asarray(float(up.time))
+        count = up.count if up.count else max(int(round(float(fields["n"]))), 0)
+        return Update(arrays, count, int(up.base_version), seq=int(up.seq),
                       epoch=int(fields.get("epoch", 0)))
 
     @property

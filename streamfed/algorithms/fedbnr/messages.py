@@ -32,27 +32,34 @@ class Upload:
     seq: int
     base_version: int  # version of the global the client held when it made this upload
     stats: SufficientStats
+    # with forgetting (half-life, :mod:`.discount`): the time the statistics are discounted to, and the raw
+    # number of samples they summarise (`stats.n` is then a discounted, non-integer count); 0: no forgetting
+    time: float = 0.0
+    count: int = 0
 
     @property
     def n_samples(self) -> float:
-        return self.stats.n
+        """The real number of samples (what the privacy floor and the rate limits charge)."""
+        return float(self.count) if self.count else self.stats.n
 
     def to_message(self) -> dict[str, Any]:
         """Plain fields and float64 arrays for a codec (`S_upper` is `(K, F(F+1)/2)`)."""
-        msg = {"client": self.client, "seq": int(self.seq), "base_version": int(self.base_version)}
+        msg: dict[str, Any] = {"client": self.client, "seq": int(self.seq), "base_version": int(self.base_version)}
         msg.update(self.stats.to_packed())
+        if self.count:
+            msg.update(time=float(self.time), count=int(self.count))
         return msg
 
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> Upload:
         return cls(str(msg["client"]), int(msg["seq"]), int(msg["base_version"]),
-                   SufficientStats.from_packed(msg))
+                   SufficientStats.from_packed(msg), float(msg.get("time", 0.0)), int(msg.get("count", 0)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Upload):
             return NotImplemented
         same_id = (self.client, self.seq, self.base_version) == (other.client, other.seq, other.base_version)
-        return same_id and self.stats == other.stats
+        return same_id and (self.time, self.count) == (other.time, other.count) and self.stats == other.stats
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -81,6 +88,7 @@ class GlobalModel:
     lam: np.ndarray
     log_evidence: np.ndarray
     included: dict[str, int] = field(default_factory=dict)
+    time: float = 0.0  # with forgetting: the reference time the statistics are discounted to
 
     @property
     def best_kernel(self) -> int:
@@ -93,7 +101,7 @@ class GlobalModel:
         msg.update(sigma=np.asarray(self.sigma, dtype=np.float64).copy(),
                    lam=np.asarray(self.lam, dtype=np.float64).copy(),
                    log_evidence=np.asarray(self.log_evidence, dtype=np.float64).copy(),
-                   included={str(k): int(v) for k, v in self.included.items()})
+                   included={str(k): int(v) for k, v in self.included.items()}, time=float(self.time))
         return msg
 
     @classmethod
@@ -102,4 +110,4 @@ class GlobalModel:
         return cls(int(msg["version"]), stats.kernel_version, stats.epoch, stats,
                    np.asarray(msg["sigma"], dtype=np.float64), np.asarray(msg["lam"], dtype=np.float64),
                    np.asarray(msg["log_evidence"], dtype=np.float64),
-                   {str(k): int(v) for k, v in dict(msg["included"]).items()})
+                   {str(k): int(v) for k, v in dict(msg["included"]).items()}, float(msg.get("time", 0.0)))

@@ -5,11 +5,13 @@ versioned globals. What aggregators, shards and the reducer run around it: :mod:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamfed.algorithms.fedbnr.checks import check_positive
+from streamfed.algorithms.fedbnr.discount import Discount
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.in_order import apply_in_order
@@ -50,6 +52,7 @@ class FedBNRServer:
         min_samples: int = 32,
         max_buffered: int = 256,
         refit_growth: float = 0.0,
+        half_life_s: float | None = None,
     ) -> None:
         self.dim, self.n_kernels = int(dim), int(n_kernels)
         self.kernel_version, self.epoch = str(kernel_version), int(epoch)
@@ -66,6 +69,12 @@ class FedBNRServer:
         self._buffer: dict[str, dict[int, Upload]] = {}
         self.version = 0
         self.log_evidence = np.zeros(self.n_kernels)
+        self.discount = None if half_life_s is None else Discount(half_life_s)
+        self.time = 0.0  # with forgetting: the reference time of `stats` (the latest upload time summed)
+
+    # class defaults: a server pickled before forgetting on a time base existed restores without it
+    discount: Discount | None = None
+    time = 0.0
 
     @classmethod
     def for_client(cls, client: FedBNRClient, **kwargs: Any) -> FedBNRServer:
@@ -73,6 +82,7 @@ class FedBNRServer:
         kwargs.setdefault("min_samples", client.min_upload)
         kwargs.setdefault("sigma", float(client.sigma[0]))
         kwargs.setdefault("lam", float(client.lam[0]))
+        kwargs.setdefault("half_life_s", client.half_life_s)
         return cls(client.dim, client.n_kernels, client.kernel_version, client.epoch, **kwargs)
 
     def validate(self, up: Upload) -> None:
@@ -85,8 +95,14 @@ class FedBNRServer:
                              f"{(self.n_kernels, self.dim, self.dim)}")
         if not st.is_finite():
             raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
-        if st.n < self.min_samples:
-            raise ValueError(f"upload summarises {st.n:g} samples, below the privacy floor "
+        if (self.discount is None) != (up.count == 0):
+            raise ValueError(f"upload from {up.client!r} is {'not ' if up.count == 0 else ''}time-discounted, "
+                             f"the server {'forgets' if self.discount else 'does not forget'}")
+        if up.count and not (math.isfinite(up.time) and 0.0 < st.n <= up.count):
+            raise ValueError(f"upload from {up.client!r}: time {up.time!r} is not finite or its discounted count "
+                             f"{st.n:g} is not in (0, {up.count}]")
+        if up.n_samples < self.min_samples:
+            raise ValueError(f"upload summarises {up.n_samples:g} samples, below the privacy floor "
                              f"{self.min_samples}")
         if up.seq < 1:
             raise ValueError(f"sequence numbers start at 1, got {up.seq}")
@@ -99,7 +115,20 @@ class FedBNRServer:
         return apply_in_order(self.included, self._buffer, up.client, up.seq, up, self._sum, self.max_buffered)
 
     def _sum(self, up: Upload) -> None:
-        self.stats += up.stats
+        self._add(up.stats, up.time)
+
+    def _add(self, st: SufficientStats, time: float) -> None:
+        """Add statistics held at `time`: with forgetting, both terms are first brought to the later of `time`
+        and the server's reference time (a scalar each), which becomes the reference time."""
+        d = self.discount
+        if d is None:
+            self.stats += st
+        elif time > self.time:
+            self.stats = d.shift(self.stats, self.time, time)
+            self.stats += st
+            self.time = float(time)
+        else:
+            self.stats += d.shift(st, time, self.time)
 
     def waiting(self) -> dict[str, list[int]]:
         """Sequence numbers received out of order and not summed yet, per client."""
@@ -113,6 +142,8 @@ class FedBNRServer:
     def refit_due(self) -> bool:
         """Whether :meth:`publish` refits `σ, λ`: fitting is on and the sums hold at least `1 + refit_growth`
         times the samples of the last fit (`refit_growth = 0`: at every publish)."""
+        if self.fit and self.discount is not None and self.refit_growth == 0.0:
+            return True  # discounted sums can shrink: "as many samples as last time" would skip refits
         return self.fit and self.stats.n >= self._n_fitted * (1.0 + self.refit_growth)
 
     def refit(self) -> bool:
@@ -137,6 +168,7 @@ class FedBNRServer:
         self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
         self.included, self._buffer = {}, {}
         self._n_fitted = 0.0
+        self.time = 0.0
         self.version = int(version) - 1
 
     def publish(self) -> GlobalModel:
@@ -147,4 +179,5 @@ class FedBNRServer:
             self.log_evidence = np.atleast_1d(log_evidence(self.stats, self.sigma, self.lam))
         self.version += 1
         return GlobalModel(self.version, self.kernel_version, self.epoch, self.stats.copy(),
-                           self.sigma.copy(), self.lam.copy(), self.log_evidence.copy(), dict(self.included))
+                           self.sigma.copy(), self.lam.copy(), self.log_evidence.copy(), dict(self.included),
+                           self.time)

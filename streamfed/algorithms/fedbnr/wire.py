@@ -5,6 +5,9 @@
 * ``fedbnr.global`` — the summed statistics plus `σ, λ, log evidence (K,)` and `included`.
 * ``fedbnr.partial`` — a shard's summed statistics with their `(client, seq)` pairs.
 
+With a half-life (forgetting on the time base, :mod:`.discount`) updates and globals also carry `time ()`, the
+time their statistics are discounted to; an update's `n_samples` is then its raw sample count (`n` is discounted).
+
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=3, n_features=2, kernels=["gaussian:1.0"])
 >>> cfg.array_shapes("fedbnr.update")
@@ -41,11 +44,13 @@ def stats_arrays(k: int, f: int) -> tuple[ArraySpec, ...]:
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    k = params_of(cfg, FedBNRParams).n_kernels  # type: ignore[attr-defined]
+    p = params_of(cfg, FedBNRParams)
+    k = p.n_kernels  # type: ignore[attr-defined]
     stats = stats_arrays(k, cfg.feature_dim)
+    timed = (ArraySpec("time", "float64", ()),) if p.half_life_s is not None else ()
     return [
-        MessageSchema(UPDATE, Channel.UPDATES, stats),
-        MessageSchema(GLOBAL, Channel.GLOBAL, stats + (
+        MessageSchema(UPDATE, Channel.UPDATES, stats + timed),
+        MessageSchema(GLOBAL, Channel.GLOBAL, stats + timed + (
             ArraySpec("sigma", "float64", (k,), positive=True),
             ArraySpec("lam", "float64", (k,), positive=True),
             ArraySpec("log_evidence", "float64", (k,)),
@@ -84,19 +89,22 @@ def stats_fields(msg: Message) -> dict[str, Any]:
         "S_upper": writable_copy(msg.arrays["S_upper"], "float64"), "b": writable_copy(msg.arrays["b"], "float64"),
         "n": float(msg.arrays["n"]), "q": float(msg.arrays["q"]),
         "kernel_version": msg.kernel_version, "epoch": msg.epoch,
-    }
+    } | ({"time": float(msg.arrays["time"]), "count": int(msg.n_samples)} if "time" in msg.arrays else {})
 
 
 def global_message(
     fleet: str, sender: str, version: int, S_upper: np.ndarray, b: np.ndarray, n: float, q: float,
     sigma: np.ndarray, lam: np.ndarray, log_evidence: np.ndarray, included: Mapping[str, int], *,
-    kernel_version: str, epoch: int = 0, created: float | None = None,
+    kernel_version: str, epoch: int = 0, created: float | None = None, time_base: float | None = None,
 ) -> Message:
-    """A `fedbnr.global`: the summed statistics, `σ, λ, log evidence (K,)`, and `included`."""
+    """A `fedbnr.global`: the summed statistics, `σ, λ, log evidence (K,)`, and `included` (with a half-life, the
+    reference time `time_base` of the discounted statistics as the array `time`)."""
     arrays = {"S_upper": np.asarray(S_upper, dtype=np.float64), "b": np.asarray(b, dtype=np.float64),
               "n": np.asarray(float(n)), "q": np.asarray(float(q)),
               "sigma": np.asarray(sigma, dtype=np.float64), "lam": np.asarray(lam, dtype=np.float64),
               "log_evidence": np.asarray(log_evidence, dtype=np.float64)}
+    if time_base is not None:
+        arrays["time"] = np.asarray(float(time_base))
     return Message(fleet, sender, GLOBAL, version, version, kernel_version,
                    max(int(round(float(n))), 0), time.time() if created is None else float(created), arrays, {},
                    dict(included), epoch)
@@ -109,4 +117,6 @@ def global_fields(msg: Message) -> dict[str, Any]:
     out = {k: writable_copy(msg.arrays[k], "float64") for k in ("S_upper", "b", "sigma", "lam", "log_evidence")}
     out.update(version=msg.global_version, n=float(msg.arrays["n"]), q=float(msg.arrays["q"]),
                kernel_version=msg.kernel_version, epoch=msg.epoch, included=dict(msg.included))
+    if "time" in msg.arrays:
+        out["time"] = float(msg.arrays["time"])
     return out
