@@ -56,7 +56,8 @@ def aggregator(
           [core.stats], metrics_port,
           lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}, "
                       f"{_aggregation_mode(cfg.fleet)}) on {cfg.broker.host}:{cfg.broker.port}"
-                      + (f", global v{core.version} resumed" if svc.restored else ""))
+                      + (f", global v{core.version} resumed" if svc.restored else ""),
+          lambda svc: [RegionCollector([svc.regions])])  # per shard (region): last partial, transit, lag
 
 
 def _aggregation_mode(fleet: Any) -> str:
@@ -122,10 +123,13 @@ def reducer(
     cfg = load(config)
     core = ReducerCore(cfg.fleet, clients=_roster(clients, cfg, "reducer"), mode=mode, window=window,  # type: ignore[arg-type]
                        shards=name_list(shards), offline="wait" if wait_offline else "drop")
+    from streamfed.runtime.region_view import RegionCollector
+
     serve(lambda: ReducerService(core, cfg.broker, state_dir=state_dir), [core.stats], metrics_port,
           lambda svc: f"reducer of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
                       f"{cfg.broker.host}:{cfg.broker.port}"
-                      + (f", global v{core.version} resumed" if svc.restored else ""))
+                      + (f", global v{core.version} resumed" if svc.restored else ""),
+          lambda svc: [RegionCollector([svc.regions])])  # per shard (region): last partial, transit, lag
 
 
 def subscribe(
