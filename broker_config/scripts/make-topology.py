@@ -2,7 +2,7 @@
 """Write the Mosquitto configurations of a fleet spread over sites: one core broker and R regional brokers,
 each region bridged to the core (TLS, an account per bridge, QoS 1, persistent bridge sessions).
 
-    make-topology.py [-o OUT_DIR] [--etc DIR] [--data DIR] TOPOLOGY.toml
+    make-topology.py [-o OUT_DIR] [--etc DIR] [--data DIR] [--dev] TOPOLOGY.toml
 
 TOPOLOGY.toml (see broker_config/mosquitto/topology-example.toml):
 
@@ -15,6 +15,7 @@ TOPOLOGY.toml (see broker_config/mosquitto/topology-example.toml):
     [core]
     address = "core.example.net" # what the regional bridges connect to (a name in the core's certificate)
     port = 8883                  # the core's TLS listener
+    bridge_port = 8883           # optional: the port the bridges connect to, if not `port` (a relay between)
 
     [[region]]
     name = "north"
@@ -44,6 +45,9 @@ waits in the regional broker's queue for the bridge and what comes down waits at
 `max_queued_messages` each (prod.conf); the agents' outboxes and the shards' unacknowledged partials cover
 anything beyond that, or lost in a broker crash between two autosaves.
 
+`--dev` writes the same topology from dev.conf instead, for one machine's loopback only (benchmarks, trying it
+out): plain MQTT on 127.0.0.1, anonymous, no dynamic security, bridges without TLS or accounts.
+
 Exit status 2 on a bad topology (one line on stderr). Standard library only (python3 3.11 or later).
 """
 
@@ -61,11 +65,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PROD_CONF = HERE.parent / "mosquitto" / "prod.conf"
+DEV_CONF = HERE.parent / "mosquitto" / "dev.conf"
 DEFAULT_ETC = "/etc/mosquitto/streamfed"
 DEFAULT_DATA = "/var/lib/mosquitto/"
 TOP_KEYS = {"fleet", "uplink", "shard_group", "monitor", "core", "region"}
 REGION_KEYS = {"name", "port", "agents", "shards"}
-CORE_KEYS = {"address", "port"}
+CORE_KEYS = {"address", "port", "bridge_port"}
 
 
 def _dynsec() -> Any:
@@ -129,7 +134,9 @@ def parse(top: dict[str, Any]) -> dict[str, Any]:
     monitor = top.get("monitor")
     return {"fleet": fleet, "uplink": uplink, "shard_group": DYNSEC._name(top.get("shard_group", "shards"), "shard group"),
             "monitor": None if monitor is None else DYNSEC._name(monitor, "monitor name"),
-            "core": {"address": address, "port": _port(core.get("port", 8883), "core port")}, "regions": out_regions}
+            "core": {"address": address, "port": _port(core.get("port", 8883), "core port"),
+                     "bridge_port": _port(core.get("bridge_port", core.get("port", 8883)), "core bridge_port")},
+            "regions": out_regions}
 
 
 def bridge_user(fleet: str, region: str) -> str:
@@ -177,41 +184,43 @@ def _directive(conf: str, key: str) -> str | None:
     return None
 
 
-def render_conf(template: str, port: int, etc: str, data: str, bridge: list[str]) -> str:
-    """prod.conf with this broker's listener, file paths and bridge; fails if prod.conf lost a directive."""
-    settings = {"plugin_opt_config_file": f"{etc}/dynamic-security.json", "cafile": f"{etc}/certs/ca.crt",
-                "certfile": f"{etc}/certs/server.crt", "keyfile": f"{etc}/certs/server.key",
-                "persistence_location": data}
+def render_conf(template: str, port: int, etc: str, data: str, bridge: list[str], dev: bool = False) -> str:
+    """prod.conf (dev.conf) with this broker's listener, file paths and bridge; fails if it lost a directive."""
+    settings = {"persistence_location": data}
+    if not dev:
+        settings |= {"plugin_opt_config_file": f"{etc}/dynamic-security.json", "cafile": f"{etc}/certs/ca.crt",
+                     "certfile": f"{etc}/certs/server.crt", "keyfile": f"{etc}/certs/server.key"}
     out, seen = [], set()
     for line in template.splitlines():
         words = line.split(None, 1)
         key = words[0] if words else ""
-        if key == "listener" and words[1].split()[0] == "8883":
-            line, key = f"listener {port}", "listener"
+        if key == "listener" and words[1].split()[0] == ("1883" if dev else "8883"):
+            line, key = f"listener {port}" + (" 127.0.0.1" if dev else ""), "listener"
         elif key in settings:
             line = f"{key} {settings[key]}"
         seen.add(key)
         out.append(line)
     missing = ({"listener"} | set(settings)) - seen
     if missing:
-        raise RosterError(f"{PROD_CONF} lacks {', '.join(sorted(missing))}")
+        raise RosterError(f"{DEV_CONF if dev else PROD_CONF} lacks {', '.join(sorted(missing))}")
     return "\n".join(out + bridge) + "\n"
 
 
-def bridge_section(top: dict[str, Any], region: dict[str, Any], password: str, etc: str) -> list[str]:
+def bridge_section(top: dict[str, Any], region: dict[str, Any], password: str | None, etc: str) -> list[str]:
+    """The regional broker's bridge to the core (`password` None: --dev, no TLS and no account)."""
     fleet, p = top["fleet"], f"{DYNSEC.ROOT}/{top['fleet']}"
     user = bridge_user(fleet, region["name"])
     up = [f"{p}/partials/{s}" for s in region["shards"]] or [f"{p}/updates/+"]
     down = [f"{p}/global", f"{p}/acks/+", *(f"{p}/shard_acks/{s}" for s in region["shards"])]
+    secure = [] if password is None else [f"remote_username {user}", f"remote_password {password}",
+                                          f"bridge_cafile {etc}/certs/ca.crt", "bridge_insecure false"]
     return [
         "", f"# Bridge to the core (generated by make-topology.py for region {region['name']}).",
         f"connection {fleet}-{region['name']}",
-        f"address {top['core']['address']}:{top['core']['port']}",
+        f"address {top['core']['address']}:{top['core']['bridge_port']}",
         "bridge_protocol_version mqttv311",
         "try_private true",  # the core knows it is a bridge: no loops, and the retain flag is passed on as sent
-        f"remote_clientid {user}", f"remote_username {user}", f"remote_password {password}",
-        f"local_clientid {user}.local",
-        f"bridge_cafile {etc}/certs/ca.crt", "bridge_insecure false",
+        f"remote_clientid {user}", f"local_clientid {user}.local", *secure,
         # persistent on both ends: a link that drops keeps what waits on either side (QoS 1 below)
         "cleansession false", "local_cleansession false",
         "start_type automatic", "restart_timeout 1 30", "keepalive_interval 30",
@@ -227,13 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", type=Path, default=Path("topology"), help="directory for the configs")
     ap.add_argument("--etc", default=DEFAULT_ETC, help="each broker's config directory on its host ({broker}: its name)")
     ap.add_argument("--data", default=DEFAULT_DATA, help="each broker's persistence directory ({broker}: its name)")
+    ap.add_argument("--dev", action="store_true", help="from dev.conf: loopback, anonymous, no TLS (one machine)")
     args = ap.parse_args(argv)
     try:
         try:
             top = parse(tomllib.loads(args.topology.read_text()))
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise RosterError(f"cannot read topology {args.topology}: {e}") from e
-        template = PROD_CONF.read_text()
+        template = (DEV_CONF if args.dev else PROD_CONF).read_text()
         made_all: dict[str, str] = {}
         for broker, roster in rosters(top).items():
             accounts, roles = DYNSEC.build(roster)
@@ -255,15 +265,18 @@ def main(argv: list[str] | None = None) -> int:
                     passwords[bridge_user(top["fleet"], r["name"])] = old or secrets.token_urlsafe(18)
             else:
                 region = next(r for r in top["regions"] if r["name"] == broker)
-                bridge = bridge_section(top, region, made_all[bridge_user(top["fleet"], broker)], etc)
+                bridge = bridge_section(top, region, None if args.dev else made_all[bridge_user(top["fleet"], broker)],
+                                        etc)
             doc, made = DYNSEC.render(accounts, roles, passwords, previous)
             made_all |= made | {u: pw for u, pw in passwords.items() if u.startswith(f"{top['fleet']}.bridge.")}
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o755)
+            port = top["core"]["port"] if broker == "core" else region["port"]
+            DYNSEC._write(d / "mosquitto.conf", render_conf(template, port, etc, data, bridge, args.dev))
+            if args.dev:
+                continue
             (d / "roster.toml").write_text(_toml(roster))
             DYNSEC._write(d / "dynamic-security.json", json.dumps(doc, indent=1) + "\n")
-            DYNSEC._write(d / "mosquitto.conf", render_conf(template, top["core"]["port"] if broker == "core"
-                                                            else region["port"], etc, data, bridge))
             for user, pw in made.items():
                 print(f"{broker} {user}:{pw}")
     except (RosterError, OSError, ValueError, KeyError) as e:

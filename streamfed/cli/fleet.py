@@ -56,8 +56,7 @@ def aggregator(
           [core.stats], metrics_port,
           lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}, "
                       f"{_aggregation_mode(cfg.fleet)}) on {cfg.broker.host}:{cfg.broker.port}"
-                      + (f", global v{core.version} resumed" if svc.restored else ""),
-          lambda svc: [RegionCollector([svc.regions])])  # per shard (region): last partial, transit, lag
+                      + (f", global v{core.version} resumed" if svc.restored else ""))
 
 
 def _aggregation_mode(fleet: Any) -> str:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,8 +46,9 @@ class Region:
 
 
 def topology_toml(fleet: str, regions: Sequence[Region], ports: dict[str, int], *, uplink: str = "partials",
-                  core_address: str = "127.0.0.1", shard_group: str = "shards") -> str:
-    """The make-topology.py input for these regions, with a port per broker (`ports["core"]`, per region).
+                  core_address: str = "127.0.0.1", shard_group: str = "shards", bridge_port: int | None = None) -> str:
+    """The make-topology.py input for these regions, with a port per broker (`ports["core"]`, per region) and
+    the port the bridges connect to (default: the core's).
 
     >>> print(topology_toml("f", [Region("r0", ["a"])], {"core": 9000, "r0": 9001}).splitlines()[-4:])
     ['name = "r0"', 'port = 9001', 'agents = ["a"]', 'shards = ["r0"]']
@@ -56,7 +57,8 @@ def topology_toml(fleet: str, regions: Sequence[Region], ports: dict[str, int], 
         return "[" + ", ".join(f'"{x}"' for x in xs) + "]"
 
     lines = [f'fleet = "{fleet}"', f'uplink = "{uplink}"', f'shard_group = "{shard_group}"', "",
-             "[core]", f'address = "{core_address}"', f"port = {ports['core']}"]
+             "[core]", f'address = "{core_address}"', f"port = {ports['core']}",
+             f"bridge_port = {bridge_port or ports['core']}"]
     for r in regions:
         lines += ["", "[[region]]", f'name = "{r.name}"', f"port = {ports[r.name]}", f"agents = {names(r.agents)}"]
         if uplink == "partials":
@@ -68,6 +70,10 @@ def topology_toml(fleet: str, regions: Sequence[Region], ports: dict[str, int], 
 class LocalTopology:
     """Core + regional Mosquittos on 127.0.0.1, generated and started (:meth:`start`), closed by :meth:`close`.
 
+    `dev`: from dev.conf (plain MQTT, anonymous: for benchmarks with thousands of agents, whose accounts would
+    each cost a password hash); `bridge_port`: where the bridges connect instead of the core's port (a relay
+    that counts the core link's bytes, say).
+
     >>> topo = LocalTopology("f", [Region("r0", ["a1"]), Region("r1", ["a2"])])
     >>> sorted(topo.ports) == ["core", "r0", "r1"], topo.region_of("a2")
     (True, 'r1')
@@ -77,6 +83,9 @@ class LocalTopology:
     fleet: str
     regions: Sequence[Region]
     uplink: str = "partials"
+    dev: bool = False
+    bridge_port: int | None = None
+    preexec_fn: Callable[[], object] | None = None  # run in each broker before exec (e.g. to raise limits)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="streamfed-topology-")))
     ports: dict[str, int] = field(default_factory=dict)
     passwords: dict[str, str] = field(default_factory=dict)  # user name → password (same on every broker)
@@ -104,15 +113,19 @@ class LocalTopology:
     def generate(self) -> None:
         """Run make-certs.sh and make-topology.py (passwords into :attr:`passwords`)."""
         certs = self.workdir / "certs"
-        res = subprocess.run(["bash", str(_SCRIPTS / "make-certs.sh"), "-d", str(certs)], capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(f"make-certs.sh failed: {res.stderr.strip()}")
-        certs.chmod(0o755)
+        if not self.dev:
+            res = subprocess.run(["bash", str(_SCRIPTS / "make-certs.sh"), "-d", str(certs)], capture_output=True,
+                                 text=True)
+            if res.returncode:
+                raise RuntimeError(f"make-certs.sh failed: {res.stderr.strip()}")
+            certs.chmod(0o755)
         spec = self.workdir / "topology.toml"
-        spec.write_text(topology_toml(self.fleet, self.regions, self.ports, uplink=self.uplink))
+        spec.write_text(topology_toml(self.fleet, self.regions, self.ports, uplink=self.uplink,
+                                      bridge_port=self.bridge_port))
         res = subprocess.run([sys.executable, str(_SCRIPTS / "make-topology.py"), str(spec), "-o",
                               str(self.workdir / "brokers"), "--etc", str(self.workdir / "brokers" / "{broker}"),
-                              "--data", str(self.workdir / "brokers" / "{broker}" / "data")],
+                              "--data", str(self.workdir / "brokers" / "{broker}" / "data"),
+                              *(["--dev"] if self.dev else [])],
                              capture_output=True, text=True)
         if res.returncode:
             raise RuntimeError(f"make-topology.py failed: {res.stderr.strip()}")
@@ -122,11 +135,13 @@ class LocalTopology:
         account = broker_account()
         for name in self.ports:
             d = self.workdir / "brokers" / name
-            (d / "certs").symlink_to(certs)
+            if not self.dev:
+                (d / "certs").symlink_to(certs)
             (d / "data").mkdir(exist_ok=True)
             if account is not None and os.geteuid() == 0:
                 os.chown(d / "data", account.pw_uid, account.pw_gid)
-            self.brokers[name] = Mosquitto(d / "mosquitto.conf", port=self.ports[name], workdir=d)
+            self.brokers[name] = Mosquitto(d / "mosquitto.conf", port=self.ports[name], workdir=d,
+                                           preexec_fn=self.preexec_fn)
 
     def start(self, *names: str) -> LocalTopology:
         """Generate (first time) and start these brokers (default: all, core first)."""
@@ -145,7 +160,9 @@ class LocalTopology:
         m.stop()
 
     def broker_config(self, broker: str, username: str | None = None, **kw: object) -> BrokerConfig:
-        """How a client of `broker` connects: TLS with the topology's CA, `username`'s password."""
+        """How a client of `broker` connects: TLS with the topology's CA, `username`'s password (dev: plain)."""
+        if self.dev:
+            return BrokerConfig(host="127.0.0.1", port=self.ports[broker], **kw)  # type: ignore[arg-type]
         return BrokerConfig(host="127.0.0.1", port=self.ports[broker], username=username,
                             password=self.passwords.get(username) if username else None,  # type: ignore[arg-type]
                             tls_ca=str(self.ca), **kw)  # type: ignore[arg-type]
