@@ -1,7 +1,7 @@
 """One broker vs 3 regional brokers bridged to a core: agents held, updates/s, CPU per broker process, latency
 from an update to the global that includes it, and the bytes crossing the core link.
 
-    .venv/bin/python benchmarks/bench_bridges.py [--agents 600,1500] [--seconds 40] [--out benchmarks/results/bridges.md]
+    .venv/bin/python benchmarks/bench_bridges.py [--agents 600,1500] [--seconds 40] [--out results/bridges.md]
 
 Three set-ups, each with real processes and the same light simulated agents (`streamfed/runtime/loadtest_light.py`:
 one MQTT v5 connection per agent, 1 sample/s each, honest POF-MKL updates, QoS 1, outbox flow control):
@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from streamfed.fleet.config import BrokerConfig  # noqa: E402
 from streamfed.runtime.broker import dev_config  # noqa: E402
 from streamfed.runtime.connection import client_kwargs  # noqa: E402
 from streamfed.runtime.loadtest import LoadTestOptions, proc_stat, raise_nofile  # noqa: E402
-from streamfed.runtime.mosquitto import Mosquitto, free_port  # noqa: E402
+from streamfed.runtime.mosquitto import Mosquitto  # noqa: E402
 from streamfed.runtime.topology import LocalTopology, Region  # noqa: E402
 from streamfed.wire.topics import global_topic  # noqa: E402
 
@@ -187,7 +186,8 @@ async def run(setup: str, n_agents: int, seconds: float) -> dict:
                                               ["shard", "--name", r, "--clients", names, "--mode", "async",
                                                *(["--flush-interval", "0.5"] if setup == "partials-0.5" else [])])
         else:
-            procs["aggregator"] = service(workdir, "aggregator", {**fleet_json, "broker": agg_broker.model_dump(mode="json")},
+            procs["aggregator"] = service(workdir, "aggregator",
+                                          {**fleet_json, "broker": agg_broker.model_dump(mode="json")},
                                           ["aggregator", "--clients", names, "--window", str(WINDOW)])
         mon = asyncio.create_task(monitor(watch, fleet, seen, ready, stop))
         await asyncio.wait_for(ready.wait(), 20)

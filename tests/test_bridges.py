@@ -90,7 +90,8 @@ def test_generated_bridge_is_tls_persistent_qos1_and_carries_only_the_region(tmp
     # the core: the bridges' accounts (with the passwords the regional configs hold) and the reducer
     core = json.loads((tmp_path / "out" / "core" / "dynamic-security.json").read_text())
     assert sorted(c["username"] for c in core["clients"]) == ["wind.bridge.north", "wind.bridge.south", "wind.reducer"]
-    assert not any(line.startswith("connection ") for line in (tmp_path / "out" / "core" / "mosquitto.conf").read_text().splitlines())
+    core_conf = (tmp_path / "out" / "core" / "mosquitto.conf").read_text().splitlines()
+    assert not any(line.startswith("connection ") for line in core_conf)
     # regenerating keeps the bridge passwords (a running link is not broken) and the other accounts' hashes
     again = generate(tmp_path, GOOD)
     assert again.returncode == 0 and again.stdout == ""
@@ -276,3 +277,21 @@ def test_the_core_link_cut_mid_run_is_carried_by_the_bridge_queues(streams):
     assert_global_is_centralised(reducer.core.aggregation.server, agents[0].core.learner.client, list(streams.values()))
     assert all(s.core.held == 0 for s in shards)
     assert max(transit.values()) >= 2.0, transit  # partials that waited in a bridge queue
+
+
+def test_an_agent_named_like_a_service_is_refused_before_anything_is_written(tmp_path):
+    res = generate(tmp_path, GOOD.replace('agents = ["s2"]', 'agents = ["reducer"]'))
+    assert res.returncode == 2 and "collides with the service client id" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_dev_profile_has_no_accounts_and_a_plain_bridge(tmp_path):
+    spec = tmp_path / "topology.toml"
+    spec.write_text(GOOD)
+    res = subprocess.run([sys.executable, str(SCRIPT), str(spec), "-o", str(tmp_path / "out"), "--dev"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout == "", res.stderr
+    assert sorted(p.name for p in (tmp_path / "out" / "north").iterdir()) == ["mosquitto.conf"]
+    conf = (tmp_path / "out" / "north" / "mosquitto.conf").read_text()
+    assert "allow_anonymous true" in conf and "listener 8883 127.0.0.1" in conf
+    assert "remote_password" not in conf and "bridge_cafile" not in conf and "cleansession false" in conf

@@ -98,7 +98,7 @@ def parse(top: dict[str, Any]) -> dict[str, Any]:
     bad = set(top) - TOP_KEYS
     if bad:
         raise RosterError(f"unknown topology key(s): {', '.join(sorted(bad))}")
-    fleet = DYNSEC._name(top.get("fleet"), "fleet name")
+    fleet = DYNSEC.check_name(top.get("fleet"), "fleet name")
     uplink = top.get("uplink", "partials")
     if uplink not in ("partials", "updates"):
         raise RosterError(f"uplink is \"partials\" or \"updates\", not {uplink!r}")
@@ -114,12 +114,13 @@ def parse(top: dict[str, Any]) -> dict[str, Any]:
     out_regions, agents_seen, shards_seen = [], set(), set()
     for r in regions:
         if not isinstance(r, dict) or set(r) - REGION_KEYS:
-            raise RosterError(f"a [[region]] has unknown keys: {sorted(set(r) - REGION_KEYS) if isinstance(r, dict) else r}")
-        name = DYNSEC._name(r.get("name"), "region name")
+            what = sorted(set(r) - REGION_KEYS) if isinstance(r, dict) else r
+            raise RosterError(f"a [[region]] has unknown keys: {what}")
+        name = DYNSEC.check_name(r.get("name"), "region name")
         if name == "core" or name in {x["name"] for x in out_regions}:
             raise RosterError(f"region name {name!r} is used twice (or is \"core\")")
-        agents = DYNSEC._names(r.get("agents", []), "agents")
-        shards = DYNSEC._names(r.get("shards", [name] if uplink == "partials" else []), "shards")
+        agents = DYNSEC.check_names(r.get("agents", []), "agents")
+        shards = DYNSEC.check_names(r.get("shards", [name] if uplink == "partials" else []), "shards")
         if uplink == "updates" and shards:
             raise RosterError(f"region {name!r}: shards run only with uplink = \"partials\"")
         if uplink == "partials" and not shards:
@@ -132,8 +133,9 @@ def parse(top: dict[str, Any]) -> dict[str, Any]:
         out_regions.append({"name": name, "port": _port(r.get("port", 8883), f"region {name!r} port"),
                             "agents": agents, "shards": shards})
     monitor = top.get("monitor")
-    return {"fleet": fleet, "uplink": uplink, "shard_group": DYNSEC._name(top.get("shard_group", "shards"), "shard group"),
-            "monitor": None if monitor is None else DYNSEC._name(monitor, "monitor name"),
+    group = DYNSEC.check_name(top.get("shard_group", "shards"), "shard group")
+    return {"fleet": fleet, "uplink": uplink, "shard_group": group,
+            "monitor": None if monitor is None else DYNSEC.check_name(monitor, "monitor name"),
             "core": {"address": address, "port": _port(core.get("port", 8883), "core port"),
                      "bridge_port": _port(core.get("bridge_port", core.get("port", 8883)), "core bridge_port")},
             "regions": out_regions}
@@ -160,7 +162,7 @@ def rosters(top: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def core_accounts(top: dict[str, Any]) -> tuple[list[Any], list[dict[str, Any]]]:
     """The bridges' accounts at the core, each bound to its client id, allowed its own region's traffic only."""
     p = f"{DYNSEC.ROOT}/{top['fleet']}"
-    acl = DYNSEC._acl
+    acl = DYNSEC.acl
     accounts, roles = [], []
     for r in top["regions"]:
         user = bridge_user(top["fleet"], r["name"])
@@ -170,7 +172,8 @@ def core_accounts(top: dict[str, Any]) -> tuple[list[Any], list[dict[str, Any]]]
         # agents' acks and its own shards' acknowledgements: the other regions' never leave the core.
         acls += [acl("subscribePattern", t) for t in (f"{p}/global", f"{p}/acks/+", f"{p}/shard_acks/+")]
         acls += [acl("publishClientReceive", t) for t in
-                 [f"{p}/global", *(f"{p}/acks/{a}" for a in r["agents"]), *(f"{p}/shard_acks/{s}" for s in r["shards"])]]
+                 [f"{p}/global", *(f"{p}/acks/{a}" for a in r["agents"]),
+                  *(f"{p}/shard_acks/{s}" for s in r["shards"])]]
         roles.append({"rolename": user, "acls": acls})
         accounts.append(DYNSEC.Account(user, user, [user], f"bridge of region {r['name']} of fleet {top['fleet']}"))
     return accounts, roles
@@ -234,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="make-topology.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("topology", type=Path, help="the topology (TOML)")
     ap.add_argument("-o", "--output", type=Path, default=Path("topology"), help="directory for the configs")
-    ap.add_argument("--etc", default=DEFAULT_ETC, help="each broker's config directory on its host ({broker}: its name)")
+    ap.add_argument("--etc", default=DEFAULT_ETC,
+                    help="each broker's config directory on its host ({broker}: its name)")
     ap.add_argument("--data", default=DEFAULT_DATA, help="each broker's persistence directory ({broker}: its name)")
     ap.add_argument("--dev", action="store_true", help="from dev.conf: loopback, anonymous, no TLS (one machine)")
     args = ap.parse_args(argv)
@@ -245,11 +249,20 @@ def main(argv: list[str] | None = None) -> int:
             raise RosterError(f"cannot read topology {args.topology}: {e}") from e
         template = (DEV_CONF if args.dev else PROD_CONF).read_text()
         made_all: dict[str, str] = {}
-        for broker, roster in rosters(top).items():
-            accounts, roles = DYNSEC.build(roster)
+        # every broker's accounts first: a bad name is refused before anything is written
+        built = {broker: (roster, *DYNSEC.build(roster)) for broker, roster in rosters(top).items()}
+        for broker, (roster, accounts, roles) in built.items():
             etc, data = args.etc.replace("{broker}", broker), args.data.replace("{broker}", broker)
             data = data if data.endswith("/") else data + "/"
             d = args.output / broker
+            region = None if broker == "core" else next(r for r in top["regions"] if r["name"] == broker)
+            port = top["core"]["port"] if region is None else region["port"]
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o755)
+            if args.dev:  # no accounts: no password hashes (thousands of agents would cost minutes)
+                bridge = [] if region is None else bridge_section(top, region, None, etc)
+                DYNSEC.write_secret(d / "mosquitto.conf", render_conf(template, port, etc, data, bridge, dev=True))
+                continue
             previous: dict[str, dict[str, Any]] = {}
             if (d / "dynamic-security.json").exists():
                 previous = {c["username"]: c for c in json.loads((d / "dynamic-security.json").read_text())["clients"]}
@@ -264,19 +277,13 @@ def main(argv: list[str] | None = None) -> int:
                     old = _directive(conf.read_text(), "remote_password") if conf.exists() else None
                     passwords[bridge_user(top["fleet"], r["name"])] = old or secrets.token_urlsafe(18)
             else:
-                region = next(r for r in top["regions"] if r["name"] == broker)
-                bridge = bridge_section(top, region, None if args.dev else made_all[bridge_user(top["fleet"], broker)],
-                                        etc)
+                assert region is not None
+                bridge = bridge_section(top, region, made_all[bridge_user(top["fleet"], broker)], etc)
             doc, made = DYNSEC.render(accounts, roles, passwords, previous)
             made_all |= made | {u: pw for u, pw in passwords.items() if u.startswith(f"{top['fleet']}.bridge.")}
-            d.mkdir(parents=True, exist_ok=True)
-            d.chmod(0o755)
-            port = top["core"]["port"] if broker == "core" else region["port"]
-            DYNSEC._write(d / "mosquitto.conf", render_conf(template, port, etc, data, bridge, args.dev))
-            if args.dev:
-                continue
+            DYNSEC.write_secret(d / "mosquitto.conf", render_conf(template, port, etc, data, bridge))
             (d / "roster.toml").write_text(_toml(roster))
-            DYNSEC._write(d / "dynamic-security.json", json.dumps(doc, indent=1) + "\n")
+            DYNSEC.write_secret(d / "dynamic-security.json", json.dumps(doc, indent=1) + "\n")
             for user, pw in made.items():
                 print(f"{broker} {user}:{pw}")
     except (RosterError, OSError, ValueError, KeyError) as e:

@@ -87,6 +87,9 @@ def shard(
     flush_interval: Annotated[float | None, typer.Option(
         help="seconds between partial sums sent to the reducer (default: 0.02 lock-step, 0.1 async)")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+    resend_after: Annotated[float, typer.Option(
+        help="seconds before a partial the reducer has not acknowledged is sent again (behind a bridge that queues "
+             "through outages, longer: docs/sharding.md)", min=0.1)] = 5.0,
 ) -> None:
     """Run one aggregator shard: take a share of the updates, validate, sum, send partials to the reducer."""
 
@@ -96,7 +99,8 @@ def shard(
 
     cfg = load(config)
     stats = AggregatorStats(cfg.fleet.fleet)
-    core = ShardCore(cfg.fleet, name, clients=_roster(clients, cfg, "shard"), mode=mode, stats=stats)  # type: ignore[arg-type]
+    core = ShardCore(cfg.fleet, name, clients=_roster(clients, cfg, "shard"), mode=mode, stats=stats,  # type: ignore[arg-type]
+                     resend_after=resend_after)
     serve(lambda: ShardService(core, cfg.broker, group=group, flush_interval=flush_interval),  # None: by mode
           [stats], metrics_port,
           lambda svc: f"shard {name!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) in "

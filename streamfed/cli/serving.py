@@ -30,7 +30,8 @@ def serve(build: Callable[[], Any], stats: list, metrics_port: int | None, descr
     run_service(svc, server)
 
 
-def metrics_endpoint(stats: list, port: int | None, host: str = "127.0.0.1", extra: Sequence[Any] = ()) -> object | None:
+def metrics_endpoint(stats: list, port: int | None, host: str = "127.0.0.1",
+                     extra: Sequence[Any] = ()) -> object | None:
     """The Prometheus endpoint of these agents' and aggregators' statistics (and `extra` collectors) on `port`
     (None: none)."""
     if port is None:

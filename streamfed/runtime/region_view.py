@@ -91,7 +91,8 @@ class RegionCollector(Collector):
                                  "Unix time the reducer last took a partial from this shard (its start if never)",
                                  labels=labels)
         transit = GaugeMetricFamily("streamfed_reducer_shard_partial_transit_seconds",
-                                    "Seconds the shard's last partial travelled (bridge queues included)", labels=labels)
+                                    "Seconds the shard's last partial travelled (bridge queues included)",
+                                    labels=labels)
         behind = GaugeMetricFamily("streamfed_reducer_shard_versions_behind",
                                    "Globals the shard had not seen yet when it sent its last partial", labels=labels)
         count = CounterMetricFamily("streamfed_reducer_shard_partials", "Partials taken from this shard", labels=labels)
