@@ -295,3 +295,16 @@ def test_the_dev_profile_has_no_accounts_and_a_plain_bridge(tmp_path):
     conf = (tmp_path / "out" / "north" / "mosquitto.conf").read_text()
     assert "allow_anonymous true" in conf and "listener 8883 127.0.0.1" in conf
     assert "remote_password" not in conf and "bridge_cafile" not in conf and "cleansession false" in conf
+
+
+def test_the_updates_uplink_bridges_every_update_to_an_aggregator_at_the_core(tmp_path):
+    assert generate(tmp_path, GOOD.replace('fleet = "wind"', 'fleet = "wind"\nuplink = "updates"')).returncode == 0
+    conf = (tmp_path / "out" / "south" / "mosquitto.conf").read_text().splitlines()
+    assert f"topic {P}/updates/+ out 1" in conf and not any("partials" in line for line in conf)
+    assert "max_inflight_messages 1000" in conf  # one QoS 1 message in flight per update crossing
+    core = json.loads((tmp_path / "out" / "core" / "dynamic-security.json").read_text())
+    assert sorted(c["username"] for c in core["clients"]) == ["wind.aggregator", "wind.bridge.north",
+                                                              "wind.bridge.south"]
+    south = [r for r in core["roles"] if r["rolename"] == "wind.bridge.south"]
+    assert _allowed(south, "publishClientSend", f"{P}/updates/s2")
+    assert not _allowed(south, "publishClientSend", f"{P}/updates/s0")  # north's agent

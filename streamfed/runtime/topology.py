@@ -12,6 +12,7 @@ run as root, secrets are `root:mosquitto 0640` and persistence belongs to `mosqu
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamfed.fleet.config import BrokerConfig
-from streamfed.runtime.mosquitto import Mosquitto, broker_account, free_port
+from streamfed.runtime.mosquitto import Mosquitto, MosquittoError, broker_account, free_port
 
 __all__ = ["Region", "LocalTopology", "topology_toml"]
 
@@ -144,12 +145,28 @@ class LocalTopology:
                                            preexec_fn=self.preexec_fn)
 
     def start(self, *names: str) -> LocalTopology:
-        """Generate (first time) and start these brokers (default: all, core first)."""
-        if not self.brokers:
+        """Generate (first time) and start these brokers (default: all, core first). The first time, a port
+        another process took meanwhile makes it pick new ports and generate again (up to 3 times)."""
+        if self.brokers:
+            for n in names or self.brokers:
+                self.brokers[n].start()
+            return self
+        for attempt in range(3):
             self.generate()
-        for n in names or self.brokers:
-            self.brokers[n].start()
-        return self
+            try:
+                for n in names or self.brokers:
+                    self.brokers[n].start()
+                return self
+            except MosquittoError as e:
+                for m in self.brokers.values():
+                    m.stop(timeout=2.0)
+                if not e.port_in_use or attempt == 2:
+                    raise
+                shutil.rmtree(self.workdir / "brokers", ignore_errors=True)
+                shutil.rmtree(self.workdir / "certs", ignore_errors=True)
+                self.brokers, self.passwords, self.ports = {}, {}, {}
+                self.__post_init__()
+        raise AssertionError("unreachable")
 
     def stop(self, name: str, *, crash: bool = False) -> None:
         """Stop one broker: SIGTERM (it saves its persistence) or, `crash`, SIGKILL (it saves nothing)."""
@@ -172,8 +189,6 @@ class LocalTopology:
 
     def close(self) -> None:
         """Stop every broker and remove the work directory."""
-        import shutil
-
         for m in self.brokers.values():
             m.stop(timeout=2.0)
         shutil.rmtree(self.workdir, ignore_errors=True)
