@@ -12,8 +12,8 @@ one MQTT v5 connection per agent, 1 sample/s each, honest POF-MKL updates, QoS 1
   `streamfed reducer` at the core (windows of 1 s); the agents split evenly between the regions;
 * `3 regions + core, updates`: the same brokers, every update bridged to `streamfed aggregator` at the core.
 
-Every bridge connects to the core through a relay in this process that counts the bytes each way (MQTT and
-TCP payload: what a WAN link between sites would carry, TLS aside). A monitor subscribed to the global on the
+The bytes crossing the core link are read from the kernel's counters of the bridges' TCP connections (`ss -ti`:
+MQTT with its framing, what a WAN link between sites would carry, TLS aside). A monitor subscribed to the global on the
 agents' side (the single broker, or region `north`'s broker) times, per update, from its creation at the agent
 to the first global whose `included` covers it: one hop (agent → broker → aggregator → broker) vs two (agent →
 region → shard → region → bridge → core → reducer → core → bridge → region). CPU of every process from /proc over
@@ -28,12 +28,12 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import aiomqtt
@@ -57,40 +57,24 @@ SETUPS = {"single": "1 broker", "partials": "3 regions + core, partials (flush 0
           "partials-0.5": "3 regions + core, partials (flush 0.5 s)", "updates": "3 regions + core, updates"}
 
 
-class Relay:
-    """A TCP relay to the core that counts the bytes each way (every bridge connects through it)."""
-
-    def __init__(self, target: Callable[[], int]) -> None:
-        self.target = target  # read at each connection: the core's port may change while the topology starts
-        self.up = self.down = 0
-        self.server: asyncio.AbstractServer | None = None
-        self.port = 0
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            r2, w2 = await asyncio.open_connection("127.0.0.1", self.target())
-        except OSError:
-            writer.close()
-            return
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
-            with contextlib.suppress(OSError, asyncio.CancelledError):
-                while data := await src.read(65536):
-                    if up:
-                        self.up += len(data)
-                    else:
-                        self.down += len(data)
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        with contextlib.suppress(asyncio.CancelledError):  # the run ends with the links still open
-            await asyncio.gather(pipe(reader, w2, True), pipe(r2, writer, False))
+def link_bytes(pids: set[int], core_port: int) -> tuple[int, int]:
+    """Bytes the bridges (TCP connections of the regional brokers `pids` to the core's port) have sent and
+    received so far, from the kernel's per-socket counters (`ss -ti`): nothing sits in the path."""
+    out = subprocess.run(["ss", "-tinpH", "state", "established", f"( dport = :{core_port} )"], capture_output=True,
+                         text=True, check=True).stdout
+    up = down = 0
+    owner = None
+    for line in out.splitlines():
+        m = re.search(r"pid=(\d+),", line)
+        if m:
+            owner = int(m.group(1))
+            continue
+        if owner in pids:
+            sent, received = re.search(r"bytes_sent:(\d+)", line), re.search(r"bytes_received:(\d+)", line)
+            up += int(sent.group(1)) if sent else 0
+            down += int(received.group(1)) if received else 0
+        owner = None
+    return up, down
 
 
 def streamfed_cmd() -> list[str]:
@@ -155,7 +139,6 @@ async def run(setup: str, n_agents: int, seconds: float) -> dict:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     brokers: dict[str, int] = {}  # name → pid
     topo = single = None
-    relay: Relay | None = None
     stop, ready = asyncio.Event(), asyncio.Event()
     seen: list = []
     try:
@@ -168,8 +151,6 @@ async def run(setup: str, n_agents: int, seconds: float) -> dict:
             regions = [Region(r, clients[i::3]) for i, r in enumerate(REGIONS)]
             uplink = "updates" if setup == "updates" else "partials"
             topo = LocalTopology(fleet, regions, uplink=uplink, dev=True, preexec_fn=raise_nofile)
-            relay = Relay(lambda: topo.ports["core"])  # type: ignore[union-attr]
-            topo.bridge_port = await relay.start()
             topo.start()
             brokers.update({n: m.proc.pid for n, m in topo.brokers.items()})  # type: ignore[union-attr]
             agent_brokers = {r.name: (topo.broker_config(r.name), list(r.agents)) for r in regions}
@@ -219,12 +200,14 @@ async def run(setup: str, n_agents: int, seconds: float) -> dict:
                 **{f"agents {i}": p.pid for i, p in enumerate(agent_procs)}}
         cpu0 = {k: proc_stat(pid)[0] for k, pid in pids.items()}
         t0, v0 = time.time(), max(g[1] for g in seen)
-        up0, down0 = (relay.up, relay.down) if relay else (0, 0)
+        regional = {pid for n, pid in brokers.items() if n != "core"} if topo else set()
+        core_port = topo.ports["core"] if topo else 0
+        up0, down0 = link_bytes(regional, core_port) if topo else (0, 0)
         while time.time() < t_start + seconds:
             await asyncio.sleep(0.2)
         cpu1 = {k: proc_stat(pid)[0] for k, pid in pids.items()}
         t1, v1 = time.time(), max(g[1] for g in seen)
-        up1, down1 = (relay.up, relay.down) if relay else (0, 0)
+        up1, down1 = link_bytes(regional, core_port) if topo else (0, 0)
         while any(p.poll() is None for p in agent_procs):
             await asyncio.sleep(0.2)
         await asyncio.sleep(2 * WINDOW)
@@ -261,8 +244,6 @@ async def run(setup: str, n_agents: int, seconds: float) -> dict:
             topo.close()
         if single is not None:
             single.close()
-        if relay is not None and relay.server is not None:
-            relay.server.close()
 
 
 def table(results: list[dict]) -> list[str]:
@@ -314,8 +295,8 @@ def main() -> None:
              "updates N = 8, D = 50, d = 4), windows of 1 s, the dev profile (plain MQTT on loopback) generated by "
              "`broker_config/scripts/make-topology.py --dev`; every process on the same 2 cores. Latency: from an "
              "update's creation at its agent to the first global covering it, seen on the agents' side (the single "
-             "broker, or region north's broker: two hops). Core link: bytes through a counting relay between the "
-             "bridges and the core, per global (round), summed over the 3 bridges.", "", *table(results)]
+             "broker, or region north's broker: two hops). Core link: bytes of the bridges' TCP connections to the "
+             "core (kernel counters), per global (round), summed over the 3 bridges.", "", *table(results)]
     write_section(args.out, lines, {"results": results, "commands": commands})
 
 

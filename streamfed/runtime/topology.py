@@ -72,8 +72,8 @@ class LocalTopology:
     """Core + regional Mosquittos on 127.0.0.1, generated and started (:meth:`start`), closed by :meth:`close`.
 
     `dev`: from dev.conf (plain MQTT, anonymous: for benchmarks with thousands of agents, whose accounts would
-    each cost a password hash); `bridge_port`: where the bridges connect instead of the core's port (a relay
-    that counts the core link's bytes, say).
+    each cost a password hash); `bridge_port`: where the bridges connect instead of the core's port (something
+    in between: a relay, a fault injector).
 
     >>> topo = LocalTopology("f", [Region("r0", ["a1"]), Region("r1", ["a2"])])
     >>> sorted(topo.ports) == ["core", "r0", "r1"], topo.region_of("a2")
