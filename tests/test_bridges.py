@@ -310,3 +310,27 @@ def test_the_updates_uplink_bridges_every_update_to_an_aggregator_at_the_core(tm
     south = [r for r in core["roles"] if r["rolename"] == "wind.bridge.south"]
     assert _allowed(south, "publishClientSend", f"{P}/updates/s2")
     assert not _allowed(south, "publishClientSend", f"{P}/updates/s0")  # north's agent
+
+
+def test_the_reducers_metrics_endpoint_serves_each_regions_view():
+    """What `streamfed reducer --metrics-port` serves beside its aggregator metrics (cli/serving.py)."""
+    from urllib.request import urlopen
+
+    from streamfed.cli.serving import metrics_endpoint
+    from streamfed.runtime.region_view import RegionCollector, RegionView
+
+    view = RegionView("wind", ["north", "south"], now=100.0)
+    view.observe("north", sent=104.0, shard_version=3, reducer_version=5, now=105.5)
+    server = metrics_endpoint([], 0, extra=[RegionCollector([view])])
+    try:
+        text = urlopen(server.url, timeout=10).read().decode()  # type: ignore[attr-defined]
+    finally:
+        server.close()  # type: ignore[attr-defined]
+    lines = set(text.splitlines())
+    assert 'streamfed_reducer_shard_last_partial_timestamp_seconds{fleet="wind",shard="north"} 105.5' in lines
+    assert 'streamfed_reducer_shard_last_partial_timestamp_seconds{fleet="wind",shard="south"} 100.0' in lines
+    assert 'streamfed_reducer_shard_partial_transit_seconds{fleet="wind",shard="north"} 1.5' in lines
+    assert 'streamfed_reducer_shard_versions_behind{fleet="wind",shard="north"} 2.0' in lines
+    assert 'streamfed_reducer_shard_partials_total{fleet="wind",shard="south"} 0.0' in lines
+    assert not any(line.startswith("streamfed_reducer_shard_partial_transit_seconds{fleet=\"wind\",shard=\"south\"")
+                   for line in lines)  # never heard from: no transit yet, not a made-up 0
