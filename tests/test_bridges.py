@@ -304,6 +304,7 @@ def test_the_updates_uplink_bridges_every_update_to_an_aggregator_at_the_core(tm
     conf = (tmp_path / "out" / "south" / "mosquitto.conf").read_text().splitlines()
     assert f"topic {P}/updates/+ out 1" in conf and not any("partials" in line for line in conf)
     assert "max_inflight_messages 1000" in conf  # one QoS 1 message in flight per update crossing
+    assert "max_inflight_messages 1000" in (tmp_path / "out" / "core" / "mosquitto.conf").read_text().splitlines()
     core = json.loads((tmp_path / "out" / "core" / "dynamic-security.json").read_text())
     assert sorted(c["username"] for c in core["clients"]) == ["wind.aggregator", "wind.bridge.north",
                                                               "wind.bridge.south"]
