@@ -74,7 +74,7 @@ def test_promtool_check_config(tools: None) -> None:
 
 def test_promtool_check_rules(tools: None) -> None:
     out = check(prom.promtool("check", "rules", str(RULES)))
-    assert "8 rules found" in out
+    assert "10 rules found" in out
 
 
 def test_promtool_test_rules(tools: None) -> None:
@@ -335,7 +335,7 @@ def test_targets_are_up_and_rules_healthy(live: Live) -> None:
     assert p.values(f'streamfed_agent_info{{job="{AGENTS_JOB}", site="test"}}')  # file_sd labels applied
     groups = p.get("/api/v1/rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 8
+    assert len(rules) == 10
     bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad, bad
     # a healthy, fed fleet raises none of the alerts

@@ -76,7 +76,7 @@ class Account:
     textname: str = ""
 
 
-def _acl(acltype: str, topic: str) -> dict[str, Any]:
+def acl(acltype: str, topic: str) -> dict[str, Any]:
     return {"acltype": acltype, "topic": topic, "priority": 0, "allow": True}
 
 
@@ -84,24 +84,24 @@ def _role(name: str, send: Sequence[str] = (), read: Sequence[str] = (),
           subscribe_literal: Sequence[str] = ()) -> dict[str, Any]:
     """`read`: topics subscribed to (as patterns) and delivered; `subscribe_literal`: filters that may be
     subscribed exactly as written (a `$share/...` filter: dynsec checks the whole filter, group included)."""
-    acls = [_acl("publishClientSend", t) for t in send]
-    acls += [_acl("subscribePattern", t) for t in read]
-    acls += [_acl("publishClientReceive", t) for t in read]
-    acls += [_acl("subscribeLiteral", t) for t in subscribe_literal]
+    acls = [acl("publishClientSend", t) for t in send]
+    acls += [acl("subscribePattern", t) for t in read]
+    acls += [acl("publishClientReceive", t) for t in read]
+    acls += [acl("subscribeLiteral", t) for t in subscribe_literal]
     return {"rolename": name, "acls": acls}
 
 
-def _name(value: Any, what: str) -> str:
+def check_name(value: Any, what: str) -> str:
     if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise RosterError(f"invalid {what}: {value!r} (letters, digits, '_', '-', '.', at most 64, "
                           "first one a letter or digit)")
     return value
 
 
-def _names(value: Any, what: str) -> list[str]:
+def check_names(value: Any, what: str) -> list[str]:
     if not isinstance(value, list):
         raise RosterError(f"{what} must be a list of names, not {value!r}")
-    names = [_name(v, what.rstrip("s")) for v in value]
+    names = [check_name(v, what.rstrip("s")) for v in value]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise RosterError(f"{what} listed twice: {', '.join(dup)}")
@@ -140,15 +140,15 @@ def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
         bad = set(f) - FLEET_KEYS
         if bad:
             raise RosterError(f"unknown key(s) in fleet {f.get('name')!r}: {', '.join(sorted(bad))}")
-        fleet = _name(f.get("name"), "fleet name")
+        fleet = check_name(f.get("name"), "fleet name")
         if fleet in seen_fleets:
             raise RosterError(f"fleet {fleet!r} is listed twice")
         seen_fleets.add(fleet)
         p = f"{ROOT}/{fleet}"
-        agents = _names(f.get("agents", []), "agents")
-        shards = _names(f.get("shards", []), "shards")
-        viewers = _names(f.get("viewers", []), "viewers")
-        group = _name(f.get("shard_group", "shards"), "shard group")
+        agents = check_names(f.get("agents", []), "agents")
+        shards = check_names(f.get("shards", []), "shards")
+        viewers = check_names(f.get("viewers", []), "viewers")
+        group = check_name(f.get("shard_group", "shards"), "shard group")
         with_aggregator, with_reducer = f.get("aggregator", True), f.get("reducer", bool(shards))
         adapters = f.get("sensor_adapters", False)
         if not all(isinstance(v, bool) for v in (with_aggregator, with_reducer, adapters)):
@@ -194,10 +194,10 @@ def build(roster: dict[str, Any]) -> tuple[list[Account], list[dict[str, Any]]]:
                     continue
                 add(Account(v, v, [role], f"viewer {v}"))
     if "monitor" in roster:
-        m = _name(roster["monitor"], "monitor name")
+        m = check_name(roster["monitor"], "monitor name")
         roles.append(_role("monitor", read=["$SYS/#"]))
         add(Account(m, m, ["monitor"], f"monitor {m}"))
-    operators = _names(roster.get("operators", []), "operators")
+    operators = check_names(roster.get("operators", []), "operators")
     if operators:
         # The broker's operator: reads every topic (what a broker administrator can see anyway), publishes
         # nothing. The privacy threat model's "broker operator" (docs/privacy.md); give it to nobody else.
@@ -223,7 +223,7 @@ def read_passwords(text: str) -> dict[str, str]:
         user, sep, password = line.partition(":")
         if not sep or not password:
             raise RosterError(f"password line {i}: expected user:password")
-        out[_name(user, "user name")] = password
+        out[check_name(user, "user name")] = password
     return out
 
 
@@ -255,7 +255,7 @@ def render(accounts: list[Account], roles: list[dict[str, Any]], passwords: dict
     return doc, made
 
 
-def _write(path: Path, text: str) -> None:
+def write_secret(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RosterError, OSError) as e:
         print(f"make-dynsec.py: error: {e}", file=sys.stderr)
         return 2
-    _write(args.output, json.dumps(doc, indent=1) + "\n")
+    write_secret(args.output, json.dumps(doc, indent=1) + "\n")
     for user, password in made.items():
         print(f"{user}:{password}")
     dropped = sorted(set(previous) - {a.username for a in accounts})

@@ -82,6 +82,9 @@ def shard(
     flush_interval: Annotated[float | None, typer.Option(
         help="seconds between partial sums sent to the reducer (default: 0.02 lock-step, 0.1 async)")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics on this port")] = None,
+    resend_after: Annotated[float, typer.Option(
+        help="seconds before a partial the reducer has not acknowledged is sent again (behind a bridge that queues "
+             "through outages, longer: docs/sharding.md)", min=0.1)] = 5.0,
 ) -> None:
     """Run one aggregator shard: take a share of the updates, validate, sum, send partials to the reducer."""
 
@@ -91,7 +94,8 @@ def shard(
 
     cfg = load(config)
     stats = AggregatorStats(cfg.fleet.fleet)
-    core = ShardCore(cfg.fleet, name, clients=_roster(clients, cfg, "shard"), mode=mode, stats=stats)  # type: ignore[arg-type]
+    core = ShardCore(cfg.fleet, name, clients=_roster(clients, cfg, "shard"), mode=mode, stats=stats,  # type: ignore[arg-type]
+                     resend_after=resend_after)
     serve(lambda: ShardService(core, cfg.broker, group=group, flush_interval=flush_interval),  # None: by mode
           [stats], metrics_port,
           lambda svc: f"shard {name!r} of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) in "
@@ -117,10 +121,13 @@ def reducer(
     cfg = load(config)
     core = ReducerCore(cfg.fleet, clients=_roster(clients, cfg, "reducer"), mode=mode, window=window,  # type: ignore[arg-type]
                        shards=name_list(shards), offline="wait" if wait_offline else "drop")
+    from streamfed.runtime.region_view import RegionCollector
+
     serve(lambda: ReducerService(core, cfg.broker, state_dir=state_dir), [core.stats], metrics_port,
           lambda svc: f"reducer of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}) on "
                       f"{cfg.broker.host}:{cfg.broker.port}"
-                      + (f", global v{core.version} resumed" if svc.restored else ""))
+                      + (f", global v{core.version} resumed" if svc.restored else ""),
+          lambda svc: [RegionCollector([svc.regions])])  # per shard (region): last partial, transit, lag
 
 
 def subscribe(

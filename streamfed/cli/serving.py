@@ -4,7 +4,7 @@ Ctrl-C or SIGTERM — a broker that refuses it is exit status 2, a failed servic
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import typer
@@ -14,9 +14,10 @@ from streamfed.cli.common import console
 __all__ = ["metrics_endpoint", "run_service", "serve"]
 
 
-def serve(build: Callable[[], Any], stats: list, metrics_port: int | None, describe: Callable[[Any], str]) -> None:
-    """Build a service (a damaged, foreign or locked state file is exit 2, with its reason), serve its metrics,
-    say what runs (`describe(service)`), and run it."""
+def serve(build: Callable[[], Any], stats: list, metrics_port: int | None, describe: Callable[[Any], str],
+          collectors: Callable[[Any], list] | None = None) -> None:
+    """Build a service (a damaged, foreign or locked state file is exit 2, with its reason), serve its metrics
+    (`stats`, and `collectors(service)` if given), say what runs (`describe(service)`), and run it."""
     from streamfed.fleet.persistence import StateError
 
     try:
@@ -24,13 +25,15 @@ def serve(build: Callable[[], Any], stats: list, metrics_port: int | None, descr
     except StateError as e:
         console.print(f"[red]error[/]: {e}")
         raise typer.Exit(2) from None
-    server = metrics_endpoint(stats, metrics_port)
+    server = metrics_endpoint(stats, metrics_port, extra=collectors(svc) if collectors else ())
     console.print(describe(svc), soft_wrap=True)  # one line in a journal, however long
     run_service(svc, server)
 
 
-def metrics_endpoint(stats: list, port: int | None, host: str = "127.0.0.1") -> object | None:
-    """The Prometheus endpoint of these agents' and aggregators' statistics on `port` (None: none)."""
+def metrics_endpoint(stats: list, port: int | None, host: str = "127.0.0.1",
+                     extra: Sequence[Any] = ()) -> object | None:
+    """The Prometheus endpoint of these agents' and aggregators' statistics (and `extra` collectors) on `port`
+    (None: none)."""
     if port is None:
         return None
     from streamfed.fleet.telemetry import AggregatorStats
@@ -38,7 +41,7 @@ def metrics_endpoint(stats: list, port: int | None, host: str = "127.0.0.1") -> 
 
     agents = [s for s in stats if not isinstance(s, AggregatorStats)]
     aggs = [s for s in stats if isinstance(s, AggregatorStats)]
-    server, bound = serve_metrics(make_registry(StreamfedCollector(agents, aggs)), host=host, port=port)
+    server, bound = serve_metrics(make_registry(StreamfedCollector(agents, aggs), *extra), host=host, port=port)
     console.print(f"metrics on http://{host}:{bound}/metrics")
     return server
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from streamfed.fleet.config import BrokerConfig
 from streamfed.fleet.sharding import ReducerCore, ShardCore
+from streamfed.runtime.region_view import RegionView
 from streamfed.runtime.service import Lease, MqttService, Outgoing
 from streamfed.wire.message import Message, ProtocolError, decode
 from streamfed.wire.topics import (
@@ -144,6 +145,8 @@ class ReducerService(MqttService):
         self.core = core
         self.snapshot_kind = core.cfg.global_kind  # retained: only the newest waiting one is published
         self.fleet = core.cfg.fleet
+        # per shard (per region, brokers bridged to a core): last partial, its transit, its lag in versions
+        self.regions = RegionView(self.fleet, sorted(core.shards) if core.shards else None)
         if state_dir is not None:
             self.keep_state(core, Path(state_dir) / f"reducer-{self.fleet}.state", kind="reducer")
 
@@ -163,12 +166,24 @@ class ReducerService(MqttService):
     def on_tick(self, now: float) -> list[Message]:
         return self.core.tick(now)
 
+    def _observe_partial(self, shard: str, payload: bytes) -> None:
+        try:  # decoded a second time for its header only: a few partials a second per shard
+            msg = decode(payload, self.core.schema, kernel_version=self.core.kernel_version, client=shard,
+                         kinds=(self.core.cfg.partial_kind,))
+        except ProtocolError:
+            return
+        self.regions.observe(shard, sent=msg.created, shard_version=msg.global_version,
+                             reducer_version=self.core.version)
+
     def handle(self, topic: ParsedTopic | str, payload: bytes) -> list[Message]:
         if isinstance(topic, str) or topic.fleet != self.fleet or topic.client is None:
             self.core.reject("bad_topic")
             return []
         if topic.channel == Channel.PARTIALS:
-            return self.core.on_partial(topic.client, payload)
+            out = self.core.on_partial(topic.client, payload)
+            if any(m.kind == "partial.ack" for m in out):  # taken (applied or a repeat): it was well-formed
+                self._observe_partial(topic.client, payload)
+            return out
         if topic.channel == Channel.STATUS:
             try:
                 st = decode(payload, self.core.schema, client=topic.client, kinds=("status",))
