@@ -245,13 +245,6 @@ def is_int(v: object) -> bool:
     return type(v) is int  # bool is an int subclass; it is never a counter
 
 
-def _counter(env: Mapping[str, Any], key: str, reason: Reason) -> int:
-    v = env[key]
-    if type(v) is not int or not 0 <= v <= INT64_MAX:
-        raise fail(reason, f"{key} must be an integer in [0, 2^63), got {v!r}")
-    return v
-
-
 class _ArrayPlan:
     """One :class:`ArraySpec`, resolved for checking: numpy dtype, axes with their bounds."""
 
@@ -457,11 +450,8 @@ def decode(
     if included or type(included) is not dict:
         included = _check_included(included, ks)
     arrays = _check_arrays(env["arrays"], kp)
-    m = _new(Message)  # as _message: the checked values straight into the frozen dataclass's __dict__
-    m.__dict__.update(fleet=fleet, client=sender, kind=kind, seq=seq, global_version=global_version,
-                      kernel_version=kv, n_samples=n_samples, created=created, arrays=arrays,
-                      meta=meta, included=included, epoch=epoch, schema=SCHEMA_VERSION)
-    return m
+    return _message(fleet, sender, kind, seq, global_version, kv, n_samples, created, arrays, meta,
+                    included, epoch)
 
 
 def _check_meta(meta: Any, ks: MessageSchema) -> dict[str, MetaValue]:
@@ -556,36 +546,12 @@ def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray
         raise fail(Reason.BAD_ARRAY, f"array {name!r}: data must be binary")
     if len(data) != expected:
         raise fail(Reason.BAD_ARRAY, f"array {name!r}: {len(data)} data bytes, shape needs {expected}")
-    flat = np.frombuffer(data, dtype=ap.np_dtype)  # read-only view
-    if ap.finite and flat.size and not _all_finite(flat):
+    arr = np.frombuffer(data, dtype=ap.np_dtype).reshape(shape)  # read-only view
+    if ap.finite and not np.isfinite(arr).all():
         raise fail(Reason.NON_FINITE, f"array {name!r} contains a non-finite value")
-    arr = flat.reshape(shape)
     if ap.value_checks and arr.size:
         _check_constraints(arr, ap.spec)
     return arr
-
-
-def _all_finite(flat: np.ndarray) -> bool:
-    """`np.isfinite(flat).all()` of a 1-D float64 array, without its boolean temporary: `x·0` is 0 for every
-    finite `x` and NaN for ±inf and NaN (IEEE 754), so the dot product with zeros is 0 exactly when every value is
-    finite — one pass, in BLAS. Anything but 0 is settled by the plain test."""
-    if flat.dtype == _FLOAT64 and flat.dot(_zeros(flat.size)) == 0.0:
-        return True
-    return bool(np.isfinite(flat).all())
-
-
-_FLOAT64 = np.dtype(np.float64)
-_ZEROS: dict[int, np.ndarray] = {}
-
-
-def _zeros(n: int) -> np.ndarray:
-    z = _ZEROS.get(n)
-    if z is None:
-        z = np.zeros(n)
-        z.flags.writeable = False
-        if len(_ZEROS) < 256:  # a fleet's arrays have a handful of sizes
-            _ZEROS[n] = z
-    return z
 
 
 def _check_values(arr: np.ndarray, spec: ArraySpec) -> None:
