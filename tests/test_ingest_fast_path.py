@@ -260,3 +260,32 @@ def test_pofmkl_non_finite_and_huge_deltas_are_refused_as_before(value: float) -
     msg = update_message("f", "a", 1, np.array([2]), rows, global_version=0, kernel_version="k")
     with pytest.raises(ValueError, match="beyond ±1e"):
         agg.check(msg)
+
+
+# ------------------------------------------------------------------ admission: one level per bucket
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(-2, 40), st.floats(0.0, 5.0)), max_size=60),
+       st.floats(0.5, 20.0), st.floats(1.0, 60.0), st.floats(0.1, 5.0), st.floats(1.0, 6.0))
+def test_admission_is_the_two_token_buckets(calls: list[tuple[str, int, float]], sample_rate: float,
+                                            sample_burst: float, upload_rate: float, upload_burst: float) -> None:
+    """`admit` against the rule written out: both buckets refill at their rate up to their burst (a clock that
+    goes back refills nothing); an update takes `n_samples` and one upload, both or neither."""
+    from streamfed.fleet.admission import Admission
+    from streamfed.fleet.robustness import Robustness
+
+    adm = Admission(Robustness(max_sample_rate=sample_rate, sample_burst=sample_burst,
+                               max_upload_rate=upload_rate, upload_burst=upload_burst))
+    buckets: dict[str, list[float]] = {}  # client → [samples, uploads, at of samples, at of uploads]
+    now = 0.0
+    for client, n, dt in calls:
+        now += dt - 1.0  # sometimes backwards
+        b = buckets.setdefault(client, [sample_burst, upload_burst, now, now])
+        have = min(sample_burst, b[0] + max(0.0, now - b[2]) * sample_rate)
+        slots = min(upload_burst, b[1] + max(0.0, now - b[3]) * upload_rate)
+        want = float(max(n, 0))
+        expected = want <= have and slots >= 1.0
+        if expected:
+            b[:] = [have - want, slots - 1.0, max(b[2], now), max(b[3], now)]
+        assert adm.admit(client, n, now) == expected
