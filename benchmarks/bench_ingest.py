@@ -1,6 +1,7 @@
 """Aggregator ingest vs Mosquitto's own C client (`mosquitto_sub`) and a bare aiomqtt subscriber.
 
     .venv/bin/python benchmarks/bench_ingest.py [--out benchmarks/results/ingest.md] [--quick]
+    .venv/bin/python benchmarks/bench_ingest.py --cpu [--profile]   # no broker: CPU per update
 
 The method of `bench_runtime.py` (duplicated here in a few lines, so that file can change freely):
 K POF-MKL updates (N = 16, D = 100, M = 2) from 50 clients (each made by a real `AgentCore` learning a
@@ -189,13 +190,59 @@ async def run(repeats: int, per_client: dict[str, int], only: list[str]) -> dict
     return out
 
 
+def cpu_per_update(name: str, per_client: int, repeats: int, profile: bool) -> list[float]:
+    """µs of CPU per update of the service's ingest callback (`AggregatorService.handle`, what the light subscriber
+    calls per message) on the honest stream, no broker: deterministic, for profiling. Windows close every 500
+    updates (the broker run closes one every 0.2 s, ~2,000–3,000 updates)."""
+    import cProfile
+    import pstats
+
+    from streamfed.fleet.config import BrokerConfig
+    from streamfed.wire.topics import try_parse_topic
+
+    _, cfg = CONFIGS[name]
+    stream = honest_updates(cfg, N_CLIENTS, per_client)
+    payloads = [(try_parse_topic(updates_topic(cfg.fleet, c)), p) for c, p in stream]
+
+    async def once() -> float:
+        core = AggregatorCore(cfg, clients=[f"c{c}" for c in range(N_CLIENTS)], mode="async", window=0.2)
+        svc = AggregatorService(core, BrokerConfig(), lease=False)
+        core.warm_up()
+        c0 = time.process_time()
+        for i, (topic, payload) in enumerate(payloads):
+            svc.handle(topic, payload)
+            if i % 500 == 499:
+                core.tick(time.time() + 1.0)
+        dt = time.process_time() - c0
+        assert core.counters.accepted == len(payloads), core.rejected
+        return dt / len(payloads) * 1e6
+
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        asyncio.run(once())
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    return [asyncio.run(once()) for _ in range(repeats)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="pofmkl,fedbnr", help="comma-separated: pofmkl, fedbnr")
+    ap.add_argument("--cpu", action="store_true", help="no broker: µs of CPU per update of the service's ingest "
+                    "callback on the same honest stream (deterministic; for profiling)")
+    ap.add_argument("--profile", action="store_true", help="with --cpu: cProfile's top functions too")
     args = ap.parse_args()
+    if args.cpu:
+        for name in args.only.split(","):
+            runs = cpu_per_update(name, 10 if args.quick else 40 if name == "fedbnr" else 200, args.repeats,
+                                  args.profile)
+            print(f"{name}: {min(runs):.1f} µs CPU per update (least of {len(runs)}: "
+                  f"{', '.join(f'{r:.1f}' for r in runs)})")
+        return
     per_client = {"pofmkl": 10, "fedbnr": 2} if args.quick else {"pofmkl": 200, "fedbnr": 40}
     res = asyncio.run(run(1 if args.quick else args.repeats, per_client, args.only.split(",")))
     lines = [

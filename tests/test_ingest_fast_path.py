@@ -74,7 +74,7 @@ def test_mutated_payloads_decode_or_are_refused_as_before(case: tuple[bytes, Fle
 
 _ODD = [True, False, -1, 0, 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63), 0.0, -0.0, 1.0, -1.5, math.nan, math.inf,
         -math.inf, 1e308, "", "k", "kv1", "\x07", "é", "x" * 300, b"", b"x", [], [1], [True, 2], [-1, 2], {}, {"a": 1},
-        None]
+        None, [0], [2], [3], [4], [0, 4], [1, 4], [2, 4], [3, 4], [4, 4], [1, 1], [1, 6], [2, 2], [3, 3]]
 
 
 def test_every_envelope_field_set_to_every_odd_value_gets_the_same_verdict() -> None:
@@ -90,8 +90,10 @@ def test_every_envelope_field_set_to_every_odd_value_gets_the_same_verdict() -> 
             for value in _ODD:
                 changed = msgpack.unpackb(payload, raw=False)
                 (changed if array is None else changed["arrays"][array])[key] = value
-                assert_same_verdict(_pack(changed), cfg)
-                assert_same_verdict(_pack(changed), cfg, kernel_version="kv1", client=env["client"], kinds=(kind,))
+                for _ in range(2):  # a shape seen before is checked from the plan's cache the second time
+                    assert_same_verdict(_pack(changed), cfg)
+                    assert_same_verdict(_pack(changed), cfg, kernel_version="kv1", client=env["client"],
+                                        kinds=(kind,))
 
 
 @st.composite

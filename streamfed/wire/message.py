@@ -249,7 +249,7 @@ class _ArrayPlan:
     """One :class:`ArraySpec`, resolved for checking: numpy dtype, axes with their bounds."""
 
     __slots__ = ("spec", "name", "dtype", "np_dtype", "itemsize", "axes", "fixed_shape", "fixed_nbytes",
-                 "finite", "value_checks")
+                 "finite", "value_checks", "known")
 
     def __init__(self, spec: ArraySpec, ks: MessageSchema) -> None:
         self.spec = spec
@@ -266,6 +266,9 @@ class _ArrayPlan:
         self.finite = spec.finite and self.np_dtype.kind == "f"
         self.value_checks = (spec.index_bound is not None or spec.distinct or spec.nonnegative
                              or spec.positive or spec.simplex)
+        # shapes found valid → (their byte length, the (dim name, length) of each variable axis in order): a
+        # fleet's updates come in a few shapes; only the agreement with earlier arrays is checked again
+        self.known: dict[tuple[int, ...], tuple[int, tuple[tuple[str, int], ...]]] = {}
 
 
 class _KindPlan:
@@ -524,7 +527,14 @@ def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray
             raise fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
     if len(shape) != len(ap.axes):
         raise fail(Reason.WRONG_SHAPE, f"array {name!r} has {len(shape)} axes, expected {len(ap.axes)}")
-    if shape != ap.fixed_shape:  # (a fixed shape that matches needs no walk)
+    known = ap.known.get(tuple(shape))  # (the loop above refused bools, which would hash as 0 and 1)
+    if known is not None:
+        expected, binds = known
+        for dim, got in binds:  # in axis order, as the walk below checks them
+            if dims.setdefault(dim, got) != got:
+                raise fail(Reason.WRONG_SHAPE, f"array {name!r}: {dim} = {got} disagrees with {dims[dim]} "
+                                                "of an earlier array")
+    elif shape != ap.fixed_shape:  # (a fixed shape that matches needs no walk)
         for axis, (got, want) in enumerate(zip(shape, ap.axes, strict=True)):
             if type(want) is int:
                 if got != want:
@@ -539,6 +549,9 @@ def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray
                 raise fail(Reason.WRONG_SHAPE, f"array {name!r}: {dim} = {got} disagrees with {dims[dim]} "
                                                 "of an earlier array")
         expected = math.prod(shape) * ap.itemsize
+        if len(ap.known) < 256:
+            ap.known[tuple(shape)] = (expected, tuple((w[0], g) for g, w in zip(shape, ap.axes, strict=True)
+                                                      if type(w) is not int))
     else:
         expected = ap.fixed_nbytes
     data = entry["data"]
