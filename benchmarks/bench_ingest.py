@@ -1,6 +1,7 @@
 """Aggregator ingest vs Mosquitto's own C client (`mosquitto_sub`) and a bare aiomqtt subscriber.
 
     .venv/bin/python benchmarks/bench_ingest.py [--out benchmarks/results/ingest.md] [--quick]
+    .venv/bin/python benchmarks/bench_ingest.py --cpu [--profile]   # no broker: CPU per update
 
 The method of `bench_runtime.py` (duplicated here in a few lines, so that file can change freely):
 K POF-MKL updates (N = 16, D = 100, M = 2) from 50 clients (each made by a real `AgentCore` learning a
@@ -189,13 +190,59 @@ async def run(repeats: int, per_client: dict[str, int], only: list[str]) -> dict
     return out
 
 
+def cpu_per_update(name: str, per_client: int, repeats: int, profile: bool) -> list[float]:
+    """µs of CPU per update of the service's ingest callback (`AggregatorService.handle`, what the light subscriber
+    calls per message) on the honest stream, no broker: deterministic, for profiling. Windows close every 500
+    updates (the broker run closes one every 0.2 s, ~2,000–3,000 updates)."""
+    import cProfile
+    import pstats
+
+    from streamfed.fleet.config import BrokerConfig
+    from streamfed.wire.topics import try_parse_topic
+
+    _, cfg = CONFIGS[name]
+    stream = honest_updates(cfg, N_CLIENTS, per_client)
+    payloads = [(try_parse_topic(updates_topic(cfg.fleet, c)), p) for c, p in stream]
+
+    async def once() -> float:
+        core = AggregatorCore(cfg, clients=[f"c{c}" for c in range(N_CLIENTS)], mode="async", window=0.2)
+        svc = AggregatorService(core, BrokerConfig(), lease=False)
+        core.warm_up()
+        c0 = time.process_time()
+        for i, (topic, payload) in enumerate(payloads):
+            svc.handle(topic, payload)
+            if i % 500 == 499:
+                core.tick(time.time() + 1.0)
+        dt = time.process_time() - c0
+        assert core.counters.accepted == len(payloads), core.rejected
+        return dt / len(payloads) * 1e6
+
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        asyncio.run(once())
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    return [asyncio.run(once()) for _ in range(repeats)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="pofmkl,fedbnr", help="comma-separated: pofmkl, fedbnr")
+    ap.add_argument("--cpu", action="store_true", help="no broker: µs of CPU per update of the service's ingest "
+                    "callback on the same honest stream (deterministic; for profiling)")
+    ap.add_argument("--profile", action="store_true", help="with --cpu: cProfile's top functions too")
     args = ap.parse_args()
+    if args.cpu:
+        for name in args.only.split(","):
+            runs = cpu_per_update(name, 10 if args.quick else 40 if name == "fedbnr" else 200, args.repeats,
+                                  args.profile)
+            print(f"{name}: {min(runs):.1f} µs CPU per update (least of {len(runs)}: "
+                  f"{', '.join(f'{r:.1f}' for r in runs)})")
+        return
     per_client = {"pofmkl": 10, "fedbnr": 2} if args.quick else {"pofmkl": 200, "fedbnr": 40}
     res = asyncio.run(run(1 if args.quick else args.repeats, per_client, args.only.split(",")))
     lines = [
@@ -236,21 +283,25 @@ def main() -> None:
               "time the receiver's own process spent (`time.process_time()`; `mosquitto_sub`: its rusage): the rate "
               "one core given to it would take, whatever else runs — Mosquitto's own CPU is in neither.",
               "",
-              "**Where the ceiling is.** Not paho any more: the bare `LightSubscriber` takes more than `mosquitto_sub` "
-              "itself. What is left is the aggregator's own work per update, in one Python process. POF-MKL: the "
-              "strict decode (~15 µs) and ~30 µs of checks and book-keeping (each row against its declared bound, "
-              "the seq window, the token buckets, the window's sums). FedBNR (F = 101, 42 KB): the strict decode, "
-              "the 101 × 101 scatter unpacked (one gather through a cached index, `unpack_upper`; it was two slice "
-              "copies per row, ~110 µs an update), the label and Cauchy–Schwarz bounds, and the Cholesky "
-              "factorisation of the 102 × 102 augmented scatter that proves it positive semi-definite "
-              "(`check_labelled_scatter`, ~40–55 µs of LAPACK per update). Batched checks were measured and not kept: "
-              "`numpy.linalg.cholesky` on a stack of matrices costs what one call per matrix costs (the time is "
-              "LAPACK's, not Python's); a rank-one shortcut never applies, since an honest FedBNR upload summarises at "
-              "least `min_upload` = 32 samples; and a check of a batch's sum is not sound (an update that is not "
-              "positive semi-definite can hide in a sum that is), so every update is still factorised on its own and "
-              "refused with its own reason. The lever used is the lighter decode path (the light subscriber, and less "
-              "copying per update); sharding across processes stays opt-in (`streamfed shard`, docs/sharding.md): "
-              "on this 2-core machine a second process competes for the same two cores."]
+              "**Where the ceiling is.** Not paho any more: the bare `LightSubscriber` takes about what "
+              "`mosquitto_sub` takes. What is left is the aggregator's own Python per update, in one process. "
+              "Without a broker (`bench_ingest.py --cpu`: the same honest stream fed straight into the service's "
+              "ingest callback, CPU time per update) POF-MKL costs the strict decode (the counters and names "
+              "checked inline, array shapes found valid cached per schema), the declared-bound check (the "
+              "per-kernel step bound cached per radius, the row norms without a floating-point error state when no "
+              "square can overflow), the seq window, the token buckets and the window's sums. FedBNR (F = 101, 42 "
+              "KB): the decode, the upload built with one copy of each array (`upload_of`; it was three), the label"
+              " and Cauchy–Schwarz bounds, the Cholesky factorisation of the 102 × 102 augmented scatter that "
+              "proves it positive semi-definite (~42 µs of LAPACK, the largest single item), and the server's own "
+              "`validate`, run in the check and again when the upload is summed (`FedBNRServer.apply`, ~5 µs). "
+              "Measured and not kept: LAPACK's `dpotrf` called directly through scipy (4 µs less of ~45, and a "
+              "second to import scipy); a finiteness test as a dot product with zeros (faster, but numpy warns on "
+              "every non-finite payload); an O(F²) certificate of positive semi-definiteness such as diagonal "
+              "dominance, which an honest upload (n = 32 < F samples, rank ≤ 33) never satisfies, so it would only "
+              "add work. Batched checks were measured in the last round and not kept (a check of a batch's sum is "
+              "not sound). Every check is the same: the decoder is compared with its former self on mutated and odd"
+              " payloads (tests/test_ingest_fast_path.py). Sharding across processes stays opt-in (`streamfed "
+              "shard`, docs/sharding.md): on this 2-core machine a second process competes for the same two cores."]
     write_section(args.out, lines, res, quick=args.quick)
 
 

@@ -73,10 +73,12 @@ class Admission:
             self._uploads[client] = TokenBucket(lim.max_upload_rate, lim.upload_burst, lim.upload_burst, now)
         uploads = self._uploads[client]
         n = float(max(int(n_samples), 0))
-        if n > samples.level(now) or uploads.level(now) < 1.0:
+        have, slots = samples.level(now), uploads.level(now)
+        if n > have or slots < 1.0:
             return False
-        samples.take(n, now)
-        uploads.take(1.0, now)
+        # what TokenBucket.take does with the levels just computed (this runs for every update)
+        samples.tokens, samples.at = have - n, max(samples.at, now)
+        uploads.tokens, uploads.at = slots - 1.0, max(uploads.at, now)
         return True
 
     # a restarted aggregator resumes its buckets: a restart must not hand every client a fresh burst

@@ -33,6 +33,9 @@ class SeqCheck(NamedTuple):
     dropped: tuple[int, int] | None
 
 
+_NEXT = SeqCheck(True, False, None, None)  # a seq that is the client's next one, with no gap: shared (a tuple)
+
+
 class SeqTracker:
     """Per-client monotonic sequence numbers: duplicates and replays are rejected, gaps reported.
 
@@ -115,7 +118,9 @@ class SeqTracker:
         for a seq already applied or below the mark, (`bad_seq`) for a non-integer."""
         if not is_int(seq) or not 0 <= seq <= INT64_MAX:
             raise fail(Reason.BAD_SEQ, f"seq must be an integer in [0, 2^63), got {seq!r}")
-        mark = self.mark(client)
+        mark = self._mark.get(client, self.first_seq - 1)
+        if seq == mark + 1 and self.window >= 1 and client not in self._above:
+            return _NEXT  # the common case: the next one, nothing above it (what the walk below finds)
         above = self._above.get(client, set())
         if seq <= mark:
             raise fail(Reason.STALE_SEQ, f"client {client!r} seq {seq} already applied (all <= {mark} are)")

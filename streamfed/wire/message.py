@@ -245,18 +245,11 @@ def is_int(v: object) -> bool:
     return type(v) is int  # bool is an int subclass; it is never a counter
 
 
-def _counter(env: Mapping[str, Any], key: str, reason: Reason) -> int:
-    v = env[key]
-    if type(v) is not int or not 0 <= v <= INT64_MAX:
-        raise fail(reason, f"{key} must be an integer in [0, 2^63), got {v!r}")
-    return v
-
-
 class _ArrayPlan:
     """One :class:`ArraySpec`, resolved for checking: numpy dtype, axes with their bounds."""
 
     __slots__ = ("spec", "name", "dtype", "np_dtype", "itemsize", "axes", "fixed_shape", "fixed_nbytes",
-                 "finite", "value_checks")
+                 "finite", "value_checks", "known")
 
     def __init__(self, spec: ArraySpec, ks: MessageSchema) -> None:
         self.spec = spec
@@ -273,6 +266,9 @@ class _ArrayPlan:
         self.finite = spec.finite and self.np_dtype.kind == "f"
         self.value_checks = (spec.index_bound is not None or spec.distinct or spec.nonnegative
                              or spec.positive or spec.simplex)
+        # shapes found valid → (their byte length, the (dim name, length) of each variable axis in order): a
+        # fleet's updates come in a few shapes; only the agreement with earlier arrays is checked again
+        self.known: dict[tuple[int, ...], tuple[int, tuple[tuple[str, int], ...]]] = {}
 
 
 class _KindPlan:
@@ -309,6 +305,7 @@ def _plan_of(schema: ProtocolSchema) -> _SchemaPlan:
 # not per message. Bounded: cleared when full.
 _VALID_NAMES: dict[str, None] = {}
 _VALID_NAMES_MAX = 8192
+_VALID_KERNEL_VERSIONS: dict[str, None] = {}  # likewise: kernel versions found printable ASCII within the limit
 
 
 def _name_problem(name: object) -> str | None:
@@ -392,8 +389,9 @@ def decode(
         keys = set(env)
         missing, extra = sorted(_ENVELOPE_KEYS - keys), sorted(map(str, keys - _ENVELOPE_KEYS))
         raise fail(Reason.BAD_SCHEMA, f"envelope keys: missing {missing}, unexpected {extra}")
-    if env["schema"] != SCHEMA_VERSION or not is_int(env["schema"]):
-        raise fail(Reason.BAD_SCHEMA, f"schema version {env['schema']!r}, expected {SCHEMA_VERSION}")
+    version = env["schema"]
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise fail(Reason.BAD_SCHEMA, f"schema version {version!r}, expected {SCHEMA_VERSION}")
 
     fleet = env["fleet"]
     if fleet != schema.fleet:
@@ -404,7 +402,7 @@ def decode(
     if kp is None:
         raise fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not exchanged by fleet {schema.fleet!r}")
     if kinds is not None:
-        if not isinstance(kinds, tuple | list | set | frozenset):
+        if type(kinds) is not tuple and not isinstance(kinds, tuple | list | set | frozenset):
             kinds = set(kinds)
         if kind not in kinds:
             raise fail(Reason.UNKNOWN_KIND, f"kind {kind!r} is not accepted on this topic")
@@ -412,24 +410,38 @@ def decode(
         raise fail(Reason.TOO_LARGE, f"{size} bytes > limit {kp.max_bytes} of kind {kind!r}")
 
     sender = env["client"]
-    problem = _name_problem(sender)
-    if problem is not None:
-        raise fail(Reason.BAD_CLIENT, f"client name {problem}")
+    if type(sender) is not str or sender not in _VALID_NAMES:
+        problem = _name_problem(sender)
+        if problem is not None:
+            raise fail(Reason.BAD_CLIENT, f"client name {problem}")
     if client is not None and sender != client:
         raise fail(Reason.BAD_CLIENT, f"envelope says client {sender!r}, topic says {client!r}")
 
-    seq = _counter(env, "seq", Reason.BAD_SEQ)
-    global_version = _counter(env, "global_version", Reason.BAD_SCHEMA)
-    epoch = _counter(env, "epoch", Reason.BAD_SCHEMA)
-    n_samples = _counter(env, "n_samples", Reason.BAD_SCHEMA)
+    # the four counters, inline (this runs for every payload): integers in [0, 2^63), bool refused
+    seq = env["seq"]
+    if type(seq) is not int or not 0 <= seq <= INT64_MAX:
+        raise fail(Reason.BAD_SEQ, f"seq must be an integer in [0, 2^63), got {seq!r}")
+    global_version = env["global_version"]
+    if type(global_version) is not int or not 0 <= global_version <= INT64_MAX:
+        raise fail(Reason.BAD_SCHEMA, f"global_version must be an integer in [0, 2^63), got {global_version!r}")
+    epoch = env["epoch"]
+    if type(epoch) is not int or not 0 <= epoch <= INT64_MAX:
+        raise fail(Reason.BAD_SCHEMA, f"epoch must be an integer in [0, 2^63), got {epoch!r}")
+    n_samples = env["n_samples"]
+    if type(n_samples) is not int or not 0 <= n_samples <= INT64_MAX:
+        raise fail(Reason.BAD_SCHEMA, f"n_samples must be an integer in [0, 2^63), got {n_samples!r}")
     created = env["created"]
-    if type(created) is not float or not math.isfinite(created) or created < 0:
+    if type(created) is not float or not 0.0 <= created < math.inf:  # NaN compares False
         raise fail(Reason.BAD_SCHEMA, f"created must be a finite float >= 0, got {created!r}")
 
     kv = env["kernel_version"]
-    if not isinstance(kv, str) or len(kv) > MAX_KERNEL_VERSION_LEN or not (kv.isascii() and kv.isprintable()):
-        raise fail(Reason.BAD_SCHEMA, f"kernel_version must be printable ASCII of at most "
-                                       f"{MAX_KERNEL_VERSION_LEN} characters, got {kv!r:.80}")
+    if type(kv) is not str or kv not in _VALID_KERNEL_VERSIONS:
+        if not isinstance(kv, str) or len(kv) > MAX_KERNEL_VERSION_LEN or not (kv.isascii() and kv.isprintable()):
+            raise fail(Reason.BAD_SCHEMA, f"kernel_version must be printable ASCII of at most "
+                                           f"{MAX_KERNEL_VERSION_LEN} characters, got {kv!r:.80}")
+        if len(_VALID_KERNEL_VERSIONS) >= _VALID_NAMES_MAX:
+            _VALID_KERNEL_VERSIONS.clear()
+        _VALID_KERNEL_VERSIONS[kv] = None
     if kernel_version is not None and kv != kernel_version:
         raise fail(Reason.WRONG_KERNEL_VERSION, f"kernel version {kv!r}, expected {kernel_version!r}")
 
@@ -491,7 +503,7 @@ def _check_included(included: Any, ks: MessageSchema) -> dict[str, int]:
 
 
 def _check_arrays(arrays: Any, kp: _KindPlan) -> dict[str, np.ndarray]:
-    if not isinstance(arrays, dict):
+    if type(arrays) is not dict:
         raise fail(Reason.BAD_ARRAY, "arrays must be a map")
     if arrays.keys() != kp.array_names:
         names, got = kp.array_names, set(arrays)
@@ -503,7 +515,7 @@ def _check_arrays(arrays: Any, kp: _KindPlan) -> dict[str, np.ndarray]:
 
 def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray:
     name = ap.name
-    if not isinstance(entry, dict) or entry.keys() != _ARRAY_KEYS:
+    if type(entry) is not dict or entry.keys() != _ARRAY_KEYS:
         raise fail(Reason.BAD_ARRAY, f"array {name!r} must be a map with keys {sorted(_ARRAY_KEYS)}")
     if entry["dtype"] != ap.dtype:
         raise fail(Reason.WRONG_DTYPE, f"array {name!r} has dtype {entry['dtype']!r:.40}, expected {ap.dtype!r}")
@@ -515,7 +527,14 @@ def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray
             raise fail(Reason.WRONG_SHAPE, f"array {name!r}: shape must be a list of non-negative integers")
     if len(shape) != len(ap.axes):
         raise fail(Reason.WRONG_SHAPE, f"array {name!r} has {len(shape)} axes, expected {len(ap.axes)}")
-    if shape != ap.fixed_shape:  # (a fixed shape that matches needs no walk)
+    known = ap.known.get(tuple(shape))  # (the loop above refused bools, which would hash as 0 and 1)
+    if known is not None:
+        expected, binds = known
+        for dim, got in binds:  # in axis order, as the walk below checks them
+            if dims.setdefault(dim, got) != got:
+                raise fail(Reason.WRONG_SHAPE, f"array {name!r}: {dim} = {got} disagrees with {dims[dim]} "
+                                                "of an earlier array")
+    elif shape != ap.fixed_shape:  # (a fixed shape that matches needs no walk)
         for axis, (got, want) in enumerate(zip(shape, ap.axes, strict=True)):
             if type(want) is int:
                 if got != want:
@@ -530,10 +549,13 @@ def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray
                 raise fail(Reason.WRONG_SHAPE, f"array {name!r}: {dim} = {got} disagrees with {dims[dim]} "
                                                 "of an earlier array")
         expected = math.prod(shape) * ap.itemsize
+        if len(ap.known) < 256:
+            ap.known[tuple(shape)] = (expected, tuple((w[0], g) for g, w in zip(shape, ap.axes, strict=True)
+                                                      if type(w) is not int))
     else:
         expected = ap.fixed_nbytes
     data = entry["data"]
-    if not isinstance(data, bytes):
+    if type(data) is not bytes:
         raise fail(Reason.BAD_ARRAY, f"array {name!r}: data must be binary")
     if len(data) != expected:
         raise fail(Reason.BAD_ARRAY, f"array {name!r}: {len(data)} data bytes, shape needs {expected}")

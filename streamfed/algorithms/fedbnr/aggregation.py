@@ -27,16 +27,16 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr.messages import Upload
 from streamfed.algorithms.fedbnr.server import FedBNRServer
-from streamfed.algorithms.fedbnr.wire import global_message, stats_fields
+from streamfed.algorithms.fedbnr.wire import global_message
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
 from streamfed.core.durable import durable
-from streamfed.core.stats import SufficientStats, check_labelled_scatter
+from streamfed.core.stats import SufficientStats, check_labelled_scatter, unpack_upper
 from streamfed.wire.message import Message
 
 __all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload", "check_statistics",
-           "residual_ratio", "share_allowance"]
+           "residual_ratio", "share_allowance", "upload_of"]
 
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
 # with a half-life: how far ahead of the aggregator's clock an upload's time may be (clocks are not perfectly synced)
@@ -82,6 +82,30 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
                          f"n = {n:g} claims more samples than the scatter holds")
     # labels within ±B (q <= nB²), Cauchy–Schwarz on b, and Σ [φ; y][φ; y]ᵀ positive semi-definite (algorithms.md §4.11)
     check_labelled_scatter(st.S, st.b, q, n, label_bound)
+
+
+def upload_of(msg: Message) -> Upload:
+    """The :class:`Upload` a decoded update carries: `Upload.from_message(stats_fields(msg))`, built with one copy
+    of each array instead of three (the scatter unpacked straight from the message's read-only view into a new
+    array the statistics own; the codec has checked its shapes and dtypes, which `SufficientStats` would check
+    again). It runs for every upload an aggregator takes in.
+
+    >>> from streamfed.algorithms.fedbnr.wire import stats_fields, stats_update_message
+    >>> st = SufficientStats.from_samples(np.ones((3, 1, 2)), np.ones(3), kernel_version="v").to_packed()
+    >>> msg = stats_update_message("f", "a", 1, st["S_upper"], st["b"], st["n"], st["q"], global_version=0,
+    ...                            kernel_version="v", created=0.0)
+    >>> upload_of(msg) == Upload.from_message(stats_fields(msg))
+    True
+    """
+    s_upper, b = msg.arrays["S_upper"], msg.arrays["b"]
+    stats = _new(SufficientStats)  # its __init__ would copy S and b once more
+    stats.__dict__.update(S=unpack_upper(s_upper, b.shape[-1]), b=np.array(b, dtype=np.float64),
+                          n=float(msg.arrays["n"]), q=float(msg.arrays["q"]),
+                          kernel_version=str(msg.kernel_version), epoch=int(msg.epoch))
+    return Upload(str(msg.client), int(msg.seq), int(msg.global_version), stats)
+
+
+_new = object.__new__
 
 
 # ============================================================================ robust aggregation
@@ -188,7 +212,7 @@ class FedBNRAggregation(RobustShares, SummingWindow):
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> Upload:
-        up = Upload.from_message(stats_fields(msg))
+        up = upload_of(msg)
         checked = self.check_stats
         timed = self.server.discount is not None
         # discounted statistics (a half-life) are statistics of samples with weights in (0, 1]: every bound holds

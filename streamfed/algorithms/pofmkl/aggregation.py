@@ -201,8 +201,12 @@ class ClientSteps:
 
     def forget(self, seq: int) -> None:
         """An upload was folded into the global: its seq can no longer come again (the cores refuse it)."""
-        for j in [j for j in self.recent if j <= seq]:
-            del self.recent[j]
+        recent = self.recent
+        if len(recent) == 1 and seq in recent:  # the usual case: the upload just recorded, alone
+            recent.clear()
+            return
+        for j in [j for j in recent if j <= seq]:
+            del recent[j]
 
 
 @durable("pofmkl.POFMKLAggregation")
@@ -299,16 +303,31 @@ class POFMKLAggregation(BaseAggregation):
         # the decoded read-only views are enough: the server only reads an update (no copy per message)
         delta = msg.arrays["delta"]
         # one reduction (|Δ| <= max_abs, NaN compares False); the codec already refused non-finite values
-        if delta.size and not np.abs(delta).max() <= self.max_abs:
+        largest = np.abs(delta).max() if delta.size else 0.0
+        if not largest <= self.max_abs:
             raise ValueError(f"a delta value is beyond ±{self.max_abs:g}")
         item = KernelUpdate(msg.arrays["kernels"], delta, msg.n_samples)
         if self.bound is not None and self.role == "aggregator" and delta.size:
-            self._check_bound(msg.client, int(msg.seq), item)
+            self._check_bound(msg.client, int(msg.seq), item, largest)
         return item
 
-    def _check_bound(self, client: str, seq: int, item: KernelUpdate) -> None:
+    def _per_step(self) -> np.ndarray:
+        """`bound.per_step(radius)` for every kernel, worked out again only when `radius` is a new array (it is
+        rebound, never changed in place): elementwise, so indexing it is `per_step(radius[kernels])` exactly."""
+        cached = self.__dict__.get("_per_step_cache")
+        if cached is None or cached[0] is not self.radius:
+            assert self.bound is not None
+            cached = self.__dict__["_per_step_cache"] = (self.radius, self.bound.per_step(self.radius))
+        return cached[1]
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_per_step_cache", None)  # derived: not part of the durable state
+        return state
+
+    def _check_bound(self, client: str, seq: int, item: KernelUpdate, largest: float = math.inf) -> None:
         """Refuse a row beyond `k_p × StepBound.per_step(R_p)`; record the accepted upload's samples (a refused
-        one leaves no trace)."""
+        one leaves no trace). `largest`: `max |Δ|` when the caller knows it."""
         assert self.bound is not None
         kernels = item.kernels.tolist()
         n = int(item.n_samples)
@@ -323,9 +342,12 @@ class POFMKLAggregation(BaseAggregation):
             allowed = np.ones(len(kernels), dtype=np.int64)
         else:
             allowed = steps.allowance(seq, n, kernels)
-        per_step = self.bound.per_step(self.radius[item.kernels])
+        per_step = self._per_step()[item.kernels]
         limit = allowed * per_step * (1.0 + BOUND_SLACK)
-        norms = row_norms(item.delta)
+        # below 1e150 no square overflows (a row holds far fewer than 1e8 values): the norms without row_norms'
+        # floating-point error state, which costs as much as the einsum; the same numbers
+        delta = item.delta
+        norms = row_norms(delta) if not largest <= 1e150 else np.sqrt(np.einsum("ij,ij->i", delta, delta))
         within = norms <= limit  # NaN compares False: refused
         if not within.all():
             i = int(np.flatnonzero(~within)[0])
