@@ -1,4 +1,4 @@
-"""Online recalibration of a Gaussian predictive's variance (docs/algorithms.md, "Calibration"): a conformal scale
+"""Online recalibration of a Gaussian predictive's variance (docs/algorithms.md §4.10, "Calibration"): a conformal scale
 from a learner's own past prequential residuals, shared by every Bayesian learner.
 
 A model's 95% interval `μ ± 1.96 √v` covers what it should only if its noise and posterior are right; a fixed or
