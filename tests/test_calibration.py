@@ -18,18 +18,18 @@ from streamfed.fleet.config import FleetConfig
 Z95 = 1.959963984540054
 
 
-def test_the_scale_is_the_95_percent_quantile_of_the_last_window() -> None:
-    """|residual| / sd = 1, 2, …, 100 in a window of 100: np.quantile's linear rule puts the 95% quantile at
-    1 + 0.95 · 99 = 95.05, so the scale is (95.05 / 1.96)²; 50 more of 20 push the first 50 out; a scale beyond
-    10⁴ is held there."""
+def test_the_scale_is_the_conformal_95_percent_quantile_of_the_last_window() -> None:
+    """|residual| / sd = 1, 2, …, 100 in a window of 100: split conformal's quantile is the ⌈101 · 0.95⌉ = 96th
+    smallest, 96, so the scale is (96 / 1.96)²; 4 more push the first 4 out; 100 of 1 give (1 / 1.96)²; a scale
+    beyond 10⁴ is held there."""
     c = VarianceCalibration(window=100, min_samples=10, every=1)
     for k in range(1, 101):
         c.update(residual=-k * 3.0, var=9.0)  # |y − μ| / √v = k
-    assert c.scale == pytest.approx((95.05 / Z95) ** 2, rel=1e-12)
-    for _ in range(50):
-        c.update(residual=40.0, var=4.0)  # |y − μ| / √v = 20
-    # the window: fifty 20s then 51, …, 100; sorted, position 94.05 lies between 95 and 96
-    assert c.scale == pytest.approx((95.05 / Z95) ** 2, rel=1e-12)
+    assert c.scale == pytest.approx((96 / Z95) ** 2, rel=1e-12)
+    for _ in range(4):
+        c.update(residual=300.0, var=4.0)  # |y − μ| / √v = 150
+    # the window: 5, …, 100 and four 150s (1–4 pushed out): the 96th smallest is 100
+    assert c.scale == pytest.approx((100 / Z95) ** 2, rel=1e-12)
     for _ in range(100):
         c.update(residual=2.0, var=4.0)  # all 1: (1 / 1.96)²
     assert c.scale == pytest.approx(Z95**-2, rel=1e-12)
