@@ -58,6 +58,7 @@ BENCHES: dict[str, Bench] = {
     "sharding": Bench("benchmarks/bench_sharding.py", ("--quick",), True),
     "algorithms": Bench("benchmarks/bench_algorithms.py", ("--quick",), True),
     "progressive": Bench("benchmarks/bench_progressive.py", ("--quick",), True),
+    "calibration": Bench("benchmarks/bench_calibration.py", ("--quick",), True),
     "fsgp": Bench("benchmarks/bench_fsgp.py", ("--quick",), True),
     "pvi": Bench("benchmarks/bench_pvi.py", ("--quick",), True),
     "privacy": Bench("benchmarks/bench_privacy.py", ("--quick",), True),

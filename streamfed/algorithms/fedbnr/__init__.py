@@ -33,6 +33,7 @@ from streamfed.algorithms.base import Algorithm, Mode, ReplayVariant, params_of
 from streamfed.algorithms.dictionary import KernelDictionary, dictionary_of, kernel_specs
 
 if TYPE_CHECKING:
+    from streamfed.algorithms.calibration import CalibratedLearner
     from streamfed.algorithms.fedbnr.aggregation import FedBNRAggregation
     from streamfed.algorithms.fedbnr.learner import StatsLearner
     from streamfed.core.features import RFFMap
@@ -68,6 +69,9 @@ class FedBNRParams(RFFFeatures):
     # the agents' clocks) weighs 2^(−Δ/half_life_s) in uploads and globals alike; None: off
     half_life_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     fit_hyperparameters: bool = True
+    # scale the predictive variance by a conformal factor of the client's own prequential residuals
+    # (streamfed.algorithms.calibration): the 95% interval covers ~95%; the mean and every upload are unchanged
+    calibrate: bool = True
     # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §4.13, §10.2): an upload whose residual ratio
     # under the current global exceeds robust_screen × the median of the other clients' latest ratios is
     # taken with weight 0, once robust_screen_clients others have one; any client may hold
@@ -123,7 +127,9 @@ class FedBNR(Algorithm):
         # one kernel: a dictionary of 16 at F = 101 would cost 16 rank-one updates per sample
         return {"params": {"kernels": ["gaussian:2.0"], "n_kernels": 1, "min_upload": 32}}
 
-    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> StatsLearner:
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async"
+                ) -> StatsLearner | CalibratedLearner:
+        from streamfed.algorithms.calibration import CalibratedLearner
         from streamfed.algorithms.fedbnr.learner import StatsLearner
 
         if mode == "lockstep":
@@ -131,7 +137,8 @@ class FedBNR(Algorithm):
         client = self._client(cfg, client_id)
         # RFF features have a constant norm: any input gives the bound (differential privacy needs it)
         phi_sq = float(np.max(np.sum(client.features(np.zeros(cfg.n_inputs)) ** 2, axis=-1)))
-        return StatsLearner(client, phi_sq=phi_sq)
+        learner = StatsLearner(client, phi_sq=phi_sq)
+        return CalibratedLearner(learner) if params_of(cfg, FedBNRParams).calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FedBNRAggregation:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from river import base
 
+from streamfed.algorithms.calibration import PrequentialCalibration
 from streamfed.algorithms.fedbnr.checks import all_finite_squares, check_positive, check_target
 from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.fedbnr.server import FedBNRServer
@@ -41,7 +42,9 @@ class FedBNRRegressor(base.Regressor):
     the target standardised online from past samples only,
     :class:`~streamfed.core.standardise.OnlineStandardiser`, predictions mapped back — mean
     `m + s·μ`, variance `s²·v`; the first two samples only set the scales and the prediction is then
-    the running mean and variance).
+    the running mean and variance), `calibrate` (default on: the predictive variance scaled by a conformal factor of
+    the past prequential residuals — those of each `predict_one` followed by `learn_one` of the same input —,
+    :mod:`streamfed.algorithms.calibration`; the mean is unchanged).
 
     >>> from river import datasets, evaluate, metrics
     >>> model = FedBNRRegressor(n_features=20)
@@ -67,6 +70,7 @@ class FedBNRRegressor(base.Regressor):
         n_kernels: int = 8,
         standardise: bool = True,
         refit_growth: float = 0.0,
+        calibrate: bool = True,
     ) -> None:
         self.n_features = n_features
         self.bandwidth = bandwidth
@@ -79,6 +83,7 @@ class FedBNRRegressor(base.Regressor):
         self.forgetting = forgetting
         self.seed = seed
         self.refit_growth = refit_growth
+        self.calibrate = calibrate
         # Validate now so a bad parameter fails at construction, not at the first sample.
         if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
             raise ValueError("n_features, sync_every and n_kernels must be >= 1")
@@ -94,6 +99,7 @@ class FedBNRRegressor(base.Regressor):
         self.client: FedBNRClient | None = None
         self.server: FedBNRServer | None = None
         self._scales: StreamScales | None = None
+        self._calibration = PrequentialCalibration() if calibrate else None
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -140,6 +146,9 @@ class FedBNRRegressor(base.Regressor):
             self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
         if self.client.n_pending >= int(self.sync_every):
             self._sync()
+        calibration = getattr(self, "_calibration", None)  # (None in an estimator pickled before it existed)
+        if calibration is not None:
+            calibration.learned(x, float(y))  # type: ignore[arg-type]
 
     def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
         if self.client is None:
@@ -151,6 +160,9 @@ class FedBNRRegressor(base.Regressor):
         else:
             assert self._keys is not None
             mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
+        calibration = getattr(self, "_calibration", None)
+        if calibration is not None:
+            var = calibration.predicted(x, float(mu), float(var))
         if not with_dist:
             return float(mu)
         return gaussian(float(mu), float(var))
@@ -204,10 +216,14 @@ class FedBNRRegressor(base.Regressor):
         return self.predict_dist_many(xs)[0]
 
     def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Predictive means and variances of the rows of a `(T, d)` array."""
+        """Predictive means and variances of the rows of a `(T, d)` array (the variances calibrated, if on)."""
         if self.client is None:
             t = np.asarray(xs).shape[0]
-            return np.zeros(t), np.full(t, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2)
-        if self._scales is None:
-            return self.client.predict_many(self._matrix(xs))
-        return self._scales.predict_many(self._matrix(xs), self.client.predict_many)
+            mean, var = np.zeros(t), np.full(t, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2)
+        elif self._scales is None:
+            mean, var = self.client.predict_many(self._matrix(xs))
+        else:
+            mean, var = self._scales.predict_many(self._matrix(xs), self.client.predict_many)
+        calibration = getattr(self, "_calibration", None)
+        scale = 1.0 if calibration is None else calibration.calibration.scale
+        return mean, var * scale

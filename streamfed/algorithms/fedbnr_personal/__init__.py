@@ -28,6 +28,7 @@ from streamfed.algorithms.dictionary import kernel_specs
 from streamfed.algorithms.fedbnr import FedBNR, RFFFeatures
 
 if TYPE_CHECKING:
+    from streamfed.algorithms.calibration import CalibratedLearner
     from streamfed.algorithms.fedbnr_personal.aggregation import PersonalAggregation
     from streamfed.algorithms.fedbnr_personal.learner import PersonalLearner
     from streamfed.fleet.config import FleetConfig
@@ -54,6 +55,9 @@ class PersonalParams(RFFFeatures):
     min_upload: int = Field(32, ge=1)
     fit_hyperparameters: bool = True
     fit_tau: bool = True
+    # scale the predictive variance by a conformal factor of the client's own prequential residuals
+    # (streamfed.algorithms.calibration): the 95% interval covers ~95%; the mean and every upload are unchanged
+    calibrate: bool = True
     # The prequential τ-mixture: one model per τ of this grid (σ, λ by the evidence at each), averaged per client
     # by their discounted prequential evidence on its own stream (docs/algorithms.md §5.7). None: one model, τ by
     # the evidence.
@@ -107,12 +111,15 @@ class FedBNRPersonal(FedBNR):
         lam, tau = float(params.pop("lam", 1.0)), float(params.pop("tau", 1.0))
         return FedBNRRegressor(lam=math.hypot(lam, tau), **params)
 
-    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> PersonalLearner:
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async"
+                ) -> PersonalLearner | CalibratedLearner:
+        from streamfed.algorithms.calibration import CalibratedLearner
         from streamfed.algorithms.fedbnr_personal.learner import PersonalLearner
 
         if mode == "lockstep":
             raise ValueError("personalised FedBNR is order-free (use async)")
-        return PersonalLearner(self._client(cfg, client_id), kernel_names=kernel_specs(cfg)[:1])
+        learner = PersonalLearner(self._client(cfg, client_id), kernel_names=kernel_specs(cfg)[:1])
+        return CalibratedLearner(learner) if params_of(cfg, PersonalParams).calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PersonalAggregation:

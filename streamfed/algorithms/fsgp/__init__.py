@@ -30,6 +30,7 @@ from pydantic import Field
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant, params_of
 
 if TYPE_CHECKING:
+    from streamfed.algorithms.calibration import CalibratedLearner
     from streamfed.algorithms.fsgp.aggregation import FSGPAggregation
     from streamfed.algorithms.fsgp.kernels import Hyper
     from streamfed.algorithms.fsgp.learner import FSGPLearner
@@ -59,6 +60,9 @@ class FSGPParams(Params):
     jitter: float = Field(1e-6, gt=0, le=1e-2)  # ε: C = c(Z, Z) + ε a² I
     min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
     learn_hyperparameters: bool = True
+    # scale the predictive variance by a conformal factor of the client's own prequential residuals
+    # (streamfed.algorithms.calibration): the 95% interval covers ~95%; the mean and every upload are unchanged
+    calibrate: bool = True
     reservoir: int = Field(256, ge=2)  # raw samples a client keeps for its local fit (never uploaded)
     fit_every: int = Field(128, ge=1)  # samples between local fits
     fit_steps: int = Field(10, ge=1)  # Adam steps per local fit
@@ -133,18 +137,21 @@ class FSGP(Algorithm):
         h = initial_hyper(cfg)
         return f"fsgp-{h.kind}-m{h.m}-d{h.d}-{h.fingerprint()}"
 
-    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> FSGPLearner:
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async"
+                ) -> FSGPLearner | CalibratedLearner:
+        from streamfed.algorithms.calibration import CalibratedLearner
         from streamfed.algorithms.fsgp.client import FSGPClient
         from streamfed.algorithms.fsgp.learner import FSGPLearner
 
         if mode == "lockstep":
             raise ValueError("FSGP is order-free (use async)")
         p = params_of(cfg, FSGPParams)
-        return FSGPLearner(FSGPClient(
+        learner = FSGPLearner(FSGPClient(
             initial_hyper(cfg), jitter=p.jitter, min_upload=p.min_upload, client_id=client_id,
             learn_hyperparameters=p.learn_hyperparameters, reservoir=p.reservoir, fit_every=p.fit_every,
             fit_steps=p.fit_steps, learning_rate=p.learning_rate, seed=cfg.seed,
             label_bound=cfg.robust.label_bound, z_box=inducing_box(cfg)))
+        return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> FSGPAggregation:

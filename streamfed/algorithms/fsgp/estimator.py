@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from river import base
 
+from streamfed.algorithms.calibration import PrequentialCalibration
 from streamfed.algorithms.fsgp.client import FSGPClient, finite_target
 from streamfed.algorithms.fsgp.design import gaussian_design
 from streamfed.algorithms.fsgp.kernels import KINDS, Hyper
@@ -32,7 +33,9 @@ class FSGPRegressor(base.Regressor):
     statistics (and a local fit of `θ, σ, Z` on the reservoir, when `learn_hyperparameters`) go to the
     private server, whose global comes back — carried to new hyperparameters by the Bui projection when
     they moved. With `standardise` (default) inputs and target are standardised online from past samples
-    only and predictions mapped back.
+    only and predictions mapped back. With `calibrate` (default) the predictive variance is scaled by a conformal
+    factor of the past prequential residuals (each `predict_one` followed by `learn_one` of the same input,
+    :mod:`streamfed.algorithms.calibration`); the mean never is.
 
     >>> from river import datasets, evaluate, metrics
     >>> model = FSGPRegressor(n_inducing=8)
@@ -46,7 +49,8 @@ class FSGPRegressor(base.Regressor):
     def __init__(self, n_inducing: int = 16, kernel: str = "se", lengthscale: float | None = None,
                  amplitude: float = 1.0, sigma: float = 0.5, learn_hyperparameters: bool = True,
                  sync_every: int = 32, reservoir: int = 256, fit_every: int = 64, fit_steps: int = 10,
-                 learning_rate: float = 0.05, jitter: float = 1e-6, seed: int = 0, standardise: bool = True) -> None:
+                 learning_rate: float = 0.05, jitter: float = 1e-6, seed: int = 0, standardise: bool = True,
+                 calibrate: bool = True) -> None:
         self.n_inducing = n_inducing
         self.kernel = kernel
         self.lengthscale = lengthscale
@@ -61,6 +65,7 @@ class FSGPRegressor(base.Regressor):
         self.jitter = jitter
         self.seed = seed
         self.standardise = standardise
+        self.calibrate = calibrate
         if int(n_inducing) < 1 or int(sync_every) < 1 or int(reservoir) < 2:
             raise ValueError("n_inducing and sync_every must be >= 1, reservoir >= 2")
         if kernel not in KINDS:
@@ -70,6 +75,7 @@ class FSGPRegressor(base.Regressor):
         self.client: FSGPClient | None = None
         self.server: FSGPServer | None = None
         self._scales: StreamScales | None = None
+        self._calibration = PrequentialCalibration() if calibrate else None
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -119,6 +125,9 @@ class FSGPRegressor(base.Regressor):
             self._scales.learn(xv, yv, self.client.learn)
         if self.client.n_pending >= int(self.sync_every):
             self._sync()
+        calibration = getattr(self, "_calibration", None)
+        if calibration is not None:
+            calibration.learned(x, yv)
 
     def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
         if self.client is None or self._keys is None:
@@ -127,6 +136,9 @@ class FSGPRegressor(base.Regressor):
             mu, var = self.client.predict(dict_to_vector(self._keys, x))
         else:
             mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
+        calibration = getattr(self, "_calibration", None)  # (None in an estimator pickled before it existed)
+        if calibration is not None:
+            var = calibration.predicted(x, float(mu), float(var))
         if not with_dist:
             return float(mu)
         return gaussian(float(mu), float(var))
@@ -138,14 +150,17 @@ class FSGPRegressor(base.Regressor):
         learn_rows(self, self._keys, xs, ys, square_finite=True)
 
     def predict_dist_many(self, xs: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Predictive means and variances of the rows of a `(T, d)` array."""
+        """Predictive means and variances of the rows of a `(T, d)` array (the variances calibrated, if on)."""
         arr = np.asarray(xs[self._keys].to_numpy() if hasattr(xs, "columns") else xs, dtype=np.float64)
         if self.client is None:
-            return (np.zeros(arr.shape[0]),
-                    np.full(arr.shape[0], float(self.amplitude) ** 2 + float(self.sigma) ** 2))
-        if self._scales is None:
-            return self.client.predict_many(arr)
-        return self._scales.predict_many(arr, self.client.predict_many)
+            mean, var = (np.zeros(arr.shape[0]),
+                         np.full(arr.shape[0], float(self.amplitude) ** 2 + float(self.sigma) ** 2))
+        elif self._scales is None:
+            mean, var = self.client.predict_many(arr)
+        else:
+            mean, var = self._scales.predict_many(arr, self.client.predict_many)
+        calibration = getattr(self, "_calibration", None)
+        return mean, var * (1.0 if calibration is None else calibration.calibration.scale)
 
     def predict_many(self, xs: Any) -> np.ndarray:
         """Predictive means of the rows of a `(T, d)` array."""

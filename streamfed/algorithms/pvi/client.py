@@ -9,8 +9,8 @@ default) every sample since its last refinement absorbed into its local factor a
 (:mod:`.streaming`: the exact conjugate update for a Gaussian likelihood, one Newton step for a Bernoulli
 one). Those samples are kept (at most :data:`PENDING_CAP`) until the next refinement summarises them, so a
 new global or refinement takes them again; nothing but refinements is uploaded. With `calibrate` (the
-default; Gaussian likelihood) the predictive variance is scaled online by :mod:`.calibration` (a conformal
-scale from its own past prequential residuals); the mean never is.
+default; Gaussian likelihood) the predictive variance is scaled online by
+:mod:`streamfed.algorithms.calibration` (a conformal scale from its own past prequential residuals); the mean never is.
 
 The regret's comparator is the best fixed ridge predictor `kᵀw` in hindsight, `k = k(Z₀, x)` under the
 initial `(Z₀, β₀)`, regularised by `σ₀² K(Z₀, Z₀)` (FSGP's comparator, the same for every PVI variant).
@@ -27,9 +27,9 @@ import numpy as np
 from scipy.linalg import cho_solve
 
 from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.calibration import VarianceCalibration
 from streamfed.algorithms.fsgp.kernels import cov
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
-from streamfed.algorithms.pvi.calibration import VarianceCalibration
 from streamfed.algorithms.pvi.factors import Factor
 from streamfed.algorithms.pvi.posterior import beta_hyper
 from streamfed.algorithms.pvi.predictive import Predictor

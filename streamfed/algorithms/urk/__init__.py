@@ -35,6 +35,7 @@ from pydantic import Field, model_validator
 from streamfed.algorithms.base import Algorithm, Mode, Params, ReplayVariant, params_of
 
 if TYPE_CHECKING:
+    from streamfed.algorithms.calibration import CalibratedLearner
     from streamfed.algorithms.urk.aggregation import URKAggregation
     from streamfed.algorithms.urk.learner import URKLearner
     from streamfed.algorithms.urk.network import URKArch, URKWeights
@@ -62,6 +63,9 @@ class URKParams(Params):
     lam: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial prior scale λ of the last layer
     min_upload: int = Field(32, ge=1)  # privacy floor: never publish statistics of fewer samples
     fit_hyperparameters: bool = True  # phase 2: the server refits σ, λ on the sums by the exact evidence
+    # scale the predictive variance by a conformal factor of the client's own prequential residuals
+    # (streamfed.algorithms.calibration): the 95% interval covers ~95%; the mean and every upload are unchanged
+    calibrate: bool = True
     learn_kernel: bool = True  # phase 1 (agents without torch only predict and contribute statistics)
     reservoir: int = Field(256, ge=2)
     fit_every: int = Field(128, ge=1)
@@ -145,7 +149,9 @@ class URKFedBNR(Algorithm):
         norm = "" if arch.normalisation == "thesis" else "-rff"
         return f"urk-d{arch.n_inputs}-w{widths}-m{arch.n_omega}-h{arch.shifter_width}{norm}-{digest}"
 
-    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> URKLearner:
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async"
+                ) -> URKLearner | CalibratedLearner:
+        from streamfed.algorithms.calibration import CalibratedLearner
         from streamfed.algorithms.urk.client import URKClient
         from streamfed.algorithms.urk.learner import URKLearner
         from streamfed.algorithms.urk.network import omega
@@ -154,11 +160,12 @@ class URKFedBNR(Algorithm):
         if mode == "lockstep":
             raise ValueError("URK-FedBNR is order-free (use async)")
         p = params_of(cfg, URKParams)
-        return URKLearner(URKClient(
+        learner = URKLearner(URKClient(
             initial_of(cfg), omega(arch_of(cfg), cfg.seed), self.kernel_version(cfg), client_id=client_id,
             min_upload=p.min_upload, learn_kernel=p.learn_kernel, reservoir=p.reservoir, fit_every=p.fit_every,
             fit_steps=p.fit_steps, learning_rate=p.learning_rate,
             max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed))
+        return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> URKAggregation:
         """The aggregation, with the declared bounds (docs/algorithms.md §8.11, §10.3: statistics of labels within

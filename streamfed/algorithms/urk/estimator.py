@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from river import base
 
+from streamfed.algorithms.calibration import PrequentialCalibration
 from streamfed.algorithms.urk.client import URKClient
 from streamfed.algorithms.urk.network import URKArch, initial_weights, omega
 from streamfed.algorithms.urk.server import URKServer
@@ -43,7 +44,9 @@ class URKRegressor(base.Regressor):
     Every `sync_every` samples the pending statistics (and, where torch is installed and `learn_kernel`, the
     chunks of a local fit) go to the private server, whose global comes back — a new kernel version when a
     fit was proposed, into which the reservoir is re-embedded. With `standardise` (default) inputs and target
-    are standardised online from past samples only and predictions mapped back.
+    are standardised online from past samples only and predictions mapped back. With `calibrate` (default) the
+    predictive variance is scaled by a conformal factor of the past prequential residuals (each `predict_one`
+    followed by `learn_one` of the same input, :mod:`streamfed.algorithms.calibration`); the mean never is.
 
     >>> from river import datasets, evaluate, metrics
     >>> model = URKRegressor(n_omega=8, widths=(4,), fit_every=64)
@@ -57,7 +60,8 @@ class URKRegressor(base.Regressor):
     def __init__(self, widths: tuple[int, ...] | None = (16, 4), n_omega: int = 16, shifter_width: int = 0,
                  lengthscale: float | None = None, sigma: float = 0.5, lam: float = 1.0, learn_kernel: bool = True,
                  sync_every: int = 32, reservoir: int = 256, fit_every: int = 128, fit_steps: int = 10,
-                 learning_rate: float = 0.01, seed: int = 0, standardise: bool = True) -> None:
+                 learning_rate: float = 0.01, seed: int = 0, standardise: bool = True,
+                 calibrate: bool = True) -> None:
         self.widths = widths
         self.n_omega = n_omega
         self.shifter_width = shifter_width
@@ -72,6 +76,7 @@ class URKRegressor(base.Regressor):
         self.learning_rate = learning_rate
         self.seed = seed
         self.standardise = standardise
+        self.calibrate = calibrate
         if int(n_omega) < 2 or int(sync_every) < 1 or int(reservoir) < 2 or any(int(w) < 1 for w in widths or ()):
             raise ValueError("n_omega must be >= 2, sync_every >= 1, reservoir >= 2, widths >= 1")
         require_positive(self, ["lengthscale", "sigma", "lam", "learning_rate"])
@@ -79,6 +84,7 @@ class URKRegressor(base.Regressor):
         self.client: URKClient | None = None
         self.server: URKServer | None = None
         self._scales: StreamScales | None = None
+        self._calibration = PrequentialCalibration() if calibrate else None
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -134,6 +140,9 @@ class URKRegressor(base.Regressor):
             self._scales.learn(xv, yv, self.client.learn)
         if self.client.n_pending >= int(self.sync_every) or self.client.queue:
             self._sync()
+        calibration = getattr(self, "_calibration", None)
+        if calibration is not None:
+            calibration.learned(x, yv)
 
     def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
         if self.client is None or self._keys is None:
@@ -144,6 +153,9 @@ class URKRegressor(base.Regressor):
             mu, var = self.client.predict(dict_to_vector(self._keys, x))
         else:
             mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
+        calibration = getattr(self, "_calibration", None)  # (None in an estimator pickled before it existed)
+        if calibration is not None:
+            var = calibration.predicted(x, float(mu), float(var))
         if not with_dist:
             return float(mu)
         return gaussian(float(mu), float(var))
