@@ -102,6 +102,9 @@ def upload_of(msg: Message) -> Upload:
     stats.__dict__.update(S=unpack_upper(s_upper, b.shape[-1]), b=np.array(b, dtype=np.float64),
                           n=float(msg.arrays["n"]), q=float(msg.arrays["q"]),
                           kernel_version=str(msg.kernel_version), epoch=int(msg.epoch))
+    if "time" in msg.arrays:  # with forgetting: the statistics' reference time and the raw sample count
+        return Upload(str(msg.client), int(msg.seq), int(msg.global_version), stats,
+                      float(msg.arrays["time"]), int(msg.n_samples))
     return Upload(str(msg.client), int(msg.seq), int(msg.global_version), stats)
 
 
