@@ -7,7 +7,7 @@ sizes — the figures are then only indicative). `benchmarks/run_all.py` and `st
 go through :func:`run_bench` / :func:`assemble`.
 
     >>> sorted(BENCHES)[:3]
-    ['algorithms', 'demo', 'fedbnr']
+    ['algorithms', 'calibration', 'demo']
 """
 
 from __future__ import annotations
