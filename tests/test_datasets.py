@@ -158,6 +158,7 @@ def test_extras_match_transcription() -> None:
         assert s.skipped_by_column["wd"] == recount(station, ["wd"])[0]
 
 
+@pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
 def test_steps_cut_streams_and_count_only_rows_read(raw_fleet: Fleet) -> None:
     fleet = load_beijing("none", steps=700)
     for s, full in zip(fleet, raw_fleet, strict=True):

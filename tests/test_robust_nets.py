@@ -490,6 +490,7 @@ def test_figure_robust_mode_keeps_every_honest_mse_within_10_percent(figure, k):
     assert w <= 1.10
 
 
+@pytest.mark.slow  # its module fixture runs the whole figure (over 2 s): outside the pure tier
 def test_figure_exact_mode_damage_is_bounded_by_the_reach(figure):
     """Exact mode: FedAvg of proposals each within the reach is within the reach, so a version moves no
     coordinate further than one honest fit could, and the attackers cannot call versions; the damage is
