@@ -1,0 +1,57 @@
+"""The adaptive residual-matching attacker against robust FedBNR on its defaults (docs/reliability.md §7.2.1):
+`k` of 12 Beijing stations send labels = the global's prediction + sqrt(f · median · v) per row, every sample
+their rate allows; worst honest MSE ratio to the attack-free run.
+
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_adaptive_attack.py \
+        300 1 4 "dict(sensor_rate=1.0)"
+
+Arguments: steps, k, f, [fleet.robust] overrides, FedBNR parameter overrides (Python literals).
+"""
+import sys
+
+import numpy as np
+
+from streamfed.algorithms.fedbnr.wire import stats_update_message
+from streamfed.core.stats import SufficientStats
+from streamfed.evaluation.datasets import load_beijing
+from streamfed.fleet.config import FleetConfig
+from streamfed.fleet.robustness import Robustness
+from tests.attacked_fleet import run_attacked_fleet
+
+steps, k, f = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+b = load_beijing("paper", steps=steps)
+names = list(b.names)
+cfg = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, standardise="none", clients=tuple(names),
+                  robust=Robustness(aggregation="robust", **eval(sys.argv[4] if len(sys.argv) > 4 else "{}")),
+                  fedbnr=eval(sys.argv[5] if len(sys.argv) > 5 else "{}"))
+
+def upload(agent, core, n, seq, X, y):
+    st_ = SufficientStats.from_samples(agent.learner.client.features_many(X), y,
+                                       kernel_version=core.kernel_version).to_packed()
+    return stats_update_message("t", n, seq, st_["S_upper"], st_["b"], float(st_["n"]), float(st_["q"]),
+                                global_version=core.version, kernel_version=core.kernel_version, created=0.0)
+
+t_now = [0]
+def labels(agent, core, s, rows):
+    c = agent.learner.client
+    t = int(rows.max())
+    # omniscient: the median over honest stations of their last 32 rows' ratio under the attacker's global
+    meds = []
+    for st in b.streams[k:]:
+        lo = max(0, t - 31)
+        m, v = c.predict_many(st.X[lo:t + 1])
+        meds.append(float(np.mean((st.y[lo:t + 1] - m) ** 2 / v)))
+    med = float(np.median(meds))
+    mean, var = c.predict_many(s.X[rows])
+    return mean + np.sqrt(f * max(med, 1e-6) * var)
+
+calm, _ = run_attacked_fleet(b, cfg, upload, steps, names[:k], silent=True)
+hit, core = run_attacked_fleet(b, cfg, upload, steps, names[:k], labels=labels)
+r = {n: hit[n] / calm[n] for n in hit}
+print(f"k={k} f={f}: worst {max(r.values()):.4f} mean {np.mean(list(hit.values()))/np.mean(list(calm.values())):.4f}",
+      core.aggregation.diagnostics(), {a: round(core.aggregation.client_shares().get(a, 0), 4) for a in names[:k]},
+      core.rejected)
+print({n: round(v, 3) for n, v in r.items()})
+print("calm", {n: round(v, 5) for n, v in calm.items()})
+srv = core.aggregation.server
+print("sigma", getattr(srv, "sigma", None), "lam", getattr(srv, "lam", None), "n", srv.stats.n)
