@@ -452,7 +452,9 @@ def test_tau_mixture_fleet_carries_one_exact_shared_posterior_per_tau_and_export
         assert w.shape == (3,) and abs(w.sum() - 1.0) < 1e-12 and a.global_version == agg.version
         a.stats.update_from_learner(a.learner)
         # the learner's own values, and how many labels the agent clipped to the fleet's bound
-        assert set(a.stats.learner_values) == {"own_log_evidence", "shared_log_evidence", "labels_clipped"}
+        # (and the conformal scale of its reported variance, streamfed.algorithms.calibration)
+        assert set(a.stats.learner_values) == {"own_log_evidence", "shared_log_evidence", "labels_clipped",
+                                               "variance_scale"}
     text = generate_latest(make_registry(StreamfedCollector([a.stats for a in agents]))).decode()
     assert 'streamfed_agent_kernel_weight{client="a0",fleet="mix",kernel="tau=0.3"}' in text
     assert 'streamfed_agent_learner_value{client="a1",fleet="mix",name="shared_log_evidence"}' in text

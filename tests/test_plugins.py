@@ -373,7 +373,8 @@ def test_fedmean_plugin_runs_in_replay_mqtt_and_shards(fedmean, mosquitto_dev):
 # =========================================================================== 2. personalised FedBNR
 
 PERSONAL = "fedbnr-personal"
-PERSONAL_PARAMS = {"min_upload": 10, "fit_hyperparameters": False}  # σ, λ, τ fixed: A, h depend on the data only
+# σ, λ, τ fixed: A, h depend on the data only; the model's own variance on both sides (no conformal scale)
+PERSONAL_PARAMS = {"min_upload": 10, "fit_hyperparameters": False, "calibrate": False}
 PERSONAL_STEPS = 60  # a multiple of min_upload: every sample is uploaded, nothing is left pending
 PERSONAL_SEED = 4
 
