@@ -150,8 +150,7 @@ def test_sharded_pofmkl_lockstep_equals_single_aggregator(fleet, n_shards, seed,
     single, sharded = run_pofmkl(fleet, n_shards, seed, dup_rate, flush_prob)
     red = sharded.reducer
     assert red.version == single.version == STEPS
-    scale = max(1.0, float(np.max(np.abs(single.aggregation.server.theta))))
-    assert np.max(np.abs(red.aggregation.server.theta - single.aggregation.server.theta)) <= 1e-12 * scale
+    assert np.array_equal(red.aggregation.server.theta, single.aggregation.server.theta)  # bit for bit
     assert red.included() == single.included()
     assert red.accepted == single.counters.accepted == 4 * STEPS  # every update exactly once
     assert all(s.held == 0 for s in sharded.shards)  # every partial acknowledged
@@ -160,6 +159,7 @@ def test_sharded_pofmkl_lockstep_equals_single_aggregator(fleet, n_shards, seed,
     # what agents receive is the same message, but for the sender
     a, b = red.global_message(), single.global_message()
     assert a.included == b.included and a.global_version == b.global_version
+    assert a.arrays["theta"].tobytes() == b.arrays["theta"].tobytes()
 
 
 def test_duplicates_across_shards_are_refused_and_the_rest_resent(fleet):
@@ -168,7 +168,7 @@ def test_duplicates_across_shards_are_refused_and_the_rest_resent(fleet):
     assert red.rejected.get("duplicate", 0) > 0  # the test exercised the refusal path
     assert sum(s.counters.resent for s in sharded.shards) > 0
     assert red.accepted == 4 * STEPS
-    assert np.allclose(red.aggregation.server.theta, single.aggregation.server.theta, rtol=0, atol=1e-12)
+    assert np.array_equal(red.aggregation.server.theta, single.aggregation.server.theta)
 
 
 def test_partial_sent_again_after_reconnect_is_acknowledged_not_added(fleet):
@@ -225,32 +225,49 @@ def test_sharded_fedbnr_equals_single_aggregator(fleet, n_shards, seed, dup_rate
 
 
 def test_bad_partials_are_counted_and_change_nothing(fleet):
-    cfg = pof_cfg()
+    """A lock-step POF-MKL reducer takes rounds as `pofmkl.round` partials; each update in one is held to what an
+    update is held to (1..M distinct kernels in range, finite, within ±max_abs), else the partial is refused with a
+    reason, counted, and nothing changes."""
+    cfg = pof_cfg()  # N = 4 kernels, M = 2, 2D = 40
     names = ["a", "b"]
     red = ReducerCore(cfg, names)
+    assert red.partial_kind == "pofmkl.round"
     theta = red.aggregation.server.theta.copy()
     inc, owner, seqs = contributors_fields([("a", 1)])
-    good = dict(fleet=cfg.fleet, client="s0", kind="pofmkl.partial", seq=1, kernel_version=red.kernel_version,
+    good = dict(fleet=cfg.fleet, client="s0", kind="pofmkl.round", seq=1, kernel_version=red.kernel_version,
                 included=inc, meta={"round": 1})
 
-    def partial(total, **kw):
-        fields = {**good, **kw}
-        return Message(**fields, arrays={"sum": total, "owner": fields.pop("owner", owner),
-                                         "seqs": fields.pop("seqs", seqs)})
+    def partial(delta, rows=(1,), kernels=(0,), **kw):
+        return Message(**{**good, **kw}, arrays={"rows": np.array(rows), "kernels": np.array(kernels),
+                                                 "delta": delta, "owner": owner, "seqs": seqs})
 
+    row = np.zeros((1, 40))
+    dense = Message(**{**good, "kind": "pofmkl.partial"}, arrays={"sum": np.zeros((4, 40)), "owner": owner,
+                                                                   "seqs": seqs})
     cases = {
-        "not_msgpack": b"\xc1garbage",
-        "non_finite": encode(partial(np.full((4, 40), np.nan))),
-        "wrong_shape": encode(partial(np.zeros((3, 40)))),
-        "unknown_client": encode(partial(np.zeros((4, 40)), included={"zz": 1})),
-        "invalid_partial": encode(partial(np.zeros((4, 40)), meta={"round": 2})),  # seqs say round 1
-        "wrong_kernel_version": encode(partial(np.zeros((4, 40)), kernel_version="other")),
+        "not_msgpack": [b"\xc1garbage"],
+        "non_finite": [encode(partial(np.full((1, 40), np.nan)))],
+        "wrong_shape": [encode(partial(np.zeros((1, 39))))],
+        "bad_index": [encode(partial(row, kernels=(4,)))],
+        "unknown_client": [encode(partial(row, included={"zz": 1}))],
+        "unknown_kind": [encode(dense)],  # a dense sum: lock-step rounds travel as their updates
+        "wrong_kernel_version": [encode(partial(row, kernel_version="other"))],
+        "invalid_partial": [encode(p) for p in [
+            partial(row, meta={"round": 2}),  # seqs say round 1
+            partial(np.zeros((2, 40)), rows=(2,), kernels=(1, 1)),  # a kernel twice in one update
+            partial(np.zeros((3, 40)), rows=(3,), kernels=(0, 1, 2)),  # more rows than M = 2
+            partial(np.zeros((2, 40)), rows=(1,), kernels=(0, 1)),  # rows do not add up to the rows sent
+            partial(np.full((1, 40), 1e101)),  # beyond max_abs
+        ]],
     }
-    for reason, payload in cases.items():
-        assert red.on_partial("s0", payload, now=0.0) == [], reason
-        assert red.rejected.get(reason, 0) >= 1, (reason, red.rejected)
+    for reason, payloads in cases.items():
+        for payload in payloads:
+            assert red.on_partial("s0", payload, now=0.0) == [], reason
+        assert red.rejected.get(reason, 0) == len(payloads), (reason, red.rejected)
     assert red.accepted == 0 and red.version == 0 and np.array_equal(red.aggregation.server.theta, theta)
     assert not red._round
+    # and the well-formed partial is taken
+    assert [m.meta["applied"] for m in red.on_partial("s0", encode(partial(row)), now=0.0)] == [True]
 
 
 def test_shard_rejects_like_the_aggregator(fleet):
@@ -308,8 +325,7 @@ def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
         for a in agents:
             a.on_global(got[0], now=0.0)
     assert sharded.reducer.version == ref.version == 30
-    np.testing.assert_allclose(sharded.reducer.aggregation.server.theta, ref.aggregation.server.theta,
-                               rtol=0, atol=1e-12)
+    assert np.array_equal(sharded.reducer.aggregation.server.theta, ref.aggregation.server.theta)
     with pytest.raises(ValueError, match="different fleet configuration"):
         ReducerCore(bnr_cfg(), names, mode="async").restore(durable.decode(saved[-1]))
 

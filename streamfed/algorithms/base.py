@@ -12,8 +12,9 @@ ever talk to these three objects:
 * :class:`Aggregation` — the server half: ``check`` (validate an update completely, changing nothing),
   ``take`` (into the open window), ``close_window`` / ``apply_round`` (fold into the global),
   ``global_message``; and the sharded form: ``partial`` (what a shard sends: arrays, samples, epoch),
-  ``read_partial`` and
-  ``apply_partial`` (what the reducer folds in).
+  ``read_partial``, ``combine_partials`` and
+  ``apply_partial`` (what the reducer folds in); for a family whose lock-step global depends on the order of
+  its floating-point additions, ``round_partial`` (a shard's round: the updates themselves, kind ``round_kind``).
 
 Every family writes its two halves on :class:`BaseLearner` and :class:`BaseAggregation`, which give every
 member with a sensible default (``learn`` = ``begin_learn`` + ``end_learn``, ``flush`` → ``[]``,
@@ -216,6 +217,12 @@ class Aggregation(Protocol):
     (FedBNR) moves to `epoch`, so the global is rebuilt exactly. Without it the aggregator can only say that
     its state is behind. :class:`BaseAggregation` gives the defaults.
 
+    Partials are combined by `combine_partials(totals, order)` (default: `+`, in arrival order). `round_kind`
+    (None by default) — a lock-step round's global depends on the order its updates are added, so a lock-step
+    shard sends a round as its clients' updates themselves (`round_partial`, message kind `round_kind`) and
+    `combine_partials` / `apply_partial` add them in the fleet's `order`, as the single aggregator's
+    `apply_round` does: the sharded global then equals the single aggregator's bit for bit.
+
     `check` also enforces the fleet's declared bounds (`cfg.robust`): the largest update an honest client can
     produce from the configuration, its labels clipped to `±label_bound` — anything beyond is a `ValueError`."""
 
@@ -229,13 +236,16 @@ class Aggregation(Protocol):
     def included(self) -> dict[str, int]: ...
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message: ...
     def partial(self, items: Sequence[Any]) -> tuple[dict[str, np.ndarray], int, int]: ...
-    def read_partial(self, msg: Message) -> Any: ...  # a sum: `+` adds two partials' sums
+    def read_partial(self, msg: Message) -> Any: ...  # a partial's total (combine_partials adds totals)
+    def combine_partials(self, totals: Sequence[Any], order: Mapping[str, int]) -> Any: ...
+    def round_partial(self, items: Sequence[Any]) -> tuple[dict[str, np.ndarray], int, int]: ...
     def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None: ...
     def warm_up(self) -> None: ...
     def diagnostics(self) -> Mapping[str, float]: ...
     shardable: bool
     recoverable: bool
     checks_sums: bool
+    round_kind: str | None
     def for_partials(self, role: Literal["shard", "reducer"]) -> None: ...
     def rebase(self, version: int, epoch: int) -> None: ...
     def check_sum(self, total: Any, n_samples: int) -> None: ...  # secure aggregation's unmasked sum
@@ -442,15 +452,19 @@ class BaseAggregation:
     """The :class:`Aggregation` contract with its defaults: `version` from the `_version` attribute, no
     diagnostics, nothing to warm up, and the declared capabilities — `shardable` (True: `partial`,
     `read_partial`, `apply_partial` are real; `for_partials` refuses a shard or reducer role otherwise) and
-    `recoverable` (False: no `rebase`) and `checks_sums` (False: `check_sum` accepts every sum).
+    `recoverable` (False: no `rebase`) and `checks_sums` (False: `check_sum` accepts every sum), and
+    `round_kind` (None: partials are sums, added in any order by `combine_partials`).
 
     >>> BaseAggregation().diagnostics(), BaseAggregation.shardable, BaseAggregation.recoverable
     ({}, True, False)
+    >>> BaseAggregation().combine_partials([np.ones(2), np.full(2, 2.0)], {}).tolist(), BaseAggregation.round_kind
+    ([3.0, 3.0], None)
     """
 
     shardable: ClassVar[bool] = True
     recoverable: ClassVar[bool] = False
     checks_sums: ClassVar[bool] = False
+    round_kind: ClassVar[str | None] = None
     _version: int = 0
 
     @property
@@ -476,6 +490,19 @@ class BaseAggregation:
 
     def read_partial(self, msg: Message) -> Any:
         raise NotImplementedError(f"{type(self).__name__} has no partial sums")
+
+    def combine_partials(self, totals: Sequence[Any], order: Mapping[str, int]) -> Any:
+        """Partials' totals (what `read_partial` gave) as one: their sum, in the order given (`order`, the
+        fleet's client ranks, is for a `round_kind` family, whose totals are not sums)."""
+        out = totals[0]
+        for t in totals[1:]:
+            out = out + t
+        return out
+
+    def round_partial(self, items: Sequence[Any]) -> tuple[dict[str, np.ndarray], int, int]:
+        """A lock-step shard's round as kind `round_kind` (each item's own arrays, in the order of the
+        contributor lists); only for a family with a `round_kind`."""
+        raise NotImplementedError(f"{type(self).__name__} sends lock-step rounds as sums (`partial`)")
 
     def apply_partial(self, total: Any, n_clients: int, included: Mapping[str, int]) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no partial sums")

@@ -3,7 +3,9 @@ no I/O; the MQTT shells are in :mod:`streamfed.runtime.shard`.
 
 Aggregation is a sum (FedBNR statistics) or a sum plus a count (POF-MKL: ``θ ← θ − ΣΔ/|C|``), so it
 splits exactly; the algorithm's :class:`~streamfed.algorithms.base.Aggregation` says how (``partial``,
-``read_partial``, ``apply_partial``) and these cores never ask which algorithm they run. Shards share the
+``read_partial``, ``combine_partials``, ``apply_partial``) and these cores never ask which algorithm they run.
+An aggregation with a ``round_kind`` (POF-MKL) has lock-step shards send a round as its updates themselves
+(``round_partial``), which the reducer adds in the fleet's client order. Shards share the
 update stream through an MQTT v5 shared subscription (``$share/<group>/streamfed/v1/<fleet>/updates/+``):
 the broker hands each update to one shard. A :class:`ShardCore` validates it exactly as the single
 aggregator does (same codec, same checks, same reject reasons), deduplicates, and adds it to a
@@ -21,8 +23,9 @@ the shard, which keeps the updates of each partial until it is acknowledged, sen
 without them. A partial sent again after a reconnect (same shard, same partial seq) is acknowledged
 without being added twice.
 
-The result equals the single aggregator's up to the order of floating-point additions (tested: lock-step
-POF-MKL and FedBNR, relative difference below 1e-12).
+The result equals the single aggregator's: bit for bit for an aggregation with a ``round_kind`` in lock-step
+(POF-MKL: the same additions in the same order), otherwise up to the order of floating-point additions
+(tested: FedBNR, relative difference below 1e-12).
 """
 
 from __future__ import annotations
@@ -166,6 +169,11 @@ class ShardCore:
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self.schema = cfg.protocol_schema
         self._kinds = (cfg.update_kind,)
+        # a lock-step round whose sum depends on the order of additions goes as its updates (round_kind)
+        self._rounds_as_updates = self.mode == "lockstep" and self.aggregation.round_kind is not None
+        self.partial_kind = self.aggregation.round_kind if self._rounds_as_updates else cfg.partial_kind
+        # a partial holds at most as many contributors as its kind's contributor lists may (a longer round: several)
+        self._per_partial = self.schema.kinds[self.partial_kind].dims.get("c", (0, 1 << 62))[1]
         self.version = 0  # of the newest global seen
         self._mark: dict[str, int] = {}  # per client: every seq up to it is in the reducer's global
         self._seen: dict[str, set[int]] = defaultdict(set)  # seqs this shard holds (pending or unacknowledged)
@@ -277,7 +285,9 @@ class ShardCore:
                 part.sent_at = now
                 self.counters.resent += 1
                 out.append(self._message(part))
-        out += [self._send(r, items, now) for r, items in sorted(self._pending.items()) if items]
+        cap = self._per_partial
+        out += [self._send(r, items[i:i + cap], now) for r, items in sorted(self._pending.items())
+                for i in range(0, len(items), cap)]
         self._pending.clear()
         return out
 
@@ -294,9 +304,13 @@ class ShardCore:
 
     def _message(self, part: _Partial) -> Message:
         included, owner, seqs = contributors_fields((c.client, c.seq) for c in part.items)
-        arrays, n, epoch = self.aggregation.partial([c.item for c in part.items])
+        if self._rounds_as_updates:  # each update's arrays, in the order of owner/seqs (sorted pairs)
+            items = sorted(part.items, key=lambda c: (c.client, c.seq))
+            arrays, n, epoch = self.aggregation.round_partial([c.item for c in items])
+        else:
+            arrays, n, epoch = self.aggregation.partial([c.item for c in part.items])
         arrays = {**arrays, "owner": owner, "seqs": seqs}
-        return Message(self.cfg.fleet, self.name, self.cfg.partial_kind, part.seq, global_version=self.version,
+        return Message(self.cfg.fleet, self.name, self.partial_kind, part.seq, global_version=self.version,
                        kernel_version=self.kernel_version, n_samples=min(n, 2**63 - 1), created=part.sent_at,
                        arrays=arrays, meta={"round": part.round}, included=included, epoch=epoch)
 
@@ -343,7 +357,10 @@ class ReducerCore:
         self.aggregation.for_partials("reducer")
         self.kernel_version = self.algorithm.kernel_version(cfg)
         self.schema = cfg.protocol_schema
-        self._kinds = (cfg.partial_kind,)
+        # what the shards send (ShardCore.partial_kind): a lock-step round of a round_kind family as its updates
+        round_kind = self.aggregation.round_kind if self.mode == "lockstep" else None
+        self.partial_kind = round_kind or cfg.partial_kind
+        self._kinds = (self.partial_kind,)
         self.stats = stats or AggregatorStats(cfg.fleet)
         self.applied = SeqTracker(cfg.seq_window)  # (client, seq) pairs summed (in a round or window)
         self.partials = SeqTracker(1 << 20)  # (shard, partial seq) pairs applied
@@ -454,17 +471,23 @@ class ReducerCore:
             self.partials.record(shard, msg.seq)
             self.reject("duplicate")
             return [self._ack(shard, msg.seq, False, dup)]
+        # combined first (in the fleet's order where the aggregation needs one): nothing is recorded unless it is in
+        acc = self._round.get(rnd, (None, set()))[0] if lockstep else self._win_sum
+        try:
+            combined = self.aggregation.combine_partials([total] if acc is None else [acc, total], self.order)
+        except ValueError as e:
+            self.reject("invalid_partial")
+            log.warning("partial %d from shard %r rejected: %s", msg.seq, shard, e)
+            return []
         self.partials.record(shard, msg.seq)
         out = [self._ack(shard, msg.seq, True)]
         self.accepted += len(pairs)
         clients = {c for c, _ in pairs}
         if lockstep:
-            acc, who = self._round.get(rnd, (None, set()))
-            self._round[rnd] = (total if acc is None else acc + total, who | clients)
+            self._round[rnd] = (combined, self._round.get(rnd, (None, set()))[1] | clients)
             self._round_pairs[rnd].update(pairs)
             return out + self._close_ready_rounds(now)
-        # the sum first: nothing is recorded as applied unless its part of the sum exists
-        self._win_sum = total if self._win_sum is None else self._win_sum + total
+        self._win_sum = combined
         for c, s in pairs:
             self.applied.record(c, s)
         self._win_clients |= clients

@@ -169,7 +169,7 @@ class ReducerService(MqttService):
     def _observe_partial(self, shard: str, payload: bytes) -> None:
         try:  # decoded a second time for its header only: a few partials a second per shard
             msg = decode(payload, self.core.schema, kernel_version=self.core.kernel_version, client=shard,
-                         kinds=(self.core.cfg.partial_kind,))
+                         kinds=(self.core.partial_kind,))
         except ProtocolError:
             return
         self.regions.observe(shard, sent=msg.created, shard_version=msg.global_version,

@@ -118,7 +118,7 @@ class POFMKL(Algorithm):
         bound = (StepBound.of(p.eta, p.lam, p.xi, p.n_kernels, p.bin_size, r.label_bound,
                               p.radius(r.label_bound)) if check_stats else None)
         robust = RobustRule(r.trim, r.clip_factor) if r.aggregation == "robust" else None
-        return POFMKLAggregation(p.n_kernels, p.dim, max_abs=max_abs, bound=bound, robust=robust)
+        return POFMKLAggregation(p.n_kernels, p.dim, max_abs=max_abs, bound=bound, robust=robust, bin_size=p.bin_size)
 
     def replay_variants(self) -> list[ReplayVariant]:
         return [ReplayVariant(self.name, self.title),

@@ -3,7 +3,11 @@
 Lock-step: a round is every expected client's seq-`r` update, added in the fleet's client order (so the
 global equals the replay's bit for bit). Asynchronous: whatever arrives within a window is one round with
 `C` = the clients heard, a client's several updates in one window summed per kernel as they arrive.
-Sharded: a shard sends a dense `ΣΔ`; the reducer applies `θ ← θ − ΣΔ/|C|` with `|C|` the clients in it.
+Sharded, asynchronous: a shard sends a dense `ΣΔ`; the reducer applies `θ ← θ − ΣΔ/|C|` with `|C|` the clients
+in it. Sharded, lock-step: a shard sends its clients' updates themselves (:class:`RoundUpdates`), and the reducer
+adds every update of the round in the fleet's client order and divides by `|C|` — the single aggregator's own
+operations, so the global is the same bit for bit (floating-point addition is not associative: pre-summed
+partials would differ in the last bits).
 
 Bounded influence (docs/algorithms.md §3.9, always on): :class:`StepBound` is the largest row an honest
 client can send, from the configuration alone (θ is projected onto a configured radius); `check`
@@ -26,12 +30,12 @@ from streamfed.algorithms.base import BaseAggregation, NonFiniteError
 from streamfed.algorithms.pofmkl._layout import STEP_CAP
 from streamfed.algorithms.pofmkl.messages import KernelUpdate
 from streamfed.algorithms.pofmkl.server import POFMKLServer
-from streamfed.algorithms.pofmkl.wire import global_message
+from streamfed.algorithms.pofmkl.wire import ROUND, global_message
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
 from streamfed.core.durable import durable
 from streamfed.wire.message import Message
 
-__all__ = ["ClientSteps", "POFMKLAggregation", "RobustRule", "StepBound", "WindowSum"]
+__all__ = ["ClientSteps", "POFMKLAggregation", "RobustRule", "RoundUpdates", "StepBound", "WindowSum"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,42 @@ class WindowSum:
     def __setstate__(self, state: dict) -> None:
         for k, v in state.items():
             setattr(self, k, v)
+
+
+@durable("pofmkl.RoundUpdates")
+class RoundUpdates:
+    """Lock-step updates of one round from one or several shards' `pofmkl.round` partials: one per client,
+    in the order they will be added (:meth:`POFMKLAggregation.combine_partials` puts them in the fleet's order).
+
+    >>> r = RoundUpdates({"b": KernelUpdate(np.array([0]), np.ones((1, 2)))})
+    >>> r.merged([RoundUpdates({"a": KernelUpdate(np.array([1]), np.ones((1, 2)))})], {"a": 0, "b": 1}).clients()
+    ['a', 'b']
+    """
+
+    __slots__ = ("updates",)
+
+    def __init__(self, updates: Mapping[str, KernelUpdate]) -> None:
+        self.updates = dict(updates)
+
+    def clients(self) -> list[str]:
+        return list(self.updates)
+
+    def merged(self, others: Sequence[RoundUpdates], order: Mapping[str, int]) -> RoundUpdates:
+        """These and `others`' updates, ranked by `order` (then by name); `ValueError` for a client twice."""
+        out = dict(self.updates)
+        for o in others:
+            for c, u in o.updates.items():
+                if c in out:
+                    raise ValueError(f"client {c!r} twice in one lock-step round")
+                out[c] = u
+        rank = len(order)
+        return RoundUpdates({c: out[c] for c in sorted(out, key=lambda c: (order.get(c, rank), c))})
+
+    def __getstate__(self) -> dict:
+        return {"updates": self.updates}
+
+    def __setstate__(self, state: dict) -> None:
+        self.updates = state["updates"]
 
 
 # Relative slack on the declared bound: it covers the rounding of ‖z_p‖ = 1 (fdlibm sin/cos, ≤ 2.2e-16 each),
@@ -238,8 +278,12 @@ class POFMKLAggregation(BaseAggregation):
 
     rebased = False  # set by rebase: clients absent from `steps` are on their first upload since a lost state
 
+    round_kind = ROUND  # lock-step shards send their clients' updates; the reducer adds them in the fleet's order
+
+    bin_size: int | None = None  # M, the rows an update may carry (None: a state from before; N then bounds them)
+
     def __init__(self, n_kernels: int, dim: int, *, max_abs: float = 1e100, bound: StepBound | None = None,
-                 robust: RobustRule | None = None) -> None:
+                 robust: RobustRule | None = None, bin_size: int | None = None) -> None:
         if not max_abs > 0:
             raise ValueError(f"max_abs must be > 0, got {max_abs!r}")
         r = bound.radius if bound is not None else math.inf
@@ -248,6 +292,7 @@ class POFMKLAggregation(BaseAggregation):
         self.dim = dim
         self.bound = bound
         self.robust = robust
+        self.bin_size = None if bin_size is None else int(bin_size)
         # per kernel, the ‖θ_p‖ the bound assumes: the configured radius (θ is projected onto it); without one
         # (a state from before it), the largest ‖θ_p‖ ever published
         self.radius = np.full(n_kernels, r) if math.isfinite(r) else np.zeros(n_kernels)
@@ -490,22 +535,91 @@ class POFMKLAggregation(BaseAggregation):
                 total[k] += delta[i]
         return {"sum": total}, sum(int(u.n_samples) for u in items), 0
 
-    def read_partial(self, msg: Message) -> np.ndarray:
+    def round_partial(self, items: Sequence[KernelUpdate]) -> tuple[dict[str, np.ndarray], int, int]:
+        """A lock-step shard's round (`pofmkl.round`): each update's rows as sent, `rows[i]` of them for the
+        `i`-th item (items in the order of the partial's `(client, seq)` pairs)."""
         if self.robust is not None:
             raise ValueError(ROBUST_SHARDED)
+        self.role = "shard"
+        rows = np.array([u.kernels.shape[0] for u in items], dtype=np.int64)
+        kernels = np.concatenate([u.kernels for u in items]).astype(np.int64) if items else np.zeros(0, np.int64)
+        delta = (np.concatenate([u.delta for u in items]).astype(np.float64) if items
+                 else np.zeros((0, self.dim)))
+        return {"rows": rows, "kernels": kernels, "delta": delta}, sum(int(u.n_samples) for u in items), 0
+
+    def read_partial(self, msg: Message) -> np.ndarray | RoundUpdates:
+        if self.robust is not None:
+            raise ValueError(ROBUST_SHARDED)
+        if msg.kind == ROUND:
+            return self._read_round(msg)
         total = np.array(msg.arrays["sum"], dtype=np.float64)
         if not np.all(np.isfinite(total)):
             raise ValueError("non-finite partial sum")
         return total
 
-    def apply_partial(self, total: np.ndarray, n_clients: int, included: Mapping[str, int]) -> None:
+    def _read_round(self, msg: Message) -> RoundUpdates:
+        """A `pofmkl.round`'s updates, each held to what `check` and the codec hold an update to: 1 to `M`
+        rows, distinct kernels in range, finite, within ±`max_abs`; one update per client."""
+        names = sorted(msg.included)
+        owner = np.asarray(msg.arrays["owner"], dtype=np.int64)
+        rows = np.asarray(msg.arrays["rows"], dtype=np.int64)
+        kernels = np.asarray(msg.arrays["kernels"], dtype=np.int64)
+        delta = np.asarray(msg.arrays["delta"], dtype=np.float64)
+        n = self.server.theta.shape[0]
+        most = n if self.bin_size is None else min(self.bin_size, n)
+        if rows.shape != owner.shape:
+            raise ValueError("rows and the contributor lists differ in length")
+        if rows.size and (int(rows.min()) < 1 or int(rows.max()) > most):
+            raise ValueError(f"an update of a round carries 1 to {most} rows")
+        if int(rows.sum()) != kernels.shape[0] or delta.shape != (kernels.shape[0], self.dim):
+            raise ValueError(f"rows add up to {int(rows.sum())}, the round carries {kernels.shape[0]} rows "
+                             f"of delta {delta.shape}")
+        if kernels.size and (int(kernels.min()) < 0 or int(kernels.max()) >= n):
+            raise ValueError(f"a kernel index is outside [0, {n})")
+        if not np.all(np.isfinite(delta)):
+            raise ValueError("non-finite delta in a round")
+        if delta.size and not np.abs(delta).max() <= self.max_abs:
+            raise ValueError(f"a delta value is beyond ±{self.max_abs:g}")
+        if owner.size and (int(owner.min()) < 0 or int(owner.max()) >= len(names)):
+            raise ValueError("owner index out of range")
+        updates: dict[str, KernelUpdate] = {}
+        ends = np.cumsum(rows).tolist()
+        for i, (o, end) in enumerate(zip(owner.tolist(), ends, strict=True)):
+            start = end - int(rows[i])
+            k = kernels[start:end].copy()
+            if np.unique(k).size != k.size:
+                raise ValueError(f"an update repeats a kernel: {k.tolist()}")
+            client = names[o]
+            if client in updates:
+                raise ValueError(f"client {client!r} twice in one lock-step round")
+            updates[client] = KernelUpdate(k, delta[start:end].copy())
+        return RoundUpdates(updates)
+
+    def combine_partials(self, totals: Sequence[np.ndarray | RoundUpdates], order: Mapping[str, int]
+                         ) -> np.ndarray | RoundUpdates:
+        """Dense sums added; a lock-step round's updates gathered, in the fleet's `order`."""
+        first, rest = totals[0], totals[1:]
+        if isinstance(first, RoundUpdates):
+            if not all(isinstance(t, RoundUpdates) for t in rest):
+                raise ValueError("a lock-step round mixes updates and dense sums")
+            return first.merged(rest, order)  # type: ignore[arg-type]
+        if any(isinstance(t, RoundUpdates) for t in rest):
+            raise ValueError("a lock-step round mixes updates and dense sums")
+        return super().combine_partials(totals, order)
+
+    def apply_partial(self, total: np.ndarray | RoundUpdates, n_clients: int, included: Mapping[str, int]) -> None:
         if self.robust is not None:
             raise ValueError(ROBUST_SHARDED)
-        # eq. (10), as POFMKLServer.finish_round: θ ← θ − (Σ_{c ∈ C} Δ_c) / |C|
-        self.server.descend(total / n_clients)
-        self.server.version += 1
+        if isinstance(total, RoundUpdates):
+            # the single aggregator's lock-step round, operation for operation: each update added in the order
+            # given (the fleet's, by combine_partials), then θ ← θ − Σ/|C| in POFMKLServer.finish_round
+            self._aggregate(list(total.updates.values()))
+        else:
+            # eq. (10), as POFMKLServer.finish_round: θ ← θ − (Σ_{c ∈ C} Δ_c) / |C|
+            self.server.descend(total / n_clients)
+            self.server.version += 1
+            self._published()
         self._applied = dict(included)
-        self._published()
 
     # ---------------------------------------------------------------- output
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:

@@ -3,7 +3,11 @@
 * ``pofmkl.update`` — `Δ_p` for the (at most `M`) kernels of the sampled bin: `kernels (m,)`, `delta (m, 2D)`.
 * ``pofmkl.global`` — the global `θ (N, 2D)`, with `included` (per client, every seq up to it is in `θ`).
 * ``pofmkl.partial`` — a shard's dense `Σ Δ (N, 2D)` over the updates it took in, with their `(client, seq)`
-  pairs (see :mod:`streamfed.fleet.sharding`).
+  pairs (see :mod:`streamfed.fleet.sharding`): asynchronous windows, and what secure aggregation sums.
+* ``pofmkl.round`` — a lock-step shard's round: its clients' updates themselves, `rows (c,)` rows each (in the
+  order of the `(client, seq)` pairs), stacked in `kernels (r,)` and `delta (r, 2D)` — the reducer adds them
+  in the fleet's client order, as the single aggregator does, so the global is the same bit for bit. At most
+  :data:`ROUND_BYTES` of rows: a shard sends a larger round as several.
 
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=3, n_kernels=5, n_features=4, bin_size=2)
@@ -29,10 +33,24 @@ if TYPE_CHECKING:
 
 from streamfed.wire.message import Message, writable_copy
 
-__all__ = ["UPDATE", "GLOBAL", "PARTIAL", "schemas", "update_message", "global_message", "global_theta",
+__all__ = ["UPDATE", "GLOBAL", "PARTIAL", "ROUND", "ROUND_BYTES", "round_clients", "schemas", "update_message", "global_message", "global_theta",
            "to_kernel_update"]
 
-UPDATE, GLOBAL, PARTIAL = "pofmkl.update", "pofmkl.global", "pofmkl.partial"
+UPDATE, GLOBAL, PARTIAL, ROUND = "pofmkl.update", "pofmkl.global", "pofmkl.partial", "pofmkl.round"
+# the rows one `pofmkl.round` message may carry, in bytes: well below a broker's packet limit (16 MiB)
+ROUND_BYTES = 4 << 20
+
+
+def round_clients(cfg: FleetConfig) -> int:
+    """The most updates (clients) one `pofmkl.round` carries: `M` rows of `2D` float64 each within
+    :data:`ROUND_BYTES`, at least one, at most `max_clients`.
+
+    >>> from streamfed.fleet.config import FleetConfig
+    >>> round_clients(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=3, n_kernels=16, n_features=100))
+    2621
+    """
+    p = params_of(cfg, POFMKLParams)
+    return max(1, min(cfg.max_clients, ROUND_BYTES // (p.bin_size * p.dim * 8)))  # type: ignore[attr-defined]
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
@@ -50,6 +68,14 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
             ArraySpec("sum", "float64", (n, dim)),
             *contributor_arrays(),
         ), contributor_dims(cfg), meta=(MetaSpec("round"),), max_included=cfg.max_clients),
+        # after PARTIAL: the fleet's partial kind (and what secure aggregation sums) is the first on PARTIALS
+        MessageSchema(ROUND, Channel.PARTIALS, (
+            ArraySpec("rows", "int64", ("c",), positive=True),
+            ArraySpec("kernels", "int64", ("r",), index_bound=n),
+            ArraySpec("delta", "float64", ("r", dim)),
+            *contributor_arrays(),
+        ), {"c": (1, round_clients(cfg)), "r": (1, round_clients(cfg) * m)}, meta=(MetaSpec("round"),),
+            max_included=round_clients(cfg)),
     ]
 
 
