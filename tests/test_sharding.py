@@ -162,6 +162,77 @@ def test_sharded_pofmkl_lockstep_equals_single_aggregator(fleet, n_shards, seed,
     assert a.arrays["theta"].tobytes() == b.arrays["theta"].tobytes()
 
 
+def test_regional_shards_with_partials_in_any_order_are_bit_identical(fleet, monkeypatch):
+    """A shard per region (uneven: 1, 2 and 4 clients), several rounds, each round's partials reaching the
+    reducer in a shuffled order, a region's round split over several partials (two updates each at most): the
+    global equals the single aggregator's bit for bit after every round. Summing each region first and then the
+    regions (what shards sent before) gives other bits in some of these rounds: the order is what is tested."""
+    from streamfed.algorithms.pofmkl import wire as pofmkl_wire
+
+    monkeypatch.setattr(pofmkl_wire, "ROUND_BYTES", 2 * 2 * 40 * 8)  # two updates of M = 2 rows of 2D = 40
+    cfg = pof_cfg().model_copy(update={"fleet": "regions"})  # its own schema (cached by value) with that bound
+    assert pofmkl_wire.round_clients(cfg) == 2
+    streams = fleet.streams[:7]
+    names = [s.name for s in streams]
+    regions = [names[:1], names[1:3], names[3:]]
+    region_of = {c: i for i, r in enumerate(regions) for c in r}
+    rng = random.Random(11)
+    agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+    ref_agents = [AgentCore(cfg, n, i, mode="lockstep") for i, n in enumerate(names)]
+    single = AggregatorCore(cfg, clients=names, mode="lockstep")
+    shards = [ShardCore(cfg, f"region{i}", names) for i in range(len(regions))]
+    red = ReducerCore(cfg, names, shards=[s.name for s in shards])
+    steps, presummed_differs = 30, 0
+    for t in range(steps):
+        msgs, ref_msgs = [], []
+        for a, r, s in zip(agents, ref_agents, streams, strict=True):
+            reading = Reading(f"{t}", s.X[t], float(t), float(s.y[t]))
+            msgs += a.on_reading(reading)[1]
+            ref_msgs += r.on_reading(reading)[1]
+        rng.shuffle(ref_msgs)
+        for m in ref_msgs:
+            for g in single.on_update(m.client, encode(m, cfg), now=0.0):
+                if g.kind.endswith(".global"):
+                    for r in ref_agents:
+                        r.on_global(decode(encode(g, cfg), cfg, kernel_version=r.kernel_version), now=0.0)
+        rng.shuffle(msgs)
+        for m in msgs:
+            shards[region_of[m.client]].on_update(m.client, encode(m, cfg), now=0.0)
+        parts = [(sh, p) for sh in shards for p in sh.flush(now=0.0)]
+        assert len(parts) == 1 + 1 + 2  # the 4-client region's round in two partials
+        assert {p.kind for _, p in parts} == {"pofmkl.round"}
+        rng.shuffle(parts)
+        got = []
+        for sh, p in parts:
+            for out in red.on_partial(sh.name, encode(p, cfg), now=0.0):
+                back = decode(encode(out, cfg), cfg)
+                if out.kind == "partial.ack":
+                    assert back.meta["applied"] and sh.on_ack(back, now=0.0) == []
+                elif out.kind.endswith(".global"):
+                    got.append(back)
+        assert [g.global_version for g in got] == [t + 1] == [single.version]
+        assert got[0].arrays["theta"].tobytes() == single.global_message().arrays["theta"].tobytes()
+        assert got[0].included == single.global_message().included
+        for a in agents:
+            a.on_global(got[0], now=0.0)
+        for sh in shards:
+            sh.on_global(got[0])
+        # the pre-summed alternative, from the same updates: per region in arrival order, regions as they came
+        by_client = {m.client: m for m in msgs}
+        fleet_sum, dense = np.zeros((4, 40)), np.zeros((4, 40))
+        for c in names:  # eq. (10)'s sum in the fleet's order: what the single aggregator adds
+            fleet_sum[by_client[c].arrays["kernels"]] += by_client[c].arrays["delta"]
+        for i in dict.fromkeys(shards.index(sh) for sh, _ in parts):  # regions in the order they came
+            region = np.zeros((4, 40))
+            for m in msgs:
+                if region_of[m.client] == i:
+                    region[m.arrays["kernels"]] += m.arrays["delta"]
+            dense += region
+        presummed_differs += (dense / len(names)).tobytes() != (fleet_sum / len(names)).tobytes()
+    assert all(s.held == 0 for s in shards) and red.accepted == single.counters.accepted == 7 * 30
+    assert presummed_differs > 0, "these rounds do not depend on the order of additions: the test proves nothing"
+
+
 def test_duplicates_across_shards_are_refused_and_the_rest_resent(fleet):
     single, sharded = run_pofmkl(fleet, 3, seed=7, dup_rate=0.5, flush_prob=0.5)
     red = sharded.reducer
