@@ -83,11 +83,16 @@ def test_every_registered_algorithm_fills_the_contract(name: str) -> None:
     assert alg.name == name and alg.title and issubclass(alg.Params, algorithms.base.Params)
     cfg = _small_fleet(alg)
     ps = cfg.protocol_schema
-    for channel in (Channel.UPDATES, Channel.GLOBAL, Channel.PARTIALS):
+    for channel in (Channel.UPDATES, Channel.GLOBAL):
         assert len(ps.kinds_on(channel)) == 1, f"{name}: one kind on {channel}"
     learner = alg.learner(cfg, "a", 0, "lockstep" if alg.lockstep else "async")
     agg = alg.aggregation(cfg)
     assert isinstance(learner, Learner) and isinstance(agg, Aggregation)
+    # partials: the sum kind first (the fleet's partial kind, what secure aggregation sums), then the kind a
+    # lock-step round travels in when its global depends on the order of additions (`round_kind`), if any
+    rounds = () if agg.round_kind is None else (agg.round_kind,)
+    assert ps.kinds_on(Channel.PARTIALS) == (cfg.partial_kind, *rounds), f"{name}: its kinds on partials"
+    assert agg.round_kind is None or alg.lockstep
     assert cfg.kernel_version == alg.kernel_version(cfg) and isinstance(cfg.kernel_version, str)
 
 

@@ -66,8 +66,10 @@ def _message_for(draw: st.DrawFn, cfg: FleetConfig, ks: MessageSchema) -> Messag
     arrays: dict[str, np.ndarray] = {}
     for a in ks.arrays:
         shape = tuple(d if isinstance(d, int) else dims[d] for d in a.shape)
-        if a.index_bound is not None:
+        if a.index_bound is not None and a.distinct:
             arrays[a.name] = np.array(draw(st.permutations(range(a.index_bound)))[: shape[0]], dtype=np.int64)
+        elif a.index_bound is not None:  # indices that may repeat (a round's kernels: one update after another)
+            arrays[a.name] = draw(hnp.arrays(np.dtype(a.dtype), shape, elements=st.integers(0, a.index_bound - 1)))
         elif a.distinct:
             arrays[a.name] = np.array(draw(st.lists(u63, min_size=shape[0], max_size=shape[0], unique=True)),
                                       dtype=np.int64)
@@ -134,7 +136,7 @@ def test_byte_limits_hold_for_the_largest_possible_messages(cfg: FleetConfig) ->
         for a in ks.arrays:
             shape = a.max_shape(ks.dims)
             if a.index_bound is not None:
-                arrays[a.name] = np.arange(shape[0], dtype=np.int64)
+                arrays[a.name] = np.arange(shape[0], dtype=np.int64) % a.index_bound
             elif a.distinct:
                 arrays[a.name] = np.arange(2**63 - 1 - shape[0], 2**63 - 1, dtype=np.int64)
             elif a.dtype.startswith(("int", "uint")):
@@ -515,8 +517,10 @@ def _random_message(cfg: FleetConfig, ks: MessageSchema, rng: np.random.Generato
     arrays = {}
     for a in ks.arrays:
         shape = tuple(d if isinstance(d, int) else dims[d] for d in a.shape)
-        if a.index_bound is not None:
+        if a.index_bound is not None and a.distinct:
             arrays[a.name] = rng.permutation(a.index_bound)[: shape[0]].astype(np.int64)
+        elif a.index_bound is not None:
+            arrays[a.name] = rng.integers(0, a.index_bound, shape).astype(a.dtype)
         elif a.distinct:
             arrays[a.name] = rng.choice(1000, shape[0], replace=False).astype(np.int64)
         elif a.dtype.startswith(("int", "uint")):
