@@ -4,8 +4,9 @@ QoS 1 bridges), run as real processes on loopback ports by :class:`streamfed.run
 
 The global must equal the one-broker fleet's: that fleet equals the in-process replay bit for bit
 (`tests/test_runtime_mqtt.py`) and the centralised FedBNR posterior (`tests/test_sharding_mqtt.py`), so the
-same references are used here. A flat bridged fleet (every update crosses to one aggregator at the core) is
-bit-identical; a fleet with a shard per region sums partials in another order (within 1e-12).
+same references are used here. A flat bridged fleet (every update crosses to one aggregator at the core) and a
+lock-step fleet with a shard per region (its rounds' updates cross in `pofmkl.round` partials, added at the core
+in the fleet's order) are both bit-identical to it.
 """
 
 import asyncio
@@ -193,8 +194,8 @@ def test_lockstep_fleet_with_a_shard_per_region_equals_the_one_broker_fleet(stre
     srv = lockstep_reference(streams)
     red = reducer.core
     assert red.version == STEPS and red.accepted == len(names) * STEPS
-    scale = max(1.0, float(np.max(np.abs(srv.theta))))
-    assert np.max(np.abs(red.aggregation.server.theta - srv.theta)) <= 1e-12 * scale  # partial sums: order differs
+    assert np.array_equal(red.aggregation.server.theta, srv.theta)  # bit for bit: same additions, same order
+    assert red.global_message().arrays["theta"].tobytes() == srv.theta.tobytes()
     assert all(a.core.global_version == STEPS for a in agents)  # each region's agents got every global
     for s in shards:  # each region's shard took exactly its own agents' updates
         region = next(r for r in topo.regions if r.name == s.core.name)
