@@ -141,8 +141,9 @@ class ShardCore:
     ...                            global_version=0, kernel_version=shard.kernel_version))
     >>> shard.on_update("a", up, now=0.0), shard.on_update("a", up, now=0.0), shard.rejected
     ([], [], {'stale_seq': 1})
-    >>> [(m.kind, m.meta["round"], m.arrays["sum"].tolist()) for m in shard.flush(now=0.0)]
-    [('pofmkl.partial', 1, [[1.0, 1.0], [0.0, 0.0]])]
+    >>> [(m.kind, m.meta["round"], m.arrays["kernels"].tolist(), m.arrays["delta"].tolist())
+    ...  for m in shard.flush(now=0.0)]  # a lock-step POF-MKL round travels as its updates (round_kind)
+    [('pofmkl.round', 1, [0], [[1.0, 1.0]])]
     """
 
     def __init__(self, cfg: FleetConfig, name: str, clients: Sequence[str] | None = None,

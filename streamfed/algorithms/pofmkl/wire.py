@@ -33,12 +33,12 @@ if TYPE_CHECKING:
 
 from streamfed.wire.message import Message, writable_copy
 
-__all__ = ["UPDATE", "GLOBAL", "PARTIAL", "ROUND", "ROUND_BYTES", "round_clients", "schemas", "update_message", "global_message", "global_theta",
-           "to_kernel_update"]
+__all__ = ["UPDATE", "GLOBAL", "PARTIAL", "ROUND", "ROUND_BYTES", "round_clients", "schemas", "update_message",
+           "global_message", "global_theta", "to_kernel_update"]
 
 UPDATE, GLOBAL, PARTIAL, ROUND = "pofmkl.update", "pofmkl.global", "pofmkl.partial", "pofmkl.round"
 # the rows one `pofmkl.round` message may carry, in bytes: well below a broker's packet limit (16 MiB)
-ROUND_BYTES = 4 << 20
+ROUND_BYTES = 1 << 20
 
 
 def round_clients(cfg: FleetConfig) -> int:
@@ -47,7 +47,7 @@ def round_clients(cfg: FleetConfig) -> int:
 
     >>> from streamfed.fleet.config import FleetConfig
     >>> round_clients(FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=3, n_kernels=16, n_features=100))
-    2621
+    655
     """
     p = params_of(cfg, POFMKLParams)
     return max(1, min(cfg.max_clients, ROUND_BYTES // (p.bin_size * p.dim * 8)))  # type: ignore[attr-defined]
