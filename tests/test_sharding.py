@@ -401,6 +401,55 @@ def test_reducer_resumes_from_its_checkpoint_exactly(fleet):
         ReducerCore(bnr_cfg(), names, mode="async").restore(durable.decode(saved[-1]))
 
 
+def test_open_lockstep_round_of_updates_survives_a_checkpoint(fleet):
+    """A reducer's state holding an open lock-step round (one region's updates in, the other's not) is written and
+    read as the state file holds it; the restored reducer closes the round on the same bits as one that never
+    stopped."""
+    from streamfed.core import durable
+
+    streams = fleet.streams[:3]
+    cfg = pof_cfg()
+    names = [s.name for s in streams]
+    msgs = [m for i, (n, s) in enumerate(zip(names, streams, strict=True))
+            for m in AgentCore(cfg, n, i, mode="lockstep").on_reading(Reading("0", s.X[0], 0.0, float(s.y[0])))[1]]
+    north, south = ShardCore(cfg, "north", names), ShardCore(cfg, "south", names)
+    for m in msgs:
+        (north if m.client == names[0] else south).on_update(m.client, encode(m, cfg), now=0.0)
+    (p_north,), (p_south,) = north.flush(now=0.0), south.flush(now=0.0)
+    live = ReducerCore(cfg, names)
+    live.on_partial("north", encode(p_north, cfg), now=0.0)
+    restored = ReducerCore(cfg, names)
+    restored.restore(durable.decode(durable.encode(live.snapshot())))
+    assert restored._round[1][1] == {names[0]}
+    for red in (live, restored):
+        assert red.on_partial("south", encode(p_south, cfg), now=0.0)[-1].kind == "pofmkl.global"
+    single = AggregatorCore(cfg, clients=names, mode="lockstep")
+    for m in reversed(msgs):
+        single.on_update(m.client, encode(m, cfg), now=0.0)
+    assert live.version == restored.version == single.version == 1
+    assert live.aggregation.server.theta.tobytes() == restored.aggregation.server.theta.tobytes() \
+        == single.aggregation.server.theta.tobytes()
+
+
+def test_a_round_holding_a_dense_sum_from_an_older_state_is_summed_densely():
+    """A reducer state written by a build whose shards sent dense sums may hold an open lock-step round as one:
+    the round's updates that come after are added to it (ΣΔ by plain NumPy), so the round still closes."""
+    from streamfed.algorithms.pofmkl.aggregation import RoundUpdates
+    from streamfed.algorithms.pofmkl.messages import KernelUpdate
+
+    agg = ReducerCore(pof_cfg(), ["a", "b", "c"]).aggregation
+    old = np.zeros((4, 40))
+    old[1] = 0.25  # client "a"'s row 1, summed by the older build's shard
+    ups = RoundUpdates({"c": KernelUpdate(np.array([1, 3]), np.full((2, 40), 0.5)),
+                        "b": KernelUpdate(np.array([0]), np.ones((1, 40)))})
+    total = agg.combine_partials([old, ups], {"a": 0, "b": 1, "c": 2})
+    expected = np.zeros((4, 40))
+    expected[1], expected[3], expected[0] = 0.75, 0.5, 1.0
+    assert isinstance(total, np.ndarray) and np.array_equal(total, expected)
+    merged = agg.combine_partials([ups], {"a": 0, "b": 1, "c": 2})
+    assert merged.clients() == ["b", "c"]  # the fleet's order, not arrival
+
+
 def test_fedbnr_reducer_checkpoint_holds_no_applied_window(fleet):
     """The checkpoint before a FedBNR global is taken with the window already summed into the statistics and
     emptied: restoring it must not add that window a second time."""

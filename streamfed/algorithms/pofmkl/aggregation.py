@@ -113,6 +113,13 @@ class RoundUpdates:
         rank = len(order)
         return RoundUpdates({c: out[c] for c in sorted(out, key=lambda c: (order.get(c, rank), c))})
 
+    def dense(self, n_kernels: int, dim: int) -> np.ndarray:
+        """Their sum `Σ Δ (N, 2D)`, added in their order."""
+        total = np.zeros((n_kernels, dim))
+        for u in self.updates.values():
+            total[u.kernels] += u.delta
+        return total
+
     def __getstate__(self) -> dict:
         return {"updates": self.updates}
 
@@ -597,15 +604,16 @@ class POFMKLAggregation(BaseAggregation):
 
     def combine_partials(self, totals: Sequence[np.ndarray | RoundUpdates], order: Mapping[str, int]
                          ) -> np.ndarray | RoundUpdates:
-        """Dense sums added; a lock-step round's updates gathered, in the fleet's `order`."""
-        first, rest = totals[0], totals[1:]
-        if isinstance(first, RoundUpdates):
-            if not all(isinstance(t, RoundUpdates) for t in rest):
-                raise ValueError("a lock-step round mixes updates and dense sums")
-            return first.merged(rest, order)  # type: ignore[arg-type]
-        if any(isinstance(t, RoundUpdates) for t in rest):
-            raise ValueError("a lock-step round mixes updates and dense sums")
-        return super().combine_partials(totals, order)
+        """Dense sums added; a lock-step round's updates gathered, in the fleet's `order`. A round that holds a
+        dense sum as well (one opened by a build whose shards sent sums, restored from its state) is summed densely:
+        the same global up to the order of additions, and the rounds after it bit for bit again."""
+        rounds = [t for t in totals if isinstance(t, RoundUpdates)]
+        if len(rounds) == len(totals):
+            return rounds[0].merged(rounds[1:], order)
+        if rounds:
+            log.warning("a lock-step round holds dense partial sums: summed densely, not in the fleet's order")
+        n, dim = self.server.theta.shape
+        return super().combine_partials([t.dense(n, dim) if isinstance(t, RoundUpdates) else t for t in totals], order)
 
     def apply_partial(self, total: np.ndarray | RoundUpdates, n_clients: int, included: Mapping[str, int]) -> None:
         if self.robust is not None:
