@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/bench_calibration.py --quick          # smoke run (short slices), writes to /tmp
 
 Two parts, each learner run twice — `calibrate=False` (the model's own variance) and `calibrate=True` (the default:
-the variance scaled by `(q / 1.96)²`, `q` split conformal's 95% quantile (the ⌈(n + 1)·0.95⌉-th smallest) of
-the last 256 prequential |residual| / predictive sd,
+the variance scaled by `(q·c / 1.96)²`, `q` split conformal's 95% quantile (the ⌈(n + 1)·0.95⌉-th smallest) of
+the last 256 prequential |residual| / predictive sd, `c` a quantile-tracking correction,
 :mod:`streamfed.algorithms.calibration`):
 
 * **Estimators** (a fleet of one): every stream of `benchmarks/bench_progressive.py` — TrumpApproval,
@@ -119,9 +119,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "",
         "Every Bayesian learner's prequential 95% coverage (share of samples with |y − μ| ≤ 1.96 σ, σ from the "
         "prediction made before the sample was learned), with `calibrate=False` (the model's own variance) → "
-        "`calibrate=True` (the default: the variance scaled by `(q / 1.96)²`, `q` split conformal's 95% quantile "
+        "`calibrate=True` (the default: the variance scaled by `(q·c / 1.96)²`, `q` split conformal's 95% quantile "
         "(the ⌈(n + 1)·0.95⌉-th smallest) of the last 256 "
-        "studentised prequential residuals, `streamfed/algorithms/calibration.py`). In bold: outside "
+        "studentised prequential residuals, `c` a quantile-tracking correction, "
+        "`streamfed/algorithms/calibration.py`). In bold: outside "
         f"[{LOW:.2f}, {HIGH:.2f}]. The mean is never changed: RMSE / MSE are the same with and without.",
         "",
         f"Command: `{cmd}` ({wall:.0f} s wall, one process). Code: {bp.git_state()}. Machine: {machine()}; "

@@ -22,7 +22,7 @@ def test_the_scale_is_the_conformal_95_percent_quantile_of_the_last_window() -> 
     """|residual| / sd = 1, 2, …, 100 in a window of 100: split conformal's quantile is the ⌈101 · 0.95⌉ = 96th
     smallest, 96, so the scale is (96 / 1.96)²; 4 more push the first 4 out; 100 of 1 give (1 / 1.96)²; a scale
     beyond 10⁴ is held there."""
-    c = VarianceCalibration(window=100, min_samples=10, every=1)
+    c = VarianceCalibration(window=100, min_samples=10, every=1, rate=0.0)  # the window alone
     for k in range(1, 101):
         c.update(residual=-k * 3.0, var=9.0)  # |y − μ| / √v = k
     assert c.scale == pytest.approx((96 / Z95) ** 2, rel=1e-12)
@@ -39,7 +39,7 @@ def test_the_scale_is_the_conformal_95_percent_quantile_of_the_last_window() -> 
 
 
 def test_the_scale_waits_for_min_samples_and_refreshes_every_few() -> None:
-    c = VarianceCalibration(window=256, min_samples=32, every=8)
+    c = VarianceCalibration(window=256, min_samples=32, every=8, rate=0.0)
     for _ in range(31):
         c.update(4.0, 1.0)
     assert c.scale == 1.0  # fewer than min_samples residuals
@@ -50,6 +50,65 @@ def test_the_scale_waits_for_min_samples_and_refreshes_every_few() -> None:
     c.update(float("nan"), 1.0)  # nothing to learn from: ignored
     c.update(1.0, 0.0)
     assert len(c._z) == 33
+
+
+def plain_tracked_scales(residuals: list[float], variances: list[float], window: int, min_samples: int,
+                         rate: float) -> list[float]:
+    """The scale after each residual, transcribed from the definition with `every = 1`: `z = |r|/√v`; once
+    `min_samples` are in, `miss = z > 1.96·√scale` (the interval just reported) moves `log c` by
+    `rate · (miss − 0.05)`; the scale is `(q · e^{log c} / 1.96)²`, `q` the ⌈(n+1)·0.95⌉-th smallest of the last
+    `window` z (no bound is reached in the streams used here)."""
+    import math
+
+    zs: list[float] = []
+    log_c, scale, out = 0.0, 1.0, []
+    for r, v in zip(residuals, variances, strict=True):
+        z = abs(r) / math.sqrt(v)
+        if len(zs) >= min_samples:
+            miss = 1.0 if z > Z95 * math.sqrt(scale) else 0.0
+            log_c += rate * (miss - 0.05)
+        zs = (zs + [z])[-window:]
+        if len(zs) >= min_samples:
+            q = sorted(zs)[min(math.ceil((len(zs) + 1) * 0.95), len(zs)) - 1]
+            scale = (q * math.exp(log_c) / Z95) ** 2
+        out.append(scale)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), rate=st.sampled_from([0.0, 0.005, 0.02, 0.1]),
+       drift=st.floats(-0.01, 0.01), n=st.integers(1, 400))
+def test_the_tracked_scale_is_the_plain_transcription(seed: int, rate: float, drift: float, n: int) -> None:
+    rng = np.random.default_rng(seed)
+    residuals = list(rng.standard_t(3, size=n) * np.exp(drift * np.arange(n)))
+    variances = list(rng.uniform(0.5, 2.0, size=n))
+    c = VarianceCalibration(window=64, min_samples=16, every=1, rate=rate)
+    got = []
+    for r, v in zip(residuals, variances, strict=True):
+        c.update(r, v)
+        got.append(c.scale)
+    assert got == pytest.approx(plain_tracked_scales(residuals, variances, 64, 16, rate), rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), shrink=st.floats(0.0, 0.001), n=st.integers(200, 3000))
+def test_the_misses_add_up_to_five_percent_up_to_the_tracking_term(seed: int, shrink: float, n: int) -> None:
+    """The invariant of quantile tracking, on any stream (here: residuals whose sd shrinks or not while the model's
+    variance says 1 — the lag a window alone cannot follow): Σ (miss − 0.05) over the tracked samples equals
+    Δ log c / rate exactly, so the miss rate is within |Δ log c| / (rate · T) of 5%."""
+    rng = np.random.default_rng(seed)
+    c = VarianceCalibration(min_samples=32, every=8, rate=0.02)
+    misses, tracked = 0, 0
+    for i in range(n):
+        r = float(rng.normal() * np.exp(-shrink * i))
+        if len(c._z) >= c.min_samples:
+            misses += abs(r) > c.threshold
+            tracked += 1
+        c.update(r, 1.0)
+    log_c = np.log(np.sqrt(c.scale) * Z95 / c._q)
+    assert misses - 0.05 * tracked == pytest.approx(log_c / 0.02, abs=1e-6)
+    if tracked >= 1000:
+        assert abs(misses / tracked - 0.05) <= 2.0 / (0.02 * tracked) + 1e-12
 
 
 def test_the_learner_wrapper_scales_what_it_reports_and_survives_the_durable_format() -> None:
@@ -140,13 +199,13 @@ def friedman(n: int, seed: int) -> tuple[list[dict], list[float]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["urk-fedbnr", "fsgp", "fedbnr"])
+@pytest.mark.parametrize("name", ["urk-fedbnr", "fsgp", "fedbnr", "pvi"])
 def test_calibrated_coverage_is_within_the_contract(name: str) -> None:
     """Friedman (seed 0, 3,000 samples) and ChickWeights: URK's own intervals cover ~0.74 of Friedman and FSGP's
     0.84 of ChickWeights' first 200 (docs/results.md); calibrated, every learner's are within [0.90, 0.98]."""
     from river import datasets
 
-    if name == "urk-fedbnr":
+    if name in ("urk-fedbnr", "pvi"):
         pytest.importorskip("torch")
     xs, ys = friedman(3000, 0)
     chick = [(dict(x), float(y)) for x, y in datasets.ChickWeights()]
@@ -155,3 +214,4 @@ def test_calibrated_coverage_is_within_the_contract(name: str) -> None:
         assert 0.90 <= cov <= 0.98, (name, cov)
     if name == "urk-fedbnr":  # the test can fail: without the scale, URK misses the contract on Friedman
         assert coverage(algorithms.get(name).estimator(calibrate=False), xs, ys) < 0.90
+
