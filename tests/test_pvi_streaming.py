@@ -231,8 +231,8 @@ def test_calibration_scale_is_the_windows_95_percent_quantile(seed: int, n: int)
     rng = np.random.default_rng(seed)
     res = rng.standard_t(3, size=n) * rng.uniform(0.1, 3.0)
     var = rng.uniform(0.01, 4.0, size=n)
-    c = VarianceCalibration(window=256, min_samples=32, every=1)
-    for r, v in zip(res, var, strict=True):
+    c = VarianceCalibration(window=256, min_samples=32, every=1, rate=0.0)  # the window alone (the tracking:
+    for r, v in zip(res, var, strict=True):                                 # tests/test_calibration.py)
         c.update(float(r), float(v))
     z = np.abs(res / np.sqrt(var))[-256:]
     # split conformal's finite-sample 95% quantile: the ⌈(n + 1) · 0.95⌉-th smallest of the window's n
