@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,9 @@ import aiomqtt
 import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_sharding import stop_services  # noqa: E402
 
 from streamfed.evaluation.bench import load_average, machine, write_section  # noqa: E402
 from streamfed.fleet.config import BrokerConfig  # noqa: E402
@@ -232,14 +234,7 @@ async def run(setup: str, n_agents: int, seconds: float) -> dict:
         }
     finally:
         stop.set()
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_services(procs)
         if topo is not None:
             topo.close()
         if single is not None:
