@@ -4,6 +4,7 @@ FedBNR, the "fleet of one"; the federated runtime uses the two halves directly."
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,11 @@ from streamfed.core.standardise import StreamScales
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
-__all__ = ["FedBNRRegressor"]
+__all__ = ["LAZY_GAP", "FedBNRRegressor"]
+
+# nats: a kernel whose evidence may be this far below the best one's (a weight below e⁻⁵⁰ ≈ 2·10⁻²², under the
+# rounding of the mixture) is left out of it and not updated per sample (FedBNRClient's lazy kernels)
+LAZY_GAP = 50.0
 
 
 class FedBNRRegressor(base.Regressor):
@@ -71,6 +76,7 @@ class FedBNRRegressor(base.Regressor):
         standardise: bool = True,
         refit_growth: float = 0.0,
         calibrate: bool = True,
+        lazy_gap: float = LAZY_GAP,
     ) -> None:
         self.n_features = n_features
         self.bandwidth = bandwidth
@@ -84,11 +90,14 @@ class FedBNRRegressor(base.Regressor):
         self.seed = seed
         self.refit_growth = refit_growth
         self.calibrate = calibrate
+        self.lazy_gap = lazy_gap
         # Validate now so a bad parameter fails at construction, not at the first sample.
         if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
             raise ValueError("n_features, sync_every and n_kernels must be >= 1")
         check_positive("sigma", sigma)
         check_positive("lam", lam)
+        if not (0.0 <= float(lazy_gap) < math.inf):
+            raise ValueError(f"lazy_gap must be a finite number of nats >= 0, got {lazy_gap!r}")
         if not float(refit_growth) >= 0.0:
             raise ValueError(f"refit_growth must be >= 0, got {refit_growth!r}")
         if not (0.0 < float(forgetting) <= 1.0):
@@ -115,7 +124,8 @@ class FedBNRRegressor(base.Regressor):
             bandwidth = tuple(s.bandwidth for s in standardised_dictionary(int(self.n_kernels), len(keys)))
         client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=bandwidth,
                               seed=int(self.seed), sigma=self.sigma, lam=self.lam,
-                              min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local")
+                              min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local",
+                              lazy_gap=float(getattr(self, "lazy_gap", 0.0)))
         self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters),
                                               refit_growth=float(getattr(self, "refit_growth", 0.0)))
         self.client = client
@@ -129,6 +139,17 @@ class FedBNRRegressor(base.Regressor):
         if up is not None:
             self.server.apply(up)
             self.client.apply_global(self.server.publish())
+
+    def _until_sync(self) -> float:
+        """Samples still to learn before the next sync: at least `sync_every` pending, and a refit due.
+
+        In a fleet of one a global holds exactly the client's own samples, which its working posterior already
+        has: installing one changes the model only through refitted `σ, λ`. A sync without a refit would
+        refactorise the same posterior (and have the server evaluate its evidence), so the pending samples wait,
+        summed exactly, until the server would refit; the model is the one syncing every `sync_every` gives."""
+        assert self.client is not None and self.server is not None
+        pending = self.client.n_pending
+        return max(int(self.sync_every) - pending, self.server.samples_until_refit() - pending)
 
     # ------------------------------------------------------------------ River protocol
     def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
@@ -144,7 +165,7 @@ class FedBNRRegressor(base.Regressor):
         else:
             check_target(y)
             self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
-        if self.client.n_pending >= int(self.sync_every):
+        if self._until_sync() <= 0:
             self._sync()
         calibration = getattr(self, "_calibration", None)  # (None in an estimator pickled before it existed)
         if calibration is not None:
@@ -204,10 +225,10 @@ class FedBNRRegressor(base.Regressor):
             self._scales = nxt
         start = 0
         while start < ys_arr.shape[0]:
-            room = int(self.sync_every) - self.client.n_pending
-            stop = min(ys_arr.shape[0], start + max(room, 1))
+            room = self._until_sync()
+            stop = ys_arr.shape[0] if room >= ys_arr.shape[0] - start else start + max(math.ceil(room), 1)
             self.client.learn_features_many(phis[start:stop], ys_arr[start:stop])
-            if self.client.n_pending >= int(self.sync_every):
+            if self._until_sync() <= 0:
                 self._sync()
             start = stop
 

@@ -103,15 +103,17 @@ def fit_hyperparameters(
     hi = np.array([math.log(y_scale * sigma_range[1]), math.log(y_scale / f_scale * lam_range[1])])
     box_lo, box_hi = lo.copy(), hi.copy()
     best = (0.5 * (lo + hi), -np.inf)
+    vals = np.empty((grid, grid))
+    z2 = np.ascontiguousarray(z2)
     for _ in range(levels):
         gs = np.linspace(box_lo[0], box_hi[0], grid)
         gl = np.linspace(box_lo[1], box_hi[1], grid)
-        vals = spectral_log_evidence(eigvals, z2, n, q, gs[:, None], gl[None, :])
+        kern.evidence_grid(eigvals, z2, n, q, gs, gl, vals)  # spectral_log_evidence on the grid, compiled
         cond_ok = 2.0 * (gl[None, :] - gs[:, None]) + math.log(max(float(eigvals[-1]), 1e-300)) <= _LOG_MAX_COND
-        vals = np.where(np.isfinite(vals) & cond_ok, vals, -np.inf)
-        i, j = np.unravel_index(int(np.argmax(vals)), vals.shape)
-        if vals[i, j] >= best[1]:
-            best = (np.array([gs[i], gl[j]]), float(vals[i, j]))
+        score = np.where(np.isfinite(vals) & cond_ok, vals, -np.inf)
+        i, j = np.unravel_index(int(np.argmax(score)), score.shape)
+        if score[i, j] >= best[1]:
+            best = (np.array([gs[i], gl[j]]), float(score[i, j]))
         step = (box_hi - box_lo) / (grid - 1)
         box_lo = np.maximum(best[0] - 2 * step, lo)
         box_hi = np.minimum(best[0] + 2 * step, hi)
