@@ -34,18 +34,19 @@ def sorted_keys(x: dict) -> list[Any]:
 
 def dict_to_vector(keys: Sequence[Any], x: dict) -> np.ndarray:
     """`x` read in `keys` order (a missing key reads 0); `ValueError` for a None/NaN/non-numeric value."""
-    out = np.empty(len(keys))
-    for i, k in enumerate(keys):
+    values = []
+    for k in keys:
         v = x.get(k, 0.0)
         if v is None or isinstance(v, (str, bytes)):
             raise ValueError(f"feature {k!r} has the non-numeric value {v!r}")
         try:
-            out[i] = float(v)
+            f = float(v)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"feature {k!r} has the non-numeric value {v!r}") from exc
-    if not np.all(np.isfinite(out)):
-        raise ValueError("input contains a non-finite value")
-    return out
+        if not math.isfinite(f):
+            raise ValueError("input contains a non-finite value")
+        values.append(f)
+    return np.array(values, dtype=np.float64)
 
 
 def learn_rows(estimator: Any, keys: Sequence[Any] | None, xs: Any, ys: Any, *, square_finite: bool = False) -> None:

@@ -576,3 +576,47 @@ def evidence_grid(eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, gs: n
                     for m in range(m0, m1):
                         logdet += np.log1p(r * eigvals[m])
             out[i, j] = base - 0.5 * logdet - 0.5 * (q - quad) / s2
+
+
+@numba.njit(cache=True)
+def zoom_search(eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, lo: np.ndarray, hi: np.ndarray,
+                grid: int, levels: int, log_max_cond: float, best: np.ndarray) -> float:
+    """The zooming grid search of :func:`~.evidence.fit_hyperparameters` in one call (the same steps and
+    arithmetic as its numpy transcription, no `fastmath`): `levels` lattices of `grid × grid` points
+    (:func:`evidence_grid`) over the box `[lo, hi]` of `(log σ, log λ)`, points whose precision's condition
+    number would exceed `exp(log_max_cond)` left out, the box shrunk to the best point ± 2 cells. The best
+    point goes into `best`; returns its log evidence."""
+    box_lo = lo.copy()
+    box_hi = hi.copy()
+    best[0] = 0.5 * (lo[0] + hi[0])
+    best[1] = 0.5 * (lo[1] + hi[1])
+    best_val = -np.inf
+    gs = np.empty(grid)
+    gl = np.empty(grid)
+    vals = np.empty((grid, grid))
+    log_top = np.log(max(eigvals[eigvals.shape[0] - 1], 1e-300))
+    for _ in range(levels):
+        for axis in range(2):  # np.linspace: start + k·step, the end point exact
+            g = gs if axis == 0 else gl
+            step = (box_hi[axis] - box_lo[axis]) / (grid - 1)
+            for k in range(grid):
+                g[k] = k * step + box_lo[axis]
+            g[grid - 1] = box_hi[axis]
+        evidence_grid(eigvals, z2, n, q, gs, gl, vals)
+        bi, bj, top = 0, 0, -np.inf
+        first = True
+        for i in range(grid):
+            for j in range(grid):
+                v = vals[i, j]
+                if not (np.isfinite(v) and 2.0 * (gl[j] - gs[i]) + log_top <= log_max_cond):
+                    v = -np.inf
+                if first or v > top:  # np.argmax: the first maximum
+                    bi, bj, top = i, j, v
+                    first = False
+        if top >= best_val:
+            best[0], best[1], best_val = gs[bi], gl[bj], top
+        for axis in range(2):
+            step = (box_hi[axis] - box_lo[axis]) / (grid - 1)
+            box_lo[axis] = max(best[axis] - 2.0 * step, lo[axis])
+            box_hi[axis] = min(best[axis] + 2.0 * step, hi[axis])
+    return best_val

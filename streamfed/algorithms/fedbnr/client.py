@@ -16,6 +16,16 @@ leading `K` axis; each kernel has its own `σ_k, λ_k`; prediction is the Bayesi
 `∝ exp(log p_k(y))`, each kernel's evidence of the client's working statistics (computed in the log
 domain), moment-matched to one Gaussian.
 
+Lazy kernels (`lazy_gap = g > 0`; without forgetting, whose evidence is the sum of the log predictive densities
+of the samples): a kernel whose working evidence is more than `2g` below the best kernel's is left out of the
+mixture and its factor is no longer updated per sample (no triangular solve, no rank-one update; its samples
+still enter the pending statistics). Each sample adds to an upper bound of its evidence the largest log density
+its prediction could have given, `-½ log(2πσ_k²)`; its weight in the full mixture is below `exp(bound - best)`,
+so leaving it out changes the prediction by less than `e^-g` of a weight. When the bound comes within `g` of the
+best kernel's evidence (or when anything but the packed hot path reads the factors) its factor is rebuilt from
+the exact statistics `global + unacked + pending` (`O(F³)`, what a global's install does), so it is again the
+eager one; a global rebuilds every kernel anyway.
+
 Forgetting (`forgetting = γ < 1`, for drifting streams) acts on the client's *working posterior only*;
 uploads and the global stay exact sums. Before each local sample the augmented precision is multiplied
 by `γ` (factor scaled by `√γ`: `A, h, c` and the prior all decay), then the sample is added. So every
