@@ -132,6 +132,52 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
 
 
 @numba.njit(cache=True, fastmath=_FAST)
+def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v: np.ndarray,
+                   x: np.ndarray) -> tuple[float, float]:
+    """:func:`predict_one` then :func:`chol_update` by `σ⁻¹[φ; y]`, in one pass over the rows of the augmented
+    factor `r` (`(F+1, F+1)`): row `k` first gives its forward-substitution step (old values), then is rotated,
+    while it is in cache. The same operations in the same order as the two calls: the same numbers, one sweep of
+    memory instead of two. Returns `(φᵀA⁻¹h, φᵀA⁻¹φ)` of the factor before the update."""
+    n = r.shape[0]
+    f = n - 1
+    for i in range(f):
+        v[i] = phi[i]
+        x[i] = phi[i] * inv_sigma
+    x[f] = y * inv_sigma
+    mean = 0.0
+    quad = 0.0
+    for k in range(n):
+        if k < f:  # solve_rt's step k, on the leading F×F block, and predict_one's sums (in its order)
+            vk = v[k] / r[k, k]
+            v[k] = vk
+            mean += vk * r[k, f]
+            quad += vk * vk
+            rk = r[k, k + 1:f]
+            vt = v[k + 1:f]
+            for j in range(f - k - 1):
+                vt[j] -= rk[j] * vk
+        xk = x[k]  # chol_update's step k
+        if xk == 0.0:
+            continue
+        rkk = r[k, k]
+        rnew = np.sqrt(rkk * rkk + xk * xk)
+        r[k, k] = rnew
+        if k + 1 == n:
+            break
+        inv_rkk = 1.0 / rkk
+        c = rnew * inv_rkk
+        s = xk * inv_rkk
+        inv_c = rkk / rnew
+        rr = r[k, k + 1:]
+        xt = x[k + 1:]
+        for j in range(n - k - 1):
+            rkj = (rr[j] + s * xt[j]) * inv_c
+            rr[j] = rkj
+            xt[j] = c * xt[j] - s * rkj
+    return mean, quad
+
+
+@numba.njit(cache=True, fastmath=_FAST)
 def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
     organised by rows of `R` so the inner loop is contiguous)."""
@@ -195,22 +241,28 @@ def predict_mixture(
     average with log weights `logw` (normalised here, in the log domain). A kernel of log weight `-inf` (weight
     exactly 0: a lazy kernel, :func:`refresh_log_weights`) is not evaluated and its entries are left as they are."""
     n_kernels = ra.shape[0]
+    for k in range(n_kernels):
+        if n_kernels == 1 or logw[k] != -np.inf:
+            m, quad = predict_one(ra[k], phi[k], work)
+            means[k] = m
+            variances[k] = sigma[k] * sigma[k] + quad
+    return mix(logw, means, variances)
+
+
+@numba.njit(cache=True)
+def mix(logw: np.ndarray, means: np.ndarray, variances: np.ndarray) -> tuple[float, float]:
+    """The moment-matched Bayesian model average of the kernels' predictives with log weights `logw` (normalised
+    here, in the log domain; a kernel of log weight `-inf` is left out, its entries not read)."""
+    n_kernels = means.shape[0]
     if n_kernels == 1:
-        m, quad = predict_one(ra[0], phi[0], work)
-        means[0] = m
-        variances[0] = sigma[0] * sigma[0] + quad
         return means[0], variances[0]
     top = -np.inf
     for k in range(n_kernels):
         top = max(top, logw[k])
     total = 0.0
     for k in range(n_kernels):
-        if logw[k] == -np.inf:
-            continue
-        m, quad = predict_one(ra[k], phi[k], work)
-        means[k] = m
-        variances[k] = sigma[k] * sigma[k] + quad
-        total += np.exp(logw[k] - top)
+        if logw[k] != -np.inf:
+            total += np.exp(logw[k] - top)
     mu = 0.0
     second = 0.0
     for k in range(n_kernels):
@@ -534,14 +586,70 @@ def packed_learn(buf: np.ndarray, y: float) -> bool:
 def packed_step(buf: np.ndarray, x: np.ndarray, y: float) -> tuple[int, float, float]:
     """One prequential step in one call: features of `x`, predictive (returned), then learn `(x, y)`.
     Status 0 ok, 1 bad input `x`, 2 non-finite `y²` or `φy`, 3 a lazy kernel to wake first (nothing learned but
-    ok)."""
+    ok). Without forgetting each kernel's predictive and update are one pass over its factor
+    (:func:`predict_update`); the numbers are those of :func:`packed_predict` then :func:`packed_learn`."""
     if not np.isfinite(y * y):
         return 2, 0.0, 0.0
-    status, mu, var = packed_predict(buf, x)
-    if status != 0:
-        return status, 0.0, 0.0
-    if not packed_learn(buf, y):
-        return 2, mu, var
+    if buf[H_SQRT_GAMMA] != 1.0:
+        status, mu, var = packed_predict(buf, x)
+        if status != 0:
+            return status, 0.0, 0.0
+        if not packed_learn(buf, y):
+            return 2, mu, var
+        return 0, mu, var
+    k, f, d, nd, b = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND]), int(buf[H_B])
+    if x.shape[0] != d:
+        return 1, 0.0, 0.0
+    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
+    s_pend = _block(buf, 1, k * f * f).reshape((k, f, f))
+    b_pend = _block(buf, 2, k * f).reshape((k, f))
+    stage = _block(buf, 3, k * f * b).reshape((k, f, b))
+    stage_y = _block(buf, 4, b)
+    work = _block(buf, 5, f + 1)
+    phi = _block(buf, 6, k * f).reshape((k, f))
+    means = _block(buf, 7, k)
+    variances = _block(buf, 8, k)
+    logw = _block(buf, 9, k)
+    sigma = _block(buf, 10, k)
+    inv_sigma = _block(buf, 11, k)
+    lam = _block(buf, 12, k)
+    wt = _block(buf, 15, d * nd).reshape((d, nd))
+    angles = _block(buf, 16, 2 * nd)
+    lazy = _block(buf, 17, k)
+    bound = _block(buf, 18, k)
+    if not rff_bias_features(wt, x, angles, phi):
+        return 1, 0.0, 0.0
+    if k > 1 and buf[H_DIRTY] != 0.0:
+        if refresh_log_weights(ra, buf[H_N_WORK], sigma, lam, logw, lazy, bound, buf[H_LAZY_GAP]):
+            return 3, 0.0, 0.0
+        buf[H_DIRTY] = 0.0
+    for kk in range(k):
+        if not all_finite_scaled(phi[kk], y):
+            return 2, 0.0, 0.0
+    count = int(buf[H_STAGED])  # learn_one's staging
+    if count == b:
+        flush(s_pend, b_pend, stage, stage_y, count)
+        count = 0
+    stage_y[count] = y
+    for kk in range(k):
+        for i in range(f):
+            stage[kk, i, count] = phi[kk, i]
+    buf[H_STAGED] = count + 1
+    v = np.empty(f)
+    for kk in range(k):
+        if k > 1 and lazy[kk] != 0.0:
+            bound[kk] += np.log(inv_sigma[kk]) - _HALF_LOG_2PI
+            continue
+        m, quad = predict_update(ra[kk], phi[kk], y, inv_sigma[kk], v, work)
+        means[kk] = m
+        variances[kk] = sigma[kk] * sigma[kk] + quad
+    mu, var = mix(logw, means, variances)
+    y2 = y * y  # packed_learn's bookkeeping (γ = 1)
+    buf[H_N_PEND] += 1.0
+    buf[H_Q_PEND] += y2
+    buf[H_N_WORK] += 1.0
+    buf[H_Q_WORK] += y2
+    buf[H_DIRTY] = 1.0
     return 0, mu, var
 
 
