@@ -1142,3 +1142,14 @@ def test_standardiser_rows_are_the_numpy_formulas() -> None:
     with pytest.raises(ValueError):
         s.update(np.array([1e300, 0.0, 0.0]) * 1e10)
     assert s.count == 60
+
+
+def test_predictive_distribution_is_rivers_gaussian() -> None:
+    """`gaussian()` builds what River's own constructor does (without a generator seeded per distribution)."""
+    from streamfed.core.river_inputs import gaussian
+
+    ours, theirs = gaussian(1.5, 4.0), proba.Gaussian._from_state(n=1, m=1.5, var=4.0, ddof=0)
+    assert type(ours) is type(theirs) and set(vars(ours)) == set(vars(theirs))
+    assert (ours.mu, ours.sigma, ours.n_samples) == (theirs.mu, theirs.sigma, theirs.n_samples) == (1.5, 2.0, 1)
+    assert ours(0.3) == theirs(0.3) and ours.cdf(2.0) == theirs.cdf(2.0)
+    assert math.isfinite(ours.sample())
