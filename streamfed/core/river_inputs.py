@@ -33,8 +33,19 @@ def sorted_keys(x: dict) -> list[Any]:
         return sorted(x, key=lambda k: (type(k).__name__, repr(k)))
 
 
+_PLAIN = {float, int}
+
+
 def dict_to_vector(keys: Sequence[Any], x: dict) -> np.ndarray:
     """`x` read in `keys` order (a missing key reads 0); `ValueError` for a None/NaN/non-numeric value."""
+    values = [x.get(k, 0.0) for k in keys]
+    if set(map(type, values)) <= _PLAIN:  # the common case: Python numbers, checked at once
+        try:
+            finite = math.isfinite(math.fsum(values))  # inf or NaN anywhere makes the exact sum inf or NaN
+        except OverflowError:  # finite values whose sum overflows: one by one below
+            finite = False
+        if finite:
+            return np.array(values, dtype=np.float64)
     values = []
     for k in keys:
         v = x.get(k, 0.0)

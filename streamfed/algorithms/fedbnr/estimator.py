@@ -142,6 +142,7 @@ class FedBNRRegressor(base.Regressor):
                                               refit_growth=float(getattr(self, "refit_growth", 0.0)))
         self.client = client
         self._keys = keys
+        self._sync_at: float | None = None
         if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)
             self._scales = StreamScales(len(keys))
 
@@ -151,6 +152,7 @@ class FedBNRRegressor(base.Regressor):
         if up is not None:
             self.server.apply(up)
             self.client.apply_global(self.server.publish())
+        self._sync_at = None
 
     def _until_sync(self) -> float:
         """Samples still to learn before the next sync: at least `sync_every` pending, and a refit due.
@@ -160,11 +162,13 @@ class FedBNRRegressor(base.Regressor):
         refactorise the same posterior (and have the server evaluate its evidence), so the pending samples wait,
         summed exactly, until the server would refit; the model is the one syncing every `sync_every` gives."""
         assert self.client is not None and self.server is not None
-        every = int(self.sync_every)
-        until = self.server.samples_until_refit()  # (inf: never)
-        # the first of the syncs every `sync_every` samples since the last one at which a refit is due
-        syncs = max(1, math.ceil(until / every)) if math.isfinite(until) else math.inf
-        return syncs * every - self.client.n_pending
+        at = getattr(self, "_sync_at", None)  # the pending count of the next sync (the server changes only at one)
+        if at is None:
+            every = int(self.sync_every)
+            until = self.server.samples_until_refit()  # (inf: never)
+            # the first of the syncs every `sync_every` samples since the last one at which a refit is due
+            at = self._sync_at = max(1, math.ceil(until / every)) * every if math.isfinite(until) else math.inf
+        return at - self.client.n_pending
 
     def _vector(self, x: dict, keep: bool = False) -> np.ndarray:
         """`x` as a vector in key order; with `keep`, remembered for a `learn_one` of an equal `x` next
