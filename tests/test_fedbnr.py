@@ -812,9 +812,10 @@ def test_river_regressor_maps_sorted_keys_and_returns_gaussian() -> None:
     assert model.predict_one({"alpha": 0.2}) == pytest.approx(ref.predict(np.array([0.2, 0.0]))[0], rel=1e-12)
 
 
-@pytest.mark.parametrize(("growth", "synced", "version"), [(0.0, 192, 6), (1.0, 128, 3)])
+@pytest.mark.parametrize(("growth", "synced", "version"), [(0.0, 192, 6), (0.5, 160, 4), (1.0, 128, 3)])
 def test_river_regressor_syncs_and_fits_hyperparameters(growth: float, synced: int, version: int) -> None:
-    # g = 0: a sync (and refit) every 32 samples; g = 1 (the default): at 32, 64, 128 samples, when they doubled
+    # g = 0: a sync (and refit) every 32 samples; g = 0.5 (the default): at 32, 64 (≥ 48), 96, 160 (≥ 144) samples,
+    # the first multiple of 32 at which the samples have grown by half; g = 1: at 32, 64, 128, when they doubled
     x, y = make_data(200, d=2, seed=21, noise=0.05)
     model = FedBNRRegressor(n_features=20, sync_every=32, bandwidth=1.0, standardise=False, refit_growth=growth)
     for xi, yi in zip(x, y, strict=True):
@@ -834,7 +835,7 @@ def test_river_learn_many_equals_learn_one_loop() -> None:
     b.learn_many(x[:37], y[:37])
     b.learn_many(x[37:], y[37:])
     assert a.client is not None and b.client is not None
-    assert a.client.global_version == b.client.global_version == 3  # synced at 16, 32, 64 samples (refits)
+    assert a.client.global_version == b.client.global_version == 4  # synced (refits) at 16, 32, 48, 80 samples
     assert np.allclose(a.client._ra, b.client._ra, rtol=1e-9, atol=1e-11)
     assert np.allclose(b.predict_many(x[:5]), [a.predict_one(dict(enumerate(xi))) for xi in x[:5]], rtol=1e-9)
 
