@@ -585,6 +585,7 @@ class FedBNRClient(PackedState):
             raise ValueError(f"epoch {epoch} is not newer than this client's {self.epoch}")
         if self.forgetting != 1.0 or self.discount is not None:
             raise ValueError("a client with forgetting has no exact totals to upload again")
+        self._wake()  # lazy factors are rebuilt from the statistics this changes the bookkeeping of
         own = self.own_stats()
         self.epoch = int(epoch)
         self._s_pend[...] = own.S
