@@ -13,7 +13,7 @@ import pytest
 from river import checks, proba
 
 from streamfed.algorithms.fedbnr.client import FedBNRClient
-from streamfed.algorithms.fedbnr.estimator import FedBNRRegressor
+from streamfed.algorithms.fedbnr.estimator import LAZY_GAP, FedBNRRegressor
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence, spectral_log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.fedbnr.metrics import RidgeComparator
@@ -812,14 +812,17 @@ def test_river_regressor_maps_sorted_keys_and_returns_gaussian() -> None:
     assert model.predict_one({"alpha": 0.2}) == pytest.approx(ref.predict(np.array([0.2, 0.0]))[0], rel=1e-12)
 
 
-def test_river_regressor_syncs_and_fits_hyperparameters() -> None:
+@pytest.mark.parametrize(("growth", "synced", "version"), [(0.0, 192, 6), (0.5, 160, 4), (1.0, 128, 3)])
+def test_river_regressor_syncs_and_fits_hyperparameters(growth: float, synced: int, version: int) -> None:
+    # g = 0: a sync (and refit) every 32 samples; g = 0.5 (the default): at 32, 64 (≥ 48), 96, 160 (≥ 144) samples,
+    # the first multiple of 32 at which the samples have grown by half; g = 1: at 32, 64, 128, when they doubled
     x, y = make_data(200, d=2, seed=21, noise=0.05)
-    model = FedBNRRegressor(n_features=20, sync_every=32, bandwidth=1.0, standardise=False)
+    model = FedBNRRegressor(n_features=20, sync_every=32, bandwidth=1.0, standardise=False, refit_growth=growth)
     for xi, yi in zip(x, y, strict=True):
         model.learn_one({"a": xi[0], "b": xi[1]}, yi)
     assert model.server is not None and model.client is not None
-    assert model.server.stats.n == 192 and model.client.n_pending == 8
-    assert model.client.global_version == 6
+    assert model.server.stats.n == synced and model.client.n_pending == 200 - synced
+    assert model.client.global_version == version
     assert 0.02 < model.client.sigma[0] < 0.15  # fitted noise level near the true 0.05
 
 
@@ -832,7 +835,7 @@ def test_river_learn_many_equals_learn_one_loop() -> None:
     b.learn_many(x[:37], y[:37])
     b.learn_many(x[37:], y[37:])
     assert a.client is not None and b.client is not None
-    assert a.client.global_version == b.client.global_version == 6
+    assert a.client.global_version == b.client.global_version == 4  # synced (refits) at 16, 32, 48, 80 samples
     assert np.allclose(a.client._ra, b.client._ra, rtol=1e-9, atol=1e-11)
     assert np.allclose(b.predict_many(x[:5]), [a.predict_one(dict(enumerate(xi))) for xi in x[:5]], rtol=1e-9)
 
@@ -990,3 +993,164 @@ def test_state_pickled_before_the_packed_buffer_still_loads() -> None:
     for xi, yi in zip(x[25:], y[25:].tolist(), strict=True):
         assert a.learn_predict(xi, yi) == b.learn_predict(xi, yi)
     assert np.array_equal(a._ra, b._ra) and a.own_stats() == b.own_stats()
+
+
+# ----------------------------------------------------------------------------- lazy kernels and the cheap defaults
+
+
+def _drifting_stream(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Smooth first (the wide kernels win by far), then rough (a narrow kernel's weight rises again)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, (n, 2))
+    y = np.where(np.arange(n) < n // 2, 0.5 * x[:, 0], np.sin(6 * x[:, 0]) * np.cos(5 * x[:, 1]))
+    return x, y + 0.05 * rng.standard_normal(n)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lazy_kernels_predict_as_the_eager_path(seed: int) -> None:
+    """Lazy kernels against every kernel updated at every sample (`lazy_gap = 0`): the same predictions to
+    rounding while kernels sleep, wake (their weight rises on the drifting stream) and a global is installed; their
+    evidence bound is never below the exact evidence; after a wake the factors are the eager ones."""
+    x, y = _drifting_stream(600, seed)
+    kw = {"n_inputs": 2, "n_features": 12, "bandwidth": (0.05, 0.3, 1.0, 4.0, 20.0), "sigma": 0.1, "lam": 1.0,
+          "min_upload": 50, "seed": seed}
+    lazy, eager = FedBNRClient(lazy_gap=LAZY_GAP, **kw), FedBNRClient(**kw)
+    servers = [FedBNRServer.for_client(c, fit_hyperparameters=False) for c in (lazy, eager)]
+    slept = woke = 0
+    for t in range(len(y)):
+        before = lazy._lazy.copy()
+        m1, v1 = lazy.learn_predict(x[t], float(y[t]))
+        m2, v2 = eager.learn_predict(x[t], float(y[t]))
+        assert m1 == pytest.approx(m2, rel=1e-10, abs=1e-12) and v1 == pytest.approx(v2, rel=1e-10)
+        slept += int(np.sum((before == 0) & (lazy._lazy != 0)))
+        woke += int(np.sum((before != 0) & (lazy._lazy == 0)))
+        exact = eager.log_evidence()
+        asleep = lazy._lazy != 0
+        assert np.all(lazy._bound[asleep] >= exact[asleep] - 1e-8)  # an upper bound of the evidence
+        if t % 250 == 249:  # a global (same statistics, same σ, λ): every factor rebuilt
+            for c, srv in zip((lazy, eager), servers, strict=True):
+                srv.apply(c.make_upload())
+                c.apply_global(srv.publish())
+    assert slept > 0 and woke > 0  # both paths were taken
+    assert np.allclose(lazy.kernel_weights(), eager.kernel_weights(), rtol=1e-9, atol=1e-300)
+    assert rel(lazy._ra, eager._ra) < 1e-10  # kernel_weights() woke every kernel: the eager factors
+
+
+def test_lazy_kernels_off_with_forgetting_and_one_kernel() -> None:
+    # the evidence bound needs the evidence to be a sum of log predictive densities: no forgetting
+    from streamfed.algorithms.fedbnr import _layout as lay
+
+    for kw in ({"forgetting": 0.99}, {"half_life_s": 60.0}):
+        c = FedBNRClient(n_inputs=1, n_features=4, bandwidth=(1.0, 2.0), lazy_gap=5.0, **kw)
+        assert c._buf[lay.H_LAZY_GAP] == 0.0
+    assert FedBNRClient(n_inputs=1, n_features=4, lazy_gap=5.0)._buf[lay.H_LAZY_GAP] == 0.0  # one kernel
+    with pytest.raises(ValueError):
+        FedBNRClient(n_inputs=1, n_features=4, lazy_gap=-1.0)
+
+
+def test_client_pickled_before_lazy_kernels_loads() -> None:
+    """A packed buffer of the layout before the `lazy`/`bound` blocks: padded on load, no kernel lazy."""
+    from streamfed.algorithms.fedbnr import _layout as lay
+
+    x, y = make_data(40, seed=5)
+    c = FedBNRClient(n_inputs=2, n_features=6, bandwidth=(0.5, 2.0))
+    c.learn_many(x, y)
+    state = c.__getstate__()
+    old = state["_buf"][: state["_layout"]["lazy"][0]].copy()  # the earlier layout is this prefix
+    old[lay._H_OFF + lay.BLOCKS.index("lazy")] = old[lay._H_OFF + lay.BLOCKS.index("bound")] = 0.0
+    twin = object.__new__(FedBNRClient)
+    twin.__setstate__({**state, "_buf": old})
+    assert twin.predict(np.array([0.3, -0.2])) == c.predict(np.array([0.3, -0.2]))
+    assert np.all(twin._lazy == 0.0) and twin._buf[lay.H_LAZY_GAP] == 0.0
+
+
+class _EverySync(FedBNRRegressor):
+    """The estimator as it synced before: every `sync_every` samples, refit due or not."""
+
+    def _until_sync(self) -> float:
+        assert self.client is not None
+        return int(self.sync_every) - self.client.n_pending
+
+
+@pytest.mark.parametrize("growth", [0.0, 0.5, 1.0])
+def test_river_regressor_syncing_at_refits_is_syncing_every_32(growth: float) -> None:
+    """Skipping the syncs without a refit gives the model a sync every `sync_every` samples gives (a global
+    without a refit holds exactly the statistics the working posterior has): to rounding, lazy kernels or not."""
+    x, y = _drifting_stream(300, 7)
+    ref = _EverySync(n_features=10, refit_growth=growth, lazy_gap=0.0)
+    models = [FedBNRRegressor(n_features=10, refit_growth=growth, lazy_gap=g) for g in (0.0, LAZY_GAP)]
+    for xi, yi in zip(x, y, strict=True):
+        xd = {"a": xi[0], "b": xi[1]}
+        want = ref.predict_one(xd, with_dist=True)
+        for m in models:
+            got = m.predict_one(xd, with_dist=True)
+            assert got.mu == pytest.approx(want.mu, rel=1e-9, abs=1e-12)
+            assert got.sigma == pytest.approx(want.sigma, rel=1e-9)
+            m.learn_one(xd, yi)
+        ref.learn_one(xd, yi)
+    assert models[0].client is not None and ref.client is not None
+    assert np.array_equal(models[0].client.sigma, ref.client.sigma)  # the same fits, at the same sample counts
+    if growth > 0:
+        assert models[0].client.global_version < ref.client.global_version
+
+
+def test_compiled_zoom_search_is_the_numpy_search() -> None:
+    from streamfed.algorithms.fedbnr._compiled import kern
+    from streamfed.algorithms.fedbnr.evidence import MAX_CONDITION, zoom_search_reference
+
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        n, f = int(rng.integers(3, 300)), int(rng.integers(1, 40))
+        phi = rng.standard_normal((n, f)) * rng.uniform(0.1, 3.0)
+        yv = phi @ rng.standard_normal(f) * rng.uniform(0.0, 1.0) + rng.standard_normal(n) * rng.uniform(0.01, 1.0)
+        e, u = np.linalg.eigh(phi.T @ phi)
+        e = np.clip(e, 0.0, None)
+        z2 = (u.T @ (phi.T @ yv)) ** 2
+        q = float(yv @ yv)
+        gs, gl = np.linspace(-6.0, 2.0, 7), np.linspace(-4.0, 5.0, 9)
+        out = np.empty((7, 9))
+        kern.evidence_grid(e, z2, float(n), q, gs, gl, out)
+        assert np.allclose(out, spectral_log_evidence(e, z2, float(n), q, gs[:, None], gl[None, :]), rtol=1e-12)
+        lo, hi = np.array([-8.0, -6.0]), np.array([2.0, 6.0])
+        want, want_value = zoom_search_reference(e, z2, float(n), q, lo, hi)
+        best = np.empty(2)
+        value = kern.zoom_search(e, z2, float(n), q, lo, hi, 21, 6, math.log(MAX_CONDITION), best)
+        assert np.allclose(best, want, rtol=0.0, atol=1e-12) and value == pytest.approx(want_value, rel=1e-12)
+
+
+def test_standardiser_rows_are_the_numpy_formulas() -> None:
+    """The compiled row transform and Welford update against their numpy transcription, bit for bit."""
+    from streamfed.core.standardise import OnlineStandardiser
+
+    rng = np.random.default_rng(4)
+    s = OnlineStandardiser(3, clip=5.0)
+    for t in range(60):
+        v = rng.standard_normal(3) * [1.0, 100.0, 1e-3] + [0.0, 1e3, 5.0]
+        if t == 10:
+            v[2] = s.mean[2]  # a column without spread so far falls back to |mean|
+        count, mean, m2 = s.count, s.mean.copy(), s.m2.copy()
+        if count >= 2:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                scale = np.sqrt(m2 / (count - 1))
+        else:
+            scale = np.zeros(3)
+        scale = np.where(scale > 0, scale, np.where(mean != 0, np.abs(mean), 1.0))
+        assert np.array_equal(s.transform(v), np.clip((v - mean) / scale, -5.0, 5.0))
+        s.update(v)
+        delta = v - mean
+        want_mean = mean + delta / (count + 1)
+        assert np.array_equal(s.mean, want_mean) and np.array_equal(s.m2, m2 + delta * (v - want_mean))
+    with pytest.raises(ValueError):
+        s.update(np.array([1e300, 0.0, 0.0]) * 1e10)
+    assert s.count == 60
+
+
+def test_predictive_distribution_is_rivers_gaussian() -> None:
+    """`gaussian()` builds what River's own constructor does (without a generator seeded per distribution)."""
+    from streamfed.core.river_inputs import gaussian
+
+    ours, theirs = gaussian(1.5, 4.0), proba.Gaussian._from_state(n=1, m=1.5, var=4.0, ddof=0)
+    assert type(ours) is type(theirs) and set(vars(ours)) == set(vars(theirs))
+    assert (ours.mu, ours.sigma, ours.n_samples) == (theirs.mu, theirs.sigma, theirs.n_samples) == (1.5, 2.0, 1)
+    assert ours(0.3) == theirs(0.3) and ours.cdf(2.0) == theirs.cdf(2.0)
+    assert math.isfinite(ours.sample())

@@ -26,15 +26,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamfed.core.durable import durable
 
+if TYPE_CHECKING:
+    from types import SimpleNamespace
+
 __all__ = ["DEFAULT_WARMUP", "INPUT_CLIP", "DeclaredScales", "OnlineStandardiser", "StreamScales"]
 
 DEFAULT_WARMUP = 2
 INPUT_CLIP = 5.0  # standard deviations: where the defaults winsorise a standardised input
+
+_KERNELS: SimpleNamespace | None = None
+
+
+def _kernels() -> SimpleNamespace:
+    """The compiled row kernels (:mod:`._scale_kernels`), loaded at first use: reading a configuration that
+    names a standardiser needs no compiled code."""
+    global _KERNELS
+    if _KERNELS is None:
+        from streamfed.core.compiled import features
+
+        _KERNELS = features
+    return _KERNELS
 
 
 @durable("core.OnlineStandardiser")
@@ -94,7 +111,13 @@ class OnlineStandardiser:
     def transform(self, v: np.ndarray) -> np.ndarray:
         """`(v - mean) / scale` with the statistics of the past (before :meth:`update` folds `v` in),
         within `±clip` if set."""
-        z = (np.asarray(v, dtype=np.float64) - self.mean) / self.scale
+        v = np.asarray(v, dtype=np.float64)
+        if v.shape == (self.n_columns,):  # one row: one compiled call, the same arithmetic
+            z = np.empty(self.n_columns)
+            _kernels().standardise_row(self.mean, self.m2, self.count, 0.0 if self.clip is None else self.clip,
+                                       np.ascontiguousarray(v), z)
+            return z
+        z = (v - self.mean) / self.scale
         if self.clip is None:
             return z
         return np.minimum(np.maximum(z, -self.clip, out=z), self.clip, out=z)  # np.clip, at half its cost
@@ -105,11 +128,9 @@ class OnlineStandardiser:
         v = np.asarray(v, dtype=np.float64)
         if v.shape != (self.n_columns,):
             raise ValueError(f"expected {self.n_columns} values, got shape {v.shape}")
-        with np.errstate(over="ignore", invalid="ignore"):
-            delta = v - self.mean
-            mean = self.mean + delta / (self.count + 1)
-            m2 = self.m2 + delta * (v - mean)
-        if not (np.isfinite(mean).all() and np.isfinite(m2).all()):
+        # delta = v - mean; mean += delta / (count + 1); m2 += delta * (v - mean), compiled (._scale_kernels)
+        mean, m2 = np.empty(self.n_columns), np.empty(self.n_columns)
+        if not _kernels().welford_row(self.mean, self.m2, self.count, np.ascontiguousarray(v), mean, m2):
             raise ValueError("value too large to standardise (its square overflows)")
         self.mean, self.m2 = mean, m2
         self.count += 1
@@ -144,13 +165,21 @@ class OnlineStandardiser:
         return z, ready
 
     # -- mapping predictions back (one-column standardisers: the target) ----------------------
+    def _scale0(self) -> float:
+        """`scale[0]` in Python floats (the same operations: the same number, without a dozen numpy calls)."""
+        var = self.m2[0] / (self.count - 1) if self.count >= 2 else 0.0
+        s = math.sqrt(var) if var > 0.0 else 0.0  # (numpy's sqrt of a rounding-negative m2 is NaN: not > 0 either)
+        if not s > 0.0:
+            s = abs(float(self.mean[0])) if self.mean[0] != 0.0 else 1.0
+        return float(s)
+
     def inverse_mean(self, m: float) -> float:
         """A prediction in standard units back to the stream's units: `mean + scale·m`."""
-        return float(self.mean[0] + self.scale[0] * m)
+        return float(self.mean[0] + self._scale0() * m)
 
     def inverse_var(self, v: float) -> float:
         """A predictive variance back to the stream's units: `scale²·v`."""
-        s = float(self.scale[0])
+        s = self._scale0()
         return s * s * float(v)
 
     def fallback(self) -> tuple[float, float]:

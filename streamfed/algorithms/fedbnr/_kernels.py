@@ -40,6 +40,7 @@ from streamfed.algorithms.fedbnr._layout import (
     H_F,
     H_GAMMA,
     H_K,
+    H_LAZY_GAP,
     H_N_PEND,
     H_N_WORK,
     H_ND,
@@ -52,6 +53,7 @@ from streamfed.algorithms.fedbnr._layout import (
 from streamfed.core._feature_kernels import rff_transform_into
 
 _FAST = {"reassoc", "contract", "arcp", "nsz"}  # not "nnan"/"ninf": NaN and Inf must stay visible
+_HALF_LOG_2PI = 0.5 * np.log(2.0 * np.pi)
 
 
 @numba.njit(cache=True)
@@ -130,6 +132,52 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
 
 
 @numba.njit(cache=True, fastmath=_FAST)
+def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v: np.ndarray,
+                   x: np.ndarray) -> tuple[float, float]:
+    """:func:`predict_one` then :func:`chol_update` by `σ⁻¹[φ; y]`, in one pass over the rows of the augmented
+    factor `r` (`(F+1, F+1)`): row `k` first gives its forward-substitution step (old values), then is rotated,
+    while it is in cache. The same operations in the same order as the two calls: the same numbers, one sweep of
+    memory instead of two. Returns `(φᵀA⁻¹h, φᵀA⁻¹φ)` of the factor before the update."""
+    n = r.shape[0]
+    f = n - 1
+    for i in range(f):
+        v[i] = phi[i]
+        x[i] = phi[i] * inv_sigma
+    x[f] = y * inv_sigma
+    mean = 0.0
+    quad = 0.0
+    for k in range(n):
+        if k < f:  # solve_rt's step k, on the leading F×F block, and predict_one's sums (in its order)
+            vk = v[k] / r[k, k]
+            v[k] = vk
+            mean += vk * r[k, f]
+            quad += vk * vk
+            rk = r[k, k + 1:f]
+            vt = v[k + 1:f]
+            for j in range(f - k - 1):
+                vt[j] -= rk[j] * vk
+        xk = x[k]  # chol_update's step k
+        if xk == 0.0:
+            continue
+        rkk = r[k, k]
+        rnew = np.sqrt(rkk * rkk + xk * xk)
+        r[k, k] = rnew
+        if k + 1 == n:
+            break
+        inv_rkk = 1.0 / rkk
+        c = rnew * inv_rkk
+        s = xk * inv_rkk
+        inv_c = rkk / rnew
+        rr = r[k, k + 1:]
+        xt = x[k + 1:]
+        for j in range(n - k - 1):
+            rkj = (rr[j] + s * xt[j]) * inv_c
+            rr[j] = rkj
+            xt[j] = c * xt[j] - s * rkj
+    return mean, quad
+
+
+@numba.njit(cache=True, fastmath=_FAST)
 def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
     organised by rows of `R` so the inner loop is contiguous)."""
@@ -190,12 +238,22 @@ def predict_mixture(
     means: np.ndarray, variances: np.ndarray,
 ) -> tuple[float, float]:
     """Each kernel's predictive (into `means`, `variances`) and the moment-matched Bayesian model
-    average with log weights `logw` (normalised here, in the log domain)."""
+    average with log weights `logw` (normalised here, in the log domain). A kernel of log weight `-inf` (weight
+    exactly 0: a lazy kernel, :func:`refresh_log_weights`) is not evaluated and its entries are left as they are."""
     n_kernels = ra.shape[0]
     for k in range(n_kernels):
-        m, quad = predict_one(ra[k], phi[k], work)
-        means[k] = m
-        variances[k] = sigma[k] * sigma[k] + quad
+        if n_kernels == 1 or logw[k] != -np.inf:
+            m, quad = predict_one(ra[k], phi[k], work)
+            means[k] = m
+            variances[k] = sigma[k] * sigma[k] + quad
+    return mix(logw, means, variances)
+
+
+@numba.njit(cache=True)
+def mix(logw: np.ndarray, means: np.ndarray, variances: np.ndarray) -> tuple[float, float]:
+    """The moment-matched Bayesian model average of the kernels' predictives with log weights `logw` (normalised
+    here, in the log domain; a kernel of log weight `-inf` is left out, its entries not read)."""
+    n_kernels = means.shape[0]
     if n_kernels == 1:
         return means[0], variances[0]
     top = -np.inf
@@ -203,10 +261,13 @@ def predict_mixture(
         top = max(top, logw[k])
     total = 0.0
     for k in range(n_kernels):
-        total += np.exp(logw[k] - top)
+        if logw[k] != -np.inf:
+            total += np.exp(logw[k] - top)
     mu = 0.0
     second = 0.0
     for k in range(n_kernels):
+        if logw[k] == -np.inf:
+            continue
         w = np.exp(logw[k] - top) / total
         mu += w * means[k]
         second += w * (variances[k] + means[k] * means[k])
@@ -321,7 +382,7 @@ def symmetric_from_upper(upper: np.ndarray, out: np.ndarray) -> None:
 def learn_one(
     ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
     phi: np.ndarray, y: float, inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray,
-    refresh_index: int, work: np.ndarray,
+    refresh_index: int, work: np.ndarray, lazy: np.ndarray, bound: np.ndarray,
 ) -> int:
     """Add one sample to every kernel's pending statistics and working factor; returns the new number
     of staged rows, or -1 (and changes nothing) if some `φ_i y` is not finite.
@@ -330,6 +391,10 @@ def learn_one(
     (`count` rows already there) and the buffer is flushed into `S_pend, b_pend` when full. Working
     factor: with forgetting (`sqrt_gamma < 1`) first `Rₐ ← √γ Rₐ` (so `M ← γM`) and the prior refresh
     `A += refresh_k² e_j e_jᵀ` for `j = refresh_index`, then the sample `M += σ⁻²[φ; y][φ; y]ᵀ`.
+
+    A lazy kernel (`lazy[k] ≠ 0`, no forgetting) skips its factor: its row is in the pending statistics, from
+    which its factor is rebuilt when it wakes; its evidence bound grows by the largest log density any prediction
+    of it can give the sample, `-½ log(2πσ_k²)` (the predictive variance is at least `σ_k²`).
     """
     n_kernels, f = phi.shape
     for k in range(n_kernels):
@@ -344,6 +409,9 @@ def learn_one(
             buf[k, i, count] = phi[k, i]
     count += 1
     for k in range(n_kernels):
+        if lazy[k] != 0.0:
+            bound[k] += np.log(inv_sigma[k]) - _HALF_LOG_2PI
+            continue
         rk = ra[k]
         if sqrt_gamma != 1.0:
             for i in range(f + 1):
@@ -380,6 +448,7 @@ def learn_batch(
     logw = np.zeros(n_kernels)
     means = np.empty(n_kernels)
     variances = np.empty(n_kernels)
+    eager = np.zeros(n_kernels)  # every kernel updated (the caller wakes lazy ones first)
     j = refresh_start
     for t in range(phis.shape[0]):
         if n_kernels > 1:
@@ -389,7 +458,7 @@ def learn_batch(
         out_mean[t] = mu
         out_var[t] = var
         count = learn_one(ra, s_pend, b_pend, buf, buf_y, count, phis[t], ys[t], inv_sigma, sqrt_gamma,
-                          refresh, j, work)
+                          refresh, j, work, eager, eager)  # (no kernel lazy: the bound is never written)
         n_work = gamma * n_work + 1.0
         if sqrt_gamma != 1.0:
             j = (j + 1) % f
@@ -407,12 +476,44 @@ def _block(buf: np.ndarray, i: int, size: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[bool, float, float]:
+def refresh_log_weights(ra: np.ndarray, n_work: float, sigma: np.ndarray, lam: np.ndarray, logw: np.ndarray,
+                        lazy: np.ndarray, bound: np.ndarray, gap: float) -> bool:
+    """The kernels' log weights, with lazy kernels (`gap > 0`; docs/algorithms.md §4.5).
+
+    An active kernel's log weight is its evidence (:func:`log_evidence_from_factor`); one more than `2·gap`
+    below the best becomes lazy (`lazy = 1`), its `bound` set to that evidence. A lazy kernel's log weight is
+    `-inf` (it is left out of the mixture): its evidence is at most `bound` (:func:`learn_one`), so its weight in
+    the full mixture is below `exp(bound - best)`; once that is above `exp(-gap)` it is marked to be woken
+    (`lazy = 2`) and `True` is returned — the caller rebuilds its factor from the exact statistics."""
+    n_kernels = ra.shape[0]
+    top = -np.inf
+    for j in range(n_kernels):
+        if lazy[j] == 0.0:
+            logw[j] = log_evidence_from_factor(ra[j], n_work, sigma[j], lam[j])
+            top = max(top, logw[j])
+    wake = False
+    for j in range(n_kernels):
+        if lazy[j] == 0.0:
+            if gap > 0.0 and logw[j] < top - 2.0 * gap:
+                lazy[j] = 1.0
+                bound[j] = logw[j]
+                logw[j] = -np.inf
+        else:
+            logw[j] = -np.inf
+            if not bound[j] < top - gap:
+                lazy[j] = 2.0
+                wake = True
+    return wake
+
+
+@numba.njit(cache=True)
+def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[int, float, float]:
     """Features of `x` (RFF + bias maps) into the `phi` block and the predictive, from the
-    packed state; refreshes the kernels' log weights first when they are stale. `(ok, mean, var)`."""
+    packed state; refreshes the kernels' log weights first when they are stale. `(status, mean, var)`:
+    status 0 ok, 1 bad input, 3 a lazy kernel must be woken first (:func:`refresh_log_weights`)."""
     k, f, d, nd = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND])
     if x.shape[0] != d:
-        return False, 0.0, 0.0
+        return 1, 0.0, 0.0
     ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
     work = _block(buf, 5, f + 1)
     phi = _block(buf, 6, k * f).reshape((k, f))
@@ -423,14 +524,16 @@ def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[bool, float, float]:
     lam = _block(buf, 12, k)
     wt = _block(buf, 15, d * nd).reshape((d, nd))
     angles = _block(buf, 16, 2 * nd)
+    lazy = _block(buf, 17, k)
+    bound = _block(buf, 18, k)
     if not rff_bias_features(wt, x, angles, phi):
-        return False, 0.0, 0.0
+        return 1, 0.0, 0.0
     if k > 1 and buf[H_DIRTY] != 0.0:
-        for j in range(k):
-            logw[j] = log_evidence_from_factor(ra[j], buf[H_N_WORK], sigma[j], lam[j])
+        if refresh_log_weights(ra, buf[H_N_WORK], sigma, lam, logw, lazy, bound, buf[H_LAZY_GAP]):
+            return 3, 0.0, 0.0  # (still dirty: the weights are refreshed again once the kernel is awake)
         buf[H_DIRTY] = 0.0
     mu, var = predict_mixture(ra, phi, sigma, logw, work, means, variances)
-    return True, mu, var
+    return 0, mu, var
 
 
 @numba.njit(cache=True)
@@ -452,10 +555,12 @@ def packed_learn(buf: np.ndarray, y: float) -> bool:
     inv_sigma = _block(buf, 11, k)
     refresh = _block(buf, 13, k)
     pdiag = _block(buf, 14, k * f).reshape((k, f))
+    lazy = _block(buf, 17, k)
+    bound = _block(buf, 18, k)
     j = int(buf[H_REFRESH_J])
     sqrt_gamma = buf[H_SQRT_GAMMA]
     staged = learn_one(ra, s_pend, b_pend, stage, stage_y, int(buf[H_STAGED]), phi, y, inv_sigma,
-                       sqrt_gamma, refresh, j, work)
+                       sqrt_gamma, refresh, j, work, lazy, bound)
     if staged < 0:
         return False
     buf[H_STAGED] = staged
@@ -480,12 +585,146 @@ def packed_learn(buf: np.ndarray, y: float) -> bool:
 @numba.njit(cache=True)
 def packed_step(buf: np.ndarray, x: np.ndarray, y: float) -> tuple[int, float, float]:
     """One prequential step in one call: features of `x`, predictive (returned), then learn `(x, y)`.
-    Status 0 ok, 1 bad input `x`, 2 non-finite `y²` or `φy` (nothing learned in either case)."""
+    Status 0 ok, 1 bad input `x`, 2 non-finite `y²` or `φy`, 3 a lazy kernel to wake first (nothing learned but
+    ok). Without forgetting each kernel's predictive and update are one pass over its factor
+    (:func:`predict_update`); the numbers are those of :func:`packed_predict` then :func:`packed_learn`."""
     if not np.isfinite(y * y):
         return 2, 0.0, 0.0
-    ok, mu, var = packed_predict(buf, x)
-    if not ok:
+    if buf[H_SQRT_GAMMA] != 1.0:
+        status, mu, var = packed_predict(buf, x)
+        if status != 0:
+            return status, 0.0, 0.0
+        if not packed_learn(buf, y):
+            return 2, mu, var
+        return 0, mu, var
+    k, f, d, nd, b = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND]), int(buf[H_B])
+    if x.shape[0] != d:
         return 1, 0.0, 0.0
-    if not packed_learn(buf, y):
-        return 2, mu, var
+    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
+    s_pend = _block(buf, 1, k * f * f).reshape((k, f, f))
+    b_pend = _block(buf, 2, k * f).reshape((k, f))
+    stage = _block(buf, 3, k * f * b).reshape((k, f, b))
+    stage_y = _block(buf, 4, b)
+    work = _block(buf, 5, f + 1)
+    phi = _block(buf, 6, k * f).reshape((k, f))
+    means = _block(buf, 7, k)
+    variances = _block(buf, 8, k)
+    logw = _block(buf, 9, k)
+    sigma = _block(buf, 10, k)
+    inv_sigma = _block(buf, 11, k)
+    lam = _block(buf, 12, k)
+    wt = _block(buf, 15, d * nd).reshape((d, nd))
+    angles = _block(buf, 16, 2 * nd)
+    lazy = _block(buf, 17, k)
+    bound = _block(buf, 18, k)
+    if not rff_bias_features(wt, x, angles, phi):
+        return 1, 0.0, 0.0
+    if k > 1 and buf[H_DIRTY] != 0.0:
+        if refresh_log_weights(ra, buf[H_N_WORK], sigma, lam, logw, lazy, bound, buf[H_LAZY_GAP]):
+            return 3, 0.0, 0.0
+        buf[H_DIRTY] = 0.0
+    for kk in range(k):
+        if not all_finite_scaled(phi[kk], y):
+            return 2, 0.0, 0.0
+    count = int(buf[H_STAGED])  # learn_one's staging
+    if count == b:
+        flush(s_pend, b_pend, stage, stage_y, count)
+        count = 0
+    stage_y[count] = y
+    for kk in range(k):
+        for i in range(f):
+            stage[kk, i, count] = phi[kk, i]
+    buf[H_STAGED] = count + 1
+    v = np.empty(f)
+    for kk in range(k):
+        if k > 1 and lazy[kk] != 0.0:
+            bound[kk] += np.log(inv_sigma[kk]) - _HALF_LOG_2PI
+            continue
+        m, quad = predict_update(ra[kk], phi[kk], y, inv_sigma[kk], v, work)
+        means[kk] = m
+        variances[kk] = sigma[kk] * sigma[kk] + quad
+    mu, var = mix(logw, means, variances)
+    y2 = y * y  # packed_learn's bookkeeping (γ = 1)
+    buf[H_N_PEND] += 1.0
+    buf[H_Q_PEND] += y2
+    buf[H_N_WORK] += 1.0
+    buf[H_Q_WORK] += y2
+    buf[H_DIRTY] = 1.0
     return 0, mu, var
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def evidence_grid(eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, gs: np.ndarray, gl: np.ndarray,
+                  out: np.ndarray) -> None:
+    """`out[i, j]`: the spectral log evidence (:func:`~.evidence.spectral_log_evidence`) at `log σ = gs[i]`,
+    `log λ = gl[j]`, the same sums written with `r = λ²/σ²`:
+    `-(n/2)log(2πσ²) - ½Σ log(1 + r e_m) - ½(q - Σ z²_m r/(1 + r e_m))/σ²`.
+
+    The log-determinant takes one `log` per 8 eigenvalues (of the product of their `1 + r e_m`, each ≥ 1, so the
+    product cannot underflow; a product that would overflow is summed term by term): the grid search is
+    otherwise bound by the `F` logarithms of every point."""
+    f = eigvals.shape[0]
+    for i in range(gs.shape[0]):
+        s2 = np.exp(2.0 * gs[i])
+        base = -0.5 * n * np.log(2.0 * np.pi * s2)
+        for j in range(gl.shape[0]):
+            r = np.exp(2.0 * gl[j]) / s2
+            quad = 0.0
+            logdet = 0.0
+            for m0 in range(0, f, 8):
+                m1 = min(m0 + 8, f)
+                prod = 1.0
+                for m in range(m0, m1):
+                    t = 1.0 + r * eigvals[m]
+                    prod *= t
+                    quad += z2[m] * r / t
+                if prod < 1e300:
+                    logdet += np.log(prod)
+                else:
+                    for m in range(m0, m1):
+                        logdet += np.log1p(r * eigvals[m])
+            out[i, j] = base - 0.5 * logdet - 0.5 * (q - quad) / s2
+
+
+@numba.njit(cache=True)
+def zoom_search(eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, lo: np.ndarray, hi: np.ndarray,
+                grid: int, levels: int, log_max_cond: float, best: np.ndarray) -> float:
+    """The zooming grid search of :func:`~.evidence.fit_hyperparameters` in one call (the same steps and
+    arithmetic as its numpy transcription, no `fastmath`): `levels` lattices of `grid × grid` points
+    (:func:`evidence_grid`) over the box `[lo, hi]` of `(log σ, log λ)`, points whose precision's condition
+    number would exceed `exp(log_max_cond)` left out, the box shrunk to the best point ± 2 cells. The best
+    point goes into `best`; returns its log evidence."""
+    box_lo = lo.copy()
+    box_hi = hi.copy()
+    best[0] = 0.5 * (lo[0] + hi[0])
+    best[1] = 0.5 * (lo[1] + hi[1])
+    best_val = -np.inf
+    gs = np.empty(grid)
+    gl = np.empty(grid)
+    vals = np.empty((grid, grid))
+    log_top = np.log(max(eigvals[eigvals.shape[0] - 1], 1e-300))
+    for _ in range(levels):
+        for axis in range(2):  # np.linspace: start + k·step, the end point exact
+            g = gs if axis == 0 else gl
+            step = (box_hi[axis] - box_lo[axis]) / (grid - 1)
+            for k in range(grid):
+                g[k] = k * step + box_lo[axis]
+            g[grid - 1] = box_hi[axis]
+        evidence_grid(eigvals, z2, n, q, gs, gl, vals)
+        bi, bj, top = 0, 0, -np.inf
+        first = True
+        for i in range(grid):
+            for j in range(grid):
+                v = vals[i, j]
+                if not (np.isfinite(v) and 2.0 * (gl[j] - gs[i]) + log_top <= log_max_cond):
+                    v = -np.inf
+                if first or v > top:  # np.argmax: the first maximum
+                    bi, bj, top = i, j, v
+                    first = False
+        if top >= best_val:
+            best[0], best[1], best_val = gs[bi], gl[bj], top
+        for axis in range(2):
+            step = (box_hi[axis] - box_lo[axis]) / (grid - 1)
+            box_lo[axis] = max(best[axis] - 2.0 * step, lo[axis])
+            box_hi[axis] = min(best[axis] + 2.0 * step, hi[axis])
+    return best_val

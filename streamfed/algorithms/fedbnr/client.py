@@ -16,6 +16,16 @@ leading `K` axis; each kernel has its own `σ_k, λ_k`; prediction is the Bayesi
 `∝ exp(log p_k(y))`, each kernel's evidence of the client's working statistics (computed in the log
 domain), moment-matched to one Gaussian.
 
+Lazy kernels (`lazy_gap = g > 0`; without forgetting, whose evidence is the sum of the log predictive densities
+of the samples): a kernel whose working evidence is more than `2g` below the best kernel's is left out of the
+mixture and its factor is no longer updated per sample (no triangular solve, no rank-one update; its samples
+still enter the pending statistics). Each sample adds to an upper bound of its evidence the largest log density
+its prediction could have given, `-½ log(2πσ_k²)`; its weight in the full mixture is below `exp(bound - best)`,
+so leaving it out changes the prediction by less than `e^-g` of a weight. When the bound comes within `g` of the
+best kernel's evidence (or when anything but the packed hot path reads the factors) its factor is rebuilt from
+the exact statistics `global + unacked + pending` (`O(F³)`, what a global's install does), so it is again the
+eager one; a global rebuilds every kernel anyway.
+
 Forgetting (`forgetting = γ < 1`, for drifting streams) acts on the client's *working posterior only*;
 uploads and the global stay exact sums. Before each local sample the augmented precision is multiplied
 by `γ` (factor scaled by `√γ`: `A, h, c` and the prior all decay), then the sample is added. So every
@@ -116,6 +126,7 @@ class FedBNRClient(PackedState):
         local_hyperparameters: bool = False,
         client_id: str = "client",
         half_life_s: float | None = None,
+        lazy_gap: float = 0.0,
     ) -> None:
         self._features = client_features(feature_map, n_inputs=n_inputs, n_features=n_features,
                                          bandwidth=bandwidth, seed=seed)
@@ -129,6 +140,8 @@ class FedBNRClient(PackedState):
             raise ValueError("forgetting per step and a half-life on the time base are exclusive: choose one")
         if int(min_upload) < 1:
             raise ValueError(f"min_upload must be >= 1, got {min_upload!r}")
+        if not (0.0 <= float(lazy_gap) < math.inf):
+            raise ValueError(f"lazy_gap must be a finite number of nats >= 0, got {lazy_gap!r}")
         self.auto_weight = others_weight == "auto"
         if not self.auto_weight and not (0.0 <= float(others_weight) <= 1.0):
             raise ValueError(f"others_weight must be in [0, 1] or 'auto', got {others_weight!r}")
@@ -147,6 +160,9 @@ class FedBNRClient(PackedState):
         # All per-sample state in one packed float64 buffer (see .packed_state): the prequential step is then
         # one numba call with three arguments. `_ra`, `sigma`, `lam`, ... are views of it.
         self._allocate()
+        # Lazy kernels (module doc): only without forgetting, whose evidence is the sum of the predictive densities.
+        lazy_ok = float(forgetting) == 1.0 and half_life_s is None and kk > 1
+        self._buf[lay.H_LAZY_GAP] = float(lazy_gap) if lazy_ok else 0.0
         self._pdiag[...] = 1.0  # prior precision / λ⁻², per coordinate (≠ 1 only with forgetting)
         self.sigma[:] = sigma0
         self.lam[:] = lam0
@@ -218,7 +234,20 @@ class FedBNRClient(PackedState):
         return phis
 
     # ------------------------------------------------------------------ prediction
+    def _wake(self, marked_only: bool = False) -> None:
+        """Rebuild the factors of the lazy kernels (those marked to be woken, `lazy = 2`, with `marked_only`) from
+        the exact working statistics, as a global's install does (`O(F³)` each); they are active again."""
+        lazy = self._lazy
+        ks = np.flatnonzero(lazy == 2.0 if marked_only else lazy != 0.0)
+        if ks.size == 0:
+            return
+        w = self._exact_work_stats()
+        self._ra[ks] = factorise(w.S[ks], w.b[ks], w.q, self.sigma[ks], self.lam[ks], self._pdiag[ks])
+        lazy[ks] = 0.0
+        self._logw_dirty = True
+
     def _log_weights(self) -> np.ndarray:
+        self._wake()  # (outside the packed hot path every factor is current)
         if self.n_kernels > 1 and self._logw_dirty:
             for k in range(self.n_kernels):
                 self._logw[k] = kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k],
@@ -234,6 +263,7 @@ class FedBNRClient(PackedState):
 
     def log_evidence(self) -> np.ndarray:
         """Log evidence of the working statistics per kernel (`O(F)` each, from the factor)."""
+        self._wake()
         return np.array([kern.log_evidence_from_factor(self._ra[k], self._n_work, self.sigma[k], self.lam[k])
                          for k in range(self.n_kernels)])
 
@@ -262,8 +292,11 @@ class FedBNRClient(PackedState):
         xf = self._fast_input(x)
         if xf is not None:
             # Hot path: features and predictive in one numba call on the packed state.
-            ok, mu, var = kern.packed_predict(self._buf, xf)
-            if not ok:
+            status, mu, var = kern.packed_predict(self._buf, xf)
+            if status == 3:
+                self._wake(marked_only=True)
+                status, mu, var = kern.packed_predict(self._buf, xf)
+            if status:
                 raise ValueError("input contains a non-finite value")
             x = xf.copy()  # our own copy (it is cached: the caller may change x before learn)
         else:
@@ -290,6 +323,9 @@ class FedBNRClient(PackedState):
         if self._comparator is not None and self._staged == STAGE:
             self._fold_staged()  # the step may flush the stage
         status, mu, var = kern.packed_step(self._buf, xf, y)
+        if status == 3:
+            self._wake(marked_only=True)
+            status, mu, var = kern.packed_step(self._buf, xf, y)
         if status:
             self._cache = None
             raise ValueError("input contains a non-finite value" if status == 1 else
@@ -419,6 +455,7 @@ class FedBNRClient(PackedState):
             raise ValueError("features and targets must be finite")
         means = np.empty(t)
         variances = np.empty(t)
+        self._wake()  # learn_batch updates every factor
         cmp = self._comparator
         if cmp is not None:
             self._fold_staged()  # the batch may flush the stage
@@ -548,6 +585,7 @@ class FedBNRClient(PackedState):
             raise ValueError(f"epoch {epoch} is not newer than this client's {self.epoch}")
         if self.forgetting != 1.0 or self.discount is not None:
             raise ValueError("a client with forgetting has no exact totals to upload again")
+        self._wake()  # lazy factors are rebuilt from the statistics this changes the bookkeeping of
         own = self.own_stats()
         self.epoch = int(epoch)
         self._s_pend[...] = own.S
@@ -596,6 +634,7 @@ class FedBNRClient(PackedState):
         all-or-nothing (a failure changes nothing; :func:`.factor.factorise`)."""
         ra = factorise(s_mat, b, q, sigma, lam, pdiag)
         self._ra[...] = ra
+        self._lazy[...] = 0.0
         self._set_hyper(sigma, lam)
         self._pdiag[...] = np.array(pdiag, dtype=np.float64)
         self._cache = None
@@ -710,6 +749,7 @@ class FedBNRClient(PackedState):
     # ------------------------------------------------------------------ posterior and regret
     def posterior(self, kernel: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean `m = σ⁻²A⁻¹b` and covariance `A⁻¹` of one kernel's weights (`O(F³)`)."""
+        self._wake()
         return posterior_of_factor(self._ra[kernel])
 
     def regret(self) -> dict[str, float]:

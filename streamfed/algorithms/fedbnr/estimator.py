@@ -4,6 +4,7 @@ FedBNR, the "fleet of one"; the federated runtime uses the two halves directly."
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,16 @@ from streamfed.core.standardise import StreamScales
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
-__all__ = ["FedBNRRegressor"]
+__all__ = ["LAZY_GAP", "REFIT_GROWTH", "FedBNRRegressor"]
+
+# σ, λ refitted whenever the samples have grown by half (at 32, 48, 96, 160, 256, … samples: O(log n) evidence
+# fits over a stream, each an eigendecomposition per kernel); MAE within 0.5% of a refit every 32 samples on every
+# stream of benchmarks/bench_progressive.py (g = 1 moved one Friedman stream by 1.07%; fedbnr_refit.md)
+REFIT_GROWTH = 0.5
+
+# nats: a kernel whose evidence may be this far below the best one's (a weight below e⁻⁵⁰ ≈ 2·10⁻²², under the
+# rounding of the mixture) is left out of it and not updated per sample (FedBNRClient's lazy kernels)
+LAZY_GAP = 50.0
 
 
 class FedBNRRegressor(base.Regressor):
@@ -30,9 +40,12 @@ class FedBNRRegressor(base.Regressor):
     Dict keys are mapped to an input vector in sorted key order, fixed at the first `learn_one`
     (which also builds the feature map, so the number of inputs is known). Later, a missing key reads
     as 0 and an unknown key is ignored. A `None`, NaN or non-numeric value raises `ValueError` and
-    leaves the model unchanged. Every `sync_every` samples the pending statistics are uploaded to the
-    private server, which refits `σ, λ` by evidence (if `fit_hyperparameters`; with `refit_growth = g > 0` only
-    once its sample count has grown by the fraction `g` since the last fit) and sends back a global.
+    leaves the model unchanged. The pending statistics are uploaded to the private server, which refits `σ, λ`
+    by evidence and sends back a global, once at least `sync_every` samples are pending and the server's sample
+    count has grown by the fraction `refit_growth = g` since the last fit (`g = 0.5`, the default: whenever the
+    samples have grown by half; `g = 0`: every `sync_every` samples; never without `fit_hyperparameters`). A global
+    without a refit would hold exactly the statistics the working posterior already has, so the model is the
+    one a sync every `sync_every` samples gives.
 
     Parameters: `n_features` (`D`; `F = 2D + 1` with the bias), `bandwidth` (float, or a tuple of
     floats for a Gaussian bandwidth dictionary; by default `None`: a dictionary of `n_kernels`
@@ -44,7 +57,10 @@ class FedBNRRegressor(base.Regressor):
     `m + s·μ`, variance `s²·v`; the first two samples only set the scales and the prediction is then
     the running mean and variance), `calibrate` (default on: the predictive variance scaled by a conformal factor of
     the past prequential residuals — those of each `predict_one` followed by `learn_one` of the same input —,
-    :mod:`streamfed.algorithms.calibration`; the mean is unchanged).
+    :mod:`streamfed.algorithms.calibration`; the mean is unchanged), `lazy_gap` (nats, default
+    :data:`LAZY_GAP`; 0 = off: a kernel whose evidence is this far below the best one's is left out of the
+    mixture — its weight is below `e^-lazy_gap` — and is not updated per sample until it may matter again,
+    :class:`~streamfed.algorithms.fedbnr.client.FedBNRClient`).
 
     >>> from river import datasets, evaluate, metrics
     >>> model = FedBNRRegressor(n_features=20)
@@ -69,8 +85,9 @@ class FedBNRRegressor(base.Regressor):
         seed: int = 0,
         n_kernels: int = 8,
         standardise: bool = True,
-        refit_growth: float = 0.0,
+        refit_growth: float = REFIT_GROWTH,
         calibrate: bool = True,
+        lazy_gap: float = LAZY_GAP,
     ) -> None:
         self.n_features = n_features
         self.bandwidth = bandwidth
@@ -84,11 +101,14 @@ class FedBNRRegressor(base.Regressor):
         self.seed = seed
         self.refit_growth = refit_growth
         self.calibrate = calibrate
+        self.lazy_gap = lazy_gap
         # Validate now so a bad parameter fails at construction, not at the first sample.
         if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
             raise ValueError("n_features, sync_every and n_kernels must be >= 1")
         check_positive("sigma", sigma)
         check_positive("lam", lam)
+        if not (0.0 <= float(lazy_gap) < math.inf):
+            raise ValueError(f"lazy_gap must be a finite number of nats >= 0, got {lazy_gap!r}")
         if not float(refit_growth) >= 0.0:
             raise ValueError(f"refit_growth must be >= 0, got {refit_growth!r}")
         if not (0.0 < float(forgetting) <= 1.0):
@@ -100,6 +120,7 @@ class FedBNRRegressor(base.Regressor):
         self.server: FedBNRServer | None = None
         self._scales: StreamScales | None = None
         self._calibration = PrequentialCalibration() if calibrate else None
+        self._last_x: tuple[dict, np.ndarray] | None = None  # (x, its vector) of the last predict_one
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
@@ -115,11 +136,13 @@ class FedBNRRegressor(base.Regressor):
             bandwidth = tuple(s.bandwidth for s in standardised_dictionary(int(self.n_kernels), len(keys)))
         client = FedBNRClient(n_inputs=len(keys), n_features=int(self.n_features), bandwidth=bandwidth,
                               seed=int(self.seed), sigma=self.sigma, lam=self.lam,
-                              min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local")
+                              min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local",
+                              lazy_gap=float(getattr(self, "lazy_gap", 0.0)))
         self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters),
                                               refit_growth=float(getattr(self, "refit_growth", 0.0)))
         self.client = client
         self._keys = keys
+        self._sync_at: float | None = None
         if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)
             self._scales = StreamScales(len(keys))
 
@@ -129,6 +152,36 @@ class FedBNRRegressor(base.Regressor):
         if up is not None:
             self.server.apply(up)
             self.client.apply_global(self.server.publish())
+        self._sync_at = None
+
+    def _until_sync(self) -> float:
+        """Samples still to learn before the next sync: at least `sync_every` pending, and a refit due.
+
+        In a fleet of one a global holds exactly the client's own samples, which its working posterior already
+        has: installing one changes the model only through refitted `σ, λ`. A sync without a refit would
+        refactorise the same posterior (and have the server evaluate its evidence), so the pending samples wait,
+        summed exactly, until the server would refit; the model is the one syncing every `sync_every` gives."""
+        assert self.client is not None and self.server is not None
+        at = getattr(self, "_sync_at", None)  # the pending count of the next sync (the server changes only at one)
+        if at is None:
+            every = int(self.sync_every)
+            until = self.server.samples_until_refit()  # (inf: never)
+            # the first of the syncs every `sync_every` samples since the last one at which a refit is due
+            at = self._sync_at = max(1, math.ceil(until / every)) * every if math.isfinite(until) else math.inf
+        return at - self.client.n_pending
+
+    def _vector(self, x: dict, keep: bool = False) -> np.ndarray:
+        """`x` as a vector in key order; with `keep`, remembered for a `learn_one` of an equal `x` next
+        (progressive validation reads each sample twice)."""
+        assert self._keys is not None
+        last = getattr(self, "_last_x", None)
+        self._last_x = None
+        if last is not None and last[0] == x:
+            return last[1]
+        xv = dict_to_vector(self._keys, x)
+        if keep:
+            self._last_x = (dict(x), xv)
+        return xv
 
     # ------------------------------------------------------------------ River protocol
     def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
@@ -138,13 +191,13 @@ class FedBNRRegressor(base.Regressor):
             check_target(y)
             self._build(keys)
         assert self.client is not None and self._keys is not None
-        xv = dict_to_vector(self._keys, x)
+        xv = self._vector(x)
         if self._scales is None:
             self.client.learn(xv, y)  # type: ignore[arg-type]
         else:
             check_target(y)
             self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
-        if self.client.n_pending >= int(self.sync_every):
+        if self._until_sync() <= 0:
             self._sync()
         calibration = getattr(self, "_calibration", None)  # (None in an estimator pickled before it existed)
         if calibration is not None:
@@ -155,11 +208,9 @@ class FedBNRRegressor(base.Regressor):
             # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
             mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
         elif self._scales is None:
-            assert self._keys is not None
-            mu, var = self.client.predict(dict_to_vector(self._keys, x))
+            mu, var = self.client.predict(self._vector(x, keep=True))
         else:
-            assert self._keys is not None
-            mu, var = self._scales.predict(dict_to_vector(self._keys, x), self.client.predict)  # type: ignore[assignment]
+            mu, var = self._scales.predict(self._vector(x, keep=True), self.client.predict)  # type: ignore[assignment]
         calibration = getattr(self, "_calibration", None)
         if calibration is not None:
             var = calibration.predicted(x, float(mu), float(var))
@@ -204,10 +255,10 @@ class FedBNRRegressor(base.Regressor):
             self._scales = nxt
         start = 0
         while start < ys_arr.shape[0]:
-            room = int(self.sync_every) - self.client.n_pending
-            stop = min(ys_arr.shape[0], start + max(room, 1))
+            room = self._until_sync()
+            stop = ys_arr.shape[0] if room >= ys_arr.shape[0] - start else start + max(math.ceil(room), 1)
             self.client.learn_features_many(phis[start:stop], ys_arr[start:stop])
-            if self.client.n_pending >= int(self.sync_every):
+            if self._until_sync() <= 0:
                 self._sync()
             start = stop
 

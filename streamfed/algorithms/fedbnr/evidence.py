@@ -15,7 +15,7 @@ import numpy as np
 from streamfed.algorithms.fedbnr._compiled import kern
 from streamfed.core.stats import SufficientStats
 
-__all__ = ["MAX_CONDITION", "fit_hyperparameters", "log_evidence", "spectral_log_evidence"]
+__all__ = ["MAX_CONDITION", "fit_hyperparameters", "log_evidence", "spectral_log_evidence", "zoom_search_reference"]
 
 
 def log_evidence(stats: SufficientStats, sigma: float | np.ndarray, lam: float | np.ndarray) -> np.ndarray:
@@ -101,6 +101,17 @@ def fit_hyperparameters(
     f_scale = math.sqrt(max(float(eigvals.sum()) / n, 1e-300))
     lo = np.array([math.log(y_scale * sigma_range[0]), math.log(y_scale / f_scale * lam_range[0])])
     hi = np.array([math.log(y_scale * sigma_range[1]), math.log(y_scale / f_scale * lam_range[1])])
+    best = np.empty(2)
+    value = kern.zoom_search(eigvals, np.ascontiguousarray(z2), n, q, lo, hi, int(grid), int(levels), _LOG_MAX_COND,
+                             best)  # compiled; its numpy transcription: zoom_search_reference
+    ls, ll = float(best[0]), float(best[1])
+    return math.exp(ls), math.exp(ll), float(value)
+
+
+def zoom_search_reference(eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, lo: np.ndarray, hi: np.ndarray,
+                          grid: int = 21, levels: int = 6) -> tuple[np.ndarray, float]:
+    """The zooming grid search of :func:`fit_hyperparameters` in numpy (what the compiled `zoom_search` runs):
+    the best `(log σ, log λ)` and its log evidence (:func:`spectral_log_evidence`). Kept as the reference."""
     box_lo, box_hi = lo.copy(), hi.copy()
     best = (0.5 * (lo + hi), -np.inf)
     for _ in range(levels):
@@ -108,12 +119,11 @@ def fit_hyperparameters(
         gl = np.linspace(box_lo[1], box_hi[1], grid)
         vals = spectral_log_evidence(eigvals, z2, n, q, gs[:, None], gl[None, :])
         cond_ok = 2.0 * (gl[None, :] - gs[:, None]) + math.log(max(float(eigvals[-1]), 1e-300)) <= _LOG_MAX_COND
-        vals = np.where(np.isfinite(vals) & cond_ok, vals, -np.inf)
-        i, j = np.unravel_index(int(np.argmax(vals)), vals.shape)
-        if vals[i, j] >= best[1]:
-            best = (np.array([gs[i], gl[j]]), float(vals[i, j]))
+        score = np.where(np.isfinite(vals) & cond_ok, vals, -np.inf)
+        i, j = np.unravel_index(int(np.argmax(score)), score.shape)
+        if score[i, j] >= best[1]:
+            best = (np.array([gs[i], gl[j]]), float(score[i, j]))
         step = (box_hi - box_lo) / (grid - 1)
         box_lo = np.maximum(best[0] - 2 * step, lo)
         box_hi = np.minimum(best[0] + 2 * step, hi)
-    (ls, ll), value = best
-    return math.exp(ls), math.exp(ll), value
+    return best[0], best[1]

@@ -56,12 +56,14 @@ class PackedState:
     _refresh: np.ndarray
     _pdiag: np.ndarray
     _wt: np.ndarray
+    _lazy: np.ndarray
+    _bound: np.ndarray
 
     # attribute → block of the buffer it is a view of
     _VIEWS = {"_ra": "ra", "_s_pend": "s_pend", "_b_pend": "b_pend", "_stage": "stage", "_stage_y": "stage_y",
               "_work": "work", "_phi": "phi", "_means": "means", "_vars": "vars", "_logw": "logw",
               "sigma": "sigma", "_inv_sigma": "inv_sigma", "lam": "lam", "_refresh": "refresh",
-              "_pdiag": "pdiag", "_wt": "wt"}
+              "_pdiag": "pdiag", "_wt": "wt", "_lazy": "lazy", "_bound": "bound"}
 
     def _allocate(self) -> None:
         """A zeroed buffer with its header written and the views bound (`n_kernels`, `dim`, `_fast` set)."""
@@ -94,12 +96,28 @@ class PackedState:
     def __setstate__(self, state: dict) -> None:
         if "_buf" not in state:  # pickled before the packed buffer (separate arrays and scalars)
             state = self._migrate_state(state)
+        else:
+            state = self._extend_buffer(state)
         self.__dict__.update(state)
         self._bind_views()
 
     _SCALARS = {"_n_work": lay.H_N_WORK, "_q_work": lay.H_Q_WORK, "_staged": lay.H_STAGED,
                 "_n_pend": lay.H_N_PEND, "_q_pend": lay.H_Q_PEND, "_refresh_j": lay.H_REFRESH_J,
                 "_sqrt_gamma": lay.H_SQRT_GAMMA, "_logw_dirty": lay.H_DIRTY}
+
+    @staticmethod
+    def _extend_buffer(state: dict) -> dict:
+        """A buffer of an earlier layout (fewer blocks: they are only ever appended) padded with the new blocks,
+        zeroed (no kernel lazy), and its header's offsets written."""
+        buf = state["_buf"]
+        kk, f, b, d, nd = (int(buf[s]) for s in (lay.H_K, lay.H_F, lay.H_B, lay.H_D, lay.H_ND))
+        layout, size = lay.packed_layout(kk, f, b, d, nd)
+        if buf.shape[0] == size:
+            return state
+        grown = np.zeros(size)
+        grown[:buf.shape[0]] = buf
+        lay.write_header(grown, layout, kk, f, b, d, nd)
+        return {**state, "_buf": grown, "_layout": layout}
 
     @classmethod
     def _migrate_state(cls, state: dict) -> dict:
@@ -114,6 +132,8 @@ class PackedState:
         for attr, block in cls._VIEWS.items():
             if attr == "_wt":
                 value = None if fast is None else fast[0]
+            elif attr in ("_lazy", "_bound"):
+                continue  # zeros: no kernel lazy
             else:
                 value = state.pop(attr, None)
             if value is not None:

@@ -142,9 +142,16 @@ class FedBNRServer:
     def refit_due(self) -> bool:
         """Whether :meth:`publish` refits `σ, λ`: fitting is on and the sums hold at least `1 + refit_growth`
         times the samples of the last fit (`refit_growth = 0`: at every publish)."""
-        if self.fit and self.discount is not None and self.refit_growth == 0.0:
-            return True  # discounted sums can shrink: "as many samples as last time" would skip refits
-        return self.fit and self.stats.n >= self._n_fitted * (1.0 + self.refit_growth)
+        return self.samples_until_refit() <= 0.0
+
+    def samples_until_refit(self) -> float:
+        """How many samples the sums still need before :meth:`publish` refits `σ, λ` (≤ 0: due now; `inf`:
+        never, fitting is off). A caller that owns every sample (the River estimator) syncs only then."""
+        if not self.fit:
+            return math.inf
+        if self.discount is not None and self.refit_growth == 0.0:
+            return 0.0  # discounted sums can shrink: "as many samples as last time" would skip refits
+        return self._n_fitted * (1.0 + self.refit_growth) - self.stats.n
 
     def refit(self) -> bool:
         """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums (and keep the

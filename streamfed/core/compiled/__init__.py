@@ -78,15 +78,19 @@ class Entry:
         return f"{self.group}__{self.name}"
 
 
-# The core's own group: the feature maps' kernels (streamfed.core.features uses them).
+# The core's own group: the feature maps' kernels (streamfed.core.features uses them) and the online
+# standardiser's (streamfed.core.standardise).
 _FK = "streamfed.core._feature_kernels"
+_SK = "streamfed.core._scale_kernels"
 ENTRIES: tuple[Entry, ...] = (
     Entry("features", _FK, "rff_transform_into", ("f8[2]", "f8[1]", "!f8[1]", "!f8[2]")),
     Entry("features", _FK, "rff_transform_many", ("f8[2]", "f8[2]", "!f8[3]")),
+    Entry("features", _SK, "standardise_row", ("f8[1]", "f8[1]", "i8", "f8", "f8[1]", "!f8[1]")),
+    Entry("features", _SK, "welford_row", ("f8[1]", "f8[1]", "i8", "f8[1]", "!f8[1]", "!f8[1]")),
 )
 # What a group's build is made from, as paths under the streamfed package (or absolute): its kernel
 # sources and what they import. The mechanism's own sources are part of every group's build.
-SOURCES: tuple[str, ...] = ("core/_feature_kernels.py", "core/numerics.py")
+SOURCES: tuple[str, ...] = ("core/_feature_kernels.py", "core/numerics.py", "core/_scale_kernels.py")
 MECHANISM: tuple[str, ...] = ("core/compiled/__init__.py", "core/compiled/build.py")
 
 _DTYPES = {"f8": np.dtype(np.float64), "i8": np.dtype(np.int64), "u1": np.dtype(np.uint8)}
