@@ -211,14 +211,16 @@ def _old_limits(agg: POFMKLAggregation, kernels: np.ndarray, allowed: np.ndarray
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),
-                          st.floats(0.0, 2.0) | st.sampled_from([1e151, 1e200, 1e300, 1.0 + 1e-12, 1.0 - 1e-12]),
+                          st.floats(0.0, 2.0) | st.sampled_from([1e151, 1e200, 1e300, 1.0 + 1e-12, 1.0 - 1e-12,
+                                                          1.0 - 5e-10, 1.0 - 1e-9, 1.0 - 2e-9]),
                           st.integers(1, 3), st.booleans()),
                 min_size=1, max_size=8),
        st.integers(0, 10**6))
 def test_pofmkl_refuses_exactly_the_rows_beyond_the_bound(uploads: list[tuple[list[int], float, int, bool]],
                                                           seed: int) -> None:
-    """Each upload's rows scaled to a fraction of what the plain bound allows it (1 ± 1e-12: at the bound; 1e151
-    and beyond: squares that overflow); accepted exactly when every row is within `allowed × per_step(R_p)`."""
+    """Each upload's rows scaled to a fraction of what the plain bound allows it (1 ± 1e-12: at the bound; 1 − 1e-9
+    and around it: where the compiled row scan stops deciding alone; 1e151 and beyond: squares that overflow);
+    accepted exactly when every row is within `allowed × per_step(R_p)`."""
     agg = algorithms.get("pofmkl").aggregation(BENCH_POF)
     rng = np.random.default_rng(seed)
     for seq, (kernels, scale, n, resend) in enumerate(uploads, start=1):

@@ -317,6 +317,15 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         state.pop("_checked", None)  # a reference to an upload in flight: not part of the durable state
         return state
 
+    def warm_up(self) -> None:
+        """Load (or compile) the compiled check once, on empty statistics of the server's shape: not in the first
+        window of a live run."""
+        f, k = self.server.dim, self.server.n_kernels
+        s_upper, b = np.zeros((k, f * (f + 1) // 2)), np.zeros((k, f))
+        s_upper.flags.writeable = b.flags.writeable = False  # as decoded: numba specialises on writability
+        scan_upload(s_upper, b, 1.0, 0.0, max_abs=self.max_abs, phi_sq=self.phi_sq, phi_sq_min=self.phi_sq_min,
+                    label_bound=self.label_bound)
+
     def now(self) -> float:
         """The aggregator's clock (seconds since the epoch): no upload may be stamped far beyond it."""
         return time.time()
