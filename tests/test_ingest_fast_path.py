@@ -339,7 +339,9 @@ def test_fedbnr_check_in_one_pass_gives_the_same_verdicts(seed: int, n: int, f: 
     if edit == "indefinite" or edit == "nearly_singular":
         w, v = np.linalg.eigh(S[0])
         jitter = 1e-9 * max(np.trace(S[0]) + abs(q), 1.0)
-        w[0] = (-scale if edit == "indefinite" else scale - 1.0) * jitter * 2.0
+        # "indefinite": the augmented matrix's smallest eigenvalue at about jitter·(1 − scale), i.e. at 0 to within
+        # rounding (accepted or refused by the factorisation's last bits); "nearly_singular": an eigenvalue near 0
+        w[0] = -scale * jitter if edit == "indefinite" else (scale - 1.0) * jitter * 2.0
         S[0] = (v * w) @ v.T
         S[0] = 0.5 * (S[0] + S[0].T)
     elif edit == "b_row":
@@ -399,3 +401,30 @@ def test_fedbnr_check_in_one_pass_refuses_an_indefinite_scatter() -> None:
         else:
             with pytest.raises(np.linalg.LinAlgError):
                 checked_upload(msg, **kw)
+
+
+def test_fedbnr_check_in_one_pass_at_the_factorisation_edge() -> None:
+    """Scatters whose augmented matrix has its smallest eigenvalue at 0 to within rounding — where only the last bits
+    of the factorisation decide — judged by both paths: the same verdict every time, and both verdicts occur."""
+    seen = set()
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        f = int(rng.integers(2, 40))
+        phi = rng.standard_normal((f + 3, 1, f))
+        phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
+        stats = SufficientStats.from_samples(phi, rng.uniform(-1, 1, f + 3), kernel_version="kv")
+        aug = np.block([[stats.S[0], stats.b[0][:, None]], [stats.b[0][None, :], np.array([[stats.q]])]])
+        w, v = np.linalg.eigh(aug)
+        w[0] = -1e-9 * max(np.trace(stats.S[0]) + abs(stats.q), 1.0) * (1.0 + rng.uniform(-1e-5, 1e-5))
+        aug = (v * w) @ v.T
+        aug = 0.5 * (aug + aug.T)
+        S, b, q = aug[None, :f, :f], aug[None, :f, f], float(aug[f, f])
+        packed = SufficientStats(S, b, stats.n, q, "kv").to_packed()
+        msg = Message("f", "a", "fedbnr.update", 1, 0, "kv", int(stats.n), 0.0,
+                      {k: packed[k] for k in ("S_upper", "b", "n", "q")})
+        kw = {"max_abs": 1e100, "phi_sq": 1.0 + 1e-6, "phi_sq_min": None, "label_bound": None}
+        want = _check_outcome(_old_checked_upload, msg, kw)
+        got = _check_outcome(checked_upload, msg, kw)
+        assert got[0] == want[0] and (want[0] == "accepted" or got[1] == want[1]), (seed, got, want)
+        seen.add(want[0])
+    assert seen == {"accepted", "LinAlgError"}, seen
