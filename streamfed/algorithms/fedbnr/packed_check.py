@@ -117,8 +117,9 @@ def _scan(s_upper: np.ndarray, b: np.ndarray, n: float, q: float, max_abs: float
           phi_sq_min: float, use_phi_min: bool, label_bound: float, use_label: bool, S: np.ndarray,
           b_out: np.ndarray, trace: np.ndarray, aug: np.ndarray) -> int:  # pragma: no cover - compiled
     k_count, f = b.shape
-    # ---- unpack (the symmetric S the statistics own), the b copy, and the ±max_abs bound with numpy's NaN rule:
-    # `S.max() > bound` is False when S holds a NaN (the maximum is NaN), and so is `S.min() < -bound`
+    # ---- unpack (the symmetric S the statistics own, and the augmented matrix's S block when it will be
+    # factorised), the b copy, and the ±max_abs bound with numpy's NaN rule: `S.max() > bound` is False when S
+    # holds a NaN (the maximum is NaN), and so is `S.min() < -bound`
     s_nan = False
     s_over = False
     for k in range(k_count):
@@ -129,6 +130,9 @@ def _scan(s_upper: np.ndarray, b: np.ndarray, n: float, q: float, max_abs: float
                 pos += 1
                 S[k, i, j] = v
                 S[k, j, i] = v
+                if use_phi:
+                    aug[k, i, j] = v
+                    aug[k, j, i] = v
                 if v != v:
                     s_nan = True
                 elif v > max_abs or v < -max_abs:
@@ -186,8 +190,6 @@ def _scan(s_upper: np.ndarray, b: np.ndarray, n: float, q: float, max_abs: float
     aq = abs(q)
     for k in range(k_count):
         for i in range(f):
-            for j in range(f):
-                aug[k, i, j] = S[k, i, j]
             aug[k, i, f] = b[k, i]
             aug[k, f, i] = b[k, i]
         aug[k, f, f] = q
