@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import tests.oracles.codec as reference
 from streamfed import algorithms
-from streamfed.algorithms.fedbnr.aggregation import upload_of
+from streamfed.algorithms.fedbnr.aggregation import check_statistics, checked_upload, upload_of
 from streamfed.algorithms.fedbnr.messages import Upload
 from streamfed.algorithms.fedbnr.wire import stats_fields, stats_update_message
 from streamfed.algorithms.pofmkl.aggregation import BOUND_SLACK, POFMKLAggregation, StepBound
@@ -28,7 +28,7 @@ from streamfed.algorithms.pofmkl.wire import update_message
 from streamfed.algorithms.robust_mean import row_norms
 from streamfed.core.stats import SufficientStats, check_labelled_scatter
 from streamfed.fleet.config import FleetConfig
-from streamfed.wire.message import ProtocolError, decode, encode
+from streamfed.wire.message import Message, ProtocolError, decode, encode
 from tests.test_protocol import _POOL, BNR, POF, _envelope_with_a_replaced_field, _mutated, _pack, exact_equal, messages
 
 FAST = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -211,14 +211,16 @@ def _old_limits(agg: POFMKLAggregation, kernels: np.ndarray, allowed: np.ndarray
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),
-                          st.floats(0.0, 2.0) | st.sampled_from([1e151, 1e200, 1e300, 1.0 + 1e-12, 1.0 - 1e-12]),
+                          st.floats(0.0, 2.0) | st.sampled_from([1e151, 1e200, 1e300, 1.0 + 1e-12, 1.0 - 1e-12,
+                                                          1.0 - 5e-10, 1.0 - 1e-9, 1.0 - 2e-9]),
                           st.integers(1, 3), st.booleans()),
                 min_size=1, max_size=8),
        st.integers(0, 10**6))
 def test_pofmkl_refuses_exactly_the_rows_beyond_the_bound(uploads: list[tuple[list[int], float, int, bool]],
                                                           seed: int) -> None:
-    """Each upload's rows scaled to a fraction of what the plain bound allows it (1 ± 1e-12: at the bound; 1e151
-    and beyond: squares that overflow); accepted exactly when every row is within `allowed × per_step(R_p)`."""
+    """Each upload's rows scaled to a fraction of what the plain bound allows it (1 ± 1e-12: at the bound; 1 − 1e-9
+    and around it: where the compiled row scan stops deciding alone; 1e151 and beyond: squares that overflow);
+    accepted exactly when every row is within `allowed × per_step(R_p)`."""
     agg = algorithms.get("pofmkl").aggregation(BENCH_POF)
     rng = np.random.default_rng(seed)
     for seq, (kernels, scale, n, resend) in enumerate(uploads, start=1):
@@ -291,3 +293,138 @@ def test_admission_is_the_two_token_buckets(calls: list[tuple[str, int, float]],
         if expected:
             b[:] = [have - want, slots - 1.0, max(b[2], now), max(b[3], now)]
         assert adm.admit(client, n, now) == expected
+
+
+# ------------------------------------------------------------------ FedBNR: the check in one pass over the triangle
+
+
+def _old_checked_upload(msg: Any, **kw: Any) -> Upload:
+    """The path before: the upload built, then `check_statistics` of its statistics (numpy, the full matrix)."""
+    up = upload_of(msg)
+    check_statistics(up.stats, **kw)
+    return up
+
+
+def _check_outcome(fn: Any, msg: Any, kw: dict[str, Any]) -> tuple[str, Any]:
+    try:
+        return "accepted", fn(msg, **kw)
+    except np.linalg.LinAlgError as e:
+        return "LinAlgError", str(e)
+    except ValueError as e:
+        return "ValueError", str(e)
+
+
+_EDITS = ["none", "indefinite", "nearly_singular", "b_row", "b_norm", "q", "trace_high", "trace_low", "huge", "nan",
+          "inf", "negative_diagonal", "n"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**6), st.integers(1, 40), st.integers(1, 70), st.integers(1, 2), st.sampled_from(_EDITS),
+       st.sampled_from([1.0, 1.0 + 1e-12, 1.0 - 1e-12, 1.0 + 1e-9, 1.0 - 1e-9, 0.5, 2.0]),
+       st.sampled_from([None, 0.5, 3.0, 1e200]), st.booleans(), st.booleans())
+def test_fedbnr_check_in_one_pass_gives_the_same_verdicts(seed: int, n: int, f: int, k: int, edit: str, scale: float,
+                                                           label_bound: float | None, with_phi_min: bool,
+                                                           checked: bool) -> None:
+    """Honest statistics of `n` samples with RFF-like features (`‖φ‖² = 1`), one thing moved to or across one of
+    the bounds (the edge ± 1e-12 and ± 1e-9 relative), or not at all: `checked_upload` against the upload built
+    and then checked by `check_statistics` — the same refusal with the same message, or the same statistics.
+    Knife edges included: an eigenvalue pushed to ∓ the jitter, rows of `b` at Cauchy–Schwarz's bound."""
+    rng = np.random.default_rng(seed)
+    phi = rng.standard_normal((n, k, f))
+    phi /= np.linalg.norm(phi, axis=-1, keepdims=True)  # ‖φ‖² = 1 for every kernel
+    y = rng.uniform(-1.0, 1.0, n) * (label_bound if label_bound is not None and label_bound < 10 else 3.0)
+    stats = SufficientStats.from_samples(phi, y, kernel_version="kv", epoch=1)
+    S, b, q, count = stats.S.copy(), stats.b.copy(), float(stats.q), float(n)
+    j = int(rng.integers(0, f))
+    if edit == "indefinite" or edit == "nearly_singular":
+        w, v = np.linalg.eigh(S[0])
+        jitter = 1e-9 * max(np.trace(S[0]) + abs(q), 1.0)
+        # "indefinite": the augmented matrix's smallest eigenvalue at about jitter·(1 − scale), i.e. at 0 to within
+        # rounding (accepted or refused by the factorisation's last bits); "nearly_singular": an eigenvalue near 0
+        w[0] = -scale * jitter if edit == "indefinite" else (scale - 1.0) * jitter * 2.0
+        S[0] = (v * w) @ v.T
+        S[0] = 0.5 * (S[0] + S[0].T)
+    elif edit == "b_row":
+        b[..., j] = scale * np.sqrt(np.maximum(np.diagonal(S, axis1=-2, axis2=-1)[..., j], 0.0) * max(q, 0.0))
+    elif edit == "b_norm":
+        b *= scale * np.sqrt(np.trace(S, axis1=-2, axis2=-1) * q)[:, None] / np.linalg.norm(b, axis=-1)[:, None]
+    elif edit == "q" and label_bound is not None:
+        q = count * label_bound * label_bound * scale
+    elif edit == "trace_high":
+        S *= scale * 1.0 * count / np.trace(S[0])
+    elif edit == "trace_low":
+        count = float(np.floor(np.trace(S[0]) / scale)) or 1.0
+    elif edit == "huge":
+        S[0, j, j] = 1e100 * scale
+    elif edit in ("nan", "inf"):
+        S[-1, j, (j + 1) % f] = S[-1, (j + 1) % f, j] = math.nan if edit == "nan" else math.inf
+    elif edit == "negative_diagonal":
+        S[0, j, j] = -scale
+    elif edit == "n":
+        count = scale * count
+    packed = SufficientStats(S, b, count, q, "kv", 1).to_packed()
+    msg = Message("f", "a", "fedbnr.update", 1, 0, "kv", int(count), 0.0,
+                  {k_: np.asarray(packed[k_], dtype=np.float64) for k_ in ("S_upper", "b", "n", "q")},
+                  epoch=1)
+    kw = {"max_abs": 1e100, "phi_sq": 1.0 if checked else None, "phi_sq_min": 1.0 if checked and with_phi_min else None,
+          "label_bound": label_bound if checked else None}
+    want = _check_outcome(_old_checked_upload, msg, kw)
+    got = _check_outcome(checked_upload, msg, kw)
+    assert got[0] == want[0], (edit, got, want)
+    if want[0] == "accepted":  # bit for bit (a NaN passes when nothing is checked but the bound)
+        a, w = got[1], want[1]
+        assert (a.client, a.seq, a.base_version, a.time, a.count) == (w.client, w.seq, w.base_version, w.time, w.count)
+        assert (a.stats.S.tobytes(), a.stats.b.tobytes(), a.stats.n, a.stats.q, a.stats.tag) == \
+            (w.stats.S.tobytes(), w.stats.b.tobytes(), w.stats.n, w.stats.q, w.stats.tag)
+        assert got[1].stats.S.flags.writeable and got[1].stats.S.flags.c_contiguous
+    else:
+        assert got[1] == want[1], (edit, got, want)
+
+
+def test_fedbnr_check_in_one_pass_refuses_an_indefinite_scatter() -> None:
+    """Not only the same as before: an upload whose scatter has a negative eigenvalue beyond the jitter is refused,
+    one whose scatter is a sum of outer products is accepted."""
+    rng = np.random.default_rng(3)
+    phi = rng.standard_normal((8, 1, 5))
+    phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
+    honest = SufficientStats.from_samples(phi, rng.uniform(-1, 1, 8), kernel_version="kv")
+    bad_S = honest.S.copy()
+    w, v = np.linalg.eigh(bad_S[0])
+    w[0] = -1e-3
+    bad_S[0] = (v * w) @ v.T
+    kw = {"max_abs": 1e100, "phi_sq": 1.0, "phi_sq_min": None, "label_bound": 1.0}  # (the trace moved too)
+    for S, accepted in ((honest.S, True), (bad_S, False)):
+        packed = SufficientStats(S, honest.b, 8.0, honest.q, "kv").to_packed()
+        msg = Message("f", "a", "fedbnr.update", 1, 0, "kv", 8, 0.0, {k: packed[k] for k in ("S_upper", "b", "n", "q")})
+        if accepted:
+            checked_upload(msg, **kw)
+        else:
+            with pytest.raises(np.linalg.LinAlgError):
+                checked_upload(msg, **kw)
+
+
+def test_fedbnr_check_in_one_pass_at_the_factorisation_edge() -> None:
+    """Scatters whose augmented matrix has its smallest eigenvalue at 0 to within rounding — where only the last bits
+    of the factorisation decide — judged by both paths: the same verdict every time, and both verdicts occur."""
+    seen = set()
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        f = int(rng.integers(2, 40))
+        phi = rng.standard_normal((f + 3, 1, f))
+        phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
+        stats = SufficientStats.from_samples(phi, rng.uniform(-1, 1, f + 3), kernel_version="kv")
+        aug = np.block([[stats.S[0], stats.b[0][:, None]], [stats.b[0][None, :], np.array([[stats.q]])]])
+        w, v = np.linalg.eigh(aug)
+        w[0] = -1e-9 * max(np.trace(stats.S[0]) + abs(stats.q), 1.0) * (1.0 + rng.uniform(-1e-5, 1e-5))
+        aug = (v * w) @ v.T
+        aug = 0.5 * (aug + aug.T)
+        S, b, q = aug[None, :f, :f], aug[None, :f, f], float(aug[f, f])
+        packed = SufficientStats(S, b, stats.n, q, "kv").to_packed()
+        msg = Message("f", "a", "fedbnr.update", 1, 0, "kv", int(stats.n), 0.0,
+                      {k: packed[k] for k in ("S_upper", "b", "n", "q")})
+        kw = {"max_abs": 1e100, "phi_sq": 1.0 + 1e-6, "phi_sq_min": None, "label_bound": None}
+        want = _check_outcome(_old_checked_upload, msg, kw)
+        got = _check_outcome(checked_upload, msg, kw)
+        assert got[0] == want[0] and (want[0] == "accepted" or got[1] == want[1]), (seed, got, want)
+        seen.add(want[0])
+    assert seen == {"accepted", "LinAlgError"}, seen

@@ -559,7 +559,7 @@ def _check_array(entry: Any, ap: _ArrayPlan, dims: dict[str, int]) -> np.ndarray
         raise fail(Reason.BAD_ARRAY, f"array {name!r}: data must be binary")
     if len(data) != expected:
         raise fail(Reason.BAD_ARRAY, f"array {name!r}: {len(data)} data bytes, shape needs {expected}")
-    arr = np.frombuffer(data, dtype=ap.np_dtype).reshape(shape)  # read-only view
+    arr = np.ndarray(shape, ap.np_dtype, data)  # a read-only view of the bytes (as frombuffer + reshape, one call)
     if ap.finite and not np.isfinite(arr).all():
         raise fail(Reason.NON_FINITE, f"array {name!r} contains a non-finite value")
     if ap.value_checks and arr.size:

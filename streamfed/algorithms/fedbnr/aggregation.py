@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamfed.algorithms.fedbnr import packed_check
 from streamfed.algorithms.fedbnr.messages import Upload
+from streamfed.algorithms.fedbnr.packed_check import Scan, scan_upload
 from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.algorithms.fedbnr.wire import global_message
 from streamfed.algorithms.in_order import check_room
@@ -35,7 +37,7 @@ from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, check_labelled_scatter, unpack_upper
 from streamfed.wire.message import Message
 
-__all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload", "check_statistics",
+__all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload", "check_statistics", "checked_upload",
            "residual_ratio", "share_allowance", "upload_of"]
 
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
@@ -63,9 +65,7 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
     ValueError: q = 3 exceeds n·B² = 0.75: labels beyond the label bound ±0.5
     """
     n, q = float(st.n), float(st.q)
-    # time-weighted statistics (forgetting) count samples with weights: a positive total, not a whole number
-    if not (0.0 < n <= _MAX_WHOLE and (n == math.floor(n) and n >= 1.0 if whole_n else True)):
-        raise ValueError(f"n = {n!r} is not a count of samples")
+    _check_count(n, whole_n)
     bound = max_abs
     if (abs(q) > bound or st.S.max() > bound or st.S.min() < -bound
             or (st.b.size and (st.b.max() > bound or st.b.min() < -bound))):
@@ -84,6 +84,70 @@ def check_statistics(st: SufficientStats, *, max_abs: float, phi_sq: float | Non
     check_labelled_scatter(st.S, st.b, q, n, label_bound)
 
 
+def _check_count(n: float, whole_n: bool) -> None:
+    # time-weighted statistics (forgetting) count samples with weights: a positive total, not a whole number
+    if not (0.0 < n <= _MAX_WHOLE and (n == math.floor(n) and n >= 1.0 if whole_n else True)):
+        raise ValueError(f"n = {n!r} is not a count of samples")
+
+
+def _refusal(code: int, scan: Scan, n: float, q: float, max_abs: float, phi_sq_min: float | None,
+             label_bound: float | None) -> str:
+    """`check_statistics`' message (and `check_labelled_scatter`'s) for what :func:`scan_upload` found first."""
+    if code == packed_check.BEYOND_MAX_ABS:
+        return f"a statistic is beyond ±{max_abs:g}"
+    if code == packed_check.TRACE_HIGH:
+        return "tr S exceeds n·max‖φ‖²: not the scatter of n feature vectors"
+    if code == packed_check.TRACE_LOW:
+        assert phi_sq_min is not None
+        return (f"tr S = {float(np.min(scan.trace)):g} is below n·min‖φ‖² = {n * phi_sq_min:g}: "
+                f"n = {n:g} claims more samples than the scatter holds")
+    if code == packed_check.LABELS:
+        assert label_bound is not None
+        bound2 = float(n) * (float(label_bound) * float(label_bound))
+        return f"q = {q:g} exceeds n·B² = {bound2:g}: labels beyond the label bound ±{label_bound:g}"
+    if code == packed_check.B_ROW:
+        return "|b_i| exceeds √(S_ii·q): b is not Σ φ_i y of these samples"
+    return "‖b‖² exceeds tr S · q: b is not Σ φ y of these samples"
+
+
+def checked_upload(msg: Message, *, max_abs: float, phi_sq: float | None, whole_n: bool = True,
+                   label_bound: float | None = None, phi_sq_min: float | None = None) -> Upload:
+    """`upload_of(msg)` after `check_statistics` of its statistics — the same verdicts and messages, the same
+    statistics — from the packed triangle in one compiled pass (:mod:`.packed_check`) and one factorisation.
+    It runs for every upload an aggregator takes in.
+
+    >>> from streamfed.algorithms.fedbnr.wire import stats_update_message
+    >>> st = SufficientStats.from_samples(np.ones((3, 1, 2)), np.ones(3), kernel_version="v").to_packed()
+    >>> msg = stats_update_message("f", "a", 1, st["S_upper"], st["b"], st["n"], st["q"], global_version=0,
+    ...                            kernel_version="v", created=0.0)
+    >>> checked_upload(msg, max_abs=1e100, phi_sq=2.0, label_bound=1.0) == upload_of(msg)
+    True
+    >>> checked_upload(msg, max_abs=1e100, phi_sq=2.0, label_bound=0.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: q = 3 exceeds n·B² = 0.75: labels beyond the label bound ±0.5
+    """
+    n, q = float(msg.arrays["n"]), float(msg.arrays["q"])
+    _check_count(n, whole_n)
+    scan = scan_upload(msg.arrays["S_upper"], msg.arrays["b"], n, q, max_abs=max_abs, phi_sq=phi_sq,
+                       phi_sq_min=phi_sq_min, label_bound=label_bound)
+    if scan.code != packed_check.OK:
+        raise ValueError(_refusal(scan.code, scan, n, q, max_abs, phi_sq_min, label_bound))
+    if phi_sq is not None:
+        # [[S, b], [bᵀ, q]] + jitter positive semi-definite: LinAlgError (a ValueError) when it is not
+        np.linalg.cholesky(scan.aug)
+    return _upload(msg, scan.S, scan.b, n, q)
+
+
+def _upload(msg: Message, S: np.ndarray, b: np.ndarray, n: float, q: float) -> Upload:
+    stats = _new(SufficientStats)  # its __init__ would copy S and b once more
+    stats.__dict__.update(S=S, b=b, n=n, q=q, kernel_version=str(msg.kernel_version), epoch=int(msg.epoch))
+    if "time" in msg.arrays:  # with forgetting: the statistics' reference time and the raw sample count
+        return Upload(str(msg.client), int(msg.seq), int(msg.global_version), stats,
+                      float(msg.arrays["time"]), int(msg.n_samples))
+    return Upload(str(msg.client), int(msg.seq), int(msg.global_version), stats)
+
+
 def upload_of(msg: Message) -> Upload:
     """The :class:`Upload` a decoded update carries: `Upload.from_message(stats_fields(msg))`, built with one copy
     of each array instead of three (the scatter unpacked straight from the message's read-only view into a new
@@ -98,14 +162,8 @@ def upload_of(msg: Message) -> Upload:
     True
     """
     s_upper, b = msg.arrays["S_upper"], msg.arrays["b"]
-    stats = _new(SufficientStats)  # its __init__ would copy S and b once more
-    stats.__dict__.update(S=unpack_upper(s_upper, b.shape[-1]), b=np.array(b, dtype=np.float64),
-                          n=float(msg.arrays["n"]), q=float(msg.arrays["q"]),
-                          kernel_version=str(msg.kernel_version), epoch=int(msg.epoch))
-    if "time" in msg.arrays:  # with forgetting: the statistics' reference time and the raw sample count
-        return Upload(str(msg.client), int(msg.seq), int(msg.global_version), stats,
-                      float(msg.arrays["time"]), int(msg.n_samples))
-    return Upload(str(msg.client), int(msg.seq), int(msg.global_version), stats)
+    return _upload(msg, unpack_upper(s_upper, b.shape[-1]), np.array(b, dtype=np.float64), float(msg.arrays["n"]),
+                   float(msg.arrays["q"]))
 
 
 _new = object.__new__
@@ -209,19 +267,20 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         `version` of epoch `epoch` with nothing summed; the clients join the epoch and upload their totals again,
         so the sums are rebuilt exactly. Robust mode starts cold again."""
         self.server.rebase(version, epoch)
+        self._checked = None
         self.server.publish()
         self._dirty = False
         self._start_robust(self._roster)
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> Upload:
-        up = upload_of(msg)
         checked = self.check_stats
         timed = self.server.discount is not None
-        # discounted statistics (a half-life) are statistics of samples with weights in (0, 1]: every bound holds
-        check_statistics(up.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
-                         label_bound=self.label_bound if checked else None,
-                         phi_sq_min=self.phi_sq_min if checked else None, whole_n=not timed)
+        # check_statistics (discounted statistics — a half-life — are statistics of samples with weights in
+        # (0, 1]: every bound holds), on the packed triangle in one pass
+        up = checked_upload(msg, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
+                            label_bound=self.label_bound if checked else None,
+                            phi_sq_min=self.phi_sq_min if checked else None, whole_n=not timed)
         # n is public even in noised uploads (DP noises S, b, q only): the core's token bucket charges
         # n_samples, which bounds the real n only if they are one number (discounted: n ≤ the raw count, which
         # the server checks against n_samples)
@@ -237,7 +296,35 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         self.server.validate(up)
         self._check_cold_start(up.client)
         check_room(self.server.included, self.server.waiting(), up.client, up.seq, self.server.max_buffered)
+        self._checked = up
         return up
+
+    # the upload `check` last validated against the server, until it is taken (or the server starts over)
+    _checked: Upload | None = None
+
+    def take(self, client: str, seq: int, item: Upload) -> None:
+        if item is self._checked and self.robust is None:
+            # validated by `check` against the server as it still is (only `rebase` changes what validate
+            # compares with, and it forgets this): summed without the server's second `validate`
+            self._checked = None
+            if self.server.apply(item, validated=True):
+                self._dirty = True
+            return
+        super().take(client, seq, item)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_checked", None)  # a reference to an upload in flight: not part of the durable state
+        return state
+
+    def warm_up(self) -> None:
+        """Load (or compile) the compiled check once, on empty statistics of the server's shape: not in the first
+        window of a live run."""
+        f, k = self.server.dim, self.server.n_kernels
+        s_upper, b = np.zeros((k, f * (f + 1) // 2)), np.zeros((k, f))
+        s_upper.flags.writeable = b.flags.writeable = False  # as decoded: numba specialises on writability
+        scan_upload(s_upper, b, 1.0, 0.0, max_abs=self.max_abs, phi_sq=self.phi_sq, phi_sq_min=self.phi_sq_min,
+                    label_bound=self.label_bound)
 
     def now(self) -> float:
         """The aggregator's clock (seconds since the epoch): no upload may be stamped far beyond it."""

@@ -107,11 +107,14 @@ class FedBNRServer:
         if up.seq < 1:
             raise ValueError(f"sequence numbers start at 1, got {up.seq}")
 
-    def apply(self, up: Upload) -> bool:
+    def apply(self, up: Upload, *, validated: bool = False) -> bool:
         """Sum an upload once. Returns `False` for a duplicate (already summed or already waiting).
         An upload whose predecessor has not arrived waits in a buffer and is summed when the gap fills,
-        so `included[client]` always means "every seq up to here"."""
-        self.validate(up)
+        so `included[client]` always means "every seq up to here". `validated`: the caller has just run
+        :meth:`validate` on this very upload and nothing changed this server since (an aggregation's `check`
+        followed by its `take`), so it is not run twice."""
+        if not validated:
+            self.validate(up)
         return apply_in_order(self.included, self._buffer, up.client, up.seq, up, self._sum, self.max_buffered)
 
     def _sum(self, up: Upload) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 from streamfed.algorithms.base import BaseAggregation, NonFiniteError
 from streamfed.algorithms.pofmkl._layout import STEP_CAP
 from streamfed.algorithms.pofmkl.messages import KernelUpdate
+from streamfed.algorithms.pofmkl.row_scan import CLEAR_MARGIN, scan_rows
 from streamfed.algorithms.pofmkl.server import POFMKLServer
 from streamfed.algorithms.pofmkl.wire import ROUND, global_message
 from streamfed.algorithms.robust_mean import clip_rows, clip_threshold, row_norms, trimmed_mean
@@ -132,6 +133,16 @@ class RoundUpdates:
 BOUND_SLACK = 1e-9
 ROBUST_SHARDED = ("robust aggregation (trimmed mean) cannot be computed from partial sums: run a single "
                   "aggregator, or aggregation = \"exact\" with shards")
+
+
+def _clearly_within(squares: np.ndarray, kernels: list[int], allowed: np.ndarray, per_step: list[float]) -> bool:
+    """Every row's norm (from its `Σ Δ²`) below its limit `allowed · per_step · (1 + BOUND_SLACK)` by the margin
+    :data:`~.row_scan.CLEAR_MARGIN`: accepted whichever way the squares were summed. False: judge it exactly."""
+    keep = 1.0 - CLEAR_MARGIN
+    for sq, p, k in zip(squares.tolist(), kernels, allowed.tolist(), strict=True):
+        if not math.sqrt(sq) <= k * per_step[p] * (1.0 + BOUND_SLACK) * keep:  # NaN: not clear
+            return False
+    return True
 
 
 @durable("pofmkl.StepBound")
@@ -354,13 +365,20 @@ class POFMKLAggregation(BaseAggregation):
     def check(self, msg: Message) -> KernelUpdate:
         # the decoded read-only views are enough: the server only reads an update (no copy per message)
         delta = msg.arrays["delta"]
-        # one reduction (|Δ| <= max_abs, NaN compares False); the codec already refused non-finite values
-        largest = np.abs(delta).max() if delta.size else 0.0
+        squares = None
+        if not delta.size:
+            largest = 0.0
+        elif delta.ndim == 2 and delta.dtype == np.float64:  # as decoded: max |Δ| and Σ Δ² per row in one pass
+            squares = np.empty(delta.shape[0])
+            largest = scan_rows(delta, squares)
+        else:
+            largest = np.abs(delta).max()
+        # |Δ| <= max_abs (NaN compares False); the codec already refused non-finite values
         if not largest <= self.max_abs:
             raise ValueError(f"a delta value is beyond ±{self.max_abs:g}")
         item = KernelUpdate(msg.arrays["kernels"], delta, msg.n_samples)
         if self.bound is not None and self.role == "aggregator" and delta.size:
-            self._check_bound(msg.client, int(msg.seq), item, largest)
+            self._check_bound(msg.client, int(msg.seq), item, largest, squares)
         return item
 
     def _per_step(self) -> np.ndarray:
@@ -372,14 +390,25 @@ class POFMKLAggregation(BaseAggregation):
             cached = self.__dict__["_per_step_cache"] = (self.radius, self.bound.per_step(self.radius))
         return cached[1]
 
+    def _per_step_list(self) -> list[float]:
+        """:meth:`_per_step` as a list (cached with it): indexed per row in plain Python."""
+        per_step = self._per_step()
+        cached = self.__dict__.get("_per_step_list_cache")
+        if cached is None or cached[0] is not per_step:
+            cached = self.__dict__["_per_step_list_cache"] = (per_step, per_step.tolist())
+        return cached[1]
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("_per_step_cache", None)  # derived: not part of the durable state
+        state.pop("_per_step_list_cache", None)
         return state
 
-    def _check_bound(self, client: str, seq: int, item: KernelUpdate, largest: float = math.inf) -> None:
+    def _check_bound(self, client: str, seq: int, item: KernelUpdate, largest: float = math.inf,
+                     squares: np.ndarray | None = None) -> None:
         """Refuse a row beyond `k_p × StepBound.per_step(R_p)`; record the accepted upload's samples (a refused
-        one leaves no trace). `largest`: `max |Δ|` when the caller knows it."""
+        one leaves no trace). `largest`: `max |Δ|` when the caller knows it; `squares`: each row's `Σ Δ²`
+        (:func:`~.row_scan.scan_rows`), which accept an upload whose rows are all clearly within their limits."""
         assert self.bound is not None
         kernels = item.kernels.tolist()
         n = int(item.n_samples)
@@ -394,6 +423,10 @@ class POFMKLAggregation(BaseAggregation):
             allowed = np.ones(len(kernels), dtype=np.int64)
         else:
             allowed = steps.allowance(seq, n, kernels)
+        if squares is not None and _clearly_within(squares, kernels, allowed, self._per_step_list()):
+            steps.record(seq, n, kernels, allowed.tolist())
+            self.steps[client] = steps
+            return
         per_step = self._per_step()[item.kernels]
         limit = allowed * per_step * (1.0 + BOUND_SLACK)
         # below 1e150 no square overflows (a row holds far fewer than 1e8 values): the norms without row_norms'
@@ -640,5 +673,8 @@ class POFMKLAggregation(BaseAggregation):
         acc.add(KernelUpdate(np.zeros(1, dtype=np.int64), np.zeros((1, self.dim))))
         twin.add(acc.merged())
         twin.finish_round()
+        rows = np.zeros((1, self.dim))
+        rows.flags.writeable = False  # as decoded: numba specialises on writability
+        scan_rows(rows, np.empty(1))
         if self.robust is not None:  # the robust path's numpy calls, once
             trimmed_mean(clip_rows(np.zeros((2, self.dim)), 0.0), self.robust.trim)
