@@ -12,8 +12,10 @@ Kinds (meta `round` on each: the aggregator's round id), on the existing topics 
 * agent → aggregator on `updates/<client>`: ``secagg.keys`` (two X25519 public keys), ``secagg.shares`` (one
   148-byte ciphertext per neighbour), ``secagg.masked`` (the masked vector, uint64; its `seq` and `n_samples`
   are those of the newest update it sums), ``secagg.unmask`` (66-byte shares);
-* aggregator → one agent on `acks/<client>`: ``secagg.roster`` (the round's members as `included` =
-  {name: index} and their keys), ``secagg.forward`` (the ciphertexts addressed to it), ``secagg.survivors``.
+* aggregator → one agent on `acks/<client>` (which only that agent may read): ``secagg.roster`` (the agent
+  and its neighbours in the round's graph as `included` = {name: index in the round's sorted names}, their
+  keys, and meta `members`), ``secagg.forward`` (the ciphertexts addressed to it), ``secagg.survivors`` (the
+  survivors of its neighbourhood). Each is `O(k)` bytes, `k` the neighbourhood size, whatever the fleet's size.
 
 The aggregator closes a stage when every member of the previous one has answered, or after `timeout` seconds
 with enough of them; a round that cannot finish is dropped (counted), and its agents start a new one with
@@ -45,6 +47,7 @@ from streamfed.privacy.secagg import (
     CIPHERTEXT_BYTES,
     KEY_BYTES,
     Keys,
+    Neighbourhood,
     SecAggClient,
     SecAggError,
     SecAggServer,
@@ -125,14 +128,15 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
                                                 ArraySpec("which", "uint8", ("k",), index_bound=2),
                                                 ArraySpec("share", "uint8", ("k", shamir.SHARE_BYTES))),
                       {"k": (0, k)}, meta=rnd),
-        MessageSchema(ROSTER, Channel.ACKS, (ArraySpec("c_pk", "uint8", ("n", KEY_BYTES)),
-                                             ArraySpec("s_pk", "uint8", ("n", KEY_BYTES))),
-                      {"n": (2, n)}, meta=rnd, max_included=n),
+        # a member's neighbourhood and itself (`included`: name → index in the round's sorted names), never more
+        MessageSchema(ROSTER, Channel.ACKS, (ArraySpec("c_pk", "uint8", ("m", KEY_BYTES)),
+                                             ArraySpec("s_pk", "uint8", ("m", KEY_BYTES))),
+                      {"m": (2, k + 1)}, meta=(*rnd, MetaSpec("members")), max_included=k + 1),
         MessageSchema(FORWARD, Channel.ACKS, (ArraySpec("from", "int64", ("k",), index_bound=n, distinct=True),
                                               ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES))),
                       {"k": (0, k)}, meta=rnd),
         MessageSchema(SURVIVORS, Channel.ACKS, (ArraySpec("alive", "int64", ("s",), index_bound=n, distinct=True),),
-                      {"s": (1, n)}, meta=rnd),
+                      {"s": (1, k + 1)}, meta=rnd),
     ]
 
 
@@ -186,7 +190,9 @@ class SecAggAgent:
         self._advertised: list[tuple[X25519PrivateKey, X25519PrivateKey]] = []  # since the last roster, newest last
         self._round: int | None = None
         self._sa: SecAggClient | None = None
-        self._names: tuple[str, ...] = ()
+        self._members = 0  # of the round under way
+        self._index: dict[str, int] = {}  # my neighbourhood (and I) → index in the round's sorted names
+        self._by_index: dict[int, str] = {}
         self._since = 0.0
         self._sent_seq = 0  # newest seq of the masked input sent in the current round
         # this round's replies, sent again as they were when a request repeats (one masked input per round)
@@ -205,7 +211,7 @@ class SecAggAgent:
         `timeout` plus `PATIENCE_PER_MEMBER` a member once the roster says how many there are; before it,
         `timeout` doubled with each key pair advertised since the last roster."""
         if self._sa is not None:
-            return self.timeout + PATIENCE_PER_MEMBER * len(self._names)
+            return self.timeout + PATIENCE_PER_MEMBER * self._members
         return self.timeout * 2 ** max(0, len(self._advertised) - 1)
 
     def tick(self, now: float, pending: bool | None = None) -> list[Message]:
@@ -254,29 +260,35 @@ class SecAggAgent:
         if msg.kind == ROSTER:
             if self._keys is None or self._sa is not None:
                 raise SecAggError("out_of_order", "a roster while not waiting for one")
+            # my neighbourhood only: me and my neighbours, each under its index in the round's sorted names
+            members = msg.meta.get("members")
+            if type(members) is not int:
+                raise SecAggError("bad_roster", f"meta members {members!r}")
             names = tuple(sorted(msg.included, key=msg.included.__getitem__))
-            if sorted(msg.included.values()) != list(range(len(names))) or list(names) != sorted(names):
-                raise SecAggError("bad_roster", "indices must number the sorted names 0..n-1")
+            idx = [msg.included[c] for c in names]
+            if list(names) != sorted(names) or len(set(idx)) != len(idx) or not all(0 <= i < members for i in idx):
+                raise SecAggError("bad_roster", "indices must be distinct, below the member count, in name order")
             c_pk, s_pk = msg.arrays["c_pk"], msg.arrays["s_pk"]
             if c_pk.shape[0] != len(names) or s_pk.shape[0] != len(names) or self.client not in msg.included:
                 raise SecAggError("bad_roster", "keys and names disagree, or I am not in it")
-            mine = msg.included[self.client]
+            mine = names.index(self.client)
             theirs = (bytes(c_pk[mine]), bytes(s_pk[mine]))
             pair = next((p for p in reversed(self._advertised)
                          if tuple(k.public_key().public_bytes_raw() for k in p) == theirs), None)
             if pair is None:
                 raise SecAggError("bad_roster", "my keys in the roster are not mine")
+            view = Neighbourhood.announced(rid, self.client, (c for c in names if c != self.client), members,
+                                           sum(math.prod(s) for _, s in self.layout))
             self._keys, self._advertised = pair, []
-            settings = SecAggSettings(rid, names, sum(math.prod(s) for _, s in self.layout),
-                                      graph_seed=roster_seed(rid, {c: (bytes(c_pk[i]), bytes(s_pk[i]))
-                                                                   for i, c in enumerate(names)}))
-            self._round, self._names, self._since = rid, names, now
+            self._round, self._members, self._since = rid, members, now
+            self._index = dict(msg.included)
+            self._by_index = {i: c for c, i in msg.included.items()}
             self._masked_reply = self._unmask_reply = None
-            self._sa = SecAggClient(self.client, settings, keys=self._keys)
+            self._sa = SecAggClient(self.client, view, keys=self._keys)
             roster = {c: Keys(c, bytes(c_pk[i]), bytes(s_pk[i])) for i, c in enumerate(names)}
             cts = self._sa.share_keys(roster)
-            to = sorted(cts, key=names.index)
-            return [self._msg(SHARES, {"to": np.array([names.index(v) for v in to], dtype=np.int64),
+            to = sorted(cts, key=self._index.__getitem__)
+            return [self._msg(SHARES, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
                                        "ct": np.stack([_u8(cts[v]) for v in to])})]
         if self._sa is None or rid != self._round:
             raise SecAggError("wrong_round", f"round {rid}, mine is {self._round}")
@@ -286,9 +298,9 @@ class SecAggAgent:
                 # Masking a second input with the round's masks would put their difference in the clear.
                 return [self._masked_reply]
             idx = msg.arrays["from"].tolist()
-            if any(i >= len(self._names) for i in idx):
-                raise SecAggError("bad_index", "a sender outside the roster")
-            received = {self._names[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(idx)}
+            if any(i not in self._by_index for i in idx):
+                raise SecAggError("bad_index", "a sender outside my neighbourhood")
+            received = {self._by_index[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(idx)}
             got = self.contribution()
             if got is None:  # nothing to add any more (a global included it meanwhile): add zeros
                 got = Contribution({k: np.zeros(s) for k, s in self.layout}, 0, 0, 0, 0)
@@ -304,18 +316,18 @@ class SecAggAgent:
             return [self._masked_reply]
         if msg.kind == SURVIVORS:
             idx = msg.arrays["alive"].tolist()
-            if any(i >= len(self._names) for i in idx):
-                raise SecAggError("bad_index", "a survivor outside the roster")
-            alive = frozenset(self._names[i] for i in idx)
+            if any(i not in self._by_index for i in idx):
+                raise SecAggError("bad_index", "a survivor outside my neighbourhood")
+            alive = frozenset(self._by_index[i] for i in idx)
             if self._unmask_reply is not None:  # asked again: the same answer, never shares of another set
                 if alive != self._unmask_reply[0]:
                     raise SecAggError("out_of_order", "unmasking asked again for other survivors")
                 return [self._unmask_reply[1]]
             shares = self._sa.unmask(alive)
-            of = sorted(shares, key=self._names.index)
+            of = sorted(shares, key=self._index.__getitem__)
             self._since = now
             reply = self._msg(UNMASK, {
-                "of": np.array([self._names.index(u) for u in of], dtype=np.int64),
+                "of": np.array([self._index[u] for u in of], dtype=np.int64),
                 "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
                 "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
                           else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))})
@@ -362,6 +374,7 @@ class SecAggCoordinator:
         self._since: float | None = None
         self._srv: SecAggServer | None = None
         self._names: tuple[str, ...] = ()
+        self._index: dict[str, int] = {}
         self._meta: dict[str, tuple[int, int, int]] = {}  # client → (seq, n_samples, epoch) of its masked input
 
     def _reject(self, reason: str, detail: str) -> None:
@@ -419,10 +432,13 @@ class SecAggCoordinator:
             raise SecAggError("unknown_kind", msg.kind)
 
     def _down(self, kind: str, client: str, arrays: dict[str, np.ndarray],
-              included: Mapping[str, int] | None = None) -> Message:
+              included: Mapping[str, int] | None = None, **meta: int) -> Message:
         assert self._srv is not None
         return Message(self.cfg.fleet, client, kind, self._srv.settings.round_id, 0, "", 0, time.time(), arrays,
-                       {"round": self._srv.settings.round_id}, dict(included or {}))
+                       {"round": self._srv.settings.round_id, **meta}, dict(included or {}))
+
+    def _indices(self, names: Sequence[str]) -> np.ndarray:
+        return np.array(sorted(self._index[c] for c in names), dtype=np.int64)
 
     def _ready(self, got: set[str], want: set[str], now: float, wait: float) -> bool:
         """A stage closes when everyone it waits for answered, or after `wait` seconds with enough answers."""
@@ -451,11 +467,17 @@ class SecAggCoordinator:
             for k in self._keys.values():
                 self._srv.add_keys(k)
             self._names, self.stage, self._since = names, "shares", now
-            roster = {"c_pk": np.stack([_u8(self._keys[c].c_pk) for c in names]),
-                      "s_pk": np.stack([_u8(self._keys[c].s_pk) for c in names])}
-            index = {c: i for i, c in enumerate(names)}
+            self._index = {c: i for i, c in enumerate(names)}
             self._srv.roster()  # refuses a round below the threshold
-            return [self._down(ROSTER, c, roster, index) for c in names], None
+            # each member gets its own neighbourhood's keys on its own acks topic: O(k) bytes, not O(n)
+            c_pk = np.stack([_u8(self._keys[c].c_pk) for c in names])
+            s_pk = np.stack([_u8(self._keys[c].s_pk) for c in names])
+            out = []
+            for c in names:
+                rows = self._indices(self._srv.roster_for(c))
+                out.append(self._down(ROSTER, c, {"c_pk": c_pk[rows], "s_pk": s_pk[rows]},
+                                      {names[i]: int(i) for i in rows}, members=len(names)))
+            return out, None
         assert self._srv is not None
         srv = self._srv
         if self.stage == "shares":
@@ -465,9 +487,9 @@ class SecAggCoordinator:
             out = []
             for c in sorted(srv.shares):
                 fwd = srv.forwarded(c)
-                frm = sorted(fwd, key=self._names.index)
+                frm = sorted(fwd, key=self._index.__getitem__)
                 out.append(self._down(FORWARD, c, {
-                    "from": np.array([self._names.index(u) for u in frm], dtype=np.int64),
+                    "from": np.array([self._index[u] for u in frm], dtype=np.int64),
                     "ct": (np.stack([_u8(fwd[u]) for u in frm]) if frm
                            else np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8))}))
             return out, None
@@ -479,8 +501,9 @@ class SecAggCoordinator:
                 raise SecAggError("too_few_survivors", f"{len(alive)} masked inputs, at least {self.min_clients} "
                                   "needed (dp_round_clients)")
             self.stage, self._since = "unmask", now
-            idx = np.array(sorted(self._names.index(c) for c in alive), dtype=np.int64)
-            return [self._down(SURVIVORS, c, {"alive": idx}) for c in sorted(alive)], None
+            # each survivor hears only which of its neighbours survived (it reveals shares of those alone)
+            return [self._down(SURVIVORS, c, {"alive": self._indices(srv.survivors_for(c))})
+                    for c in sorted(alive)], None
         # unmask
         if not self._ready(set(srv.unmasking), set(srv.masked), now, self.timeout):
             return self._stalled(now)

@@ -48,9 +48,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from streamfed.privacy import shamir
 
-__all__ = ["CIPHERTEXT_BYTES", "KEY_BYTES", "MAX_VECTOR", "SecAggClient", "SecAggError", "SecAggServer",
-           "SecAggSettings", "default_degree", "default_threshold", "harary_neighbours", "prg", "roster_seed",
-           "run_round"]
+__all__ = ["CIPHERTEXT_BYTES", "KEY_BYTES", "MAX_VECTOR", "Neighbourhood", "SecAggClient", "SecAggError",
+           "SecAggServer", "SecAggSettings", "default_degree", "default_threshold", "harary_neighbours", "harary_size",
+           "prg", "roster_seed", "run_round"]
 
 KEY_BYTES = 32
 SEED_BYTES = 32
@@ -180,6 +180,70 @@ def harary_neighbours(clients: Sequence[str], degree: int, seed: int) -> dict[st
     return {c: tuple(sorted(v)) for c, v in out.items()}
 
 
+def harary_size(n: int, degree: int) -> int:
+    """How many neighbours each of `n` clients has in :func:`harary_neighbours` with `degree`: everyone else
+    when `degree >= n - 1`, else `degree` rounded up to even (the ring's successors and predecessors).
+
+    >>> harary_size(1000, 40), harary_size(1000, 5), harary_size(10, 9)
+    (40, 6, 9)
+    """
+    return n - 1 if degree >= n - 1 else 2 * ((degree + 1) // 2)
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """What one member knows of a round (SecAgg+): its own name, its neighbours (sorted; the Shamir abscissa
+    of a neighbour's share is its 1-based position here), how many members the round has, the vector length
+    and the threshold. Nothing about members outside the neighbourhood, so that a member's part of a round —
+    keys, shares, survivors — costs `O(k)` whatever the fleet's size.
+
+    :meth:`announced` builds it from what the aggregator tells a member and checks it against the public rule
+    (:func:`default_degree`, :func:`default_threshold`): the aggregator cannot give a member fewer neighbours
+    or a lower threshold than the round's size calls for.
+
+    >>> v = Neighbourhood.announced(1, "a", ("b", "c"), members=3, length=4)
+    >>> v.threshold, v.share_index("c")
+    (2, 2)
+    """
+
+    round_id: int
+    client: str
+    neighbours: tuple[str, ...]
+    members: int
+    length: int
+    threshold: int
+
+    def __post_init__(self) -> None:
+        k = len(self.neighbours)
+        if not 2 <= self.members <= MAX_CLIENTS:
+            raise SecAggError("bad_roster", f"{self.members} clients; secure aggregation needs 2..{MAX_CLIENTS}")
+        if not 0 <= self.length <= MAX_VECTOR:
+            raise SecAggError("bad_length", f"vector length {self.length} outside [0, {MAX_VECTOR}]")
+        if self.client in self.neighbours or len(set(self.neighbours)) != k or list(self.neighbours) != sorted(
+                self.neighbours) or not 1 <= k < self.members:
+            raise SecAggError("bad_roster", f"{self.client!r}: neighbours must be 1..n-1 other, sorted, distinct names")
+        if not 1 <= self.threshold <= k:
+            raise SecAggError("bad_threshold", f"threshold {self.threshold} outside [1, {k}]")
+
+    @classmethod
+    def announced(cls, round_id: int, client: str, neighbours: Iterable[str], members: int,
+                  length: int) -> Neighbourhood:
+        """A member's view as the aggregator announces it, held to the public rule for `members` clients:
+        exactly :func:`harary_size` neighbours and the threshold :func:`default_threshold` of the degree."""
+        names = tuple(sorted(neighbours))
+        if not 2 <= members <= MAX_CLIENTS:
+            raise SecAggError("bad_roster", f"{members} clients; secure aggregation needs 2..{MAX_CLIENTS}")
+        degree = default_degree(members)
+        if len(names) != harary_size(members, degree):
+            raise SecAggError("bad_roster", f"{len(names)} neighbours announced; a round of {members} gives "
+                              f"{harary_size(members, degree)}")
+        return cls(round_id, client, names, members, length, default_threshold(degree))
+
+    def share_index(self, holder: str) -> int:
+        """The Shamir abscissa of `holder`'s share of my secrets."""
+        return self.neighbours.index(holder) + 1
+
+
 @dataclass(frozen=True)
 class SecAggSettings:
     """Public parameters of one round: its id, the roster, the vector length, the neighbourhood size, the
@@ -220,6 +284,14 @@ class SecAggSettings:
         neighbour list)."""
         return self.neighbours[owner].index(holder) + 1
 
+    def view(self, client: str) -> Neighbourhood:
+        """What `client` needs to know of the round: its :class:`Neighbourhood`."""
+        if client not in self.neighbours:
+            raise SecAggError("unknown_client", f"{client!r} is not in the round's roster")
+        assert self.threshold is not None
+        return Neighbourhood(self.round_id, client, self.neighbours[client], len(self.clients), self.length,
+                             self.threshold)
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -238,25 +310,28 @@ class Keys:
 
 
 class SecAggClient:
-    """One client's half of a round. Every step checks what it is given and raises :class:`SecAggError`.
+    """One client's half of a round. It knows only its :class:`Neighbourhood` (given, or taken from the
+    round's full :class:`SecAggSettings`) and is handed only its neighbours' keys and shares. Every step checks
+    what it is given and raises :class:`SecAggError`.
 
     >>> s = SecAggSettings(round_id=7, clients=("a", "b", "c"), length=2)
     >>> cs, srv = [SecAggClient(c, s) for c in s.clients], SecAggServer(s)
     >>> for c in cs: srv.add_keys(c.advertise())
-    >>> for c in cs: srv.add_shares(c.client, c.share_keys(srv.roster()))
+    >>> for c in cs: srv.add_shares(c.client, c.share_keys(srv.roster_for(c.client)))
     >>> x = np.array([1, 2], dtype=np.uint64)
     >>> for c in cs: srv.add_masked(c.client, c.masked_input(x, srv.forwarded(c.client)))
-    >>> for c in cs: srv.add_unmasking(c.client, c.unmask(srv.survivors()))
+    >>> for c in cs: srv.add_unmasking(c.client, c.unmask(srv.survivors_for(c.client)))
     >>> srv.result().tolist()
     [3, 6]
     """
 
-    def __init__(self, client: str, settings: SecAggSettings,
+    def __init__(self, client: str, settings: SecAggSettings | Neighbourhood,
                  keys: tuple[X25519PrivateKey, X25519PrivateKey] | None = None) -> None:
-        if client not in settings.neighbours:
-            raise SecAggError("unknown_client", f"{client!r} is not in the round's roster")
+        view = settings.view(client) if isinstance(settings, SecAggSettings) else settings
+        if view.client != client:
+            raise SecAggError("unknown_client", f"a neighbourhood of {view.client!r} given to {client!r}")
         self.client = client
-        self.settings = settings
+        self.view = view
         # `keys`: the pair advertised before the roster was known (a fleet agent makes them first)
         self._c_sk, self._s_sk = keys if keys is not None else (X25519PrivateKey.generate(),
                                                                 X25519PrivateKey.generate())
@@ -272,42 +347,45 @@ class SecAggClient:
         return Keys(self.client, _raw_public(self._c_sk), _raw_public(self._s_sk))
 
     def _aead(self, other: str) -> ChaCha20Poly1305:
-        info = f"streamfed-secagg/share/{self.settings.round_id}".encode()
+        info = f"streamfed-secagg/share/{self.view.round_id}".encode()
         return ChaCha20Poly1305(_agree(self._c_sk, self._roster[other].c_pk, info))
 
     def share_keys(self, roster: Mapping[str, Keys]) -> dict[str, bytes]:
-        """Step 2: given the advertised keys (`U1`), my encrypted shares of `s_u^SK` and `b_u`, one
-        ciphertext per neighbour in `U1`."""
-        s = self.settings
-        check_roster(roster, s)
+        """Step 2: given my neighbours' advertised keys (`U1 ∩ N(u)`, and mine), my encrypted shares of `s_u^SK`
+        and `b_u`, one ciphertext per neighbour. A roster naming anyone else is refused."""
+        v = self.view
+        check_roster(roster, (self.client, *v.neighbours))
+        mine_keys = roster.get(self.client)
+        if mine_keys is not None and mine_keys != self.advertise():
+            raise SecAggError("bad_roster", "my keys in the roster are not mine")
         self._roster = dict(roster)
-        mine = [v for v in s.neighbours[self.client] if v in roster]
-        if len(mine) < s.threshold:
-            raise SecAggError("too_few_neighbours", f"{len(mine)} neighbours advertised keys, threshold {s.threshold}")
-        full = len(s.neighbours[self.client])
-        s_shares = shamir.split(int.from_bytes(_raw_private(self._s_sk), "big"), full, s.threshold)
-        b_shares = shamir.split(int.from_bytes(self._b, "big"), full, s.threshold)
+        mine = [u for u in v.neighbours if u in roster]
+        if len(mine) < v.threshold:
+            raise SecAggError("too_few_neighbours", f"{len(mine)} neighbours advertised keys, threshold {v.threshold}")
+        full = len(v.neighbours)
+        s_shares = shamir.split(int.from_bytes(_raw_private(self._s_sk), "big"), full, v.threshold)
+        b_shares = shamir.split(int.from_bytes(self._b, "big"), full, v.threshold)
         out = {}
-        for v in mine:
-            i = s.share_index(self.client, v) - 1
+        for u in mine:
+            i = v.share_index(u) - 1
             plain = shamir.to_bytes(s_shares[i][1]) + shamir.to_bytes(b_shares[i][1])
-            out[v] = self._aead(v).encrypt(_nonce(self.client, v), plain, _aad(s.round_id, self.client, v))
+            out[u] = self._aead(u).encrypt(_nonce(self.client, u), plain, _aad(v.round_id, self.client, u))
         return out
 
     def masked_input(self, x: np.ndarray, received: Mapping[str, bytes]) -> np.ndarray:
         """Step 3: `y_u` of my fixed-point vector `x` (uint64, the round's length), masked with every
         neighbour whose shares reached me (`received`: sender → ciphertext, as forwarded; `U2`)."""
-        s = self.settings
+        v = self.view
         x = np.asarray(x)
-        if x.dtype != np.uint64 or x.shape != (s.length,):
-            raise SecAggError("bad_vector", f"input must be uint64 of shape ({s.length},), got {x.dtype} {x.shape}")
+        if x.dtype != np.uint64 or x.shape != (v.length,):
+            raise SecAggError("bad_vector", f"input must be uint64 of shape ({v.length},), got {x.dtype} {x.shape}")
         if not self._roster:
             raise SecAggError("out_of_order", "masked input before share keys")
-        for v, ct in received.items():
-            if v not in s.neighbours[self.client] or v not in self._roster:
-                raise SecAggError("not_a_neighbour", f"shares from {v!r}")
+        for u, ct in received.items():
+            if u not in v.neighbours or u not in self._roster:
+                raise SecAggError("not_a_neighbour", f"shares from {u!r}")
             if not isinstance(ct, bytes) or len(ct) != CIPHERTEXT_BYTES:
-                raise SecAggError("bad_ciphertext", f"from {v!r}: {len(ct) if isinstance(ct, bytes) else ct!r}")
+                raise SecAggError("bad_ciphertext", f"from {u!r}: {len(ct) if isinstance(ct, bytes) else ct!r}")
         if self._masked is not None:
             # one input per round: a second one masked alike would give away the difference of the two
             if np.array_equal(self._masked[0], x) and self._masked_with == frozenset(received):
@@ -315,33 +393,34 @@ class SecAggClient:
             raise SecAggError("out_of_order", "a second masked input in one round")
         self._received = dict(received)
         self._masked_with = frozenset(received)
-        y = x + prg(self._b, s.length, s.round_id, b"self")
-        info = f"streamfed-secagg/mask/{s.round_id}".encode()
-        for v in sorted(received):
-            mask = prg(_agree(self._s_sk, self._roster[v].s_pk, info), s.length, s.round_id)
-            y = y + mask if self.client < v else y - mask  # uint64: wraps modulo 2^64
+        y = x + prg(self._b, v.length, v.round_id, b"self")
+        info = f"streamfed-secagg/mask/{v.round_id}".encode()
+        for u in sorted(received):
+            mask = prg(_agree(self._s_sk, self._roster[u].s_pk, info), v.length, v.round_id)
+            y = y + mask if self.client < u else y - mask  # uint64: wraps modulo 2^64
         self._masked = (x.copy(), y.copy())
         return y
 
     def unmask(self, survivors: Collection[str]) -> dict[str, tuple[str, bytes]]:
         """Step 4: for each neighbour whose shares I hold, my share of its self-mask seed (`"b"`) if it is
-        among the `survivors` (`U3`), else of its mask secret key (`"s"`). Once per round."""
+        among the `survivors` (`U3`: the survivors of my neighbourhood and I; others are ignored), else of
+        its mask secret key (`"s"`). Once per round."""
         if self._revealed:
             raise SecAggError("out_of_order", "unmasking asked twice")
         survivors = set(survivors)
         if not survivors <= set(self._roster):
-            raise SecAggError("bad_survivors", "survivors that never advertised keys")
+            raise SecAggError("bad_survivors", "survivors that are not neighbours who advertised keys")
         if self.client not in survivors:
             raise SecAggError("bad_survivors", "I sent my masked input but am not listed as a survivor")
-        if len(survivors) < self.settings.threshold:
+        if len(survivors) < self.view.threshold:
             raise SecAggError("bad_survivors", f"{len(survivors)} survivors, below the threshold")
         self._revealed = True
         out = {}
-        s = self.settings
+        v = self.view
         for u in sorted(self._received):
             try:
                 plain = self._aead(u).decrypt(_nonce(u, self.client), self._received[u],
-                                              _aad(s.round_id, u, self.client))
+                                              _aad(v.round_id, u, self.client))
             except Exception:  # InvalidTag: the ciphertext was not made for me in this round
                 raise SecAggError("bad_ciphertext", f"shares from {u!r} do not decrypt") from None
             which = "b" if u in survivors else "s"
@@ -359,12 +438,13 @@ def _aad(round_id: int, sender: str, receiver: str) -> bytes:
     return f"{round_id}/{sender}/{receiver}".encode()
 
 
-def check_roster(roster: Mapping[str, Keys], s: SecAggSettings) -> None:
-    """`SecAggError` unless every entry is a client of the round with two 32-byte keys under its own name."""
-    if len(roster) > len(s.clients):
-        raise SecAggError("bad_roster", f"{len(roster)} entries for {len(s.clients)} clients")
+def check_roster(roster: Mapping[str, Keys], allowed: Collection[str]) -> None:
+    """`SecAggError` unless every entry is one of the `allowed` clients with two 32-byte keys under its own
+    name."""
+    if len(roster) > len(allowed):
+        raise SecAggError("bad_roster", f"{len(roster)} entries for {len(allowed)} clients")
     for c, k in roster.items():
-        if c not in s.neighbours or not isinstance(k, Keys) or k.client != c:
+        if c not in allowed or not isinstance(k, Keys) or k.client != c:
             raise SecAggError("bad_roster", f"entry {c!r}")
         if not (isinstance(k.c_pk, bytes) and isinstance(k.s_pk, bytes)
                 and len(k.c_pk) == KEY_BYTES and len(k.s_pk) == KEY_BYTES):
@@ -398,15 +478,23 @@ class SecAggServer:
 
     # step 1
     def add_keys(self, k: Keys) -> None:
-        check_roster({k.client: k}, self.settings)
+        check_roster({k.client: k}, self.settings.neighbours)
         if k.client in self.keys:
             raise SecAggError("duplicate", f"keys of {k.client!r} twice")
         self.keys[k.client] = k
 
     def roster(self) -> dict[str, Keys]:
+        """`U1`: every advertised key (the server's own record; a member is sent :meth:`roster_for`)."""
+        assert self.settings.threshold is not None
         if len(self.keys) < self.settings.threshold + 1:
             raise SecAggError("too_few_clients", f"{len(self.keys)} advertised keys")
         return dict(self.keys)
+
+    def roster_for(self, client: str) -> dict[str, Keys]:
+        """What `client` is sent in step 2: its own keys and its neighbours' (`U1 ∩ (N(u) ∪ {u})`), nobody
+        else's."""
+        self.roster()
+        return {c: self.keys[c] for c in (client, *self.settings.neighbours[client]) if c in self.keys}
 
     # step 2
     def add_shares(self, sender: str, cts: Mapping[str, bytes]) -> None:
@@ -428,7 +516,8 @@ class SecAggServer:
 
     def forwarded(self, receiver: str) -> dict[str, bytes]:
         """What `receiver` gets in step 3: the ciphertexts addressed to it, by sender (`U2` neighbours)."""
-        return {u: cts[receiver] for u, cts in self.shares.items() if receiver in cts}
+        return {u: self.shares[u][receiver] for u in self.settings.neighbours[receiver]
+                if u in self.shares and receiver in self.shares[u]}
 
     # step 3
     def add_masked(self, sender: str, y: np.ndarray) -> None:
@@ -447,6 +536,11 @@ class SecAggServer:
         if len(self.masked) < self.settings.threshold:
             raise SecAggError("too_few_clients", f"{len(self.masked)} masked inputs")
         return frozenset(self.masked)
+
+    def survivors_for(self, client: str) -> frozenset[str]:
+        """What `client` is told in step 4: the survivors among its neighbours, and itself."""
+        alive = self.survivors()
+        return frozenset(c for c in (client, *self.settings.neighbours[client]) if c in alive)
 
     # step 4
     def add_unmasking(self, sender: str, shares: Mapping[str, tuple[str, bytes]]) -> None:
@@ -503,24 +597,26 @@ def run_round(inputs: Mapping[str, np.ndarray], round_id: int = 1, *, degree: in
               drop_before_sharing: Iterable[str] = (), drop_before_masking: Iterable[str] = (),
               drop_before_unmasking: Iterable[str] = (), stats: dict[str, float] | None = None) -> np.ndarray:
     """Run one round among `inputs`' clients in process, the listed clients dropping out at the given
-    step, and return the unmasked sum (of the clients that sent a masked input). `stats`, when given,
-    receives the bytes each client sent and received on average (`bytes_up`, `bytes_down`)."""
+    step, and return the unmasked sum (of the clients that sent a masked input). Each client is handed only
+    what the fleet sends it: its neighbours' keys, their shares, the survivors of its neighbourhood. `stats`,
+    when given, receives the bytes each client sent and received on average (`bytes_up`, `bytes_down`) and
+    the most any client received (`max_bytes_down`)."""
     clients = tuple(sorted(inputs))
     length = len(next(iter(inputs.values())))
     s = SecAggSettings(round_id, clients, length, degree, threshold, graph_seed)
     dead_share, dead_mask, dead_unmask = set(drop_before_sharing), set(drop_before_masking), set(drop_before_unmasking)
-    agents = {c: SecAggClient(c, s) for c in clients}
+    agents = {c: SecAggClient(c, s.view(c)) for c in clients}  # each knows its neighbourhood, nothing more
     srv = SecAggServer(s)
     up = dict.fromkeys(clients, 0)
     down = dict.fromkeys(clients, 0)
     for c in clients:
         srv.add_keys(agents[c].advertise())
         up[c] += 2 * KEY_BYTES
-    roster = srv.roster()
     alive = [c for c in clients if c not in dead_share]
     for c in alive:
+        roster = srv.roster_for(c)
         cts = agents[c].share_keys(roster)
-        down[c] += 2 * KEY_BYTES * sum(1 for v in s.neighbours[c] if v in roster)
+        down[c] += 2 * KEY_BYTES * len(roster)
         srv.add_shares(c, cts)
         up[c] += len(cts) * CIPHERTEXT_BYTES
     alive = [c for c in alive if c not in dead_mask]
@@ -529,13 +625,14 @@ def run_round(inputs: Mapping[str, np.ndarray], round_id: int = 1, *, degree: in
         down[c] += len(fwd) * CIPHERTEXT_BYTES
         srv.add_masked(c, agents[c].masked_input(np.asarray(inputs[c], dtype=np.uint64), fwd))
         up[c] += 8 * length
-    survivors = srv.survivors()
     for c in [c for c in alive if c not in dead_unmask]:
+        survivors = srv.survivors_for(c)
         shares = agents[c].unmask(survivors)
         srv.add_unmasking(c, shares)
         up[c] += len(shares) * (shamir.SHARE_BYTES + 1)
-        down[c] += len(survivors) * 8  # the survivor list, as indices
+        down[c] += len(survivors) * 8  # the survivors of its neighbourhood, as indices
     if stats is not None:
         stats["bytes_up"] = float(np.mean(list(up.values())))
         stats["bytes_down"] = float(np.mean(list(down.values())))
+        stats["max_bytes_down"] = float(max(down.values()))
     return srv.result()
