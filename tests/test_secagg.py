@@ -14,12 +14,16 @@ from scipy import stats
 from streamfed.privacy import fixed_point, shamir
 from streamfed.privacy.secagg import (
     CIPHERTEXT_BYTES,
+    KEY_BYTES,
     Keys,
+    Neighbourhood,
     SecAggClient,
     SecAggError,
     SecAggServer,
     SecAggSettings,
+    default_degree,
     harary_neighbours,
+    harary_size,
     run_round,
 )
 
@@ -275,3 +279,58 @@ def test_a_client_refuses_shares_that_were_not_made_for_it() -> None:
     with pytest.raises(SecAggError) as e:
         cs["a"].unmask({"a", "b", "c"})
     assert e.value.reason == "bad_ciphertext"
+
+
+# --------------------------------------------------------------------------- a member knows its neighbourhood only
+
+
+def test_a_member_is_handed_and_accepts_only_its_neighbours_keys() -> None:
+    s = SecAggSettings(round_id=2, clients=tuple(f"c{i:02d}" for i in range(40)), length=3, graph_seed=11)
+    assert s.degree is not None and s.degree < 39  # sparse: most members are not neighbours
+    cs = {c: SecAggClient(c, s) for c in s.clients}
+    srv = SecAggServer(s)
+    for c in cs.values():
+        srv.add_keys(c.advertise())
+    for c in s.clients:
+        assert set(srv.roster_for(c)) == {c, *s.neighbours[c]}
+    # the whole roster, or one stranger in it, is refused: a member holds no key of a non-neighbour
+    stranger = next(c for c in s.clients if c != "c00" and c not in s.neighbours["c00"])
+    with pytest.raises(SecAggError) as e:
+        cs["c00"].share_keys(srv.roster())
+    assert e.value.reason == "bad_roster"
+    with pytest.raises(SecAggError) as e:
+        cs["c00"].share_keys({**srv.roster_for("c00"), stranger: srv.keys[stranger]})
+    assert e.value.reason == "bad_roster"
+    # its own entry must carry its own keys
+    forged = dict(srv.roster_for("c00"))
+    forged["c00"] = Keys("c00", srv.keys[stranger].c_pk, srv.keys[stranger].s_pk)
+    with pytest.raises(SecAggError) as e:
+        cs["c00"].share_keys(forged)
+    assert e.value.reason == "bad_roster"
+
+
+def test_an_announced_neighbourhood_is_held_to_the_public_rule() -> None:
+    k = harary_size(1000, default_degree(1000))
+    names = [f"n{i}" for i in range(k)]
+    v = Neighbourhood.announced(5, "me", names, members=1000, length=8)
+    assert v.threshold == k // 2 + 1 == 21
+    for bad in (names[:-1], [*names, "extra"]):  # fewer neighbours (a lower threshold) or more: refused
+        with pytest.raises(SecAggError) as e:
+            Neighbourhood.announced(5, "me", bad, members=1000, length=8)
+        assert e.value.reason == "bad_roster"
+    with pytest.raises(SecAggError):
+        Neighbourhood.announced(5, "me", [*names[:-1], "me"], members=1000, length=8)  # itself as a neighbour
+
+
+@pytest.mark.slow
+def test_bytes_down_per_member_grow_with_the_neighbourhood_not_the_fleet() -> None:
+    """In process, with every member's keys, shares and survivors as the fleet sends them: the most any member
+    receives is bounded by its neighbourhood (two keys, a ciphertext, a survivor index per neighbour)."""
+    rng = np.random.default_rng(5)
+    for n in (50, 400):
+        xs = {f"c{i:03d}": rng.integers(0, 2**64, 2, dtype=np.uint64) for i in range(n)}
+        stats: dict[str, float] = {}
+        run_round(xs, graph_seed=n, stats=stats)
+        k = harary_size(n, default_degree(n))
+        assert stats["max_bytes_down"] <= (k + 1) * (2 * KEY_BYTES + CIPHERTEXT_BYTES + 8)
+    assert stats["max_bytes_down"] < n * 2 * KEY_BYTES  # at 400: below the full roster's keys alone

@@ -628,3 +628,69 @@ def test_an_honest_secure_fleet_has_no_sum_refused() -> None:
     agg, _ = _attacked_fleet(lambda got: got)
     assert "invalid_sum" not in agg.counters.rejected and agg.version >= 2
     assert float(agg.aggregation.server.stats.n) == 4 * 48  # type: ignore[attr-defined]
+
+
+def _graph_from_keys(seen: list[Message], names: list[str]) -> dict[str, tuple[str, ...]]:
+    """The round's neighbour graph recomputed from the keys the agents advertised (the public rule), not from the
+    aggregator's state."""
+    from streamfed.privacy.secagg import default_degree, harary_neighbours, roster_seed
+
+    keys = {m.client: (bytes(m.arrays["c_pk"]), bytes(m.arrays["s_pk"])) for m in seen if m.kind == "secagg.keys"}
+    assert sorted(keys) == sorted(names)  # one key pair each: nobody re-advertised
+    return harary_neighbours(names, default_degree(len(names)), roster_seed(1, keys))
+
+
+@pytest.mark.slow
+def test_a_member_is_sent_its_neighbourhood_only_and_the_sum_stays_exact_under_dropouts() -> None:
+    """200 members (k = 32): every roster names exactly the member and its neighbours in the graph drawn from
+    everyone's keys, forwarded shares and survivors come from neighbours only, a member's bytes down are bounded
+    by a constant plus a constant per neighbour (O(k), below the 64 bytes per member the full roster's keys alone
+    took), and with members dropping after sharing their keys the global is the exact sum of the rest."""
+    from streamfed.privacy.secagg import KEY_BYTES, default_degree, harary_size
+
+    cfg = fedbnr_cfg(True, max_clients=256)
+    n = 200
+    names = [f"m{i:03d}" for i in range(n)]
+    agents = [AgentCore(cfg, c, i) for i, c in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=5.0)
+    dropped = {"m007", "m100", "m150"}
+    router = Router(cfg, agents, agg, drop=lambda m: m.client in dropped and m.kind == "secagg.masked")
+    contributions: list = []
+    for a in agents:
+        _record(a, contributions)
+    rng = np.random.default_rng(7)
+    now = 0.0
+    for t in range(8):
+        router.step(rng, t, now)
+    router.settle(now, rounds=8)  # the masked stage waits out its 5 s timeout for the dropped members
+    assert agg.version == 1 and agg.included() == {c: 1 for c in names if c not in dropped}
+    graph = _graph_from_keys(router.seen, names)
+    k = harary_size(n, default_degree(n))
+    assert k == 32 and all(len(v) == k for v in graph.values())
+    down: dict[str, int] = dict.fromkeys(names, 0)
+    for m in router.seen:
+        if m.kind not in DOWN_KINDS:
+            continue
+        down[m.client] += len(encode(m, cfg))
+        mine = set(graph[m.client])
+        if m.kind == "secagg.roster":
+            assert set(m.included) == mine | {m.client}  # never a non-neighbour's key
+            assert m.arrays["c_pk"].shape == (k + 1, KEY_BYTES)
+        elif m.kind == "secagg.forward":
+            assert {names[i] for i in m.arrays["from"].tolist()} <= mine
+        else:
+            assert {names[i] for i in m.arrays["alive"].tolist()} <= (mine | {m.client}) - dropped
+    # per neighbour: two keys and a name with its index (≤ 96 bytes), a ciphertext and its index (156), a survivor
+    # index (8); per message a header (≤ 400 bytes here)
+    bound = 3 * 400 + (k + 1) * (96 + 156 + 8)
+    assert max(down.values()) <= bound < n * 2 * KEY_BYTES
+    # exact: the global is the decoded sum of the survivors' fixed-point contributions
+    st = agg.aggregation.server.stats  # type: ignore[attr-defined]
+    f, layout = frac_bits(cfg), summed_layout(cfg)
+    enc = np.zeros(sum(int(np.prod(s)) for _, s in layout), dtype=np.uint64)
+    for c, arrays in contributions:
+        if c not in dropped:
+            enc += fixed_point.encode(np.concatenate([np.ravel(arrays[k]) for k, _ in layout]), f)
+    packed = st.to_packed()
+    assert np.array_equal(np.concatenate([np.ravel(packed[k]) for k, _ in layout]), fixed_point.decode(enc, f))
+    assert float(st.n) == 8 * (n - len(dropped))
