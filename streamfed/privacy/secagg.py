@@ -337,6 +337,7 @@ class SecAggClient:
                                                                 X25519PrivateKey.generate())
         self._b = secrets.token_bytes(SEED_BYTES)
         self._roster: dict[str, Keys] = {}
+        self._aeads: dict[str, ChaCha20Poly1305] = {}
         self._received: dict[str, bytes] = {}  # sender → ciphertext of my shares of its secrets
         self._masked_with: frozenset[str] = frozenset()
         self._revealed = False
@@ -347,8 +348,11 @@ class SecAggClient:
         return Keys(self.client, _raw_public(self._c_sk), _raw_public(self._s_sk))
 
     def _aead(self, other: str) -> ChaCha20Poly1305:
-        info = f"streamfed-secagg/share/{self.view.round_id}".encode()
-        return ChaCha20Poly1305(_agree(self._c_sk, self._roster[other].c_pk, info))
+        # kept from step 2 to step 4: a key agreement is most of a client's work in a round
+        if other not in self._aeads:
+            info = f"streamfed-secagg/share/{self.view.round_id}".encode()
+            self._aeads[other] = ChaCha20Poly1305(_agree(self._c_sk, self._roster[other].c_pk, info))
+        return self._aeads[other]
 
     def share_keys(self, roster: Mapping[str, Keys]) -> dict[str, bytes]:
         """Step 2: given my neighbours' advertised keys (`U1 ∩ N(u)`, and mine), my encrypted shares of `s_u^SK`
@@ -358,6 +362,8 @@ class SecAggClient:
         mine_keys = roster.get(self.client)
         if mine_keys is not None and mine_keys != self.advertise():
             raise SecAggError("bad_roster", "my keys in the roster are not mine")
+        if self._roster and self._roster != dict(roster):
+            raise SecAggError("out_of_order", "a second, different roster in one round")
         self._roster = dict(roster)
         mine = [u for u in v.neighbours if u in roster]
         if len(mine) < v.threshold:
@@ -397,7 +403,7 @@ class SecAggClient:
         info = f"streamfed-secagg/mask/{v.round_id}".encode()
         for u in sorted(received):
             mask = prg(_agree(self._s_sk, self._roster[u].s_pk, info), v.length, v.round_id)
-            y = y + mask if self.client < u else y - mask  # uint64: wraps modulo 2^64
+            (np.add if self.client < u else np.subtract)(y, mask, out=y)  # uint64: wraps modulo 2^64
         self._masked = (x.copy(), y.copy())
         return y
 
@@ -559,8 +565,9 @@ class SecAggServer:
 
     def _secret(self, owner: str, which: str) -> bytes:
         s = self.settings
-        pts = [(s.share_index(owner, h), shamir.from_bytes(got[owner][1]))
-               for h, got in sorted(self.unmasking.items()) if owner in got and got[owner][0] == which]
+        got = self.unmasking
+        pts = [(i + 1, shamir.from_bytes(got[h][owner][1])) for i, h in enumerate(s.neighbours[owner])
+               if h in got and owner in got[h] and got[h][owner][0] == which]  # the holders: owner's neighbours
         if len(pts) < s.threshold:
             raise SecAggError("recovery_failed", f"{len(pts)} shares of {owner!r}'s {which!r}, need {s.threshold}")
         value = shamir.reconstruct(pts[: s.threshold])

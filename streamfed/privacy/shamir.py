@@ -13,6 +13,7 @@ uniformly distributed whatever `s` is (they reveal nothing).
 
 from __future__ import annotations
 
+import functools
 import random
 import secrets
 from collections.abc import Sequence
@@ -44,18 +45,25 @@ def split(secret: int, n: int, t: int, rng: random.Random | None = None) -> list
 def reconstruct(shares: Sequence[tuple[int, int]]) -> int:
     """The constant term of the polynomial through `shares` (distinct non-zero `x`). With fewer shares than
     the threshold the result is some unrelated field element — nothing says so: use exactly `t` or more."""
-    xs = [int(x) % PRIME for x, _ in shares]
+    xs = tuple(int(x) % PRIME for x, _ in shares)
     if len(set(xs)) != len(xs) or 0 in xs:
         raise ValueError("share abscissae must be distinct and non-zero")
-    total = 0
-    for i, (xi, yi) in enumerate(shares):
+    return sum(int(y) * w for (_, y), w in zip(shares, _weights_at_zero(xs), strict=True)) % PRIME
+
+
+@functools.lru_cache(maxsize=256)
+def _weights_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    # the Lagrange basis at 0 depends on the abscissae alone: a server recovering many secrets from the same
+    # positions (1..t when no neighbour dropped) computes it once
+    out = []
+    for i, xi in enumerate(xs):
         num, den = 1, 1
         for j, xj in enumerate(xs):
             if j != i:
                 num = num * (-xj) % PRIME
                 den = den * (xi - xj) % PRIME
-        total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
-    return total
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
 
 
 def to_bytes(y: int) -> bytes:
