@@ -238,7 +238,7 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
     return lines, out
 
 
-def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
+def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True)) -> tuple[list[str], dict]:
     """One round of a fleet of `n` real agents and an aggregator (`AgentService`, `AggregatorService`, one
     process, one event loop) over a private Mosquitto, secure vs plain: from the first upload message on the
     broker to the global that includes every client, and the bytes on the broker per client (a subscriber to
@@ -261,7 +261,7 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
              "| down / client (bytes) | max down / client (bytes) | messages / client |",
              "|---|---|---|---|---|---|---|---|---|"]
     for n in sizes:
-        for secure in (False, True):
+        for secure in modes:
             cfg = fedbnr_cfg().model_copy(update={"fleet": f"b{n}{'s' if secure else 'p'}",
                                                   "secure_aggregation": secure, "max_clients": max(n, 2)})
             names = [f"c{i:04d}" for i in range(n)]
@@ -320,6 +320,11 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
                         cpu[0] = 0.0
                         go.set()
                         while set(agg.core.included()) != set(names):
+                            if time.perf_counter() - start > 300:  # say what is missing rather than hang
+                                missing = sorted(set(names) - set(agg.core.included()))
+                                raise RuntimeError(f"round not done after 300 s: {len(missing)} missing "
+                                                   f"({missing[:5]}…), rejected {dict(agg.core.rejected)}, secagg "
+                                                   f"{getattr(agg.core.secagg, 'rejected', None)}")
                             await asyncio.sleep(0.005)
                         done = time.perf_counter()
                         for a in agents:
@@ -343,7 +348,7 @@ def mqtt_cost(sizes: tuple[int, ...]) -> tuple[list[str], dict]:
                 mosq.close()
             r.update(clients=n, secure=secure)
             if secure:
-                r["ratio"] = r["round_s"] / out["rows"][-1]["round_s"]
+                r["ratio"] = r["round_s"] / out["rows"][-1]["round_s"] if out["rows"] else math.nan
             out["rows"].append(r)
             lines.append(f"| {n} | {'SecAgg+' if secure else 'plain'} | {r['round_s']:.2f} | "
                          f"{r['ratio']:.2f} | " if secure else f"| {n} | plain | {r['round_s']:.2f} | 1 | ")

@@ -499,7 +499,9 @@ class SecAggServer:
     def roster_for(self, client: str) -> dict[str, Keys]:
         """What `client` is sent in step 2: its own keys and its neighbours' (`U1 ∩ (N(u) ∪ {u})`), nobody
         else's."""
-        self.roster()
+        assert self.settings.threshold is not None
+        if len(self.keys) < self.settings.threshold + 1:
+            raise SecAggError("too_few_clients", f"{len(self.keys)} advertised keys")
         return {c: self.keys[c] for c in (client, *self.settings.neighbours[client]) if c in self.keys}
 
     # step 2
