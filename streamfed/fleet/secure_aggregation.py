@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -440,8 +441,9 @@ class SecAggCoordinator:
     def _indices(self, names: Sequence[str]) -> np.ndarray:
         return np.array(sorted(self._index[c] for c in names), dtype=np.int64)
 
-    def _ready(self, got: set[str], want: set[str], now: float, wait: float) -> bool:
-        """A stage closes when everyone it waits for answered, or after `wait` seconds with enough answers."""
+    def _ready(self, got: AbstractSet[str], want: AbstractSet[str], now: float, wait: float) -> bool:
+        """A stage closes when everyone it waits for answered, or after `wait` seconds with enough answers (views,
+        not copies: this runs on every message, and `<=` stops at the sizes until the last answer is in)."""
         return bool(got) and (want <= got or (self._since is not None and now - self._since >= wait))
 
     def tick(self, now: float) -> tuple[list[Message], Any]:
@@ -457,7 +459,7 @@ class SecAggCoordinator:
     def _tick(self, now: float) -> tuple[list[Message], Any]:
         if self.stage == "keys":
             want = self.expected() or set(self._keys)
-            if not (len(self._keys) >= self.min_clients and self._ready(set(self._keys), want, now, self.gather)):
+            if not (len(self._keys) >= self.min_clients and self._ready(self._keys.keys(), want, now, self.gather)):
                 return [], None
             names = tuple(sorted(self._keys))
             settings = SecAggSettings(self.next_round, names, self.length, graph_seed=roster_seed(
@@ -481,7 +483,7 @@ class SecAggCoordinator:
         assert self._srv is not None
         srv = self._srv
         if self.stage == "shares":
-            if not self._ready(set(srv.shares), set(srv.keys), now, self.timeout):
+            if not self._ready(srv.shares.keys(), srv.keys.keys(), now, self.timeout):
                 return self._stalled(now)
             self.stage, self._since = "masked", now
             out = []
@@ -494,7 +496,7 @@ class SecAggCoordinator:
                            else np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8))}))
             return out, None
         if self.stage == "masked":
-            if not self._ready(set(srv.masked), set(srv.shares), now, self.timeout):
+            if not self._ready(srv.masked.keys(), srv.shares.keys(), now, self.timeout):
                 return self._stalled(now)
             alive = srv.survivors()
             if len(alive) < self.min_clients:  # never unmasked: with distributed DP its noise would fall short
@@ -505,7 +507,7 @@ class SecAggCoordinator:
             return [self._down(SURVIVORS, c, {"alive": self._indices(srv.survivors_for(c))})
                     for c in sorted(alive)], None
         # unmask
-        if not self._ready(set(srv.unmasking), set(srv.masked), now, self.timeout):
+        if not self._ready(srv.unmasking.keys(), srv.masked.keys(), now, self.timeout):
             return self._stalled(now)
         total = fixed_point.decode(srv.result(), self.frac_bits)
         meta = dict(self._meta)
