@@ -1,6 +1,6 @@
 """Privacy: what differential privacy costs in accuracy, and what secure aggregation costs in time and bytes.
 
-    .venv/bin/python benchmarks/bench_privacy.py [--out benchmarks/results/privacy.md] [--quick]
+    .venv/bin/python benchmarks/bench_privacy.py [--out benchmarks/results/privacy.md] [--quick] [--secagg-only]
 
 **Utility** — the 12 Beijing stations (raw readings, `T` samples each; each agent standardises with the declared
 public scales of `streamfed/evaluation/datasets/public_scales.py` and uploads on DP's public schedule of 32
@@ -238,7 +238,8 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
     return lines, out
 
 
-def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True)) -> tuple[list[str], dict]:
+def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
+              repeats: int = 1) -> tuple[list[str], dict]:
     """One round of a fleet of `n` real agents and an aggregator (`AgentService`, `AggregatorService`, one
     process, one event loop) over a private Mosquitto, secure vs plain: from the first upload message on the
     broker to the global that includes every client, and the bytes on the broker per client (a subscriber to
@@ -260,7 +261,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True)) -
              "| clients | mode | round (s) | SecAgg+ / plain | aggregator CPU (s) | up / client (bytes) "
              "| down / client (bytes) | max down / client (bytes) | messages / client |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for n in sizes:
+    for n, rep in ((m, r) for m in sizes for r in range(repeats if m >= 1000 else 1)):
         for secure in modes:
             cfg = fedbnr_cfg().model_copy(update={"fleet": f"b{n}{'s' if secure else 'p'}",
                                                   "secure_aggregation": secure, "max_clients": max(n, 2)})
@@ -346,14 +347,21 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True)) -
                 r = asyncio.run(main())
             finally:
                 mosq.close()
-            r.update(clients=n, secure=secure)
+            r.update(clients=n, secure=secure, repeat=rep)
             if secure:
                 r["ratio"] = r["round_s"] / out["rows"][-1]["round_s"] if out["rows"] else math.nan
             out["rows"].append(r)
-            lines.append(f"| {n} | {'SecAgg+' if secure else 'plain'} | {r['round_s']:.2f} | "
-                         f"{r['ratio']:.2f} | " if secure else f"| {n} | plain | {r['round_s']:.2f} | 1 | ")
-            lines[-1] += (f"{r['aggregator_cpu_s']:.2f} | {r['up']:,.0f} | {r['down']:,.0f} | {r['max_down']:,.0f} | "
-                          f"{r['messages']:.1f} |")
+            run = f" (run {rep + 1})" if repeats > 1 and n >= 1000 else ""
+            lines.append(f"| {n}{run} | {'SecAgg+' if secure else 'plain'} | {r['round_s']:.2f} | "
+                         + (f"{r['ratio']:.2f} | " if secure else "1 | ")
+                         + f"{r['aggregator_cpu_s']:.2f} | {r['up']:,.0f} | {r['down']:,.0f} | {r['max_down']:,.0f} | "
+                         + f"{r['messages']:.1f} |")
+    for n in sizes:
+        ratios = [r["ratio"] for r in out["rows"] if r["clients"] == n and r["secure"] and "ratio" in r]
+        if len(ratios) > 1:
+            out[f"median_ratio_{n}"] = float(np.median(ratios))
+            lines += ["", f"At {n:,} agents, SecAgg+ / plain over {len(ratios)} runs (each pair back to back): median "
+                      f"{np.median(ratios):.2f}, from {min(ratios):.2f} to {max(ratios):.2f}."]
     lines += ["", "Round = from the moment every agent's session is up and the streams start to the aggregator "
               "holding every client's update (plain: each agent's `fedbnr.update`; secure: the round's "
               "unmasked sum); it includes "
@@ -384,7 +392,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.secagg_only:
         s_lines, s = secagg_cost(sizes, 1 if args.quick else 3)
-        m_lines, m = mqtt_cost((10,) if args.quick else (10, 100, 1000))
+        m_lines, m = mqtt_cost((10,) if args.quick else (10, 100, 1000), repeats=1 if args.quick else 3)
         cmd = ".venv/bin/python benchmarks/bench_privacy.py --secagg-only" + (" --quick" if args.quick else "")
         lines = ["## Privacy: SecAgg+ at scale (a member is sent its neighbourhood only)", "",
                  f"`{cmd}` — {machine()}, load {load_average()}; {time.perf_counter() - t0:.0f} s.", "",

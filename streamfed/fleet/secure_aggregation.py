@@ -75,6 +75,7 @@ DOWN_KINDS = (ROSTER, FORWARD, SURVIVORS)
 # of an agent's steps is up to two passes over the members — with 1,000 agents and the aggregator on one loop of a
 # loaded machine, 1,000 rosters (64 kB each: every member's keys) took 45 s; over a WAN it is a round trip each.
 # A fixed 10 s made most members of a 1,000-agent round give up and start again, and the round never finished.
+# (Rosters now carry a member's neighbourhood only, ~3 kB, but the stages still go out one message a member.)
 PATIENCE_PER_MEMBER = 0.1
 # Before its roster an agent does not know how many members there are; it advertises fresh keys after `timeout`,
 # then after twice that, and so on (the aggregator may be distributing a large roster, or be busy with a round
