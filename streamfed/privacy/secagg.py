@@ -636,10 +636,17 @@ def run_round(inputs: Mapping[str, np.ndarray], round_id: int = 1, *, degree: in
         up[c] += 8 * length
     for c in [c for c in alive if c not in dead_unmask]:
         survivors = srv.survivors_for(c)
-        shares = agents[c].unmask(survivors)
+        down[c] += len(survivors) * 8
+        try:
+            shares = agents[c].unmask(survivors)
+        except SecAggError as e:
+            if e.reason != "bad_survivors":
+                raise
+            # fewer than t of its neighbourhood survived: it refuses, as a fleet agent does (logged, no answer);
+            # its own self-mask cannot be rebuilt then, so the round fails below with `recovery_failed`
+            continue
         srv.add_unmasking(c, shares)
         up[c] += len(shares) * (shamir.SHARE_BYTES + 1)
-        down[c] += len(survivors) * 8  # the survivors of its neighbourhood, as indices
     if stats is not None:
         stats["bytes_up"] = float(np.mean(list(up.values())))
         stats["bytes_down"] = float(np.mean(list(down.values())))
