@@ -177,7 +177,7 @@ class ProtocolSchema:
     >>> ps = FleetConfig(fleet="f", algorithm="pofmkl", n_inputs=2, n_kernels=4, n_features=10,
     ...                  bin_size=2).protocol_schema
     >>> sorted(ps.kinds)
-    ['ack', 'partial.ack', 'pofmkl.global', 'pofmkl.partial', 'pofmkl.update', 'prediction', 'status']
+    ['ack', 'partial.ack', 'pofmkl.global', 'pofmkl.partial', 'pofmkl.round', 'pofmkl.update', 'prediction', 'status']
     >>> ps.kinds_on("updates")
     ('pofmkl.update',)
     """
