@@ -278,6 +278,7 @@ def test_running_standardiser_matches_batch() -> None:
 # ---------------------------------------------------------------- mixed split
 
 
+@pytest.mark.slow  # ~3-5 s: the whole Beijing fleet mixed
 def test_mixed_split(raw_fleet: Fleet) -> None:
     fleet = load_beijing("none", split="mixed", seed=7)
     n = len(BEIJING_STATIONS)

@@ -369,6 +369,7 @@ def test_pvi_classifier_passes_rivers_checks():
         check_estimator(PVIClassifier(**params))
 
 
+@pytest.mark.slow  # ~2.5 s: PVI refinements
 def test_pvi_classifier_refuses_a_third_class_and_learns_its_labels_raw():
     from streamfed.algorithms.pvi.estimator import PVIClassifier
 
