@@ -118,7 +118,8 @@ async def aggregator(broker, cfg, payloads, run: int, light: bool) -> tuple[floa
     await fill(broker, cfg, payloads, f"{sid}.ingest" if light else sid)  # the light path's own session
     core = AggregatorCore(cfg, clients=[f"c{c}" for c in range(N_CLIENTS)], mode="async", window=0.2)
     # lease=False: each run is a new aggregator of the same fleet; its status claim would meet the last run's
-    svc = AggregatorService(core, broker, client_id=sid, light_ingest=light, lease=False)
+    # freeze=True: as the `streamfed aggregator` process runs it (freeze_heap once warmed up)
+    svc = AggregatorService(core, broker, client_id=sid, light_ingest=light, lease=False, freeze=True)
     t0, c0 = time.perf_counter(), time.process_time()
     task = asyncio.create_task(svc.run())
     while svc.ingested < len(payloads):

@@ -261,7 +261,7 @@ async def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[st
                       secure_aggregation=opts.secure_aggregation, **settings)
     bcfg = broker.config
     agg = AggregatorService(AggregatorCore(cfg, clients=[s.name for s in streams], mode="async", window=opts.window),
-                            bcfg)
+                            bcfg, freeze=True)
     y_scale = None if declared is None else declared.y_scale
     agents = [AgentService(AgentCore(cfg, s.name, i, mode="async", stats=None if classifier else DemoStats(
                   s.name, fleet=cfg.fleet, algorithm=cfg.algorithm, y_scale=y_scale)),

@@ -54,7 +54,7 @@ def aggregator(
                               recover=recover)
     except ValueError as e:
         refuse(str(e))
-    serve(lambda: AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir),
+    serve(lambda: AggregatorService(core, cfg.broker, shared_group=shared_group, state_dir=state_dir, freeze=True),
           [core.stats], metrics_port,
           lambda svc: f"aggregator of fleet {cfg.fleet.fleet!r} ({cfg.fleet.algorithm}, {core.mode}, "
                       f"{mode_line}) on {cfg.broker.host}:{cfg.broker.port}"

@@ -48,7 +48,7 @@ from typing import Any
 
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig
-from streamfed.runtime.service import Lease, MqttService, Outgoing
+from streamfed.runtime.service import Lease, MqttService, Outgoing, freeze_heap
 from streamfed.wire.message import Message, ProtocolError, decode
 from streamfed.wire.topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
 
@@ -73,7 +73,7 @@ class AggregatorService(MqttService):
                  shared_group: str | None = None, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, max_refusals: int = 3,
                  connect_timeout: float = 5.0, checkpoint_retry: float = 1.0, checkpoint_deadline: float = 30.0,
-                 lease: bool = True, light_ingest: bool = True) -> None:
+                 lease: bool = True, light_ingest: bool = True, freeze: bool = False) -> None:
         super().__init__(broker, client_id or f"{core.cfg.fleet}.aggregator", tick=tick, max_refusals=max_refusals,
                          connect_timeout=connect_timeout,  # connect_timeout: see streamfed.runtime.session.OP_TIMEOUT
                          checkpoint_retry=checkpoint_retry, checkpoint_deadline=checkpoint_deadline)
@@ -82,6 +82,7 @@ class AggregatorService(MqttService):
         self.snapshot_kind = core.cfg.global_kind  # retained: only the newest waiting one is published
         self.fleet = core.cfg.fleet
         self.ingested = 0
+        self.freeze = freeze  # freeze_heap() once warmed up: what a process running this service alone wants
         # updates over a light connection of our own (MQTT v5 only); aiomqtt keeps the rest
         self.light_ingest = light_ingest and getattr(broker, "protocol", "5") == "5"
         self._timer: asyncio.TimerHandle | None = None  # closes the open asynchronous window on time
@@ -99,6 +100,8 @@ class AggregatorService(MqttService):
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         self.core.warm_up()
+        if self.freeze:
+            freeze_heap()
         try:
             await super().run()
         finally:

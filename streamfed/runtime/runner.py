@@ -130,7 +130,8 @@ async def run_aggregators(broker: BrokerConfig, state_dir: Path | None, fleets: 
     resolved = [resolve_aggregation(f.config, authenticated=broker.username is not None) for f in fleets]
     services = [AggregatorService(AggregatorCore(cfg, clients=f.clients, mode=f.mode,  # type: ignore[arg-type]
                                                  window=f.window, offline=f.offline),  # type: ignore[arg-type]
-                                  broker, state_dir=state_dir, connect_timeout=2.0, **options)  # type: ignore[arg-type]
+                                  broker, state_dir=state_dir, connect_timeout=2.0, freeze=True,
+                                  **options)  # type: ignore[arg-type]
                 for f, (cfg, _) in zip(fleets, resolved, strict=True)]
     _stop_on_signals(services)
     for s, (_, line) in zip(services, resolved, strict=True):
