@@ -462,6 +462,8 @@ def main() -> None:
                          "with each expert's own figures on the same samples, against FedBNR from scratch; writes "
                          "<name>.md/.json (default name coldstart_mixture) and, unless --skip-whole, "
                          "personalisation_mixture.md/.json")
+    ap.add_argument("--partial", action="store_true",
+                    help="--mixture: rewrite the tables after every finished run (the stations done so far)")
     ap.add_argument("--with-pooled", action="store_true", help="--mixture: also pooled FedBNR (`fedbnr`) per station")
     ap.add_argument("--personal-alone", action="store_true",
                     help="personalised FedBNR without the experts' mixture (the learner before it was the default)")
@@ -492,9 +494,9 @@ def main() -> None:
         if not args.skip_whole:
             tasks += [("whole", a, s, None) for a in ("fedbnr-personal", "fedbnr-local") for s in range(whole_seeds)]
         if not args.skip_coldstart:
-            tasks += [("loo", a, s, c) for a in ("fedbnr-personal",) + (("fedbnr",) if args.with_pooled else ())
-                      for s in seeds for c in stations]
-            tasks += [("scratch", "fedbnr-local", s, None) for s in seeds]
+            tasks += [("scratch", "fedbnr-local", s, None) for s in seeds]  # first: every table needs it
+            tasks += [("loo", a, s, c) for s in seeds for c in stations
+                      for a in ("fedbnr-personal",) + (("fedbnr",) if args.with_pooled else ())]
         args.skip_whole = args.skip_coldstart = True  # the mixture's report, below
     if args.history:
         args.skip_whole = args.skip_coldstart = True
@@ -531,6 +533,12 @@ def main() -> None:
             progress.update(bar, advance=1, description=what)
             if not progress.console.is_terminal:  # a log file: one plain line per finished run
                 print(f"[{len(results)}/{len(tasks)} {time.perf_counter() - t_start:.0f} s] {what}", flush=True)
+            if args.mixture and args.partial:  # the tables so far, over the stations done (a long run on a busy machine)
+                done = [c for c in stations if any(x["task"][3] == c for x in results if x["kind"] == "loo")]
+                if done and any(x["kind"] == "scratch" for x in results):
+                    write_mixture(args, results, done, [f"Command: `{command}`", "",
+                                                        f"**Partial: {len(done)} of {len(stations)} stations so far.**",
+                                                        ""], time.perf_counter() - t_start, command)
     wall = time.perf_counter() - t_start
     cfgs = configs(args)
     machine_s = machine()
