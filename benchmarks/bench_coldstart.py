@@ -533,7 +533,7 @@ def main() -> None:
             progress.update(bar, advance=1, description=what)
             if not progress.console.is_terminal:  # a log file: one plain line per finished run
                 print(f"[{len(results)}/{len(tasks)} {time.perf_counter() - t_start:.0f} s] {what}", flush=True)
-            if args.mixture and args.partial:  # the tables so far, over the stations done (a long run on a busy machine)
+            if args.mixture and args.partial:  # the tables so far, over the stations done (a busy machine)
                 done = [c for c in stations if any(x["task"][3] == c for x in results if x["kind"] == "loo")]
                 if done and any(x["kind"] == "scratch" for x in results):
                     write_mixture(args, results, done, [f"Command: `{command}`", "",
@@ -691,7 +691,8 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
         present = [(a, n) for a, n in MIX_COLUMNS if any(r.algorithm == a for r in res.rows)]
         lines = ["## Cold start with the experts' mixture (leave one station out)", "",
                  f"The held-out station joins at step {args.join} and is scored over its first "
-                 f"{', '.join(str(w) for w in args.windows)} samples; mean over seeds {seeds}, stations {len(stations)}. "
+                 f"{', '.join(str(w) for w in args.windows)} samples; mean over seeds {seeds}, "
+                 f"stations {len(stations)}. "
                  "`mixture` is the default personalised learner (`fedbnr-personal`: fixed share over its local, pooled "
                  "and personal experts); `expert …` is what that expert alone predicted on the same samples (its MSE "
                  "is exactly the learner's alone: `expert personal` is `fedbnr-personal` with `experts = false`; its "
@@ -719,9 +720,10 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                          + f" | | {f3(m['fedbnr-local']['nlpd'])} | {f3(m[MIX]['nlpd'])} | "
                          f"{f3(m[MIX]['coverage'])} |")
             n = s["stations"]
-            lines += ["", f"- mixture MSE below local-only's on **{s['mse_below_local']} / {n}**; within 5% of the best "
-                      f"of local / pooled / personal on **{s['within_5pct_of_best']} / {n}**; NLPD below local-only's "
-                      f"on **{s['nlpd_below_local']} / {n}**; coverage in [0.90, 0.98] on {s['coverage_in_band']} / {n}.",
+            lines += ["", f"- mixture MSE below local-only's on **{s['mse_below_local']} / {n}**; within 5% of the "
+                      f"best of local / pooled / personal on **{s['within_5pct_of_best']} / {n}**; NLPD below "
+                      f"local-only's on **{s['nlpd_below_local']} / {n}**; coverage in [0.90, 0.98] on "
+                      f"{s['coverage_in_band']} / {n}.",
                       ""]
         md = args.out_dir / f"{args.name}.md"
         md.write_text("\n".join(lines))
@@ -747,7 +749,7 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
         rel = {c: tab[c][MIX]["mse"] / tab[c]["fedbnr-local"]["mse"] - 1.0 for c in stations}
         nlpd_ok = [tab[c][MIX]["nlpd"] <= tab[c]["fedbnr-local"]["nlpd"] for c in stations]
         lines = ["## Whole-stream personalisation with the experts' mixture", "",
-                 f"Every station from step 0 over its whole stream"
+                 "Every station from step 0 over its whole stream"
                  + (f" (first {args.whole_steps} steps)" if args.whole_steps else "")
                  + f", mean over seeds {list(range(args.whole_seeds or args.seeds))}.", ""] + head_common
         lines += ["| station | MSE local | MSE expert personal | MSE mixture | mixture vs local MSE | NLPD local | "
