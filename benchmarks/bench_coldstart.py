@@ -25,6 +25,12 @@ depend on them: it is run once per seed with every station joining at `--join` (
 one it has in the leave-one-out replay: same seed, same index), and the script checks on one station and seed
 that this equals `leave_one_out` exactly.
 
+**1b. The experts' mixture** (`--mixture`, docs/algorithms.md §5.9): the default personalised learner (fixed share
+over its local, pooled and personal experts) per held-out station, with each expert's own figures on the same samples
+from the learner's trace (`trace_experts`), against `fedbnr-local`; `--with-pooled` adds pooled FedBNR, `--partial`
+rewrites the tables after every finished run. Writes `coldstart_mixture.{md,json}` (and, without `--skip-whole`,
+`personalisation_mixture.{md,json}`: the mixture over whole streams against `fedbnr-local`).
+
 **2. Whole-stream personalisation**: all 12 stations from step 0 over their full streams; per station MSE,
 NLPD and coverage (`ReplayResult.first(c)`) of `fedbnr-local`, `fedbnr` and `fedbnr-personal`.
 
