@@ -133,3 +133,9 @@ def test_mixture_moments_are_the_mixture_mean_and_variance() -> None:
     assert float(np.sum(dens) * dy) == pytest.approx(1.0, abs=1e-9)
     assert float(np.sum(y * dens) * dy) == pytest.approx(mean, abs=1e-9)
     assert float(np.sum((y - mean) ** 2 * dens) * dy) == pytest.approx(v, abs=1e-8)
+
+
+def test_a_switch_rate_whose_share_underflows_still_gives_finite_weights() -> None:
+    fs = FixedShare(2, 5e-324)  # α/K underflows to 0; log α does not
+    fs.update(np.array([0.0, -800.0]))
+    assert np.all(np.isfinite(fs.log_weights)) and fs.weights[1] > 0.0

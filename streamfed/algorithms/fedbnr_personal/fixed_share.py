@@ -87,7 +87,7 @@ class FixedShare:
         a = self.switch_rate
         if a > 0.0:
             # log((1 − α) v + α/K), without leaving the log domain
-            share = math.log(a / self.n_experts)
+            share = math.log(a) - math.log(self.n_experts)  # (α/K may underflow where log α does not)
             keep = math.log1p(-a) + log_v
             hi = np.maximum(keep, share)
             self.log_weights = hi + np.log1p(np.exp(np.minimum(keep, share) - hi))
