@@ -25,6 +25,12 @@ depend on them: it is run once per seed with every station joining at `--join` (
 one it has in the leave-one-out replay: same seed, same index), and the script checks on one station and seed
 that this equals `leave_one_out` exactly.
 
+**1b. The experts' mixture** (`--mixture`, docs/algorithms.md §5.9): the default personalised learner (fixed share
+over its local, pooled and personal experts) per held-out station, with each expert's own figures on the same samples
+from the learner's trace (`trace_experts`), against `fedbnr-local`; `--with-pooled` adds pooled FedBNR, `--partial`
+rewrites the tables after every finished run. Writes `coldstart_mixture.{md,json}` (and, without `--skip-whole`,
+`personalisation_mixture.{md,json}`: the mixture over whole streams against `fedbnr-local`).
+
 **2. Whole-stream personalisation**: all 12 stations from step 0 over their full streams; per station MSE,
 NLPD and coverage (`ReplayResult.first(c)`) of `fedbnr-local`, `fedbnr` and `fedbnr-personal`.
 
@@ -63,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from streamfed.evaluation.coldstart import ColdStartResult, ColdStartRow, leave_one_out
+from streamfed.evaluation.coldstart import ColdStartResult, ColdStartRow, expert_errors, leave_one_out
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig, replay
 
@@ -86,8 +92,13 @@ def _init(steps: int | None) -> None:
 
 def configs(args: argparse.Namespace) -> dict[str, AlgorithmConfig]:
     """The FedBNR families' configuration and POF-MKL's."""
+    personal: dict[str, Any] = {"min_upload": 32}
+    if getattr(args, "mixture", False):  # keep each expert's predictions: their own figures on the same samples
+        personal["trace_experts"] = True
+    if getattr(args, "personal_alone", False):
+        personal["experts"] = False
     fed = AlgorithmConfig(n_kernels=1, n_features=args.n_features, kernels=(f"gaussian:{args.bandwidth:g}",),
-                          params={"fedbnr": {"min_upload": 32}, "fedbnr-personal": {"min_upload": 32}})
+                          params={"fedbnr": {"min_upload": 32}, "fedbnr-personal": personal})
     pof = AlgorithmConfig()  # the paper's Air setting
     return {"bayes": fed, "pofmkl": pof}
 
@@ -132,6 +143,10 @@ def run_task(task: tuple, args: argparse.Namespace) -> dict[str, Any]:
     elif kind == "whole":  # all stations from step 0, whole streams
         r = replay(fleet, alg, cfg, seed=seed, steps=args.whole_steps)
         out["per_station"] = {name: r.first(c) for c, name in enumerate(names)}
+        experts = {name: expert_errors(r, c) for c, name in enumerate(names)}
+        out["experts"] = {name: {e: {"mse": float(e2.mean()), "nlpd": float(np.mean(
+            0.5 * np.log(2 * np.pi * v) + 0.5 * e2 / v))} for e, (e2, v) in ex.items()}
+            for name, ex in experts.items() if ex}
         out["rejected"] = r.rejected.tolist()
         out["rounds"] = int(r.rounds)
     else:
@@ -397,7 +412,9 @@ def station_plot(res: ColdStartResult, stations: list[str], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     styles = {"fedbnr-local": ("tab:gray", "-"), "fedbnr": ("tab:blue", "-"), "fedbnr-personal": ("tab:red", "-"),
-              "local-only": ("tab:gray", ":"), "pofmkl": ("tab:green", ":")}
+              "local-only": ("tab:gray", ":"), "pofmkl": ("tab:green", ":"),
+              "fedbnr-personal:local": ("tab:gray", "--"), "fedbnr-personal:pooled": ("tab:blue", "--"),
+              "fedbnr-personal:personal": ("tab:orange", "--")}
     cols = min(4, len(stations))
     rows = math.ceil(len(stations) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.5 * rows), sharex=True, squeeze=False)
@@ -446,6 +463,16 @@ def main() -> None:
     ap.add_argument("--history", action="store_true",
                     help="diagnostic only: each FedBNR family with every station in the fleet from step 0 (its own "
                          "year of history), scored on the same rows as the cold start; writes coldstart_history.*")
+    ap.add_argument("--mixture", action="store_true",
+                    help="personalisation that never costs: the default personalised learner (the experts' mixture) "
+                         "with each expert's own figures on the same samples, against FedBNR from scratch; writes "
+                         "<name>.md/.json (default name coldstart_mixture) and, unless --skip-whole, "
+                         "personalisation_mixture.md/.json")
+    ap.add_argument("--partial", action="store_true",
+                    help="--mixture: rewrite the tables after every finished run (the stations done so far)")
+    ap.add_argument("--with-pooled", action="store_true", help="--mixture: also pooled FedBNR (`fedbnr`) per station")
+    ap.add_argument("--personal-alone", action="store_true",
+                    help="personalised FedBNR without the experts' mixture (the learner before it was the default)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run (< 20 s): join 200, windows 48,120, 1 seed, 2 held-out stations, 320-step "
                          "whole streams, D = 10, output to /tmp/streamfed-coldstart-quick")
@@ -467,6 +494,16 @@ def main() -> None:
     seeds = list(range(args.seeds))
 
     tasks: list[tuple] = []
+    if args.mixture:
+        if args.name == "coldstart":
+            args.name = "coldstart_mixture"
+        if not args.skip_whole:
+            tasks += [("whole", a, s, None) for a in ("fedbnr-personal", "fedbnr-local") for s in range(whole_seeds)]
+        if not args.skip_coldstart:
+            tasks += [("scratch", "fedbnr-local", s, None) for s in seeds]  # first: every table needs it
+            tasks += [("loo", a, s, c) for s in seeds for c in stations
+                      for a in ("fedbnr-personal",) + (("fedbnr",) if args.with_pooled else ())]
+        args.skip_whole = args.skip_coldstart = True  # the mixture's report, below
     if args.history:
         args.skip_whole = args.skip_coldstart = True
         tasks += [("history", a, s, None) for a in ("fedbnr-personal", "fedbnr", "fedbnr-local") for s in seeds]
@@ -502,6 +539,12 @@ def main() -> None:
             progress.update(bar, advance=1, description=what)
             if not progress.console.is_terminal:  # a log file: one plain line per finished run
                 print(f"[{len(results)}/{len(tasks)} {time.perf_counter() - t_start:.0f} s] {what}", flush=True)
+            if args.mixture and args.partial:  # the tables so far, over the stations done (a busy machine)
+                done = [c for c in stations if any(x["task"][3] == c for x in results if x["kind"] == "loo")]
+                if done and any(x["kind"] == "scratch" for x in results):
+                    write_mixture(args, results, done, [f"Command: `{command}`", "",
+                                                        f"**Partial: {len(done)} of {len(stations)} stations so far.**",
+                                                        ""], time.perf_counter() - t_start, command)
     wall = time.perf_counter() - t_start
     cfgs = configs(args)
     machine_s = machine()
@@ -604,7 +647,137 @@ def main() -> None:
     if args.history:
         written += write_history(args, results, stations, head_common, wall, command)
 
+    if args.mixture:
+        written += write_mixture(args, results, stations, head_common, wall, command)
+
     print(f"wall time {wall:.1f} s; wrote " + ", ".join(str(p) for p in dict.fromkeys(written)))
+
+
+# ------------------------------------------------------------------ the experts' mixture (--mixture)
+MIX = "fedbnr-personal"  # the default personalised learner: the experts' mixture
+MIX_COLUMNS = (("fedbnr-local", "local"), ("fedbnr", "pooled FedBNR"), (f"{MIX}:local", "expert local"),
+               (f"{MIX}:pooled", "expert pooled"), (f"{MIX}:personal", "expert personal"), (MIX, "mixture"))
+REFERENCES = ("fedbnr-local", "fedbnr", f"{MIX}:pooled", f"{MIX}:personal")  # the best of local / pooled / personal
+
+
+def mixture_summary(res: ColdStartResult, stations: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for w in res.windows:
+        tab = res.table(w)
+        rows = [tab[c] for c in stations if MIX in tab.get(c, {}) and "fedbnr-local" in tab.get(c, {})]
+        best = [min(r[a]["mse"] for a in REFERENCES if a in r) for r in rows]
+        within = [r[MIX]["mse"] <= 1.05 * b for r, b in zip(rows, best, strict=True)]
+        out[str(w)] = {
+            "stations": len(rows),
+            "mse_below_local": sum(r[MIX]["mse"] < r["fedbnr-local"]["mse"] for r in rows),
+            "nlpd_below_local": sum(r[MIX]["nlpd"] < r["fedbnr-local"]["nlpd"] for r in rows),
+            "within_5pct_of_best": sum(within),
+            "ratio_to_best": {c: r[MIX]["mse"] / b for c, r, b in zip(stations, rows, best, strict=False)},
+            "coverage_in_band": sum(in_band(r[MIX]["coverage"]) for r in rows),
+            "mean": {a: {k: float(np.mean([r[a][k] for r in rows if a in r])) for k in ("mse", "nlpd", "coverage")}
+                     for a, _ in MIX_COLUMNS if any(a in r for r in rows)}}
+    return out
+
+
+def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stations: list[str],
+                  head_common: list[str], wall: float, command: str) -> list[Path]:
+    """The cold-start and whole-stream tables of the experts' mixture (docs/results.md)."""
+    written: list[Path] = []
+    seeds = list(range(args.seeds))
+    loo = [r for r in results if r["kind"] in ("loo", "scratch")]
+    if loo:
+        res = ColdStartResult(args.join, tuple(args.windows))
+        for r in loo:
+            res.rows += [ColdStartRow(**row) for row in r["rows"] if row["client"] in stations]
+            for key, v in r["curves"].items():
+                c, a, sd = key.split("|")
+                if c in stations:
+                    res.curves[(c, a, int(sd))] = np.asarray(v)
+        summary = mixture_summary(res, stations)
+        present = [(a, n) for a, n in MIX_COLUMNS if any(r.algorithm == a for r in res.rows)]
+        lines = ["## Cold start with the experts' mixture (leave one station out)", "",
+                 f"The held-out station joins at step {args.join} and is scored over its first "
+                 f"{', '.join(str(w) for w in args.windows)} samples; mean over seeds {seeds}, "
+                 f"stations {len(stations)}. "
+                 "`mixture` is the default personalised learner (`fedbnr-personal`: fixed share over its local, pooled "
+                 "and personal experts); `expert …` is what that expert alone predicted on the same samples (its MSE "
+                 "is exactly the learner's alone: `expert personal` is `fedbnr-personal` with `experts = false`; its "
+                 "NLPD uses the expert's raw variance, not recalibrated); `local` is FedBNR from scratch "
+                 "(`fedbnr-local`, the baseline).", ""] + head_common
+        lines += [f"Wall time: {wall:.0f} s on {args.jobs} processes (process time: "
+                  + ", ".join(f"{a} {sum(r['wall_s'] for r in loo if r['task'][1] == a):.0f} s"
+                              for a in dict.fromkeys(r["task"][1] for r in loo)) + ").", ""]
+        for w in res.windows:
+            tab, s = res.table(w), summary[str(w)]
+            lines += [f"### First {w} samples after joining", "",
+                      "| held-out station | " + " | ".join(f"MSE {n}" for _, n in present)
+                      + " | mixture / best | NLPD local | NLPD mixture | cov95 mixture |",
+                      "|---|" + "---|" * (len(present) + 4)]
+            for c in stations:
+                row = tab.get(c, {})
+                if MIX not in row:
+                    continue
+                cells = [f4(row[a]["mse"]) if a in row else "—" for a, _ in present]
+                lines.append(f"| {c} | " + " | ".join(cells) + f" | {s['ratio_to_best'][c]:.3f} | "
+                             f"{f3(row['fedbnr-local']['nlpd'])} | {f3(row[MIX]['nlpd'])} | "
+                             f"{f3(row[MIX]['coverage'])} |")
+            m = s["mean"]
+            lines.append("| **mean** | " + " | ".join(f4(m[a]["mse"]) if a in m else "—" for a, _ in present)
+                         + f" | | {f3(m['fedbnr-local']['nlpd'])} | {f3(m[MIX]['nlpd'])} | "
+                         f"{f3(m[MIX]['coverage'])} |")
+            n = s["stations"]
+            lines += ["", f"- mixture MSE below local-only's on **{s['mse_below_local']} / {n}**; within 5% of the "
+                      f"best of local / pooled / personal on **{s['within_5pct_of_best']} / {n}**; NLPD below "
+                      f"local-only's on **{s['nlpd_below_local']} / {n}**; coverage in [0.90, 0.98] on "
+                      f"{s['coverage_in_band']} / {n}.",
+                      ""]
+        md = args.out_dir / f"{args.name}.md"
+        md.write_text("\n".join(lines))
+        js = args.out_dir / f"{args.name}.json"
+        js.write_text(json.dumps({"command": command, "wall_s": wall, "summary": summary,
+                                  "mse_to_date": {f"{c}|{a}|{sd}": {str(k): float(v[k - 1]) for k in CURVE_AT
+                                                                    if k <= v.size}
+                                                  for (c, a, sd), v in res.curves.items()},
+                                  **res.to_json()}, indent=1, default=_json_default))
+        written += [md, js, station_plot(res, stations, args.out_dir / f"{args.name}_stations.png")]
+    whole = [r for r in results if r["kind"] == "whole"]
+    if whole:
+        acc: dict[str, dict[str, list[dict[str, float]]]] = {}
+        for r in whole:
+            for c, f in r["per_station"].items():
+                acc.setdefault(c, {}).setdefault(r["task"][1], []).append(f)
+            for c, ex in r.get("experts", {}).items():
+                for e, f in ex.items():
+                    acc.setdefault(c, {}).setdefault(f"{MIX}:{e}", []).append(f)
+        tab = {c: {a: {k: float(np.mean([f[k] for f in fs])) for k in ("mse", "nlpd")} for a, fs in algs.items()}
+               for c, algs in acc.items()}
+        cov = {c: float(np.mean([f["coverage"] for f in acc[c][MIX]])) for c in stations}
+        rel = {c: tab[c][MIX]["mse"] / tab[c]["fedbnr-local"]["mse"] - 1.0 for c in stations}
+        nlpd_ok = [tab[c][MIX]["nlpd"] <= tab[c]["fedbnr-local"]["nlpd"] for c in stations]
+        lines = ["## Whole-stream personalisation with the experts' mixture", "",
+                 "Every station from step 0 over its whole stream"
+                 + (f" (first {args.whole_steps} steps)" if args.whole_steps else "")
+                 + f", mean over seeds {list(range(args.whole_seeds or args.seeds))}.", ""] + head_common
+        lines += ["| station | MSE local | MSE expert personal | MSE mixture | mixture vs local MSE | NLPD local | "
+                  "NLPD mixture | cov95 mixture |", "|---|" + "---|" * 7]
+        for c in stations:
+            t = tab[c]
+            pers = t.get(f"{MIX}:personal", {}).get("mse", float("nan"))
+            lines.append(f"| {c} | {f4(t['fedbnr-local']['mse'])} | {f4(pers)} | {f4(t[MIX]['mse'])} | "
+                         f"{100 * rel[c]:+.2f} % | {f3(t['fedbnr-local']['nlpd'])} | {f3(t[MIX]['nlpd'])} | "
+                         f"{f3(cov[c])} |")
+        lines += ["", f"- mixture NLPD ≤ local-only's on **{sum(nlpd_ok)} / {len(stations)}**; MSE within 1% (or "
+                  f"below) on **{sum(v <= 0.01 for v in rel.values())} / {len(stations)}** (worst "
+                  f"{max(rel, key=lambda c: rel[c])} {100 * max(rel.values()):+.2f} %); coverage in [0.90, 0.98] on "
+                  f"{sum(in_band(v) for v in cov.values())} / {len(stations)}.", ""]
+        md = args.out_dir / "personalisation_mixture.md"
+        md.write_text("\n".join(lines))
+        js = args.out_dir / "personalisation_mixture.json"
+        js.write_text(json.dumps({"command": command, "per_station": tab, "coverage": cov, "mse_rel_diff": rel,
+                                  "wall_s": {r["task"][1]: r["wall_s"] for r in whole}}, indent=1,
+                                 default=_json_default))
+        written += [md, js]
+    return written
 
 
 def _json_default(o: Any) -> Any:

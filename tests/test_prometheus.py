@@ -196,6 +196,7 @@ class Fleet:
     agent_collector: StreamfedCollector
     aggregator_collector: StreamfedCollector
     classifier: AgentCore
+    personal: AgentCore
     t: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -214,9 +215,15 @@ class Fleet:
         classifier = AgentCore(cfg, "classifier-0", 4, stats=AgentStats("classifier-0", fleet=FLEET,
                                                                          algorithm="pfedgp"))
         agents.append(classifier.stats)
+        # a personalised FedBNR agent on the FedBNR client's stream: its experts' mixture weights (no fleet here)
+        cfg = FleetConfig(fleet=FLEET, algorithm="fedbnr-personal", n_inputs=2, n_features=6,
+                          params={"min_upload": 16})
+        personal = AgentCore(cfg, "personal-0", 5, stats=AgentStats("personal-0", fleet=FLEET,
+                                                                     algorithm="fedbnr-personal"))
+        agents.append(personal.stats)
         aggregator = AggregatorStats(FLEET)
         return cls(data, clients, POFMKLServer(bank.n_kernels, bank.dim), bayes, agents, aggregator,
-                   StreamfedCollector(agents), StreamfedCollector([], [aggregator]), classifier)
+                   StreamfedCollector(agents), StreamfedCollector([], [aggregator]), classifier, personal)
 
     def run_rounds(self, n: int) -> None:
         with self.lock:
@@ -241,7 +248,7 @@ class Fleet:
             cl.set_global(g, version)
             stats.global_received(version)
             stats.update_from_learner(POFMKLLearner(cl, "lockstep"))
-        b, bstats = self.bayes, self.agents[-2]
+        b, bstats = self.bayes, self.agents[3]
         x, y = self.data[3].X[t], float(self.data[3].y[t])
         t0 = time.perf_counter()
         mu, var = b.predict(x)
@@ -253,6 +260,7 @@ class Fleet:
             bstats.update_from_learner(StatsLearner(b))
         band = float(np.searchsorted(self.bands, y))  # the class: which third of the target's range
         self.classifier.on_reading(Reading(f"r{self.t}", x, float(self.t), band))
+        self.personal.on_reading(Reading(f"r{self.t}", x, float(self.t), y))
         if self.t % 40 == 7:
             self.aggregator.rejected("stale_seq")
         if self.t % 90 == 13:
@@ -264,8 +272,9 @@ class Fleet:
         with self.lock:
             for cl, stats in zip(self.clients, self.agents, strict=False):
                 stats.update_from_learner(POFMKLLearner(cl, "lockstep"))
-            self.agents[-2].update_from_learner(StatsLearner(self.bayes))
+            self.agents[3].update_from_learner(StatsLearner(self.bayes))
             self.classifier.stats.update_from_learner(self.classifier.learner)
+            self.personal.stats.update_from_learner(self.personal.learner)
 
     @cached_property
     def bands(self) -> np.ndarray:
@@ -357,7 +366,7 @@ def test_regret_query_returns_the_stats_value_exactly(live: Live) -> None:
         kernels = p.values(f'streamfed_agent_kernel_weight{{client="{stats.client}"}}')
         assert {dict(k)["kernel"]: v for k, v in kernels.items()} == dict(
             zip(cl.bank.kernel_names, cl.kernel_weights.tolist(), strict=True))
-    bayes = live.fleet.agents[-2]
+    bayes = live.fleet.agents[3]
     assert p.value('streamfed_agent_regret{client="bayes-0"}') == bayes.regret
     assert p.value('streamfed_agent_interval_coverage_ratio{client="bayes-0"}') == bayes.coverage
     scores = live.fleet.classifier.stats.classification

@@ -6,6 +6,11 @@ from that step on. Its first `window` samples are scored (MSE, and for Bayesian 
 log predictive density and the 95% coverage), for every client in turn, every algorithm (or replay
 variant: e.g. ``fedbnr-local`` / ``local-only`` are the from-scratch baselines), every seed.
 
+A held-out learner that keeps its experts' predictions (personalised FedBNR's experts' mixture with
+`trace_experts`: :meth:`~streamfed.algorithms.fedbnr_personal.learner.PersonalLearner.expert_predictions`) adds one
+row per expert, named ``<algorithm>:<expert>`` — what that expert alone predicted on the same samples (exact: the
+mixture never feeds back into its experts; their raw variances, not recalibrated).
+
 >>> from streamfed.evaluation.datasets import synthetic_fleet
 >>> from streamfed.evaluation.replay import AlgorithmConfig
 >>> fleet = synthetic_fleet(n_clients=3, n_steps=60, n_inputs=2, seed=0)
@@ -27,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from streamfed.evaluation.datasets import Fleet
-from streamfed.evaluation.replay import AlgorithmConfig, Schedule, replay
+from streamfed.evaluation.replay import AlgorithmConfig, ReplayResult, Schedule, replay
+from streamfed.fleet.telemetry import Z95
 
 __all__ = ["ColdStartResult", "ColdStartRow", "leave_one_out"]
 
@@ -168,4 +174,34 @@ def leave_one_out(fleet: Fleet, algorithms: Sequence[str], cfg: AlgorithmConfig,
                 e2 = r.sq_errors[c][join_step:]
                 e2 = e2[~np.isnan(e2)]
                 result.curves[(client, alg, int(seed))] = np.cumsum(e2) / np.arange(1, e2.size + 1)
+                for name, (e2x, var) in expert_errors(r, c).items():
+                    label = f"{alg}:{name}"
+                    for w in result.windows:
+                        a, v = e2x[:w], var[:w]
+                        result.rows.append(ColdStartRow(
+                            client, label, int(seed), w, int(a.size), float(a.mean()),
+                            float(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * a / v)), float(np.mean(a <= Z95**2 * v))))
+                    result.curves[(client, label, int(seed))] = np.cumsum(e2x) / np.arange(1, e2x.size + 1)
     return result
+
+
+def expert_errors(r: ReplayResult, client: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per expert of client `client`'s learner (where it keeps their predictions: module docstring), the squared
+    errors and variances of its scored samples from the step it joined, in order; `{}` for other learners."""
+    if r.arrangement is None:
+        return {}
+    learner: Any = r.arrangement.learners[client]
+    while not hasattr(learner, "expert_predictions") and hasattr(learner, "inner"):  # through wrappers
+        learner = learner.inner
+    preds = learner.expert_predictions() if hasattr(learner, "expert_predictions") else None
+    if not preds:
+        return {}
+    start = 0 if r.starts is None else int(r.starts[client])
+    e2 = r.sq_errors[client][start:]
+    ys = r.ys[client][start:][~np.isnan(e2)]
+    out = {}
+    for name, (mu, var) in preds.items():
+        if mu.shape != ys.shape:
+            raise ValueError(f"{name}: {mu.size} expert predictions for {ys.size} scored samples")
+        out[name] = ((ys - mu) ** 2, var)
+    return out

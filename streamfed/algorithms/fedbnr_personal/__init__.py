@@ -62,6 +62,22 @@ class PersonalParams(RFFFeatures):
     # by their discounted prequential evidence on its own stream (docs/algorithms.md §5.7). None: one model, τ by
     # the evidence.
     tau_grid: tuple[float, ...] | None = None
+    # Personalisation that never costs (docs/algorithms.md §5.9): predict with the fixed-share mixture of a
+    # local-only, a pooled and the personalised expert (.experts); off, or with a tau_grid, the personalised
+    # posterior alone. Client-side only: uploads and globals are the same either way.
+    experts: bool = True
+    switch_rate: float = Field(0.01, ge=0, lt=1)
+    # the mixture's initial weights of (local, pooled, personal); None: uniform
+    expert_prior: tuple[float, float, float] | None = None
+    # evaluation only: every expert's prediction of every sample is kept (streamfed.evaluation.coldstart)
+    trace_experts: bool = False
+
+    @field_validator("expert_prior")
+    @classmethod
+    def _prior(cls, v: tuple[float, float, float] | None) -> tuple[float, float, float] | None:
+        if v is not None and any(not (w > 0 and math.isfinite(w)) for w in v):
+            raise ValueError("expert_prior: three positive finite weights")
+        return v
 
     @field_validator("tau_grid")
     @classmethod
@@ -87,6 +103,7 @@ class FedBNRPersonal(FedBNR):
     def _client(self, cfg: FleetConfig, client_id: str = "client") -> Any:
         from streamfed.algorithms.fedbnr import feature_maps
         from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
+        from streamfed.algorithms.fedbnr_personal.experts import FedBNRExpertsClient
         from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient
 
         p = params_of(cfg, PersonalParams)
@@ -94,6 +111,9 @@ class FedBNRPersonal(FedBNR):
                   min_upload=p.min_upload, client_id=client_id)
         if p.tau_grid:
             return FedBNRHierMixClient(p.tau_grid, feature_map=feature_maps(cfg)[0], **kw)
+        if p.experts:
+            return FedBNRExpertsClient(feature_maps(cfg)[0], tau=p.tau, switch_rate=p.switch_rate,
+                                       prior=p.expert_prior, trace=p.trace_experts, **kw)
         return FedBNRHierClient(feature_maps(cfg)[0], tau=p.tau, **kw)
 
     def kernel_version(self, cfg: FleetConfig) -> str:
@@ -128,6 +148,7 @@ class FedBNRPersonal(FedBNR):
         from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 
         probe = self._client(cfg)
+        probe = getattr(probe, "personal", probe)  # the experts' mixture: the fleet sees its personal expert
         p = params_of(cfg, PersonalParams)
         if p.tau_grid:
             phi = probe.models[0].features_many(np.zeros((1, cfg.n_inputs)))

@@ -138,6 +138,8 @@ class FedBNRHierClient:
     True
     """
 
+    prior_tau: float | None = None  # (a class default: a state written before it existed restores without)
+
     def __init__(
         self,
         feature_map: FeatureMap | None = None,
@@ -154,6 +156,7 @@ class FedBNRHierClient:
         fit_sigma: bool = False,
         min_upload: int = 32,
         client_id: str = "client",
+        prior_tau: float | None = None,
     ) -> None:
         if feature_map is None:
             if n_inputs is None:
@@ -179,6 +182,9 @@ class FedBNRHierClient:
         self.sigma = check_positive("sigma", sigma)
         self.lam = check_positive("lam", lam)
         self.tau = check_positive("tau", tau)
+        # The personal scale of this client's own prior instead of the global's τ (the global's τ still removes
+        # its own contribution from the shared posterior): a tiny one makes the pooled expert of .experts.
+        self.prior_tau = None if prior_tau is None else check_positive("prior_tau", prior_tau)
         self._s_pend = np.zeros((f, f))  # upper triangle
         self._b_pend = np.zeros(f)
         self._s_own = np.zeros((f, f))  # upper triangle: all own samples, weighted with own_forgetting
@@ -191,7 +197,7 @@ class FedBNRHierClient:
         self._next_seq = 1
         self._global: HierGlobal | None = None
         # Prior of v = w + δ (precision, shift, constant): N(0, (λ² + τ²)I) until a global arrives.
-        self._prior = (np.eye(f) / (self.lam**2 + self.tau**2), np.zeros(f), 0.0)
+        self._prior = (np.eye(f) / (self.lam**2 + self._tau_of_prior**2), np.zeros(f), 0.0)
         self._ra = np.zeros((f + 1, f + 1))
         self._work = np.empty(f + 1)
         self.metrics = PrequentialMetrics()
@@ -205,6 +211,10 @@ class FedBNRHierClient:
         if self.forgetting == 1.0 or not math.isfinite(t_from) or t_to <= t_from:
             return st.copy()
         return st.scaled(self.forgetting ** (t_to - t_from))
+
+    @property
+    def _tau_of_prior(self) -> float:
+        return self.tau if self.prior_tau is None else self.prior_tau
 
     @property
     def time(self) -> float:
@@ -393,7 +403,7 @@ class FedBNRHierClient:
             p, r = np.zeros((f, f)), np.zeros(f)
         a_cav = sym(g.A - p)
         h_cav = g.h - r
-        t2 = self.tau**2
+        t2 = self._tau_of_prior**2
         # Λ₀ = τ⁻²(A₋ₖ + τ⁻²I)⁻¹A₋ₖ,  Λ₀μ₋ₖ = τ⁻²(A₋ₖ + τ⁻²I)⁻¹h₋ₖ,  c₀ = μ₋ₖᵀΛ₀μ₋ₖ
         chol = np.linalg.cholesky(a_cav + np.eye(f) / t2)
         sol = np.linalg.solve(chol.T, np.linalg.solve(chol, np.concatenate([a_cav, h_cav[:, None]], axis=1))) / t2

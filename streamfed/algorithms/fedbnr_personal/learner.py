@@ -12,6 +12,7 @@ import numpy as np
 from streamfed.algorithms.base import BaseLearner, Regret, Update
 from streamfed.algorithms.fedbnr.metrics import ridge_loss
 from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
+from streamfed.algorithms.fedbnr_personal.experts import EXPERTS, FedBNRExpertsClient
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal
 from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
@@ -34,9 +35,11 @@ class PersonalLearner(BaseLearner):
     (1, 2, 2.0)
     """
 
-    def __init__(self, client: FedBNRHierClient | FedBNRHierMixClient, kernel_names: Sequence[str] = ()) -> None:
+    def __init__(self, client: FedBNRHierClient | FedBNRHierMixClient | FedBNRExpertsClient,
+                 kernel_names: Sequence[str] = ()) -> None:
         self.client = client
         self.mixture = isinstance(client, FedBNRHierMixClient)
+        self.experts = isinstance(client, FedBNRExpertsClient)
         # with the τ-mixture its "kernels" are the models of the grid, its weights their mixture weights
         self._names = tuple(f"tau={t:g}" for t in client.tau_grid) if self.mixture else tuple(kernel_names)
         self._version = 0
@@ -49,28 +52,45 @@ class PersonalLearner(BaseLearner):
     def kernel_weights(self) -> np.ndarray | None:
         return self.client.weights() if self.mixture else None
 
+    def _models(self) -> list[FedBNRHierClient]:
+        c = self.client
+        if isinstance(c, FedBNRHierMixClient):
+            return list(c.models)
+        if isinstance(c, FedBNRExpertsClient):
+            return list(c.experts)
+        return [c]
+
     def regret(self) -> Regret:
         """Against the best fixed ridge predictor on this client's own samples, at the prior scale of its
-        weights without sharing (`√(λ² + τ²)`; with the mixture, the best over its models)."""
+        weights without sharing (`√(λ² + τ²)`; with a mixture, the best over its models)."""
         c = self.client
         own = c.own_stats()
         if own.n == 0:
             return Regret(0.0, 0.0, 0.0)
-        models = c.models if self.mixture else [c]
+        models = self._models()
         ridge = [float(ridge_loss(own, m.sigma, math.hypot(m.lam, m.tau))) for m in models]
         return Regret(float(own.n), float(c.metrics.sq_loss), min(ridge), int(np.argmin(ridge)))
 
     def diagnostics(self) -> dict[str, float]:
         """Shared vs personal evidence: the exact log evidence of the whole fleet's hierarchical model (from the
         installed global; the best model of the grid with the mixture) and this client's own prequential log
-        evidence, `Σ_t log p(y_t | y_<t)` of the predictions it made."""
+        evidence, `Σ_t log p(y_t | y_<t)` of the predictions it made. With the experts' mixture also each
+        expert's weight (`mixture_weight_local`, `..._pooled`, `..._personal`)."""
         c = self.client
-        models = c.models if self.mixture else [c]
+        models = [c.personal] if isinstance(c, FedBNRExpertsClient) else self._models()
         shared = [g.log_evidence for m in models if (g := m.installed_global) is not None]
         out = {"own_log_evidence": -float(c.metrics.nlpd_sum)}
         if shared:
             out["shared_log_evidence"] = float(max(shared))
+        if isinstance(c, FedBNRExpertsClient):
+            out.update({f"mixture_weight_{name}": float(w) for name, w in zip(EXPERTS, c.weights(), strict=True)})
         return out
+
+    def expert_predictions(self) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+        """Each expert's predictions of every learned sample, where the client keeps them (the experts' mixture
+        with `trace_experts`); else None."""
+        c = self.client
+        return c.expert_predictions() if isinstance(c, FedBNRExpertsClient) else None
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         mean, var = self.client.predict(x)
@@ -101,7 +121,8 @@ class PersonalLearner(BaseLearner):
         expected = len(self.client.models) if self.mixture else 1
         if len(gs) != expected:
             raise ValueError(f"global carries {len(gs)} models, this learner has {expected}")
-        installed = bool(self.client.apply_global(gs) if self.mixture else self.client.apply_global(gs[0]))
+        c = self.client
+        installed = bool(c.apply_global(gs) if isinstance(c, FedBNRHierMixClient) else c.apply_global(gs[0]))
         if installed:
             self._version = msg.global_version
         return installed
