@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamfed.algorithms.fedbnr import packed_check
+from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters
 from streamfed.algorithms.fedbnr.messages import Upload
 from streamfed.algorithms.fedbnr.packed_check import Scan, scan_upload
 from streamfed.algorithms.fedbnr.server import FedBNRServer
@@ -325,6 +326,8 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         s_upper.flags.writeable = b.flags.writeable = False  # as decoded: numba specialises on writability
         scan_upload(s_upper, b, 1.0, 0.0, max_abs=self.max_abs, phi_sq=self.phi_sq, phi_sq_min=self.phi_sq_min,
                     label_bound=self.label_bound)
+        if self.server.fit:  # and the evidence's compiled search, which the first refit runs
+            fit_hyperparameters(np.eye(f), np.full(f, 0.1), float(f + 1), 1.0)
 
     def now(self) -> float:
         """The aggregator's clock (seconds since the epoch): no upload may be stamped far beyond it."""

@@ -100,6 +100,10 @@ class FedBNRExpertsClient:
     def own_stats(self, time: float | None = None) -> SufficientStats:
         return self.personal.own_stats(time)
 
+    def features_many(self, xs: np.ndarray) -> np.ndarray:
+        """The experts' shared features of inputs `xs (T, d)` (the personalised client's map)."""
+        return self.personal.features_many(xs)
+
     def weights(self) -> np.ndarray:
         """The mixture weights of :data:`EXPERTS` for the next prediction."""
         return self.share.weights
