@@ -375,3 +375,105 @@ def test_server_sums_are_exact_in_any_arrival_order(uploads: list, rnd: object) 
     np.testing.assert_allclose(server.stats.b[0], phis.T @ (w * ys), rtol=1e-12, atol=1e-12)
     assert server.stats.n == pytest.approx(w.sum(), rel=1e-12)
     assert server.stats.q == pytest.approx(w @ ys**2, rel=1e-12)
+
+
+def test_agents_forget_on_the_readings_time_base_and_the_fleet_equals_the_centralised_posterior() -> None:
+    """Real agents and the aggregator core through the codec: readings stamped years in the past (a replayed
+    CSV, a sensor's own clock) are discounted by *their* times, not by this process's clock — every upload is
+    stamped with its last reading's time, and the global equals the centralised discounted statistics of every
+    uploaded sample at the global's time (written out above, `_central`)."""
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import decode, encode
+
+    names = ["a", "b", "c"]
+    cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=2, n_features=4, kernels=["gaussian:1.0"],
+                      standardise="none", clients=tuple(names),
+                      params={"half_life_s": H, "min_upload": 4, "sigma": SIGMA, "lam": LAM,
+                              "fit_hyperparameters": False, "calibrate": False})
+    agents = {n: AgentCore(cfg, n, i) for i, n in enumerate(names)}
+    core = AggregatorCore(cfg, clients=names, mode="async", window=0.0)
+    rng = np.random.default_rng(5)
+    streams = {n: _stream(rng, 25 + 6 * i, start=1.36e9 + 900.0 * i) for i, n in enumerate(names)}  # 2013
+    uploaded = dict.fromkeys(names, 0)
+    stamps: list[float] = []
+    order = sorted((t, n, j) for n, (_, _, ts) in streams.items() for j, t in enumerate(ts))
+    for _t, n, j in order:  # one fleet clock: readings in time order across agents
+        xs, ys, ts = streams[n]
+        _, msgs = agents[n].on_reading(Reading(f"{n}{j}", xs[j], float(ts[j]), float(ys[j])), now=1.8e9)
+        for m in msgs:
+            if m.kind.endswith(".update"):
+                uploaded[n] += int(m.n_samples)
+                stamps.append(float(m.arrays["time"]))
+                assert float(m.arrays["time"]) == float(ts[uploaded[n] - 1])  # its last reading's time
+                out = core.on_update(n, encode(m, cfg), now=1.8e9)
+                for g in out:
+                    if g.kind.endswith(".global"):
+                        for a in agents.values():
+                            a.on_global(decode(encode(g, cfg), cfg, kernel_version=a.kernel_version), now=1.8e9)
+    assert all(uploaded.values()) and max(stamps) < 1.4e9  # the readings' times, not the clock's (1.8e9)
+    server = core.aggregation.server
+    feats = agents["a"].learner.client
+    rows = [(np.array([feats.features(x)[0] for x in streams[n][0][:k]]), streams[n][1][:k], streams[n][2][:k])
+            for n, k in uploaded.items()]
+    phis, ys, ts = (np.concatenate(r) for r in zip(*rows, strict=True))
+    s, b, nw, q, _, _ = _central(phis, ys, ts, server.time)
+    assert server.time == max(stamps)
+    np.testing.assert_allclose(server.stats.S[0], s, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(server.stats.b[0], b, rtol=1e-11, atol=1e-11)
+    assert float(server.stats.n) == pytest.approx(nw, rel=1e-12)
+    assert float(server.stats.q) == pytest.approx(q, rel=1e-12)
+
+
+def test_personalised_agents_forget_on_the_readings_time_base() -> None:
+    """Personalised FedBNR with `half_life_s`: the same time base. Each client's statistics the server holds,
+    brought to the global's time, are the discounted statistics of its uploaded samples by their readings'
+    times (`_central`) — a client that samples four times as fast has its past weighed by hours, not by its own
+    sample count — and an upload stamped far ahead of the aggregator's clock is refused."""
+    from streamfed.algorithms.fedbnr_personal import PersonalParams
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
+
+    with pytest.raises(ValueError, match="one or the other"):
+        PersonalParams(half_life_s=H, forgetting=0.99)
+    names = ["fast", "slow"]
+    cfg = FleetConfig(fleet="f", algorithm="fedbnr-personal", n_inputs=2, n_features=4,
+                      kernels=["gaussian:1.0"], standardise="none", clients=tuple(names),
+                      params={"half_life_s": H, "min_upload": 4, "fit_hyperparameters": False, "calibrate": False})
+    agents = {n: AgentCore(cfg, n, i) for i, n in enumerate(names)}
+    core = AggregatorCore(cfg, clients=names, mode="async", window=0.0)
+    rng = np.random.default_rng(8)
+    streams = {}
+    for n, gap in (("fast", 900.0), ("slow", 3600.0)):
+        xs = rng.uniform(-2, 2, (24, 2))
+        streams[n] = (xs, np.sin(xs[:, 0]) + 0.1 * rng.standard_normal(24), 1.36e9 + gap * np.arange(1, 25))
+    uploaded = dict.fromkeys(names, 0)
+    last = None
+    for t, n, j in sorted((t, n, j) for n, (_, _, ts) in streams.items() for j, t in enumerate(ts)):
+        xs, ys, ts = streams[n]
+        for m in agents[n].on_reading(Reading(f"{n}{j}", xs[j], float(t), float(ys[j])), now=1.8e9)[1]:
+            if m.kind.endswith(".update"):
+                uploaded[n] += int(m.n_samples)
+                assert float(m.arrays["time"]) == float(ts[uploaded[n] - 1])
+                core.on_update(n, encode(m, cfg), now=1.8e9)
+                last = m
+    server = core.aggregation.server
+    t_ref = max(streams[n][2][uploaded[n] - 1] for n in names)
+    held = server.stats_at(t_ref)
+    feats = getattr(agents["fast"].learner.client, "personal", agents["fast"].learner.client)
+    for n in names:
+        xs, ys, ts = (a[:uploaded[n]] for a in streams[n])
+        s, b, nw, q, _, _ = _central(np.array([feats.features_many(x[None])[0] for x in xs]), ys, ts, t_ref)
+        np.testing.assert_allclose(held[n].S, s, rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(held[n].b, b, rtol=1e-11, atol=1e-11)
+        assert float(held[n].n) == pytest.approx(nw, rel=1e-12) and float(held[n].q) == pytest.approx(q, rel=1e-12)
+    assert last is not None
+    future = Message(last.fleet, last.client, last.kind, last.seq + 1, last.global_version, last.kernel_version,
+                     last.n_samples, 0.0, dict(last.arrays, time=np.asarray(1e11)), {}, {}, last.epoch)
+    with pytest.raises(ValueError, match="ahead of this aggregator's clock"):
+        core.aggregation.check(future)

@@ -147,7 +147,9 @@ class Learner(Protocol):
 
     `begin_learn` predicts the labelled sample and does whatever must happen before the prediction is
     published; `end_learn` finishes learning it. `learn` is both. A `ValueError` from either leaves the
-    learner unchanged (the agent counts the sample as skipped).
+    learner unchanged (the agent counts the sample as skipped). `observe_time(ts)` comes before them with the
+    reading's time (seconds since the epoch, the sensor's or its arrival's): the one time base of a fleet, which
+    learners that forget in time (FedBNR's `half_life_s`) read instead of their own clock.
 
     Declared capabilities (class attributes, read by the cores — never probed for):
 
@@ -172,6 +174,7 @@ class Learner(Protocol):
     @property
     def kernel_weights(self) -> np.ndarray | None: ...
     def predict(self, x: np.ndarray) -> tuple[float, float | None]: ...
+    def observe_time(self, ts: float) -> None: ...
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]: ...
     def end_learn(self) -> None: ...
     def learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]: ...
@@ -319,6 +322,9 @@ class BaseLearner:
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         raise NotImplementedError
 
+    def observe_time(self, ts: float) -> None:
+        """The time of the sample that follows (default: ignored — a learner that does not forget in time)."""
+
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         raise NotImplementedError
 
@@ -413,6 +419,9 @@ class WrappedLearner(BaseLearner):
 
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         return self.inner.predict(x)
+
+    def observe_time(self, ts: float) -> None:
+        self.inner.observe_time(ts)
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         return self.inner.begin_learn(x, y)

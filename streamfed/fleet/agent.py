@@ -466,6 +466,8 @@ class AgentCore:
         try:
             if not math.isfinite(y * y):  # beyond any range, and its squared error would overflow every metric
                 raise ValueError(f"label {y!r} is too large: its square overflows")
+            # the reading's time is the fleet's one time base (forgetting in time discounts by it)
+            self.learner.observe_time(reading.ts)
             mean, var = self.learner.begin_learn(reading.x, y)
         except ValueError as e:  # the learner refused the sample and changed nothing: counted, not fatal
             self._refused(reading, e)

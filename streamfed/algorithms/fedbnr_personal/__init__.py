@@ -21,7 +21,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from streamfed.algorithms.base import Mode, ReplayVariant, params_of
 from streamfed.algorithms.dictionary import kernel_specs
@@ -52,6 +52,10 @@ class PersonalParams(RFFFeatures):
     tau: float = Field(1.0, gt=0, allow_inf_nan=False)
     forgetting: float = Field(1.0, gt=0, le=1)
     own_forgetting: float | None = Field(None, gt=0, le=1)
+    # forgetting on the fleet's one time base (docs/algorithms.md §5.3): a sample `Δ` seconds old by its reading's
+    # time weighs 2^(−Δ/half_life_s) on both levels — instead of `forgetting` per sample, which counts time in each
+    # client's own samples and so weighs a fast client's past less than a slow one's. None: off
+    half_life_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     min_upload: int = Field(32, ge=1)
     fit_hyperparameters: bool = True
     fit_tau: bool = True
@@ -78,6 +82,25 @@ class PersonalParams(RFFFeatures):
         if v is not None and any(not (w > 0 and math.isfinite(w)) for w in v):
             raise ValueError("expert_prior: three positive finite weights")
         return v
+
+    @model_validator(mode="after")
+    def _one_clock(self) -> PersonalParams:
+        if self.half_life_s is not None and (self.forgetting != 1.0 or self.own_forgetting is not None):
+            raise ValueError("half_life_s (forgetting in seconds of the readings' time) replaces forgetting and "
+                             "own_forgetting (per sample): set one or the other")
+        return self
+
+    def per_time_unit(self) -> tuple[float, float | None]:
+        """`(forgetting, own_forgetting)` per unit of the clients' time: per second of the readings' time with
+        `half_life_s`, else per sample.
+
+        >>> round(PersonalParams(half_life_s=3600.0).per_time_unit()[0] ** 3600, 12)
+        0.5
+        """
+        if self.half_life_s is None:
+            return self.forgetting, self.own_forgetting
+        g = 0.5 ** (1.0 / self.half_life_s)
+        return g, g
 
     @field_validator("tau_grid")
     @classmethod
@@ -107,7 +130,8 @@ class FedBNRPersonal(FedBNR):
         from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixClient
 
         p = params_of(cfg, PersonalParams)
-        kw = dict(sigma=p.sigma, lam=p.lam, forgetting=p.forgetting, own_forgetting=p.own_forgetting,
+        forgetting, own_forgetting = p.per_time_unit()
+        kw = dict(sigma=p.sigma, lam=p.lam, forgetting=forgetting, own_forgetting=own_forgetting,
                   min_upload=p.min_upload, client_id=client_id)
         if p.tau_grid:
             return FedBNRHierMixClient(p.tau_grid, feature_map=feature_maps(cfg)[0], **kw)
@@ -138,8 +162,10 @@ class FedBNRPersonal(FedBNR):
 
         if mode == "lockstep":
             raise ValueError("personalised FedBNR is order-free (use async)")
-        learner = PersonalLearner(self._client(cfg, client_id), kernel_names=kernel_specs(cfg)[:1])
-        return CalibratedLearner(learner) if params_of(cfg, PersonalParams).calibrate else learner
+        p = params_of(cfg, PersonalParams)
+        learner = PersonalLearner(self._client(cfg, client_id), kernel_names=kernel_specs(cfg)[:1],
+                                  timed=p.half_life_s is not None)
+        return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
                     ) -> PersonalAggregation:
@@ -158,7 +184,8 @@ class FedBNRPersonal(FedBNR):
             server = FedBNRHierServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters, fit_tau=p.fit_tau)
         phi_sq = float(np.sum(phi**2))  # RFF features with a bias: the same norm for every input
         return PersonalAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats,
-                                   label_bound=cfg.robust.label_bound, phi_sq_min=phi_sq)
+                                   label_bound=cfg.robust.label_bound, phi_sq_min=phi_sq,
+                                   clock_time=p.half_life_s is not None)
 
 
 ALGORITHM = FedBNRPersonal()

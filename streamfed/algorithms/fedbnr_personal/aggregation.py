@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from streamfed.algorithms.fedbnr.aggregation import check_statistics
+from streamfed.algorithms.fedbnr.aggregation import MAX_CLOCK_SKEW_S, check_statistics
 from streamfed.algorithms.fedbnr_personal.messages import HierUpload
 from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixServer
 from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
@@ -37,9 +37,16 @@ class PersonalAggregation(SummingWindow):
     (True, 1, {'a': 1})
     """
 
+    # a state pickled before the readings' time base: clients' times count samples
+    clock_time = False
+
     def __init__(self, server: FedBNRHierServer | FedBNRHierMixServer, *, phi_sq: float, max_abs: float = 1e100,
-                 check_stats: bool = True, label_bound: float | None = None, phi_sq_min: float | None = None) -> None:
+                 check_stats: bool = True, label_bound: float | None = None, phi_sq_min: float | None = None,
+                 clock_time: bool = False) -> None:
         self.server = server
+        # clock_time: uploads are stamped with their readings' time (`half_life_s`); one stamped far ahead of this
+        # aggregator's clock would discount every client's statistics when the global moves to its time
+        self.clock_time = bool(clock_time)
         self.phi_sq = float(phi_sq)
         # the declared bounds of an honest upload (docs/algorithms.md §4.11): labels within ±label_bound, and
         # ‖φ‖² >= phi_sq_min (RFF features with a bias have a constant norm, which pins n to tr S)
@@ -63,9 +70,17 @@ class PersonalAggregation(SummingWindow):
                          whole_n=self.server.forgetting == 1.0,
                          label_bound=getattr(self, "label_bound", None) if checked else None,
                          phi_sq_min=getattr(self, "phi_sq_min", None) if checked else None)
+        if self.clock_time and math.isfinite(t) and t > self.now() + MAX_CLOCK_SKEW_S:  # (∞: validate says)
+            raise ValueError(f"upload time {t:.0f} is more than {MAX_CLOCK_SKEW_S:g} s ahead of this aggregator's "
+                             f"clock")
         up = HierUpload(msg.client, msg.seq, t, int(msg.n_samples), st)
         self.server.validate(up)
         return up
+
+    def now(self) -> float:
+        """The aggregator's clock (seconds since the epoch): with `clock_time`, no upload may be stamped far
+        beyond it."""
+        return time.time()
 
     # ---------------------------------------------------------------- shards and reducer
     def partial(self, items: Sequence[HierUpload]) -> tuple[dict[str, np.ndarray], int, int]:

@@ -94,6 +94,11 @@ class FedBNRExpertsClient:
         return self.personal.n_pending
 
     @property
+    def time(self) -> float:
+        """The clients' clock (the experts learn every sample at one time)."""
+        return self.personal.time
+
+    @property
     def installed_global(self) -> HierGlobal | None:
         return self.personal.installed_global
 

@@ -35,9 +35,15 @@ class PersonalLearner(BaseLearner):
     (1, 2, 2.0)
     """
 
+    # class-level defaults: a learner pickled before the readings' time base learns on per-sample time
+    timed = False
+    _observed: float | None = None
+
     def __init__(self, client: FedBNRHierClient | FedBNRHierMixClient | FedBNRExpertsClient,
-                 kernel_names: Sequence[str] = ()) -> None:
+                 kernel_names: Sequence[str] = (), timed: bool = False) -> None:
         self.client = client
+        # timed: the clients' clock is the readings' time (seconds; `half_life_s`), else one unit per sample
+        self.timed = bool(timed)
         self.mixture = isinstance(client, FedBNRHierMixClient)
         self.experts = isinstance(client, FedBNRExpertsClient)
         # with the τ-mixture its "kernels" are the models of the grid, its weights their mixture weights
@@ -96,10 +102,23 @@ class PersonalLearner(BaseLearner):
         mean, var = self.client.predict(x)
         return float(mean), float(var)
 
+    def observe_time(self, ts: float) -> None:
+        """The reading's time of the sample that follows (seconds since the epoch): the clients' clock when
+        `timed`. A time that is not finite is refused (`ValueError`, nothing changed)."""
+        ts = float(ts)
+        if not math.isfinite(ts):
+            raise ValueError(f"time must be finite, got {ts!r}")
+        self._observed = ts
+
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         # the client's learning step returns the prediction it made before learning: one pass instead of a
         # prediction and a step that predicts again (the published prediction waits for the O(F²) update)
-        mean, var = self.client.learn(x, y)
+        t = None
+        if self.timed and self._observed is not None:
+            # a reading older than the clock (sensors' clocks disagree a little) is learned at the clock's time:
+            # statistics never move back in time
+            t = max(self._observed, self.client.time) if math.isfinite(self.client.time) else self._observed
+        mean, var = self.client.learn(x, y, t)
         return float(mean), float(var)
 
     def take_update(self) -> Update | None:

@@ -136,6 +136,11 @@ class FedBNRHierMixClient:
     def n_pending(self) -> int:
         return self.models[0].n_pending
 
+    @property
+    def time(self) -> float:
+        """The models' clock (every model learns every sample at one time)."""
+        return self.models[0].time
+
     def weights(self) -> np.ndarray:
         w = np.exp(self.log_score - self.log_score.max())
         return w / w.sum()
