@@ -477,3 +477,28 @@ def test_personalised_agents_forget_on_the_readings_time_base() -> None:
                      last.n_samples, 0.0, dict(last.arrays, time=np.asarray(1e11)), {}, {}, last.epoch)
     with pytest.raises(ValueError, match="ahead of this aggregator's clock"):
         core.aggregation.check(future)
+
+
+def test_replay_discounts_by_the_rows_times() -> None:
+    """`replay` hands each learner its row's time: a ten-year gap in the streams' clock (thousands of half-lives)
+    forgets everything, so the first prediction after it is as uncertain as the very first one — on the replay's
+    own clock (a fraction of a second) nothing would have been forgotten."""
+    from streamfed.evaluation.datasets.base import ClientStream, Fleet
+    from streamfed.evaluation.replay import AlgorithmConfig, replay
+
+    rng = np.random.default_rng(4)
+    hours = np.concatenate([np.arange(20), 24 * 3650 + np.arange(20)]).astype("timedelta64[h]")
+    times = np.datetime64("2013-03-01T00", "h") + hours
+    streams = []
+    for name in ("a", "b"):
+        X = rng.uniform(-1, 1, (40, 2))
+        streams.append(ClientStream(name, X, np.sin(X[:, 0]) + 0.05 * rng.standard_normal(40), ("u", "v"),
+                                    time=times))
+    fleet = Fleet(tuple(streams), "synthetic", "none", "test")
+    cfg = AlgorithmConfig(kernels=("gaussian:1.0",), n_features=8,
+                          params={"fedbnr": {"half_life_s": 10 * 86400.0, "min_upload": 4, "sigma": 0.1,
+                                             "fit_hyperparameters": False, "calibrate": False}})
+    res = replay(fleet, "fedbnr", cfg)
+    for v in res.variances:
+        assert v[19] < 0.2 * v[0]  # learned: far more certain than the prior
+        assert v[20] > 0.9 * v[0]  # after the gap: back to (almost) the prior

@@ -400,6 +400,20 @@ class ReplayResult:
                 "staleness_mean": self.staleness_mean, "rejected_steps": int(self.rejected.sum())}
 
 
+
+def _stamps(times: np.ndarray | None, n: int) -> np.ndarray:
+    """The first `n` rows' times in seconds since the epoch (`datetime64`), or the step index when the stream has
+    no times (or a missing one: a gap in a clock would forget everything before it).
+
+    >>> _stamps(np.array(["2013-03-01T00", "2013-03-01T01"], dtype="datetime64[h]"), 2).tolist()
+    [1362096000.0, 1362099600.0]
+    >>> _stamps(None, 3).tolist()
+    [0.0, 1.0, 2.0]
+    """
+    if times is None or np.isnat(np.asarray(times[:n])).any():
+        return np.arange(n, dtype=np.float64)
+    return np.asarray(times[:n]).astype("datetime64[s]").astype(np.int64).astype(np.float64)
+
 def replay(
     fleet: Fleet,
     algorithm: str,
@@ -424,6 +438,9 @@ def replay(
     n = len(streams)
     xs = [np.ascontiguousarray(s.X[:steps]) for s in streams]
     ys = [np.asarray(s.y[:steps], dtype=np.float64) for s in streams]
+    # the fleet's one time base (Learner.observe_time): the rows' own times where the stream has them (seconds
+    # since the epoch), else the step (one second a step, as a live agent without timestamps would see)
+    stamps = [_stamps(s.time, y.size) for s, y in zip(streams, ys, strict=True)]
     lengths = np.array([y.size for y in ys])
     t_max = int(lengths.max())
     names = [st.name for st in streams]
@@ -467,6 +484,7 @@ def replay(
         not fatal."""
         learner = learners[c]
         try:
+            learner.observe_time(stamps[c][t])
             yhat, var = learner.learn(xs[c][t], ys[c][t])
         except (ValueError, ArithmeticError):
             rejected[c] += 1
