@@ -108,6 +108,25 @@ def test_contributors_roundtrip_and_validation():
             contributors_of(m)
 
 
+def read_step(agents, ref_agents, streams, t):
+    """Step `t` of every stream read by both sets of lock-step agents: (their updates, the references')."""
+    msgs, ref_msgs = [], []
+    for a, r, s in zip(agents, ref_agents, streams, strict=True):
+        reading = Reading(f"{t}", s.X[t], float(t), float(s.y[t]))
+        msgs += a.on_reading(reading)[1]
+        ref_msgs += r.on_reading(reading)[1]
+    return msgs, ref_msgs
+
+
+def feed_single(single, ref_agents, ref_msgs, cfg):
+    """The single aggregator takes the reference agents' updates; they install every global it publishes."""
+    for m in ref_msgs:
+        for g in single.on_update(m.client, encode(m, cfg), now=0.0):
+            if g.kind.endswith(".global"):
+                for r in ref_agents:
+                    r.on_global(decode(encode(g, cfg), cfg, kernel_version=r.kernel_version), now=0.0)
+
+
 def run_pofmkl(fleet, n_shards, seed, dup_rate, flush_prob):
     streams = fleet.streams[:4]
     cfg = pof_cfg()
@@ -118,17 +137,8 @@ def run_pofmkl(fleet, n_shards, seed, dup_rate, flush_prob):
     single = AggregatorCore(cfg, clients=names, mode="lockstep")
     sharded = ShardedFleet(cfg, names, n_shards, rng, dup_rate)
     for t in range(STEPS):
-        msgs, ref_msgs = [], []
-        for a, r, s in zip(agents, ref_agents, streams, strict=True):
-            reading = Reading(f"{t}", s.X[t], float(t), float(s.y[t]))
-            msgs += a.on_reading(reading)[1]
-            ref_msgs += r.on_reading(reading)[1]
-        # the single aggregator
-        for m in ref_msgs:
-            for g in single.on_update(m.client, encode(m, cfg), now=0.0):
-                if g.kind.endswith(".global"):
-                    for r in ref_agents:
-                        r.on_global(decode(encode(g, cfg), cfg, kernel_version=r.kernel_version), now=0.0)
+        msgs, ref_msgs = read_step(agents, ref_agents, streams, t)
+        feed_single(single, ref_agents, ref_msgs, cfg)
         # the sharded path: updates spread over shards, shards flush at random moments
         rng.shuffle(msgs)
         got = []
@@ -184,17 +194,9 @@ def test_regional_shards_with_partials_in_any_order_are_bit_identical(fleet, mon
     red = ReducerCore(cfg, names, shards=[s.name for s in shards])
     steps, presummed_differs = 30, 0
     for t in range(steps):
-        msgs, ref_msgs = [], []
-        for a, r, s in zip(agents, ref_agents, streams, strict=True):
-            reading = Reading(f"{t}", s.X[t], float(t), float(s.y[t]))
-            msgs += a.on_reading(reading)[1]
-            ref_msgs += r.on_reading(reading)[1]
+        msgs, ref_msgs = read_step(agents, ref_agents, streams, t)
         rng.shuffle(ref_msgs)
-        for m in ref_msgs:
-            for g in single.on_update(m.client, encode(m, cfg), now=0.0):
-                if g.kind.endswith(".global"):
-                    for r in ref_agents:
-                        r.on_global(decode(encode(g, cfg), cfg, kernel_version=r.kernel_version), now=0.0)
+        feed_single(single, ref_agents, ref_msgs, cfg)
         rng.shuffle(msgs)
         for m in msgs:
             shards[region_of[m.client]].on_update(m.client, encode(m, cfg), now=0.0)
