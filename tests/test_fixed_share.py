@@ -1,4 +1,4 @@
-"""Fixed share (streamfed.algorithms.fedbnr_personal.fixed_share) against a plain transcription of its equations and
+"""Fixed share (streamfed.algorithms.fixed_share) against a plain transcription of its equations and
 hand-computed weights, and its regret bounds as properties."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfed.algorithms.fedbnr_personal.fixed_share import FixedShare, gaussian_log_density, mixture_moments
+from streamfed.algorithms.fixed_share import FixedShare, gaussian_log_density, mixture_moments
 
 
 def plain_fixed_share(densities: np.ndarray, alpha: float) -> tuple[list[np.ndarray], float]:

@@ -63,6 +63,10 @@ class FSGPParams(Params):
     # scale the predictive variance by a conformal factor of the client's own prequential residuals
     # (streamfed.algorithms.calibration): the 95% interval covers ~95%; the mean and every upload are unchanged
     calibrate: bool = True
+    # personalise (issue 34): predict with the fixed-share mixture of the fleet's posterior and the posterior of
+    # the client's own samples alone (both under the fleet's θ, σ, Z); uploads and globals are unchanged
+    personal: bool = True
+    switch_rate: float = Field(0.01, ge=0.0, lt=1.0)  # fixed share's α between the two experts
     reservoir: int = Field(256, ge=2)  # raw samples a client keeps for its local fit (never uploaded)
     fit_every: int = Field(128, ge=1)  # samples between local fits
     fit_steps: int = Field(10, ge=1)  # Adam steps per local fit
@@ -150,7 +154,8 @@ class FSGP(Algorithm):
             initial_hyper(cfg), jitter=p.jitter, min_upload=p.min_upload, client_id=client_id,
             learn_hyperparameters=p.learn_hyperparameters, reservoir=p.reservoir, fit_every=p.fit_every,
             fit_steps=p.fit_steps, learning_rate=p.learning_rate, seed=cfg.seed,
-            label_bound=cfg.robust.label_bound, z_box=inducing_box(cfg)))
+            label_bound=cfg.robust.label_bound, z_box=inducing_box(cfg), personal=p.personal,
+            switch_rate=p.switch_rate))
         return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
