@@ -180,11 +180,29 @@ class FSGPClient:
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
         x = _finite_input(x, self.hyper.d)
-        self._step(x, 0.0, -1, True)
         if not getattr(self, "personal", False):
+            self._step(x, 0.0, -1, True)
             return self._prediction()
+        cached = self._cached(x)
+        if cached is not None:  # the same x again, nothing learned since (an agent's predict, then learn)
+            return self._mixture(*cached)
+        self._step(x, 0.0, -1, True)
         self._step_own(x, 0.0, -1, True)
-        return self._mixture(self._prediction(), self._prediction_own())
+        glob, own = self._prediction(), self._prediction_own()
+        # learn(x, y, this prediction) next reuses both experts' predictions (same state, same x)
+        self._cache = (self.n, self.global_version, x.tobytes(), glob, own)
+        return self._mixture(glob, own)
+
+    def expert_predictions(self, x: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]]:
+        """`((mean, var) global, (mean, var) own)` at `x`: what the mixture of :meth:`predict` combines (without
+        personalisation both are the working posterior's)."""
+        x = _finite_input(x, self.hyper.d)
+        self._step(x, 0.0, -1, True)
+        glob = self._prediction()
+        if not getattr(self, "personal", False):
+            return glob, glob
+        self._step_own(x, 0.0, -1, True)
+        return glob, self._prediction_own()
 
     def mixture_weights(self) -> tuple[float, float]:
         """The weights of the experts `(global, own)`: the working posterior (the fleet's global with this
@@ -254,22 +272,14 @@ class FSGPClient:
         personal = getattr(self, "personal", False)
         self._hyp[2] = self.loss
         if personal:
-            # the own expert predicts first (its loss + error² checked, nothing learned): a failure leaves
-            # everything unchanged
-            self._hyp_own[2] = self.loss
-            self._step_own(x, y, -1, True)
-            own = self._prediction_own()
-        self._step(x, y, row, prediction is None or personal)  # raises before changing anything
-        if personal:
-            glob = self._prediction()
-            # the same k, y as the working update: it cannot fail where that did not
-            self._step_own(x, y, row, False)
-            # either expert's loss + error² is finite, so the mixture's (a convex combination) is too
-            pred = self._mixture(glob, own) if prediction is None else prediction
+            glob, own, pred = self._experts_before(x, y, prediction)  # checks everything; changes nothing
+            self._step(x, y, row, False)  # fails (changing nothing) only on y², k·y
+            self._step_own(x, y, row, False)  # the same k, y: cannot fail where that did not
             self.mix.update_floats((_log_density(y, *glob), _log_density(y, *own)))
             self.expert_loss[0] += (glob[0] - y) ** 2
             self.expert_loss[1] += (own[0] - y) ** 2
         else:
+            self._step(x, y, row, prediction is None)  # raises before changing anything
             pred = self._prediction() if prediction is None else prediction
         self._staged += 1
         self._staged_y2 += y * y
@@ -290,6 +300,32 @@ class FSGPClient:
             raise NonFiniteError("input contains a non-finite value")
         if status == 2:
             raise NonFiniteError("the target's square, the target times a feature or the running loss is not finite")
+
+    def _experts_before(self, x: np.ndarray, y: float, prediction: tuple[float, float] | None
+                        ) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+        """Both experts' predictions of `x` before `(x, y)` is learned (those :meth:`predict` just made, when
+        the caller passes its prediction back), and the published one; `NonFiniteError` if any running loss
+        would overflow. Changes nothing."""
+        cached = self._cached(x) if prediction is not None else None
+        if cached is not None:
+            glob, own = cached
+        else:
+            self._step_own(x, y, -1, True)
+            self._step(x, y, -1, True)
+            glob, own = self._prediction(), self._prediction_own()
+        pred = self._mixture(glob, own) if prediction is None else prediction
+        if not (math.isfinite(self.loss + (pred[0] - y) ** 2)
+                and math.isfinite(self.expert_loss[0] + (glob[0] - y) ** 2)
+                and math.isfinite(self.expert_loss[1] + (own[0] - y) ** 2)):
+            raise NonFiniteError("the running loss would overflow")
+        return glob, own, pred
+
+    def _cached(self, x: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """The experts' predictions :meth:`predict` made of this `x` in the current state, if it did."""
+        c = getattr(self, "_cache", None)
+        if c is not None and c[0] == self.n and c[1] == self.global_version and c[2] == x.tobytes():
+            return c[3], c[4]
+        return None
 
     def _step_own(self, x: np.ndarray, y: float, row: int, predict: bool) -> None:
         """The own-samples expert's step (its own factor; the staged row is the working posterior's)."""
