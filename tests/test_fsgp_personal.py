@@ -15,6 +15,7 @@ from streamfed.algorithms.base import NonFiniteError
 from streamfed.algorithms.fsgp import ALGORITHM
 from streamfed.algorithms.fsgp.client import FSGPClient
 from streamfed.algorithms.fsgp.kernels import Hyper
+from streamfed.algorithms.fsgp.messages import GlobalModel
 from streamfed.algorithms.fsgp.posterior import Stats
 from streamfed.algorithms.fsgp.server import FSGPServer
 from streamfed.fleet.config import FleetConfig
@@ -90,7 +91,7 @@ def run_two_clients(personal: bool, alpha: float = 0.05, n_a: int = 48, check=No
 
 def test_the_prediction_is_fixed_share_over_the_fleet_and_own_posteriors_written_out() -> None:
     alpha = 0.05
-    log_w = [math.log(0.5), math.log(0.5)]  # the plain fixed share, from uniform weights
+    log_w = [math.log(0.9), math.log(0.1)]  # the plain fixed share, from the own expert's prior weight 0.1
     prev: list[tuple[tuple[float, float], tuple[float, float]]] = []
 
     def check(a, t, Xb, yb, Xa_t, ya_t, x, pred):
@@ -149,7 +150,6 @@ def test_mixture_log_loss_is_within_the_fixed_share_bound_of_either_expert(seed:
     h = make_hyper(seed=seed % 7)
     c = FSGPClient(h, min_upload=4, learn_hyperparameters=False, personal=True, switch_rate=alpha)
     other = Stats.from_samples(plain_cov(h, *station(30, -shift, seed + 1)[:1], h.Z), station(30, -shift, seed + 1)[1])
-    from streamfed.algorithms.fsgp.messages import GlobalModel
     c.apply_global(GlobalModel(1, 0, h, other, {}))
     X, y = station(40, shift, seed)
     loss = [0.0, 0.0]
@@ -160,8 +160,21 @@ def test_mixture_log_loss_is_within_the_fixed_share_bound_of_either_expert(seed:
         c.learn(x, float(t))
     wg, wo = c.mixture_weights()
     assert wg + wo == pytest.approx(1.0) and min(wg, wo) >= alpha / 2 * (1 - 1e-9)
-    slack = math.log(2) + len(y) * -math.log1p(-alpha) + 1e-9
-    assert c.mix.loss <= min(loss) + slack
+    # from weights (0.9, 0.1): log(1/w₁) of each expert in place of log 2
+    assert c.mix.loss <= loss[0] + math.log(1 / 0.9) + len(y) * -math.log1p(-alpha) + 1e-9
+    assert c.mix.loss <= loss[1] + math.log(1 / 0.1) + len(y) * -math.log1p(-alpha) + 1e-9
+
+
+def test_a_client_joining_a_running_fleet_predicts_mostly_with_the_fleets_posterior() -> None:
+    h = make_hyper()
+    X, y = station(60, 0.0, 5)
+    g = GlobalModel(1, 0, h, Stats.from_samples(plain_cov(h, X, h.Z), y), {})
+    c = FSGPClient(h, learn_hyperparameters=False, personal=True)
+    c.apply_global(g)
+    x = np.array([0.3, -0.2])
+    fleet = plain_predictive(h, X, y, x)
+    assert c.mixture_weights() == pytest.approx((0.9, 0.1))
+    assert c.predict(x)[0] == pytest.approx(0.9 * fleet[0], rel=1e-9)  # the own expert: the prior's mean 0
 
 
 def test_a_bad_sample_changes_nothing_in_a_personalised_client() -> None:

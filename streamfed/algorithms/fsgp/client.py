@@ -36,8 +36,9 @@ from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
 from streamfed.core.durable import durable
 
-__all__ = ["STAGE_ROWS", "FSGPClient", "finite_target"]
+__all__ = ["OWN_PRIOR_WEIGHT", "STAGE_ROWS", "FSGPClient", "finite_target"]
 
+OWN_PRIOR_WEIGHT = 0.1  # the own-samples expert's initial mixture weight (personalised clients)
 STAGE_ROWS = 32  # samples staged before they join the sums: one (32×M)ᵀ(32×M) product instead of 32 outer products
 
 
@@ -152,7 +153,9 @@ class FSGPClient:
         # fixed-share weights of the two experts [global, own] on the client's own prequential densities
         self.personal = bool(personal)
         self.own_post = SparsePosterior(hyper, Stats.zeros(m, self.epoch), self.jitter)
-        self.mix = FixedShare(2, switch_rate)
+        # from (0.9, 0.1): a client joining a running fleet predicts with the fleet's posterior until its own
+        # samples earn their weight (its own expert is the bare prior at first); log 10 nats of regret, once
+        self.mix = FixedShare(2, switch_rate, prior=np.array([1.0 - OWN_PRIOR_WEIGHT, OWN_PRIOR_WEIGHT]))
         self.expert_loss = [0.0, 0.0]  # each expert's prequential squared loss (diagnostics)
         self._hyp_own = np.zeros(3)
         self._out_own = np.empty(2)
