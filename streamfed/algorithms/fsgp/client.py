@@ -373,7 +373,6 @@ class FSGPClient:
         """The per-sample path's arrays from `hyper` and the working posterior (after either changed):
         `U_C = L_Cᵀ`, and `Rₐ = [[L_Bᵀ, u], [0, ρ]]` with `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`."""
         h, post = self.hyper, self.post
-        m = h.m
         self._Z = np.ascontiguousarray(h.Z)
         self._inv_ls = np.exp(-h.log_ls)
         self._kind = KIND_CODES[h.kind]
