@@ -206,3 +206,20 @@ def test_the_default_learner_is_personalised_and_reports_its_weights() -> None:
     off = ALGORITHM.learner(FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2,
                                         params={"n_inducing": 6, "personal": False}), "a", 0)
     assert "mixture_weight_own" not in off.diagnostics()
+
+
+def test_local_fits_run_at_doubling_intervals_up_to_the_cap() -> None:
+    h = make_hyper()
+    c = FSGPClient(h, min_upload=4, fit_every=4, fit_every_max=16, fit_steps=1)
+    X, y = station(70, 0.0, 6)
+    at = []
+    for t, (x, v) in enumerate(zip(X, y, strict=True), start=1):
+        before = c.n_fits
+        c.learn(x, float(v))
+        if c.n_fits > before:
+            at.append(t)
+    assert at == [4, 12, 28, 44, 60]  # intervals 4, 8, 16, then 16 (the cap)
+    const = FSGPClient(h, min_upload=4, fit_every=4, fit_steps=1)  # no cap given: every fit_every samples
+    for x, v in zip(X[:20], y[:20], strict=True):
+        const.learn(x, float(v))
+    assert const.n_fits == 5

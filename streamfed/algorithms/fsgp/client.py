@@ -8,7 +8,7 @@ A client keeps, all under the current version's `(θ, σ, Z)`:
   one compiled call (:mod:`._kernels`) predicts and makes the rank-one update of its augmented Cholesky
   factor (`O(M²)`), and stages the sample's `[k, y]` row, which joins the sums `STAGE_ROWS` rows at a time;
 * a bounded reservoir of raw samples (Vitter's algorithm R), which never leaves the device: every
-  `fit_every` samples it runs a few Adam steps on Titsias' bound from the global's hyperparameters
+  `fit_every` samples (the interval doubling up to `fit_every_max`) it runs a few Adam steps on Titsias' bound from the global's hyperparameters
   (FedAvg's local update) and attaches the result to its next upload as a proposal.
 
 A global of a newer version `(θ', σ', Z')` carries everything the client holds to the new inducing inputs
@@ -102,6 +102,7 @@ class FSGPClient:
     def __init__(self, hyper: Hyper, *, epoch: int = 0, jitter: float = 1e-6, min_upload: int = 32,
                  client_id: str = "client", learn_hyperparameters: bool = True, reservoir: int = 256,
                  fit_every: int = 128, fit_steps: int = 10, learning_rate: float = 0.05, seed: int = 0,
+                 fit_every_max: int | None = None,
                  label_bound: float | None = None, z_box: float | None = None, personal: bool = False,
                  switch_rate: float = 0.01) -> None:
         if min_upload < 1 or reservoir < 1 or fit_every < 1 or fit_steps < 1:
@@ -113,6 +114,9 @@ class FSGPClient:
         self.client_id = str(client_id)
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.fit_every, self.fit_steps, self.learning_rate = int(fit_every), int(fit_steps), float(learning_rate)
+        # fits at n = f, 3f, 7f, …: the interval doubles from fit_every up to fit_every_max (None: constant)
+        self.fit_every_max = max(self.fit_every, int(fit_every_max if fit_every_max is not None else fit_every))
+        self._fit_interval, self._next_fit = self.fit_every, self.fit_every
         # the aggregator's declared bounds (docs/algorithms.md §6.13): carried pending statistics are clamped to
         # them, local fits keep Z within the box
         self.label_bound = None if label_bound is None else float(label_bound)
@@ -292,7 +296,7 @@ class FSGPClient:
         self.n += 1
         self.loss += (pred[0] - y) ** 2
         self._keep(x, y)
-        if self.learn_hyperparameters and self.n % self.fit_every == 0:
+        if self.learn_hyperparameters and self._fit_due():
             self.fit()
         return pred
 
@@ -409,6 +413,17 @@ class FSGPClient:
     def _gap(self) -> int:
         w = min(self._w_keep, 1.0 - 1e-16)
         return int(math.log(self._uniform()) / math.log1p(-w)) + 1
+
+    def _fit_due(self) -> bool:
+        """Whether the local fit runs now (after sample `n`), moving the schedule on when it does."""
+        nxt = getattr(self, "_next_fit", None)
+        if nxt is None:  # state from before the growing schedule: every fit_every samples
+            return self.n % self.fit_every == 0
+        if self.n < nxt:
+            return False
+        self._fit_interval = min(2 * self._fit_interval, self.fit_every_max)
+        self._next_fit = nxt + self._fit_interval
+        return True
 
     def fit(self) -> bool:
         """FedAvg's local update: Adam on Titsias' bound over the reservoir, from the current version's
