@@ -104,6 +104,8 @@ class FixedShare:
         k = self.n_experts
         if len(log_p) != k:
             raise ValueError(f"expected {k} log densities, got {len(log_p)}")
+        if k == 2 and self.switch_rate > 0.0:
+            return self._update_pair(float(log_p[0]), float(log_p[1]))
         joint = [w + (v if math.isfinite(v) else -math.inf)
                  for w, v in zip(self.log_weights.tolist(), map(float, log_p), strict=True)]
         top = max(joint)
@@ -126,6 +128,30 @@ class FixedShare:
         self.log_weights = np.array([v - norm for v in new])
         self.loss -= log_mix
         return -log_mix
+
+    def _update_pair(self, lp0: float, lp1: float) -> float:
+        """:meth:`update_floats` written out for two experts and `α > 0` (scalars only)."""
+        lw = self.log_weights
+        j0 = float(lw[0]) + (lp0 if math.isfinite(lp0) else -math.inf)
+        j1 = float(lw[1]) + (lp1 if math.isfinite(lp1) else -math.inf)
+        top, lo = (j0, j1) if j0 >= j1 else (j1, j0)
+        if top == -math.inf:
+            raise ValueError("no expert has a finite predictive density")
+        log_mix = top + math.log1p(math.exp(lo - top))
+        a = self.switch_rate
+        share = math.log(a) - math.log(2.0)
+        keep0 = math.log1p(-a) - log_mix
+        n0, n1 = _log_add(keep0 + j0, share), _log_add(keep0 + j1, share)
+        norm = _log_add(n0, n1)
+        lw[0], lw[1] = n0 - norm, n1 - norm
+        self.loss -= log_mix
+        return -log_mix
+
+
+def _log_add(u: float, v: float) -> float:
+    """`log(eᵘ + eᵛ)`."""
+    hi, lo = (u, v) if u >= v else (v, u)
+    return hi + math.log1p(math.exp(lo - hi))
 
 
 def _log_sum_exp_shifted(values: list[float], top: float) -> float:

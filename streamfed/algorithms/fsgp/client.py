@@ -7,9 +7,12 @@ A client keeps, all under the current version's `(θ, σ, Z)`:
 * a working posterior `global + unacked + pending` (:class:`~.posterior.SparsePosterior`); per sample,
   one compiled call (:mod:`._kernels`) predicts and makes the rank-one update of its augmented Cholesky
   factor (`O(M²)`), and stages the sample's `[k, y]` row, which joins the sums `STAGE_ROWS` rows at a time;
-* a bounded reservoir of raw samples (Vitter's algorithm R), which never leaves the device: every
-  `fit_every` samples (the interval doubling up to `fit_every_max`) it runs a few Adam steps on Titsias' bound from the global's hyperparameters
-  (FedAvg's local update) and attaches the result to its next upload as a proposal.
+* a bounded reservoir of raw samples (Vitter's algorithm R), which never leaves the device: after
+  `fit_every` samples, then at intervals doubling up to `fit_every_max`, it runs a few Adam steps on Titsias'
+  bound from the global's hyperparameters (FedAvg's local update) and attaches the result to its next upload
+  as a proposal;
+* personalised (`personal`): the statistics of its own samples alone, and the fixed-share weights of two
+  experts, the working posterior and its own samples' posterior (:meth:`FSGPClient.mixture_weights`).
 
 A global of a newer version `(θ', σ', Z')` carries everything the client holds to the new inducing inputs
 by the projection of Bui et al. (:mod:`.projection`) — pending and unacked statistics — so no statistics
