@@ -193,15 +193,17 @@ class FSGPClient:
         if not getattr(self, "personal", False):
             self._step(x, 0.0, -1, True)
             return self._prediction()
-        cached = self._cached(x)
-        if cached is not None:  # the same x again, nothing learned since (an agent's predict, then learn)
-            return self._mixture(*cached)
+        c = getattr(self, "_cache", None)
+        key = x.tobytes()
+        if c is not None and c[0] == self.n and c[1] == self.global_version and c[2] == key:
+            return c[5]  # the same x again, nothing learned since (an agent's predict, then learn)
         self._step(x, 0.0, -1, True)
         self._step_own(x, 0.0, -1, True)
         glob, own = self._prediction(), self._prediction_own()
+        mix = self._mixture(glob, own)
         # learn(x, y, this prediction) next reuses both experts' predictions (same state, same x)
-        self._cache = (self.n, self.global_version, x.tobytes(), glob, own)
-        return self._mixture(glob, own)
+        self._cache = (self.n, self.global_version, key, glob, own, mix)
+        return mix
 
     def expert_predictions(self, x: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]]:
         """`((mean, var) global, (mean, var) own)` at `x`: what the mixture of :meth:`predict` combines (without
@@ -221,13 +223,15 @@ class FSGPClient:
         prequential Gaussian densities of each. `(1, 0)` when the client is not personalised."""
         if not getattr(self, "personal", False):
             return 1.0, 0.0
-        w = self.mix.weights
-        return float(w[0]), float(w[1])
+        lw = self.mix.log_weights
+        wg = 1.0 / (1.0 + math.exp(min(float(lw[1] - lw[0]), 700.0)))
+        return wg, 1.0 - wg
 
     def _mixture(self, g: tuple[float, float], o: tuple[float, float]) -> tuple[float, float]:
         """The mixture's mean and exact variance (within-expert variance plus the spread of the means)."""
-        lw = self.mix.log_weights
-        wg = 1.0 / (1.0 + math.exp(min(float(lw[1] - lw[0]), 700.0)))
+        wg = getattr(self, "_w_global", None)
+        if wg is None:
+            wg = self._w_global = self.mixture_weights()[0]
         wo = 1.0 - wg
         mean = wg * g[0] + wo * o[0]
         var = wg * (g[1] + (g[0] - mean) ** 2) + wo * (o[1] + (o[0] - mean) ** 2)
@@ -286,6 +290,8 @@ class FSGPClient:
             self._step(x, y, row, False)  # fails (changing nothing) only on y², k·y
             self._step_own(x, y, row, False)  # the same k, y: cannot fail where that did not
             self.mix.update_floats((_log_density(y, *glob), _log_density(y, *own)))
+            lw = self.mix.log_weights
+            self._w_global = 1.0 / (1.0 + math.exp(min(float(lw[1] - lw[0]), 700.0)))
             self.expert_loss[0] += (glob[0] - y) ** 2
             self.expert_loss[1] += (own[0] - y) ** 2
         else:
