@@ -223,3 +223,24 @@ def test_local_fits_run_at_doubling_intervals_up_to_the_cap() -> None:
     for x, v in zip(X[:20], y[:20], strict=True):
         const.learn(x, float(v))
     assert const.n_fits == 5
+
+
+def test_mixture_weights_reach_prometheus_as_learner_values() -> None:
+    from prometheus_client import generate_latest
+
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.sources import Reading
+    from streamfed.runtime.exporter import StreamfedCollector, make_registry
+
+    cfg = FleetConfig(fleet="fs", algorithm="fsgp", n_inputs=2, standardise="none",
+                      params={"n_inducing": 6, "min_upload": 4, "learn_hyperparameters": False})
+    agent = AgentCore(cfg, "a0", 0)
+    X, y = station(40, 0.5, 7)
+    for t, (x, v) in enumerate(zip(X, y, strict=True)):
+        agent.on_reading(Reading(f"r{t}", x, float(t), float(v)), now=0.0)
+    agent.stats.update_from_learner(agent.learner)
+    w = agent.stats.learner_values
+    assert w["mixture_weight_global"] + w["mixture_weight_own"] == pytest.approx(1.0, abs=1e-12)
+    text = generate_latest(make_registry(StreamfedCollector([agent.stats]))).decode()
+    for name in ("mixture_weight_global", "mixture_weight_own", "expert_mse_own"):
+        assert f'streamfed_agent_learner_value{{client="a0",fleet="fs",name="{name}"}}' in text
