@@ -49,7 +49,8 @@ class FSGPParams(Params):
     """
 
     kernel: Literal["se", "matern32", "matern52"] = "se"
-    # M; 32 kept by issue 34: no M in 32–256 makes federated beat local-only on Beijing (docs/results.md)
+    # M; 32 kept by issue 34: no M in 32–256 makes the fleet's posterior beat local-only on Beijing, the
+    # personalised predictive (`personal`) does at 32 (docs/results.md)
     n_inducing: int = Field(32, ge=1, le=1024)
     amplitude: float = Field(1.0, gt=0, allow_inf_nan=False)  # initial a
     # initial ℓ_d, every input; None: √(2d), the scale of distances between standardised inputs (as the
