@@ -134,6 +134,7 @@ def main() -> None:
         print(render(data))
         return
     cost = measure_cost(beijing, cost_steps)
+    cost_load = os.getloadavg()
 
     streams: dict[str, Fleet] = {"Beijing (stations)": beijing,
                                  "Beijing (mixed)": load_beijing(normalisation="online", split="mixed", steps=steps)}
@@ -149,7 +150,7 @@ def main() -> None:
                                                                f" --steps {steps} --seeds {args.seeds}"),
             "wall_s": time.perf_counter() - t_start, "load": os.getloadavg(), "steps": steps,
             "cost_steps": cost_steps, "seeds": seeds, "stations": list(beijing.names), "cost": cost,
-            "cost_load": os.getloadavg(),
+            "cost_load": cost_load,
             "results": results}
     if args.out:
         args.out.with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
