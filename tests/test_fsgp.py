@@ -790,7 +790,8 @@ def test_over_mosquitto_equals_the_centralised_sparse_gp(mosquitto_dev) -> None:
 
     fleet = synthetic_fleet(3, 60, 2, seed=21)
     names = [f"c{i}" for i in range(3)]
-    cfg = fixed_cfg(2, fleet="fsgp-mqtt", calibrate=False)  # the model's own variance, not the conformal scale's
+    # the model's own variance, not the conformal scale's; the fleet's posterior, not the personalised mixture
+    cfg = fixed_cfg(2, fleet="fsgp-mqtt", calibrate=False, personal=False)
 
     async def main():
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05),
