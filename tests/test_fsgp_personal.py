@@ -244,3 +244,16 @@ def test_mixture_weights_reach_prometheus_as_learner_values() -> None:
     text = generate_latest(make_registry(StreamfedCollector([agent.stats]))).decode()
     for name in ("mixture_weight_global", "mixture_weight_own", "expert_mse_own"):
         assert f'streamfed_agent_learner_value{{client="a0",fleet="fs",name="{name}"}}' in text
+
+
+def test_batch_predictions_are_the_per_sample_mixture() -> None:
+    h = make_hyper()
+    c = FSGPClient(h, min_upload=4, learn_hyperparameters=False, personal=True)
+    X, y = station(45, 0.7, 8)
+    for x, t in zip(X, y, strict=True):
+        c.learn(x, float(t))
+    Xs = np.random.default_rng(9).uniform(-2, 2, (5, 2))
+    mean, var = c.predict_many(Xs)
+    one = np.array([c.predict(x) for x in Xs])
+    np.testing.assert_allclose(mean, one[:, 0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(var, one[:, 1], rtol=1e-9)
