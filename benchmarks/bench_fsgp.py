@@ -137,7 +137,9 @@ def streaming(X: np.ndarray, y: np.ndarray, parts: list[np.ndarray], m: int, see
         o = rng.permutation(p)
         streams.append(ClientStream(f"c{c}", X[o], y[o], tuple(f"x{j}" for j in range(X.shape[1]))))
     fleet = Fleet(tuple(streams), dataset="paper-1d", normalisation="none", split="random", seed=seed)
-    acfg = AlgorithmConfig(params={"fsgp": {"n_inducing": m, "min_upload": 16, "fit_every": 32, "fit_steps": 10,
+    # a local fit every 32 samples, as the paper's rounds (fit_every_max: no doubling of the interval)
+    acfg = AlgorithmConfig(params={"fsgp": {"n_inducing": m, "min_upload": 16, "fit_every": 32, "fit_every_max": 32,
+                                            "fit_steps": 10,
                                             "reservoir": 256, "lengthscale": 1.0, "sigma": 0.5,
                                             "min_proposal_weight": 64.0, "learning_rate": 0.05}})
     result = replay(fleet, "fsgp", acfg, seed=seed)

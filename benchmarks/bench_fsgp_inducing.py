@@ -5,10 +5,12 @@
     .venv/bin/python benchmarks/bench_fsgp_inducing.py --render RUN.json [RUN2.json ...] --out PATH.md
 
 * Accuracy: the 12 Beijing stations (`normalisation="online"`, every client its station, the first `--steps`
-  samples each) through `streamfed.evaluation.replay.replay`, for every M: `fsgp` (one shared sparse GP,
-  federated) and `fsgp-local` (its replay variant: every station its own server, nothing shared), all other
-  settings FSGP's defaults. Prequential MSE (each step predicted before it is learned) per station and pooled
-  over the fleet, NLPD and 95% coverage pooled; mean over seeds.
+  samples each) through `streamfed.evaluation.replay.replay`, for every M: `fsgp` (federated, on its defaults:
+  since issue 34 personalised, the fixed-share mixture of the shared sparse GP and the station's own posterior;
+  the figures in benchmarks/results/fsgp_inducing.md predate that and are the shared GP alone) and `fsgp-local`
+  (its replay variant: every station its own server, nothing shared), all other settings FSGP's defaults.
+  Prequential MSE (each step predicted before it is learned) per station and pooled over the fleet, NLPD and
+  95% coverage pooled; mean over seeds.
 * Cost: µs per sample of an `FSGPLearner` (`predict(x)` then `learn(x, y)`, as an agent calls them; local
   hyperparameter fits and uploads included, amortised) over the same stations' first `--cost-steps` samples,
   every M timed in turn in the same process, the best of 3 rounds; the ratio to the peer, FSGP at M = 32,
@@ -158,8 +160,8 @@ def render(runs: list[dict[str, Any]]) -> str:
                          + (f" ({run['wall_s']:.0f} s)" if "wall_s" in run else "") for run in runs)
     lines = [f"# FSGP: inducing inputs M on Beijing, federated against local-only ({steps} steps, 12 stations)", "",
              f"Command: {commands}. The 12 Beijing stations (online normalisation, every client its station, the first "
-             f"{steps} samples each) replayed by `fsgp` (one shared sparse GP) and `fsgp-local` (every station its "
-             "own server) at each M, every other setting FSGP's default; prequential MSE per station and pooled, "
+             f"{steps} samples each) replayed by `fsgp` (FSGP's federated default) and `fsgp-local` (every station "
+             "its own server) at each M, every other setting FSGP's default; prequential MSE per station and pooled, "
              f"seeds {', '.join(map(str, seeds))}. Cost: µs per sample of an `FSGPLearner`'s `predict` then `learn` "
              "(local fits amortised: the mean; a sample without a fit: the median), as a ratio to M = 32 timed in "
              "the same run.", "",

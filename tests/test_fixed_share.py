@@ -1,4 +1,4 @@
-"""Fixed share (streamfed.algorithms.fedbnr_personal.fixed_share) against a plain transcription of its equations and
+"""Fixed share (streamfed.algorithms.fixed_share) against a plain transcription of its equations and
 hand-computed weights, and its regret bounds as properties."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfed.algorithms.fedbnr_personal.fixed_share import FixedShare, gaussian_log_density, mixture_moments
+from streamfed.algorithms.fixed_share import FixedShare, gaussian_log_density, mixture_moments
 
 
 def plain_fixed_share(densities: np.ndarray, alpha: float) -> tuple[list[np.ndarray], float]:
@@ -139,3 +139,19 @@ def test_a_switch_rate_whose_share_underflows_still_gives_finite_weights() -> No
     fs = FixedShare(2, 5e-324)  # α/K underflows to 0; log α does not
     fs.update(np.array([0.0, -800.0]))
     assert np.all(np.isfinite(fs.log_weights)) and fs.weights[1] > 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), alpha=st.sampled_from([0.0, 0.01, 0.3, 0.9]))
+def test_update_floats_is_update_in_python_floats(seed: int, k: int, alpha: float) -> None:
+    rng = np.random.default_rng(seed)
+    prior = rng.uniform(0.1, 1.0, k)
+    a, b = FixedShare(k, alpha, prior=prior), FixedShare(k, alpha, prior=prior)
+    for _ in range(50):
+        lp = rng.normal(0.0, 20.0, k)
+        if k > 1 and rng.random() < 0.1:
+            lp[rng.integers(k)] = -np.inf  # an expert with density 0
+        assert a.update(lp) == pytest.approx(b.update_floats(list(lp)), rel=1e-12, abs=1e-12)
+        np.testing.assert_allclose(np.exp(a.log_weights), np.exp(b.log_weights), rtol=1e-12, atol=1e-300)
+    with pytest.raises(ValueError):
+        b.update_floats([-np.inf] * k)

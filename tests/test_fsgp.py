@@ -373,7 +373,9 @@ def test_through_the_codec_and_the_cores_equals_centralised() -> None:
     """Agent cores → encoded updates (some twice, shuffled) → aggregator core → the global every agent
     installs: the centralised sparse GP of every uploaded sample."""
     fleet = synthetic_fleet(3, 47, 2, seed=6)
-    cfg = fixed_cfg(2, calibrate=False)  # the model's own variance against the oracle's (no conformal scale)
+    # the model's own variance against the oracle's (no conformal scale); the fleet's posterior itself, not the
+    # personalised mixture (tests/test_fsgp_personal.py checks that)
+    cfg = fixed_cfg(2, calibrate=False, personal=False)
     names = list(fleet.names)
     agg = AggregatorCore(cfg, clients=names, mode="async", window=0.0)
     agents = [AgentCore(cfg, nm, i) for i, nm in enumerate(names)]
@@ -413,7 +415,7 @@ def test_through_the_codec_and_the_cores_equals_centralised() -> None:
 def test_shards_and_a_reducer_equal_centralised() -> None:
     """Fixed hyperparameters: two shards (one update in two reaches both, a resend) and a reducer."""
     fleet = synthetic_fleet(3, 35, 2, seed=8)
-    cfg = fixed_cfg(2, fleet="fsgp-shards")
+    cfg = fixed_cfg(2, fleet="fsgp-shards", personal=False)  # the fleet's posterior (not the personal mixture)
     names = list(fleet.names)
     shards = [ShardCore(cfg, f"s{i}", clients=names, mode="async") for i in range(2)]
     reducer = ReducerCore(cfg, clients=names, mode="async", window=3600.0)
@@ -445,7 +447,7 @@ def test_shards_and_a_reducer_equal_centralised() -> None:
 
 def test_replay_equals_centralised_and_learning_runs() -> None:
     fleet = synthetic_fleet(3, 95, 2, seed=2)
-    acfg = AlgorithmConfig(params={"fsgp": FIXED})
+    acfg = AlgorithmConfig(params={"fsgp": {**FIXED, "personal": False}})  # the fleet's posterior itself
     result = replay(fleet, "fsgp", acfg, seed=5)
     arr = result.arrangement
     assert arr is not None and int(result.rejected.sum()) == 0
@@ -788,7 +790,8 @@ def test_over_mosquitto_equals_the_centralised_sparse_gp(mosquitto_dev) -> None:
 
     fleet = synthetic_fleet(3, 60, 2, seed=21)
     names = [f"c{i}" for i in range(3)]
-    cfg = fixed_cfg(2, fleet="fsgp-mqtt", calibrate=False)  # the model's own variance, not the conformal scale's
+    # the model's own variance, not the conformal scale's; the fleet's posterior, not the personalised mixture
+    cfg = fixed_cfg(2, fleet="fsgp-mqtt", calibrate=False, personal=False)
 
     async def main():
         agg = AggregatorService(AggregatorCore(cfg, clients=names, mode="async", window=0.05),

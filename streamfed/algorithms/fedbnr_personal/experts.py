@@ -28,9 +28,9 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr.metrics import PrequentialMetrics
 from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
-from streamfed.algorithms.fedbnr_personal.fixed_share import FixedShare, gaussian_log_density, mixture_moments
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal, HierUpload
 from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
+from streamfed.algorithms.fixed_share import FixedShare, gaussian_log_density, mixture_moments
 from streamfed.core.durable import durable
 from streamfed.core.features import FeatureMap
 from streamfed.core.stats import SufficientStats

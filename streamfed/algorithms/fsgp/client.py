@@ -7,9 +7,12 @@ A client keeps, all under the current version's `(θ, σ, Z)`:
 * a working posterior `global + unacked + pending` (:class:`~.posterior.SparsePosterior`); per sample,
   one compiled call (:mod:`._kernels`) predicts and makes the rank-one update of its augmented Cholesky
   factor (`O(M²)`), and stages the sample's `[k, y]` row, which joins the sums `STAGE_ROWS` rows at a time;
-* a bounded reservoir of raw samples (Vitter's algorithm R), which never leaves the device: every
-  `fit_every` samples it runs a few Adam steps on Titsias' bound from the global's hyperparameters
-  (FedAvg's local update) and attaches the result to its next upload as a proposal.
+* a bounded reservoir of raw samples (Vitter's algorithm R), which never leaves the device: after
+  `fit_every` samples, then at intervals doubling up to `fit_every_max`, it runs a few Adam steps on Titsias'
+  bound from the global's hyperparameters (FedAvg's local update) and attaches the result to its next upload
+  as a proposal;
+* personalised (`personal`): the statistics of its own samples alone, and the fixed-share weights of two
+  experts, the working posterior and its own samples' posterior (:meth:`FSGPClient.mixture_weights`).
 
 A global of a newer version `(θ', σ', Z')` carries everything the client holds to the new inducing inputs
 by the projection of Bui et al. (:mod:`.projection`) — pending and unacked statistics — so no statistics
@@ -26,6 +29,7 @@ import numpy as np
 from scipy.linalg import cho_solve
 
 from streamfed.algorithms.base import NonFiniteError
+from streamfed.algorithms.fixed_share import FixedShare
 from streamfed.algorithms.fsgp._compiled import kern
 from streamfed.algorithms.fsgp.declared import clamp_to_declared
 from streamfed.algorithms.fsgp.elbo import fit_hyper
@@ -35,8 +39,9 @@ from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
 from streamfed.core.durable import durable
 
-__all__ = ["STAGE_ROWS", "FSGPClient", "finite_target"]
+__all__ = ["OWN_PRIOR_WEIGHT", "STAGE_ROWS", "FSGPClient", "finite_target"]
 
+OWN_PRIOR_WEIGHT = 0.1  # the own-samples expert's initial mixture weight (personalised clients)
 STAGE_ROWS = 32  # samples staged before they join the sums: one (32×M)ᵀ(32×M) product instead of 32 outer products
 
 
@@ -49,6 +54,24 @@ def _finite_input(x: np.ndarray, d: int) -> np.ndarray:
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("input contains a non-finite value")
     return x
+
+
+def _log_density(y: float, mean: float, var: float) -> float:
+    return -0.5 * (math.log(2.0 * math.pi * var) + (y - mean) ** 2 / var)
+
+
+def _augmented_factor(post: SparsePosterior, what: str) -> np.ndarray:
+    """`Rₐ = [[L_Bᵀ, u], [0, ρ]]` of a posterior (:mod:`._kernels`): `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`."""
+    h, m = post.hyper, post.hyper.m
+    L_B = post.L_B
+    ra = np.zeros((m + 1, m + 1))
+    ra[:m, :m] = L_B.T
+    u = lower_solve(L_B, post.stats.r) / h.noise_var
+    ra[:m, m] = u
+    ra[m, m] = math.sqrt(max(post.stats.q / h.noise_var - float(u @ u), 0.0))
+    if not np.all(np.isfinite(ra)):
+        raise NonFiniteError(f"{what} factor is not finite")
+    return ra
 
 
 def finite_target(y: float) -> float:
@@ -82,7 +105,9 @@ class FSGPClient:
     def __init__(self, hyper: Hyper, *, epoch: int = 0, jitter: float = 1e-6, min_upload: int = 32,
                  client_id: str = "client", learn_hyperparameters: bool = True, reservoir: int = 256,
                  fit_every: int = 128, fit_steps: int = 10, learning_rate: float = 0.05, seed: int = 0,
-                 label_bound: float | None = None, z_box: float | None = None) -> None:
+                 fit_every_max: int | None = None,
+                 label_bound: float | None = None, z_box: float | None = None, personal: bool = False,
+                 switch_rate: float = 0.01) -> None:
         if min_upload < 1 or reservoir < 1 or fit_every < 1 or fit_steps < 1:
             raise ValueError("min_upload, reservoir, fit_every and fit_steps must be >= 1")
         self.hyper = hyper
@@ -92,6 +117,9 @@ class FSGPClient:
         self.client_id = str(client_id)
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.fit_every, self.fit_steps, self.learning_rate = int(fit_every), int(fit_steps), float(learning_rate)
+        # fits at n = f, 3f, 7f, …: the interval doubles from fit_every up to fit_every_max (None: constant)
+        self.fit_every_max = max(self.fit_every, int(fit_every_max if fit_every_max is not None else fit_every))
+        self._fit_interval, self._next_fit = self.fit_every, self.fit_every
         # the aggregator's declared bounds (docs/algorithms.md §6.13): carried pending statistics are clamped to
         # them, local fits keep Z within the box
         self.label_bound = None if label_bound is None else float(label_bound)
@@ -128,6 +156,16 @@ class FSGPClient:
         self._Z0 = np.ascontiguousarray(hyper.Z)
         self._inv_ls0 = np.exp(-hyper.log_ls)
         self._a2_0, self._kind0 = hyper.amplitude ** 2, KIND_CODES[hyper.kind]
+        # personalisation (:meth:`mixture_weights`): every own sample under the current version, and the
+        # fixed-share weights of the two experts [global, own] on the client's own prequential densities
+        self.personal = bool(personal)
+        self.own_post = SparsePosterior(hyper, Stats.zeros(m, self.epoch), self.jitter)
+        # from (0.9, 0.1): a client joining a running fleet predicts with the fleet's posterior until its own
+        # samples earn their weight (its own expert is the bare prior at first); log 10 nats of regret, once
+        self.mix = FixedShare(2, switch_rate, prior=np.array([1.0 - OWN_PRIOR_WEIGHT, OWN_PRIOR_WEIGHT]))
+        self.expert_loss = [0.0, 0.0]  # each expert's prequential squared loss (diagnostics)
+        self._hyp_own = np.zeros(3)
+        self._out_own = np.empty(2)
         self._sync()
 
     # ------------------------------------------------------------------ reading
@@ -152,8 +190,54 @@ class FSGPClient:
 
     def predict(self, x: np.ndarray) -> tuple[float, float]:
         x = _finite_input(x, self.hyper.d)
+        if not getattr(self, "personal", False):
+            self._step(x, 0.0, -1, True)
+            return self._prediction()
+        c = getattr(self, "_cache", None)
+        key = x.tobytes()
+        if c is not None and c[0] == self.n and c[1] == self.global_version and c[2] == key:
+            return c[5]  # the same x again, nothing learned since (an agent's predict, then learn)
         self._step(x, 0.0, -1, True)
-        return self._prediction()
+        self._step_own(x, 0.0, -1, True)
+        glob, own = self._prediction(), self._prediction_own()
+        mix = self._mixture(glob, own)
+        # learn(x, y, this prediction) next reuses both experts' predictions (same state, same x)
+        self._cache = (self.n, self.global_version, key, glob, own, mix)
+        return mix
+
+    def expert_predictions(self, x: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]]:
+        """`((mean, var) global, (mean, var) own)` at `x`: what the mixture of :meth:`predict` combines (without
+        personalisation both are the working posterior's)."""
+        x = _finite_input(x, self.hyper.d)
+        self._step(x, 0.0, -1, True)
+        glob = self._prediction()
+        if not getattr(self, "personal", False):
+            return glob, glob
+        self._step_own(x, 0.0, -1, True)
+        return glob, self._prediction_own()
+
+    def mixture_weights(self) -> tuple[float, float]:
+        """The weights of the experts `(global, own)`: the working posterior (the fleet's global with this
+        client's samples not in it yet) and the posterior of this client's own samples alone, both under the
+        current `(θ, σ, Z)` — fixed share (:mod:`streamfed.algorithms.fixed_share`) on this client's
+        prequential Gaussian densities of each. `(1, 0)` when the client is not personalised."""
+        if not getattr(self, "personal", False):
+            return 1.0, 0.0
+        lw = self.mix.log_weights
+        wg = 1.0 / (1.0 + math.exp(min(float(lw[1] - lw[0]), 700.0)))
+        return wg, 1.0 - wg
+
+    def _mixture(self, g: tuple[float, float], o: tuple[float, float]) -> tuple[float, float]:
+        """The mixture's mean and exact variance (within-expert variance plus the spread of the means)."""
+        wg = getattr(self, "_w_global", None)
+        if wg is None:
+            wg = self._w_global = self.mixture_weights()[0]
+        wo = 1.0 - wg
+        mean = wg * g[0] + wo * o[0]
+        var = wg * (g[1] + (g[0] - mean) ** 2) + wo * (o[1] + (o[0] - mean) ** 2)
+        if not (math.isfinite(mean) and math.isfinite(var) and var > 0.0):
+            return g
+        return mean, var
 
     def predict_many(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Predictive means and variances; where rounding overflowed, the prior's `(0, a² + σ²)` instead
@@ -163,7 +247,13 @@ class FSGPClient:
             raise ValueError(f"expected finite inputs of shape (T, {self.hyper.d}), got {X.shape}")
         self._fold()
         with np.errstate(over="ignore", invalid="ignore"):
-            return self._guarded(*self.post.predict_many(X))
+            mg, vg = self._guarded(*self.post.predict_many(X))
+            if not getattr(self, "personal", False):
+                return mg, vg
+            mo, vo = self._guarded(*self.own_post.predict_many(X))
+            wg, wo = self.mixture_weights()
+            mean = wg * mg + wo * mo
+            return mean, wg * (vg + (mg - mean) ** 2) + wo * (vo + (mo - mean) ** 2)
 
     def _guarded(self, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bad = ~(np.isfinite(mean) & np.isfinite(var))
@@ -193,9 +283,20 @@ class FSGPClient:
             k0[-1] = y
         if prediction is not None and not math.isfinite(self.loss + (prediction[0] - y) ** 2):
             raise NonFiniteError("the running loss would overflow")
+        personal = getattr(self, "personal", False)
         self._hyp[2] = self.loss
-        self._step(x, y, row, prediction is None)  # raises before changing anything
-        pred = self._prediction() if prediction is None else prediction
+        if personal:
+            glob, own, pred = self._experts_before(x, y, prediction)  # checks everything; changes nothing
+            self._step(x, y, row, False)  # fails (changing nothing) only on y², k·y
+            self._step_own(x, y, row, False)  # the same k, y: cannot fail where that did not
+            self.mix.update_floats((_log_density(y, *glob), _log_density(y, *own)))
+            lw = self.mix.log_weights
+            self._w_global = 1.0 / (1.0 + math.exp(min(float(lw[1] - lw[0]), 700.0)))
+            self.expert_loss[0] += (glob[0] - y) ** 2
+            self.expert_loss[1] += (own[0] - y) ** 2
+        else:
+            self._step(x, y, row, prediction is None)  # raises before changing anything
+            pred = self._prediction() if prediction is None else prediction
         self._staged += 1
         self._staged_y2 += y * y
         self._staged_ay += ay
@@ -204,7 +305,7 @@ class FSGPClient:
         self.n += 1
         self.loss += (pred[0] - y) ** 2
         self._keep(x, y)
-        if self.learn_hyperparameters and self.n % self.fit_every == 0:
+        if self.learn_hyperparameters and self._fit_due():
             self.fit()
         return pred
 
@@ -215,6 +316,45 @@ class FSGPClient:
             raise NonFiniteError("input contains a non-finite value")
         if status == 2:
             raise NonFiniteError("the target's square, the target times a feature or the running loss is not finite")
+
+    def _experts_before(self, x: np.ndarray, y: float, prediction: tuple[float, float] | None
+                        ) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+        """Both experts' predictions of `x` before `(x, y)` is learned (those :meth:`predict` just made, when
+        the caller passes its prediction back), and the published one; `NonFiniteError` if any running loss
+        would overflow. Changes nothing."""
+        cached = self._cached(x) if prediction is not None else None
+        if cached is not None:
+            glob, own = cached
+        else:
+            self._step_own(x, y, -1, True)
+            self._step(x, y, -1, True)
+            glob, own = self._prediction(), self._prediction_own()
+        pred = self._mixture(glob, own) if prediction is None else prediction
+        if not (math.isfinite(self.loss + (pred[0] - y) ** 2)
+                and math.isfinite(self.expert_loss[0] + (glob[0] - y) ** 2)
+                and math.isfinite(self.expert_loss[1] + (own[0] - y) ** 2)):
+            raise NonFiniteError("the running loss would overflow")
+        return glob, own, pred
+
+    def _cached(self, x: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """The experts' predictions :meth:`predict` made of this `x` in the current state, if it did."""
+        c = getattr(self, "_cache", None)
+        if c is not None and c[0] == self.n and c[1] == self.global_version and c[2] == x.tobytes():
+            return c[3], c[4]
+        return None
+
+    def _step_own(self, x: np.ndarray, y: float, row: int, predict: bool) -> None:
+        """The own-samples expert's step (its own factor; the staged row is the working posterior's)."""
+        status = kern.step(self._Z, self._inv_ls, self._hyp_own, self._kind, x, y, self._uc, self._ra_own,
+                           self._stage, row, int(predict), self._work, self._out_own)
+        if status != 0:
+            raise NonFiniteError("input, target or the own expert's prediction is not finite")
+
+    def _prediction_own(self) -> tuple[float, float]:
+        m, v = float(self._out_own[0]), float(self._out_own[1])
+        if math.isfinite(m) and math.isfinite(v):
+            return m, v
+        return 0.0, self.hyper.amplitude ** 2 + self.hyper.noise_var
 
     def _prediction(self) -> tuple[float, float]:
         m, v = float(self._out[0]), float(self._out[1])
@@ -232,6 +372,8 @@ class FSGPClient:
         add = Stats.from_samples(rows[:, :m], rows[:, m], self.epoch)
         self.post.absorb(add)
         self._pending.absorb(add)
+        if getattr(self, "personal", False):
+            self.own_post.absorb(add)
         if self.hyper is self._hyper0:
             self._own0.stats.absorb(add)
         else:
@@ -244,22 +386,16 @@ class FSGPClient:
         """The per-sample path's arrays from `hyper` and the working posterior (after either changed):
         `U_C = L_Cᵀ`, and `Rₐ = [[L_Bᵀ, u], [0, ρ]]` with `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`."""
         h, post = self.hyper, self.post
-        m = h.m
         self._Z = np.ascontiguousarray(h.Z)
         self._inv_ls = np.exp(-h.log_ls)
         self._kind = KIND_CODES[h.kind]
         self._hyp = np.array([h.amplitude ** 2, h.noise_var, 0.0])
+        self._hyp_own = np.array([h.amplitude ** 2, h.noise_var, 0.0])
         self._a2_max = max(h.amplitude ** 2, self._hyper0.amplitude ** 2)
         self._uc = np.ascontiguousarray(post.L_C.T)
-        L_B = post.L_B
-        ra = np.zeros((m + 1, m + 1))
-        ra[:m, :m] = L_B.T
-        u = lower_solve(L_B, post.stats.r) / h.noise_var
-        ra[:m, m] = u
-        ra[m, m] = math.sqrt(max(post.stats.q / h.noise_var - float(u @ u), 0.0))
-        if not np.all(np.isfinite(ra)):
-            raise NonFiniteError("the working posterior's factor is not finite")
-        self._ra = ra
+        self._ra = _augmented_factor(post, "the working posterior's")
+        if getattr(self, "personal", False):
+            self._ra_own = _augmented_factor(self.own_post, "the own posterior's")
 
     def _keep(self, x: np.ndarray, y: float) -> None:
         """A uniform sample of the stream (Li's algorithm L: once the reservoir is full, the gap to the next
@@ -286,6 +422,17 @@ class FSGPClient:
     def _gap(self) -> int:
         w = min(self._w_keep, 1.0 - 1e-16)
         return int(math.log(self._uniform()) / math.log1p(-w)) + 1
+
+    def _fit_due(self) -> bool:
+        """Whether the local fit runs now (after sample `n`), moving the schedule on when it does."""
+        nxt = getattr(self, "_next_fit", None)
+        if nxt is None:  # state from before the growing schedule: every fit_every samples
+            return self.n % self.fit_every == 0
+        if self.n < nxt:
+            return False
+        self._fit_interval = min(2 * self._fit_interval, self.fit_every_max)
+        self._next_fit = nxt + self._fit_interval
+        return True
 
     def fit(self) -> bool:
         """FedAvg's local update: Adam on Titsias' bound over the reservoir, from the current version's
@@ -350,9 +497,12 @@ class FSGPClient:
         for st in unacked.values():
             work = work + st
         post = SparsePosterior(g.hyper, work, self.jitter)  # raises before anything changes
+        own_post = self.own_post
+        if getattr(self, "personal", False) and g.epoch != self.epoch:
+            own_post = SparsePosterior(g.hyper, carry(own_post.stats), self.jitter)
         if g.epoch != self.epoch:
             self.proposal = None  # fitted from an older version: FedAvg averages from the new one
-        self.hyper, self.epoch, self.post = g.hyper, int(g.epoch), post
+        self.hyper, self.epoch, self.post, self.own_post = g.hyper, int(g.epoch), post, own_post
         self._pending, self.unacked = pending, unacked
         self._sync()
         self._r_max = max(float(np.max(np.abs(post.stats.r))), float(np.max(np.abs(pending.r))))

@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.linalg import cho_solve, solve_triangular
+from scipy.linalg.lapack import dtrtrs
 
-from streamfed.algorithms.fsgp.kernels import Hyper, cov_and_h
-from streamfed.algorithms.fsgp.posterior import cholesky
+from streamfed.algorithms.fsgp.kernels import Hyper, cov_and_h, cov_and_h_expanded
+from streamfed.algorithms.fsgp.posterior import cholesky, lower_solve
 
 __all__ = ["LOG_BOUNDS", "collapsed_bound", "collapsed_bound_and_grad", "fit_hyper"]
 
@@ -35,17 +35,17 @@ LOG_BOUNDS = (math.log(1e-3), math.log(1e3))  # log a, log ℓ, log σ stay in [
 def _pieces(hyper: Hyper, X: np.ndarray, y: np.ndarray, jitter: float) -> dict:
     a2 = hyper.amplitude ** 2
     m = hyper.m
-    C, hC, dC = cov_and_h(hyper, hyper.Z, hyper.Z)
+    C, hC, _ = cov_and_h(hyper, hyper.Z, hyper.Z)
     C = C + jitter * a2 * np.eye(m)
-    U, hU, dU = cov_and_h(hyper, hyper.Z, X)  # (M, n)
+    U, hU = cov_and_h_expanded(hyper, hyper.Z, X)  # (M, n)
     v = hyper.noise_var
     P = U @ U.T
     r = U @ y
     L_C = cholesky(C, "c(Z, Z)")
     B = C + P / v
     L_B = cholesky(0.5 * (B + B.T), "C + P/σ²")
-    beta = cho_solve((L_B, True), r, check_finite=False)
-    A = solve_triangular(L_C, U, lower=True, check_finite=False)
+    beta = _upper_solve(L_B, lower_solve(L_B, r))
+    A = lower_solve(L_C, U)
     n = float(y.size)
     q = float(y @ y)
     tr_cp = float(np.sum(A * A))
@@ -53,7 +53,7 @@ def _pieces(hyper: Hyper, X: np.ndarray, y: np.ndarray, jitter: float) -> dict:
     logdet_c = 2.0 * float(np.sum(np.log(np.diag(L_C))))
     value = (-0.5 * n * _LOG_2PI - 0.5 * (logdet_b - logdet_c + n * math.log(v))
              - 0.5 * (q / v - float(r @ beta) / v ** 2) - (n * a2 - tr_cp) / (2.0 * v))
-    return dict(a2=a2, C=C, hC=hC, dC=dC, U=U, hU=hU, dU=dU, v=v, P=P, r=r, L_C=L_C, L_B=L_B, beta=beta,
+    return dict(a2=a2, C=C, hC=hC, U=U, hU=hU, v=v, P=P, r=r, L_C=L_C, L_B=L_B, beta=beta,
                 n=n, q=q, tr_cp=tr_cp, value=value)
 
 
@@ -79,8 +79,8 @@ def collapsed_bound_and_grad(hyper: Hyper, X: np.ndarray, y: np.ndarray, jitter:
     m, d = hyper.m, hyper.d
     v, s = p["v"], 1.0 / p["v"]
     eye = np.eye(m)
-    Cinv = cho_solve((p["L_C"], True), eye, check_finite=False)
-    Binv = cho_solve((p["L_B"], True), eye, check_finite=False)
+    iLC, iLB = lower_solve(p["L_C"], eye), lower_solve(p["L_B"], eye)
+    Cinv, Binv = iLC.T @ iLC, iLB.T @ iLB
     beta, P, r, U = p["beta"], p["P"], p["r"], p["U"]
     bb = np.outer(beta, beta)
     core = Cinv - Binv - s * s * bb
@@ -96,13 +96,32 @@ def collapsed_bound_and_grad(hyper: Hyper, X: np.ndarray, y: np.ndarray, jitter:
     # log a: every covariance (jitter included) scales with a²; the trace term's Σ c(x, x) = n a²
     grad[0] = 2.0 * float(np.sum(G_C * p["C"])) + 2.0 * float(np.sum(G_U * U)) - n * a2 / v
     wU, wC = G_U * p["hU"], G_C * p["hC"]
-    dU, dC = p["dU"], p["dC"]
-    grad[1:1 + d] = (np.einsum("ij,ijd->d", wU, dU * dU) + np.einsum("ij,ijd->d", wC, dC * dC)) * inv_ls2
+    Z = hyper.Z
+    sq_U, lin_U = _weighted_differences(wU, Z, X)
+    sq_C, lin_C = _weighted_differences(wC, Z, Z)
+    grad[1:1 + d] = (sq_U + sq_C) * inv_ls2
     grad[1 + d] = 2.0 * v * dv
     # c(z_m, x) depends on z_m through δ = x - z_m: ∂c/∂z_m = h δ / ℓ²; C twice (rows and columns)
-    gZ = (np.einsum("ij,ijd->id", wU, dU) + 2.0 * np.einsum("ij,ijd->id", wC, dC)) * inv_ls2
+    gZ = (lin_U + 2.0 * lin_C) * inv_ls2
     grad[2 + d:] = gZ.ravel()
     return float(p["value"]), grad
+
+
+def _upper_solve(L: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`L⁻ᵀ b` for a lower-triangular `L` (LAPACK directly)."""
+    x, info = dtrtrs(L, b, lower=1, trans=1)
+    if info != 0:
+        raise ValueError(f"triangular solve failed (LAPACK info {info})")
+    return x
+
+
+def _weighted_differences(w: np.ndarray, A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """With `δ_ijd = B_jd - A_id`: `Σ_ij w_ij δ_ijd²` (d,) and `Σ_j w_ij δ_ijd` (len(A), d), by matrix products
+    (no `(len(A), len(B), d)` array): `Σ_j w_ij δ_ijd = (wB)_id - (Σ_j w_ij) A_id`, and the square expanded."""
+    wB = w @ B
+    row = w.sum(axis=1)
+    sq = w.sum(axis=0) @ (B * B) - 2.0 * np.einsum("id,id->d", A, wB) + row @ (A * A)
+    return sq, wB - row[:, None] * A
 
 
 def fit_hyper(hyper: Hyper, X: np.ndarray, y: np.ndarray, *, steps: int, learning_rate: float,

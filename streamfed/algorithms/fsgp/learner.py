@@ -66,6 +66,14 @@ class FSGPLearner(PredictThenLearn):
         return Regret(r["n"], r["loss"], r["best_loss"])
 
     def diagnostics(self) -> dict[str, float]:
-        return {"epoch": float(self.client.epoch), "sigma": self.client.hyper.sigma,
-                "local_fits": float(self.client.n_fits),
-                "carried_clamped": float(getattr(self.client, "n_clamped", 0))}
+        """The version, `σ`, local fits, clamped carries; personalised, also the experts' mixture weights
+        (`mixture_weight_global`, `mixture_weight_own`) and each expert's prequential MSE."""
+        c = self.client
+        out = {"epoch": float(c.epoch), "sigma": c.hyper.sigma, "local_fits": float(c.n_fits),
+               "carried_clamped": float(getattr(c, "n_clamped", 0))}
+        if getattr(c, "personal", False):
+            wg, wo = c.mixture_weights()
+            out.update({"mixture_weight_global": wg, "mixture_weight_own": wo})
+            if c.n > 0:
+                out.update({"expert_mse_global": c.expert_loss[0] / c.n, "expert_mse_own": c.expert_loss[1] / c.n})
+        return out
