@@ -86,8 +86,8 @@ def fit_hyperparameters(
     best point. `search="profile"`: one tridiagonal reduction of `[[0, bᵀ], [b, S]]` (Householder: `S = QTQᵀ`
     with `Qᵀb = ‖b‖e₁`, no eigenvectors), then the same zoom over `log(λ/σ)` alone with `σ` at its closed-form
     maximum (:func:`profile_search_reference`): `levels × grid` points of `O(F)` instead of `levels × grid²`, and
-    at least the grid's evidence up to the resolution of the zoom. The search box is relative to the data: `σ / rms(y) ∈ sigma_range`,
-    `λ · rms‖φ‖ / rms(y) ∈ lam_range` (`λ‖φ‖` is the prior scale of `φᵀw`).
+    at least the grid's evidence up to the resolution of the zoom. The search box is relative to the data:
+    `σ / rms(y) ∈ sigma_range`, `λ · rms‖φ‖ / rms(y) ∈ lam_range` (`λ‖φ‖` is the prior scale of `φᵀw`).
     Points where the posterior precision `σ⁻²S + λ⁻²I` would have a condition number above
     `MAX_CONDITION` (`1 + λ²e_max/σ²`) are left out: there the evidence can still prefer them (a nearly
     noise-free fit, e.g. a stream whose target repeats exactly), but no Cholesky factor of that precision
