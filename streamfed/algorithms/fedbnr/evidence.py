@@ -10,6 +10,7 @@ tridiagonal reduction (`search="profile"`, :func:`profile_search_reference`).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -149,6 +150,12 @@ def _box(y_scale: float, f_scale: float, sigma_range: tuple[float, float], lam_r
     return lo, hi
 
 
+@functools.cache
+def _sytrd_lwork(n: int) -> int:
+    work, info = lapack.dsytrd_lwork(n, lower=1)
+    return max(int(work), 1) if info == 0 else max(n, 1)
+
+
 def _fit_profile(s_mat: np.ndarray, b: np.ndarray, n: float, q: float, grid: int, levels: int,
                  sigma_range: tuple[float, float], lam_range: tuple[float, float]) -> tuple[float, float, float]:
     f = b.shape[0]
@@ -157,8 +164,10 @@ def _fit_profile(s_mat: np.ndarray, b: np.ndarray, n: float, q: float, grid: int
     bordered[0, 1:] = b
     bordered[1:, 0] = b
     bordered[1:, 1:] = s_mat
-    # Householder tridiagonalisation: the first reflector maps b onto the first axis, the others leave it be
-    _, d, e, _, info = lapack.dsytrd(bordered, lower=1)
+    # Householder tridiagonalisation: the first reflector maps b onto the first axis, the others leave it be.
+    # (Symmetric, so its transpose is the same matrix in Fortran order: LAPACK works on it without a copy; with
+    # the optimal workspace, blocked.)
+    _, d, e, _, info = lapack.dsytrd(bordered.T, lower=1, lwork=_sytrd_lwork(f + 1), overwrite_a=1)
     if info != 0:
         raise ValueError(f"tridiagonal reduction failed (LAPACK info {info})")
     diag, off = np.ascontiguousarray(d[1:]), np.ascontiguousarray(e[1:])
