@@ -24,7 +24,10 @@ buffer and folded into `S_pend` `B` at a time (:func:`flush`), which turns `B` m
 passes over the `F²/2` triangle into one compute-bound pass (same sums, different rounding order).
 
 Kernels use `fastmath` without the no-NaN/no-Inf assumptions (reassociation and FMA contraction only),
-so results agree with a plain evaluation to rounding, and the finiteness checks upstream stay valid.
+so results agree with a plain evaluation to rounding, and the finiteness checks upstream stay valid. The
+factor's kernels (:func:`solve_rt`, :func:`predict_one`, :func:`chol_update`, :func:`predict_update`) use none:
+their loops have no reductions to reorder, so they vectorise as well without, and the fused
+:func:`predict_update` is then exactly the two kernels it fuses (whatever the compiler would contract where).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ def same_vector(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def chol_update(r: np.ndarray, x: np.ndarray) -> None:
     """Rank-one update in place: on return `rᵀr` equals the old `rᵀr + x xᵀ` (`r` upper, `x` is destroyed).
 
@@ -131,12 +134,13 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
             xt[j] = c * xt[j] - s * rkj
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v: np.ndarray,
                    x: np.ndarray) -> tuple[float, float]:
     """:func:`predict_one` then :func:`chol_update` by `σ⁻¹[φ; y]`, in one pass over the rows of the augmented
-    factor `r` (`(F+1, F+1)`): row `k` first gives its forward-substitution step (old values), then is rotated,
-    while it is in cache. The same operations in the same order as the two calls: the same numbers, one sweep of
+    factor `r` (`(F+1, F+1)`): row `k` gives its forward-substitution step (old values) and is rotated in the same
+    loop over its entries. The same operations on the same values as the two calls — and none of the three
+    kernels lets the compiler contract or reorder them (no `fastmath`) — so the same numbers, in one sweep of
     memory instead of two. Returns `(φᵀA⁻¹h, φᵀA⁻¹φ)` of the factor before the update."""
     n = r.shape[0]
     f = n - 1
@@ -146,38 +150,43 @@ def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v
     x[f] = y * inv_sigma
     mean = 0.0
     quad = 0.0
-    for k in range(n):
-        if k < f:  # solve_rt's step k, on the leading F×F block, and predict_one's sums (in its order)
-            vk = v[k] / r[k, k]
-            v[k] = vk
-            mean += vk * r[k, f]
-            quad += vk * vk
-            rk = r[k, k + 1:f]
-            vt = v[k + 1:f]
-            for j in range(f - k - 1):
-                vt[j] -= rk[j] * vk
+    for k in range(f):
+        vk = v[k] / r[k, k]  # solve_rt's step k, on the leading F×F block, and predict_one's sums (in its order)
+        v[k] = vk
+        mean += vk * r[k, f]
+        quad += vk * vk
         xk = x[k]  # chol_update's step k
-        if xk == 0.0:
+        rr = r[k, k + 1:f]
+        vt = v[k + 1:f]
+        if xk == 0.0:  # the rotation is the identity
+            for j in range(f - k - 1):
+                vt[j] -= rr[j] * vk
             continue
         rkk = r[k, k]
         rnew = np.sqrt(rkk * rkk + xk * xk)
         r[k, k] = rnew
-        if k + 1 == n:
-            break
         inv_rkk = 1.0 / rkk
         c = rnew * inv_rkk
         s = xk * inv_rkk
         inv_c = rkk / rnew
-        rr = r[k, k + 1:]
-        xt = x[k + 1:]
-        for j in range(n - k - 1):
-            rkj = (rr[j] + s * xt[j]) * inv_c
+        xt = x[k + 1:f]
+        for j in range(f - k - 1):
+            rold = rr[j]
+            vt[j] -= rold * vk
+            rkj = (rold + s * xt[j]) * inv_c
             rr[j] = rkj
             xt[j] = c * xt[j] - s * rkj
+        rkj = (r[k, f] + s * x[f]) * inv_c  # the last column (u): rotated only
+        r[k, f] = rkj
+        x[f] = c * x[f] - s * rkj
+    xk = x[f]  # the last row: ρ
+    if xk != 0.0:
+        rkk = r[f, f]
+        r[f, f] = np.sqrt(rkk * rkk + xk * xk)
     return mean, quad
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
     organised by rows of `R` so the inner loop is contiguous)."""
@@ -192,7 +201,7 @@ def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
             ot[j] -= rk[j] * vk
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def predict_one(ra: np.ndarray, phi: np.ndarray, work: np.ndarray) -> tuple[float, float]:
     """`(φᵀA⁻¹h, φᵀA⁻¹φ)` from the augmented factor `ra` (`(F+1, F+1)`) of one feature map."""
     f = phi.shape[0]
