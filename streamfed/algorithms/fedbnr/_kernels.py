@@ -748,27 +748,29 @@ def tridiagonal_terms(diag: np.ndarray, off: np.ndarray, c: np.ndarray, rs: np.n
     the product of 8 can neither overflow nor underflow."""
     m = rs.shape[0]
     f = diag.shape[0]
-    d = np.empty(m)
     w = np.empty(m)
     prod = np.ones(m)
     dmin = np.empty(m)
+    inv = np.empty(m)  # 1/D_i: one division a pivot
     for k in range(m):
-        d[k] = 1.0 + rs[k] * diag[0]
+        d0 = 1.0 + rs[k] * diag[0]
+        inv[k] = 1.0 / d0
         w[k] = c[0]
-        dmin[k] = d[k]
+        dmin[k] = d0
         logdet[k] = 0.0
-        quad[k] = w[k] * w[k] / d[k]
-        prod[k] = d[k]
+        quad[k] = w[k] * w[k] * inv[k]
+        prod[k] = d0
     for i in range(1, f):
         ti, ci, oi = diag[i], c[i], off[i - 1]
         for k in range(m):
             e = rs[k] * oi
-            ell = e / d[k]
+            ell = e * inv[k]
             dk = 1.0 + rs[k] * ti - ell * e
             wk = ci - ell * w[k]
-            d[k] = dk
+            ik = 1.0 / dk
+            inv[k] = ik
             w[k] = wk
-            quad[k] += wk * wk / dk
+            quad[k] += wk * wk * ik
             prod[k] *= dk
             dmin[k] = min(dmin[k], dk)
         if (i & 7) == 7:
