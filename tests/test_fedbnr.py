@@ -188,6 +188,7 @@ def test_learn_predict_equals_predict_then_learn(kwargs: dict) -> None:
         a.learn(xi, yi)
         assert b.learn_predict(xi, yi) == two  # bit for bit: the same kernels in the same order
         c.learn(xi, yi)  # learn without a preceding predict takes the fused path too
+        assert np.array_equal(a._ra, b._ra) and np.array_equal(a._ra, c._ra)  # (a global refactorises all alike)
         if t % 30 == 29:  # a global in between: refactorisation of every view of the packed state
             for cl in (a, b, c):
                 up = cl.make_upload()

@@ -25,7 +25,8 @@ passes over the `F²/2` triangle into one compute-bound pass (same sums, differe
 
 Kernels use `fastmath` without the no-NaN/no-Inf assumptions (reassociation and FMA contraction only),
 so results agree with a plain evaluation to rounding, and the finiteness checks upstream stay valid. The
-factor's kernels (:func:`solve_rt`, :func:`predict_one`, :func:`chol_update`, :func:`predict_update`) use none:
+factor's kernels (:func:`solve_rt`, :func:`predict_one`, :func:`chol_update`, :func:`predict_update`, and
+:func:`learn_one`, into which LLVM inlines `chol_update` and whose function-level flags would then apply) use none:
 their loops have no reductions to reorder, so they vectorise as well without, and the fused
 :func:`predict_update` is then exactly the two kernels it fuses (whatever the compiler would contract where).
 """
@@ -387,7 +388,7 @@ def symmetric_from_upper(upper: np.ndarray, out: np.ndarray) -> None:
                         o[j, i] = v
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)  # no fastmath: chol_update, inlined here, must round as in predict_update
 def learn_one(
     ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
     phi: np.ndarray, y: float, inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray,
