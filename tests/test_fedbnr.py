@@ -1134,13 +1134,16 @@ def test_profile_search_is_its_numpy_transcription_and_beats_the_grid() -> None:
     """`fit_hyperparameters(search="profile")` (tridiagonal form, compiled) against its plain numpy transcription
     on `S` itself (dense `slogdet`/`solve` per point): the same point and evidence to rounding; that evidence is
     the exact one (Cholesky) at the returned `σ, λ`, and at least the 2-d grid's (the profile is exact in `σ`)."""
-    from streamfed.algorithms.fedbnr.evidence import _box, profile_search_reference
+    from streamfed.algorithms.fedbnr.evidence import profile_search_reference
 
     rng = np.random.default_rng(11)
     for _ in range(25):
         st = _random_stats(rng)
         sig, lam, value = fit_hyperparameters(st.S, st.b, st.n, st.q, search="profile")
-        lo, hi = _box(math.sqrt(st.q / st.n), math.sqrt(np.trace(st.S) / st.n), (1e-4, 10.0), (1e-3, 1e3))
+        # the box of docs/algorithms.md §4.7: σ ∈ ȳ·[1e-4, 10], λ ∈ (ȳ/φ̄)·[1e-3, 1e3], ȳ = √(q/n), φ̄ = √(tr S / n)
+        y_bar, phi_bar = math.sqrt(st.q / st.n), math.sqrt(np.trace(st.S) / st.n)
+        lo = np.log([y_bar * 1e-4, y_bar / phi_bar * 1e-3])
+        hi = np.log([y_bar * 10.0, y_bar / phi_bar * 1e3])
         want, want_value = profile_search_reference(st.S, st.b, st.n, st.q, lo, hi)
         # the evidence to rounding — which grows with the condition number of the precision: near the cap (an
         # interpolating fit, n < F, cond ~1e11) the evaluations differ at ~1e-8 — and the points too, except along
