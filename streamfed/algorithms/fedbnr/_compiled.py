@@ -29,6 +29,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fedbnr", _K, "evidence_grid", ("f8[1]", "f8[1]", "f8", "f8", "f8[1]", "f8[1]", "!f8[2]")),
     Entry("fedbnr", _K, "zoom_search",
           ("f8[1]", "f8[1]", "f8", "f8", "f8[1]", "f8[1]", "i8", "i8", "f8", "!f8[1]")),
+    Entry("fedbnr", _K, "profile_search",
+          ("f8[1]", "f8[1]", "f8[1]", "f8", "f8", "f8[1]", "f8[1]", "i8", "i8", "f8", "f8", "!f8[1]")),
 )
 # what the build is made from: the kernels and what they import (paths under the streamfed package)
 SOURCES = ("algorithms/fedbnr/_kernels.py", "algorithms/fedbnr/_layout.py", "core/_feature_kernels.py",

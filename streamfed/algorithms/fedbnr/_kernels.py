@@ -24,7 +24,11 @@ buffer and folded into `S_pend` `B` at a time (:func:`flush`), which turns `B` m
 passes over the `F²/2` triangle into one compute-bound pass (same sums, different rounding order).
 
 Kernels use `fastmath` without the no-NaN/no-Inf assumptions (reassociation and FMA contraction only),
-so results agree with a plain evaluation to rounding, and the finiteness checks upstream stay valid.
+so results agree with a plain evaluation to rounding, and the finiteness checks upstream stay valid. The
+factor's kernels (:func:`solve_rt`, :func:`predict_one`, :func:`chol_update`, :func:`predict_update`, and
+:func:`learn_one`, into which LLVM inlines `chol_update` and whose function-level flags would then apply) use none:
+their loops have no reductions to reorder, so they vectorise as well without, and the fused
+:func:`predict_update` is then exactly the two kernels it fuses (whatever the compiler would contract where).
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def same_vector(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def chol_update(r: np.ndarray, x: np.ndarray) -> None:
     """Rank-one update in place: on return `rᵀr` equals the old `rᵀr + x xᵀ` (`r` upper, `x` is destroyed).
 
@@ -131,12 +135,13 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
             xt[j] = c * xt[j] - s * rkj
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v: np.ndarray,
                    x: np.ndarray) -> tuple[float, float]:
     """:func:`predict_one` then :func:`chol_update` by `σ⁻¹[φ; y]`, in one pass over the rows of the augmented
-    factor `r` (`(F+1, F+1)`): row `k` first gives its forward-substitution step (old values), then is rotated,
-    while it is in cache. The same operations in the same order as the two calls: the same numbers, one sweep of
+    factor `r` (`(F+1, F+1)`): row `k` gives its forward-substitution step (old values) and is rotated in the same
+    loop over its entries. The same operations on the same values as the two calls — and none of the three
+    kernels lets the compiler contract or reorder them (no `fastmath`) — so the same numbers, in one sweep of
     memory instead of two. Returns `(φᵀA⁻¹h, φᵀA⁻¹φ)` of the factor before the update."""
     n = r.shape[0]
     f = n - 1
@@ -146,38 +151,43 @@ def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v
     x[f] = y * inv_sigma
     mean = 0.0
     quad = 0.0
-    for k in range(n):
-        if k < f:  # solve_rt's step k, on the leading F×F block, and predict_one's sums (in its order)
-            vk = v[k] / r[k, k]
-            v[k] = vk
-            mean += vk * r[k, f]
-            quad += vk * vk
-            rk = r[k, k + 1:f]
-            vt = v[k + 1:f]
-            for j in range(f - k - 1):
-                vt[j] -= rk[j] * vk
+    for k in range(f):
+        vk = v[k] / r[k, k]  # solve_rt's step k, on the leading F×F block, and predict_one's sums (in its order)
+        v[k] = vk
+        mean += vk * r[k, f]
+        quad += vk * vk
         xk = x[k]  # chol_update's step k
-        if xk == 0.0:
+        rr = r[k, k + 1:f]
+        vt = v[k + 1:f]
+        if xk == 0.0:  # the rotation is the identity
+            for j in range(f - k - 1):
+                vt[j] -= rr[j] * vk
             continue
         rkk = r[k, k]
         rnew = np.sqrt(rkk * rkk + xk * xk)
         r[k, k] = rnew
-        if k + 1 == n:
-            break
         inv_rkk = 1.0 / rkk
         c = rnew * inv_rkk
         s = xk * inv_rkk
         inv_c = rkk / rnew
-        rr = r[k, k + 1:]
-        xt = x[k + 1:]
-        for j in range(n - k - 1):
-            rkj = (rr[j] + s * xt[j]) * inv_c
+        xt = x[k + 1:f]
+        for j in range(f - k - 1):
+            rold = rr[j]
+            vt[j] -= rold * vk
+            rkj = (rold + s * xt[j]) * inv_c
             rr[j] = rkj
             xt[j] = c * xt[j] - s * rkj
+        rkj = (r[k, f] + s * x[f]) * inv_c  # the last column (u): rotated only
+        r[k, f] = rkj
+        x[f] = c * x[f] - s * rkj
+    xk = x[f]  # the last row: ρ
+    if xk != 0.0:
+        rkk = r[f, f]
+        r[f, f] = np.sqrt(rkk * rkk + xk * xk)
     return mean, quad
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
     organised by rows of `R` so the inner loop is contiguous)."""
@@ -192,7 +202,7 @@ def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
             ot[j] -= rk[j] * vk
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)
 def predict_one(ra: np.ndarray, phi: np.ndarray, work: np.ndarray) -> tuple[float, float]:
     """`(φᵀA⁻¹h, φᵀA⁻¹φ)` from the augmented factor `ra` (`(F+1, F+1)`) of one feature map."""
     f = phi.shape[0]
@@ -378,7 +388,7 @@ def symmetric_from_upper(upper: np.ndarray, out: np.ndarray) -> None:
                         o[j, i] = v
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True)  # no fastmath: chol_update, inlined here, must round as in predict_update
 def learn_one(
     ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
     phi: np.ndarray, y: float, inv_sigma: np.ndarray, sqrt_gamma: float, refresh: np.ndarray,
@@ -506,32 +516,58 @@ def refresh_log_weights(ra: np.ndarray, n_work: float, sigma: np.ndarray, lam: n
     return wake
 
 
+@numba.njit(cache=True, inline="always")
+def _unpack(buf: np.ndarray) -> tuple:
+    """Views of the blocks of the packed state (:data:`._layout.BLOCKS`, in that order), shaped."""
+    k, f, b, d, nd = int(buf[H_K]), int(buf[H_F]), int(buf[H_B]), int(buf[H_D]), int(buf[H_ND])
+    return (_block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1)),  # ra
+            _block(buf, 1, k * f * f).reshape((k, f, f)),  # s_pend
+            _block(buf, 2, k * f).reshape((k, f)),  # b_pend
+            _block(buf, 3, k * f * b).reshape((k, f, b)),  # stage
+            _block(buf, 4, b),  # stage_y
+            _block(buf, 5, f + 1),  # work
+            _block(buf, 6, k * f).reshape((k, f)),  # phi
+            _block(buf, 7, k),  # means
+            _block(buf, 8, k),  # variances
+            _block(buf, 9, k),  # logw
+            _block(buf, 10, k),  # sigma
+            _block(buf, 11, k),  # inv_sigma
+            _block(buf, 12, k),  # lam
+            _block(buf, 13, k),  # refresh
+            _block(buf, 14, k * f).reshape((k, f)),  # pdiag
+            _block(buf, 15, d * nd).reshape((d, nd)),  # wt
+            _block(buf, 16, 2 * nd),  # angles
+            _block(buf, 17, k),  # lazy
+            _block(buf, 18, k))  # bound
+
+
+@numba.njit(cache=True, inline="always")
+def _features_and_weights(buf: np.ndarray, x: np.ndarray, ra: np.ndarray, phi: np.ndarray, logw: np.ndarray,
+                          sigma: np.ndarray, lam: np.ndarray, wt: np.ndarray, angles: np.ndarray, lazy: np.ndarray,
+                          bound: np.ndarray) -> int:
+    """The predictive's prologue: features of `x` into `phi`, the kernels' log weights refreshed when stale.
+    Status 0 ok, 1 bad input, 3 a lazy kernel must be woken first (:func:`refresh_log_weights`)."""
+    if x.shape[0] != int(buf[H_D]):
+        return 1
+    if not rff_bias_features(wt, x, angles, phi):
+        return 1
+    if ra.shape[0] > 1 and buf[H_DIRTY] != 0.0:
+        if refresh_log_weights(ra, buf[H_N_WORK], sigma, lam, logw, lazy, bound, buf[H_LAZY_GAP]):
+            return 3  # (still dirty: the weights are refreshed again once the kernel is awake)
+        buf[H_DIRTY] = 0.0
+    return 0
+
+
 @numba.njit(cache=True)
 def packed_predict(buf: np.ndarray, x: np.ndarray) -> tuple[int, float, float]:
     """Features of `x` (RFF + bias maps) into the `phi` block and the predictive, from the
     packed state; refreshes the kernels' log weights first when they are stale. `(status, mean, var)`:
     status 0 ok, 1 bad input, 3 a lazy kernel must be woken first (:func:`refresh_log_weights`)."""
-    k, f, d, nd = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND])
-    if x.shape[0] != d:
-        return 1, 0.0, 0.0
-    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
-    work = _block(buf, 5, f + 1)
-    phi = _block(buf, 6, k * f).reshape((k, f))
-    means = _block(buf, 7, k)
-    variances = _block(buf, 8, k)
-    logw = _block(buf, 9, k)
-    sigma = _block(buf, 10, k)
-    lam = _block(buf, 12, k)
-    wt = _block(buf, 15, d * nd).reshape((d, nd))
-    angles = _block(buf, 16, 2 * nd)
-    lazy = _block(buf, 17, k)
-    bound = _block(buf, 18, k)
-    if not rff_bias_features(wt, x, angles, phi):
-        return 1, 0.0, 0.0
-    if k > 1 and buf[H_DIRTY] != 0.0:
-        if refresh_log_weights(ra, buf[H_N_WORK], sigma, lam, logw, lazy, bound, buf[H_LAZY_GAP]):
-            return 3, 0.0, 0.0  # (still dirty: the weights are refreshed again once the kernel is awake)
-        buf[H_DIRTY] = 0.0
+    (ra, _, _, _, _, work, phi, means, variances, logw, sigma, _, lam, _, _, wt, angles, lazy,
+     bound) = _unpack(buf)
+    status = _features_and_weights(buf, x, ra, phi, logw, sigma, lam, wt, angles, lazy, bound)
+    if status != 0:
+        return status, 0.0, 0.0
     mu, var = predict_mixture(ra, phi, sigma, logw, work, means, variances)
     return 0, mu, var
 
@@ -541,22 +577,12 @@ def packed_learn(buf: np.ndarray, y: float) -> bool:
     """Learn the sample whose features are in the `phi` block (as :func:`learn_one`) and do the
     bookkeeping of the running scalars (pending and working `n, q`, the prior diagonal under
     forgetting, the refresh index). `False` (nothing changed) if `y²` or some `φ_i y` is not finite."""
-    k, f, b = int(buf[H_K]), int(buf[H_F]), int(buf[H_B])
     y2 = y * y
     if not np.isfinite(y2):
         return False
-    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
-    s_pend = _block(buf, 1, k * f * f).reshape((k, f, f))
-    b_pend = _block(buf, 2, k * f).reshape((k, f))
-    stage = _block(buf, 3, k * f * b).reshape((k, f, b))
-    stage_y = _block(buf, 4, b)
-    work = _block(buf, 5, f + 1)
-    phi = _block(buf, 6, k * f).reshape((k, f))
-    inv_sigma = _block(buf, 11, k)
-    refresh = _block(buf, 13, k)
-    pdiag = _block(buf, 14, k * f).reshape((k, f))
-    lazy = _block(buf, 17, k)
-    bound = _block(buf, 18, k)
+    (ra, s_pend, b_pend, stage, stage_y, work, phi, _, _, _, _, inv_sigma, _, refresh, pdiag, _, _, lazy,
+     bound) = _unpack(buf)
+    k, f = ra.shape[0], phi.shape[1]
     j = int(buf[H_REFRESH_J])
     sqrt_gamma = buf[H_SQRT_GAMMA]
     staged = learn_one(ra, s_pend, b_pend, stage, stage_y, int(buf[H_STAGED]), phi, y, inv_sigma,
@@ -597,32 +623,12 @@ def packed_step(buf: np.ndarray, x: np.ndarray, y: float) -> tuple[int, float, f
         if not packed_learn(buf, y):
             return 2, mu, var
         return 0, mu, var
-    k, f, d, nd, b = int(buf[H_K]), int(buf[H_F]), int(buf[H_D]), int(buf[H_ND]), int(buf[H_B])
-    if x.shape[0] != d:
-        return 1, 0.0, 0.0
-    ra = _block(buf, 0, k * (f + 1) * (f + 1)).reshape((k, f + 1, f + 1))
-    s_pend = _block(buf, 1, k * f * f).reshape((k, f, f))
-    b_pend = _block(buf, 2, k * f).reshape((k, f))
-    stage = _block(buf, 3, k * f * b).reshape((k, f, b))
-    stage_y = _block(buf, 4, b)
-    work = _block(buf, 5, f + 1)
-    phi = _block(buf, 6, k * f).reshape((k, f))
-    means = _block(buf, 7, k)
-    variances = _block(buf, 8, k)
-    logw = _block(buf, 9, k)
-    sigma = _block(buf, 10, k)
-    inv_sigma = _block(buf, 11, k)
-    lam = _block(buf, 12, k)
-    wt = _block(buf, 15, d * nd).reshape((d, nd))
-    angles = _block(buf, 16, 2 * nd)
-    lazy = _block(buf, 17, k)
-    bound = _block(buf, 18, k)
-    if not rff_bias_features(wt, x, angles, phi):
-        return 1, 0.0, 0.0
-    if k > 1 and buf[H_DIRTY] != 0.0:
-        if refresh_log_weights(ra, buf[H_N_WORK], sigma, lam, logw, lazy, bound, buf[H_LAZY_GAP]):
-            return 3, 0.0, 0.0
-        buf[H_DIRTY] = 0.0
+    (ra, s_pend, b_pend, stage, stage_y, work, phi, means, variances, logw, sigma, inv_sigma, lam, _, _, wt,
+     angles, lazy, bound) = _unpack(buf)
+    k, f, b = ra.shape[0], phi.shape[1], stage_y.shape[0]
+    status = _features_and_weights(buf, x, ra, phi, logw, sigma, lam, wt, angles, lazy, bound)
+    if status != 0:
+        return status, 0.0, 0.0
     for kk in range(k):
         if not all_finite_scaled(phi[kk], y):
             return 2, 0.0, 0.0
@@ -727,4 +733,101 @@ def zoom_search(eigvals: np.ndarray, z2: np.ndarray, n: float, q: float, lo: np.
             step = (box_hi[axis] - box_lo[axis]) / (grid - 1)
             box_lo[axis] = max(best[axis] - 2.0 * step, lo[axis])
             box_hi[axis] = min(best[axis] + 2.0 * step, hi[axis])
+    return best_val
+
+
+@numba.njit(cache=True, fastmath=_FAST)
+def tridiagonal_terms(diag: np.ndarray, off: np.ndarray, c: np.ndarray, rs: np.ndarray, logdet: np.ndarray,
+                      quad: np.ndarray) -> None:
+    """For every `r` of `rs`, `log|I + rT|` into `logdet` and `cᵀ(I + rT)⁻¹c` into `quad`, for the symmetric
+    tridiagonal `T` (diagonal `diag`, off-diagonal `off`) in `O(F)`: the pivots of `I + rT = L D Lᵀ`
+    (`D_1 = 1 + r t_11`, `D_{i+1} = 1 + r t_{i+1,i+1} - (r t_{i,i+1})²/D_i`), `log|I + rT| = Σ log D_i` and, with
+    `w = L⁻¹c`, `cᵀ(I + rT)⁻¹c = Σ w_i²/D_i`; `logdet = inf` where a pivot is not positive (`I + rT` not
+    positive definite). The recurrence is serial in `i`, so the `r`s run side by side (independent lanes).
+    One `log` per 8 pivots, of their product: for a positive semi-definite `T` every pivot lies in
+    `[1, 1 + r·e_max]` (between the extreme eigenvalues of `I + rT`), so below a condition number of `10³⁸`
+    the product of 8 can neither overflow nor underflow."""
+    m = rs.shape[0]
+    f = diag.shape[0]
+    w = np.empty(m)
+    prod = np.ones(m)
+    dmin = np.empty(m)
+    inv = np.empty(m)  # 1/D_i: one division a pivot
+    for k in range(m):
+        d0 = 1.0 + rs[k] * diag[0]
+        inv[k] = 1.0 / d0
+        w[k] = c[0]
+        dmin[k] = d0
+        logdet[k] = 0.0
+        quad[k] = w[k] * w[k] * inv[k]
+        prod[k] = d0
+    for i in range(1, f):
+        ti, ci, oi = diag[i], c[i], off[i - 1]
+        for k in range(m):
+            e = rs[k] * oi
+            ell = e * inv[k]
+            dk = 1.0 + rs[k] * ti - ell * e
+            wk = ci - ell * w[k]
+            ik = 1.0 / dk
+            inv[k] = ik
+            w[k] = wk
+            quad[k] += wk * wk * ik
+            prod[k] *= dk
+            dmin[k] = min(dmin[k], dk)
+        if (i & 7) == 7:
+            for k in range(m):
+                logdet[k] += np.log(prod[k])
+                prod[k] = 1.0
+    for k in range(m):
+        logdet[k] += np.log(prod[k])
+        if not dmin[k] > 0.0:
+            logdet[k] = np.inf
+
+
+@numba.njit(cache=True)
+def profile_search(diag: np.ndarray, off: np.ndarray, c: np.ndarray, n: float, q: float, lo: np.ndarray,
+                   hi: np.ndarray, grid: int, levels: int, log_max_cond: float, log_top: float,
+                   best: np.ndarray) -> float:
+    """The evidence maximised over `(log σ, log λ)` in the box `[lo, hi]` as a 1-d search (the profile
+    likelihood; :func:`~.evidence.profile_search_reference` is its numpy transcription). With `u = log λ - log σ`,
+    `r = e^{2u}` and `S = Q T Qᵀ`, `Qᵀb = c`, the evidence is `-(n/2)log(2πσ²) - ½log|I + rT| - R(u)/(2σ²)` with
+    `R(u) = q - r·cᵀ(I + rT)⁻¹c`: concave in `log σ²` for a fixed `u`, so its maximum over the box's `σ` at that
+    `u` is `σ² = R/n` clamped to `[max(lo₀, lo₁ - u), min(hi₀, hi₁ - u)]`. The search zooms over `u ∈ [lo₁ - hi₀,
+    hi₁ - lo₀]` (`levels` lattices of `grid` points, the interval shrunk to the best ± 2 cells), points whose
+    precision's condition number `1 + r·e_max` (`log_top = log e_max`) would exceed `exp(log_max_cond)` or
+    where `I + rT` is not positive definite left out. The best `(log σ, log λ)` goes into `best`; returns its
+    log evidence (`-inf` and the box's centre if no point qualifies)."""
+    u_lo = lo[1] - hi[0]
+    u_hi = hi[1] - lo[0]
+    box_lo, box_hi = u_lo, u_hi
+    best[0] = 0.5 * (lo[0] + hi[0])
+    best[1] = 0.5 * (lo[1] + hi[1])
+    best_u = 0.5 * (u_lo + u_hi)
+    best_val = -np.inf
+    log_2pi = np.log(2.0 * np.pi)
+    us = np.empty(grid)
+    rs = np.empty(grid)
+    logdet = np.empty(grid)
+    quad = np.empty(grid)
+    for _ in range(levels):
+        step = (box_hi - box_lo) / (grid - 1)
+        for k in range(grid):
+            us[k] = box_hi if k == grid - 1 else k * step + box_lo  # np.linspace: the end point exact
+            rs[k] = np.exp(2.0 * us[k])
+        tridiagonal_terms(diag, off, c, rs, logdet, quad)
+        for k in range(grid):
+            u = us[k]
+            s_lo = max(lo[0], lo[1] - u)
+            s_hi = min(hi[0], hi[1] - u)
+            if 2.0 * u + log_top > log_max_cond or not np.isfinite(logdet[k]) or s_lo > s_hi:
+                continue
+            resid = q - rs[k] * quad[k]
+            ls = 0.5 * np.log(resid / n) if resid > 0.0 else s_lo
+            ls = min(max(ls, s_lo), s_hi)
+            v = -0.5 * n * (log_2pi + 2.0 * ls) - 0.5 * logdet[k] - 0.5 * resid / np.exp(2.0 * ls)
+            if np.isfinite(v) and v > best_val:
+                best_val, best_u = v, u
+                best[0], best[1] = ls, ls + u
+        box_lo = max(best_u - 2.0 * step, u_lo)
+        box_hi = min(best_u + 2.0 * step, u_hi)
     return best_val

@@ -490,9 +490,9 @@ class FedBNRClient(PackedState):
 
     def _pending_stats(self) -> SufficientStats:
         self._flush()
-        s_mat = np.empty_like(self._s_pend)
-        kern.symmetric_from_upper(self._s_pend, s_mat)  # only the upper triangle was accumulated
-        return SufficientStats(s_mat, self._b_pend, float(self._n_pend), self._q_pend, self.kernel_version,
+        # only the upper triangle is accumulated (and read): mirrored in place, then copied by SufficientStats
+        kern.symmetric_from_upper(self._s_pend, self._s_pend)
+        return SufficientStats(self._s_pend, self._b_pend, float(self._n_pend), self._q_pend, self.kernel_version,
                                self.epoch)
 
     @property
@@ -613,12 +613,16 @@ class FedBNRClient(PackedState):
 
     def _exact_work_stats(self) -> SufficientStats:
         total = self._pending_stats()
-        not_in = self._zero_stats()
+        not_in = None  # the unacknowledged uploads (None: none; no zero statistics to add)
         for up in self._unacked.values():
-            not_in += up.stats
-        total += not_in
+            if not_in is None:
+                not_in = up.stats.copy()
+            else:
+                not_in += up.stats
+        if not_in is not None:
+            total += not_in
         if self._global is not None:
-            own_in = self._own_uploaded - not_in
+            own_in = self._own_uploaded if not_in is None else self._own_uploaded - not_in
             total += (self._global.stats - own_in).scaled(self.others_weight) + own_in
         return total
 
@@ -632,8 +636,7 @@ class FedBNRClient(PackedState):
                  pdiag: np.ndarray) -> None:
         """Refactorise the working posterior from statistics `(S (K,F,F), b (K,F), q)`: `O(F³)` per kernel,
         all-or-nothing (a failure changes nothing; :func:`.factor.factorise`)."""
-        ra = factorise(s_mat, b, q, sigma, lam, pdiag)
-        self._ra[...] = ra
+        factorise(s_mat, b, q, sigma, lam, pdiag, out=self._ra)  # (writes only once every factor is made)
         self._lazy[...] = 0.0
         self._set_hyper(sigma, lam)
         self._pdiag[...] = np.array(pdiag, dtype=np.float64)
@@ -665,16 +668,17 @@ class FedBNRClient(PackedState):
             return False
         inc = int(g.included.get(self.client_id, 0))
         newly_in = [s for s in self._unacked if s <= inc]
-        not_in = self._zero_stats()
-        any_not_in = False
+        not_in = None  # own uploads the global does not contain (None: none)
         for seq, up in self._unacked.items():
             if seq > inc:
-                not_in += up.stats
-                any_not_in = True
+                if not_in is None:
+                    not_in = up.stats.copy()
+                else:
+                    not_in += up.stats
         if self.discount is not None:
             self._apply_discounted(g, inc, sigma, lam)
         else:
-            self._apply_global(g, inc, not_in, any_not_in, newly_in, sigma, lam)
+            self._apply_global(g, not_in, newly_in, sigma, lam)
         for seq in newly_in:
             del self._unacked[seq]
         # A client that restarted must not reuse sequence numbers the server has already summed.
@@ -710,19 +714,26 @@ class FedBNRClient(PackedState):
         self._n_work, self._q_work = total.n, total.q
         self.others_weight = alpha
 
-    def _apply_global(self, g: GlobalModel, inc: int, not_in: SufficientStats, any_not_in: bool,
-                      newly_in: list[int], sigma: np.ndarray, lam: np.ndarray) -> None:
+    def _apply_global(self, g: GlobalModel, not_in: SufficientStats | None, newly_in: list[int],
+                      sigma: np.ndarray, lam: np.ndarray) -> None:
         alpha = self.others_weight
+        if self.auto_weight or alpha != 1.0:
+            not_in = self._zero_stats() if not_in is None else not_in
         if self.auto_weight:
+            assert not_in is not None
             own_all = self.own_stats()
             alpha = self.choose_others_weight(g.stats - (self._own_uploaded - not_in), own_all, sigma, lam)
         if self.forgetting == 1.0:
             # Exact: global + own uploads the global does not contain + pending.
-            total = self._pending_stats()  # (a fresh copy: summed into in place)
-            total += g.stats
-            if any_not_in:
-                total += not_in
+            if self._n_pend == 0 and self._q_pend == 0.0 and self._staged == 0 and not_in is None and alpha == 1.0:
+                total = g.stats  # nothing to add (what an estimator's sync leaves): read, never written
+            else:
+                total = self._pending_stats()  # (a fresh copy: summed into in place)
+                total += g.stats
+                if not_in is not None:
+                    total += not_in
             if alpha != 1.0:
+                assert not_in is not None
                 # Tempered: α × (global - own part of it) + own part of it.
                 own_in = self._own_uploaded - not_in
                 total -= (g.stats - own_in).scaled(1.0 - alpha)

@@ -14,6 +14,7 @@ from river import base
 from streamfed.algorithms.calibration import PrequentialCalibration
 from streamfed.algorithms.fedbnr.checks import all_finite_squares, check_positive, check_target
 from streamfed.algorithms.fedbnr.client import FedBNRClient
+from streamfed.algorithms.fedbnr.evidence import SEARCHES
 from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.core.features import standardised_dictionary
 from streamfed.core.river_inputs import dict_to_vector, gaussian, sorted_keys
@@ -22,7 +23,7 @@ from streamfed.core.standardise import StreamScales
 if TYPE_CHECKING:
     from river.proba import Gaussian
 
-__all__ = ["LAZY_GAP", "REFIT_GROWTH", "FedBNRRegressor"]
+__all__ = ["EVIDENCE_SEARCH", "LAZY_GAP", "REFIT_GROWTH", "FedBNRRegressor"]
 
 # σ, λ refitted whenever the samples have grown by half (at 32, 48, 96, 160, 256, … samples: O(log n) evidence
 # fits over a stream, each an eigendecomposition per kernel); MAE within 0.5% of a refit every 32 samples on every
@@ -32,6 +33,11 @@ REFIT_GROWTH = 0.5
 # nats: a kernel whose evidence may be this far below the best one's (a weight below e⁻⁵⁰ ≈ 2·10⁻²², under the
 # rounding of the mixture) is left out of it and not updated per sample (FedBNRClient's lazy kernels)
 LAZY_GAP = 50.0
+
+# how a refit maximises the evidence (evidence.fit_hyperparameters): the 1-d profile search over log(λ/σ) after a
+# tridiagonal reduction, ~5× cheaper than the 2-d grid after an eigendecomposition and at least its evidence up
+# to the zoom's resolution (issue 29; fedbnr_refit.md)
+EVIDENCE_SEARCH = "profile"
 
 
 class FedBNRRegressor(base.Regressor):
@@ -60,7 +66,9 @@ class FedBNRRegressor(base.Regressor):
     :mod:`streamfed.algorithms.calibration`; the mean is unchanged), `lazy_gap` (nats, default
     :data:`LAZY_GAP`; 0 = off: a kernel whose evidence is this far below the best one's is left out of the
     mixture — its weight is below `e^-lazy_gap` — and is not updated per sample until it may matter again,
-    :class:`~streamfed.algorithms.fedbnr.client.FedBNRClient`).
+    :class:`~streamfed.algorithms.fedbnr.client.FedBNRClient`), `evidence_search` (how a refit maximises the
+    evidence, :func:`~streamfed.algorithms.fedbnr.evidence.fit_hyperparameters`: `"profile"`, the default, or
+    `"grid"`, the fleet server's).
 
     >>> from river import datasets, evaluate, metrics
     >>> model = FedBNRRegressor(n_features=20)
@@ -88,6 +96,7 @@ class FedBNRRegressor(base.Regressor):
         refit_growth: float = REFIT_GROWTH,
         calibrate: bool = True,
         lazy_gap: float = LAZY_GAP,
+        evidence_search: str = EVIDENCE_SEARCH,
     ) -> None:
         self.n_features = n_features
         self.bandwidth = bandwidth
@@ -102,6 +111,7 @@ class FedBNRRegressor(base.Regressor):
         self.refit_growth = refit_growth
         self.calibrate = calibrate
         self.lazy_gap = lazy_gap
+        self.evidence_search = evidence_search
         # Validate now so a bad parameter fails at construction, not at the first sample.
         if int(n_features) < 1 or int(sync_every) < 1 or int(n_kernels) < 1:
             raise ValueError("n_features, sync_every and n_kernels must be >= 1")
@@ -109,6 +119,8 @@ class FedBNRRegressor(base.Regressor):
         check_positive("lam", lam)
         if not (0.0 <= float(lazy_gap) < math.inf):
             raise ValueError(f"lazy_gap must be a finite number of nats >= 0, got {lazy_gap!r}")
+        if evidence_search not in SEARCHES:
+            raise ValueError(f"evidence_search must be one of {SEARCHES}, got {evidence_search!r}")
         if not float(refit_growth) >= 0.0:
             raise ValueError(f"refit_growth must be >= 0, got {refit_growth!r}")
         if not (0.0 < float(forgetting) <= 1.0):
@@ -139,7 +151,8 @@ class FedBNRRegressor(base.Regressor):
                               min_upload=int(self.sync_every), forgetting=self.forgetting, client_id="local",
                               lazy_gap=float(getattr(self, "lazy_gap", 0.0)))
         self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters),
-                                              refit_growth=float(getattr(self, "refit_growth", 0.0)))
+                                              refit_growth=float(getattr(self, "refit_growth", 0.0)),
+                                              search=getattr(self, "evidence_search", "grid"))
         self.client = client
         self._keys = keys
         self._sync_at: float | None = None

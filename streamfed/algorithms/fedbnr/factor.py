@@ -28,13 +28,15 @@ __all__ = ["factorise", "posterior_of_factor", "stats_from_factor"]
 
 
 def factorise(s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam: np.ndarray,
-              pdiag: np.ndarray) -> np.ndarray:
+              pdiag: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The factors `Rₐ (K, F+1, F+1)` of statistics `(S (K,F,F), b (K,F), q)` at `σ, λ (K,)` with the prior
     precision `λ⁻² diag(P)`, `P = pdiag (K, F)`: `O(F³)` per kernel. `ValueError` for a precision that is
-    not positive definite or a factor that is not finite."""
+    not positive definite or a factor that is not finite. With `out`, written there (and returned) once every
+    kernel's factor is made — nothing is written on a failure; kernel by kernel, so no `(K, F+1, F+1)`
+    temporary is allocated (fresh pages of that size cost more than the Cholesky factors at F ~ 100)."""
     kk, f = pdiag.shape
-    ra = np.zeros((kk, f + 1, f + 1))
     work = np.empty(f + 1)
+    factors = []
     for k in range(kk):
         s2 = sigma[k] ** 2
         a = s_mat[k] / s2
@@ -44,16 +46,22 @@ def factorise(s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam
         except np.linalg.LinAlgError as exc:
             raise ValueError("working precision is not positive definite (corrupted or noisy statistics?)"
                              ) from exc
-        ra[k, :f, :f] = chol.T
+        rk = np.zeros((f + 1, f + 1))
+        rk[:f, :f] = chol.T
         h = np.zeros(f + 1)
         h[:f] = b[k] / s2
-        kern.solve_rt(ra[k], h, work, f)  # u = R⁻ᵀh
-        ra[k, :f, f] = work[:f]
+        kern.solve_rt(rk, h, work, f)  # u = R⁻ᵀh
+        rk[:f, f] = work[:f]
         rho2 = q / s2 - work[:f] @ work[:f]
-        ra[k, f, f] = math.sqrt(max(rho2, 0.0))  # ≥ 0 mathematically; clip rounding
-    if not np.all(np.isfinite(ra)):
-        raise ValueError("refactorisation produced a non-finite factor")
-    return ra
+        rk[f, f] = math.sqrt(max(rho2, 0.0))  # ≥ 0 mathematically; clip rounding
+        if not np.all(np.isfinite(rk)):
+            raise ValueError("refactorisation produced a non-finite factor")
+        factors.append(rk)
+    if out is None:
+        return np.array(factors).reshape((kk, f + 1, f + 1))
+    for k in range(kk):
+        out[k] = factors[k]
+    return out
 
 
 def stats_from_factor(ra: np.ndarray, sigma: np.ndarray, lam: np.ndarray,

@@ -12,7 +12,7 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr.checks import check_positive
 from streamfed.algorithms.fedbnr.discount import Discount
-from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, log_evidence
+from streamfed.algorithms.fedbnr.evidence import SEARCHES, fit_hyperparameters, log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.core.durable import durable
@@ -53,6 +53,7 @@ class FedBNRServer:
         max_buffered: int = 256,
         refit_growth: float = 0.0,
         half_life_s: float | None = None,
+        search: str = "grid",
     ) -> None:
         self.dim, self.n_kernels = int(dim), int(n_kernels)
         self.kernel_version, self.epoch = str(kernel_version), int(epoch)
@@ -62,6 +63,9 @@ class FedBNRServer:
         if not (float(refit_growth) >= 0.0 and np.isfinite(refit_growth)):
             raise ValueError(f"refit_growth must be a finite fraction >= 0, got {refit_growth!r}")
         self.refit_growth = float(refit_growth)
+        if search not in SEARCHES:
+            raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+        self.search = search  # how refit maximises the evidence (fit_hyperparameters)
         self.min_samples = int(min_samples)
         self.max_buffered = int(max_buffered)
         self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
@@ -141,6 +145,7 @@ class FedBNRServer:
     # at every publish, as it did)
     refit_growth = 0.0
     _n_fitted = 0.0
+    search = "grid"
 
     def refit_due(self) -> bool:
         """Whether :meth:`publish` refits `σ, λ`: fitting is on and the sums hold at least `1 + refit_growth`
@@ -163,7 +168,7 @@ class FedBNRServer:
         if st.n <= 0 or st.q <= 0:
             return False
         for k in range(self.n_kernels):
-            sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q)
+            sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q, search=self.search)
             self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
         self._n_fitted = st.n
         return True
