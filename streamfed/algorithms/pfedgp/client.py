@@ -15,8 +15,6 @@
   current version is split into chunks of at most `max_chunk_numbers` (:mod:`streamfed.algorithms.chunks`) and
   queued; `take_update` hands out one chunk per call, numbered `seq`. A new local update waits until the previous
   one is sent.
-* `trees > 1`: the personal classifier is a forest of GP-Trees of distinct structures, mixed with equal
-  weights (:class:`~.personal.GPForest`); its work is every member's, on the same credit.
 * A global of a newer network version replaces the parameters; the budget is re-embedded and the tree rebuilt
   (fresh chains) at the next refresh; queued chunks of the old version are dropped.
 
@@ -54,7 +52,7 @@ from streamfed.algorithms.pfedgp.budget import ClassBudget
 from streamfed.algorithms.pfedgp.cost import WorkCredit, fit_work, predict_work
 from streamfed.algorithms.pfedgp.messages import PFedGPGlobal
 from streamfed.algorithms.pfedgp.network import Layout, gp_inputs, inducing_of
-from streamfed.algorithms.pfedgp.personal import GPForest, GPTree
+from streamfed.algorithms.pfedgp.personal import GPTree
 from streamfed.algorithms.pfedgp.wire import chunk_update
 from streamfed.core.durable import durable
 
@@ -88,7 +86,6 @@ class PFedGPClient:
     credit: WorkCredit = WorkCredit(None)
     fit_credit: WorkCredit = WorkCredit(None)
     smoothing: float = 0.0
-    n_trees = 1
     model_theta: np.ndarray | None = None
     last_refresh = last_fit = 0
     predict_units = refresh_units = fit_units = 0.0
@@ -98,7 +95,7 @@ class PFedGPClient:
                  gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1, learn_kernel: bool = True,
                  objective: str = "predictive", fit_every: int = 64, fit_steps: int = 5, learning_rate: float = 0.01,
                  train_chains: int = 4, max_chunk_numbers: int = 512, seed: int = 0, max_budget: int | None = None,
-                 work_per_sample: float | None = None, smoothing: float = 1e-6, trees: int = 1) -> None:
+                 work_per_sample: float | None = None, smoothing: float = 1e-6) -> None:
         if n_classes < 2 or min(budget, chains, gibbs_steps, refresh_every, fit_every, fit_steps,
                                 max_chunk_numbers) < 1:
             raise ValueError("n_classes >= 2; budget, chains, steps and intervals >= 1")
@@ -120,9 +117,6 @@ class PFedGPClient:
         share = None if work_per_sample is None else float(work_per_sample) / (2.0 if self.trains else 1.0)
         self.credit, self.fit_credit = WorkCredit(share), WorkCredit(share)  # refreshes', local updates'
         self.smoothing = float(smoothing)
-        if int(trees) < 1:
-            raise ValueError(f"trees must be >= 1, got {trees!r}")
-        self.n_trees = int(trees)
         self.model_theta = self.theta.copy()  # the network the personal GP was refreshed with
         self.last_refresh = self.last_fit = 0  # samples learnt at the last refresh, the last local update
         self.predict_units = self.refresh_units = self.fit_units = 0.0  # work done, by kind (cost.py's units)
@@ -136,12 +130,10 @@ class PFedGPClient:
         self.counts = np.zeros(self.n_classes)
         self._stale = False  # samples kept since the last refresh
 
-    def _new_model(self) -> GPTree | GPForest:
+    def _new_model(self) -> GPTree:
         inducing = inducing_of(self.layout, self.theta) if self.layout.n_inducing else None
-        seed = int(self._rng.integers(2**63))
-        if self.n_trees > 1:
-            return GPForest(self.n_trees, **self.gp_args, inducing=inducing, seed=seed, dim=self.layout.gp_dim)
-        return GPTree(**self.gp_args, inducing=inducing, seed=seed, dim=self.layout.gp_dim)
+        return GPTree(**self.gp_args, inducing=inducing, seed=int(self._rng.integers(2**63)),
+                      dim=self.layout.gp_dim)
 
     # ------------------------------------------------------------------ predicting
     def embed(self, X: np.ndarray) -> np.ndarray:

@@ -54,11 +54,9 @@ class PFedGPClassifier(base.Classifier):
                  chains: int = 4, gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1,
                  learn_kernel: bool = True, objective: str = "predictive", fit_every: int = 64, fit_steps: int = 5,
                  learning_rate: float = 0.01, seed: int = 0, standardise: bool = True, max_budget: int | None = 512,
-                 work_per_sample: float | None = 2.0**25, smoothing: float = 1e-6, linear: float | None = 1.0,
-                 trees: int = 1) -> None:
+                 work_per_sample: float | None = 2.0**25, smoothing: float = 1e-6, linear: float | None = 1.0) -> None:
         self.max_classes = max_classes
         self.linear = linear
-        self.trees = trees
         self.max_budget = max_budget
         self.work_per_sample = work_per_sample
         self.smoothing = smoothing
@@ -124,8 +122,7 @@ class PFedGPClassifier(base.Classifier):
             refresh_every=int(self.refresh_every), learn_kernel=bool(self.learn_kernel), objective=self.objective,
             fit_every=int(self.fit_every), fit_steps=int(self.fit_steps), learning_rate=float(self.learning_rate),
             max_chunk_numbers=1 << 30, seed=int(self.seed), max_budget=self.max_budget,
-            work_per_sample=self.work_per_sample, smoothing=float(self.smoothing),
-            trees=int(self.trees))
+            work_per_sample=self.work_per_sample, smoothing=float(self.smoothing))
         self.server = PFedGPServer(theta, min_proposal_weight=1e-9)  # one client: its proposal is the fleet's
         self._keys = keys
         self._scales = OnlineStandardiser(len(keys), clip=INPUT_CLIP) if self.standardise else None

@@ -22,8 +22,6 @@ both sides of eq. 18 evaluated on their own) and each node's decision is kept wi
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from streamfed.algorithms.pfedgp.cost import refresh_work
@@ -35,10 +33,8 @@ from streamfed.algorithms.pfedgp.quadrature import chain_log_probs
 from streamfed.algorithms.pfedgp.tree import Tree, build_tree
 from streamfed.core.durable import durable
 
-__all__ = ["NODE_FLOOR", "GPForest", "GPTree", "prototypes", "splits"]
+__all__ = ["NODE_FLOOR", "GPTree", "prototypes"]
 
-#: Draws of a tree's structure (2-means' random seeding) before a forest's member gives up on a distinct one.
-REDRAWS = 8
 #: A node's "left" and "right" probabilities are at least this (float64 keeps `1 − NODE_FLOOR` below 1).
 NODE_FLOOR = 1e-12
 
@@ -46,11 +42,6 @@ NODE_FLOOR = 1e-12
 def prototypes(E: np.ndarray, y: np.ndarray, classes: tuple[int, ...]) -> np.ndarray:
     """The mean embedding of each class (rows in `classes` order)."""
     return np.stack([np.mean(E[y == c], axis=0) for c in classes])
-
-
-def splits(tree: Tree) -> frozenset[frozenset[frozenset[int]]]:
-    """A tree's structure as the set of its nodes' splits (two trees with the same splits are the same model)."""
-    return frozenset(frozenset((frozenset(n.left), frozenset(n.right))) for n in tree.nodes)
 
 
 @durable("pfedgp.GPTree")
@@ -99,12 +90,9 @@ class GPTree:
         """Samples reaching each node (what a refresh's and a prediction's work grow with)."""
         return [int(np.sum(m)) for m in self._masks]
 
-    def fit(self, E: np.ndarray, y: np.ndarray, ids: np.ndarray, *, rebuild: bool = False,
-            avoid: tuple[frozenset, ...] = ()) -> float:
+    def fit(self, E: np.ndarray, y: np.ndarray, ids: np.ndarray, *, rebuild: bool = False) -> float:
         """Refresh the posterior on embeddings `E (N, D)` with class labels `y` and sample ids `ids`; the tree is
-        rebuilt when the classes changed or `rebuild`. Returns the refresh's work units (:mod:`.cost`).
-        `avoid`: structures (:func:`splits`) a new tree must not have — after `REDRAWS` draws that all have one,
-        the model is left empty (`tree` None: no classes) and nothing is fitted."""
+        rebuilt when the classes changed or `rebuild`. Returns the refresh's work units (:mod:`.cost`)."""
         E, y, ids = np.asarray(E, dtype=np.float64), np.asarray(y).astype(np.int64), np.asarray(ids).astype(np.int64)
         if E.ndim != 2 or y.shape != (E.shape[0],) or ids.shape != y.shape or not np.all(np.isfinite(E)):
             raise ValueError("expected finite embeddings (N, D) with one label and one id per row")
@@ -115,15 +103,7 @@ class GPTree:
         # built aside and installed at the end: a failure (ValueError) leaves the model as it was
         tree, omegas = self.tree, self._omega
         if rebuild or tree is None or tree.classes != classes:
-            protos = prototypes(E, y, classes)
-            for _ in range(REDRAWS):
-                tree = build_tree(classes, protos, self.rng)
-                if splits(tree) not in avoid:
-                    break
-            else:
-                self.tree, self.posteriors, self._omega, self.E, self._masks = None, [], [], E, []
-                self._paths = None
-                return 0.0
+            tree = build_tree(classes, prototypes(E, y, classes), self.rng)
             omegas = [{} for _ in tree.nodes]
         posteriors: list[FullPosterior | FITCPosterior] = []
         new_omegas: list[dict[int, np.ndarray]] = []
@@ -216,75 +196,4 @@ class GPTree:
 
     def proba(self, Es: np.ndarray) -> np.ndarray:
         """Class probabilities `(T, len(classes))` of the rows of `Es` (empty columns before any sample)."""
-        return np.exp(self.log_proba(Es))
-
-
-@durable("pfedgp.GPForest")
-class GPForest:
-    """Several GP-Trees over the same classes, of distinct structures, mixed with equal weights: `p(y | x) =
-    (1/T) Σ_t p_t(y | x)` — model averaging over the tree structure, a choice GP-Tree makes once (its 2-means
-    split of the class prototypes). A single tree decides a class by a chain of binary decisions, an early one
-    final; averaging over structures is how one-vs-rest-like robustness returns (each tree's node GPs are
-    the paper's). Members are drawn with their own seeds; one whose structure repeats an earlier member's is
-    redrawn (:data:`REDRAWS` times) and else stays empty, so two classes (one possible tree) cost one tree.
-
-    >>> rng = np.random.default_rng(0)
-    >>> E = rng.normal(size=(30, 2)) + np.repeat(np.array([[0.0, 3.0], [3.0, 0.0], [0.0, -3.0]]), 10, axis=0)
-    >>> forest = GPForest(3, lengthscale=1.0, outputscale=4.0, chains=2, steps=5, seed=0)
-    >>> work = forest.fit(E, np.repeat([0, 1, 2], 10), ids=np.arange(30))
-    >>> p = forest.proba(E[:1]); forest.classes, int(np.argmax(p[0])), bool(abs(p.sum() - 1) < 1e-12)
-    ((0, 1, 2), 0, True)
-    >>> len(forest.active) > 1
-    True
-    """
-
-    def __init__(self, trees: int, *, seed: int = 0, **tree_args: object) -> None:
-        if int(trees) < 1:
-            raise ValueError(f"trees must be >= 1, got {trees!r}")
-        seeds = np.random.default_rng(seed).integers(2**63, size=int(trees))
-        self.members = [GPTree(seed=int(s), **tree_args) for s in seeds]  # type: ignore[arg-type]
-
-    @property
-    def chains(self) -> int:
-        return self.members[0].chains
-
-    @property
-    def classes(self) -> tuple[int, ...]:
-        return self.members[0].classes
-
-    @property
-    def active(self) -> list[GPTree]:
-        """The members with a tree (the first always has one once a class is seen)."""
-        return [m for m in self.members if m.tree is not None]
-
-    @property
-    def node_sizes(self) -> list[int]:
-        return [n for m in self.active for n in m.node_sizes]
-
-    def fit(self, E: np.ndarray, y: np.ndarray, ids: np.ndarray, *, rebuild: bool = False) -> float:
-        """Every member's refresh (:meth:`GPTree.fit`; a member rebuilds only when its tree is new or the
-        classes changed). Installs nothing if one raises."""
-        members = [copy.copy(m) for m in self.members]  # a failure leaves the forest as it was
-        work, seen = 0.0, []
-        for i, m in enumerate(members):
-            m.rng = copy.deepcopy(m.rng)
-            # a member whose structure is an earlier one's is rebuilt (`avoid`), first is never
-            if m.tree is not None and splits(m.tree) in seen:
-                m.tree = None
-            work += m.fit(E, y, ids, rebuild=rebuild, avoid=tuple(seen) if i else ())
-            if m.tree is not None:
-                seen.append(splits(m.tree))
-        self.members = members
-        return work
-
-    def log_proba(self, Es: np.ndarray) -> np.ndarray:
-        """`log (1/T) Σ_t p_t` over the active members `(T_rows, len(classes))`, in the log domain."""
-        active = self.active
-        if not active:
-            return self.members[0].log_proba(Es)
-        lp = np.stack([m.log_proba(Es) for m in active])
-        top = np.max(lp, axis=0)
-        return top + np.log(np.mean(np.exp(lp - top), axis=0))
-
-    def proba(self, Es: np.ndarray) -> np.ndarray:
         return np.exp(self.log_proba(Es))
