@@ -19,6 +19,12 @@
   run and against pFedGP without the bound (`max_budget=None, budget=32, work_per_sample=None`: the settings
   measured in issue 34, run for fewer samples); torch's first backward pass (its lazy imports, ~2 s) is done
   before timing. The work counters (cost.py's units), refreshes and local updates are the client's own.
+* (c) Why a linear stream can stay ahead (`--parts c`, seconds): on `synth.Waveform` rows (seed 0), trained on
+  the first 512 or 1,000 rows and scored on rows 2,000–2,999, scikit-learn's `LogisticRegression` (C = 1,
+  standardised inputs) one-vs-rest against the same binary learner arranged as a GP-Tree arranges its nodes
+  (one class against the other two at the root, then the remaining pair), for each of the three roots, and the
+  average of the three trees' probabilities — the structure's cost with the kernel and the sampler out of
+  the way — and the effect of the 512-sample budget (the cost bound) against 1,000 rows.
 """
 
 from __future__ import annotations
@@ -206,28 +212,68 @@ def part_b(quick: bool) -> tuple[list[str], dict]:
     return lines, rows
 
 
+def part_c() -> tuple[list[str], dict]:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.multiclass import OneVsRestClassifier
+
+    rows = list(synth.Waveform(seed=0).take(3000))
+    keys = sorted(rows[0][0])
+    X = np.array([[x[k] for k in keys] for x, _ in rows])
+    y = np.array([label for _, label in rows])
+    lines = ["## (c) A GP-Tree's structure against one-vs-rest, linear learners, `synth.Waveform`", "",
+             "Accuracy on rows 2,000–2,999 of `synth.Waveform(seed=0)`, trained on the first n rows (inputs "
+             "standardised on them); `LogisticRegression(C=1)` as the binary learner everywhere.", "",
+             "| n | one-vs-rest | tree, root {0} | tree, root {1} | tree, root {2} | average of the 3 trees |",
+             "|---|---|---|---|---|---|"]
+    data: dict[str, Any] = {}
+    for n in (512, 1000):
+        mu, sd = X[:n].mean(0), X[:n].std(0)
+        A, B, ya, yb = (X[:n] - mu) / sd, (X[2000:] - mu) / sd, y[:n], y[2000:]
+        ovr = float(OneVsRestClassifier(LogisticRegression(C=1.0, max_iter=2000)).fit(A, ya).score(B, yb))
+        trees = []
+        for root in (0, 1, 2):
+            rest = [c for c in (0, 1, 2) if c != root]
+            p_root = LogisticRegression(C=1.0, max_iter=2000).fit(A, ya == root).predict_proba(B)[:, 1]
+            m = np.isin(ya, rest)
+            p_first = LogisticRegression(C=1.0, max_iter=2000).fit(A[m], ya[m] == rest[0]).predict_proba(B)[:, 1]
+            P = np.zeros((len(B), 3))
+            P[:, root], P[:, rest[0]], P[:, rest[1]] = p_root, (1 - p_root) * p_first, (1 - p_root) * (1 - p_first)
+            trees.append(P)
+        accs = [float(np.mean(P.argmax(1) == yb)) for P in trees]
+        avg = float(np.mean(sum(trees).argmax(1) == yb))
+        data[str(n)] = {"ovr": ovr, "trees": accs, "average": avg}
+        lines.append(f"| {n} | {ovr:.3f} | " + " | ".join(f"{a:.3f}" for a in accs) + f" | {avg:.3f} |")
+    lines.append("")
+    return lines, data
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--parts", default="ab")
+    ap.add_argument("--parts", default="ab", help="a, b, c or several (c runs only when named)")
     args = ap.parse_args()
     seeds = [0] if args.quick else [0, 1, 2]
     t0 = time.perf_counter()
     lines = ["# pFedGP as a streaming classifier at a bounded cost", "",
              "pFedGP's River estimator (`PFedGPClassifier`, local-only: a fleet of one) on its defaults — budget "
              "256 per class and 512 in all, 4 Gibbs chains, a work credit of 2^25 units per sample for refreshes "
-             "and local updates, probabilities mixed with the uniform at 1e-6 — against River's `StandardScaler | "
+             "and local updates, probabilities mixed with the uniform at 1e-6, a kernel with a linear part (initial "
+             "scale 1, learned) — against River's `StandardScaler | "
              "LogisticRegression` recipe in the same run: accuracy and log loss on River's bundled and synthetic "
              "streams, and the cost per sample at 26 classes against 2.", "",
-             "Command: `.venv/bin/python benchmarks/bench_pfedgp_stream.py --out "
-             "benchmarks/results/pfedgp_stream.md` (one torch thread, one BLAS thread).", ""]
+             "Command: `.venv/bin/python benchmarks/bench_pfedgp_stream.py"
+             + ("" if args.parts == "ab" else f" --parts {args.parts}") + f" --out {args.out}` (one torch thread, "
+             "one BLAS thread).", ""]
     data: dict[str, Any] = {}
     if "a" in args.parts:
         part, data["a"] = part_a(args.quick, seeds)
         lines += part
     if "b" in args.parts:
         part, data["b"] = part_b(args.quick)
+        lines += part
+    if "c" in args.parts:
+        part, data["c"] = part_c()
         lines += part
     lines += [f"Wall time {time.perf_counter() - t0:.0f} s.", ""]
     write_section(args.out, lines, data, quick=args.quick)
