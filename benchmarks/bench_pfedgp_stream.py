@@ -109,7 +109,8 @@ def _spread(runs: list[dict], key: str) -> float:
     return float(max(v) - min(v))
 
 
-def part_a(quick: bool, seeds: list[int]) -> tuple[list[str], dict]:
+def part_a(quick: bool, seeds: list[int], only: set[str] | None = None, **overrides: Any
+           ) -> tuple[list[str], dict]:
     lines = ["## (a) Accuracy and log loss, prequential, against `StandardScaler | LogisticRegression`", "",
              f"Mean over seeds {seeds} (± the spread, max − min, of pFedGP over seeds); *extreme*: predictions with "
              "a probability exactly 0 or 1 (of two or more labels).", "",
@@ -117,9 +118,11 @@ def part_a(quick: bool, seeds: list[int]) -> tuple[list[str], dict]:
              "| pFedGP extreme | pFedGP ms/sample | recipe ms/sample |", "|---|---|---|---|---|---|---|---|---|"]
     data: dict[str, Any] = {}
     for name, k, make in streams(quick):
+        if only is not None and name.rstrip("*") not in only:
+            continue
         runs = []
         for s in seeds:
-            gp = prequential(PFedGPClassifier(seed=s), make(s))
+            gp = prequential(PFedGPClassifier(seed=s, **overrides), make(s))
             lr = prequential(recipe(k), make(s))
             runs.append({"pfedgp": gp, "recipe": lr})
             print(name, s, gp, lr, flush=True)
@@ -252,6 +255,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--parts", default="ab", help="a, b, c or several (c runs only when named)")
+    ap.add_argument("--streams", default=None, help="part (a) on these streams only, comma-separated")
+    ap.add_argument("--rbf-only", action="store_true", help="part (a) with the previous default, linear=None")
     args = ap.parse_args()
     seeds = [0] if args.quick else [0, 1, 2]
     t0 = time.perf_counter()
@@ -263,11 +268,14 @@ def main() -> int:
              "LogisticRegression` recipe in the same run: accuracy and log loss on River's bundled and synthetic "
              "streams, and the cost per sample at 26 classes against 2.", "",
              "Command: `.venv/bin/python benchmarks/bench_pfedgp_stream.py"
-             + ("" if args.parts == "ab" else f" --parts {args.parts}") + f" --out {args.out}` (one torch thread, "
+             + ("" if args.parts == "ab" else f" --parts {args.parts}")
+             + ("" if args.streams is None else f" --streams {args.streams}") + (" --rbf-only" if args.rbf_only else "")
+             + f" --out {args.out}` (one torch thread, "
              "one BLAS thread).", ""]
     data: dict[str, Any] = {}
     if "a" in args.parts:
-        part, data["a"] = part_a(args.quick, seeds)
+        only = None if args.streams is None else set(args.streams.split(","))
+        part, data["a"] = part_a(args.quick, seeds, only, **({"linear": None} if args.rbf_only else {}))
         lines += part
     if "b" in args.parts:
         part, data["b"] = part_b(args.quick)
