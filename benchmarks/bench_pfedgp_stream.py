@@ -243,7 +243,7 @@ def part_c() -> tuple[list[str], dict]:
             P[:, root], P[:, rest[0]], P[:, rest[1]] = p_root, (1 - p_root) * p_first, (1 - p_root) * (1 - p_first)
             trees.append(P)
         accs = [float(np.mean(P.argmax(1) == yb)) for P in trees]
-        avg = float(np.mean(sum(trees).argmax(1) == yb))
+        avg = float(np.mean(np.sum(trees, axis=0).argmax(1) == yb))
         data[str(n)] = {"ovr": ovr, "trees": accs, "average": avg}
         lines.append(f"| {n} | {ovr:.3f} | " + " | ".join(f"{a:.3f}" for a in accs) + f" | {avg:.3f} |")
     lines.append("")
