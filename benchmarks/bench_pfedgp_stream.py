@@ -7,7 +7,10 @@
   `datasets.Phishing` (1,250 × 9, binary), `datasets.Bananas` (5,300 × 2, binary), `datasets.ImageSegments`
   (2,310 × 18, 7 classes; the other bundled classification sets download at first use) — and on River's
   synthetic generators `synth.Agrawal`, `synth.Hyperplane` (5 features), `synth.Waveform` (3 classes) and
-  `synth.RandomRBF` (26 classes), 2,000 samples each. `PFedGPClassifier()` on its defaults against
+  `synth.RandomRBF` (26 classes), 2,000 samples each; and, not used while choosing the defaults (the
+  linear part of the kernel, issue 34): the first 2,000 rows of the bundled `datasets.Shuttle` (9 features,
+  binary), `synth.SEA` (3 features, binary, a linear threshold with 10% label noise) and `synth.LED` (7 digit
+  segments and 17 irrelevant ones, 10 classes, 10% noise), 2,000 each. `PFedGPClassifier()` on its defaults against
   `StandardScaler | LogisticRegression` (one-vs-rest for more than two classes), in the same process. Three
   seeds: the pFedGP seed (bundled streams) or the generator's seed (synthetic; the recipe then runs on
   the same rows).
@@ -16,6 +19,12 @@
   run and against pFedGP without the bound (`max_budget=None, budget=32, work_per_sample=None`: the settings
   measured in issue 34, run for fewer samples); torch's first backward pass (its lazy imports, ~2 s) is done
   before timing. The work counters (cost.py's units), refreshes and local updates are the client's own.
+* (c) Why a linear stream can stay ahead (`--parts c`, seconds): on `synth.Waveform` rows (seed 0), trained on
+  the first 512 or 1,000 rows and scored on rows 2,000–2,999, scikit-learn's `LogisticRegression` (C = 1,
+  standardised inputs) one-vs-rest against the same binary learner arranged as a GP-Tree arranges its nodes
+  (one class against the other two at the root, then the remaining pair), for each of the three roots, and the
+  average of the three trees' probabilities — the structure's cost with the kernel and the sampler out of
+  the way — and the effect of the 512-sample budget (the cost bound) against 1,000 rows.
 """
 
 from __future__ import annotations
@@ -59,6 +68,10 @@ def streams(quick: bool) -> list[tuple[str, int, Any]]:
         ("Waveform", 3, lambda s: synth.Waveform(seed=s).take(n)),
         ("RandomRBF-26", 26, lambda s: synth.RandomRBF(seed_model=s, seed_sample=s, n_classes=26, n_features=10,
                                                        n_centroids=52).take(n)),
+        # not tuned on (held out while choosing the linear part's defaults)
+        ("Shuttle*", 2, lambda s: datasets.Shuttle().take(n)),
+        ("SEA*", 2, lambda s: synth.SEA(variant=0, seed=s, noise=0.1).take(n)),
+        ("LED*", 10, lambda s: synth.LED(seed=s, noise_percentage=0.1, irrelevant_features=True).take(n)),
     ]
     if quick:
         return [(name, k, _first(f, n)) for name, k, f in out[:3]]
@@ -96,7 +109,8 @@ def _spread(runs: list[dict], key: str) -> float:
     return float(max(v) - min(v))
 
 
-def part_a(quick: bool, seeds: list[int]) -> tuple[list[str], dict]:
+def part_a(quick: bool, seeds: list[int], only: set[str] | None = None, **overrides: Any
+           ) -> tuple[list[str], dict]:
     lines = ["## (a) Accuracy and log loss, prequential, against `StandardScaler | LogisticRegression`", "",
              f"Mean over seeds {seeds} (± the spread, max − min, of pFedGP over seeds); *extreme*: predictions with "
              "a probability exactly 0 or 1 (of two or more labels).", "",
@@ -104,9 +118,11 @@ def part_a(quick: bool, seeds: list[int]) -> tuple[list[str], dict]:
              "| pFedGP extreme | pFedGP ms/sample | recipe ms/sample |", "|---|---|---|---|---|---|---|---|---|"]
     data: dict[str, Any] = {}
     for name, k, make in streams(quick):
+        if only is not None and name.rstrip("*") not in only:
+            continue
         runs = []
         for s in seeds:
-            gp = prequential(PFedGPClassifier(seed=s), make(s))
+            gp = prequential(PFedGPClassifier(seed=s, **overrides), make(s))
             lr = prequential(recipe(k), make(s))
             runs.append({"pfedgp": gp, "recipe": lr})
             print(name, s, gp, lr, flush=True)
@@ -121,7 +137,7 @@ def part_a(quick: bool, seeds: list[int]) -> tuple[list[str], dict]:
     ll = sum(r["pfedgp"]["log_loss"] < r["recipe"]["log_loss"] for v in data.values() for r in v)
     total = sum(len(v) for v in data.values())
     lines += ["", f"pFedGP's accuracy at least the recipe's on {wins} of {total} runs; its log loss lower on "
-              f"{ll} of {total}.", ""]
+              f"{ll} of {total}. *: streams not used while choosing the defaults.", ""]
     return lines, data
 
 
@@ -199,28 +215,73 @@ def part_b(quick: bool) -> tuple[list[str], dict]:
     return lines, rows
 
 
+def part_c() -> tuple[list[str], dict]:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.multiclass import OneVsRestClassifier
+
+    rows = list(synth.Waveform(seed=0).take(3000))
+    keys = sorted(rows[0][0])
+    X = np.array([[x[k] for k in keys] for x, _ in rows])
+    y = np.array([label for _, label in rows])
+    lines = ["## (c) A GP-Tree's structure against one-vs-rest, linear learners, `synth.Waveform`", "",
+             "Accuracy on rows 2,000–2,999 of `synth.Waveform(seed=0)`, trained on the first n rows (inputs "
+             "standardised on them); `LogisticRegression(C=1)` as the binary learner everywhere.", "",
+             "| n | one-vs-rest | tree, root {0} | tree, root {1} | tree, root {2} | average of the 3 trees |",
+             "|---|---|---|---|---|---|"]
+    data: dict[str, Any] = {}
+    for n in (512, 1000):
+        mu, sd = X[:n].mean(0), X[:n].std(0)
+        A, B, ya, yb = (X[:n] - mu) / sd, (X[2000:] - mu) / sd, y[:n], y[2000:]
+        ovr = float(OneVsRestClassifier(LogisticRegression(C=1.0, max_iter=2000)).fit(A, ya).score(B, yb))
+        trees = []
+        for root in (0, 1, 2):
+            rest = [c for c in (0, 1, 2) if c != root]
+            p_root = LogisticRegression(C=1.0, max_iter=2000).fit(A, ya == root).predict_proba(B)[:, 1]
+            m = np.isin(ya, rest)
+            p_first = LogisticRegression(C=1.0, max_iter=2000).fit(A[m], ya[m] == rest[0]).predict_proba(B)[:, 1]
+            P = np.zeros((len(B), 3))
+            P[:, root], P[:, rest[0]], P[:, rest[1]] = p_root, (1 - p_root) * p_first, (1 - p_root) * (1 - p_first)
+            trees.append(P)
+        accs = [float(np.mean(P.argmax(1) == yb)) for P in trees]
+        avg = float(np.mean(np.sum(trees, axis=0).argmax(1) == yb))
+        data[str(n)] = {"ovr": ovr, "trees": accs, "average": avg}
+        lines.append(f"| {n} | {ovr:.3f} | " + " | ".join(f"{a:.3f}" for a in accs) + f" | {avg:.3f} |")
+    lines.append("")
+    return lines, data
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--parts", default="ab")
+    ap.add_argument("--parts", default="ab", help="a, b, c or several (c runs only when named)")
+    ap.add_argument("--streams", default=None, help="part (a) on these streams only, comma-separated")
+    ap.add_argument("--rbf-only", action="store_true", help="part (a) with the previous default, linear=None")
     args = ap.parse_args()
     seeds = [0] if args.quick else [0, 1, 2]
     t0 = time.perf_counter()
     lines = ["# pFedGP as a streaming classifier at a bounded cost", "",
              "pFedGP's River estimator (`PFedGPClassifier`, local-only: a fleet of one) on its defaults — budget "
              "256 per class and 512 in all, 4 Gibbs chains, a work credit of 2^25 units per sample for refreshes "
-             "and local updates, probabilities mixed with the uniform at 1e-6 — against River's `StandardScaler | "
+             "and local updates, probabilities mixed with the uniform at 1e-6, a kernel with a linear part (initial "
+             "scale 1, learned) — against River's `StandardScaler | "
              "LogisticRegression` recipe in the same run: accuracy and log loss on River's bundled and synthetic "
              "streams, and the cost per sample at 26 classes against 2.", "",
-             "Command: `.venv/bin/python benchmarks/bench_pfedgp_stream.py --out "
-             "benchmarks/results/pfedgp_stream.md` (one torch thread, one BLAS thread).", ""]
+             "Command: `.venv/bin/python benchmarks/bench_pfedgp_stream.py"
+             + ("" if args.parts == "ab" else f" --parts {args.parts}")
+             + ("" if args.streams is None else f" --streams {args.streams}") + (" --rbf-only" if args.rbf_only else "")
+             + f" --out {args.out}` (one torch thread, "
+             "one BLAS thread).", ""]
     data: dict[str, Any] = {}
     if "a" in args.parts:
-        part, data["a"] = part_a(args.quick, seeds)
+        only = None if args.streams is None else set(args.streams.split(","))
+        part, data["a"] = part_a(args.quick, seeds, only, **({"linear": None} if args.rbf_only else {}))
         lines += part
     if "b" in args.parts:
         part, data["b"] = part_b(args.quick)
+        lines += part
+    if "c" in args.parts:
+        part, data["c"] = part_c()
         lines += part
     lines += [f"Wall time {time.perf_counter() - t0:.0f} s.", ""]
     write_section(args.out, lines, data, quick=args.quick)

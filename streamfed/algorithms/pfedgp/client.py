@@ -51,7 +51,7 @@ from streamfed.algorithms.chunks import split_vector
 from streamfed.algorithms.pfedgp.budget import ClassBudget
 from streamfed.algorithms.pfedgp.cost import WorkCredit, fit_work, predict_work
 from streamfed.algorithms.pfedgp.messages import PFedGPGlobal
-from streamfed.algorithms.pfedgp.network import Layout, embed, inducing_of
+from streamfed.algorithms.pfedgp.network import Layout, gp_inputs, inducing_of
 from streamfed.algorithms.pfedgp.personal import GPTree
 from streamfed.algorithms.pfedgp.wire import chunk_update
 from streamfed.core.durable import durable
@@ -132,11 +132,13 @@ class PFedGPClient:
 
     def _new_model(self) -> GPTree:
         inducing = inducing_of(self.layout, self.theta) if self.layout.n_inducing else None
-        return GPTree(**self.gp_args, inducing=inducing, seed=int(self._rng.integers(2**63)))
+        return GPTree(**self.gp_args, inducing=inducing, seed=int(self._rng.integers(2**63)),
+                      dim=self.layout.gp_dim)
 
     # ------------------------------------------------------------------ predicting
     def embed(self, X: np.ndarray) -> np.ndarray:
-        return embed(self.layout, self.theta, self.omega, X)
+        """The GP inputs of `X` with the network in use (the embedding, then the linear part's inputs)."""
+        return gp_inputs(self.layout, self.theta, self.omega, X)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Class probabilities `(n_classes,)` of input `x`."""
@@ -151,7 +153,7 @@ class PFedGPClient:
             return np.full((X.shape[0], self.n_classes), 1.0 / self.n_classes)
         logp = np.full((X.shape[0], self.n_classes), -np.inf)
         theta = self.theta if self.model_theta is None else self.model_theta
-        logp[:, list(self.model.classes)] = self.model.log_proba(embed(self.layout, theta, self.omega, X))
+        logp[:, list(self.model.classes)] = self.model.log_proba(gp_inputs(self.layout, theta, self.omega, X))
         self.predict_units += X.shape[0] * predict_work(self.model.node_sizes, chains=self.model.chains)
         if self.smoothing > 0:  # the mixture (1 − λ) p + λ / n_classes, in the log domain
             logp = np.logaddexp(math.log1p(-self.smoothing) + logp, math.log(self.smoothing / self.n_classes))

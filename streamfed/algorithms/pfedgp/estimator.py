@@ -43,15 +43,20 @@ class PFedGPClassifier(base.Classifier):
 
     Keys are mapped to an input vector in sorted order, fixed at the first `learn_one`; a missing key reads 0,
     an unknown one is ignored; a None, NaN or non-numeric value raises `ValueError` and changes nothing. Inputs
-    are standardised online from past samples only (winsorised at ±5 σ) when `standardise`."""
+    are standardised online from past samples only (winsorised at ±5 σ) when `standardise`.
+
+    The kernel is the RBF on the learned embedding plus, unless `linear` is None, a linear part on the
+    (standardised) inputs with a bias, of initial scale `linear`, learned with the network (:mod:`.kernels`):
+    a linear boundary is then in the prior, not left for the network to find."""
 
     def __init__(self, max_classes: int | None = None, widths: tuple[int, ...] = (16,), n_omega: int = 16,
                  lengthscale: float = 0.5, outputscale: float = 8.0, inducing: int = 0, budget: int = 256,
                  chains: int = 4, gibbs_steps: int = 2, burn_in: int = 10, refresh_every: int = 1,
                  learn_kernel: bool = True, objective: str = "predictive", fit_every: int = 64, fit_steps: int = 5,
                  learning_rate: float = 0.01, seed: int = 0, standardise: bool = True, max_budget: int | None = 512,
-                 work_per_sample: float | None = 2.0**25, smoothing: float = 1e-6) -> None:
+                 work_per_sample: float | None = 2.0**25, smoothing: float = 1e-6, linear: float | None = 1.0) -> None:
         self.max_classes = max_classes
+        self.linear = linear
         self.max_budget = max_budget
         self.work_per_sample = work_per_sample
         self.smoothing = smoothing
@@ -76,6 +81,10 @@ class PFedGPClassifier(base.Classifier):
             raise ValueError("max_classes None or >= 2; objective 'predictive' or 'marginal'")
         if max_budget is not None and int(max_budget) < 1:
             raise ValueError(f"max_budget must be None or >= 1, got {max_budget!r}")
+        if linear is not None and not (math.isfinite(float(linear)) and 1e-3 <= float(linear) <= 1e3):
+            raise ValueError(f"linear must be None or within [1e-3, 1e3], got {linear!r}")
+        if linear is not None and int(inducing) > 0:
+            raise ValueError("the kernel's linear part is for the full GP: linear=None when inducing > 0")
         for name in ("lengthscale", "outputscale", "learning_rate"):
             v = float(getattr(self, name))
             if not (math.isfinite(v) and v > 0):
@@ -92,7 +101,7 @@ class PFedGPClassifier(base.Classifier):
         yield {"widths": (4,), "n_omega": 4, "budget": 8, "fit_every": 400, "fit_steps": 1, "chains": 3,
                "refresh_every": 4}
         yield {"widths": (3,), "n_omega": 4, "budget": 8, "inducing": 4, "learn_kernel": False, "chains": 3,
-               "refresh_every": 4, "standardise": False}
+               "refresh_every": 4, "standardise": False, "linear": None}
 
     @property
     def _multiclass(self) -> bool:
@@ -101,9 +110,11 @@ class PFedGPClassifier(base.Classifier):
     def _build(self, keys: list[Any]) -> None:
         if not keys:
             raise ValueError("cannot build a model from an input with no features")
-        layout = Layout(URKArch(len(keys), tuple(int(w) for w in self.widths), int(self.n_omega)), int(self.inducing))
+        layout = Layout(URKArch(len(keys), tuple(int(w) for w in self.widths), int(self.n_omega)), int(self.inducing),
+                        linear=self.linear is not None)
         ls = math.sqrt(2.0 * layout.arch.latent)
-        theta = initial_theta(layout, int(self.seed), lengthscale=ls)
+        theta = initial_theta(layout, int(self.seed), lengthscale=ls,
+                              linear_scale=1.0 if self.linear is None else float(self.linear))
         self.client = PFedGPClient(
             layout, theta, omega_of(layout, int(self.seed)), n_classes=max(2, len(self._labels)), client_id="local",
             budget=int(self.budget), lengthscale=float(self.lengthscale), outputscale=float(self.outputscale),

@@ -29,7 +29,8 @@ import torch
 
 from streamfed.algorithms.pfedgp.quadrature import GH_POINTS
 
-__all__ = ["log_marginal_fitc", "log_marginal_full", "log_predictive_fitc", "log_predictive_full", "rbf_t"]
+__all__ = ["gp_kernel_t", "log_marginal_fitc", "log_marginal_full", "log_predictive_fitc", "log_predictive_full",
+           "rbf_t"]
 
 _T, _W = (torch.tensor(a, dtype=torch.float64) for a in np.polynomial.hermite.hermgauss(GH_POINTS))
 _JITTER = 1e-8
@@ -39,6 +40,15 @@ def rbf_t(A: torch.Tensor, B: torch.Tensor, lengthscale: float, outputscale: flo
     """The RBF kernel (`kernels.rbf`) in torch."""
     d = (A * A).sum(1)[:, None] + (B * B).sum(1)[None, :] - 2.0 * A @ B.T
     return outputscale * torch.exp(-0.5 * torch.clamp(d, min=0.0) / lengthscale**2)
+
+
+def gp_kernel_t(A: torch.Tensor, B: torch.Tensor, dim: int | None, lengthscale: float, outputscale: float
+                ) -> torch.Tensor:
+    """The kernel on GP inputs (`kernels.gp_kernel`) in torch: RBF on the first `dim` columns plus the dot
+    product of the rest (`dim` None: RBF on all)."""
+    if dim is None:
+        return rbf_t(A, B, lengthscale, outputscale)
+    return rbf_t(A[:, :dim], B[:, :dim], lengthscale, outputscale) + A[:, dim:] @ B[:, dim:].T
 
 
 def _eye(n: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ import numpy as np
 from streamfed.algorithms.pfedgp.cost import refresh_work
 from streamfed.algorithms.pfedgp.fitc import FITCPosterior, fitc_gibbs
 from streamfed.algorithms.pfedgp.gibbs import FullPosterior, gibbs
-from streamfed.algorithms.pfedgp.kernels import rbf
+from streamfed.algorithms.pfedgp.kernels import gp_kernel, gp_kernel_diag
 from streamfed.algorithms.pfedgp.polya_gamma import sample_pg
 from streamfed.algorithms.pfedgp.quadrature import chain_log_probs
 from streamfed.algorithms.pfedgp.tree import Tree, build_tree
@@ -47,13 +47,21 @@ def prototypes(E: np.ndarray, y: np.ndarray, classes: tuple[int, ...]) -> np.nda
 @durable("pfedgp.GPTree")
 class GPTree:
     """The personal classifier. `inducing (M, D)`: FITC with those shared inducing inputs; None: the full GP.
-    `chains` parallel Gibbs chains, `steps` sweeps per refresh (`burn_in` when chains start afresh).
+    `chains` parallel Gibbs chains, `steps` sweeps per refresh (`burn_in` when chains start afresh). `dim`:
+    where the embedding ends in an input row, the rest being the kernel's linear part (:mod:`.kernels`; None:
+    no linear part).
     """
 
+    dim: int | None = None  # a model stored before the linear part existed has none
+
     def __init__(self, *, lengthscale: float = 1.0, outputscale: float = 8.0, chains: int = 10, steps: int = 5,
-                 burn_in: int | None = None, inducing: np.ndarray | None = None, seed: int = 0) -> None:
+                 burn_in: int | None = None, inducing: np.ndarray | None = None, seed: int = 0,
+                 dim: int | None = None) -> None:
         if not (lengthscale > 0 and outputscale > 0 and chains >= 1 and steps >= 1):
             raise ValueError("lengthscale, outputscale > 0; chains, steps >= 1")
+        if dim is not None and (inducing is not None or dim < 1):
+            raise ValueError("a linear part (dim) needs the full GP and dim >= 1")
+        self.dim = None if dim is None else int(dim)
         self.lengthscale, self.outputscale = float(lengthscale), float(outputscale)
         self.chains, self.steps = int(chains), int(steps)
         self.burn_in = int(burn_in) if burn_in is not None else 2 * int(steps)
@@ -72,7 +80,10 @@ class GPTree:
         return () if self.tree is None else self.tree.classes
 
     def k(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        return rbf(A, B, lengthscale=self.lengthscale, outputscale=self.outputscale)
+        return gp_kernel(A, B, dim=self.dim, lengthscale=self.lengthscale, outputscale=self.outputscale)
+
+    def kdiag(self, A: np.ndarray) -> np.ndarray:
+        return gp_kernel_diag(A, dim=self.dim, outputscale=self.outputscale)
 
     @property
     def node_sizes(self) -> list[int]:
@@ -138,7 +149,7 @@ class GPTree:
         assert self.tree is not None
         Es = np.asarray(Es, dtype=np.float64)
         out = np.empty((Es.shape[0], len(self.tree.nodes)))
-        kss = np.full(Es.shape[0], self.outputscale)
+        kss = self.kdiag(Es)
         for v, post in enumerate(self.posteriors):
             base = self.E[self._masks[v]] if self.inducing is None else self.inducing
             out[:, v] = post.prob(self.k(base, Es), kss)
@@ -152,7 +163,7 @@ class GPTree:
         Es = np.asarray(Es, dtype=np.float64)
         if not self.posteriors:  # one class: no node, log 1
             return np.zeros((Es.shape[0], len(self.classes)))
-        kss = np.full(Es.shape[0], self.outputscale)
+        kss = self.kdiag(Es)
         kall = self.k(self.E if self.inducing is None else self.inducing, Es)  # one kernel for every node
         mus, vs = [], []
         for v, post in enumerate(self.posteriors):

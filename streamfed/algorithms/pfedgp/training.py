@@ -6,7 +6,9 @@ identity, eq. 2 / eq. 4) through URK's differentiable features (:func:`streamfed
 features_t`, reused). The tree is rebuilt once per local update from the current embeddings (the paper
 rebuilds it every round). `objective="predictive"` conditions each node on a random half of its samples and
 scores the other half (eq. 3); `"marginal"` scores all of them (eq. 1). The loss is divided by the number of
-samples. Log-lengthscales stay within URK's `LOG_BOUNDS`.
+samples. Log-lengthscales stay within URK's `LOG_BOUNDS`. With the kernel's linear part (`Layout.linear`) its
+scale `log c` is learned with the network (within `LINEAR_BOUNDS`): the GP inputs are `g_θ(x)` then
+`√(c / (d + 1)) · (1, x)`, differentiable in `log c`.
 
 >>> from streamfed.algorithms.urk.network import URKArch
 >>> from streamfed.algorithms.pfedgp.network import Layout, initial_theta, omega_of
@@ -28,14 +30,14 @@ import torch
 
 from streamfed.algorithms.pfedgp.fitc import fitc_gibbs
 from streamfed.algorithms.pfedgp.gibbs import gibbs
-from streamfed.algorithms.pfedgp.kernels import rbf
-from streamfed.algorithms.pfedgp.network import Layout, embed, inducing_of
+from streamfed.algorithms.pfedgp.kernels import gp_kernel
+from streamfed.algorithms.pfedgp.network import LINEAR_BOUNDS, Layout, gp_inputs, inducing_of
 from streamfed.algorithms.pfedgp.objectives import (
+    gp_kernel_t,
     log_marginal_fitc,
     log_marginal_full,
     log_predictive_fitc,
     log_predictive_full,
-    rbf_t,
 )
 from streamfed.algorithms.pfedgp.personal import prototypes
 from streamfed.algorithms.pfedgp.tree import build_tree
@@ -62,19 +64,28 @@ def local_objective(layout: Layout, v: torch.Tensor, om: torch.Tensor, X: torch.
     per sample; Gibbs samples drawn at `v` (detached)."""
     n_net, fitc = layout.n_net, layout.n_inducing > 0
     theta = v.detach().numpy()
-    E = embed(layout, theta, om.numpy(), X.numpy())
+    E = gp_inputs(layout, theta, om.numpy(), X.numpy())
     classes = tuple(int(c) for c in np.unique(y))
     if tree is None:
         tree = build_tree(classes, prototypes(E, y, classes), rng)
     Et = features_t(v[:n_net], layout.arch, om, X)
+    dim = layout.gp_dim
+    if layout.linear:  # the linear part's inputs, scaled by √(c / (d + 1)), differentiable in log c
+        z = torch.cat([torch.ones((X.shape[0], 1), dtype=torch.float64), X], dim=1)
+        Et = torch.cat([Et, torch.exp(0.5 * v[layout.linear_index]) / math.sqrt(z.shape[1]) * z], dim=1)
     Zt = v[n_net:].reshape(layout.n_inducing, layout.embed_dim) if fitc else None
     Z = inducing_of(layout, theta) if fitc else None
 
     def k(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        return rbf(A, B, lengthscale=lengthscale, outputscale=outputscale)
+        return gp_kernel(A, B, dim=dim, lengthscale=lengthscale, outputscale=outputscale)
 
     def kt(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-        return rbf_t(A, B, lengthscale, outputscale)
+        return gp_kernel_t(A, B, dim, lengthscale, outputscale)
+
+    def kss(rows: np.ndarray) -> torch.Tensor:  # the prior variances of the scored samples
+        if dim is None:
+            return torch.full((rows.size,), outputscale, dtype=torch.float64)
+        return outputscale + (Et[rows, dim:] ** 2).sum(1)
 
     total = torch.zeros((), dtype=torch.float64)
     for node in tree.nodes:  # type: ignore[attr-defined]
@@ -103,9 +114,8 @@ def local_objective(layout: Layout, v: torch.Tensor, om: torch.Tensor, X: torch.
         else:
             om_s = gibbs(k(E[idx[tr]], E[idx[tr]]), yv[tr], chains=chains, steps=gibbs_steps, rng=rng).omega
             if objective == "predictive":
-                total = total + log_predictive_full(kt(Etr, Etr), kt(Etr, Et[idx[te]]),
-                                                    torch.full((te.size,), outputscale, dtype=torch.float64),
-                                                    ytr, torch.tensor(yv[te]), torch.tensor(om_s))
+                total = total + log_predictive_full(kt(Etr, Etr), kt(Etr, Et[idx[te]]), kss(idx[te]), ytr,
+                                                    torch.tensor(yv[te]), torch.tensor(om_s))
             else:
                 total = total + log_marginal_full(kt(Etr, Etr), ytr, torch.tensor(om_s))
     return total / max(int(y.size), 1)
@@ -125,7 +135,7 @@ def fit_local(layout: Layout, theta: np.ndarray, om: np.ndarray, X: np.ndarray, 
     v = torch.tensor(np.asarray(theta, dtype=np.float64), requires_grad=True)
     om_t, X_t = torch.tensor(om, dtype=torch.float64), torch.tensor(X, dtype=torch.float64)
     opt = torch.optim.Adam([v], lr=float(learning_rate))
-    E = embed(layout, theta, om, X)
+    E = gp_inputs(layout, theta, om, X)
     classes = tuple(int(c) for c in np.unique(y))
     tree = build_tree(classes, prototypes(E, y, classes), rng)
     ls = _log_ls_slice(layout)
@@ -144,5 +154,7 @@ def fit_local(layout: Layout, theta: np.ndarray, om: np.ndarray, X: np.ndarray, 
         opt.step()
         with torch.no_grad():
             v[ls].clamp_(*LOG_BOUNDS)
+            if layout.linear:
+                v[layout.linear_index].clamp_(*LINEAR_BOUNDS)
     out = v.detach().numpy().copy()
     return out if np.all(np.isfinite(out)) else None
