@@ -8,15 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamfed.algorithms.base import Update
 from streamfed.algorithms.fedbnr.aggregation import check_statistics
 from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.urk.carry import carry, projection
 from streamfed.algorithms.urk.client import URKClient
-from streamfed.algorithms.urk.messages import URKGlobal
+from streamfed.algorithms.urk.messages import StatsItem, URKGlobal
 from streamfed.algorithms.urk.network import URKArch, URKFeatureMap, URKWeights, features, initial_weights, omega
 from streamfed.algorithms.urk.server import URKServer
+from streamfed.algorithms.urk.wire import UPDATE, read_update
 from streamfed.core.durable import decode, encode
 from streamfed.core.stats import SufficientStats
+from streamfed.wire.message import Message
 
 ARCH = URKArch(n_inputs=2, widths=(6, 3), n_omega=8)
 
@@ -57,6 +60,7 @@ def plain_carry(phi_old_res, phi_new_res, S_rest, b_rest, n_rest, phi_sq):
     return c * S, np.sqrt(c) * (W @ b_rest)
 
 
+@pytest.mark.slow  # scikit-learn's import
 def test_projection_and_carry_equal_the_plain_transcription() -> None:
     rng = np.random.default_rng(0)
     w0, om = initial_weights(ARCH, 0, lengthscale=1.5), omega(ARCH, 0)
@@ -118,7 +122,13 @@ def test_the_last_global_sums_every_sample_of_every_client() -> None:
     clients = [URKClient(w0, om, "v", client_id=f"c{i}", min_upload=10, reservoir=30, learn_kernel=False, seed=i)
                for i in range(3)]
     data = [stream(10 + i, 80) for i in range(3)]
-    from tests.test_urk import to_item
+
+    def to_item(name: str, up: Update) -> StatsItem:
+        st = up.arrays  # through the wire's reader, as the aggregation sees it
+        msg = Message("f", name, UPDATE, up.seq, up.global_version, "v", up.n_samples, 0.0, dict(st), epoch=up.epoch)
+        item = read_update(msg, ARCH, "v")
+        assert isinstance(item, StatsItem)
+        return item
 
     def sync() -> URKGlobal:
         for i, c in enumerate(clients):
