@@ -68,6 +68,9 @@ class URKParams(Params):
     calibrate: bool = True
     learn_kernel: bool = True  # phase 1 (agents without torch only predict and contribute statistics)
     reservoir: int = Field(256, ge=2)
+    # a new kernel version: re-embed the reservoir and carry every other sample by a projection (urk/carry.py);
+    # False: the reservoir alone (the statistics of the samples that left it are lost at each version)
+    carry: bool = True
     fit_every: int = Field(128, ge=1)
     fit_steps: int = Field(10, ge=1)  # J
     learning_rate: float = Field(0.01, gt=0, allow_inf_nan=False)
@@ -164,7 +167,7 @@ class URKFedBNR(Algorithm):
             initial_of(cfg), omega(arch_of(cfg), cfg.seed), self.kernel_version(cfg), client_id=client_id,
             min_upload=p.min_upload, learn_kernel=p.learn_kernel, reservoir=p.reservoir, fit_every=p.fit_every,
             fit_steps=p.fit_steps, learning_rate=p.learning_rate,
-            max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed))
+            max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed, carry=p.carry))
         return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> URKAggregation:
