@@ -46,18 +46,26 @@ def perturbed(w: URKWeights, scale: float, seed: int = 1) -> np.ndarray:
     return out
 
 
-def plain_carry(phi_old_res, phi_new_res, S_rest, b_rest, n_rest, phi_sq):
-    """The module's equations, transcribed plainly: W by scikit-learn's ridge regression (no intercept, the
-    module's ε = 1e-8 · tr(ΦᵀΦ)/F), R from the residuals, then S' = c(W S Wᵀ + n R), b' = √c W b."""
+def plain_carry(phi_old_res, phi_new_res, y_res, S_rest, b_rest, q_rest, n_rest, phi_sq):
+    """The module's equations, transcribed plainly: A by scikit-learn's ridge regression of the new features on
+    z = [old features, y] (no intercept, the module's ε = 1e-8 · tr(ZᵀZ)/(F + 1)), R from its residuals, then
+    M' = T M Tᵀ + n [[R, 0], [0, 0]] and the trace pinned: S' = c M'_SS, b' = √c M'_Sy."""
     from sklearn.linear_model import Ridge
 
-    eps = 1e-8 * np.sum(phi_old_res**2) / phi_old_res.shape[1]
-    W = Ridge(alpha=eps, fit_intercept=False, solver="svd").fit(phi_old_res, phi_new_res).coef_
-    E = phi_new_res - phi_old_res @ W.T
-    R = E.T @ E / len(phi_old_res)
-    S = W @ S_rest @ W.T + n_rest * R
+    Z = np.column_stack([phi_old_res, y_res])
+    eps = 1e-8 * np.sum(Z**2) / Z.shape[1]
+    A = Ridge(alpha=eps, fit_intercept=False, solver="svd").fit(Z, phi_new_res).coef_
+    E = phi_new_res - Z @ A.T
+    R = E.T @ E / len(Z)
+    f = phi_new_res.shape[1]
+    T = np.zeros((f + 1, Z.shape[1]))
+    T[:f] = A
+    T[f, -1] = 1.0
+    M = np.block([[S_rest, b_rest[:, None]], [b_rest[None, :], np.array([[q_rest]])]])
+    Mn = T @ M @ T.T
+    S = Mn[:f, :f] + n_rest * R
     c = n_rest * phi_sq / np.trace(S)
-    return c * S, np.sqrt(c) * (W @ b_rest)
+    return c * S, np.sqrt(c) * Mn[:f, f]
 
 
 @pytest.mark.slow  # scikit-learn's import
@@ -66,19 +74,21 @@ def test_projection_and_carry_equal_the_plain_transcription() -> None:
     w0, om = initial_weights(ARCH, 0, lengthscale=1.5), omega(ARCH, 0)
     w1 = URKWeights.from_vector(ARCH, perturbed(w0, 0.2))
     Xres, Xrest = rng.uniform(-2, 2, (60, 2)), rng.uniform(-2, 2, (90, 2))
-    yrest = rng.standard_normal(90)
+    yres, yrest = np.sin(2 * Xres[:, 0]) + 0.1 * rng.standard_normal(60), np.sin(2 * Xrest[:, 0])
     po, pn = features(w0, om, Xres), features(w1, om, Xres)
-    W, R = projection(po, pn)
+    T, R = projection(po, pn, yres)
     P = features(w0, om, Xrest)
     rest = SufficientStats((P.T @ P)[None], (P.T @ yrest)[None], 90.0, float(yrest @ yrest))
-    out = carry(rest, W, R, ARCH.phi_sq)
-    S_ref, b_ref = plain_carry(po, pn, P.T @ P, P.T @ yrest, 90.0, ARCH.phi_sq)
+    out = carry(rest, T, R, ARCH.phi_sq)
+    S_ref, b_ref = plain_carry(po, pn, yres, P.T @ P, P.T @ yrest, float(yrest @ yrest), 90.0, ARCH.phi_sq)
     assert np.allclose(out.S[0], S_ref, rtol=1e-6, atol=1e-8) and np.allclose(out.b[0], b_ref, rtol=1e-6, atol=1e-8)
     assert out.n == 90.0 and out.q == pytest.approx(float(yrest @ yrest))
     assert np.trace(out.S[0]) == pytest.approx(90.0 * ARCH.phi_sq, rel=1e-12)
     # the carried scatter approximates the one the new features would have summed (what nothing carried loses)
-    S_true = features(w1, om, Xrest).T @ features(w1, om, Xrest)
+    P1 = features(w1, om, Xrest)
+    S_true, b_true = P1.T @ P1, P1.T @ yrest
     assert np.linalg.norm(out.S[0] - S_true) < 0.1 * np.linalg.norm(S_true)
+    assert np.linalg.norm(out.b[0] - b_true) < 0.1 * np.linalg.norm(b_true)
 
 
 def test_an_unchanged_kernel_carries_the_batch_statistics_exactly() -> None:

@@ -251,9 +251,9 @@ class URKClient:
         n_rest = round(float(rest.n))
         if n_rest <= 0:
             return phase2
-        W, R = projection(phi_old, new_map.transform_many(X))
+        T, R = projection(phi_old, new_map.transform_many(X), y)
         rest = SufficientStats(rest.S, rest.b, float(n_rest), max(float(rest.q), 0.0), own.kernel_version, own.epoch)
-        carried = carry_stats(rest, W, R, weights.arch.phi_sq)
+        carried = carry_stats(rest, T, R, weights.arch.phi_sq)
         phase2.add_pending(carried)
         self.n_carried += n_rest
         return phase2
