@@ -11,10 +11,11 @@ inputs of unequal relevance at equal upload bytes (issue 34).
   10 contiguous clients, each client's rows in a random order; every client streams one row per step
   (`streamfed.evaluation.replay.replay`, a global after every step). Test RMSE in MW of client 0's model
   after the last step. RFF FedBNR with D = 100 at the bandwidth of {0.5, 1, 2, 4} with the lowest validation
-  RMSE (chosen per split); URK-FedBNR on its defaults with FedAvg, with distillation (the server holds the
-  first 96 validation rows), and without carrying statistics across kernel versions (the behaviour before
-  issue 34); URK-FedBNR "ARD" (`widths = ()`: per-input lengthscales learned across clients); FSGP on its
-  defaults. Also: the samples the last URK global sums.
+  RMSE (chosen per split); URK-FedBNR on its defaults (a learned lengthscale per input) with FedAvg, with
+  distillation (the server holds the first 96 validation rows), with m = 100 (as many features as RFF); the
+  thesis's network `widths = (32, 8)` (URK's defaults before issue 34) with statistics carried across kernel
+  versions and without (the behaviour before issue 34); FSGP on its defaults. Also: the samples the last URK
+  global sums.
 * (b) Streams, prequential MSE pooled over clients (online standardisation at the dataset layer), seeds
   `--seeds` (the data's and the fleet's): River's `synth.Friedman` (10 inputs uniform on [0, 1], 5 of them
   irrelevant; 10 clients × `n` samples, one stream of `n·10` cut into consecutive clients); a high-dimensional
@@ -55,7 +56,8 @@ from streamfed.evaluation.replay import AlgorithmConfig, ReplayResult, replay  #
 torch.set_num_threads(1)
 URK = "urk-fedbnr"
 RESULTS: dict[str, Any] = {}
-ARD = {"widths": []}  # the identity extractor: one learned lengthscale per input
+# URK-FedBNR's defaults before issue 34: the thesis's network, Adam at 0.01, a local fit every 128 samples
+THESIS = {"widths": [32, 8], "learning_rate": 0.01, "fit_every": 128}
 
 
 def load() -> str:
@@ -129,8 +131,10 @@ def part_a(splits: int, quick: bool) -> list[str]:
         kd = {"aggregation": "distill", "distill_inputs": [list(map(float, r)) for r in Xv[:96]],
               "distill_targets": list(map(float, yv[:96]))}
         for label, params in [("URK-FedBNR (FedAvg)", {}), ("URK-FedBNR (distillation)", kd),
-                              ("URK-FedBNR (FedAvg), statistics not carried (before issue 34)", {"carry": False}),
-                              ("URK-FedBNR ARD (FedAvg, widths = ())", ARD)]:
+                              ("URK-FedBNR, m = 100 (FedAvg; F = 200 features, as RFF's D = 100)", {"n_omega": 100}),
+                              ("URK-FedBNR, the thesis's network (32, 8) (FedAvg)", THESIS),
+                              ("URK-FedBNR, the thesis's network (32, 8), statistics not carried (FedAvg; before "
+                               "issue 34)", {**THESIS, "carry": False})]:
             res = replay(fleet, URK, AlgorithmConfig(params={URK: params}), seed=split)
             rows.setdefault(label, []).append(global_rmse(res, Xt, yt, sy))
             if label == "URK-FedBNR (FedAvg)":
@@ -158,7 +162,7 @@ def part_a(splits: int, quick: bool) -> list[str]:
     gn0 = [g for g in extra["urk_nocarry_global_n"] if g is not None]
     lines += ["", f"Samples the last URK global sums (of {n_train} training rows): {np.mean(gn):.0f} with statistics "
               f"carried (mean of the splits; the rest are below a client's `min_upload` = 32), {np.mean(gn0):.0f} "
-              f"without; kernel versions: {np.mean(extra['urk_epochs']):.1f}.", ""]
+              f"without (the thesis's network); kernel versions: {np.mean(extra['urk_epochs']):.1f}.", ""]
     return lines
 
 
@@ -272,7 +276,9 @@ def main() -> None:
     if "a" in args.parts:
         lines += part_a(2 if args.quick else args.splits, args.quick)
     if "b" in args.parts:
-        variants = {"URK-FedBNR (defaults)": {}, "URK-FedBNR ARD (widths = ())": ARD}
+        variants = {"URK-FedBNR (defaults: a lengthscale per input)": {},
+                    "URK-FedBNR (defaults), statistics not carried": {"carry": False},
+                    "URK-FedBNR, the thesis's network (32, 8) (defaults before issue 34)": THESIS}
         lines += part_b(seeds[:1] if args.quick else seeds, 100 if args.quick else args.n,
                         100 if args.quick else args.n_beijing, variants)
     cmd = "benchmarks/bench_urk_thesis.py " + " ".join(sys.argv[1:])
