@@ -195,3 +195,28 @@ def test_a_client_stored_before_carrying_loads_and_carries() -> None:
     old = decode(encode(c))
     assert old.apply_global(new_version(perturbed(c.weights, 0.1)))
     assert old.phase2.own_stats().n == 100 and old.n_carried == 60
+
+
+@pytest.mark.slow
+def test_the_default_network_learns_which_inputs_matter_across_clients() -> None:
+    """URK's defaults (a lengthscale per input, ARD): on a fleet whose target depends on 2 of 6 inputs, the
+    federated kernel's lengthscales of the 4 irrelevant inputs end far above the relevant ones' — what a fixed
+    RFF bandwidth cannot do (docs/results.md, "URK-FedBNR against fixed RFF")."""
+    pytest.importorskip("torch")
+    from streamfed.evaluation.datasets import ClientStream, Fleet
+    from streamfed.evaluation.replay import AlgorithmConfig, replay
+
+    rng = np.random.default_rng(0)
+    streams = []
+    for c in range(4):
+        X = rng.standard_normal((300, 6))
+        streams.append(ClientStream(f"c{c}", X, np.sin(2 * X[:, 0]) + X[:, 1] ** 2 / 2 + 0.1 * rng.standard_normal(300),
+                                    tuple(f"x{j}" for j in range(6))))
+    res = replay(Fleet(tuple(streams), dataset="t", normalisation="none", split="iid"), "urk-fedbnr",
+                 AlgorithmConfig(), seed=0)
+    assert res.arrangement is not None
+    server = res.arrangement.aggregations[0].server  # type: ignore[attr-defined]
+    ls = np.exp(server.weights.arrays["log_ls"])
+    assert server.epoch >= 3 and int(res.rejected.sum()) == 0
+    assert ls[2:].min() > 3 * ls[:2].max(), ls
+    assert server.stats.n >= 4 * (300 - 31)  # every sample above the privacy floor, carried across the versions
