@@ -32,7 +32,7 @@
 * (c) Agents on station 0 (2000 samples), each in its own process: per-sample `learn` (which predicts
   first) + `take_update`, and the process's peak RSS: URK-FedBNR with torch hidden (numpy network: predicts
   and contributes statistics), RFF FedBNR (D = 32, one kernel), and URK-FedBNR with torch (trains: local
-  fits every 128 samples, amortised).
+  fits every `fit_every` samples, amortised).
 """
 
 from __future__ import annotations
@@ -309,8 +309,9 @@ def part_b(quick: bool) -> list[str]:
 
     lines = ["## (b) Beijing, 12 stations", "",
              f"First {steps} samples of every station, `normalisation=\"online\"`, seeds {seeds}; pooled over "
-             "clients (prequential). URK-FedBNR: defaults (`widths = (32, 8)`, m = 32, reservoir 256, a local fit "
-             "every 128 samples, J = 10, `min_upload = 32`). FedBNR seed-0 MSE by bandwidth: "
+             "clients (prequential). URK-FedBNR: defaults (since issue 34 `widths = ()`, a learned lengthscale per "
+             "input; m = 32, reservoir 256, a local fit every 64 samples, J = 10 Adam steps at 0.1, "
+             "`min_upload = 32`). FedBNR seed-0 MSE by bandwidth: "
              + ", ".join(f"{k:g}: {v:.4f}" for k, v in probe.items()) + ".", "",
              "| model | MSE | ± std | NLPD | 95% coverage | kernel versions | wall s (one seed) |",
              "|---|---|---|---|---|---|---|"]

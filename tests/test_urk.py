@@ -194,10 +194,12 @@ ARCH = URKArch(n_inputs=2, widths=(6, 3), n_omega=8)
 LIMIT = 96  # bytes per chunk: at most 12 numbers, so a proposal of ARCH.n_params = 44 numbers takes 4 chunks of 11
 
 
-def two_clients(seed: int = 0, reservoir: int = 40) -> tuple[list[URKClient], list[tuple[np.ndarray, np.ndarray]]]:
+def two_clients(seed: int = 0, reservoir: int = 40, carry: bool = True
+                ) -> tuple[list[URKClient], list[tuple[np.ndarray, np.ndarray]]]:
     w0, om = initial_weights(ARCH, seed, lengthscale=1.5), omega(ARCH, seed)
     clients = [URKClient(w0, om, "v", client_id=f"c{i}", min_upload=10, reservoir=reservoir, fit_every=50,
-                         fit_steps=5, learning_rate=0.05, max_chunk_numbers=LIMIT // 8, seed=seed) for i in range(2)]
+                         fit_steps=5, learning_rate=0.05, max_chunk_numbers=LIMIT // 8, seed=seed, carry=carry)
+               for i in range(2)]
     rng = np.random.default_rng(seed)
     data = []
     for i in range(2):
@@ -223,7 +225,7 @@ def to_item(client: str, up) -> StatsItem | ChunkItem:
 
 
 def test_a_round_fedavg_new_epoch_re_embedding_and_stale_uploads() -> None:
-    clients, data = two_clients()
+    clients, data = two_clients(carry=False)  # the reservoir alone (tests/test_urk_carry.py: the carried rest)
     w0, om = clients[0].weights, clients[0].omega
     server = URKServer(w0, om, "v", min_samples=10, min_proposal_weight=10, proposal_quorum=1.0,
                        max_proposal_weight=40)

@@ -575,6 +575,30 @@ class FedBNRClient(PackedState):
         """Statistics of every sample this client has learned (uploaded or pending)."""
         return self._own_uploaded + self._pending_stats()
 
+    def add_pending(self, stats: SufficientStats) -> None:
+        """Add statistics summarised elsewhere — samples learned under an earlier feature map and carried to this
+        one (URK-FedBNR's kernel versions, :mod:`streamfed.algorithms.urk.carry`) — to the pending ones: the next
+        upload carries them and the working posterior includes them. `ValueError` (nothing changed) with
+        forgetting, for another shape, a non-finite value or a count that is not whole."""
+        if self.forgetting != 1.0 or self.discount is not None:
+            raise ValueError("a client with forgetting keeps no exact totals to add statistics to")
+        if stats.S.shape != (self.n_kernels, self.dim, self.dim) or stats.b.shape != (self.n_kernels, self.dim):
+            raise ValueError(f"statistics of shape {stats.S.shape}, expected {(self.n_kernels, self.dim, self.dim)}")
+        n = float(stats.n)
+        if not (stats.is_finite() and n >= 0 and n == math.floor(n) and math.isfinite(float(stats.q))):
+            raise ValueError("statistics to add must be finite, of a whole count of samples")
+        self._wake()
+        self._flush()
+        total = self._exact_work_stats() + SufficientStats(stats.S, stats.b, n, float(stats.q), self.kernel_version,
+                                                           self.epoch)
+        self._rebuild(total.S, total.b, total.q, self.sigma.copy(), self.lam.copy(), self._pdiag.copy())  # may raise
+        self._s_pend += stats.S  # the lower triangle of the pending scatter is never read
+        self._b_pend += stats.b
+        self._n_pend += int(n)
+        self._q_pend += float(stats.q)
+        self._n_work, self._q_work = total.n, total.q
+        self._comparator = None  # the regret's comparator is rebuilt from own_stats() when next read
+
     def rebase(self, epoch: int) -> None:
         """Join epoch `epoch` of a server that lost its state (docs/reliability.md § Lost state): every sample
         this client has learned, uploaded or pending, becomes pending again under the new epoch, so its next

@@ -53,7 +53,10 @@ class URKParams(Params):
     64
     """
 
-    widths: tuple[int, ...] = (32, 8)  # f: hidden widths then the latent size k (empty: identity, k = d)
+    # f: hidden widths then the latent size k. Empty (the default): the identity, k = d — one lengthscale per input
+    # learned across clients (ARD), what a fixed RFF bandwidth cannot do; (32, 8) is the thesis's network, which
+    # its few Adam steps per fit do not train far enough on a stream (docs/results.md, "URK-FedBNR")
+    widths: tuple[int, ...] = ()
     n_omega: int = Field(32, ge=2, le=1024)  # m: F = 2m features
     shifter_width: int = Field(0, ge=0, le=1024)  # h's residual MLP (0: h is the per-dimension scaling ω/ℓ)
     # "thesis": [cos; sin]/√(m−1) (eq. 3.2); "rff": [sin; cos]/√m, docs/algorithms.md §2 exactly
@@ -68,9 +71,14 @@ class URKParams(Params):
     calibrate: bool = True
     learn_kernel: bool = True  # phase 1 (agents without torch only predict and contribute statistics)
     reservoir: int = Field(256, ge=2)
-    fit_every: int = Field(128, ge=1)
+    # a new kernel version: re-embed the reservoir and carry every other sample by a projection (urk/carry.py);
+    # False: the reservoir alone (the statistics of the samples that left it are lost at each version)
+    carry: bool = True
+    fit_every: int = Field(64, ge=1)
     fit_steps: int = Field(10, ge=1)  # J
-    learning_rate: float = Field(0.01, gt=0, allow_inf_nan=False)
+    # Adam's step (None: 0.1 without widths — only log-lengthscales, log σ, log λ move, by at most ~1 per fit —
+    # and 0.01 with a network, whose weights a large step throws about)
+    learning_rate: float | None = Field(None, gt=0, allow_inf_nan=False)
     aggregation: Literal["fedavg", "distill"] = "fedavg"
     distill_inputs: tuple[tuple[float, ...], ...] | None = None  # the server-held set (learners' input units)
     distill_targets: tuple[float, ...] | None = None
@@ -82,6 +90,17 @@ class URKParams(Params):
     # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §8.11): samples any client may hold in a
     # version's statistics whatever the share cap (None: 4 × min_upload, FedBNR's cold start)
     robust_share_floor: int | None = Field(None, ge=1)
+
+    @property
+    def rate(self) -> float:
+        """Adam's learning rate of the local fits and the distillation (`learning_rate`, or its default).
+
+        >>> URKParams().rate, URKParams(widths=(8,)).rate, URKParams(learning_rate=0.3).rate
+        (0.1, 0.01, 0.3)
+        """
+        if self.learning_rate is not None:
+            return float(self.learning_rate)
+        return 0.01 if self.widths else 0.1
 
     @model_validator(mode="after")
     def _distill_set(self) -> URKParams:
@@ -163,8 +182,8 @@ class URKFedBNR(Algorithm):
         learner = URKLearner(URKClient(
             initial_of(cfg), omega(arch_of(cfg), cfg.seed), self.kernel_version(cfg), client_id=client_id,
             min_upload=p.min_upload, learn_kernel=p.learn_kernel, reservoir=p.reservoir, fit_every=p.fit_every,
-            fit_steps=p.fit_steps, learning_rate=p.learning_rate,
-            max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed))
+            fit_steps=p.fit_steps, learning_rate=p.rate,
+            max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed, carry=p.carry))
         return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> URKAggregation:
@@ -189,13 +208,13 @@ class URKFedBNR(Algorithm):
         server = URKServer(initial_of(cfg), omega(arch_of(cfg), cfg.seed), self.kernel_version(cfg),
                            min_samples=p.min_upload, fit=p.fit_hyperparameters, learn_kernel=p.learn_kernel,
                            aggregation=p.aggregation, distill_set=kd, distill_alpha=p.distill_alpha,
-                           distill_steps=p.distill_steps, distill_learning_rate=p.learning_rate,
+                           distill_steps=p.distill_steps, distill_learning_rate=p.rate,
                            min_proposal_weight=p.min_proposal_weight, proposal_quorum=p.proposal_quorum,
                            max_proposal_weight=float(p.reservoir),
                            robust=RobustProposals(r.trim, r.clip_factor) if r.aggregation == "robust" else None,
                            share=(r.share_cap, float(p.robust_share_floor if p.robust_share_floor is not None
                                                      else 4 * p.min_upload)) if r.aggregation == "robust" else None)
-        bound = ProposalBound(int(p.fit_steps), float(p.learning_rate), float(p.reservoir),
+        bound = ProposalBound(int(p.fit_steps), p.rate, float(p.reservoir),
                               _clamped(arch_of(cfg)), LOG_BOUNDS)
         # noised uploads (differential privacy: every floating array of a chunk, its weight too) are bounded by
         # the privacy layer's clipping, not per Adam step: no declared bound on them (as POF-MKL, algorithms.md §3.9)

@@ -4,7 +4,9 @@ Phase 2 is FedBNR's client itself (:class:`~streamfed.algorithms.fedbnr.client.F
 network of the current kernel version (a :class:`~.network.URKFeatureMap`, numpy only): prequential
 predictions, rank-one updates, delta statistics above the privacy floor. One FedBNR client serves one kernel
 version; a global of a newer version replaces it by a new one over the new network, into which the client
-re-embeds its reservoir (its statistics of the old network are void, and nothing mixes versions).
+re-embeds its reservoir exactly and carries every other sample it learned by a projection fitted on the
+reservoir (:mod:`.carry`; `carry=False`: the reservoir alone, as before). Nothing of an old version is summed
+with a new one: the carried statistics are new-version statistics, uploaded as any others.
 
 Phase 1 (where torch is installed and `learn_kernel`): a bounded reservoir of raw samples (Vitter's algorithm
 R, never uploaded); every `fit_every` samples, `fit_steps` Adam steps on the log evidence of the reservoir
@@ -29,6 +31,8 @@ from streamfed.algorithms.chunks import split_vector
 from streamfed.algorithms.fedbnr.client import FedBNRClient
 from streamfed.algorithms.fedbnr.messages import GlobalModel
 from streamfed.algorithms.fedbnr.metrics import ridge_loss
+from streamfed.algorithms.urk.carry import carry as carry_stats
+from streamfed.algorithms.urk.carry import projection, sample_stats
 from streamfed.algorithms.urk.messages import URKGlobal
 from streamfed.algorithms.urk.network import URKFeatureMap, URKWeights
 from streamfed.algorithms.urk.wire import chunk_update, stats_update
@@ -61,14 +65,20 @@ class URKClient:
     (1, 2, 0, 0)
     """
 
+    # class-level defaults: a client stored before statistics were carried across versions loads with them on
+    carry = True
+    n_carried = 0
+
     def __init__(self, weights: URKWeights, om: np.ndarray, kernel_version: str, *, client_id: str = "client",
                  min_upload: int = 32, learn_kernel: bool = True, reservoir: int = 256, fit_every: int = 128,
                  fit_steps: int = 10, learning_rate: float = 0.01, max_chunk_numbers: int = 512,
-                 seed: int = 0) -> None:
+                 seed: int = 0, carry: bool = True) -> None:
         if min(min_upload, reservoir, fit_every, fit_steps, max_chunk_numbers) < 1:
             raise ValueError("min_upload, reservoir, fit_every, fit_steps and max_chunk_numbers must be >= 1")
         self.kernel_version = str(kernel_version)
         self.client_id = str(client_id)
+        self.carry = bool(carry)  # carry every sample's statistics to a new kernel version (not only the reservoir's)
+        self.n_carried = 0  # samples carried by a projection so far (counted once per version they crossed)
         self.omega = np.asarray(om, dtype=np.float64)
         self.min_upload = int(min_upload)
         self.trains = bool(learn_kernel) and torch_available()
@@ -209,10 +219,7 @@ class URKClient:
         phase2 = self.phase2
         stats_seq = dict(self._stats_seq)
         if g.epoch > self.epoch:
-            phase2 = self._phase2(URKFeatureMap(weights, self.omega, self.kernel_version), g.sigma, g.lam)
-            X, y = self.reservoir
-            for xi, yi in zip(X, y, strict=True):  # re-embed: the reservoir's statistics under the new network
-                phase2.learn(xi, float(yi))
+            phase2 = self._next_phase2(weights, g.sigma, g.lam)
             stats_seq = {}
         mine = max([s2 for s, s2 in stats_seq.items() if s <= inc], default=0)
         st = g.stats
@@ -227,6 +234,29 @@ class URKClient:
         self.global_version = int(g.version)
         self.next_seq = max(self.next_seq, inc + 1)
         return True
+
+    def _next_phase2(self, weights: URKWeights, sigma: float, lam: float) -> FedBNRClient:
+        """Phase 2 under a new network: the reservoir embedded again exactly and, with `carry`, every other sample
+        this client learned under the current network carried by the reservoir's projection (:mod:`.carry`)."""
+        new_map = URKFeatureMap(weights, self.omega, self.kernel_version)
+        phase2 = self._phase2(new_map, sigma, lam)
+        X, y = self.reservoir
+        for xi, yi in zip(X, y, strict=True):  # re-embed: the reservoir's statistics under the new network
+            phase2.learn(xi, float(yi))
+        if not self.carry or len(y) == 0:
+            return phase2
+        own = self.phase2.own_stats()
+        phi_old = URKFeatureMap(self.weights, self.omega, self.kernel_version).transform_many(X)
+        rest = own - sample_stats(phi_old, y, own)
+        n_rest = round(float(rest.n))
+        if n_rest <= 0:
+            return phase2
+        T, R = projection(phi_old, new_map.transform_many(X), y)
+        rest = SufficientStats(rest.S, rest.b, float(n_rest), max(float(rest.q), 0.0), own.kernel_version, own.epoch)
+        carried = carry_stats(rest, T, R, weights.arch.phi_sq)
+        phase2.add_pending(carried)
+        self.n_carried += n_rest
+        return phase2
 
     # ------------------------------------------------------------------ regret
     def regret(self) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 - :func:`load_beijing` — the 12 Beijing air-quality stations (vendored, CC BY 4.0), with the
   `"paper"` / `"online"` / `"none"` normalisations and the `"station"` / `"mixed"` client splits;
+- :func:`load_ccpp` — the Combined Cycle Power Plant table (vendored, CC BY 4.0; the FedBNR thesis's benchmark);
 - :func:`synthetic_fleet` — a seeded non-i.i.d. toy fleet;
 - :func:`from_csv`, :func:`from_river` — any CSV file or River dataset as a :class:`ClientStream`;
 - :func:`csv_fleet`, :func:`csv_fleet_with_report` — any CSV file as a :class:`Fleet`, one client per
@@ -25,6 +26,7 @@ from streamfed.evaluation.datasets.beijing import (
     load_beijing,
     station_file,
 )
+from streamfed.evaluation.datasets.ccpp import CCPP_INPUTS, CCPP_ROWS, CCPP_TARGET, load_ccpp
 from streamfed.evaluation.datasets.csv_fleet import CsvReport, csv_fleet, csv_fleet_with_report
 from streamfed.evaluation.datasets.normalise import (
     DEFAULT_WARMUP,
@@ -36,10 +38,11 @@ from streamfed.evaluation.datasets.normalise import (
 from streamfed.evaluation.datasets.synthetic import synthetic_fleet
 
 __all__ = [
-    "BEIJING_EXTRAS", "BEIJING_INPUTS", "BEIJING_ROWS", "BEIJING_STATIONS", "BEIJING_TARGET", "COMPASS",
+    "BEIJING_EXTRAS", "BEIJING_INPUTS", "BEIJING_ROWS", "BEIJING_STATIONS", "BEIJING_TARGET", "CCPP_INPUTS",
+    "CCPP_ROWS", "CCPP_TARGET", "COMPASS",
     "DEFAULT_WARMUP", "MIXED_PROBABILITIES", "NA_VALUES", "NORMALISATIONS", "SPLITS",
     "ClientStream", "CsvReport", "Fleet",
-    "csv_fleet", "csv_fleet_with_report", "from_csv", "from_river", "iter_dicts", "load_beijing", "normalise",
-    "normalise_streams",
+    "csv_fleet", "csv_fleet_with_report", "from_csv", "from_river", "iter_dicts", "load_beijing", "load_ccpp",
+    "normalise", "normalise_streams",
     "online_standardise", "paper_constants", "station_file", "synthetic_fleet",
 ]
