@@ -451,10 +451,11 @@ def worst(fleet_scale=1.0):
     return attack
 
 
-# carry=False: these figures were measured with statistics restarting from the reservoirs at each version. With
-# them carried (URK's default since issue 34) the robust figure's worst honest MSE ratio with 3 of 10 attackers is
-# 1.19, not <= 1.10 (the mean honest MSE still falls under attack, 0.0862 → 0.0817): a version pushed by the
-# attackers leaves its loss in the statistics carried through it (docs/results.md, "URK-FedBNR against fixed RFF")
+# carry=False: statistics restart from the reservoirs at each version — what URK does by default in robust mode
+# (URKParams.carry None). With them carried (the default in exact mode since issue 34) the robust figure's worst
+# honest MSE ratio with 3 of 10 attackers is 1.19, not <= 1.10 (the mean honest MSE still falls under attack,
+# 0.0862 → 0.0817): a version pushed by the attackers leaves its loss in the statistics carried through it
+# (docs/results.md, "URK-FedBNR against fixed RFF")
 FIG = {"n_clients": 10, "steps": 256, "carry": False}
 # k hostile clients propose first after every new version: a version must wait for enough honest proposers that
 # they outnumber them — the default quorum (0.5: 5 of 10) for one, 0.8 (8 of 10) for three (at 0.5, three

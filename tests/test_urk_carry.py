@@ -220,3 +220,21 @@ def test_the_default_network_learns_which_inputs_matter_across_clients() -> None
     assert server.epoch >= 3 and int(res.rejected.sum()) == 0
     assert ls[2:].min() > 3 * ls[:2].max(), ls
     assert server.stats.n >= 4 * (300 - 31)  # every sample above the privacy floor, carried across the versions
+
+
+def test_urk_carries_by_default_in_exact_mode_only() -> None:
+    """`carry = None` (the default) resolves by the fleet's aggregation: carried statistics in exact mode, restarts
+    from the reservoirs under robust aggregation (tests/test_robust_nets.py: carried, a version pushed by hostile
+    proposers keeps its loss); an explicit setting wins."""
+    from streamfed.algorithms.urk import ALGORITHM as URK
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.robustness import Robustness
+
+    def carries(aggregation: str, **params: object) -> bool:
+        cfg = FleetConfig(fleet="f", algorithm="urk-fedbnr", n_inputs=2, params=dict(params),
+                          robust=Robustness(aggregation=aggregation))
+        learner = URK.learner(cfg, "a", 0)
+        return bool(getattr(learner, "inner", learner).client.carry)
+
+    assert carries("exact") and carries("auto") and not carries("robust")
+    assert carries("robust", carry=True) and not carries("exact", carry=False)

@@ -25,8 +25,9 @@ class URKLearner(PredictThenLearn):
     >>> arch = URKArch(n_inputs=1, widths=(), n_omega=4)
     >>> learner = URKLearner(URKClient(initial_weights(arch, 0), omega(arch, 0), "v", min_upload=2,
     ...                                learn_kernel=False))
-    >>> learner.learn(np.array([0.5]), 1.0), learner.take_update()  # σ² + λ²·m/(m−1) = 0.25 + 4/3
-    ((0.0, 1.5833333333333337), None)
+    >>> mean, var = learner.learn(np.array([0.5]), 1.0)  # variance σ² + λ²·m/(m−1) = 0.25 + 4/3
+    >>> mean, round(var, 12), learner.take_update()
+    (0.0, 1.583333333333, None)
     >>> _ = learner.learn(np.array([0.6]), 1.0)
     >>> up = learner.take_update()
     >>> up.seq, up.n_samples, up.epoch
