@@ -239,7 +239,7 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
 
 
 def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
-              repeats: int = 1) -> tuple[list[str], dict]:
+              repeats: int = 1, profile: Path | None = None) -> tuple[list[str], dict]:
     """One round of a fleet of `n` real agents and an aggregator (`AgentService`, `AggregatorService`, one
     process, one event loop) over a private Mosquitto, secure vs plain: from the first upload message on the
     broker to the global that includes every client, and the bytes on the broker per client (a subscriber to
@@ -317,10 +317,21 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                         tasks = [asyncio.create_task(a.run()) for a in agents]
                         for a in agents:
                             await asyncio.wait_for(a.connected.wait(), 60)
+                        prof = None
+                        if profile is not None:  # the round only: not the set-up, the compilation, the shutdown
+                            import cProfile
+
+                            prof = cProfile.Profile()
+                            prof.enable()
                         start = time.perf_counter()
                         cpu[0] = 0.0
                         go.set()
+                        stages: list[tuple[str, float]] = []  # SecAgg+: when each stage began (s after start)
                         while set(agg.core.included()) != set(names):
+                            sa = agg.core.secagg
+                            if sa is not None and (not stages or stages[-1][0] != sa.stage
+                                                   or time.perf_counter() - start - stages[-1][1] > 5):
+                                stages.append((sa.stage, round(time.perf_counter() - start, 2), *sa.progress()))
                             if time.perf_counter() - start > 300:  # say what is missing rather than hang
                                 missing = sorted(set(names) - set(agg.core.included()))
                                 raise RuntimeError(f"round not done after 300 s: {len(missing)} missing "
@@ -328,11 +339,23 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                                                    f"{getattr(agg.core.secagg, 'rejected', None)}")
                             await asyncio.sleep(0.005)
                         done = time.perf_counter()
+                        if prof is not None and profile is not None:
+                            prof.disable()
+                            prof.dump_stats(f"{profile}.{len(names)}{'s' if cfg.secure_aggregation else 'p'}")
+                        # the counter shares this loop and lags behind: let it read what the round sent before the
+                        # agents stop (a second without a new message, 60 s at most)
+                        quiet, seen_n = time.perf_counter(), len(seen)
+                        while time.perf_counter() - quiet < 1.0 and time.perf_counter() - done < 60:
+                            await asyncio.sleep(0.05)
+                            if len(seen) != seen_n:
+                                quiet, seen_n = time.perf_counter(), len(seen)
                         for a in agents:
                             a.stop()
                         await asyncio.wait_for(asyncio.gather(*tasks), 60)
                         agg.stop()
                         await asyncio.wait_for(agg_task, 30)
+                        if listener.done() and listener.exception() is not None:
+                            raise RuntimeError(f"the byte counter stopped: {listener.exception()!r}")
                         listener.cancel()
                     ups = [(t, b) for t, topic, b in seen if "/updates/" in topic]
                     downs = [b for _, topic, b in seen if "/acks/" in topic]
@@ -342,7 +365,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                             per[topic] = per.get(topic, 0) + b
                     return {"round_s": done - start, "up": sum(b for _, b in ups) / len(names),
                             "down": sum(downs) / len(names), "max_down": max(per.values(), default=0),
-                            "messages": (len(ups) + len(downs)) / len(names), "aggregator_cpu_s": cpu[0]}
+                            "messages": (len(ups) + len(downs)) / len(names), "aggregator_cpu_s": cpu[0],
+                            "stages": stages}
 
                 r = asyncio.run(main())
             finally:

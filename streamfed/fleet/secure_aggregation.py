@@ -379,6 +379,14 @@ class SecAggCoordinator:
         self._index: dict[str, int] = {}
         self._meta: dict[str, tuple[int, int, int]] = {}  # client → (seq, n_samples, epoch) of its masked input
 
+    def progress(self) -> tuple[int, int, int, int, int]:
+        """How far the round under way has come: keys, shares, masked inputs and unmaskings in, and rounds
+        dropped so far."""
+        srv = self._srv
+        if srv is None:
+            return len(self._keys), 0, 0, 0, self.aborted
+        return len(srv.keys), len(srv.shares), len(srv.masked), len(srv.unmasking), self.aborted
+
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         log.debug("secure aggregation: refused (%s) %s", reason, detail)

@@ -73,6 +73,9 @@ __all__ = ["CheckpointFailed", "DuplicateService", "Lease", "MqttService", "Outg
 
 _BATCH = 256  # queued messages taken per receive step
 _TOPIC_CACHE = 4096  # parsed topics remembered (one per client and channel)
+# publishes to per-client topics handed to paho at once (paho's own in-flight window still applies): enough to
+# keep the broker busy, few enough that a session ending mid-run has little to send again
+PUBLISH_WINDOW = 64
 
 
 def freeze_heap() -> None:
@@ -599,6 +602,25 @@ class MqttService:
                 await self._publish_claim(client, m, lease)
                 continue
             out = self.route(m)
+            if not out.retain:
+                # A run of messages each to one client's topic (acks, a secure-aggregation stage sent to every
+                # member): handed to paho together, their PUBACKs awaited together. One at a time, a stage of a
+                # thousand members took a thousand round trips of a busy loop (issue 29). paho writes them in
+                # this order and MQTT keeps a topic's order, so each client still sees its messages in order.
+                run = [(m, out)]
+                while batch and len(run) < PUBLISH_WINDOW and batch[0].kind not in (self.snapshot_kind, "status"):
+                    nxt = self.route(batch[0])
+                    if nxt.retain:
+                        break
+                    run.append((batch.pop(0), nxt))
+                await asyncio.gather(*(client.publish(o.topic, encode(x), qos=1, retain=False, timeout=OP_TIMEOUT)
+                                       for x, o in run))
+                if self._watch is not None:
+                    self._watch.check()
+                for x, _ in run:
+                    self.published += 1
+                    self.on_published(x, time.time())
+                continue
             await client.publish(out.topic, encode(m), qos=1, retain=out.retain, timeout=OP_TIMEOUT)
             if self._watch is not None:
                 self._watch.check()
