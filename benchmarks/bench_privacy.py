@@ -285,7 +285,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                         listener = asyncio.create_task(listen())
                         # secure: one round of everyone (keys are gathered until all are in); plain: 50 ms windows
                         window = 120.0 if cfg.secure_aggregation else 0.05
-                        core = AggregatorCore(cfg, clients=names, window=window, round_timeout=60.0)
+                        core = AggregatorCore(cfg, clients=names, window=window)  # stage timeouts: the defaults
                         cpu = [0.0]  # the aggregator core's CPU (decoding, SecAgg+ server, unmasking, the global)
 
                         def timed(f):  # noqa: ANN001, ANN202
@@ -394,7 +394,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
               "on the other core). Down = the aggregator's messages to one client's acks topic (roster, forwarded "
               "shares, survivors; plain: none but acks), not the global, which both modes broadcast. Each agent's "
               "source is 32 samples long and the agent stays up (`drain`) until the measurement stops it; "
-              "the aggregator's stage timeout is 60 s. Each member is sent its own neighbourhood only (roster: "
+              "the aggregator's stage timeout is its default (5 s plus 40 ms a member: `stage_wait`). "
+              "Each member is sent its own neighbourhood only (roster: "
               "its neighbours' keys; forward: their shares; survivors: which of them survived), so `down` grows "
               "with the neighbourhood k, not the fleet. Aggregator CPU = process time inside the aggregator core's "
               "`on_update` and `tick` (decoding, the SecAgg+ server's checks, building each member's messages, "

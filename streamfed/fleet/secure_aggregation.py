@@ -77,6 +77,11 @@ DOWN_KINDS = (ROSTER, FORWARD, SURVIVORS)
 # A fixed 10 s made most members of a 1,000-agent round give up and start again, and the round never finished.
 # (Rosters now carry a member's neighbourhood only, ~3 kB, but the stages still go out one message a member.)
 PATIENCE_PER_MEMBER = 0.1
+# The aggregator's side of the same: a stage waits for its last answers `timeout` plus this much a member (45 s at
+# 1,000 with the default 5 s), well inside an agent's patience over two stages. A fixed 5 s closed every stage of a
+# 1,000-member round with a fraction of its answers in (the rest counted as dropouts) and the round failed; a
+# stage still closes as soon as every member answered, or once answers stopped coming for `timeout` seconds.
+STAGE_PER_MEMBER = 0.04
 # Before its roster an agent does not know how many members there are; it advertises fresh keys after `timeout`,
 # then after twice that, and so on (the aggregator may be distributing a large roster, or be busy with a round
 # that refused the keys), and keeps its last pairs: a roster is taken with whichever of them it carries.
@@ -378,6 +383,7 @@ class SecAggCoordinator:
         self._names: tuple[str, ...] = ()
         self._index: dict[str, int] = {}
         self._meta: dict[str, tuple[int, int, int]] = {}  # client → (seq, n_samples, epoch) of its masked input
+        self._last = -math.inf  # when the stage under way last took an answer
 
     def progress(self) -> tuple[int, int, int, int, int]:
         """How far the round under way has come: keys, shares, masked inputs and unmaskings in, and rounds
@@ -398,6 +404,7 @@ class SecAggCoordinator:
         except SecAggError as e:
             self._reject(e.reason, str(e))
             return [], None
+        self._last = now
         return self.tick(now)
 
     def _take(self, msg: Message, now: float) -> None:
@@ -450,10 +457,29 @@ class SecAggCoordinator:
     def _indices(self, names: Sequence[str]) -> np.ndarray:
         return np.array(sorted(self._index[c] for c in names), dtype=np.int64)
 
-    def _ready(self, got: AbstractSet[str], want: AbstractSet[str], now: float, wait: float) -> bool:
-        """A stage closes when everyone it waits for answered, or after `wait` seconds with enough answers (views,
-        not copies: this runs on every message, and `<=` stops at the sizes until the last answer is in)."""
-        return bool(got) and (want <= got or (self._since is not None and now - self._since >= wait))
+    def stage_wait(self) -> float:
+        """The longest a stage of the round under way waits for its last answers: `timeout` plus
+        `STAGE_PER_MEMBER` a member, so that it grows with the round as the time its members need to answer does.
+
+        >>> from streamfed.fleet.config import FleetConfig
+        >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=1, kernels=["gaussian:1.0"],
+        ...                   secure_aggregation=True)
+        >>> c = SecAggCoordinator(cfg, expected=set, timeout=5.0)
+        >>> c._names = tuple(f"c{i}" for i in range(1000)); round(c.stage_wait(), 6)
+        45.0
+        """
+        return self.timeout + STAGE_PER_MEMBER * len(self._names)
+
+    def _ready(self, got: AbstractSet[str], want: AbstractSet[str], now: float) -> bool:
+        """A stage closes when everyone it waits for answered; or, with some answers in, after :meth:`stage_wait`
+        seconds, or once no answer came for `timeout` seconds (the rest dropped out). Views, not copies: this runs
+        on every message, and `<=` stops at the sizes until the last answer is in."""
+        if not got:
+            return False
+        if want <= got:
+            return True
+        since = now if self._since is None else self._since
+        return now - since >= self.stage_wait() or now - max(since, self._last) >= self.timeout
 
     def tick(self, now: float) -> tuple[list[Message], Any]:
         """Close whatever stage is due; abort a round that cannot finish."""
@@ -468,7 +494,7 @@ class SecAggCoordinator:
     def _tick(self, now: float) -> tuple[list[Message], Any]:
         if self.stage == "keys":
             want = self.expected() or set(self._keys)
-            if not (len(self._keys) >= self.min_clients and self._ready(self._keys.keys(), want, now, self.gather)):
+            if not (len(self._keys) >= self.min_clients and self._ready_keys(want, now)):
                 return [], None
             names = tuple(sorted(self._keys))
             settings = SecAggSettings(self.next_round, names, self.length, graph_seed=roster_seed(
@@ -492,7 +518,7 @@ class SecAggCoordinator:
         assert self._srv is not None
         srv = self._srv
         if self.stage == "shares":
-            if not self._ready(srv.shares.keys(), srv.keys.keys(), now, self.timeout):
+            if not self._ready(srv.shares.keys(), srv.keys.keys(), now):
                 return self._stalled(now)
             self.stage, self._since = "masked", now
             out = []
@@ -505,7 +531,7 @@ class SecAggCoordinator:
                            else np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8))}))
             return out, None
         if self.stage == "masked":
-            if not self._ready(srv.masked.keys(), srv.shares.keys(), now, self.timeout):
+            if not self._ready(srv.masked.keys(), srv.shares.keys(), now):
                 return self._stalled(now)
             alive = srv.survivors()
             if len(alive) < self.min_clients:  # never unmasked: with distributed DP its noise would fall short
@@ -516,7 +542,7 @@ class SecAggCoordinator:
             return [self._down(SURVIVORS, c, {"alive": self._indices(srv.survivors_for(c))})
                     for c in sorted(alive)], None
         # unmask
-        if not self._ready(srv.unmasking.keys(), srv.masked.keys(), now, self.timeout):
+        if not self._ready(srv.unmasking.keys(), srv.masked.keys(), now):
             return self._stalled(now)
         total = fixed_point.decode(srv.result(), self.frac_bits)
         meta = dict(self._meta)
@@ -536,9 +562,16 @@ class SecAggCoordinator:
         self._reset()
         return [], (arrays, len(meta), included, samples, epochs.pop())
 
+    def _ready_keys(self, want: AbstractSet[str], now: float) -> bool:
+        # keys are gathered for `gather` seconds after the first, unless every expected client's are in already
+        got = self._keys.keys()
+        return bool(got) and (want <= got or (self._since is not None and now - self._since >= self.gather))
+
     def _stalled(self, now: float) -> tuple[list[Message], Any]:
-        if self._since is not None and now - self._since >= 2 * self.timeout:
-            raise SecAggError("stalled", f"no answer for {2 * self.timeout:g} s")
+        # reached only while a stage has no answer at all
+        wait = max(2 * self.timeout, self.stage_wait())
+        if self._since is not None and now - self._since >= wait:
+            raise SecAggError("stalled", f"no answer for {wait:g} s")
         return [], None
 
 
