@@ -70,12 +70,11 @@ KEYS, SHARES, MASKED, UNMASK = "secagg.keys", "secagg.shares", "secagg.masked", 
 ROSTER, FORWARD, SURVIVORS = "secagg.roster", "secagg.forward", "secagg.survivors"
 UP_KINDS = (KEYS, SHARES, MASKED, UNMASK)
 DOWN_KINDS = (ROSTER, FORWARD, SURVIVORS)
-# An agent's patience in a round grows with the round: the aggregator sends each stage's messages to the members
-# one at a time (QoS 1, one PUBACK each) and closes a stage only when all have answered, so the wait between two
-# of an agent's steps is up to two passes over the members — with 1,000 agents and the aggregator on one loop of a
-# loaded machine, 1,000 rosters (64 kB each: every member's keys) took 45 s; over a WAN it is a round trip each.
+# An agent's patience in a round grows with the round: the aggregator sends each stage's messages to every member
+# and closes a stage when all have answered (or at its `stage_wait`), so the wait between two of an agent's steps
+# is up to two passes over the members — with 1,000 agents and the aggregator on one loop of a loaded machine,
+# 1,000 rosters (64 kB each, when they carried every member's keys) took 45 s, one QoS 1 publish at a time.
 # A fixed 10 s made most members of a 1,000-agent round give up and start again, and the round never finished.
-# (Rosters now carry a member's neighbourhood only, ~3 kB, but the stages still go out one message a member.)
 PATIENCE_PER_MEMBER = 0.1
 # The aggregator's side of the same: a stage waits for its last answers `timeout` plus this much a member (45 s at
 # 1,000 with the default 5 s), well inside an agent's patience over two stages. A fixed 5 s closed every stage of a
