@@ -204,6 +204,8 @@ class SecAggAgent:
         # this round's replies, sent again as they were when a request repeats (one masked input per round)
         self._masked_reply: Message | None = None
         self._unmask_reply: tuple[frozenset[str], Message] | None = None
+        # the last round I left after sending my masked input: (round, client, my index, by index), to unmask it
+        self._late: tuple[int, SecAggClient, dict[str, int], dict[int, str]] | None = None
         self.rounds_started = 0
         self.refused = 0  # messages of the aggregator refused (a reason is logged)
 
@@ -231,6 +233,11 @@ class SecAggAgent:
             return []
         if self._sa is not None:  # a round we were in stalled: its keys are spent
             self._advertised = []
+            if self._masked_reply is not None and self._unmask_reply is None and self._round is not None:
+                # My masked input is in that round: should it still finish, my neighbours' self-masks need my
+                # shares of them. Kept to answer its survivor list once — what I would have revealed had I waited
+                # (a round at 1,000 agents on a loaded machine failed with `recovery_failed` when 706 had left).
+                self._late = (self._round, self._sa, dict(self._index), dict(self._by_index))
         self._keys = (X25519PrivateKey.generate(), X25519PrivateKey.generate())
         self._advertised = [*self._advertised[-(KEPT_KEY_PAIRS - 1):], self._keys]
         self._round, self._sa, self._since = None, None, now
@@ -245,6 +252,7 @@ class SecAggAgent:
         self._keys, self._round, self._sa = None, None, None
         self._masked_reply = self._unmask_reply = None
         self._advertised = []
+        self._late = None
 
     @property
     def sent_seq(self) -> int:
@@ -296,6 +304,10 @@ class SecAggAgent:
             to = sorted(cts, key=self._index.__getitem__)
             return [self._msg(SHARES, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
                                        "ct": np.stack([_u8(cts[v]) for v in to])})]
+        late = self._late
+        if msg.kind == SURVIVORS and late is not None and rid == late[0] and rid != self._round:
+            self._late = None  # once: a second request for the round is refused below
+            return [self._reveal(msg, late[1], late[2], late[3], rid)[1]]
         if self._sa is None or rid != self._round:
             raise SecAggError("wrong_round", f"round {rid}, mine is {self._round}")
         if msg.kind == FORWARD:
@@ -321,25 +333,32 @@ class SecAggAgent:
             self._masked_reply = self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch, first=first)
             return [self._masked_reply]
         if msg.kind == SURVIVORS:
-            idx = msg.arrays["alive"].tolist()
-            if any(i not in self._by_index for i in idx):
-                raise SecAggError("bad_index", "a survivor outside my neighbourhood")
-            alive = frozenset(self._by_index[i] for i in idx)
             if self._unmask_reply is not None:  # asked again: the same answer, never shares of another set
-                if alive != self._unmask_reply[0]:
+                idx = msg.arrays["alive"].tolist()
+                if any(i not in self._by_index for i in idx):
+                    raise SecAggError("bad_index", "a survivor outside my neighbourhood")
+                if frozenset(self._by_index[i] for i in idx) != self._unmask_reply[0]:
                     raise SecAggError("out_of_order", "unmasking asked again for other survivors")
                 return [self._unmask_reply[1]]
-            shares = self._sa.unmask(alive)
-            of = sorted(shares, key=self._index.__getitem__)
+            self._unmask_reply = self._reveal(msg, self._sa, self._index, self._by_index, rid)
             self._since = now
-            reply = self._msg(UNMASK, {
-                "of": np.array([self._index[u] for u in of], dtype=np.int64),
-                "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
-                "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
-                          else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))})
-            self._unmask_reply = (alive, reply)
-            return [reply]
+            return [self._unmask_reply[1]]
         raise SecAggError("unknown_kind", msg.kind)
+
+    def _reveal(self, msg: Message, sa: SecAggClient, index: Mapping[str, int], by_index: Mapping[int, str],
+                rid: int) -> tuple[frozenset[str], Message]:
+        """My unmasking shares for round `rid` given its survivor list (`msg`), and the survivors."""
+        idx = msg.arrays["alive"].tolist()
+        if any(i not in by_index for i in idx):
+            raise SecAggError("bad_index", "a survivor outside my neighbourhood")
+        alive = frozenset(by_index[i] for i in idx)
+        shares = sa.unmask(alive)
+        of = sorted(shares, key=index.__getitem__)
+        return alive, self._msg(UNMASK, {
+            "of": np.array([index[u] for u in of], dtype=np.int64),
+            "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
+            "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
+                      else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))}, round=rid)
 
 
 # =========================================================================== the aggregator's half
