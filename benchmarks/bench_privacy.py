@@ -50,7 +50,7 @@ from streamfed.fleet.sources import Reading  # noqa: E402
 from streamfed.privacy import fixed_point  # noqa: E402
 from streamfed.privacy.accountant import calibrate_noise_multiplier  # noqa: E402
 from streamfed.privacy.secagg import SecAggSettings, run_round  # noqa: E402
-from streamfed.wire.message import decode, encode
+from streamfed.wire.message import Message, decode, encode
 
 DELTA = 1e-5
 EPSILONS = (1.0, 4.0, 8.0, math.inf)
@@ -268,7 +268,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
 
                 async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker) -> dict:  # noqa: ANN001
                     # bytes counted where they enter and leave the aggregator: each payload that reached it (up) and
-                    # each message it addressed to one client's acks topic (down; the global, broadcast to all, not).
+                    # each message it published to one client's acks topic (down; the global, broadcast, not).
                     # A subscriber to those topics in this process fell behind once the stages went out at broker
                     # speed, and the broker dropped what it could not queue for it.
                     seen: list[tuple[str, str, int]] = []
@@ -288,14 +288,20 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                             if counting[0]:
                                 if up:
                                     seen.append(("up", a[0], len(a[1])))
-                                seen.extend(("down", m.client, len(encode(m, cfg))) for m in out
-                                            if m.kind == "ack" or m.kind in DOWN_KINDS)
                             return out
                         return call
 
                     core.on_update = timed(core.on_update, True)  # type: ignore[method-assign]
                     core.tick = timed(core.tick, False)  # type: ignore[method-assign]
                     agg = AggregatorService(core, broker)
+                    published = agg.on_published
+
+                    def on_published(msg: Message, at: float) -> None:  # what the service published (acks too)
+                        if counting[0] and (msg.kind == "ack" or msg.kind in DOWN_KINDS):
+                            seen.append(("down", msg.client, len(encode(msg))))
+                        published(msg, at)
+
+                    agg.on_published = on_published  # type: ignore[method-assign]
                     agg_task = asyncio.create_task(agg.run())
                     await asyncio.wait_for(agg.connected.wait(), 30)
                     go = asyncio.Event()  # the streams start once every agent's session is up
@@ -340,7 +346,12 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                     if prof is not None and profile is not None:
                         prof.disable()
                         prof.dump_stats(f"{profile}.{len(names)}{'s' if cfg.secure_aggregation else 'p'}")
-                    await asyncio.sleep(1.0)  # the acks that follow the global are counted too
+                    # the acks that follow the global are counted too: until a second passes without one (30 s at most)
+                    quiet, count = time.perf_counter(), len(seen)
+                    while time.perf_counter() - quiet < 1.0 and time.perf_counter() - done < 30.0:
+                        await asyncio.sleep(0.1)
+                        if len(seen) != count:
+                            quiet, count = time.perf_counter(), len(seen)
                     counting[0] = False
                     for a in agents:
                         a.stop()

@@ -73,9 +73,10 @@ __all__ = ["CheckpointFailed", "DuplicateService", "Lease", "MqttService", "Outg
 
 _BATCH = 256  # queued messages taken per receive step
 _TOPIC_CACHE = 4096  # parsed topics remembered (one per client and channel)
-# publishes to per-client topics handed to paho at once (paho's own in-flight window still applies): enough to
-# keep the broker busy, few enough that a session ending mid-run has little to send again
-PUBLISH_WINDOW = 64
+# publishes to per-client topics handed to paho at once: within paho's in-flight window (20), so that each is on the
+# wire at once and its OP_TIMEOUT times the broker's answer, not a wait in paho's queue (64 at once timed out on a
+# loaded machine: the later ones waited behind the window and the session was dropped)
+PUBLISH_WINDOW = 16
 
 
 def freeze_heap() -> None:
