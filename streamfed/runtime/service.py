@@ -604,13 +604,16 @@ class MqttService:
                 await self._publish_claim(client, m, lease)
                 continue
             out = self.route(m)
-            if not out.retain:
-                # A run of messages each to one client's topic (acks, a secure-aggregation stage sent to every
-                # member): handed to paho together, their PUBACKs awaited together. One at a time, a stage of a
-                # thousand members took a thousand round trips of a busy loop (issue 29). paho writes them in
-                # this order and MQTT keeps a topic's order, so each client still sees its messages in order.
+            if not out.retain and m.kind != "ack":
+                # A run of messages each to one client's topic (a secure-aggregation stage sent to every member):
+                # handed to paho together, their PUBACKs awaited together. One at a time, a stage of a thousand
+                # members took a thousand round trips of a busy loop (issue 29). paho writes them in this order
+                # and MQTT keeps a topic's order, so each client still sees its messages in order. Acks stay one
+                # at a time: sent faster, they let the publisher reach more intermediate globals, which every
+                # agent then installs (a plain round of 1,000 agents took 14.3 s instead of 8.7 s).
                 run = [(m, out)]
-                while batch and len(run) < PUBLISH_WINDOW and batch[0].kind not in (self.snapshot_kind, "status"):
+                alone = (self.snapshot_kind, "status", "ack")
+                while batch and len(run) < PUBLISH_WINDOW and batch[0].kind not in alone:
                     nxt = self.route(batch[0])
                     if nxt.retain:
                         break
