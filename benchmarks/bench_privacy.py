@@ -50,8 +50,7 @@ from streamfed.fleet.sources import Reading  # noqa: E402
 from streamfed.privacy import fixed_point  # noqa: E402
 from streamfed.privacy.accountant import calibrate_noise_multiplier  # noqa: E402
 from streamfed.privacy.secagg import SecAggSettings, run_round  # noqa: E402
-from streamfed.runtime.connection import client_kwargs
-from streamfed.wire.message import decode, encode
+from streamfed.wire.message import Message, decode, encode
 
 DELTA = 1e-5
 EPSILONS = (1.0, 4.0, 8.0, math.inf)
@@ -239,20 +238,17 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
 
 
 def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
-              repeats: int = 1) -> tuple[list[str], dict]:
+              repeats: int = 1, profile: Path | None = None) -> tuple[list[str], dict]:
     """One round of a fleet of `n` real agents and an aggregator (`AgentService`, `AggregatorService`, one
     process, one event loop) over a private Mosquitto, secure vs plain: from the first upload message on the
-    broker to the global that includes every client, and the bytes on the broker per client (a subscriber to
-    `#` counts them)."""
+    broker to the global that includes every client, and the bytes per client into and out of the aggregator."""
     import asyncio
 
-    import aiomqtt
-
+    from streamfed.fleet.secure_aggregation import DOWN_KINDS
     from streamfed.fleet.sources import array_source
     from streamfed.runtime.agent import AgentService, AgentSettings
     from streamfed.runtime.aggregator import AggregatorService
     from streamfed.runtime.loadtest import MosquittoProcess
-    from streamfed.wire.topics import Channel, topic_filter
 
     logging.getLogger("mqtt").setLevel(logging.ERROR)
     fleet = load_beijing("paper", steps=UPLOAD)
@@ -271,78 +267,107 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                 broker = mosq.config
 
                 async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker) -> dict:  # noqa: ANN001
-                    seen: list[tuple[float, str, int]] = []
-                    async with aiomqtt.Client(**client_kwargs(broker, "spy")) as spy:
-                        # only what the table counts, at QoS 1: subscribed to `#` at QoS 0, the spy also got every
-                        # agent's predictions, fell behind at 1,000 agents and the broker dropped most of its messages
-                        for channel in (Channel.UPDATES, Channel.ACKS):
-                            await spy.subscribe(topic_filter(channel, cfg.fleet), qos=1)
+                    # bytes counted where they enter and leave the aggregator: each payload that reached it (up) and
+                    # each message it published to one client's acks topic (down; the global, broadcast, not).
+                    # A subscriber to those topics in this process fell behind once the stages went out at broker
+                    # speed, and the broker dropped what it could not queue for it.
+                    seen: list[tuple[str, str, int]] = []
+                    counting = [False]
+                    # secure: one round of everyone (keys are gathered until all are in); plain: 50 ms windows
+                    window = 120.0 if cfg.secure_aggregation else 0.05
+                    core = AggregatorCore(cfg, clients=names, window=window)  # stage timeouts: the defaults
+                    cpu = [0.0]  # the aggregator core's CPU (decoding, SecAgg+ server, unmasking, the global)
 
-                        async def listen() -> None:
-                            async for m in spy.messages:
-                                seen.append((time.perf_counter(), m.topic.value, len(bytes(m.payload))))
+                    def timed(f, up: bool):  # noqa: ANN001, ANN202
+                        def call(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+                            t0 = time.process_time()
+                            try:
+                                out = f(*a, **kw)
+                            finally:
+                                cpu[0] += time.process_time() - t0
+                            if counting[0]:
+                                if up:
+                                    seen.append(("up", a[0], len(a[1])))
+                            return out
+                        return call
 
-                        listener = asyncio.create_task(listen())
-                        # secure: one round of everyone (keys are gathered until all are in); plain: 50 ms windows
-                        window = 120.0 if cfg.secure_aggregation else 0.05
-                        core = AggregatorCore(cfg, clients=names, window=window, round_timeout=60.0)
-                        cpu = [0.0]  # the aggregator core's CPU (decoding, SecAgg+ server, unmasking, the global)
+                    core.on_update = timed(core.on_update, True)  # type: ignore[method-assign]
+                    core.tick = timed(core.tick, False)  # type: ignore[method-assign]
+                    agg = AggregatorService(core, broker)
+                    routed = agg.route
 
-                        def timed(f):  # noqa: ANN001, ANN202
-                            def call(*a, **kw):  # noqa: ANN002, ANN003, ANN202
-                                t0 = time.process_time()
-                                try:
-                                    return f(*a, **kw)
-                                finally:
-                                    cpu[0] += time.process_time() - t0
-                            return call
+                    def route(msg: Message):  # noqa: ANN202 - what the service publishes to a client (acks too)
+                        if counting[0] and (msg.kind == "ack" or msg.kind in DOWN_KINDS):
+                            seen.append(("down", msg.client, len(encode(msg))))
+                        return routed(msg)
 
-                        core.on_update, core.tick = timed(core.on_update), timed(core.tick)  # type: ignore[method-assign]
-                        agg = AggregatorService(core, broker)
-                        agg_task = asyncio.create_task(agg.run())
-                        await asyncio.wait_for(agg.connected.wait(), 30)
-                        go = asyncio.Event()  # the streams start once every agent's session is up
+                    agg.route = route  # type: ignore[method-assign]
+                    agg_task = asyncio.create_task(agg.run())
+                    await asyncio.wait_for(agg.connected.wait(), 30)
+                    go = asyncio.Event()  # the streams start once every agent's session is up
 
-                        async def gated(i: int):  # noqa: ANN202
-                            await go.wait()
-                            async for r in array_source(fleet.streams[i % 12].X, fleet.streams[i % 12].y):
-                                yield r
+                    async def gated(i: int):  # noqa: ANN202
+                        await go.wait()
+                        async for r in array_source(fleet.streams[i % 12].X, fleet.streams[i % 12].y):
+                            yield r
 
-                        # drain: a source of 32 samples ends at once, and an agent then leaves after `drain`
-                        # (5 s by default) with its update not yet in a global; a secure round of 1,000 agents
-                        # on this one loop takes longer, so they stay until the measurement stops them
-                        agents = [AgentService(AgentCore(cfg, c, i), broker, gated(i),
-                                               settings=AgentSettings(linger=1.0, wait_for_global=0.0, drain=600.0))
-                                  for i, c in enumerate(names)]
-                        tasks = [asyncio.create_task(a.run()) for a in agents]
-                        for a in agents:
-                            await asyncio.wait_for(a.connected.wait(), 60)
-                        start = time.perf_counter()
-                        cpu[0] = 0.0
-                        go.set()
-                        while set(agg.core.included()) != set(names):
-                            if time.perf_counter() - start > 300:  # say what is missing rather than hang
-                                missing = sorted(set(names) - set(agg.core.included()))
-                                raise RuntimeError(f"round not done after 300 s: {len(missing)} missing "
-                                                   f"({missing[:5]}…), rejected {dict(agg.core.rejected)}, secagg "
-                                                   f"{getattr(agg.core.secagg, 'rejected', None)}")
-                            await asyncio.sleep(0.005)
-                        done = time.perf_counter()
-                        for a in agents:
-                            a.stop()
-                        await asyncio.wait_for(asyncio.gather(*tasks), 60)
-                        agg.stop()
-                        await asyncio.wait_for(agg_task, 30)
-                        listener.cancel()
-                    ups = [(t, b) for t, topic, b in seen if "/updates/" in topic]
-                    downs = [b for _, topic, b in seen if "/acks/" in topic]
+                    # drain: a source of 32 samples ends at once, and an agent then leaves after `drain`
+                    # (5 s by default) with its update not yet in a global; a secure round of 1,000 agents
+                    # on this one loop takes longer, so they stay until the measurement stops them
+                    agents = [AgentService(AgentCore(cfg, c, i), broker, gated(i),
+                                           settings=AgentSettings(linger=1.0, wait_for_global=0.0, drain=600.0))
+                              for i, c in enumerate(names)]
+                    tasks = [asyncio.create_task(a.run()) for a in agents]
+                    for a in agents:
+                        await asyncio.wait_for(a.connected.wait(), 60)
+                    prof = None
+                    if profile is not None:  # the round only: not the set-up, the compilation, the shutdown
+                        import cProfile
+
+                        prof = cProfile.Profile()
+                        prof.enable()
+                    start = time.perf_counter()
+                    cpu[0] = 0.0
+                    counting[0] = True
+                    go.set()
+                    stages: list[tuple[str, float]] = []  # SecAgg+: when each stage began (s after start)
+                    while set(agg.core.included()) != set(names):
+                        sa = agg.core.secagg
+                        if sa is not None and (not stages or stages[-1][0] != sa.stage
+                                               or time.perf_counter() - start - stages[-1][1] > 5):
+                            stages.append((sa.stage, round(time.perf_counter() - start, 2), *sa.progress()))
+                        if time.perf_counter() - start > 300:  # say what is missing rather than hang
+                            missing = sorted(set(names) - set(agg.core.included()))
+                            raise RuntimeError(f"round not done after 300 s: {len(missing)} missing "
+                                               f"({missing[:5]}…), rejected {dict(agg.core.rejected)}, secagg "
+                                               f"{getattr(agg.core.secagg, 'rejected', None)}")
+                        await asyncio.sleep(0.005)
+                    done = time.perf_counter()
+                    if prof is not None and profile is not None:
+                        prof.disable()
+                        prof.dump_stats(f"{profile}.{len(names)}{'s' if cfg.secure_aggregation else 'p'}")
+                    # the acks that follow the global are counted too: until a second passes without one (30 s at most)
+                    quiet, count = time.perf_counter(), len(seen)
+                    while time.perf_counter() - quiet < 1.0 and time.perf_counter() - done < 30.0:
+                        await asyncio.sleep(0.1)
+                        if len(seen) != count:
+                            quiet, count = time.perf_counter(), len(seen)
+                    counting[0] = False
+                    for a in agents:
+                        a.stop()
+                    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+                    agg.stop()
+                    await asyncio.wait_for(agg_task, 30)
+                    ups = [(c, b) for d, c, b in seen if d == "up"]
+                    downs = [b for d, _, b in seen if d == "down"]
                     per: dict[str, int] = {}
-                    for _, topic, b in seen:
-                        if "/acks/" in topic:
-                            per[topic] = per.get(topic, 0) + b
+                    for d, c, b in seen:
+                        if d == "down":
+                            per[c] = per.get(c, 0) + b
                     return {"round_s": done - start, "up": sum(b for _, b in ups) / len(names),
                             "down": sum(downs) / len(names), "max_down": max(per.values(), default=0),
-                            "messages": (len(ups) + len(downs)) / len(names), "aggregator_cpu_s": cpu[0]}
+                            "messages": (len(ups) + len(downs)) / len(names), "aggregator_cpu_s": cpu[0],
+                            "stages": stages}
 
                 r = asyncio.run(main())
             finally:
@@ -370,7 +395,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
               "on the other core). Down = the aggregator's messages to one client's acks topic (roster, forwarded "
               "shares, survivors; plain: none but acks), not the global, which both modes broadcast. Each agent's "
               "source is 32 samples long and the agent stays up (`drain`) until the measurement stops it; "
-              "the aggregator's stage timeout is 60 s. Each member is sent its own neighbourhood only (roster: "
+              "the aggregator's stage timeout is its default (5 s plus 40 ms a member: `stage_wait`). "
+              "Each member is sent its own neighbourhood only (roster: "
               "its neighbours' keys; forward: their shares; survivors: which of them survived), so `down` grows "
               "with the neighbourhood k, not the fleet. Aggregator CPU = process time inside the aggregator core's "
               "`on_update` and `tick` (decoding, the SecAgg+ server's checks, building each member's messages, "
@@ -386,13 +412,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--secagg-only", action="store_true",
                     help="only the secure-aggregation sections (in process and over Mosquitto)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="with --secagg-only: cProfile each Mosquitto round (the round only) to PROFILE.<n><p|s>")
     args = ap.parse_args()
     steps = args.steps or (100 if args.quick else 2000)
     sizes = (10, 100) if args.quick else (10, 100, 1000)
     t0 = time.perf_counter()
     if args.secagg_only:
         s_lines, s = secagg_cost(sizes, 1 if args.quick else 3)
-        m_lines, m = mqtt_cost((10,) if args.quick else (10, 100, 1000), repeats=1 if args.quick else 3)
+        m_lines, m = mqtt_cost((10,) if args.quick else (10, 100, 1000), repeats=1 if args.quick else 3,
+                               profile=args.profile)
         cmd = ".venv/bin/python benchmarks/bench_privacy.py --secagg-only" + (" --quick" if args.quick else "")
         lines = ["## Privacy: SecAgg+ at scale (a member is sent its neighbourhood only)", "",
                  f"`{cmd}` — {machine()}, load {load_average()}; {time.perf_counter() - t0:.0f} s.", "",

@@ -694,3 +694,86 @@ def test_a_member_is_sent_its_neighbourhood_only_and_the_sum_stays_exact_under_d
     packed = st.to_packed()
     assert np.array_equal(np.concatenate([np.ravel(packed[k]) for k, _ in layout]), fixed_point.decode(enc, f))
     assert float(st.n) == 8 * (n - len(dropped))
+
+
+def test_a_stage_waits_longer_in_a_larger_round() -> None:
+    """Answers reach the aggregator one after another, 40 ms apart (one loop serving every agent, as in the
+    benchmark): a stage of 60 members needs 2.4 s, far beyond the 0.5 s `round_timeout`. A stage waits for its
+    last answers `timeout` plus 40 ms a member, so the round includes everyone; a fixed timeout closed each stage
+    with a dozen answers in and the round failed (issue 29: `recovery_failed` at 1,000 agents)."""
+    from streamfed.fleet.secure_aggregation import STAGE_PER_MEMBER
+
+    cfg = fedbnr_cfg(True)
+    n, pace, timeout = 60, 0.04, 0.5
+    names = [f"c{i:02d}" for i in range(n)]
+    agents = {c: AgentCore(cfg, c, i) for i, c in enumerate(names)}
+    # keys are gathered until all 60 are in (`window`): the stages after them are what is timed
+    agg = AggregatorCore(cfg, clients=names, window=30.0, round_timeout=timeout)
+    assert agg.secagg is not None
+    assert n * pace > 4 * timeout and n * pace < timeout + STAGE_PER_MEMBER * n
+    rng = np.random.default_rng(5)
+    inbox: list[Message] = []  # the agents' messages, taken in by the aggregator one every `pace` seconds
+    for t in range(8):
+        for a in agents.values():
+            x, y = _readings(rng, t)
+            inbox += a.on_reading(Reading(f"{t}", x, 0.0, y), now=0.0)[1]
+    now, stages = 0.0, []
+
+    def to_agents(msgs: list[Message]) -> None:
+        for m in msgs:
+            if m.kind in DOWN_KINDS:
+                inbox.extend(agents[m.client].on_secagg(decode(encode(m, cfg), cfg, client=m.client,
+                                                               kinds=DOWN_KINDS), now=now))
+
+    while agg.version == 0 and now < 60.0:
+        now += pace
+        if inbox:
+            m = inbox.pop(0)
+            to_agents(agg.on_update(m.client, encode(m, cfg), now=now))
+        to_agents(agg.tick(now))
+        if not stages or stages[-1] != agg.secagg.stage:
+            stages.append(agg.secagg.stage)
+    assert agg.included() == {c: 1 for c in names}, (agg.secagg.rejected, agg.secagg.aborted)
+    assert agg.secagg.aborted == 0 and stages == ["keys", "shares", "masked", "unmask", "keys"]
+
+
+def test_an_agent_that_gave_up_after_its_masked_input_still_unmasks_that_round() -> None:
+    """The survivor lists come after every agent's patience ran out (a loaded aggregator): each has started a new
+    round with fresh keys (refused: a round is under way), yet answers the old round's survivors once, so the round
+    unmasks the exact sum — before, they ignored it and the round failed with `recovery_failed`. A second request
+    for the same round is refused: a member never reveals shares twice."""
+    cfg = fedbnr_cfg(True)
+    names = ["a", "b", "c", "d", "e"]
+    agents = {c: AgentCore(cfg, c, i) for i, c in enumerate(names)}
+    agg = AggregatorCore(cfg, clients=names, window=5.0, round_timeout=5.0)
+    held: list[Message] = []
+    router = Router(cfg, list(agents.values()), agg,
+                    drop=lambda m: m.kind == "secagg.survivors" and not held.append(m))
+    contributions: list = []
+    for a in agents.values():
+        _record(a, contributions)
+    rng = np.random.default_rng(9)
+    for t in range(8):
+        router.step(rng, t, 0.0)
+    router.settle(0.0, rounds=1)
+    assert len(held) == 5 and agg.version == 0  # every masked input in, the survivor lists held back
+    # the agents' clocks (their own) far beyond their patience: each starts over; the aggregator's still at 1 s
+    late = 1000.0
+    for a in agents.values():
+        for m in a.secagg_tick(late):
+            assert agg.on_update(m.client, encode(m, cfg), now=1.0) == []
+    assert all(a.secagg.rounds_started == 2 for a in agents.values())  # type: ignore[union-attr]
+    assert agg.secagg is not None and agg.secagg.rejected.get("busy") == 5
+    router.drop = lambda m: False
+    for m in held:
+        for r in agents[m.client].on_secagg(decode(encode(m, cfg), cfg, client=m.client, kinds=DOWN_KINDS), now=late):
+            router.deliver(agg.on_update(r.client, encode(r, cfg), now=1.0), 1.0)
+    assert agg.included() == {c: 1 for c in names} and agg.secagg.aborted == 0
+    f, layout = frac_bits(cfg), summed_layout(cfg)
+    enc = np.zeros(sum(int(np.prod(s)) for _, s in layout), dtype=np.uint64)
+    for _, arrays in contributions:
+        enc += fixed_point.encode(np.concatenate([np.ravel(arrays[k]) for k, _ in layout]), f)
+    packed = agg.aggregation.server.stats.to_packed()  # type: ignore[attr-defined]
+    assert np.array_equal(np.concatenate([np.ravel(packed[k]) for k, _ in layout]), fixed_point.decode(enc, f))
+    again = agents["a"].on_secagg(decode(encode(held[0], cfg), cfg, client="a", kinds=DOWN_KINDS), now=late)
+    assert again == [] and agents["a"].secagg.refused >= 1  # type: ignore[union-attr]

@@ -70,13 +70,17 @@ KEYS, SHARES, MASKED, UNMASK = "secagg.keys", "secagg.shares", "secagg.masked", 
 ROSTER, FORWARD, SURVIVORS = "secagg.roster", "secagg.forward", "secagg.survivors"
 UP_KINDS = (KEYS, SHARES, MASKED, UNMASK)
 DOWN_KINDS = (ROSTER, FORWARD, SURVIVORS)
-# An agent's patience in a round grows with the round: the aggregator sends each stage's messages to the members
-# one at a time (QoS 1, one PUBACK each) and closes a stage only when all have answered, so the wait between two
-# of an agent's steps is up to two passes over the members — with 1,000 agents and the aggregator on one loop of a
-# loaded machine, 1,000 rosters (64 kB each: every member's keys) took 45 s; over a WAN it is a round trip each.
+# An agent's patience in a round grows with the round: the aggregator sends each stage's messages to every member
+# and closes a stage when all have answered (or at its `stage_wait`), so the wait between two of an agent's steps
+# is up to two passes over the members — with 1,000 agents and the aggregator on one loop of a loaded machine,
+# 1,000 rosters (64 kB each, when they carried every member's keys) took 45 s, one QoS 1 publish at a time.
 # A fixed 10 s made most members of a 1,000-agent round give up and start again, and the round never finished.
-# (Rosters now carry a member's neighbourhood only, ~3 kB, but the stages still go out one message a member.)
 PATIENCE_PER_MEMBER = 0.1
+# The aggregator's side of the same: a stage waits for its last answers `timeout` plus this much a member (45 s at
+# 1,000 with the default 5 s), well inside an agent's patience over two stages. A fixed 5 s closed every stage of a
+# 1,000-member round with a fraction of its answers in (the rest counted as dropouts) and the round failed; a
+# stage still closes as soon as every member answered, or once answers stopped coming for `timeout` seconds.
+STAGE_PER_MEMBER = 0.04
 # Before its roster an agent does not know how many members there are; it advertises fresh keys after `timeout`,
 # then after twice that, and so on (the aggregator may be distributing a large roster, or be busy with a round
 # that refused the keys), and keeps its last pairs: a roster is taken with whichever of them it carries.
@@ -200,6 +204,8 @@ class SecAggAgent:
         # this round's replies, sent again as they were when a request repeats (one masked input per round)
         self._masked_reply: Message | None = None
         self._unmask_reply: tuple[frozenset[str], Message] | None = None
+        # the last round I left after sending my masked input: (round, client, my index, by index), to unmask it
+        self._late: tuple[int, SecAggClient, dict[str, int], dict[int, str]] | None = None
         self.rounds_started = 0
         self.refused = 0  # messages of the aggregator refused (a reason is logged)
 
@@ -227,6 +233,11 @@ class SecAggAgent:
             return []
         if self._sa is not None:  # a round we were in stalled: its keys are spent
             self._advertised = []
+            if self._masked_reply is not None and self._unmask_reply is None and self._round is not None:
+                # My masked input is in that round: should it still finish, my neighbours' self-masks need my
+                # shares of them. Kept to answer its survivor list once — what I would have revealed had I waited
+                # (a round at 1,000 agents on a loaded machine failed with `recovery_failed` when 706 had left).
+                self._late = (self._round, self._sa, dict(self._index), dict(self._by_index))
         self._keys = (X25519PrivateKey.generate(), X25519PrivateKey.generate())
         self._advertised = [*self._advertised[-(KEPT_KEY_PAIRS - 1):], self._keys]
         self._round, self._sa, self._since = None, None, now
@@ -241,6 +252,7 @@ class SecAggAgent:
         self._keys, self._round, self._sa = None, None, None
         self._masked_reply = self._unmask_reply = None
         self._advertised = []
+        self._late = None
 
     @property
     def sent_seq(self) -> int:
@@ -292,6 +304,10 @@ class SecAggAgent:
             to = sorted(cts, key=self._index.__getitem__)
             return [self._msg(SHARES, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
                                        "ct": np.stack([_u8(cts[v]) for v in to])})]
+        late = self._late
+        if msg.kind == SURVIVORS and late is not None and rid == late[0] and rid != self._round:
+            self._late = None  # once: a second request for the round is refused below
+            return [self._reveal(msg, late[1], late[2], late[3], rid)[1]]
         if self._sa is None or rid != self._round:
             raise SecAggError("wrong_round", f"round {rid}, mine is {self._round}")
         if msg.kind == FORWARD:
@@ -317,25 +333,32 @@ class SecAggAgent:
             self._masked_reply = self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch, first=first)
             return [self._masked_reply]
         if msg.kind == SURVIVORS:
-            idx = msg.arrays["alive"].tolist()
-            if any(i not in self._by_index for i in idx):
-                raise SecAggError("bad_index", "a survivor outside my neighbourhood")
-            alive = frozenset(self._by_index[i] for i in idx)
             if self._unmask_reply is not None:  # asked again: the same answer, never shares of another set
-                if alive != self._unmask_reply[0]:
+                idx = msg.arrays["alive"].tolist()
+                if any(i not in self._by_index for i in idx):
+                    raise SecAggError("bad_index", "a survivor outside my neighbourhood")
+                if frozenset(self._by_index[i] for i in idx) != self._unmask_reply[0]:
                     raise SecAggError("out_of_order", "unmasking asked again for other survivors")
                 return [self._unmask_reply[1]]
-            shares = self._sa.unmask(alive)
-            of = sorted(shares, key=self._index.__getitem__)
+            self._unmask_reply = self._reveal(msg, self._sa, self._index, self._by_index, rid)
             self._since = now
-            reply = self._msg(UNMASK, {
-                "of": np.array([self._index[u] for u in of], dtype=np.int64),
-                "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
-                "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
-                          else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))})
-            self._unmask_reply = (alive, reply)
-            return [reply]
+            return [self._unmask_reply[1]]
         raise SecAggError("unknown_kind", msg.kind)
+
+    def _reveal(self, msg: Message, sa: SecAggClient, index: Mapping[str, int], by_index: Mapping[int, str],
+                rid: int) -> tuple[frozenset[str], Message]:
+        """My unmasking shares for round `rid` given its survivor list (`msg`), and the survivors."""
+        idx = msg.arrays["alive"].tolist()
+        if any(i not in by_index for i in idx):
+            raise SecAggError("bad_index", "a survivor outside my neighbourhood")
+        alive = frozenset(by_index[i] for i in idx)
+        shares = sa.unmask(alive)
+        of = sorted(shares, key=index.__getitem__)
+        return alive, self._msg(UNMASK, {
+            "of": np.array([index[u] for u in of], dtype=np.int64),
+            "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
+            "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
+                      else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))}, round=rid)
 
 
 # =========================================================================== the aggregator's half
@@ -378,6 +401,15 @@ class SecAggCoordinator:
         self._names: tuple[str, ...] = ()
         self._index: dict[str, int] = {}
         self._meta: dict[str, tuple[int, int, int]] = {}  # client → (seq, n_samples, epoch) of its masked input
+        self._last = -math.inf  # when the stage under way last took an answer
+
+    def progress(self) -> tuple[int, int, int, int, int]:
+        """How far the round under way has come: keys, shares, masked inputs and unmaskings in, and rounds
+        dropped so far."""
+        srv = self._srv
+        if srv is None:
+            return len(self._keys), 0, 0, 0, self.aborted
+        return len(srv.keys), len(srv.shares), len(srv.masked), len(srv.unmasking), self.aborted
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -390,6 +422,7 @@ class SecAggCoordinator:
         except SecAggError as e:
             self._reject(e.reason, str(e))
             return [], None
+        self._last = now
         return self.tick(now)
 
     def _take(self, msg: Message, now: float) -> None:
@@ -442,10 +475,29 @@ class SecAggCoordinator:
     def _indices(self, names: Sequence[str]) -> np.ndarray:
         return np.array(sorted(self._index[c] for c in names), dtype=np.int64)
 
-    def _ready(self, got: AbstractSet[str], want: AbstractSet[str], now: float, wait: float) -> bool:
-        """A stage closes when everyone it waits for answered, or after `wait` seconds with enough answers (views,
-        not copies: this runs on every message, and `<=` stops at the sizes until the last answer is in)."""
-        return bool(got) and (want <= got or (self._since is not None and now - self._since >= wait))
+    def stage_wait(self) -> float:
+        """The longest a stage of the round under way waits for its last answers: `timeout` plus
+        `STAGE_PER_MEMBER` a member, so that it grows with the round as the time its members need to answer does.
+
+        >>> from streamfed.fleet.config import FleetConfig
+        >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=1, kernels=["gaussian:1.0"],
+        ...                   secure_aggregation=True)
+        >>> c = SecAggCoordinator(cfg, expected=set, timeout=5.0)
+        >>> c._names = tuple(f"c{i}" for i in range(1000)); round(c.stage_wait(), 6)
+        45.0
+        """
+        return self.timeout + STAGE_PER_MEMBER * len(self._names)
+
+    def _ready(self, got: AbstractSet[str], want: AbstractSet[str], now: float) -> bool:
+        """A stage closes when everyone it waits for answered; or, with some answers in, after :meth:`stage_wait`
+        seconds, or once no answer came for `timeout` seconds (the rest dropped out). Views, not copies: this runs
+        on every message, and `<=` stops at the sizes until the last answer is in."""
+        if not got:
+            return False
+        if want <= got:
+            return True
+        since = now if self._since is None else self._since
+        return now - since >= self.stage_wait() or now - max(since, self._last) >= self.timeout
 
     def tick(self, now: float) -> tuple[list[Message], Any]:
         """Close whatever stage is due; abort a round that cannot finish."""
@@ -460,7 +512,7 @@ class SecAggCoordinator:
     def _tick(self, now: float) -> tuple[list[Message], Any]:
         if self.stage == "keys":
             want = self.expected() or set(self._keys)
-            if not (len(self._keys) >= self.min_clients and self._ready(self._keys.keys(), want, now, self.gather)):
+            if not (len(self._keys) >= self.min_clients and self._ready_keys(want, now)):
                 return [], None
             names = tuple(sorted(self._keys))
             settings = SecAggSettings(self.next_round, names, self.length, graph_seed=roster_seed(
@@ -484,7 +536,7 @@ class SecAggCoordinator:
         assert self._srv is not None
         srv = self._srv
         if self.stage == "shares":
-            if not self._ready(srv.shares.keys(), srv.keys.keys(), now, self.timeout):
+            if not self._ready(srv.shares.keys(), srv.keys.keys(), now):
                 return self._stalled(now)
             self.stage, self._since = "masked", now
             out = []
@@ -497,7 +549,7 @@ class SecAggCoordinator:
                            else np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8))}))
             return out, None
         if self.stage == "masked":
-            if not self._ready(srv.masked.keys(), srv.shares.keys(), now, self.timeout):
+            if not self._ready(srv.masked.keys(), srv.shares.keys(), now):
                 return self._stalled(now)
             alive = srv.survivors()
             if len(alive) < self.min_clients:  # never unmasked: with distributed DP its noise would fall short
@@ -508,7 +560,7 @@ class SecAggCoordinator:
             return [self._down(SURVIVORS, c, {"alive": self._indices(srv.survivors_for(c))})
                     for c in sorted(alive)], None
         # unmask
-        if not self._ready(srv.unmasking.keys(), srv.masked.keys(), now, self.timeout):
+        if not self._ready(srv.unmasking.keys(), srv.masked.keys(), now):
             return self._stalled(now)
         total = fixed_point.decode(srv.result(), self.frac_bits)
         meta = dict(self._meta)
@@ -528,9 +580,16 @@ class SecAggCoordinator:
         self._reset()
         return [], (arrays, len(meta), included, samples, epochs.pop())
 
+    def _ready_keys(self, want: AbstractSet[str], now: float) -> bool:
+        # keys are gathered for `gather` seconds after the first, unless every expected client's are in already
+        got = self._keys.keys()
+        return bool(got) and (want <= got or (self._since is not None and now - self._since >= self.gather))
+
     def _stalled(self, now: float) -> tuple[list[Message], Any]:
-        if self._since is not None and now - self._since >= 2 * self.timeout:
-            raise SecAggError("stalled", f"no answer for {2 * self.timeout:g} s")
+        # reached only while a stage has no answer at all
+        wait = max(2 * self.timeout, self.stage_wait())
+        if self._since is not None and now - self._since >= wait:
+            raise SecAggError("stalled", f"no answer for {wait:g} s")
         return [], None
 
 

@@ -32,6 +32,7 @@ so masks of two rounds never repeat.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import secrets
@@ -79,6 +80,12 @@ def _hkdf(secret: bytes, info: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
 
+@functools.lru_cache(maxsize=4)
+def _zeros(n_bytes: int) -> bytes:
+    # the plaintext of a keystream: allocated once per vector length, not once per mask
+    return bytes(n_bytes)
+
+
 def prg(seed: bytes, length: int, round_id: int, label: bytes = b"mask") -> np.ndarray:
     """`length` pseudo-random uint64 from a 32-byte `seed`: the ChaCha20 keystream under
     `HKDF(seed, "streamfed-secagg/<label>/<round>")`.
@@ -90,7 +97,10 @@ def prg(seed: bytes, length: int, round_id: int, label: bytes = b"mask") -> np.n
         raise SecAggError("bad_length", f"vector length {length} outside [0, {MAX_VECTOR}]")
     key = _hkdf(seed, b"streamfed-secagg/" + label + b"/" + str(int(round_id)).encode())
     enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
-    return np.frombuffer(enc.update(bytes(8 * length)), dtype="<u8").astype(np.uint64)
+    out = np.empty(length, dtype="<u8")  # the keystream written straight into the vector: no copies
+    if length:
+        enc.update_into(_zeros(8 * length), out.view(np.uint8))
+    return out.astype(np.uint64, copy=False)
 
 
 def _agree(sk: X25519PrivateKey, pk: bytes, info: bytes) -> bytes:
