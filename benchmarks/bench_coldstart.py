@@ -47,6 +47,7 @@ The runs are spread over `--jobs` processes.
 from __future__ import annotations
 
 import os
+import pickle
 
 # Small matrices: one BLAS thread is several times faster than two fighting over 2 cores. Set before numpy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -62,14 +63,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from streamfed.evaluation.coldstart import ColdStartResult, ColdStartRow, expert_errors, leave_one_out
+from streamfed.evaluation.coldstart import (
+    ColdStartResult,
+    ColdStartRow,
+    UploadRecording,
+    expert_errors,
+    leave_one_out,
+    leave_one_out_recorded,
+    record_uploads,
+)
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig, replay
 
@@ -81,8 +90,13 @@ ALL = BAYES + POFMKL
 BAND = (0.90, 0.98)  # the coverage target
 CURVE_AT = (1, 6, 12, 24, 48, 96, 168, 336, 1000, 2000)  # the MSE-to-date points kept in the JSON
 
+# the families whose uploads are their own summed statistics (no forgetting here): one recorded fleet run per seed
+# serves every held-out station (`leave_one_out_recorded`; tests/test_coldstart_recorded.py: equal to leave_one_out)
+RECORDED = {"fedbnr", "fedbnr-personal"}
+
 # ------------------------------------------------------------------ worker side (one process per job)
 _FLEET: Any = None
+_RECORDINGS: dict[str, UploadRecording] = {}  # path → the recording loaded from it (one per seed, kept)
 
 
 def _init(steps: int | None) -> None:
@@ -115,7 +129,23 @@ def run_task(task: tuple, args: argparse.Namespace) -> dict[str, Any]:
     names = list(fleet.names)
     t0 = time.perf_counter()
     out: dict[str, Any] = {"task": task}
-    if kind == "loo":  # one held-out station, one algorithm, one seed: the library's protocol as it is
+    if kind == "record":  # every station from step 0, its uploads kept: the others' side of every held-out run
+        rec = record_uploads(fleet, alg, cfg, seed, args.join + max(args.windows))
+        path = Path(args.record_dir) / f"{alg}-{seed}.pickle"
+        with path.open("wb") as fh:
+            pickle.dump(rec, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        out["path"], out["rejected"] = str(path), rec.rejected.tolist()
+    elif kind == "heldout":  # one held-out station from the seed's recording (`leave_one_out`, faster)
+        path = str(Path(args.record_dir) / f"{alg}-{seed}.pickle")
+        if path not in _RECORDINGS:
+            _RECORDINGS.clear()  # one seed at a time: ~165 MB each at D = 50
+            with open(path, "rb") as fh:
+                _RECORDINGS[path] = pickle.load(fh)
+        res = leave_one_out_recorded(fleet, alg, cfg, args.join, windows=args.windows, seed=seed, clients=(station,),
+                                     recording=_RECORDINGS[path])
+        out["rows"] = [asdict(r) for r in res.rows]
+        out["curves"] = {f"{c}|{a}|{s}": v.tolist() for (c, a, s), v in res.curves.items()}
+    elif kind == "loo":  # one held-out station, one algorithm, one seed: the library's protocol as it is
         res = leave_one_out(fleet, [alg], cfg, args.join, windows=args.windows, seeds=(seed,), clients=(station,))
         out["rows"] = [asdict(r) for r in res.rows]
         out["curves"] = {f"{c}|{a}|{s}": v.tolist() for (c, a, s), v in res.curves.items()}
@@ -473,6 +503,9 @@ def main() -> None:
     ap.add_argument("--with-pooled", action="store_true", help="--mixture: also pooled FedBNR (`fedbnr`) per station")
     ap.add_argument("--personal-alone", action="store_true",
                     help="personalised FedBNR without the experts' mixture (the learner before it was the default)")
+    ap.add_argument("--plain", action="store_true",
+                    help="every held-out run as `leave_one_out` (a whole fleet replay each) instead of one recorded "
+                         "fleet run per seed and algorithm for the summed-statistics families (the same figures)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run (< 20 s): join 200, windows 48,120, 1 seed, 2 held-out stations, 320-step "
                          "whole streams, D = 10, output to /tmp/streamfed-coldstart-quick")
@@ -518,38 +551,70 @@ def main() -> None:
         # the from-scratch shortcut equals the library's protocol: one station, one seed, each baseline
         tasks += [("check", a, 0, stations[0]) for a in scratch]
 
+    # the summed-statistics families: one recorded fleet run per seed, then each held-out station from it
+    waiting: dict[tuple[str, int], list[tuple]] = {}
+    if not args.plain:
+        direct = []
+        for t in tasks:
+            if t[0] == "loo" and t[1] in RECORDED:
+                waiting.setdefault((t[1], t[2]), []).append(("heldout",) + t[1:])
+            else:
+                direct.append(t)
+        tasks = [("record", a, s, None) for a, s in waiting] + direct  # the records first: the rest waits on them
+    n_tasks = len(tasks) + sum(len(v) for v in waiting.values())
+    record_dir = tempfile.TemporaryDirectory(prefix="streamfed-coldstart-")
+    args.record_dir = record_dir.name
+
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     results: list[dict[str, Any]] = []
     ctx = mp.get_context("spawn")
     with (Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress,
-          ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx, initializer=_init, initargs=(cut,)) as pool):
-        bar = progress.add_task("cold start + personalisation", total=len(tasks))
+          ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx, initializer=_init, initargs=(cut,)) as pool,
+          record_dir):
+        bar = progress.add_task("cold start + personalisation", total=n_tasks)
         futs = {}
-        for t in tasks:
+
+        def submit(t: tuple) -> None:
             real = ("loo",) + t[1:] if t[0] == "check" else t
             futs[pool.submit(run_task, real, args)] = t
-        for fut in as_completed(futs):
-            t = futs[fut]
-            r = fut.result()
-            r["kind"] = t[0]
-            results.append(r)
+
+        def handled(t: tuple, r: dict[str, Any]) -> None:
             what = f"{t[0]} {t[1]} seed {t[2]}{' ' + t[3] if t[3] else ''} ({r['wall_s']:.0f} s)"
             progress.update(bar, advance=1, description=what)
             if not progress.console.is_terminal:  # a log file: one plain line per finished run
-                print(f"[{len(results)}/{len(tasks)} {time.perf_counter() - t_start:.0f} s] {what}", flush=True)
+                print(f"[{len(results)}/{n_tasks} {time.perf_counter() - t_start:.0f} s] {what}", flush=True)
             if args.mixture and args.partial:  # the tables so far, over the stations done (a busy machine)
                 done = [c for c in stations if any(x["task"][3] == c for x in results if x["kind"] == "loo")]
                 if done and any(x["kind"] == "scratch" for x in results):
                     write_mixture(args, results, done, [f"Command: `{command}`", "",
                                                         f"**Partial: {len(done)} of {len(stations)} stations so far.**",
                                                         ""], time.perf_counter() - t_start, command)
+
+        for t in tasks:
+            submit(t)
+        while futs:
+            finished, _ = wait(futs, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                t = futs.pop(fut)
+                r = fut.result()
+                r["kind"] = "loo" if t[0] == "heldout" else t[0]
+                if t[0] == "record":
+                    if any(r["rejected"]):
+                        raise SystemExit(f"{t[1]} seed {t[2]}: a learner refused samples in the recorded run; "
+                                         "rerun with --plain")
+                    for h in waiting.pop((t[1], t[2])):
+                        submit(h)
+                results.append(r)
+                handled(t, r)
+
     wall = time.perf_counter() - t_start
     cfgs = configs(args)
     machine_s = machine()
     git_s = git_state()
-    cpu_s = {k: sum(r["wall_s"] for r in results if r["kind"] == k) for k in ("whole", "loo", "scratch", "check")}
+    cpu_s = {k: sum(r["wall_s"] for r in results if r["kind"] == k)
+             for k in ("whole", "loo", "scratch", "check", "record")}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     setting = (f"Data: 12 Beijing stations, target CO, 10 inputs, `online` normalisation (each station standardises "
@@ -605,7 +670,7 @@ def main() -> None:
                  f"`leave_one_out` on {stations[0]}, seed 0: max |Δ| of MSE/NLPD/coverage = "
                  + ", ".join(f"{a} {d:.1e}" for a, d in diffs.items()) + ".", "",
                  f"Wall time: {wall:.0f} s for the whole script on {args.jobs} processes (cold-start runs "
-                 f"{cpu_s['loo'] + cpu_s['scratch'] + cpu_s['check']:.0f} s of process time). Plots: "
+                 f"{cpu_s['loo'] + cpu_s['scratch'] + cpu_s['check'] + cpu_s['record']:.0f} s of process time). Plots: "
                  f"`{args.name}.png` (mean over held-out stations and seeds of the MSE to date), "
                  f"`{args.name}_stations.png` (per held-out station).", ""]
         md = coldstart_markdown(res, stations, summary, head)
@@ -704,9 +769,12 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                  "is exactly the learner's alone: `expert personal` is `fedbnr-personal` with `experts = false`; its "
                  "NLPD uses the expert's raw variance, not recalibrated); `local` is FedBNR from scratch "
                  "(`fedbnr-local`, the baseline).", ""] + head_common
+        recs = [r for r in results if r["kind"] == "record"]
         lines += [f"Wall time: {wall:.0f} s on {args.jobs} processes (process time: "
-                  + ", ".join(f"{a} {sum(r['wall_s'] for r in loo if r['task'][1] == a):.0f} s"
-                              for a in dict.fromkeys(r["task"][1] for r in loo)) + ").", ""]
+                  + ", ".join(f"{a} {sum(r['wall_s'] for r in loo + recs if r['task'][1] == a):.0f} s"
+                              for a in dict.fromkeys(r["task"][1] for r in loo))
+                  + (f"; of which recording the fleets' uploads {sum(r['wall_s'] for r in recs):.0f} s — one run per "
+                     "seed serves every held-out station, `leave_one_out_recorded`" if recs else "") + ").", ""]
         for w in res.windows:
             tab, s = res.table(w), summary[str(w)]
             lines += [f"### First {w} samples after joining", "",

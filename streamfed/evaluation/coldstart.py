@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from streamfed.evaluation.datasets import Fleet
-from streamfed.evaluation.replay import (AlgorithmConfig, Arrangement, ReplayResult, Schedule, build_arrangement,
-                                         replay)
+from streamfed.evaluation.replay import AlgorithmConfig, Arrangement, ReplayResult, Schedule, build_arrangement, replay
 from streamfed.fleet.telemetry import Z95
 from streamfed.wire.message import Message
 
