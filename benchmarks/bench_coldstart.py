@@ -560,8 +560,13 @@ def main() -> None:
                 waiting.setdefault((t[1], t[2]), []).append(("heldout",) + t[1:])
             else:
                 direct.append(t)
-        tasks = [("record", a, s, None) for a, s in waiting] + direct  # the records first: the rest waits on them
-    n_tasks = len(tasks) + sum(len(v) for v in waiting.values())
+        # per algorithm the first seed's record first; each next one after the held-out runs of the one before (so a
+        # partial run has whole seeds)
+        firsts = {a: min(s for b, s in waiting if b == a) for a, _ in waiting}
+        tasks = [("record", a, s, None) for a, s in firsts.items()] + direct
+    n_tasks = len(tasks) + sum(len(v) for v in waiting.values()) + len(waiting) - len(
+        [t for t in tasks if t[0] == "record"])
+    args.out_dir.mkdir(parents=True, exist_ok=True)  # --partial writes as it goes
     record_dir = tempfile.TemporaryDirectory(prefix="streamfed-coldstart-")
     args.record_dir = record_dir.name
 
@@ -606,6 +611,9 @@ def main() -> None:
                                          "rerun with --plain")
                     for h in waiting.pop((t[1], t[2])):
                         submit(h)
+                    later = [s for a, s in waiting if a == t[1]]
+                    if later:
+                        submit(("record", t[1], min(later), None))
                 results.append(r)
                 handled(t, r)
 
