@@ -477,6 +477,7 @@ def replay(
     ci = 0
     start = time.perf_counter()
     rejected = np.zeros(n, dtype=np.int64)
+    msg, msg_version = arr.global_message(aggs[0]), aggs[0].version  # the global of the latest version, as sent
 
     def step(c: int, t: int) -> Any:
         """One client step: its upload, checked by its aggregation (None when it has none). A rejected step
@@ -537,7 +538,8 @@ def replay(
             agg.apply_round(t + 1, items)
             rounds += 1
             if (t + 1) % schedule.k == 0 or t == t_max - 1:
-                msg = arr.global_message(agg)
+                if agg.version != msg_version:  # a global is only rebuilt (packed) when there is a new one
+                    msg, msg_version = arr.global_message(agg), agg.version
                 for c in range(n):
                     if learners[c].global_version < msg.global_version:
                         learners[c].install_global(msg)
