@@ -1,6 +1,6 @@
 """Where federation pays: cold start and whole-stream personalisation of FedBNR on the Beijing streams.
 
-    .venv/bin/python benchmarks/bench_coldstart.py                  # full evaluation (~30 min on 2 cores)
+    .venv/bin/python benchmarks/bench_coldstart.py                  # full evaluation (see docs/benchmarks.md)
     .venv/bin/python benchmarks/bench_coldstart.py --quick          # smoke run, < 20 s, writes to /tmp
     .venv/bin/python benchmarks/bench_coldstart.py --seeds 3 --join 8760 --windows 336,2000 \
         --out-dir benchmarks/results
@@ -24,6 +24,15 @@ A from-scratch learner (`fedbnr-local`, `local-only`) never hears from the other
 depend on them: it is run once per seed with every station joining at `--join` (each station's learner is the
 one it has in the leave-one-out replay: same seed, same index), and the script checks on one station and seed
 that this equals `leave_one_out` exactly.
+
+The summed-statistics families (`fedbnr`, `fedbnr-personal`: no forgetting here) upload their own samples'
+statistics, whatever globals they installed, so the other 11 stations send the same uploads whichever station is
+held out: one recorded fleet run per seed (`record_uploads`) serves all 12 held-out stations, each of which then
+replays only the aggregation (fed the recorded uploads in the same rounds and order) and its own learner
+(`leave_one_out_recorded`; tests/test_coldstart_recorded.py: personalised FedBNR's figures equal `leave_one_out`'s
+bit for bit, pooled FedBNR's to 1e-12). What remains per held-out station is the aggregation's evidence refit at
+every global (its warm-started Nelder-Mead makes each held-out fleet's chain of fits its own). `--plain` runs the
+plain protocol instead.
 
 **1b. The experts' mixture** (`--mixture`, docs/algorithms.md §5.9): the default personalised learner (fixed share
 over its local, pooled and personal experts) per held-out station, with each expert's own figures on the same samples
