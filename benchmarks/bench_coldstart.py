@@ -516,6 +516,9 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true",
                     help="every held-out run as `leave_one_out` (a whole fleet replay each) instead of one recorded "
                          "fleet run per seed and algorithm for the summed-statistics families (the same figures)")
+    ap.add_argument("--render", action="store_true",
+                    help="--mixture: rewrite <name>.md/.json from the rows in <name>.json (seeds 0..--seeds-1 whose 12 "
+                         "held-out runs are all there), without running anything: a run stopped part way")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run (< 20 s): join 200, windows 48,120, 1 seed, 2 held-out stations, 320-step "
                          "whole streams, D = 10, output to /tmp/streamfed-coldstart-quick")
@@ -526,6 +529,9 @@ def main() -> None:
         args.stations = args.stations or "Aotizhongxin,Dongsi"
         if args.out_dir == REPO / "benchmarks" / "results":
             args.out_dir = Path("/tmp/streamfed-coldstart-quick")
+    if args.render:
+        render(args)
+        return
     whole_seeds = args.seeds if args.whole_seeds is None else args.whole_seeds
     cut = None
     if args.quick:
@@ -815,12 +821,15 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                  "NLPD uses the expert's raw variance, not recalibrated); `local` is FedBNR from scratch "
                  "(`fedbnr-local`, the baseline).", ""] + head_common
         recs = [r for r in results if r["kind"] == "record"]
-        lines += [f"Wall time: {wall:.0f} s on {args.jobs} processes (process time: "
-                  + ", ".join(f"{a} {sum(r['wall_s'] for r in loo + recs if r['task'][1] == a):.0f} s"
-                              for a in dict.fromkeys(r["task"][1] for r in loo))
-                  + (f"; of which recording the fleets' uploads {sum(r['wall_s'] for r in recs):.0f} s — one run per "
-                     "seed serves every held-out station, `leave_one_out_recorded`" if recs else "")
-                  + f"; CPU time {sum(r.get('cpu_s', 0.0) for r in loo + recs):.0f} s).", ""]
+        if getattr(args, "render_note", None):
+            lines += [args.render_note, ""]
+        else:
+            lines += [f"Wall time: {wall:.0f} s on {args.jobs} processes (process time: "
+                      + ", ".join(f"{a} {sum(r['wall_s'] for r in loo + recs if r['task'][1] == a):.0f} s"
+                                  for a in dict.fromkeys(r["task"][1] for r in loo))
+                      + (f"; of which recording the fleets' uploads {sum(r['wall_s'] for r in recs):.0f} s — one run "
+                         "per seed serves every held-out station, `leave_one_out_recorded`" if recs else "")
+                      + f"; CPU time {sum(r.get('cpu_s', 0.0) for r in loo + recs):.0f} s).", ""]
         for w in res.windows:
             tab, s = res.table(w), summary[str(w)]
             lines += [f"### First {w} samples after joining", "",
@@ -854,7 +863,9 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                                                                     if k <= v.size}
                                                   for (c, a, sd), v in res.curves.items()},
                                   **res.to_json()}, indent=1, default=_json_default))
-        written += [md, js, station_plot(res, stations, args.out_dir / f"{args.name}_stations.png")]
+        written += [md, js]
+        if res.curves:  # (--render has the rows only: the plot of the run stays)
+            written.append(station_plot(res, stations, args.out_dir / f"{args.name}_stations.png"))
     whole = [r for r in results if r["kind"] == "whole"]
     if whole:
         acc: dict[str, dict[str, list[dict[str, float]]]] = {}
@@ -893,6 +904,35 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                                  default=_json_default))
         written += [md, js]
     return written
+
+
+def render(args: argparse.Namespace) -> None:
+    """`--render`: the mixture's tables again from `<name>.json`, over the seeds whose every station is there."""
+    if args.name == "coldstart":
+        args.name = "coldstart_mixture"
+    path = args.out_dir / f"{args.name}.json"
+    old = json.loads(path.read_text())
+    rows = [ColdStartRow(**r) for r in old["rows"]]
+    args.join, args.windows = int(old["join_step"]), tuple(int(w) for w in old["windows"])
+    stations = list(load_beijing(normalisation="online", split="station", steps=1).names)  # all 12, in fleet order
+    full = [s for s in range(args.seeds)
+            if {r.client for r in rows if r.seed == s and r.algorithm == MIX} == set(stations)]
+    if not full:
+        raise SystemExit(f"{path}: no seed of 0..{args.seeds - 1} has the runs of all {len(stations)} held-out stations")
+    dropped = sorted({r.seed for r in rows} - set(full))
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.seed in full:
+            groups.setdefault((r.client, r.algorithm.split(":")[0], r.seed), []).append(asdict(r))
+    results = [{"kind": "scratch" if a in FROM_SCRATCH else "loo", "task": ("loo", a, sd, c), "rows": rs,
+                "curves": {}, "wall_s": 0.0} for (c, a, sd), rs in groups.items()]
+    args.seeds = len(full)
+    args.render_note = (f"Rendered by `--render` from the rows of the run's JSON: seeds {full}, whose 12 held-out runs "
+                        "all finished" + (f" (runs of seeds {dropped} left out: unfinished)" if dropped else "") + "; "
+                        f"the run's wall time when it last wrote them: {old['wall_s']:.0f} s.")
+    head = [f"Command: `{old['command']}` (tables: `... --render`)", ""]
+    written = write_mixture(args, results, stations, head, float(old["wall_s"]), old["command"])
+    print("wrote " + ", ".join(str(p) for p in written))
 
 
 def _json_default(o: Any) -> Any:
