@@ -918,7 +918,7 @@ def render(args: argparse.Namespace) -> None:
     full = [s for s in range(args.seeds)
             if {r.client for r in rows if r.seed == s and r.algorithm == MIX} == set(stations)]
     if not full:
-        raise SystemExit(f"{path}: no seed of 0..{args.seeds - 1} has the runs of all {len(stations)} held-out stations")
+        raise SystemExit(f"{path}: no seed of 0..{args.seeds - 1} has the runs of all {len(stations)} stations")
     dropped = sorted({r.seed for r in rows} - set(full))
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in rows:
