@@ -932,6 +932,9 @@ def render(args: argparse.Namespace) -> None:
                         f"the run's wall time when it last wrote them: {old['wall_s']:.0f} s.")
     head = [f"Command: `{old['command']}` (tables: `... --render`)", ""]
     written = write_mixture(args, results, stations, head, float(old["wall_s"]), old["command"])
+    new = json.loads(path.read_text())  # the run's MSE-to-date points (the rows only carry the windows' figures)
+    new["mse_to_date"] = {k: v for k, v in old.get("mse_to_date", {}).items() if int(k.rsplit("|", 1)[1]) in full}
+    path.write_text(json.dumps(new, indent=1, default=_json_default))
     print("wrote " + ", ".join(str(p) for p in written))
 
 
