@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 
 from streamfed.evaluation.datasets import Fleet
-from streamfed.evaluation.replay import AlgorithmConfig, Arrangement, ReplayResult, Schedule, build_arrangement, replay
+from streamfed.evaluation.replay import (
+    AlgorithmConfig,
+    Arrangement,
+    ReplayResult,
+    Schedule,
+    build_arrangement,
+    replay,
+    time_stamps,
+)
 from streamfed.fleet.telemetry import Z95
 from streamfed.wire.message import Message
 
@@ -208,12 +216,15 @@ class UploadRecording:
     rejected: np.ndarray
 
 
-def _replay_inputs(fleet: Fleet, steps: int) -> tuple[list[np.ndarray], list[np.ndarray], float | None]:
-    """The rows and targets a replay of `steps` steps uses, and the label bound it declares (as `replay`)."""
+def _replay_inputs(fleet: Fleet, steps: int) -> tuple[list[np.ndarray], list[np.ndarray], float | None,
+                                                     list[np.ndarray]]:
+    """The rows, targets and time stamps a replay of `steps` steps uses, and the label bound it declares (as
+    `replay`)."""
     xs = [np.ascontiguousarray(s.X[:steps]) for s in fleet.streams]
     ys = [np.asarray(s.y[:steps], dtype=np.float64) for s in fleet.streams]
     finite = [np.abs(y[np.isfinite(y)]) for y in ys]
-    return xs, ys, max((float(a.max()) for a in finite if a.size), default=None)
+    stamps = [time_stamps(s.time, y.size) for s, y in zip(fleet.streams, ys, strict=True)]
+    return xs, ys, max((float(a.max()) for a in finite if a.size), default=None), stamps
 
 
 def _arrangement(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: int, xs: list[np.ndarray],
@@ -230,7 +241,7 @@ def _arrangement(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: int, 
 def record_uploads(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: int, steps: int) -> UploadRecording:
     """Every client learns its own rows from step 0 (no global installed: the uploads do not depend on it, for
     the algorithms this serves) and each upload is kept, in the envelope the aggregation checks."""
-    xs, ys, bound = _replay_inputs(fleet, steps)
+    xs, ys, bound, stamps = _replay_inputs(fleet, steps)
     arr = _arrangement(fleet, algorithm, cfg, seed, xs, bound)
     n = len(xs)
     lengths = [y.size for y in ys]
@@ -244,6 +255,7 @@ def record_uploads(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: int
                 continue
             learner = arr.learners[c]
             try:
+                learner.observe_time(stamps[c][t])
                 learner.learn(xs[c][t], ys[c][t])
             except (ValueError, ArithmeticError):
                 rejected[c] += 1
@@ -296,7 +308,7 @@ def _held_out_replay(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: i
     """`replay(..., join={held: join_step})` with the other clients' uploads from `recording`: only the held-out
     learner runs; its traces are filled, the others' left NaN."""
     t0 = time.perf_counter()
-    xs, ys, bound = _replay_inputs(fleet, steps)
+    xs, ys, bound, stamps = _replay_inputs(fleet, steps)
     arr = _arrangement(fleet, algorithm, cfg, seed, xs, bound)
     n = len(xs)
     lengths = np.array([y.size for y in ys])
@@ -311,6 +323,7 @@ def _held_out_replay(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: i
         mine = None
         if join_step <= t < lengths[held]:
             try:
+                learner.observe_time(stamps[held][t])
                 yhat, var = learner.learn(x[t], y[t])
             except (ValueError, ArithmeticError):
                 rejected += 1
