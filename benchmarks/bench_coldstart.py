@@ -1,6 +1,6 @@
 """Where federation pays: cold start and whole-stream personalisation of FedBNR on the Beijing streams.
 
-    .venv/bin/python benchmarks/bench_coldstart.py                  # full evaluation (~30 min on 2 cores)
+    .venv/bin/python benchmarks/bench_coldstart.py                  # full evaluation (see docs/benchmarks.md)
     .venv/bin/python benchmarks/bench_coldstart.py --quick          # smoke run, < 20 s, writes to /tmp
     .venv/bin/python benchmarks/bench_coldstart.py --seeds 3 --join 8760 --windows 336,2000 \
         --out-dir benchmarks/results
@@ -25,6 +25,15 @@ depend on them: it is run once per seed with every station joining at `--join` (
 one it has in the leave-one-out replay: same seed, same index), and the script checks on one station and seed
 that this equals `leave_one_out` exactly.
 
+The summed-statistics families (`fedbnr`, `fedbnr-personal`: no forgetting here) upload their own samples'
+statistics, whatever globals they installed, so the other 11 stations send the same uploads whichever station is
+held out: one recorded fleet run per seed (`record_uploads`) serves all 12 held-out stations, each of which then
+replays only the aggregation (fed the recorded uploads in the same rounds and order) and its own learner
+(`leave_one_out_recorded`; tests/test_coldstart_recorded.py: personalised FedBNR's figures equal `leave_one_out`'s
+bit for bit, pooled FedBNR's to 1e-12). What remains per held-out station is the aggregation's evidence refit at
+every global (its warm-started Nelder-Mead makes each held-out fleet's chain of fits its own). `--plain` runs the
+plain protocol instead.
+
 **1b. The experts' mixture** (`--mixture`, docs/algorithms.md §5.9): the default personalised learner (fixed share
 over its local, pooled and personal experts) per held-out station, with each expert's own figures on the same samples
 from the learner's trace (`trace_experts`), against `fedbnr-local`; `--with-pooled` adds pooled FedBNR, `--partial`
@@ -47,6 +56,7 @@ The runs are spread over `--jobs` processes.
 from __future__ import annotations
 
 import os
+import pickle
 
 # Small matrices: one BLAS thread is several times faster than two fighting over 2 cores. Set before numpy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -62,14 +72,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from streamfed.evaluation.coldstart import ColdStartResult, ColdStartRow, expert_errors, leave_one_out
+from streamfed.evaluation.coldstart import (
+    ColdStartResult,
+    ColdStartRow,
+    UploadRecording,
+    expert_errors,
+    leave_one_out,
+    leave_one_out_recorded,
+    record_uploads,
+)
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.evaluation.replay import AlgorithmConfig, replay
 
@@ -81,8 +99,13 @@ ALL = BAYES + POFMKL
 BAND = (0.90, 0.98)  # the coverage target
 CURVE_AT = (1, 6, 12, 24, 48, 96, 168, 336, 1000, 2000)  # the MSE-to-date points kept in the JSON
 
+# the families whose uploads are their own summed statistics (no forgetting here): one recorded fleet run per seed
+# serves every held-out station (`leave_one_out_recorded`; tests/test_coldstart_recorded.py: equal to leave_one_out)
+RECORDED = {"fedbnr", "fedbnr-personal"}
+
 # ------------------------------------------------------------------ worker side (one process per job)
 _FLEET: Any = None
+_RECORDINGS: dict[str, UploadRecording] = {}  # path → the recording loaded from it (one per seed, kept)
 
 
 def _init(steps: int | None) -> None:
@@ -113,9 +136,25 @@ def run_task(task: tuple, args: argparse.Namespace) -> dict[str, Any]:
     cfg = config_for(alg, configs(args))
     fleet = _FLEET
     names = list(fleet.names)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out: dict[str, Any] = {"task": task}
-    if kind == "loo":  # one held-out station, one algorithm, one seed: the library's protocol as it is
+    if kind == "record":  # every station from step 0, its uploads kept: the others' side of every held-out run
+        rec = record_uploads(fleet, alg, cfg, seed, args.join + max(args.windows))
+        path = Path(args.record_dir) / f"{alg}-{seed}.pickle"
+        with path.open("wb") as fh:
+            pickle.dump(rec, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        out["path"], out["rejected"] = str(path), rec.rejected.tolist()
+    elif kind == "heldout":  # one held-out station from the seed's recording (`leave_one_out`, faster)
+        path = str(Path(args.record_dir) / f"{alg}-{seed}.pickle")
+        if path not in _RECORDINGS:
+            _RECORDINGS.clear()  # one seed at a time: ~165 MB each at D = 50
+            with open(path, "rb") as fh:
+                _RECORDINGS[path] = pickle.load(fh)
+        res = leave_one_out_recorded(fleet, alg, cfg, args.join, windows=args.windows, seed=seed, clients=(station,),
+                                     recording=_RECORDINGS[path])
+        out["rows"] = [asdict(r) for r in res.rows]
+        out["curves"] = {f"{c}|{a}|{s}": v.tolist() for (c, a, s), v in res.curves.items()}
+    elif kind == "loo":  # one held-out station, one algorithm, one seed: the library's protocol as it is
         res = leave_one_out(fleet, [alg], cfg, args.join, windows=args.windows, seeds=(seed,), clients=(station,))
         out["rows"] = [asdict(r) for r in res.rows]
         out["curves"] = {f"{c}|{a}|{s}": v.tolist() for (c, a, s), v in res.curves.items()}
@@ -152,6 +191,7 @@ def run_task(task: tuple, args: argparse.Namespace) -> dict[str, Any]:
     else:
         raise ValueError(kind)
     out["wall_s"] = time.perf_counter() - t0
+    out["cpu_s"] = time.process_time() - c0  # what the run cost, whatever else shares the machine
     return out
 
 
@@ -473,6 +513,12 @@ def main() -> None:
     ap.add_argument("--with-pooled", action="store_true", help="--mixture: also pooled FedBNR (`fedbnr`) per station")
     ap.add_argument("--personal-alone", action="store_true",
                     help="personalised FedBNR without the experts' mixture (the learner before it was the default)")
+    ap.add_argument("--plain", action="store_true",
+                    help="every held-out run as `leave_one_out` (a whole fleet replay each) instead of one recorded "
+                         "fleet run per seed and algorithm for the summed-statistics families (the same figures)")
+    ap.add_argument("--render", action="store_true",
+                    help="--mixture: rewrite <name>.md/.json from the rows in <name>.json (seeds 0..--seeds-1 whose 12 "
+                         "held-out runs are all there), without running anything: a run stopped part way")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run (< 20 s): join 200, windows 48,120, 1 seed, 2 held-out stations, 320-step "
                          "whole streams, D = 10, output to /tmp/streamfed-coldstart-quick")
@@ -483,6 +529,9 @@ def main() -> None:
         args.stations = args.stations or "Aotizhongxin,Dongsi"
         if args.out_dir == REPO / "benchmarks" / "results":
             args.out_dir = Path("/tmp/streamfed-coldstart-quick")
+    if args.render:
+        render(args)
+        return
     whole_seeds = args.seeds if args.whole_seeds is None else args.whole_seeds
     cut = None
     if args.quick:
@@ -518,38 +567,78 @@ def main() -> None:
         # the from-scratch shortcut equals the library's protocol: one station, one seed, each baseline
         tasks += [("check", a, 0, stations[0]) for a in scratch]
 
+    # the summed-statistics families: one recorded fleet run per seed, then each held-out station from it
+    waiting: dict[tuple[str, int], list[tuple]] = {}
+    if not args.plain:
+        direct = []
+        for t in tasks:
+            if t[0] == "loo" and t[1] in RECORDED:
+                waiting.setdefault((t[1], t[2]), []).append(("heldout",) + t[1:])
+            else:
+                direct.append(t)
+        # per algorithm the first seed's record first; each next one after the held-out runs of the one before (so a
+        # partial run has whole seeds)
+        firsts = {a: min(s for b, s in waiting if b == a) for a, _ in waiting}
+        tasks = [("record", a, s, None) for a, s in firsts.items()] + direct
+    n_tasks = len(tasks) + sum(len(v) for v in waiting.values()) + len(waiting) - len(
+        [t for t in tasks if t[0] == "record"])
+    args.out_dir.mkdir(parents=True, exist_ok=True)  # --partial writes as it goes
+    record_dir = tempfile.TemporaryDirectory(prefix="streamfed-coldstart-")
+    args.record_dir = record_dir.name
+
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     results: list[dict[str, Any]] = []
     ctx = mp.get_context("spawn")
     with (Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress,
-          ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx, initializer=_init, initargs=(cut,)) as pool):
-        bar = progress.add_task("cold start + personalisation", total=len(tasks))
+          ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx, initializer=_init, initargs=(cut,)) as pool,
+          record_dir):
+        bar = progress.add_task("cold start + personalisation", total=n_tasks)
         futs = {}
-        for t in tasks:
+
+        def submit(t: tuple) -> None:
             real = ("loo",) + t[1:] if t[0] == "check" else t
             futs[pool.submit(run_task, real, args)] = t
-        for fut in as_completed(futs):
-            t = futs[fut]
-            r = fut.result()
-            r["kind"] = t[0]
-            results.append(r)
+
+        def handled(t: tuple, r: dict[str, Any]) -> None:
             what = f"{t[0]} {t[1]} seed {t[2]}{' ' + t[3] if t[3] else ''} ({r['wall_s']:.0f} s)"
             progress.update(bar, advance=1, description=what)
             if not progress.console.is_terminal:  # a log file: one plain line per finished run
-                print(f"[{len(results)}/{len(tasks)} {time.perf_counter() - t_start:.0f} s] {what}", flush=True)
+                print(f"[{len(results)}/{n_tasks} {time.perf_counter() - t_start:.0f} s] {what}", flush=True)
             if args.mixture and args.partial:  # the tables so far, over the stations done (a busy machine)
                 done = [c for c in stations if any(x["task"][3] == c for x in results if x["kind"] == "loo")]
                 if done and any(x["kind"] == "scratch" for x in results):
                     write_mixture(args, results, done, [f"Command: `{command}`", "",
                                                         f"**Partial: {len(done)} of {len(stations)} stations so far.**",
                                                         ""], time.perf_counter() - t_start, command)
+
+        for t in tasks:
+            submit(t)
+        while futs:
+            finished, _ = wait(futs, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                t = futs.pop(fut)
+                r = fut.result()
+                r["kind"] = "loo" if t[0] == "heldout" else t[0]
+                if t[0] == "record":
+                    if any(r["rejected"]):
+                        raise SystemExit(f"{t[1]} seed {t[2]}: a learner refused samples in the recorded run; "
+                                         "rerun with --plain")
+                    for h in waiting.pop((t[1], t[2])):
+                        submit(h)
+                    later = [s for a, s in waiting if a == t[1]]
+                    if later:
+                        submit(("record", t[1], min(later), None))
+                results.append(r)
+                handled(t, r)
+
     wall = time.perf_counter() - t_start
     cfgs = configs(args)
     machine_s = machine()
     git_s = git_state()
-    cpu_s = {k: sum(r["wall_s"] for r in results if r["kind"] == k) for k in ("whole", "loo", "scratch", "check")}
+    cpu_s = {k: sum(r["wall_s"] for r in results if r["kind"] == k)
+             for k in ("whole", "loo", "scratch", "check", "record")}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     setting = (f"Data: 12 Beijing stations, target CO, 10 inputs, `online` normalisation (each station standardises "
@@ -605,7 +694,7 @@ def main() -> None:
                  f"`leave_one_out` on {stations[0]}, seed 0: max |Δ| of MSE/NLPD/coverage = "
                  + ", ".join(f"{a} {d:.1e}" for a, d in diffs.items()) + ".", "",
                  f"Wall time: {wall:.0f} s for the whole script on {args.jobs} processes (cold-start runs "
-                 f"{cpu_s['loo'] + cpu_s['scratch'] + cpu_s['check']:.0f} s of process time). Plots: "
+                 f"{cpu_s['loo'] + cpu_s['scratch'] + cpu_s['check'] + cpu_s['record']:.0f} s of process time). Plots: "
                  f"`{args.name}.png` (mean over held-out stations and seeds of the MSE to date), "
                  f"`{args.name}_stations.png` (per held-out station).", ""]
         md = coldstart_markdown(res, stations, summary, head)
@@ -679,6 +768,33 @@ def mixture_summary(res: ColdStartResult, stations: list[str]) -> dict[str, Any]
     return out
 
 
+def per_seed_mixture(res: ColdStartResult, stations: list[str]) -> list[str]:
+    """The issue's cold-start counts seed by seed (no averaging over seeds), each against its target."""
+    lines = ["### Seed by seed", "",
+             "Per seed, on how many held-out stations the mixture's MSE is below local-only's (target ≥ 10 of 12 at "
+             "24 and 48 samples), within 5% of the best of local / pooled / personal (target ≥ 11 of 12 at every "
+             "horizon), and its NLPD below local-only's (target 12 of 12 at 24 and 48).", "",
+             "| seed | stations | " + " | ".join(f"{w}: MSE < local / within 5% / NLPD < local" for w in res.windows)
+             + " | targets met |", "|---|---|" + "---|" * (len(res.windows) + 1)]
+    for seed in sorted({r.seed for r in res.rows if r.algorithm == MIX}):
+        one = ColdStartResult(res.join_step, res.windows, [r for r in res.rows if r.seed == seed])
+        s = mixture_summary(one, stations)
+        n = s[str(res.windows[0])]["stations"]
+        met = []
+        early = [w for w in res.windows if w in (24, 48)]
+        if early:
+            met.append("MSE < local at 24, 48: " + ("yes" if all(s[str(w)]["mse_below_local"] >= math.ceil(10 * n / 12)
+                                                              for w in early) else "no"))
+            met.append("NLPD < local at 24, 48: " + ("yes" if all(s[str(w)]["nlpd_below_local"] == n
+                                                               for w in early) else "no"))
+        met.append("within 5% at every horizon: " + ("yes" if all(
+            s[str(w)]["within_5pct_of_best"] >= math.ceil(11 * n / 12) for w in res.windows) else "no"))
+        lines.append(f"| {seed} | {n} | " + " | ".join(
+            f"{s[str(w)]['mse_below_local']} / {s[str(w)]['within_5pct_of_best']} / {s[str(w)]['nlpd_below_local']}"
+            for w in res.windows) + " | " + "; ".join(met) + " |")
+    return lines + [""]
+
+
 def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stations: list[str],
                   head_common: list[str], wall: float, command: str) -> list[Path]:
     """The cold-start and whole-stream tables of the experts' mixture (docs/results.md)."""
@@ -704,9 +820,16 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                  "is exactly the learner's alone: `expert personal` is `fedbnr-personal` with `experts = false`; its "
                  "NLPD uses the expert's raw variance, not recalibrated); `local` is FedBNR from scratch "
                  "(`fedbnr-local`, the baseline).", ""] + head_common
-        lines += [f"Wall time: {wall:.0f} s on {args.jobs} processes (process time: "
-                  + ", ".join(f"{a} {sum(r['wall_s'] for r in loo if r['task'][1] == a):.0f} s"
-                              for a in dict.fromkeys(r["task"][1] for r in loo)) + ").", ""]
+        recs = [r for r in results if r["kind"] == "record"]
+        if getattr(args, "render_note", None):
+            lines += [args.render_note, ""]
+        else:
+            lines += [f"Wall time: {wall:.0f} s on {args.jobs} processes (process time: "
+                      + ", ".join(f"{a} {sum(r['wall_s'] for r in loo + recs if r['task'][1] == a):.0f} s"
+                                  for a in dict.fromkeys(r["task"][1] for r in loo))
+                      + (f"; of which recording the fleets' uploads {sum(r['wall_s'] for r in recs):.0f} s — one run "
+                         "per seed serves every held-out station, `leave_one_out_recorded`" if recs else "")
+                      + f"; CPU time {sum(r.get('cpu_s', 0.0) for r in loo + recs):.0f} s).", ""]
         for w in res.windows:
             tab, s = res.table(w), summary[str(w)]
             lines += [f"### First {w} samples after joining", "",
@@ -731,6 +854,7 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                       f"local-only's on **{s['nlpd_below_local']} / {n}**; coverage in [0.90, 0.98] on "
                       f"{s['coverage_in_band']} / {n}.",
                       ""]
+        lines += per_seed_mixture(res, stations)
         md = args.out_dir / f"{args.name}.md"
         md.write_text("\n".join(lines))
         js = args.out_dir / f"{args.name}.json"
@@ -739,7 +863,9 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                                                                     if k <= v.size}
                                                   for (c, a, sd), v in res.curves.items()},
                                   **res.to_json()}, indent=1, default=_json_default))
-        written += [md, js, station_plot(res, stations, args.out_dir / f"{args.name}_stations.png")]
+        written += [md, js]
+        if res.curves:  # (--render has the rows only: the plot of the run stays)
+            written.append(station_plot(res, stations, args.out_dir / f"{args.name}_stations.png"))
     whole = [r for r in results if r["kind"] == "whole"]
     if whole:
         acc: dict[str, dict[str, list[dict[str, float]]]] = {}
@@ -778,6 +904,38 @@ def write_mixture(args: argparse.Namespace, results: list[dict[str, Any]], stati
                                  default=_json_default))
         written += [md, js]
     return written
+
+
+def render(args: argparse.Namespace) -> None:
+    """`--render`: the mixture's tables again from `<name>.json`, over the seeds whose every station is there."""
+    if args.name == "coldstart":
+        args.name = "coldstart_mixture"
+    path = args.out_dir / f"{args.name}.json"
+    old = json.loads(path.read_text())
+    rows = [ColdStartRow(**r) for r in old["rows"]]
+    args.join, args.windows = int(old["join_step"]), tuple(int(w) for w in old["windows"])
+    stations = list(load_beijing(normalisation="online", split="station", steps=1).names)  # all 12, in fleet order
+    full = [s for s in range(args.seeds)
+            if {r.client for r in rows if r.seed == s and r.algorithm == MIX} == set(stations)]
+    if not full:
+        raise SystemExit(f"{path}: no seed of 0..{args.seeds - 1} has the runs of all {len(stations)} stations")
+    dropped = sorted({r.seed for r in rows} - set(full))
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.seed in full:
+            groups.setdefault((r.client, r.algorithm.split(":")[0], r.seed), []).append(asdict(r))
+    results = [{"kind": "scratch" if a in FROM_SCRATCH else "loo", "task": ("loo", a, sd, c), "rows": rs,
+                "curves": {}, "wall_s": 0.0} for (c, a, sd), rs in groups.items()]
+    args.seeds = len(full)
+    args.render_note = (f"Rendered by `--render` from the rows of the run's JSON: seeds {full}, whose 12 held-out runs "
+                        "all finished" + (f" (runs of seeds {dropped} left out: unfinished)" if dropped else "") + "; "
+                        f"the run's wall time when it last wrote them: {old['wall_s']:.0f} s.")
+    head = [f"Command: `{old['command']}` (tables: `... --render`)", ""]
+    written = write_mixture(args, results, stations, head, float(old["wall_s"]), old["command"])
+    new = json.loads(path.read_text())  # the run's MSE-to-date points (the rows only carry the windows' figures)
+    new["mse_to_date"] = {k: v for k, v in old.get("mse_to_date", {}).items() if int(k.rsplit("|", 1)[1]) in full}
+    path.write_text(json.dumps(new, indent=1, default=_json_default))
+    print("wrote " + ", ".join(str(p) for p in written))
 
 
 def _json_default(o: Any) -> Any:

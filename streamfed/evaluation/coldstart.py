@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,10 +33,20 @@ from typing import Any
 import numpy as np
 
 from streamfed.evaluation.datasets import Fleet
-from streamfed.evaluation.replay import AlgorithmConfig, ReplayResult, Schedule, replay
+from streamfed.evaluation.replay import (
+    AlgorithmConfig,
+    Arrangement,
+    ReplayResult,
+    Schedule,
+    build_arrangement,
+    replay,
+    time_stamps,
+)
 from streamfed.fleet.telemetry import Z95
+from streamfed.wire.message import Message
 
-__all__ = ["ColdStartResult", "ColdStartRow", "leave_one_out"]
+__all__ = ["ColdStartResult", "ColdStartRow", "UploadRecording", "leave_one_out", "leave_one_out_recorded",
+           "record_uploads"]
 
 
 @dataclass(frozen=True)
@@ -167,22 +178,195 @@ def leave_one_out(fleet: Fleet, algorithms: Sequence[str], cfg: AlgorithmConfig,
                 if progress is not None:
                     progress(f"{client} {alg} seed {seed}")
                 r = replay(fleet, alg, cfg, schedule, seed=seed, steps=steps, join={client: join_step})
-                for w in result.windows:
-                    f = r.first(c, w)
-                    result.rows.append(ColdStartRow(client, alg, int(seed), w, int(f["n"]), f["mse"], f["nlpd"],
-                                                    f["coverage"]))
-                e2 = r.sq_errors[c][join_step:]
-                e2 = e2[~np.isnan(e2)]
-                result.curves[(client, alg, int(seed))] = np.cumsum(e2) / np.arange(1, e2.size + 1)
-                for name, (e2x, var) in expert_errors(r, c).items():
-                    label = f"{alg}:{name}"
-                    for w in result.windows:
-                        a, v = e2x[:w], var[:w]
-                        result.rows.append(ColdStartRow(
-                            client, label, int(seed), w, int(a.size), float(a.mean()),
-                            float(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * a / v)), float(np.mean(a <= Z95**2 * v))))
-                    result.curves[(client, label, int(seed))] = np.cumsum(e2x) / np.arange(1, e2x.size + 1)
+                _add_rows(result, r, c, client, alg, int(seed))
     return result
+
+
+def _add_rows(result: ColdStartResult, r: ReplayResult, c: int, client: str, alg: str, seed: int) -> None:
+    """The held-out client `c`'s rows and curves (and its experts') of one replay."""
+    join_step = result.join_step
+    for w in result.windows:
+        f = r.first(c, w)
+        result.rows.append(ColdStartRow(client, alg, seed, w, int(f["n"]), f["mse"], f["nlpd"], f["coverage"]))
+    e2 = r.sq_errors[c][join_step:]
+    e2 = e2[~np.isnan(e2)]
+    result.curves[(client, alg, seed)] = np.cumsum(e2) / np.arange(1, e2.size + 1)
+    for name, (e2x, var) in expert_errors(r, c).items():
+        label = f"{alg}:{name}"
+        for w in result.windows:
+            a, v = e2x[:w], var[:w]
+            result.rows.append(ColdStartRow(
+                client, label, seed, w, int(a.size), float(a.mean()),
+                float(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * a / v)), float(np.mean(a <= Z95**2 * v))))
+        result.curves[(client, label, seed)] = np.cumsum(e2x) / np.arange(1, e2x.size + 1)
+
+
+@dataclass
+class UploadRecording:
+    """Every client's uploads, per step, when each streams its own rows from step 0 (`record_uploads`): what
+    the others send in any leave-one-out replay of an algorithm whose uploads depend on a client's own
+    samples only (summed statistics without forgetting: FedBNR, personalised FedBNR), so one run serves
+    every held-out client. `rejected`: per client, the steps its learner refused (none, for the shortcut to
+    be exact)."""
+
+    algorithm: str
+    seed: int
+    steps: int
+    uploads: list[list[tuple[int, Message]]]  # per step, (client index, its upload) in client order
+    rejected: np.ndarray
+
+
+def _replay_inputs(fleet: Fleet, steps: int) -> tuple[list[np.ndarray], list[np.ndarray], float | None,
+                                                     list[np.ndarray]]:
+    """The rows, targets and time stamps a replay of `steps` steps uses, and the label bound it declares (as
+    `replay`)."""
+    xs = [np.ascontiguousarray(s.X[:steps]) for s in fleet.streams]
+    ys = [np.asarray(s.y[:steps], dtype=np.float64) for s in fleet.streams]
+    finite = [np.abs(y[np.isfinite(y)]) for y in ys]
+    stamps = [time_stamps(s.time, y.size) for s, y in zip(fleet.streams, ys, strict=True)]
+    return xs, ys, max((float(a.max()) for a in finite if a.size), default=None), stamps
+
+
+def _arrangement(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: int, xs: list[np.ndarray],
+                 label_bound: float | None) -> Arrangement:
+    n = len(xs)
+    arr = build_arrangement(algorithm, n, xs[0].shape[1], cfg, seed, names=[f"c{c}" for c in range(n)],
+                            label_bound=label_bound)
+    if not arr.federated or arr.centralised or arr.privates:
+        raise ValueError(f"{algorithm}: the recorded leave-one-out needs one federated aggregation without "
+                         "differential privacy (use leave_one_out)")
+    return arr
+
+
+def record_uploads(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: int, steps: int) -> UploadRecording:
+    """Every client learns its own rows from step 0 (no global installed: the uploads do not depend on it, for
+    the algorithms this serves) and each upload is kept, in the envelope the aggregation checks."""
+    xs, ys, bound, stamps = _replay_inputs(fleet, steps)
+    arr = _arrangement(fleet, algorithm, cfg, seed, xs, bound)
+    n = len(xs)
+    lengths = [y.size for y in ys]
+    seqs = np.zeros(n, dtype=np.int64)
+    rejected = np.zeros(n, dtype=np.int64)
+    uploads: list[list[tuple[int, Message]]] = []
+    for t in range(max(lengths)):
+        here = []
+        for c in range(n):
+            if t >= lengths[c]:
+                continue
+            learner = arr.learners[c]
+            try:
+                learner.observe_time(stamps[c][t])
+                learner.learn(xs[c][t], ys[c][t])
+            except (ValueError, ArithmeticError):
+                rejected[c] += 1
+                continue
+            up = learner.take_update()
+            if up is not None:
+                seqs[c] = seqs[c] + 1 if up.seq is None else up.seq
+                here.append((c, arr.message(c, int(seqs[c]), up)))
+        uploads.append(here)
+    return UploadRecording(algorithm, int(seed), int(steps), uploads, rejected)
+
+
+def leave_one_out_recorded(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, join_step: int,
+                           windows: Sequence[int] = (336, 2000), seed: int = 0,
+                           clients: Sequence[str] | None = None, recording: UploadRecording | None = None,
+                           progress: Callable[[str], None] | None = None) -> ColdStartResult:
+    """`leave_one_out` under the lock-step schedule for an algorithm whose uploads depend on a client's own
+    samples only (FedBNR and personalised FedBNR without forgetting), at the cost of one fleet run plus, per
+    held-out client, its aggregation and its own learner: the other clients' uploads come from `recording`
+    (`record_uploads`, made here when None) — the same messages they send in the plain replay, applied in the
+    same rounds and client order, so the aggregation publishes the same globals and the held-out learner sees
+    the same ones (tests/test_coldstart_recorded.py checks the figures equal `leave_one_out`'s bit for bit)."""
+    if join_step < 1 or not windows or min(windows) < 1:
+        raise ValueError("join_step and every window must be >= 1")
+    names = [s.name for s in fleet.streams]
+    held = list(clients or names)
+    unknown = sorted(set(held) - set(names))
+    if unknown:
+        raise ValueError(f"no client named {', '.join(unknown)}; clients: {', '.join(names)}")
+    steps = join_step + max(windows)
+    if recording is None:
+        recording = record_uploads(fleet, algorithm, cfg, seed, steps)
+    if (recording.algorithm, recording.seed) != (algorithm, seed) or recording.steps < steps:
+        raise ValueError("the recording is of another algorithm, seed or a shorter run")
+    if recording.rejected.any():
+        raise ValueError("a learner refused samples in the recorded run: its uploads may depend on the global "
+                         "(use leave_one_out)")
+    result = ColdStartResult(join_step, tuple(int(w) for w in windows))
+    for client in held:
+        if progress is not None:
+            progress(f"{client} {algorithm} seed {seed}")
+        c = names.index(client)
+        _add_rows(result, _held_out_replay(fleet, algorithm, cfg, seed, steps, c, join_step, recording), c, client,
+                  algorithm, int(seed))
+    return result
+
+
+def _held_out_replay(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: int, steps: int, held: int,
+                     join_step: int, recording: UploadRecording) -> ReplayResult:
+    """`replay(..., join={held: join_step})` with the other clients' uploads from `recording`: only the held-out
+    learner runs; its traces are filled, the others' left NaN."""
+    t0 = time.perf_counter()
+    xs, ys, bound, stamps = _replay_inputs(fleet, steps)
+    arr = _arrangement(fleet, algorithm, cfg, seed, xs, bound)
+    n = len(xs)
+    lengths = np.array([y.size for y in ys])
+    if not join_step < lengths[held]:
+        raise ValueError("join: a client must join at a step within its stream")
+    agg, learner = arr.aggregations[0], arr.learners[held]
+    sq, mean_trace, var_trace = (np.full(lengths[held], np.nan) for _ in range(3))
+    seq, rejected, rounds = 0, 0, 0
+    x, y = xs[held], ys[held]
+    for t in range(int(lengths.max())):
+        items = []
+        mine = None
+        if join_step <= t < lengths[held]:
+            try:
+                learner.observe_time(stamps[held][t])
+                yhat, var = learner.learn(x[t], y[t])
+            except (ValueError, ArithmeticError):
+                rejected += 1
+            else:
+                e = yhat - y[t]
+                sq[t], mean_trace[t] = e * e, yhat
+                if var is not None:
+                    var_trace[t] = var
+                up = learner.take_update()
+                if up is not None:
+                    seq = seq + 1 if up.seq is None else up.seq
+                    try:
+                        mine = agg.check(arr.message(held, seq, up))
+                    except (ValueError, ArithmeticError):
+                        rejected += 1
+        done = False
+        for c, msg in recording.uploads[t]:
+            if c > held and not done:
+                done = True
+                if mine is not None:
+                    items.append((arr.names[held], mine))
+            if c != held:
+                items.append((arr.names[c], agg.check(msg)))
+        if not done and mine is not None:
+            items.append((arr.names[held], mine))
+        agg.apply_round(t + 1, items)
+        rounds += 1
+        if learner.global_version < agg.version:
+            learner.install_global(arr.global_message(agg))
+    nan = [np.full(int(k), np.nan) for k in lengths]
+    starts = np.zeros(n, dtype=np.int64)
+    starts[held] = join_step
+    rej = np.zeros(n, dtype=np.int64)
+    rej[held] = rejected
+
+    def own(a: np.ndarray) -> list[np.ndarray]:
+        return [a if c == held else nan[c] for c in range(n)]
+
+    return ReplayResult(
+        algorithm=arr.name, clients=[s.name for s in fleet.streams], lengths=lengths, sq_errors=own(sq),
+        checkpoints=np.zeros(0, dtype=np.int64), regret=np.zeros((0, n)), weights=np.zeros((0, len(arr.kernel_names))),
+        kernel_names=arr.kernel_names, uploaded_numbers=np.zeros(n), wall_s=time.perf_counter() - t0, rounds=rounds,
+        rejected=rej, arrangement=arr, means=own(mean_trace), variances=own(var_trace), starts=starts, ys=ys)
 
 
 def expert_errors(r: ReplayResult, client: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:

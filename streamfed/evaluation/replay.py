@@ -40,7 +40,7 @@ from streamfed.fleet.telemetry import Z95
 from streamfed.wire.message import Message
 
 __all__ = ["AlgorithmConfig", "Arrangement", "ReplayResult", "Schedule", "algorithm_titles", "build_arrangement",
-           "replay"]
+           "replay", "time_stamps"]
 
 _FLEET = "replay"
 # a replay under differential privacy without declared scales would normalise with the data's own statistics,
@@ -401,13 +401,13 @@ class ReplayResult:
 
 
 
-def _stamps(times: np.ndarray | None, n: int) -> np.ndarray:
+def time_stamps(times: np.ndarray | None, n: int) -> np.ndarray:
     """The first `n` rows' times in seconds since the epoch (`datetime64`), or the step index when the stream has
     no times (or a missing one: a gap in a clock would forget everything before it).
 
-    >>> _stamps(np.array(["2013-03-01T00", "2013-03-01T01"], dtype="datetime64[h]"), 2).tolist()
+    >>> time_stamps(np.array(["2013-03-01T00", "2013-03-01T01"], dtype="datetime64[h]"), 2).tolist()
     [1362096000.0, 1362099600.0]
-    >>> _stamps(None, 3).tolist()
+    >>> time_stamps(None, 3).tolist()
     [0.0, 1.0, 2.0]
     """
     if times is None or np.isnat(np.asarray(times[:n])).any():
@@ -440,7 +440,7 @@ def replay(
     ys = [np.asarray(s.y[:steps], dtype=np.float64) for s in streams]
     # the fleet's one time base (Learner.observe_time): the rows' own times where the stream has them (seconds
     # since the epoch), else the step (one second a step, as a live agent without timestamps would see)
-    stamps = [_stamps(s.time, y.size) for s, y in zip(streams, ys, strict=True)]
+    stamps = [time_stamps(s.time, y.size) for s, y in zip(streams, ys, strict=True)]
     lengths = np.array([y.size for y in ys])
     t_max = int(lengths.max())
     names = [st.name for st in streams]
@@ -477,6 +477,7 @@ def replay(
     ci = 0
     start = time.perf_counter()
     rejected = np.zeros(n, dtype=np.int64)
+    msg, msg_version = arr.global_message(aggs[0]), aggs[0].version  # the global of the latest version, as sent
 
     def step(c: int, t: int) -> Any:
         """One client step: its upload, checked by its aggregation (None when it has none). A rejected step
@@ -537,7 +538,8 @@ def replay(
             agg.apply_round(t + 1, items)
             rounds += 1
             if (t + 1) % schedule.k == 0 or t == t_max - 1:
-                msg = arr.global_message(agg)
+                if agg.version != msg_version:  # a global is only rebuilt (packed) when there is a new one
+                    msg, msg_version = arr.global_message(agg), agg.version
                 for c in range(n):
                     if learners[c].global_version < msg.global_version:
                         learners[c].install_global(msg)
