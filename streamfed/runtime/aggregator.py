@@ -48,6 +48,7 @@ from typing import Any
 
 from streamfed.fleet.aggregator import AggregatorCore
 from streamfed.fleet.config import BrokerConfig
+from streamfed.fleet.secure_aggregation import DOWN_KINDS
 from streamfed.runtime.service import Lease, MqttService, Outgoing, freeze_heap
 from streamfed.wire.message import Message, ProtocolError, decode
 from streamfed.wire.topics import Channel, ParsedTopic, acks_topic, global_topic, shared_filter, topic_filter
@@ -68,6 +69,7 @@ class AggregatorService(MqttService):
     """
 
     log = log
+    pipelined = frozenset(DOWN_KINDS)  # a secure-aggregation stage: one message to every member at once
 
     def __init__(self, core: AggregatorCore, broker: BrokerConfig, tick: float = 0.05,
                  shared_group: str | None = None, client_id: str | None = None,
