@@ -388,6 +388,25 @@ def symmetric_from_upper(upper: np.ndarray, out: np.ndarray) -> None:
                         o[j, i] = v
 
 
+@numba.njit(cache=True, inline="always")
+def _stage_row(phi: np.ndarray, y: float, stage: np.ndarray, stage_y: np.ndarray, s_pend: np.ndarray,
+               b_pend: np.ndarray, count: int) -> int:
+    """Stage one sample's rows `φ_k` and `y` for the pending statistics (flushing a full stage first); returns the
+    new number of staged rows, or -1 (nothing changed) if some `φ_i y` is not finite."""
+    n_kernels, f = phi.shape
+    for k in range(n_kernels):
+        if not all_finite_scaled(phi[k], y):
+            return -1
+    if count == stage.shape[2]:
+        flush(s_pend, b_pend, stage, stage_y, count)
+        count = 0
+    stage_y[count] = y
+    for k in range(n_kernels):
+        for i in range(f):
+            stage[k, i, count] = phi[k, i]
+    return count + 1
+
+
 @numba.njit(cache=True)  # no fastmath: chol_update, inlined here, must round as in predict_update
 def learn_one(
     ra: np.ndarray, s_pend: np.ndarray, b_pend: np.ndarray, buf: np.ndarray, buf_y: np.ndarray, count: int,
@@ -407,17 +426,9 @@ def learn_one(
     of it can give the sample, `-½ log(2πσ_k²)` (the predictive variance is at least `σ_k²`).
     """
     n_kernels, f = phi.shape
-    for k in range(n_kernels):
-        if not all_finite_scaled(phi[k], y):
-            return -1
-    if count == buf.shape[2]:
-        flush(s_pend, b_pend, buf, buf_y, count)
-        count = 0
-    buf_y[count] = y
-    for k in range(n_kernels):
-        for i in range(f):
-            buf[k, i, count] = phi[k, i]
-    count += 1
+    count = _stage_row(phi, y, buf, buf_y, s_pend, b_pend, count)
+    if count < 0:
+        return -1
     for k in range(n_kernels):
         if lazy[k] != 0.0:
             bound[k] += np.log(inv_sigma[k]) - _HALF_LOG_2PI
@@ -625,22 +636,14 @@ def packed_step(buf: np.ndarray, x: np.ndarray, y: float) -> tuple[int, float, f
         return 0, mu, var
     (ra, s_pend, b_pend, stage, stage_y, work, phi, means, variances, logw, sigma, inv_sigma, lam, _, _, wt,
      angles, lazy, bound) = _unpack(buf)
-    k, f, b = ra.shape[0], phi.shape[1], stage_y.shape[0]
+    k, f = ra.shape[0], phi.shape[1]
     status = _features_and_weights(buf, x, ra, phi, logw, sigma, lam, wt, angles, lazy, bound)
     if status != 0:
         return status, 0.0, 0.0
-    for kk in range(k):
-        if not all_finite_scaled(phi[kk], y):
-            return 2, 0.0, 0.0
-    count = int(buf[H_STAGED])  # learn_one's staging
-    if count == b:
-        flush(s_pend, b_pend, stage, stage_y, count)
-        count = 0
-    stage_y[count] = y
-    for kk in range(k):
-        for i in range(f):
-            stage[kk, i, count] = phi[kk, i]
-    buf[H_STAGED] = count + 1
+    staged = _stage_row(phi, y, stage, stage_y, s_pend, b_pend, int(buf[H_STAGED]))  # learn_one's staging
+    if staged < 0:
+        return 2, 0.0, 0.0
+    buf[H_STAGED] = staged
     v = np.empty(f)
     for kk in range(k):
         if k > 1 and lazy[kk] != 0.0:
