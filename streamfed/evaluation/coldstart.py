@@ -156,12 +156,10 @@ def _fmt(v: float) -> str:
     return "—" if math.isnan(v) else f"{v:.3f}"
 
 
-def leave_one_out(fleet: Fleet, algorithms: Sequence[str], cfg: AlgorithmConfig, join_step: int,
-                  windows: Sequence[int] = (336, 2000), seeds: Sequence[int] = (0, 1, 2),
-                  clients: Sequence[str] | None = None, schedule: Schedule | None = None,
-                  progress: Callable[[str], None] | None = None) -> ColdStartResult:
-    """Hold out each client of `clients` (default: all) in turn: see the module docstring. Each replay runs
-    the fleet up to `join_step + max(windows)` steps only."""
+def _held_out_clients(fleet: Fleet, join_step: int, windows: Sequence[int], clients: Sequence[str] | None
+                      ) -> tuple[list[str], list[str], int]:
+    """The fleet's client names, the ones held out in turn (default: all) and the steps each replay runs;
+    `ValueError` for a join step or window below 1 or an unknown client."""
     if join_step < 1 or not windows or min(windows) < 1:
         raise ValueError("join_step and every window must be >= 1")
     names = [s.name for s in fleet.streams]
@@ -169,7 +167,16 @@ def leave_one_out(fleet: Fleet, algorithms: Sequence[str], cfg: AlgorithmConfig,
     unknown = sorted(set(held) - set(names))
     if unknown:
         raise ValueError(f"no client named {', '.join(unknown)}; clients: {', '.join(names)}")
-    steps = join_step + max(windows)
+    return names, held, join_step + max(windows)
+
+
+def leave_one_out(fleet: Fleet, algorithms: Sequence[str], cfg: AlgorithmConfig, join_step: int,
+                  windows: Sequence[int] = (336, 2000), seeds: Sequence[int] = (0, 1, 2),
+                  clients: Sequence[str] | None = None, schedule: Schedule | None = None,
+                  progress: Callable[[str], None] | None = None) -> ColdStartResult:
+    """Hold out each client of `clients` (default: all) in turn: see the module docstring. Each replay runs
+    the fleet up to `join_step + max(windows)` steps only."""
+    names, held, steps = _held_out_clients(fleet, join_step, windows, clients)
     result = ColdStartResult(join_step, tuple(int(w) for w in windows))
     for client in held:
         c = names.index(client)
@@ -278,14 +285,7 @@ def leave_one_out_recorded(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, j
     (`record_uploads`, made here when None) — the same messages they send in the plain replay, applied in the
     same rounds and client order, so the aggregation publishes the same globals and the held-out learner sees
     the same ones (tests/test_coldstart_recorded.py checks the figures equal `leave_one_out`'s bit for bit)."""
-    if join_step < 1 or not windows or min(windows) < 1:
-        raise ValueError("join_step and every window must be >= 1")
-    names = [s.name for s in fleet.streams]
-    held = list(clients or names)
-    unknown = sorted(set(held) - set(names))
-    if unknown:
-        raise ValueError(f"no client named {', '.join(unknown)}; clients: {', '.join(names)}")
-    steps = join_step + max(windows)
+    names, held, steps = _held_out_clients(fleet, join_step, windows, clients)
     if recording is None:
         recording = record_uploads(fleet, algorithm, cfg, seed, steps)
     if (recording.algorithm, recording.seed) != (algorithm, seed) or recording.steps < steps:
