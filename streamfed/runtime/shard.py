@@ -136,6 +136,7 @@ class ReducerService(MqttService):
     """
 
     log = logging.getLogger(__name__)
+    carried = frozenset({"partial.ack"})  # a shard keeps a partial whose ack is lost until its resend timer
 
     def __init__(self, core: ReducerCore, broker: BrokerConfig, tick: float = 0.05, client_id: str | None = None,
                  state_dir: str | os.PathLike[str] | None = None, **kw: float) -> None:
