@@ -5,27 +5,43 @@ their rate allows; worst honest MSE ratio to the attack-free run.
     PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_adaptive_attack.py \
         300 1 4 "dict(sensor_rate=1.0)"
 
-Arguments: steps, k, f, [fleet.robust] overrides, FedBNR parameter overrides (Python literals).
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_adaptive_attack.py \
+        300 1 4 "dict(sensor_rate=1.0)" "{}" fsgp
+
+Arguments: steps, k, f, [fleet.robust] overrides, the family's parameter overrides (Python literals), the family
+(`fedbnr`, the default, or `fsgp`: the attacker's statistics under its client's current (θ, σ, Z) and epoch, the
+shift measured under the fleet's posterior, not an honest client's personal mixture).
 """
 import sys
 
 import numpy as np
 
 from streamfed.algorithms.fedbnr.wire import stats_update_message
+from streamfed.algorithms.fsgp.kernels import cov
+from streamfed.algorithms.fsgp.messages import Upload
+from streamfed.algorithms.fsgp.posterior import Stats
+from streamfed.algorithms.fsgp.wire import UPDATE, update_arrays
 from streamfed.core.stats import SufficientStats
 from streamfed.evaluation.datasets import load_beijing
 from streamfed.fleet.config import FleetConfig
 from streamfed.fleet.robustness import Robustness
+from streamfed.wire.message import Message
 from tests.attacked_fleet import run_attacked_fleet
 
 steps, k, f = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 b = load_beijing("paper", steps=steps)
 names = list(b.names)
-cfg = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, standardise="none", clients=tuple(names),
+family = sys.argv[6] if len(sys.argv) > 6 else "fedbnr"
+cfg = FleetConfig(fleet="t", algorithm=family, n_inputs=10, standardise="none", clients=tuple(names),
                   robust=Robustness(aggregation="robust", **eval(sys.argv[4] if len(sys.argv) > 4 else "{}")),
-                  fedbnr=eval(sys.argv[5] if len(sys.argv) > 5 else "{}"))
+                  **{family: eval(sys.argv[5] if len(sys.argv) > 5 else "{}")})
 
 def upload(agent, core, n, seq, X, y):
+    if family == "fsgp":
+        client = agent.learner.client
+        st_ = Stats.from_samples(cov(client.hyper, X, client.hyper.Z), y, client.epoch)
+        return Message("t", n, UPDATE, seq, core.version, core.kernel_version, y.size, 0.0,
+                       update_arrays(Upload(n, seq, core.version, st_), 10), epoch=client.epoch)
     st_ = SufficientStats.from_samples(agent.learner.client.features_many(X), y,
                                        kernel_version=core.kernel_version).to_packed()
     return stats_update_message("t", n, seq, st_["S_upper"], st_["b"], float(st_["n"]), float(st_["q"]),
@@ -34,15 +50,16 @@ def upload(agent, core, n, seq, X, y):
 t_now = [0]
 def labels(agent, core, s, rows):
     c = agent.learner.client
+    predict = c.post.predict_many if family == "fsgp" else c.predict_many  # the fleet's posterior
     t = int(rows.max())
     # omniscient: the median over honest stations of their last 32 rows' ratio under the attacker's global
     meds = []
     for st in b.streams[k:]:
         lo = max(0, t - 31)
-        m, v = c.predict_many(st.X[lo:t + 1])
+        m, v = predict(st.X[lo:t + 1])
         meds.append(float(np.mean((st.y[lo:t + 1] - m) ** 2 / v)))
     med = float(np.median(meds))
-    mean, var = c.predict_many(s.X[rows])
+    mean, var = predict(s.X[rows])
     return mean + np.sqrt(f * max(med, 1e-6) * var)
 
 calm, _ = run_attacked_fleet(b, cfg, upload, steps, names[:k], silent=True)

@@ -45,7 +45,7 @@ def test_a_family_default_is_a_class_attribute_not_a_name():
     from streamfed import algorithms
 
     defaults = {n: algorithms.get(n).robust_by_default for n in algorithms.names()}
-    assert defaults["fedbnr"] and not defaults["pofmkl"] and not defaults["fedbnr-personal"]
+    assert defaults["fedbnr"] and defaults["fsgp"] and not defaults["pofmkl"] and not defaults["fedbnr-personal"]
 
 
 @pytest.mark.parametrize(("members", "cap"), [(1, 1.0), (2, 0.75), (3, 0.5), (4, 0.375), (6, 0.25), (12, 0.25),
@@ -95,14 +95,14 @@ def beijing():
 
 
 @pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
-@pytest.mark.parametrize("k", [3, 12])
-def test_robust_default_costs_at_most_one_percent_without_attackers(beijing, k):
-    """The figure behind `robust_by_default`: honest fleets of `k` Beijing stations on FedBNR's default settings,
-    exact against the resolved auto mode of a production broker: the fleet's mean prequential MSE within 1%, no
-    station worse by more than 3% (docs/reliability.md §7.2.1: robust is ~9% *better* than exact over 1,000 steps,
-    the soft screen down-weighting the uploads of pollution episodes)."""
+@pytest.mark.parametrize(("family", "k"), [("fedbnr", 3), ("fedbnr", 12), ("fsgp", 12)])
+def test_robust_default_costs_at_most_one_percent_without_attackers(beijing, family, k):
+    """The figure behind `robust_by_default`: honest fleets of `k` Beijing stations on the family's default
+    settings, exact against the resolved auto mode of a production broker: the fleet's mean prequential MSE within
+    1%, no station worse by more than 3% (docs/reliability.md §7.2.1: robust FedBNR is ~9% *better* than exact over
+    1,000 steps, the soft screen down-weighting the uploads of pollution episodes; FSGP +0.3%)."""
     fleet = SimpleNamespace(names=list(beijing.names[:k]), streams=list(beijing.streams[:k]))
-    base = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, standardise="none", clients=tuple(fleet.names))
+    base = FleetConfig(fleet="t", algorithm=family, n_inputs=10, standardise="none", clients=tuple(fleet.names))
     robust, _ = resolve_aggregation(base, authenticated=True)
     exact = base.model_copy(update={"robust": Robustness(aggregation="exact")})
     assert robust.robust.aggregation == "robust"

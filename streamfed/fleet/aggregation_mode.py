@@ -3,8 +3,8 @@
 `[fleet.robust] aggregation` is `"exact"`, `"robust"` or `"auto"` (the default). Auto is the defaults' choice:
 
 * on an **authenticated broker** (a production fleet: TLS and dynamic-security accounts, `broker_config/`) a family
-  whose robust aggregation costs nothing measurable in an attack-free run (`Algorithm.robust_by_default`, FedBNR:
-  docs/reliability.md § Bounded influence) aggregates **robustly** — share caps and residual screening;
+  whose robust aggregation costs nothing measurable in an attack-free run (`Algorithm.robust_by_default`, FedBNR
+  and FSGP: docs/reliability.md § Bounded influence) aggregates **robustly** — share caps and residual screening;
 * everything else aggregates **exactly**: a development broker (anyone on it could publish anything, so the
   fleet is trusted by construction), a family whose robust rule costs accuracy, secure aggregation (robust
   screening needs each client's upload, which SecAgg hides; its sums are checked against the clients' declared
