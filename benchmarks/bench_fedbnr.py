@@ -252,7 +252,8 @@ def main() -> None:
         + ", ".join(f"F = {r['F']}: {verdict(r['river'] / r['ours_river'], 5)}" for r in rows) + ". "
         "`learn_predict` is one compiled call over the client's packed state buffer (features, predictive, staging "
         "of the pending scatter, rank-one update, bookkeeping; without forgetting the predictive's forward "
-        "substitution and the rank-one update share one sweep of the factor), bit for bit `predict(x)` then "
+        "substitution and the rank-one update share one sweep of the factor, two rows of it at a time), bit for "
+        "bit `predict(x)` then "
         "`learn(x, y)` (checked above, and by `tests/test_fedbnr.py::test_learn_predict_equals_predict_then_learn`). "
         f"The refactorisation target is {'met' if ref['apply_ms'] < 10 else 'not met'}.",
         "",

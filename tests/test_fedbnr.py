@@ -1229,6 +1229,9 @@ def test_predictive_distribution_is_rivers_gaussian() -> None:
 
     ours, theirs = gaussian(1.5, 4.0), proba.Gaussian._from_state(n=1, m=1.5, var=4.0, ddof=0)
     assert type(ours) is type(theirs) and set(vars(ours)) == set(vars(theirs))
+    for a, b in ((ours._var, theirs._var), (ours._var.mean, theirs._var.mean)):  # noqa: SLF001
+        assert type(a) is type(b) and vars(a) == {k: v for k, v in vars(b).items() if k != "mean"} | (
+            {"mean": a.mean} if "mean" in vars(b) else {})
     assert (ours.mu, ours.sigma, ours.n_samples) == (theirs.mu, theirs.sigma, theirs.n_samples) == (1.5, 2.0, 1)
     assert ours(0.3) == theirs(0.3) and ours.cdf(2.0) == theirs.cdf(2.0)
     assert math.isfinite(ours.sample())

@@ -242,3 +242,69 @@ def test_bad_input_is_rejected_without_state_change(seed: int, bad: str, where: 
     assert single_raised
     after = pickle.dumps({k: v for k, v in client.__dict__.items() if k not in ("_features", "_cache")})
     assert after == before
+
+
+def _rows_chol_update(r: np.ndarray, x: np.ndarray) -> None:
+    """The rank-one update row by row, in plain Python (the recurrence `kern.chol_update` documents)."""
+    n = r.shape[0]
+    for k in range(n):
+        xk = x[k]
+        if xk == 0.0:
+            continue
+        rkk = r[k, k]
+        rnew = math.sqrt(rkk * rkk + xk * xk)
+        r[k, k] = rnew
+        if k + 1 == n:
+            break
+        c, s, inv_c = rnew * (1.0 / rkk), xk * (1.0 / rkk), rkk / rnew
+        for j in range(k + 1, n):
+            rkj = (r[k, j] + s * x[j]) * inv_c
+            r[k, j] = rkj
+            x[j] = c * x[j] - s * rkj
+
+
+def _rows_solve_rt(r: np.ndarray, rhs: np.ndarray, n: int) -> np.ndarray:
+    out = rhs[:n].copy()
+    for k in range(n):
+        vk = out[k] / r[k, k]
+        out[k] = vk
+        for j in range(k + 1, n):
+            out[j] -= r[k, j] * vk
+    return out
+
+
+@given(seed=st.integers(0, 2**31), f=st.integers(1, 9), zeros=st.integers(0, 3), y_zero=st.booleans())
+@SETTINGS
+def test_paired_kernels_compute_the_row_by_row_numbers(seed: int, f: int, zeros: int, y_zero: bool) -> None:
+    """The kernels take the factor's rows two at a time (fewer stores): every entry must still see the operations
+    of the row-by-row recurrences in their order — the same numbers to the last bit, with exact zeros in the
+    input (identity rotations, which break the pairs) and the augmented row's ρ."""
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((f + 1, f + 3))
+    r0 = np.linalg.cholesky(g @ g.T + 0.1 * np.eye(f + 1)).T.copy()
+    phi = rng.standard_normal(f)
+    phi[rng.choice(f, size=min(zeros, f), replace=False)] = 0.0
+    y = 0.0 if y_zero else float(rng.standard_normal())
+    inv_sigma = float(rng.uniform(0.5, 2.0))
+    x = np.append(phi * inv_sigma, y * inv_sigma)
+
+    r_ref, x_ref = r0.copy(), x.copy()
+    _rows_chol_update(r_ref, x_ref)
+    r_new, x_new = r0.copy(), x.copy()
+    kern.chol_update(r_new, x_new)
+    assert np.array_equal(r_new, r_ref) and np.array_equal(x_new, x_ref)
+
+    v_ref = _rows_solve_rt(r0, phi, f)
+    v_new = np.empty(f)
+    kern.solve_rt(r0, phi, v_new, f)
+    assert np.array_equal(v_new, v_ref)
+
+    r_fused = r0.copy()
+    mean, quad = kern.predict_update(r_fused, phi, y, inv_sigma, np.empty(f), np.empty(f + 1))
+    assert np.array_equal(r_fused, r_ref)  # the fused sweep: the update's numbers ...
+    m_ref, q_ref = kern.predict_one(r0, phi, np.empty(f + 1))
+    m_rows = q_rows = 0.0
+    for k in range(f):  # predict_one's sums, in its order
+        m_rows += v_ref[k] * r0[k, f]
+        q_rows += v_ref[k] * v_ref[k]
+    assert (mean, quad) == (m_ref, q_ref) == (m_rows, q_rows)  # ... and the predictive's

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,19 +34,19 @@ def sorted_keys(x: dict) -> list[Any]:
         return sorted(x, key=lambda k: (type(k).__name__, repr(k)))
 
 
-_PLAIN = {float, int}
-
-
 def dict_to_vector(keys: Sequence[Any], x: dict) -> np.ndarray:
     """`x` read in `keys` order (a missing key reads 0); `ValueError` for a None/NaN/non-numeric value."""
-    values = [x.get(k, 0.0) for k in keys]
-    if set(map(type, values)) <= _PLAIN:  # the common case: Python numbers, checked at once
+    try:  # the common case: every key there, real numbers (a C array of doubles refuses None, str and bytes)
+        packed = array("d", map(x.__getitem__, keys))
+    except (KeyError, TypeError, OverflowError):
+        packed = None  # a missing key, or a value to look at one by one below
+    if packed is not None:
         try:
-            finite = math.isfinite(math.fsum(values))  # inf or NaN anywhere makes the exact sum inf or NaN
+            finite = math.isfinite(math.fsum(packed))  # inf or NaN anywhere makes the exact sum inf or NaN
         except OverflowError:  # finite values whose sum overflows: one by one below
             finite = False
         if finite:
-            return np.array(values, dtype=np.float64)
+            return np.frombuffer(packed, dtype=np.float64)  # (its own buffer: no copy)
     values = []
     for k in keys:
         v = x.get(k, 0.0)
@@ -127,17 +128,35 @@ def require_positive(estimator: Any, names: Sequence[str]) -> None:
 def gaussian(mean: float, var: float) -> Gaussian:
     """`river.proba.Gaussian(mean, var)`. Imported on use, not at module level: `river.proba` imports
     scipy.stats (~70 MiB resident, ~0.7 s), which an agent, predicting through the array path, never needs."""
+    gauss, var_cls, mean_cls = _RIVER or _river_classes()
+    # What Gaussian._from_state(n=1, m=mean, var=var, ddof=0) builds, without its `random.Random(None)`: a fresh
+    # generator seeded from the OS per distribution (10–30 µs, more than a whole FedBNR step at F = 101), and
+    # without the `Mean` that `Var.__init__` makes only for `_from_state` to replace. Samples drawn from the
+    # returned distributions come from one generator per process, itself seeded from the OS.
+    m = mean_cls.__new__(mean_cls)
+    m.n = 1  # noqa: SLF001 (River's own attributes, as its constructors and _from_state set them)
+    m._mean = mean  # noqa: SLF001
+    v = var_cls.__new__(var_cls)
+    v.ddof = 0
+    v.mean = m
+    v._S = var  # noqa: SLF001 ((n - ddof)·var with n = 1, ddof = 0)
+    g = gauss.__new__(gauss)
+    g.seed = None
+    g._rng = _shared_rng()  # noqa: SLF001
+    g._var = v  # noqa: SLF001
+    return g
+
+
+_RIVER: tuple[type, type, type] | None = None  # (Gaussian, Var, Mean), imported at the first gaussian()
+
+
+def _river_classes() -> tuple[type, type, type]:
+    global _RIVER
     from river import stats
     from river.proba import Gaussian
 
-    # What Gaussian._from_state(n=1, m=mean, var=var, ddof=0) builds, without its `random.Random(None)`: a fresh
-    # generator seeded from the OS per distribution (10–30 µs, more than a whole FedBNR step at F = 101). Samples
-    # drawn from the returned distributions come from one generator per process, itself seeded from the OS.
-    g = Gaussian.__new__(Gaussian)
-    g.seed = None
-    g._rng = _shared_rng()  # noqa: SLF001 (River's own attributes, as its constructor sets them)
-    g._var = stats.Var._from_state(n=1, m=mean, var=var, ddof=0)  # noqa: SLF001
-    return g
+    _RIVER = (Gaussian, stats.Var, stats.Mean)
+    return _RIVER
 
 
 _RNG: random.Random | None = None

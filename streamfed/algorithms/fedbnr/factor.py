@@ -40,7 +40,7 @@ def factorise(s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam
     for k in range(kk):
         s2 = sigma[k] ** 2
         a = s_mat[k] / s2
-        a[np.arange(f), np.arange(f)] += pdiag[k] / lam[k] ** 2
+        np.einsum("ii->i", a)[...] += pdiag[k] / lam[k] ** 2  # (the diagonal as a view: no index arrays)
         try:
             chol = np.linalg.cholesky(a)
         except np.linalg.LinAlgError as exc:
@@ -54,7 +54,7 @@ def factorise(s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam
         rk[:f, f] = work[:f]
         rho2 = q / s2 - work[:f] @ work[:f]
         rk[f, f] = math.sqrt(max(rho2, 0.0))  # ≥ 0 mathematically; clip rounding
-        if not np.all(np.isfinite(rk)):
+        if not kern.all_finite(rk.reshape(-1)):
             raise ValueError("refactorisation produced a non-finite factor")
         factors.append(rk)
     if out is None:
