@@ -150,6 +150,11 @@ def _u8(b: bytes) -> np.ndarray:
     return np.frombuffer(b, dtype=np.uint8).copy()
 
 
+def _rows(parts: Sequence[bytes], width: int) -> np.ndarray:
+    # equal-length byte strings as the rows of one uint8 array: one join and one copy, not one array per row
+    return np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(len(parts), width).copy()
+
+
 def _round_of(msg: Message) -> int:
     r = msg.meta.get("round")
     if type(r) is not int or r < 1:
@@ -303,7 +308,7 @@ class SecAggAgent:
             cts = self._sa.share_keys(roster)
             to = sorted(cts, key=self._index.__getitem__)
             return [self._msg(SHARES, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
-                                       "ct": np.stack([_u8(cts[v]) for v in to])})]
+                                       "ct": _rows([cts[v] for v in to], CIPHERTEXT_BYTES)})]
         late = self._late
         if msg.kind == SURVIVORS and late is not None and rid == late[0] and rid != self._round:
             self._late = None  # once: a second request for the round is refused below
@@ -357,8 +362,7 @@ class SecAggAgent:
         return alive, self._msg(UNMASK, {
             "of": np.array([index[u] for u in of], dtype=np.int64),
             "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
-            "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
-                      else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))}, round=rid)
+            "share": _rows([shares[u][1] for u in of], shamir.SHARE_BYTES)}, round=rid)
 
 
 # =========================================================================== the aggregator's half
@@ -525,8 +529,8 @@ class SecAggCoordinator:
             self._index = {c: i for i, c in enumerate(names)}
             self._srv.roster()  # refuses a round below the threshold
             # each member gets its own neighbourhood's keys on its own acks topic: O(k) bytes, not O(n)
-            c_pk = np.stack([_u8(self._keys[c].c_pk) for c in names])
-            s_pk = np.stack([_u8(self._keys[c].s_pk) for c in names])
+            c_pk = _rows([self._keys[c].c_pk for c in names], KEY_BYTES)
+            s_pk = _rows([self._keys[c].s_pk for c in names], KEY_BYTES)
             out = []
             for c in names:
                 rows = self._indices(self._srv.roster_for(c))
@@ -545,8 +549,7 @@ class SecAggCoordinator:
                 frm = sorted(fwd, key=self._index.__getitem__)
                 out.append(self._down(FORWARD, c, {
                     "from": np.array([self._index[u] for u in frm], dtype=np.int64),
-                    "ct": (np.stack([_u8(fwd[u]) for u in frm]) if frm
-                           else np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8))}))
+                    "ct": _rows([fwd[u] for u in frm], CIPHERTEXT_BYTES)}))
             return out, None
         if self.stage == "masked":
             if not self._ready(srv.masked.keys(), srv.shares.keys(), now):
