@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -243,8 +244,6 @@ def agent_breakdown(n: int = 1000, length: int | None = None, repeats: int = 15)
     of timed alone with the public APIs — the 2k X25519 agreements (parse, exchange, HKDF), the k + 1 masks
     (`secagg.masks`), the two Shamir splits, the k AEAD encryptions and decryptions. Each the fastest of
     `repeats` (the machine is shared: the minimum is the cost, the rest is the neighbours' load)."""
-    import os
-
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -330,6 +329,15 @@ def agent_breakdown(n: int = 1000, length: int | None = None, repeats: int = 15)
                    "parts_ms": {a: v * 1e3 for a, v in best.items()}, "client_ms": total * 1e3, "rest_ms": rest * 1e3}
 
 
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (0.0 when it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
               repeats: int = 1, profile: Path | None = None) -> tuple[list[str], dict]:
     """One round of a fleet of `n` real agents and an aggregator (`AgentService`, `AggregatorService`, one
@@ -347,9 +355,10 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
     fleet = load_beijing("paper", steps=UPLOAD)
     out: dict = {"rows": []}
     lines = ["", "### Secure aggregation over Mosquitto (one round, FedBNR uploads of F = 101, one process)", "",
-             "| clients | mode | round (s) | SecAgg+ / plain | aggregator CPU (s) | up / client (bytes) "
-             "| down / client (bytes) | max down / client (bytes) | messages / client |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| clients | mode | round (s) | SecAgg+ / plain | CPU: process + broker (s) | CPU SecAgg+ / plain "
+             "| aggregator CPU (s) | up / client (bytes) | down / client (bytes) | max down / client (bytes) "
+             "| messages / client | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, rep in ((m, r) for m in sizes for r in range(repeats if m >= 1000 else 1)):
         for secure in modes:
             cfg = fedbnr_cfg().model_copy(update={"fleet": f"b{n}{'s' if secure else 'p'}",
@@ -359,7 +368,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
             try:
                 broker = mosq.config
 
-                async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker) -> dict:  # noqa: ANN001
+                async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker,  # noqa: ANN001
+                               pid: int = mosq.proc.pid if mosq.proc else 0) -> dict:
                     # bytes counted where they enter and leave the aggregator: each payload that reached it (up) and
                     # each message it published to one client's acks topic (down; the global, broadcast, not).
                     # A subscriber to those topics in this process fell behind once the stages went out at broker
@@ -421,6 +431,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                         prof.enable()
                     start = time.perf_counter()
                     cpu[0] = 0.0
+                    own0, broker0 = time.process_time(), _proc_cpu(pid)
                     counting[0] = True
                     go.set()
                     stages: list[tuple[str, float]] = []  # SecAgg+: when each stage began (s after start)
@@ -436,6 +447,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                                                f"{getattr(agg.core.secagg, 'rejected', None)}")
                         await asyncio.sleep(0.005)
                     done = time.perf_counter()
+                    own, broker_cpu = time.process_time() - own0, _proc_cpu(pid) - broker0
+                    load = os.getloadavg()[0]
                     if prof is not None and profile is not None:
                         prof.disable()
                         prof.dump_stats(f"{profile}.{len(names)}{'s' if cfg.secure_aggregation else 'p'}")
@@ -460,26 +473,34 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                     return {"round_s": done - start, "up": sum(b for _, b in ups) / len(names),
                             "down": sum(downs) / len(names), "max_down": max(per.values(), default=0),
                             "messages": (len(ups) + len(downs)) / len(names), "aggregator_cpu_s": cpu[0],
-                            "stages": stages}
+                            "process_cpu_s": own, "broker_cpu_s": broker_cpu, "load_1min": load, "stages": stages}
 
                 r = asyncio.run(main())
             finally:
                 mosq.close()
             r.update(clients=n, secure=secure, repeat=rep)
+            r["cpu_s"] = r["process_cpu_s"] + r["broker_cpu_s"]
             if secure:
                 r["ratio"] = r["round_s"] / out["rows"][-1]["round_s"] if out["rows"] else math.nan
+                r["cpu_ratio"] = r["cpu_s"] / out["rows"][-1]["cpu_s"] if out["rows"] else math.nan
             out["rows"].append(r)
             run = f" (run {rep + 1})" if repeats > 1 and n >= 1000 else ""
             lines.append(f"| {n}{run} | {'SecAgg+' if secure else 'plain'} | {r['round_s']:.2f} | "
                          + (f"{r['ratio']:.2f} | " if secure else "1 | ")
+                         + f"{r['process_cpu_s']:.2f} + {r['broker_cpu_s']:.2f} | "
+                         + (f"{r['cpu_ratio']:.2f} | " if secure else "1 | ")
                          + f"{r['aggregator_cpu_s']:.2f} | {r['up']:,.0f} | {r['down']:,.0f} | {r['max_down']:,.0f} | "
-                         + f"{r['messages']:.1f} |")
+                         + f"{r['messages']:.1f} | {r['load_1min']:.2f} |")
     for n in sizes:
         ratios = [r["ratio"] for r in out["rows"] if r["clients"] == n and r["secure"] and "ratio" in r]
+        cpu_ratios = [r["cpu_ratio"] for r in out["rows"] if r["clients"] == n and r["secure"] and "cpu_ratio" in r]
         if len(ratios) > 1:
             out[f"median_ratio_{n}"] = float(np.median(ratios))
-            lines += ["", f"At {n:,} agents, SecAgg+ / plain over {len(ratios)} runs (each pair back to back): median "
-                      f"{np.median(ratios):.2f}, from {min(ratios):.2f} to {max(ratios):.2f}."]
+            out[f"median_cpu_ratio_{n}"] = float(np.median(cpu_ratios))
+            lines += ["", f"At {n:,} agents, SecAgg+ / plain over {len(ratios)} runs (each pair back to back): round "
+                      f"time median {np.median(ratios):.2f}, from {min(ratios):.2f} to {max(ratios):.2f}; CPU "
+                      f"(this process and the broker) median {np.median(cpu_ratios):.2f}, from {min(cpu_ratios):.2f} "
+                      f"to {max(cpu_ratios):.2f}."]
     lines += ["", "Round = from the moment every agent's session is up and the streams start to the aggregator "
               "holding every client's update (plain: each agent's `fedbnr.update`; secure: the round's "
               "unmasked sum); it includes "
@@ -494,7 +515,11 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
               "with the neighbourhood k, not the fleet. Aggregator CPU = process time inside the aggregator core's "
               "`on_update` and `tick` (decoding, the SecAgg+ server's checks, building each member's messages, "
               "Shamir reconstruction and the PRG masks it removes, folding the sum into the global), not its MQTT "
-              "I/O. SecAgg+ / plain = the two rounds of the same size in this run."]
+              "I/O. CPU = the CPU time this process (agents and aggregator: one event loop) and the broker's "
+              "process spent during the round (`time.process_time`, `/proc/<pid>/stat`): on a machine shared with "
+              "other work it moves less with the neighbours' load than the round's wall time does. Load = the "
+              "1-minute load average as the round ended. SecAgg+ / plain = the two rounds of the same size in this "
+              "run."]
     return lines, out
 
 
