@@ -150,6 +150,15 @@ def _u8(b: bytes) -> np.ndarray:
     return np.frombuffer(b, dtype=np.uint8).copy()
 
 
+def _row_bytes(a: np.ndarray, rows: int | None = None) -> list[bytes]:
+    # the rows of a 2-d uint8 array as byte strings: one copy of the whole, then slices. `rows`: how many its index
+    # array says there are (the codec holds both to one dimension; this says so clearly should it not have)
+    if a.ndim != 2 or (rows is not None and a.shape[0] != rows):
+        raise SecAggError("bad_shape", f"{a.shape} rows of bytes where {rows} were indexed")
+    raw, width = a.tobytes(), a.shape[1]
+    return [raw[i:i + width] for i in range(0, len(raw), width)] if width else [b""] * a.shape[0]
+
+
 def _rows(parts: Sequence[bytes], width: int) -> np.ndarray:
     # equal-length byte strings as the rows of one uint8 array: one join and one copy, not one array per row
     return np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(len(parts), width).copy()
@@ -304,7 +313,8 @@ class SecAggAgent:
             self._by_index = {i: c for c, i in msg.included.items()}
             self._masked_reply = self._unmask_reply = None
             self._sa = SecAggClient(self.client, view, keys=self._keys)
-            roster = {c: Keys(c, bytes(c_pk[i]), bytes(s_pk[i])) for i, c in enumerate(names)}
+            roster = {c: Keys(c, cb, sb) for c, cb, sb in zip(names, _row_bytes(c_pk, len(names)),
+                                                           _row_bytes(s_pk, len(names)), strict=True)}
             cts = self._sa.share_keys(roster)
             to = sorted(cts, key=self._index.__getitem__)
             return [self._msg(SHARES, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
@@ -323,7 +333,8 @@ class SecAggAgent:
             idx = msg.arrays["from"].tolist()
             if any(i not in self._by_index for i in idx):
                 raise SecAggError("bad_index", "a sender outside my neighbourhood")
-            received = {self._by_index[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(idx)}
+            received = {self._by_index[i]: ct for i, ct in zip(idx, _row_bytes(msg.arrays["ct"], len(idx)),
+                                                                     strict=True)}
             got = self.contribution()
             if got is None:  # nothing to add any more (a global included it meanwhile): add zeros
                 got = Contribution({k: np.zeros(s) for k, s in self.layout}, 0, 0, 0, 0)
@@ -447,7 +458,8 @@ class SecAggCoordinator:
             to = msg.arrays["to"].tolist()
             if any(i >= len(names) for i in to):
                 raise SecAggError("bad_index", f"shares of {c!r} to a client outside the roster")
-            self._srv.add_shares(c, {names[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(to)})
+            self._srv.add_shares(c, {names[i]: ct for i, ct in zip(to, _row_bytes(msg.arrays["ct"], len(to)),
+                                                                         strict=True)})
         elif msg.kind == MASKED:
             if self.stage != "masked":
                 raise SecAggError("out_of_order", f"masked input of {c!r} in stage {self.stage}")
@@ -465,8 +477,8 @@ class SecAggCoordinator:
             of, which, share = msg.arrays["of"].tolist(), msg.arrays["which"].tolist(), msg.arrays["share"]
             if any(i >= len(names) for i in of):
                 raise SecAggError("bad_index", f"unmasking of {c!r} names a client outside the roster")
-            self._srv.add_unmasking(c, {names[i]: ("b" if w == 0 else "s", bytes(share[j]))
-                                        for j, (i, w) in enumerate(zip(of, which, strict=True))})
+            self._srv.add_unmasking(c, {names[i]: ("b" if w == 0 else "s", sh)
+                                        for i, w, sh in zip(of, which, _row_bytes(share, len(of)), strict=True)})
         else:
             raise SecAggError("unknown_kind", msg.kind)
 
