@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -237,6 +238,106 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
     return lines, out
 
 
+def agent_breakdown(n: int = 1000, length: int | None = None, repeats: int = 15) -> tuple[list[str], dict]:
+    """Where one SecAgg+ client's milliseconds go in a round of `n` (k neighbours, the FedBNR vector length): the
+    three client steps (`share_keys`, `masked_input`, `unmask`) timed whole, beside each primitive they are made
+    of timed alone with the public APIs — the 2k X25519 agreements (parse, exchange, HKDF), the k + 1 masks
+    (`secagg.masks`), the two Shamir splits, the k AEAD encryptions and decryptions. Each the fastest of
+    `repeats` (the machine is shared: the minimum is the cost, the rest is the neighbours' load)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from streamfed.privacy import shamir
+    from streamfed.privacy.secagg import SecAggClient, SecAggServer, masks
+
+    length = length or len(fedbnr_uploads(1)[0])
+    s = SecAggSettings(1, tuple(f"c{i:04d}" for i in range(n)), length)
+    me = s.clients[0]
+    k, t = len(s.neighbours[me]), s.threshold
+    x = np.arange(length, dtype=np.uint64)
+
+    def client_steps() -> dict[str, float]:
+        # a fresh round: everyone advertises, my neighbours share, then my three steps are timed
+        cs = {c: SecAggClient(c, s) for c in s.clients}
+        srv = SecAggServer(s)
+        for c in cs.values():
+            srv.add_keys(c.advertise())
+        for c in s.neighbours[me]:
+            srv.add_shares(c, cs[c].share_keys(srv.roster_for(c)))
+        out = {}
+        t0 = time.perf_counter()
+        srv.add_shares(me, cs[me].share_keys(srv.roster_for(me)))
+        out["share_keys"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cs[me].masked_input(x, srv.forwarded(me))
+        out["masked_input"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cs[me].unmask(frozenset((me, *s.neighbours[me])))
+        out["unmask"] = time.perf_counter() - t0
+        return out
+
+    sk = X25519PrivateKey.generate()
+    pks = [X25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(2 * k)]
+    seeds = [(os.urandom(32), b"mask") for _ in range(k + 1)]
+    aead = ChaCha20Poly1305(os.urandom(32))
+    plain = os.urandom(2 * shamir.SHARE_BYTES)
+    cts = [aead.encrypt(bytes(12), plain, b"") for _ in range(k)]
+
+    def timed(f) -> float:  # noqa: ANN001
+        t0 = time.perf_counter()
+        f()
+        return time.perf_counter() - t0
+
+    parts = {
+        f"{2 * k} X25519 exchanges": lambda: [sk.exchange(X25519PublicKey.from_public_bytes(p)) for p in pks],
+        f"{2 * k} HKDF-SHA256 (the agreed keys)": lambda: [
+            HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"i").derive(p) for p in pks],
+        f"{k + 1} masks (HKDF + ChaCha20, {length} words each)": lambda: masks(seeds, length, 1),
+        f"2 Shamir splits (k = {k}, t = {t})": lambda: [shamir.split(int.from_bytes(os.urandom(32), "big"), k, t)
+                                                       for _ in range(2)],
+        f"{k} + {k} ChaCha20-Poly1305 (shares)": lambda: ([aead.encrypt(bytes(12), plain, b"") for _ in range(k)],
+                                                          [aead.decrypt(bytes(12), c, b"") for c in cts]),
+    }
+    best: dict[str, float] = {}
+    steps: dict[str, float] = {}
+    for _ in range(repeats):  # interleaved, so that a burst of load hits every part alike
+        for name, f in parts.items():
+            best[name] = min(best.get(name, math.inf), timed(f))
+        for name, v in client_steps().items():
+            steps[name] = min(steps.get(name, math.inf), v)
+    total = sum(steps.values())
+    lines = ["", f"### One client's round, where the time goes (n = {n:,}: k = {k}, t = {t}, {length} words; fastest "
+             f"of {repeats}, load {load_average()})", "",
+             "| part | ms | share of the client's round |", "|---|---|---|"]
+    for name, v in steps.items():
+        lines.append(f"| step `{name}` | {v * 1e3:.3f} | {v / total:.0%} |")
+    lines.append(f"| **the client's round** | **{total * 1e3:.3f}** | 100% |")
+    for name, v in best.items():
+        lines.append(f"| {name} | {v * 1e3:.3f} | {v / total:.0%} |")
+    rest = total - sum(best.values())
+    lines += [f"| the rest (checks, nonces, dictionaries) | {rest * 1e3:.3f} | {rest / total:.0%} |", "",
+              "The steps are a client's own work in `streamfed.privacy.secagg.SecAggClient` (not the fleet's messages "
+              "around it); the parts below them are the primitives those steps call, timed alone with the same "
+              "sizes. The X25519 agreements are the protocol's floor: two per neighbour (one key pair encrypts the "
+              "shares, the other agrees on masks; one pair for both would let a server that rebuilds a dropped "
+              "client's mask key decrypt the shares that client held of its neighbours' secrets), each at "
+              "OpenSSL's speed through `cryptography`."]
+    return lines, {"n": n, "degree": k, "threshold": t, "length": length,
+                   "steps_ms": {a: v * 1e3 for a, v in steps.items()},
+                   "parts_ms": {a: v * 1e3 for a, v in best.items()}, "client_ms": total * 1e3, "rest_ms": rest * 1e3}
+
+
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (0.0 when it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
               repeats: int = 1, profile: Path | None = None) -> tuple[list[str], dict]:
     """One round of a fleet of `n` real agents and an aggregator (`AgentService`, `AggregatorService`, one
@@ -254,9 +355,10 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
     fleet = load_beijing("paper", steps=UPLOAD)
     out: dict = {"rows": []}
     lines = ["", "### Secure aggregation over Mosquitto (one round, FedBNR uploads of F = 101, one process)", "",
-             "| clients | mode | round (s) | SecAgg+ / plain | aggregator CPU (s) | up / client (bytes) "
-             "| down / client (bytes) | max down / client (bytes) | messages / client |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| clients | mode | round (s) | SecAgg+ / plain | CPU: process + broker (s) | CPU SecAgg+ / plain "
+             "| aggregator CPU (s) | up / client (bytes) | down / client (bytes) | max down / client (bytes) "
+             "| messages / client | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, rep in ((m, r) for m in sizes for r in range(repeats if m >= 1000 else 1)):
         for secure in modes:
             cfg = fedbnr_cfg().model_copy(update={"fleet": f"b{n}{'s' if secure else 'p'}",
@@ -266,7 +368,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
             try:
                 broker = mosq.config
 
-                async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker) -> dict:  # noqa: ANN001
+                async def main(cfg: FleetConfig = cfg, names: list[str] = names, broker=broker,  # noqa: ANN001
+                               pid: int = mosq.proc.pid if mosq.proc else 0) -> dict:
                     # bytes counted where they enter and leave the aggregator: each payload that reached it (up) and
                     # each message it published to one client's acks topic (down; the global, broadcast, not).
                     # A subscriber to those topics in this process fell behind once the stages went out at broker
@@ -328,6 +431,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                         prof.enable()
                     start = time.perf_counter()
                     cpu[0] = 0.0
+                    own0, broker0 = time.process_time(), _proc_cpu(pid)
                     counting[0] = True
                     go.set()
                     stages: list[tuple[str, float]] = []  # SecAgg+: when each stage began (s after start)
@@ -343,6 +447,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                                                f"{getattr(agg.core.secagg, 'rejected', None)}")
                         await asyncio.sleep(0.005)
                     done = time.perf_counter()
+                    own, broker_cpu = time.process_time() - own0, _proc_cpu(pid) - broker0
+                    load = os.getloadavg()[0]
                     if prof is not None and profile is not None:
                         prof.disable()
                         prof.dump_stats(f"{profile}.{len(names)}{'s' if cfg.secure_aggregation else 'p'}")
@@ -367,26 +473,34 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                     return {"round_s": done - start, "up": sum(b for _, b in ups) / len(names),
                             "down": sum(downs) / len(names), "max_down": max(per.values(), default=0),
                             "messages": (len(ups) + len(downs)) / len(names), "aggregator_cpu_s": cpu[0],
-                            "stages": stages}
+                            "process_cpu_s": own, "broker_cpu_s": broker_cpu, "load_1min": load, "stages": stages}
 
                 r = asyncio.run(main())
             finally:
                 mosq.close()
             r.update(clients=n, secure=secure, repeat=rep)
+            r["cpu_s"] = r["process_cpu_s"] + r["broker_cpu_s"]
             if secure:
                 r["ratio"] = r["round_s"] / out["rows"][-1]["round_s"] if out["rows"] else math.nan
+                r["cpu_ratio"] = r["cpu_s"] / out["rows"][-1]["cpu_s"] if out["rows"] else math.nan
             out["rows"].append(r)
             run = f" (run {rep + 1})" if repeats > 1 and n >= 1000 else ""
             lines.append(f"| {n}{run} | {'SecAgg+' if secure else 'plain'} | {r['round_s']:.2f} | "
                          + (f"{r['ratio']:.2f} | " if secure else "1 | ")
+                         + f"{r['process_cpu_s']:.2f} + {r['broker_cpu_s']:.2f} | "
+                         + (f"{r['cpu_ratio']:.2f} | " if secure else "1 | ")
                          + f"{r['aggregator_cpu_s']:.2f} | {r['up']:,.0f} | {r['down']:,.0f} | {r['max_down']:,.0f} | "
-                         + f"{r['messages']:.1f} |")
+                         + f"{r['messages']:.1f} | {r['load_1min']:.2f} |")
     for n in sizes:
         ratios = [r["ratio"] for r in out["rows"] if r["clients"] == n and r["secure"] and "ratio" in r]
+        cpu_ratios = [r["cpu_ratio"] for r in out["rows"] if r["clients"] == n and r["secure"] and "cpu_ratio" in r]
         if len(ratios) > 1:
             out[f"median_ratio_{n}"] = float(np.median(ratios))
-            lines += ["", f"At {n:,} agents, SecAgg+ / plain over {len(ratios)} runs (each pair back to back): median "
-                      f"{np.median(ratios):.2f}, from {min(ratios):.2f} to {max(ratios):.2f}."]
+            out[f"median_cpu_ratio_{n}"] = float(np.median(cpu_ratios))
+            lines += ["", f"At {n:,} agents, SecAgg+ / plain over {len(ratios)} runs (each pair back to back): round "
+                      f"time median {np.median(ratios):.2f}, from {min(ratios):.2f} to {max(ratios):.2f}; CPU "
+                      f"(this process and the broker) median {np.median(cpu_ratios):.2f}, from {min(cpu_ratios):.2f} "
+                      f"to {max(cpu_ratios):.2f}."]
     lines += ["", "Round = from the moment every agent's session is up and the streams start to the aggregator "
               "holding every client's update (plain: each agent's `fedbnr.update`; secure: the round's "
               "unmasked sum); it includes "
@@ -401,7 +515,11 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
               "with the neighbourhood k, not the fleet. Aggregator CPU = process time inside the aggregator core's "
               "`on_update` and `tick` (decoding, the SecAgg+ server's checks, building each member's messages, "
               "Shamir reconstruction and the PRG masks it removes, folding the sum into the global), not its MQTT "
-              "I/O. SecAgg+ / plain = the two rounds of the same size in this run."]
+              "I/O. CPU = the CPU time this process (agents and aggregator: one event loop) and the broker's "
+              "process spent during the round (`time.process_time`, `/proc/<pid>/stat`): on a machine shared with "
+              "other work it moves less with the neighbours' load than the round's wall time does. Load = the "
+              "1-minute load average as the round ended. SecAgg+ / plain = the two rounds of the same size in this "
+              "run."]
     return lines, out
 
 
@@ -419,14 +537,15 @@ def main() -> None:
     sizes = (10, 100) if args.quick else (10, 100, 1000)
     t0 = time.perf_counter()
     if args.secagg_only:
+        b_lines, b = agent_breakdown(100 if args.quick else 1000, repeats=3 if args.quick else 15)
         s_lines, s = secagg_cost(sizes, 1 if args.quick else 3)
         m_lines, m = mqtt_cost((10,) if args.quick else (10, 100, 1000), repeats=1 if args.quick else 3,
                                profile=args.profile)
         cmd = ".venv/bin/python benchmarks/bench_privacy.py --secagg-only" + (" --quick" if args.quick else "")
         lines = ["## Privacy: SecAgg+ at scale (a member is sent its neighbourhood only)", "",
                  f"`{cmd}` — {machine()}, load {load_average()}; {time.perf_counter() - t0:.0f} s.", "",
-                 *(__doc__ or "").split("\n\n")[3].strip().split("\n"), *s_lines, *m_lines]
-        write_section(args.out, lines, {"secagg": s, "mosquitto": m}, quick=args.quick)
+                 *(__doc__ or "").split("\n\n")[3].strip().split("\n"), *b_lines, *s_lines, *m_lines]
+        write_section(args.out, lines, {"client": b, "secagg": s, "mosquitto": m}, quick=args.quick)
         return
     u_lines, u = utility(steps)
     s_lines, s = secagg_cost(sizes, 1 if args.quick else 3)

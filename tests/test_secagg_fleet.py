@@ -777,3 +777,34 @@ def test_an_agent_that_gave_up_after_its_masked_input_still_unmasks_that_round()
     assert np.array_equal(np.concatenate([np.ravel(packed[k]) for k, _ in layout]), fixed_point.decode(enc, f))
     again = agents["a"].on_secagg(decode(encode(held[0], cfg), cfg, client="a", kinds=DOWN_KINDS), now=late)
     assert again == [] and agents["a"].secagg.refused >= 1  # type: ignore[union-attr]
+
+
+def test_a_step_whose_rows_disagree_with_its_index_is_refused_with_a_reason() -> None:
+    """The codec holds a message's index and rows to one dimension; built without it, the coordinator and the agent
+    still refuse a mismatch with a stable reason (`bad_shape`), never an IndexError or a half-read step."""
+    from streamfed.fleet.secure_aggregation import ROSTER, SHARES, SecAggAgent, SecAggCoordinator
+
+    cfg = fedbnr_cfg(True)
+    names = ["a", "b", "c"]
+    agents = {c: SecAggAgent(cfg, c, lambda: None) for c in names}
+    coord = SecAggCoordinator(cfg, expected=lambda: set(names))
+    rosters: list[Message] = []
+    for a in agents.values():
+        for m in a.tick(0.0, pending=True):
+            rosters += coord.on_message(m, 0.0)[0]
+    assert [m.kind for m in rosters] == [ROSTER] * 3
+    shares = agents["a"].on_message(rosters[0], 0.0)
+    assert [m.kind for m in shares] == [SHARES]
+    good = shares[0]
+    bad = Message(good.fleet, good.client, good.kind, good.seq, 0, "", 0, good.created,
+                  {"to": good.arrays["to"], "ct": good.arrays["ct"][:1]}, dict(good.meta))
+    assert coord.on_message(bad, 0.0) == ([], None)
+    assert coord.rejected.get("bad_shape") == 1
+    assert coord.progress()[1] == 0
+    coord.on_message(good, 0.0)
+    assert coord.progress()[1] == 1  # the honest step still counts
+    short = rosters[1]
+    cut = Message(short.fleet, short.client, short.kind, short.seq, 0, "", 0, short.created,
+                  {"c_pk": short.arrays["c_pk"], "s_pk": short.arrays["s_pk"][:1]}, dict(short.meta),
+                  dict(short.included))
+    assert agents["b"].on_message(cut, 0.0) == [] and agents["b"].refused == 1

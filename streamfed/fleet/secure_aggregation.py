@@ -150,6 +150,20 @@ def _u8(b: bytes) -> np.ndarray:
     return np.frombuffer(b, dtype=np.uint8).copy()
 
 
+def _row_bytes(a: np.ndarray, rows: int | None = None) -> list[bytes]:
+    # the rows of a 2-d uint8 array as byte strings: one copy of the whole, then slices. `rows`: how many its index
+    # array says there are (the codec holds both to one dimension; this says so clearly should it not have)
+    if a.ndim != 2 or (rows is not None and a.shape[0] != rows):
+        raise SecAggError("bad_shape", f"{a.shape} rows of bytes where {rows} were indexed")
+    raw, width = a.tobytes(), a.shape[1]
+    return [raw[i:i + width] for i in range(0, len(raw), width)] if width else [b""] * a.shape[0]
+
+
+def _rows(parts: Sequence[bytes], width: int) -> np.ndarray:
+    # equal-length byte strings as the rows of one uint8 array: one join and one copy, not one array per row
+    return np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(len(parts), width).copy()
+
+
 def _round_of(msg: Message) -> int:
     r = msg.meta.get("round")
     if type(r) is not int or r < 1:
@@ -299,11 +313,12 @@ class SecAggAgent:
             self._by_index = {i: c for c, i in msg.included.items()}
             self._masked_reply = self._unmask_reply = None
             self._sa = SecAggClient(self.client, view, keys=self._keys)
-            roster = {c: Keys(c, bytes(c_pk[i]), bytes(s_pk[i])) for i, c in enumerate(names)}
+            roster = {c: Keys(c, cb, sb) for c, cb, sb in zip(names, _row_bytes(c_pk, len(names)),
+                                                           _row_bytes(s_pk, len(names)), strict=True)}
             cts = self._sa.share_keys(roster)
             to = sorted(cts, key=self._index.__getitem__)
             return [self._msg(SHARES, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
-                                       "ct": np.stack([_u8(cts[v]) for v in to])})]
+                                       "ct": _rows([cts[v] for v in to], CIPHERTEXT_BYTES)})]
         late = self._late
         if msg.kind == SURVIVORS and late is not None and rid == late[0] and rid != self._round:
             self._late = None  # once: a second request for the round is refused below
@@ -318,7 +333,8 @@ class SecAggAgent:
             idx = msg.arrays["from"].tolist()
             if any(i not in self._by_index for i in idx):
                 raise SecAggError("bad_index", "a sender outside my neighbourhood")
-            received = {self._by_index[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(idx)}
+            received = {self._by_index[i]: ct for i, ct in zip(idx, _row_bytes(msg.arrays["ct"], len(idx)),
+                                                                     strict=True)}
             got = self.contribution()
             if got is None:  # nothing to add any more (a global included it meanwhile): add zeros
                 got = Contribution({k: np.zeros(s) for k, s in self.layout}, 0, 0, 0, 0)
@@ -357,8 +373,7 @@ class SecAggAgent:
         return alive, self._msg(UNMASK, {
             "of": np.array([index[u] for u in of], dtype=np.int64),
             "which": np.array([0 if shares[u][0] == "b" else 1 for u in of], dtype=np.uint8),
-            "share": (np.stack([_u8(shares[u][1]) for u in of]) if of
-                      else np.zeros((0, shamir.SHARE_BYTES), dtype=np.uint8))}, round=rid)
+            "share": _rows([shares[u][1] for u in of], shamir.SHARE_BYTES)}, round=rid)
 
 
 # =========================================================================== the aggregator's half
@@ -443,7 +458,8 @@ class SecAggCoordinator:
             to = msg.arrays["to"].tolist()
             if any(i >= len(names) for i in to):
                 raise SecAggError("bad_index", f"shares of {c!r} to a client outside the roster")
-            self._srv.add_shares(c, {names[i]: bytes(msg.arrays["ct"][j]) for j, i in enumerate(to)})
+            self._srv.add_shares(c, {names[i]: ct for i, ct in zip(to, _row_bytes(msg.arrays["ct"], len(to)),
+                                                                         strict=True)})
         elif msg.kind == MASKED:
             if self.stage != "masked":
                 raise SecAggError("out_of_order", f"masked input of {c!r} in stage {self.stage}")
@@ -461,8 +477,8 @@ class SecAggCoordinator:
             of, which, share = msg.arrays["of"].tolist(), msg.arrays["which"].tolist(), msg.arrays["share"]
             if any(i >= len(names) for i in of):
                 raise SecAggError("bad_index", f"unmasking of {c!r} names a client outside the roster")
-            self._srv.add_unmasking(c, {names[i]: ("b" if w == 0 else "s", bytes(share[j]))
-                                        for j, (i, w) in enumerate(zip(of, which, strict=True))})
+            self._srv.add_unmasking(c, {names[i]: ("b" if w == 0 else "s", sh)
+                                        for i, w, sh in zip(of, which, _row_bytes(share, len(of)), strict=True)})
         else:
             raise SecAggError("unknown_kind", msg.kind)
 
@@ -525,8 +541,8 @@ class SecAggCoordinator:
             self._index = {c: i for i, c in enumerate(names)}
             self._srv.roster()  # refuses a round below the threshold
             # each member gets its own neighbourhood's keys on its own acks topic: O(k) bytes, not O(n)
-            c_pk = np.stack([_u8(self._keys[c].c_pk) for c in names])
-            s_pk = np.stack([_u8(self._keys[c].s_pk) for c in names])
+            c_pk = _rows([self._keys[c].c_pk for c in names], KEY_BYTES)
+            s_pk = _rows([self._keys[c].s_pk for c in names], KEY_BYTES)
             out = []
             for c in names:
                 rows = self._indices(self._srv.roster_for(c))
@@ -545,8 +561,7 @@ class SecAggCoordinator:
                 frm = sorted(fwd, key=self._index.__getitem__)
                 out.append(self._down(FORWARD, c, {
                     "from": np.array([self._index[u] for u in frm], dtype=np.int64),
-                    "ct": (np.stack([_u8(fwd[u]) for u in frm]) if frm
-                           else np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8))}))
+                    "ct": _rows([fwd[u] for u in frm], CIPHERTEXT_BYTES)}))
             return out, None
         if self.stage == "masked":
             if not self._ready(srv.masked.keys(), srv.shares.keys(), now):

@@ -51,7 +51,7 @@ from streamfed.privacy import shamir
 
 __all__ = ["CIPHERTEXT_BYTES", "KEY_BYTES", "MAX_VECTOR", "Neighbourhood", "SecAggClient", "SecAggError",
            "SecAggServer", "SecAggSettings", "default_degree", "default_threshold", "harary_neighbours", "harary_size",
-           "prg", "roster_seed", "run_round"]
+           "masks", "prg", "roster_seed", "run_round"]
 
 KEY_BYTES = 32
 SEED_BYTES = 32
@@ -76,8 +76,11 @@ class SecAggError(ValueError):
 # =========================================================================== primitives
 
 
+_SHA256 = hashes.SHA256()
+
+
 def _hkdf(secret: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+    return HKDF(algorithm=_SHA256, length=32, salt=None, info=info).derive(secret)
 
 
 @functools.lru_cache(maxsize=4)
@@ -86,20 +89,49 @@ def _zeros(n_bytes: int) -> bytes:
     return bytes(n_bytes)
 
 
+def _info(label: bytes, round_id: int) -> bytes:
+    return b"streamfed-secagg/" + label + b"/" + str(int(round_id)).encode()
+
+
+def _keystream_into(key: bytes, out: np.ndarray) -> None:
+    # ChaCha20 (counter and nonce 0: each key is used for one stream only) written straight into `out`'s bytes
+    if out.size:
+        Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor().update_into(
+            _zeros(out.nbytes), out.view(np.uint8))
+
+
 def prg(seed: bytes, length: int, round_id: int, label: bytes = b"mask") -> np.ndarray:
     """`length` pseudo-random uint64 from a 32-byte `seed`: the ChaCha20 keystream under
-    `HKDF(seed, "streamfed-secagg/<label>/<round>")`.
+    `HKDF(seed, "streamfed-secagg/<label>/<round>")`, read as little-endian 64-bit words.
 
     >>> a = prg(bytes(32), 3, round_id=1); a.dtype, a.shape, bool((a == prg(bytes(32), 3, 1)).all())
     (dtype('uint64'), (3,), True)
     """
     if not 0 <= length <= MAX_VECTOR:
         raise SecAggError("bad_length", f"vector length {length} outside [0, {MAX_VECTOR}]")
-    key = _hkdf(seed, b"streamfed-secagg/" + label + b"/" + str(int(round_id)).encode())
-    enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
     out = np.empty(length, dtype="<u8")  # the keystream written straight into the vector: no copies
-    if length:
-        enc.update_into(_zeros(8 * length), out.view(np.uint8))
+    _keystream_into(_hkdf(seed, _info(label, round_id)), out)
+    return out.astype(np.uint64, copy=False)
+
+
+def masks(seeds: Sequence[tuple[bytes, bytes]], length: int, round_id: int) -> np.ndarray:
+    """The masks of `seeds` — pairs `(seed, label)` — as the rows of one `(len(seeds), length)` array: row `i` is
+    `prg(*seeds[i] ...)`, every keystream written into one buffer (a client's `k + 1` masks cost `k + 1` keystream
+    calls and no further copies).
+
+    >>> m = masks([(bytes(32), b"self"), (bytes(range(32)), b"mask")], 5, round_id=3)
+    >>> m.shape, bool((m[1] == prg(bytes(range(32)), 5, 3)).all())
+    ((2, 5), True)
+    """
+    if not 0 <= length <= MAX_VECTOR:
+        raise SecAggError("bad_length", f"vector length {length} outside [0, {MAX_VECTOR}]")
+    out = np.empty((len(seeds), length), dtype="<u8")
+    infos: dict[bytes, bytes] = {}
+    for row, (seed, label) in zip(out, seeds, strict=True):
+        info = infos.get(label)
+        if info is None:
+            info = infos[label] = _info(label, round_id)
+        _keystream_into(_hkdf(seed, info), row)
     return out.astype(np.uint64, copy=False)
 
 
@@ -360,15 +392,15 @@ class SecAggClient:
     def _aead(self, other: str) -> ChaCha20Poly1305:
         # kept from step 2 to step 4: a key agreement is most of a client's work in a round
         if other not in self._aeads:
-            info = f"streamfed-secagg/share/{self.view.round_id}".encode()
-            self._aeads[other] = ChaCha20Poly1305(_agree(self._c_sk, self._roster[other].c_pk, info))
+            self._aeads[other] = ChaCha20Poly1305(_agree(self._c_sk, self._roster[other].c_pk,
+                                                         _info(b"share", self.view.round_id)))
         return self._aeads[other]
 
     def share_keys(self, roster: Mapping[str, Keys]) -> dict[str, bytes]:
         """Step 2: given my neighbours' advertised keys (`U1 ∩ N(u)`, and mine), my encrypted shares of `s_u^SK`
         and `b_u`, one ciphertext per neighbour. A roster naming anyone else is refused."""
         v = self.view
-        check_roster(roster, (self.client, *v.neighbours))
+        check_roster(roster, {self.client, *v.neighbours})
         mine_keys = roster.get(self.client)
         if mine_keys is not None and mine_keys != self.advertise():
             raise SecAggError("bad_roster", "my keys in the roster are not mine")
@@ -382,10 +414,10 @@ class SecAggClient:
         s_shares = shamir.split(int.from_bytes(_raw_private(self._s_sk), "big"), full, v.threshold)
         b_shares = shamir.split(int.from_bytes(self._b, "big"), full, v.threshold)
         out = {}
-        for u in mine:
-            i = v.share_index(u) - 1
-            plain = shamir.to_bytes(s_shares[i][1]) + shamir.to_bytes(b_shares[i][1])
-            out[u] = self._aead(u).encrypt(_nonce(self.client, u), plain, _aad(v.round_id, self.client, u))
+        for i, u in enumerate(v.neighbours):  # share i + 1 (the abscissa) goes to the i-th neighbour
+            if u in roster:
+                plain = shamir.to_bytes(s_shares[i][1]) + shamir.to_bytes(b_shares[i][1])
+                out[u] = self._aead(u).encrypt(_nonce(self.client, u), plain, _aad(v.round_id, self.client, u))
         return out
 
     def masked_input(self, x: np.ndarray, received: Mapping[str, bytes]) -> np.ndarray:
@@ -409,11 +441,16 @@ class SecAggClient:
             raise SecAggError("out_of_order", "a second masked input in one round")
         self._received = dict(received)
         self._masked_with = frozenset(received)
-        y = x + prg(self._b, v.length, v.round_id, b"self")
-        info = f"streamfed-secagg/mask/{v.round_id}".encode()
-        for u in sorted(received):
-            mask = prg(_agree(self._s_sk, self._roster[u].s_pk, info), v.length, v.round_id)
-            (np.add if self.client < u else np.subtract)(y, mask, out=y)  # uint64: wraps modulo 2^64
+        info = _info(b"mask", v.round_id)
+        # rows: my self-mask, then the masks I add (neighbours after me), then those I subtract (before me)
+        after = [u for u in sorted(received) if self.client < u]
+        before = [u for u in sorted(received) if u < self.client]
+        m = masks([(self._b, b"self"), *((_agree(self._s_sk, self._roster[u].s_pk, info), b"mask")
+                                         for u in (*after, *before))], v.length, v.round_id)
+        # uint64 sums wrap modulo 2^64: y = x + PRG(b) + Σ_after PRG(s_uv) − Σ_before PRG(s_uv)
+        y = x + m[: 1 + len(after)].sum(axis=0, dtype=np.uint64)
+        if before:
+            y -= m[1 + len(after):].sum(axis=0, dtype=np.uint64)
         self._masked = (x.copy(), y.copy())
         return y
 
