@@ -20,6 +20,9 @@ Models:
 * `fedbnr` — the federated FedBNR replay on its defaults (`streamfed replay -a fedbnr`: `AlgorithmConfig()`, every
   station a client, every global installed), `fedbnr h=<hours>` the same with `half_life_s` (forgetting on the
   rows' times, docs/algorithms.md §4.14);
+* `fedbnr mix(<hours>)` — `fedbnr-halflives` (docs/algorithms.md §4.15): one FedBNR fleet per half-life of the
+  list (`none`: no forgetting), every agent predicting with the fixed-share mixture of their predictives
+  (`--mixture`; its weights at station 0 and its cost per sample are reported);
 * `fsgp` — the federated FSGP replay on its defaults;
 * `River KNN` — `preprocessing.StandardScaler() | neighbors.KNNRegressor()`;
 * `River ARF` — `preprocessing.StandardScaler() | forest.ARFRegressor(seed=0)`.
@@ -45,13 +48,18 @@ REPO = Path(__file__).resolve().parents[1]
 BAND = (0.90, 0.98)
 
 
-def _fleets(steps: int | None) -> tuple[Any, Any]:
+STATIONS = 12  # how many of the stations (the first ones) are run: --stations
+
+
+def _fleets(steps: int | None, stations: int = STATIONS) -> tuple[Any, Any]:
+    from dataclasses import replace
+
     from streamfed.evaluation.datasets import load_beijing
 
     online = load_beijing(normalisation="online", split="station", steps=steps)
     raw = load_beijing(normalisation="none", split="station",
                        steps=None if steps is None else steps + online[0].warmup)
-    return online, raw
+    return replace(online, streams=online.streams[:stations]), replace(raw, streams=raw.streams[:stations])
 
 
 def _scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray | None) -> dict[str, float]:
@@ -62,10 +70,11 @@ def _scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray | None) -> dict[str
     return out
 
 
-def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None) -> dict[str, Any]:
+def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None,
+                  stations: int = STATIONS) -> dict[str, Any]:
     from streamfed.evaluation.replay import AlgorithmConfig, replay
 
-    online, _ = _fleets(steps)
+    online, _ = _fleets(steps, stations)
     t0 = time.perf_counter()
     res = replay(online, alg, AlgorithmConfig(params={alg: params} if params else None))
     wall = time.perf_counter() - t0
@@ -77,13 +86,18 @@ def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None
         mean = s.to_original(m)[ok]
         var = (v * np.asarray(s.y_scale) ** 2)[ok] if np.isfinite(v).any() else None
         stations[s.name] = _scores(y, mean, var) | {"rejected": int((~ok).sum())}
-    return {"model": name, "stations": stations, "seconds": wall}
+    out = {"model": name, "stations": stations, "seconds": wall,
+           "samples": int(sum(np.isfinite(np.asarray(m)).sum() for m in res.means))}
+    if alg == "fedbnr-halflives":  # the mixture's weights at station 0, at the replay's checkpoints
+        out["weights"] = {"names": list(res.kernel_names), "mean": np.mean(res.weights, axis=0).tolist(),
+                          "last": res.weights[-1].tolist()}
+    return out
 
 
-def run_river(name: str, station: int, steps: int | None) -> dict[str, Any]:
+def run_river(name: str, station: int, steps: int | None, stations: int = STATIONS) -> dict[str, Any]:
     from river import forest, neighbors, preprocessing
 
-    online, raw = _fleets(steps)
+    online, raw = _fleets(steps, stations)
     s, r = online.streams[station], raw.streams[station]
     pos = {int(row): i for i, row in enumerate(np.asarray(r.row))}
     idx = np.array([pos[int(row)] for row in np.asarray(s.row)])
@@ -156,6 +170,17 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: floa
             secs[r["model"]] = secs.get(r["model"], 0.0) + r["seconds"]
     lines += ["", "Seconds (one process each; River summed over the stations): " +
               ", ".join(f"{m} {s:.0f}" for m, s in secs.items()), ""]
+    per = {r["model"]: 1e3 * r["seconds"] / r["samples"] for r in results if r.get("samples")}
+    if per:
+        lines += ["Milliseconds per sample (a whole federated replay's wall time over its samples, each model alone "
+                  "in its process): " + ", ".join(f"{m} {v:.2f}" for m, v in per.items()), ""]
+    for r in results:
+        if "weights" in r:
+            w = r["weights"]
+            lines += [f"{r['model']}: mixture weights at station 0, mean over the replay's checkpoints " +
+                      ", ".join(f"{n} {v:.3f}" for n, v in zip(w["names"], w["mean"], strict=True)) +
+                      "; at the end " + ", ".join(f"{n} {v:.3f}" for n, v in zip(w["names"], w["last"], strict=True)),
+                      ""]
     return "\n".join(lines)
 
 
@@ -163,24 +188,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=None, help="cut every stream (default: whole streams)")
     ap.add_argument("--half-lives", default="24,168", help="FedBNR half-lives in hours (comma-separated; '' none)")
+    ap.add_argument("--mixture", default="",
+                    help="fedbnr-halflives' half-lives in hours, 'none' for no forgetting (e.g. none,168,24; '' skip)")
+    ap.add_argument("--no-default", action="store_true", help="leave out FedBNR without forgetting")
+    ap.add_argument("--stations", type=int, default=STATIONS, help="run the first N stations only")
     ap.add_argument("--no-river", action="store_true")
     ap.add_argument("--no-fsgp", action="store_true")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "drift.md")
     args = ap.parse_args()
-    jobs: list[tuple[Any, ...]] = [("sf", "fedbnr", "fedbnr", {})]
+    jobs: list[tuple[Any, ...]] = [] if args.no_default else [("sf", "fedbnr", "fedbnr", {})]
     for h in [float(v) for v in args.half_lives.split(",") if v.strip()]:
         jobs.append(("sf", f"fedbnr h={h:g}", "fedbnr", {"half_life_s": h * 3600.0}))
+    mix = [v.strip() for v in args.mixture.split(",") if v.strip()]
+    if mix:
+        jobs.append(("sf", f"fedbnr mix({','.join(mix)})", "fedbnr-halflives",
+                     {"half_lives_s": [None if v == "none" else float(v) * 3600.0 for v in mix]}))
     if not args.no_fsgp:
         jobs.append(("sf", "fsgp", "fsgp", {}))
     args.streamfed_names = [j[1] for j in jobs]
     if not args.no_river:
-        jobs += [("river", m, c) for m in ("River KNN", "River ARF") for c in range(12)]
+        jobs += [("river", m, c) for m in ("River KNN", "River ARF") for c in range(args.stations)]
     t0 = time.perf_counter()
     results = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], args.steps) if j[0] == "sf"
-                else pool.submit(run_river, j[1], j[2], args.steps) for j in jobs]
+        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], args.steps, args.stations) if j[0] == "sf"
+                else pool.submit(run_river, j[1], j[2], args.steps, args.stations) for j in jobs]
         for f in as_completed(futs):
             r = f.result()
             results.append(r)
