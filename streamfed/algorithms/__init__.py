@@ -8,7 +8,7 @@ torch); :func:`register` adds one at run time — a test, or a plug-in of your o
 >>> get("nope")
 Traceback (most recent call last):
 ...
-KeyError: "unknown algorithm 'nope'; registered: em-kofl, fedbnr, fedbnr-halflives, fedbnr-personal, fsgp, ofmkl-avg, ofskl, ...vm-kofl"
+KeyError: "unknown algorithm 'nope'; registered: em-kofl, fedbnr, fedbnr-halflives, fedbnr-personal, fsgp, ...vm-kofl"
 """
 
 from __future__ import annotations

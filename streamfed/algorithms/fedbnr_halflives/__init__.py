@@ -49,9 +49,12 @@ def _as_half_life(v: Any) -> float | None:
     """A half-life as configured: seconds, or no forgetting (`None`, `inf` or the text "none")."""
     if v is None or (isinstance(v, str) and v.strip().lower() in ("none", "inf", "infinity")):
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise ValueError(f"a half-life is a number of seconds or none, got {v!r}")
-    h = float(v)
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        h = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"a half-life is a number of seconds or none, got {v!r}") from None
     if math.isinf(h) and h > 0:
         return None
     if not (math.isfinite(h) and h > 0):
