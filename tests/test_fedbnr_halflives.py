@@ -57,6 +57,7 @@ def _central(h: float | None, phis: np.ndarray, ys: np.ndarray, times: np.ndarra
     return s, b, w.sum(), w @ ys**2, cov @ b / SIGMA**2, cov
 
 
+@pytest.mark.slow  # agents and the aggregator core warm up their compiled paths (~3 s on a loaded machine)
 def test_agents_and_aggregator_give_each_half_life_the_centralised_discounted_statistics() -> None:
     """Real agents and the aggregator core through the codec, readings stamped in 2013 on irregular clocks: each
     component's global equals the centralised statistics of every uploaded sample for its half-life, at its time."""
@@ -271,3 +272,38 @@ def test_one_sample_moves_the_stacked_upload_by_at_most_the_declared_sensitivity
     assert sens.arrays == ("S_upper", "b", "q") and sens.count == "n"
     moved = math.sqrt(sum(float(np.sum((with_it[k] - without[k]) ** 2)) for k in sens.arrays))
     assert 0.5 * sens.l2 < moved <= sens.l2
+
+
+def test_robust_mode_screens_and_caps_in_every_component() -> None:
+    """`[fleet.robust] aggregation = "robust"`: each component runs FedBNR's share cap and residual screening on its
+    own discounted sums. A client whose labels are 50 times the others' is screened out of every component, and the
+    family's global still holds every client's sequence numbers (a screened upload is taken with weight 0)."""
+    names = ("a", "b", "c", "d", "e")
+    cfg = _cfg(names).model_copy(update={"robust": _cfg(names).robust.model_copy(
+        update={"aggregation": "robust", "label_bound": 1e3})})
+    learners = {n: ALGORITHM.learner(cfg, n, i) for i, n in enumerate(names)}
+    agg = ALGORITHM.aggregation(cfg)
+    kv = ALGORITHM.kernel_version(cfg)
+    rng = np.random.default_rng(8)
+    streams = {n: _stream(rng, 40, start=1.7e9) for n in names}
+    clock = streams["a"][2]  # one clock: the clients take turns, so all have uploaded before any uploads again
+    streams = {n: (xs, ys * (50.0 if n == "e" else 1.0), clock) for n, (xs, ys, _) in streams.items()}
+    for _t, n, j in sorted((t, n, j) for n, (_, _, ts) in streams.items() for j, t in enumerate(ts)):
+        xs, ys, ts = streams[n]
+        learners[n].observe_time(float(ts[j]))
+        learners[n].learn(xs[j], float(ys[j]))
+        up = learners[n].take_update()
+        if up is None:
+            continue
+        agg.take(n, up.seq, agg.check(Message("f", n, UPDATE, up.seq, up.global_version, kv, up.n_samples, 0.0,
+                                              dict(up.arrays))))
+        agg.close_window({}, lambda _: 0)
+        g = agg.global_message("f", "agg", kv)
+        for lr in learners.values():
+            lr.install_global(g)
+    d = agg.diagnostics()
+    assert agg.included() == dict.fromkeys(names, 10)
+    assert all(p.included() == agg.included() for p in agg.parts)
+    for label in ("none", "4h", "1h"):
+        assert d[f"{label}_screened_uploads"] >= 8, d  # every upload of e's after the cold start
+        assert d[f"{label}_largest_client_share"] <= 1.5 / len(names) + 1e-12  # 1.5 times a fair share
