@@ -51,7 +51,7 @@ BAND = (0.90, 0.98)
 STATIONS = 12  # how many of the stations (the first ones) are run: --stations
 
 
-def _fleets(steps: int | None, stations: int = STATIONS) -> tuple[Any, Any]:
+def _fleets(steps: int | None, stations: int = STATIONS, first: int = 0) -> tuple[Any, Any]:
     from dataclasses import replace
 
     from streamfed.evaluation.datasets import load_beijing
@@ -59,7 +59,8 @@ def _fleets(steps: int | None, stations: int = STATIONS) -> tuple[Any, Any]:
     online = load_beijing(normalisation="online", split="station", steps=steps)
     raw = load_beijing(normalisation="none", split="station",
                        steps=None if steps is None else steps + online[0].warmup)
-    return replace(online, streams=online.streams[:stations]), replace(raw, streams=raw.streams[:stations])
+    pick = slice(first, first + stations)
+    return replace(online, streams=online.streams[pick]), replace(raw, streams=raw.streams[pick])
 
 
 def _scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray | None) -> dict[str, float]:
@@ -71,10 +72,10 @@ def _scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray | None) -> dict[str
 
 
 def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None,
-                  stations: int = STATIONS) -> dict[str, Any]:
+                  stations: int = STATIONS, first: int = 0) -> dict[str, Any]:
     from streamfed.evaluation.replay import AlgorithmConfig, replay
 
-    online, _ = _fleets(steps, stations)
+    online, _ = _fleets(steps, stations, first)
     t0 = time.perf_counter()
     res = replay(online, alg, AlgorithmConfig(params={alg: params} if params else None))
     wall = time.perf_counter() - t0
@@ -94,10 +95,11 @@ def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None
     return out
 
 
-def run_river(name: str, station: int, steps: int | None, stations: int = STATIONS) -> dict[str, Any]:
+def run_river(name: str, station: int, steps: int | None, stations: int = STATIONS, first: int = 0
+              ) -> dict[str, Any]:
     from river import forest, neighbors, preprocessing
 
-    online, raw = _fleets(steps, stations)
+    online, raw = _fleets(steps, stations, first)
     s, r = online.streams[station], raw.streams[station]
     pos = {int(row): i for i, row in enumerate(np.asarray(r.row))}
     idx = np.array([pos[int(row)] for row in np.asarray(s.row)])
@@ -189,9 +191,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="cut every stream (default: whole streams)")
     ap.add_argument("--half-lives", default="24,168", help="FedBNR half-lives in hours (comma-separated; '' none)")
     ap.add_argument("--mixture", default="",
-                    help="fedbnr-halflives' half-lives in hours, 'none' for no forgetting (e.g. none,168,24; '' skip)")
+                    help="fedbnr-halflives' half-lives in hours, 'none' for no forgetting (e.g. none,168,24; several "
+                         "dictionaries separated by ';'; '' skip)")
     ap.add_argument("--no-default", action="store_true", help="leave out FedBNR without forgetting")
-    ap.add_argument("--stations", type=int, default=STATIONS, help="run the first N stations only")
+    ap.add_argument("--stations", type=int, default=STATIONS, help="run N stations only")
+    ap.add_argument("--first-station", type=int, default=0, help="... from this one (0: Aotizhongxin)")
     ap.add_argument("--no-river", action="store_true")
     ap.add_argument("--no-fsgp", action="store_true")
     ap.add_argument("--jobs", type=int, default=1)
@@ -200,10 +204,11 @@ def main() -> None:
     jobs: list[tuple[Any, ...]] = [] if args.no_default else [("sf", "fedbnr", "fedbnr", {})]
     for h in [float(v) for v in args.half_lives.split(",") if v.strip()]:
         jobs.append(("sf", f"fedbnr h={h:g}", "fedbnr", {"half_life_s": h * 3600.0}))
-    mix = [v.strip() for v in args.mixture.split(",") if v.strip()]
-    if mix:
-        jobs.append(("sf", f"fedbnr mix({','.join(mix)})", "fedbnr-halflives",
-                     {"half_lives_s": [None if v == "none" else float(v) * 3600.0 for v in mix]}))
+    for group in args.mixture.split(";"):
+        mix = [v.strip() for v in group.split(",") if v.strip()]
+        if mix:
+            jobs.append(("sf", f"fedbnr mix({','.join(mix)})", "fedbnr-halflives",
+                         {"half_lives_s": [None if v == "none" else float(v) * 3600.0 for v in mix]}))
     if not args.no_fsgp:
         jobs.append(("sf", "fsgp", "fsgp", {}))
     args.streamfed_names = [j[1] for j in jobs]
@@ -212,8 +217,9 @@ def main() -> None:
     t0 = time.perf_counter()
     results = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], args.steps, args.stations) if j[0] == "sf"
-                else pool.submit(run_river, j[1], j[2], args.steps, args.stations) for j in jobs]
+        where = (args.steps, args.stations, args.first_station)
+        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], *where) if j[0] == "sf"
+                else pool.submit(run_river, j[1], j[2], *where) for j in jobs]
         for f in as_completed(futs):
             r = f.result()
             results.append(r)
