@@ -119,6 +119,36 @@ def run_river(name: str, station: int, steps: int | None, stations: int = STATIO
     return {"model": name, "station": s.name, "scores": _scores(y, pred, None), "seconds": time.perf_counter() - t0}
 
 
+def agent_cost(steps: int, mixture: list[float | None], half_life_h: float = 24.0, repeats: int = 3
+               ) -> dict[str, float]:
+    """Microseconds per sample of one agent's learner alone (predict, learn, take_update; no globals), on station 0's
+    first `steps` rows and their times, side by side: FedBNR's defaults, FedBNR with one half-life, and the half-life
+    mixture — the best of `repeats` passes each, interleaved (a loaded machine slows all alike)."""
+    from streamfed.algorithms import get
+    from streamfed.evaluation.replay import AlgorithmConfig, time_stamps
+
+    online, _ = _fleets(steps, 1)
+    s = online.streams[0]
+    xs, ys = np.ascontiguousarray(s.X[:steps]), np.asarray(s.y[:steps], dtype=np.float64)
+    ts = time_stamps(s.time, ys.size)
+    models = {"fedbnr": ("fedbnr", {}), f"fedbnr h={half_life_h:g}": ("fedbnr", {"half_life_s": half_life_h * 3600}),
+              "fedbnr mix": ("fedbnr-halflives", {"half_lives_s": mixture})}
+    best = dict.fromkeys(models, np.inf)
+    for _ in range(repeats):
+        for name, (alg, params) in models.items():
+            # the replay's fleet (16 kernels, D = 100: F = 201), on the already normalised stream
+            cfg = AlgorithmConfig(params={alg: params}).fleet_config(alg, n_inputs=xs.shape[1], seed=0)
+            lr = get(alg).learner(cfg, "c0", 0)
+            lr.warm_up(xs[0])
+            t0 = time.perf_counter()
+            for x, y, t in zip(xs, ys, ts, strict=True):
+                lr.observe_time(float(t))
+                lr.learn(x, float(y))
+                lr.take_update()
+            best[name] = min(best[name], 1e6 * (time.perf_counter() - t0) / ys.size)
+    return best
+
+
 def _git() -> str:
     try:
         return subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h (\"%s\")"], capture_output=True,
@@ -196,11 +226,21 @@ def main() -> None:
     ap.add_argument("--no-default", action="store_true", help="leave out FedBNR without forgetting")
     ap.add_argument("--stations", type=int, default=STATIONS, help="run N stations only")
     ap.add_argument("--first-station", type=int, default=0, help="... from this one (0: Aotizhongxin)")
+    ap.add_argument("--cost-only", action="store_true",
+                    help="only time one agent's learner per sample (FedBNR, FedBNR h=24, the --mixture dictionary)")
     ap.add_argument("--no-river", action="store_true")
     ap.add_argument("--no-fsgp", action="store_true")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "drift.md")
     args = ap.parse_args()
+    if args.cost_only:
+        first = args.mixture.split(";")[0] or "none,168,24"
+        mix = [None if v.strip() == "none" else float(v) * 3600.0 for v in first.split(",") if v.strip()]
+        cost = agent_cost(args.steps or 2000, mix)
+        print(f"µs per sample, one agent's learner alone (station 0, mixture {first}, best of 3; load average "
+              f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}): " +
+              ", ".join(f"{m} {v:.0f}" for m, v in cost.items()))
+        return
     jobs: list[tuple[Any, ...]] = [] if args.no_default else [("sf", "fedbnr", "fedbnr", {})]
     for h in [float(v) for v in args.half_lives.split(",") if v.strip()]:
         jobs.append(("sf", f"fedbnr h={h:g}", "fedbnr", {"half_life_s": h * 3600.0}))
