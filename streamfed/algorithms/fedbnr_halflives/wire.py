@@ -11,7 +11,7 @@ one row per half-life, and split back into FedBNR's own messages for each compon
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr-halflives", n_inputs=3, n_features=2, kernels=["gaussian:1.0"])
 >>> cfg.array_shapes("fedbnr-halflives.update")["S_upper"], cfg.array_shapes("fedbnr-halflives.update")["time"]
-(('float64', (3, 1, 15)), ('float64', (3,)))
+(('float64', (4, 1, 15)), ('float64', (4,)))
 """
 
 from __future__ import annotations
