@@ -226,10 +226,12 @@ def _one_update(cfg: FleetConfig, n: int = 4) -> Message:
     (0, "n", 5.0, "claims more samples"),  # the undiscounted row: more samples than its scatter holds
     (0, "n", 3.0, "exceeds n·max"),  # ... or fewer (its scatter then holds more than n can)
     (2, "n", 4.5, "claims more samples"),  # a discounted row weighs at most its raw count
-    (1, "time", time.time() + 1e6, "ahead"),  # a time far ahead of the aggregator's clock
+    ([1, 2], "time", time.time() + 1e6, "ahead"),  # one clock, far ahead of the aggregator's
     (2, "S_upper", 10.0, "n·max‖φ‖²"),  # FedBNR's bounds on the statistics, per row
+    (2, "time", 1.0e9, "one clock"),  # one half-life's row held at an older time than the others
+    (0, "time", 1.7e9, "one clock"),  # a time on the row without forgetting
 ])
-def test_one_bad_row_refuses_the_whole_update_and_nothing_is_taken(row: int, name: str, value: float,
+def test_one_bad_row_refuses_the_whole_update_and_nothing_is_taken(row: int | list[int], name: str, value: float,
                                                                    says: str) -> None:
     cfg = _cfg(("a",))
     msg = _one_update(cfg)

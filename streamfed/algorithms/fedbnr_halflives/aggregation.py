@@ -58,7 +58,14 @@ class HalfLifeAggregation(BaseAggregation):
 
     # ---------------------------------------------------------------- updates
     def check(self, msg: Message) -> tuple[Upload, ...]:
-        """Every row checked by its own FedBNR aggregation (nothing changes; the first refusal is raised)."""
+        """Every row checked by its own FedBNR aggregation (nothing changes; the first refusal is raised), after the
+        one check across rows: an agent stamps every half-life's statistics with its one clock, so the forgetting
+        rows carry one time and the others 0 — a row held at an older time would escape the other rows' discount."""
+        if "time" in msg.arrays:
+            times = [float(t) for t in msg.arrays["time"]]
+            timed = {t for t, h in zip(times, self.half_lives, strict=True) if h is not None}
+            if len(timed) > 1 or any(t != 0.0 for t, h in zip(times, self.half_lives, strict=True) if h is None):
+                raise ValueError(f"the rows' times {times} are not one clock (0 for no forgetting)")
         return tuple(p.check(m) for p, m in zip(self.parts, split_update(msg, self.half_lives), strict=True))
 
     def take(self, client: str, seq: int, item: Sequence[Upload]) -> None:
