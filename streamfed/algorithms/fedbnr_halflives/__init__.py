@@ -25,18 +25,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import Field, field_validator, model_validator
 
-from streamfed.algorithms.base import Mode, ReplayVariant, params_of
+from streamfed.algorithms.base import Aggregation, Algorithm, Learner, Mode, params_of
 from streamfed.algorithms.fedbnr import ALGORITHM as FEDBNR
-from streamfed.algorithms.fedbnr import FedBNR, FedBNRParams
+from streamfed.algorithms.fedbnr import FedBNRParams
 
 if TYPE_CHECKING:
-    from streamfed.algorithms.calibration import CalibratedLearner
-    from streamfed.algorithms.fedbnr_halflives.aggregation import HalfLifeAggregation
-    from streamfed.algorithms.fedbnr_halflives.learner import HalfLifeLearner
     from streamfed.fleet.config import FleetConfig
     from streamfed.wire.schema import MessageSchema
 
@@ -112,13 +109,18 @@ def component_fleets(cfg: FleetConfig) -> tuple[FleetConfig, ...]:
     return tuple(cfg.model_copy(update={"params": p}) for p in params_of(cfg, HalfLivesParams).components())
 
 
-class FedBNRHalfLives(FedBNR):
+class FedBNRHalfLives(Algorithm):
     """FedBNR over a dictionary of half-lives mixed by fixed share (module docstring): order-free, Bayesian."""
 
     name = "fedbnr-halflives"
     title = "FedBNR over a dictionary of half-lives, mixed by fixed share (forgetting chosen by the data)"
     Params = HalfLivesParams
+    bayesian = True
+    cheap_regret = False  # as FedBNR's, once per component
     robust_by_default = True  # every component is an ordinary FedBNR aggregation, robust rules included
+
+    def feature_dim(self, cfg: FleetConfig) -> int:
+        return FEDBNR.feature_dim(cfg)  # FedBNR's features: the same for every half-life
 
     def schemas(self, cfg: FleetConfig) -> list[MessageSchema]:
         from streamfed.algorithms.fedbnr_halflives.wire import schemas
@@ -128,8 +130,7 @@ class FedBNRHalfLives(FedBNR):
     def kernel_version(self, cfg: FleetConfig) -> str:
         return FEDBNR.kernel_version(component_fleets(cfg)[0])  # one feature map for every half-life
 
-    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async"
-                ) -> HalfLifeLearner | CalibratedLearner:
+    def learner(self, cfg: FleetConfig, client_id: str, index: int, mode: Mode = "async") -> Learner:
         from streamfed.algorithms.calibration import CalibratedLearner
         from streamfed.algorithms.fedbnr_halflives.learner import HalfLifeLearner
 
@@ -138,17 +139,14 @@ class FedBNRHalfLives(FedBNR):
         p = params_of(cfg, HalfLivesParams)
         parts = [FEDBNR.learner(c, client_id, index, mode) for c in component_fleets(cfg)]
         learner = HalfLifeLearner(parts, p.half_lives_s, switch_rate=p.switch_rate)  # type: ignore[arg-type]
-        return CalibratedLearner(learner) if p.calibrate else learner
+        # (cast: the contract's Protocol declares as instance members what BaseLearner declares on the class)
+        return cast("Learner", CalibratedLearner(cast("Learner", learner)) if p.calibrate else learner)
 
-    def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
-                    ) -> HalfLifeAggregation:
+    def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> Aggregation:
         from streamfed.algorithms.fedbnr_halflives.aggregation import HalfLifeAggregation
 
         parts = [FEDBNR.aggregation(c, max_abs=max_abs, check_stats=check_stats) for c in component_fleets(cfg)]
-        return HalfLifeAggregation(parts, params_of(cfg, HalfLivesParams).half_lives_s)
-
-    def replay_variants(self) -> list[ReplayVariant]:
-        return [ReplayVariant(self.name, self.title)]
+        return cast("Aggregation", HalfLifeAggregation(parts, params_of(cfg, HalfLivesParams).half_lives_s))
 
     def estimator(self, **params: Any) -> Any:
         raise NotImplementedError("fedbnr-halflives has no River estimator (a River stream has no shared clock)")

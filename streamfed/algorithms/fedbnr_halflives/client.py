@@ -70,7 +70,7 @@ class HalfLifeMixture:
 
     def log_densities(self, y: float, means: np.ndarray, variances: np.ndarray) -> np.ndarray:
         """Each component's log predictive density of the observed `y`."""
-        return gaussian_log_density(float(y), np.asarray(means, dtype=np.float64),
+        return gaussian_log_density(np.asarray(float(y)), np.asarray(means, dtype=np.float64),
                                     np.asarray(variances, dtype=np.float64))
 
     def update(self, y: float, means: np.ndarray, variances: np.ndarray) -> float:

@@ -125,5 +125,8 @@ def split_global(msg: Message, half_lives: Sequence[float | None]) -> list[Messa
         a["sigma"][j], a["lam"][j], a["log_evidence"][j], msg.included, kernel_version=msg.kernel_version,
         epoch=msg.epoch, created=msg.created, time_base=None if h is None else float(a["time"][j]))
         for j, h in enumerate(half_lives)]
-    _split[key] = (weakref.ref(msg, lambda _ref, key=key: _split.pop(key, None)), out)
+    def forget(_ref: object) -> None:  # the message is gone: so is its entry
+        _split.pop(key, None)
+
+    _split[key] = (weakref.ref(msg, forget), out)
     return out
