@@ -309,3 +309,24 @@ def test_robust_mode_screens_and_caps_in_every_component() -> None:
     for label in ("none", "4h", "1h"):
         assert d[f"{label}_screened_uploads"] >= 8, d  # every upload of e's after the cold start
         assert d[f"{label}_largest_client_share"] <= 1.5 / len(names) + 1e-12  # 1.5 times a fair share
+
+
+def test_the_replay_runs_the_family_and_traces_the_weights() -> None:
+    """`streamfed replay`'s engine on streams with hourly times (what bench_drift.py runs): every step scored, the
+    mixture's weights traced at the checkpoints, a distribution over the default dictionary's half-lives."""
+    from streamfed.evaluation.datasets.base import ClientStream, Fleet
+    from streamfed.evaluation.replay import AlgorithmConfig, replay
+
+    rng = np.random.default_rng(6)
+    hours = np.datetime64("2013-03-01T00", "h") + np.arange(150)
+    streams = []
+    for c in range(3):
+        xs = rng.uniform(-1, 1, (150, 2))
+        ys = np.sin(2 * xs[:, 0]) * np.where(np.arange(150) < 75, 1.0, -1.0) + 0.05 * rng.standard_normal(150)
+        streams.append(ClientStream(f"s{c}", xs, ys, ("u", "v"), time=hours))
+    fleet = Fleet(tuple(streams), dataset="toy", normalisation="none", split="custom")
+    res = replay(fleet, "fedbnr-halflives", AlgorithmConfig(n_kernels=2, n_features=8,
+                                                            params={"fedbnr-halflives": {"min_upload": 8}}))
+    assert all(np.isfinite(np.asarray(m)).all() for m in res.means)
+    assert res.kernel_names == ["half_life=none", "half_life=7d", "half_life=1d", "half_life=3h"]
+    np.testing.assert_allclose(res.weights.sum(axis=1)[1:], 1.0, rtol=1e-12)
