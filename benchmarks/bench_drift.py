@@ -20,6 +20,9 @@ Models:
 * `fedbnr` — the federated FedBNR replay on its defaults (`streamfed replay -a fedbnr`: `AlgorithmConfig()`, every
   station a client, every global installed), `fedbnr h=<hours>` the same with `half_life_s` (forgetting on the
   rows' times, docs/algorithms.md §4.14);
+* `fedbnr mix(<hours>)` — `fedbnr-halflives` (docs/algorithms.md §4.15): one FedBNR fleet per half-life of the
+  list (`none`: no forgetting), every agent predicting with the fixed-share mixture of their predictives
+  (`--mixture`; its weights at station 0 and its cost per sample are reported);
 * `fsgp` — the federated FSGP replay on its defaults;
 * `River KNN` — `preprocessing.StandardScaler() | neighbors.KNNRegressor()`;
 * `River ARF` — `preprocessing.StandardScaler() | forest.ARFRegressor(seed=0)`.
@@ -45,13 +48,19 @@ REPO = Path(__file__).resolve().parents[1]
 BAND = (0.90, 0.98)
 
 
-def _fleets(steps: int | None) -> tuple[Any, Any]:
+STATIONS = 12  # how many of the stations (the first ones) are run: --stations
+
+
+def _fleets(steps: int | None, stations: int = STATIONS, first: int = 0) -> tuple[Any, Any]:
+    from dataclasses import replace
+
     from streamfed.evaluation.datasets import load_beijing
 
     online = load_beijing(normalisation="online", split="station", steps=steps)
     raw = load_beijing(normalisation="none", split="station",
                        steps=None if steps is None else steps + online[0].warmup)
-    return online, raw
+    pick = slice(first, first + stations)
+    return replace(online, streams=online.streams[pick]), replace(raw, streams=raw.streams[pick])
 
 
 def _scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray | None) -> dict[str, float]:
@@ -62,10 +71,11 @@ def _scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray | None) -> dict[str
     return out
 
 
-def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None) -> dict[str, Any]:
+def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None,
+                  stations: int = STATIONS, first: int = 0) -> dict[str, Any]:
     from streamfed.evaluation.replay import AlgorithmConfig, replay
 
-    online, _ = _fleets(steps)
+    online, _ = _fleets(steps, stations, first)
     t0 = time.perf_counter()
     res = replay(online, alg, AlgorithmConfig(params={alg: params} if params else None))
     wall = time.perf_counter() - t0
@@ -77,13 +87,19 @@ def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None
         mean = s.to_original(m)[ok]
         var = (v * np.asarray(s.y_scale) ** 2)[ok] if np.isfinite(v).any() else None
         stations[s.name] = _scores(y, mean, var) | {"rejected": int((~ok).sum())}
-    return {"model": name, "stations": stations, "seconds": wall}
+    out = {"model": name, "stations": stations, "seconds": wall,
+           "samples": int(sum(np.isfinite(np.asarray(m)).sum() for m in res.means))}
+    if alg == "fedbnr-halflives":  # the mixture's weights at station 0, at the replay's checkpoints
+        out["weights"] = {"names": list(res.kernel_names), "mean": np.mean(res.weights, axis=0).tolist(),
+                          "last": res.weights[-1].tolist()}
+    return out
 
 
-def run_river(name: str, station: int, steps: int | None) -> dict[str, Any]:
+def run_river(name: str, station: int, steps: int | None, stations: int = STATIONS, first: int = 0
+              ) -> dict[str, Any]:
     from river import forest, neighbors, preprocessing
 
-    online, raw = _fleets(steps)
+    online, raw = _fleets(steps, stations, first)
     s, r = online.streams[station], raw.streams[station]
     pos = {int(row): i for i, row in enumerate(np.asarray(r.row))}
     idx = np.array([pos[int(row)] for row in np.asarray(s.row)])
@@ -101,6 +117,36 @@ def run_river(name: str, station: int, steps: int | None) -> dict[str, Any]:
     if not np.allclose(y, y_check, rtol=1e-9, atol=1e-6):
         raise RuntimeError(f"{s.name}: the raw rows do not match the normalised stream's targets")
     return {"model": name, "station": s.name, "scores": _scores(y, pred, None), "seconds": time.perf_counter() - t0}
+
+
+def agent_cost(steps: int, mixture: list[float | None], half_life_h: float = 24.0, repeats: int = 3
+               ) -> dict[str, float]:
+    """Microseconds per sample of one agent's learner alone (predict, learn, take_update; no globals), on station 0's
+    first `steps` rows and their times, side by side: FedBNR's defaults, FedBNR with one half-life, and the half-life
+    mixture — the best of `repeats` passes each, interleaved (a loaded machine slows all alike)."""
+    from streamfed.algorithms import get
+    from streamfed.evaluation.replay import AlgorithmConfig, time_stamps
+
+    online, _ = _fleets(steps, 1)
+    s = online.streams[0]
+    xs, ys = np.ascontiguousarray(s.X[:steps]), np.asarray(s.y[:steps], dtype=np.float64)
+    ts = time_stamps(s.time, ys.size)
+    models = {"fedbnr": ("fedbnr", {}), f"fedbnr h={half_life_h:g}": ("fedbnr", {"half_life_s": half_life_h * 3600}),
+              "fedbnr mix": ("fedbnr-halflives", {"half_lives_s": mixture})}
+    best = dict.fromkeys(models, np.inf)
+    for _ in range(repeats):
+        for name, (alg, params) in models.items():
+            # the replay's fleet (16 kernels, D = 100: F = 201), on the already normalised stream
+            cfg = AlgorithmConfig(params={alg: params}).fleet_config(alg, n_inputs=xs.shape[1], seed=0)
+            lr = get(alg).learner(cfg, "c0", 0)
+            lr.warm_up(xs[0])
+            t0 = time.perf_counter()
+            for x, y, t in zip(xs, ys, ts, strict=True):
+                lr.observe_time(float(t))
+                lr.learn(x, float(y))
+                lr.take_update()
+            best[name] = min(best[name], 1e6 * (time.perf_counter() - t0) / ys.size)
+    return best
 
 
 def _git() -> str:
@@ -156,6 +202,17 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: floa
             secs[r["model"]] = secs.get(r["model"], 0.0) + r["seconds"]
     lines += ["", "Seconds (one process each; River summed over the stations): " +
               ", ".join(f"{m} {s:.0f}" for m, s in secs.items()), ""]
+    per = {r["model"]: 1e3 * r["seconds"] / r["samples"] for r in results if r.get("samples")}
+    if per:
+        lines += ["Milliseconds per sample (a whole federated replay's wall time over its samples, each model alone "
+                  "in its process): " + ", ".join(f"{m} {v:.2f}" for m, v in per.items()), ""]
+    for r in results:
+        if "weights" in r:
+            w = r["weights"]
+            lines += [f"{r['model']}: mixture weights at station 0, mean over the replay's checkpoints " +
+                      ", ".join(f"{n} {v:.3f}" for n, v in zip(w["names"], w["mean"], strict=True)) +
+                      "; at the end " + ", ".join(f"{n} {v:.3f}" for n, v in zip(w["names"], w["last"], strict=True)),
+                      ""]
     return "\n".join(lines)
 
 
@@ -163,24 +220,46 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=None, help="cut every stream (default: whole streams)")
     ap.add_argument("--half-lives", default="24,168", help="FedBNR half-lives in hours (comma-separated; '' none)")
+    ap.add_argument("--mixture", default="",
+                    help="fedbnr-halflives' half-lives in hours, 'none' for no forgetting (e.g. none,168,24; several "
+                         "dictionaries separated by ';'; '' skip)")
+    ap.add_argument("--no-default", action="store_true", help="leave out FedBNR without forgetting")
+    ap.add_argument("--stations", type=int, default=STATIONS, help="run N stations only")
+    ap.add_argument("--first-station", type=int, default=0, help="... from this one (0: Aotizhongxin)")
+    ap.add_argument("--cost-only", action="store_true",
+                    help="only time one agent's learner per sample (FedBNR, FedBNR h=24, the --mixture dictionary)")
     ap.add_argument("--no-river", action="store_true")
     ap.add_argument("--no-fsgp", action="store_true")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "drift.md")
     args = ap.parse_args()
-    jobs: list[tuple[Any, ...]] = [("sf", "fedbnr", "fedbnr", {})]
+    if args.cost_only:
+        first = args.mixture.split(";")[0] or "none,168,24"
+        mix = [None if v.strip() == "none" else float(v) * 3600.0 for v in first.split(",") if v.strip()]
+        cost = agent_cost(args.steps or 2000, mix)
+        print(f"µs per sample, one agent's learner alone (station 0, mixture {first}, best of 3; load average "
+              f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}): " +
+              ", ".join(f"{m} {v:.0f}" for m, v in cost.items()))
+        return
+    jobs: list[tuple[Any, ...]] = [] if args.no_default else [("sf", "fedbnr", "fedbnr", {})]
     for h in [float(v) for v in args.half_lives.split(",") if v.strip()]:
         jobs.append(("sf", f"fedbnr h={h:g}", "fedbnr", {"half_life_s": h * 3600.0}))
+    for group in args.mixture.split(";"):
+        mix = [v.strip() for v in group.split(",") if v.strip()]
+        if mix:
+            jobs.append(("sf", f"fedbnr mix({','.join(mix)})", "fedbnr-halflives",
+                         {"half_lives_s": [None if v == "none" else float(v) * 3600.0 for v in mix]}))
     if not args.no_fsgp:
         jobs.append(("sf", "fsgp", "fsgp", {}))
     args.streamfed_names = [j[1] for j in jobs]
     if not args.no_river:
-        jobs += [("river", m, c) for m in ("River KNN", "River ARF") for c in range(12)]
+        jobs += [("river", m, c) for m in ("River KNN", "River ARF") for c in range(args.stations)]
     t0 = time.perf_counter()
     results = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], args.steps) if j[0] == "sf"
-                else pool.submit(run_river, j[1], j[2], args.steps) for j in jobs]
+        where = (args.steps, args.stations, args.first_station)
+        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], *where) if j[0] == "sf"
+                else pool.submit(run_river, j[1], j[2], *where) for j in jobs]
         for f in as_completed(futs):
             r = f.result()
             results.append(r)

@@ -20,7 +20,8 @@ WITHOUT = [n for n in algorithms.names() if n not in WITH]
 
 
 def test_the_families_that_read_a_dictionary_have_one_and_the_fleet_configuration_has_none() -> None:
-    assert set(WITH) == {"pofmkl", "fedbnr", "fedbnr-personal", "ofskl", "ofmkl-avg", "vm-kofl", "em-kofl"}
+    assert set(WITH) == {"pofmkl", "fedbnr", "fedbnr-halflives", "fedbnr-personal", "ofskl", "ofmkl-avg", "vm-kofl",
+                         "em-kofl"}
     assert {"fsgp", "pvi", "urk-fedbnr", "pfedgp"} <= set(WITHOUT)
     for field in DICTIONARY_FIELDS:
         assert field not in FleetConfig.model_fields and not hasattr(FleetConfig, field)

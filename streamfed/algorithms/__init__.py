@@ -8,7 +8,7 @@ torch); :func:`register` adds one at run time — a test, or a plug-in of your o
 >>> get("nope")
 Traceback (most recent call last):
 ...
-KeyError: "unknown algorithm 'nope'; registered: em-kofl, fedbnr, fedbnr-personal, fsgp, ofmkl-avg, ofskl, ...vm-kofl"
+KeyError: "unknown algorithm 'nope'; registered: em-kofl, fedbnr, fedbnr-halflives, fedbnr-personal, fsgp, ...vm-kofl"
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ BUILTIN: dict[str, str] = {
     "pofmkl": "streamfed.algorithms.pofmkl:ALGORITHM",
     "fedbnr": "streamfed.algorithms.fedbnr:ALGORITHM",
     "fedbnr-personal": "streamfed.algorithms.fedbnr_personal:ALGORITHM",
+    "fedbnr-halflives": "streamfed.algorithms.fedbnr_halflives:ALGORITHM",
     "ofskl": "streamfed.algorithms.kofl:OFSKL",
     "ofmkl-avg": "streamfed.algorithms.kofl:OFMKL_AVG",
     "vm-kofl": "streamfed.algorithms.kofl:VM_KOFL",
