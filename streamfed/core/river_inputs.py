@@ -147,10 +147,10 @@ def gaussian(mean: float, var: float) -> Gaussian:
     return g
 
 
-_RIVER: tuple[type, type, type] | None = None  # (Gaussian, Var, Mean), imported at the first gaussian()
+_RIVER: tuple[Any, Any, Any] | None = None  # (Gaussian, Var, Mean), imported at the first gaussian()
 
 
-def _river_classes() -> tuple[type, type, type]:
+def _river_classes() -> tuple[Any, Any, Any]:
     global _RIVER
     from river import stats
     from river.proba import Gaussian
