@@ -351,7 +351,9 @@ def _held_out_replay(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: i
             items.append((arr.names[held], mine))
         agg.apply_round(t + 1, items)
         rounds += 1
-        if learner.global_version < agg.version:
+        # before it joins, the held-out learner has learned nothing: what it holds is the latest global it installed,
+        # so it installs only the one it joins with (the globals before it would be replaced unused)
+        if t >= join_step - 1 and learner.global_version < agg.version:
             learner.install_global(arr.global_message(agg))
     nan = [np.full(int(k), np.nan) for k in lengths]
     starts = np.zeros(n, dtype=np.int64)
