@@ -576,12 +576,15 @@ def main() -> None:
                 waiting.setdefault((t[1], t[2]), []).append(("heldout",) + t[1:])
             else:
                 direct.append(t)
-        # per algorithm the first seed's record first; each next one after the held-out runs of the one before (so a
-        # partial run has whole seeds)
-        firsts = {a: min(s for b, s in waiting if b == a) for a, _ in waiting}
-        tasks = [("record", a, s, None) for a, s in firsts.items()] + direct
-    n_tasks = len(tasks) + sum(len(v) for v in waiting.values()) + len(waiting) - len(
-        [t for t in tasks if t[0] == "record"])
+        # every record is queued at the start, each algorithm's first seed first, then the other tasks, then the other
+        # seeds' records: a held-out run waits for its seed's record, and a record queued only after the runs of the
+        # seed before it (as it was) left one worker idle for most of a record at every seed. Held-out runs are queued
+        # as their record finishes, so seeds still finish in order (a partial run has whole seeds).
+        order = sorted(waiting, key=lambda k: (k[1], k[0]))
+        firsts = [k for k in order if k[1] == min(s for a, s in waiting if a == k[0])]
+        tasks = ([("record", a, s, None) for a, s in firsts] + direct
+                 + [("record", a, s, None) for a, s in order if (a, s) not in firsts])
+    n_tasks = len(tasks) + sum(len(v) for v in waiting.values())
     args.out_dir.mkdir(parents=True, exist_ok=True)  # --partial writes as it goes
     record_dir = tempfile.TemporaryDirectory(prefix="streamfed-coldstart-")
     args.record_dir = record_dir.name
@@ -627,9 +630,6 @@ def main() -> None:
                                          "rerun with --plain")
                     for h in waiting.pop((t[1], t[2])):
                         submit(h)
-                    later = [s for a, s in waiting if a == t[1]]
-                    if later:
-                        submit(("record", t[1], min(later), None))
                 results.append(r)
                 handled(t, r)
 
