@@ -31,7 +31,10 @@ held out: one recorded fleet run per seed (`record_uploads`) serves all 12 held-
 replays only the aggregation (fed the recorded uploads in the same rounds and order) and its own learner
 (`leave_one_out_recorded`; tests/test_coldstart_recorded.py: personalised FedBNR's figures equal `leave_one_out`'s
 bit for bit, pooled FedBNR's to 1e-12). What remains per held-out station is the aggregation's evidence refit at
-every global (its warm-started Nelder-Mead makes each held-out fleet's chain of fits its own). `--plain` runs the
+every global (its warm-started Nelder-Mead makes each held-out fleet's chain of fits its own: ~460 fits, ~29,000
+evaluations of the hierarchical evidence per held-out station at D = 50). That chain cannot be shortened without moving
+the printed figures: thinning its refits (even to one per 2% growth of the fleet's samples, before the station joins
+only) changes printed digits of the station's rows (`benchmarks/bench_coldstart_cost.py --thin`). `--plain` runs the
 plain protocol instead.
 
 **1b. The experts' mixture** (`--mixture`, docs/algorithms.md §5.9): the default personalised learner (fixed share
