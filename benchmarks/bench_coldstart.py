@@ -31,7 +31,10 @@ held out: one recorded fleet run per seed (`record_uploads`) serves all 12 held-
 replays only the aggregation (fed the recorded uploads in the same rounds and order) and its own learner
 (`leave_one_out_recorded`; tests/test_coldstart_recorded.py: personalised FedBNR's figures equal `leave_one_out`'s
 bit for bit, pooled FedBNR's to 1e-12). What remains per held-out station is the aggregation's evidence refit at
-every global (its warm-started Nelder-Mead makes each held-out fleet's chain of fits its own). `--plain` runs the
+every global (its warm-started Nelder-Mead makes each held-out fleet's chain of fits its own: ~460 fits, ~29,000
+evaluations of the hierarchical evidence per held-out station at D = 50). That chain cannot be shortened without moving
+the printed figures: thinning its refits (even to one per 2% growth of the fleet's samples, before the station joins
+only) changes printed digits of the station's rows (`benchmarks/bench_coldstart_cost.py --thin`). `--plain` runs the
 plain protocol instead.
 
 **1b. The experts' mixture** (`--mixture`, docs/algorithms.md §5.9): the default personalised learner (fixed share
@@ -576,12 +579,15 @@ def main() -> None:
                 waiting.setdefault((t[1], t[2]), []).append(("heldout",) + t[1:])
             else:
                 direct.append(t)
-        # per algorithm the first seed's record first; each next one after the held-out runs of the one before (so a
-        # partial run has whole seeds)
-        firsts = {a: min(s for b, s in waiting if b == a) for a, _ in waiting}
-        tasks = [("record", a, s, None) for a, s in firsts.items()] + direct
-    n_tasks = len(tasks) + sum(len(v) for v in waiting.values()) + len(waiting) - len(
-        [t for t in tasks if t[0] == "record"])
+        # every record is queued at the start, each algorithm's first seed first, then the other tasks, then the other
+        # seeds' records: a held-out run waits for its seed's record, and a record queued only after the runs of the
+        # seed before it (as it was) left one worker idle for most of a record at every seed. Held-out runs are queued
+        # as their record finishes, so seeds still finish in order (a partial run has whole seeds).
+        order = sorted(waiting, key=lambda k: (k[1], k[0]))
+        firsts = [k for k in order if k[1] == min(s for a, s in waiting if a == k[0])]
+        tasks = ([("record", a, s, None) for a, s in firsts] + direct
+                 + [("record", a, s, None) for a, s in order if (a, s) not in firsts])
+    n_tasks = len(tasks) + sum(len(v) for v in waiting.values())
     args.out_dir.mkdir(parents=True, exist_ok=True)  # --partial writes as it goes
     record_dir = tempfile.TemporaryDirectory(prefix="streamfed-coldstart-")
     args.record_dir = record_dir.name
@@ -627,9 +633,6 @@ def main() -> None:
                                          "rerun with --plain")
                     for h in waiting.pop((t[1], t[2])):
                         submit(h)
-                    later = [s for a, s in waiting if a == t[1]]
-                    if later:
-                        submit(("record", t[1], min(later), None))
                 results.append(r)
                 handled(t, r)
 

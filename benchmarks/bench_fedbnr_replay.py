@@ -15,12 +15,17 @@ every numba dispatcher it loaded; 0 when the compiled kernels came from numba's 
 build). With `--before`, the same commands run from another checkout (its own sources on `PYTHONPATH`) in the
 same run, interleaved, so before and after see the same machine. The MSE and average regret each run prints are
 recorded, to show the figures did not move.
+
+Where each run's CPU time goes, measured inside the child: `start-up` (the imports of the CLI and what it loads, its
+options and algorithm registry), `load` (reading and normalising the Beijing streams), `replay` (the replay loop:
+`streamfed.evaluation.replay.replay`) and `report` (the results files and the plots).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -34,7 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # What runs in the child: the CLI, then (at exit) the numba compilations it did and the compiled backend.
 _CHILD = r"""
+import time
+_t0 = time.process_time()
 import atexit, gc, json, os, sys
+_marks = []  # (the phase that ends here, CPU seconds of the process at that point)
 def _report():
     misses = hits = 0
     if "numba" in sys.modules:
@@ -45,11 +53,28 @@ def _report():
                 misses += sum(st.cache_misses.values())
                 hits += sum(st.cache_hits.values())
     from streamfed.core import compiled
+    phases, prev = {}, _t0  # CPU seconds per phase; "report": the tables and plots after the replay
+    for name, t in _marks + [("report", time.process_time())]:
+        phases[name] = phases.get(name, 0.0) + t - prev
+        prev = t
     with open(os.environ["BENCH_REPORT"], "w") as fh:
-        json.dump({"compiles": misses, "cache_hits": hits, "backend": compiled.backend()}, fh)
+        json.dump({"compiles": misses, "cache_hits": hits, "backend": compiled.backend(), "phases": phases,
+                   "numba_imported": "numba" in sys.modules}, fh)
 atexit.register(_report)
 sys.argv = ["streamfed"] + sys.argv[1:]
 from streamfed.cli import app
+import streamfed.cli.replay as _cli
+_marks.append(("imports", time.process_time()))
+def _phase(name, f):
+    def run(*a, **k):
+        _marks.append(("other", time.process_time()))
+        out = f(*a, **k)
+        _marks.append((name, time.process_time()))
+        return out
+    return run
+for _name, _attr in (("load", "_load_fleet"), ("replay", "_replay_all")):
+    if hasattr(_cli, _attr):  # (an older checkout may lack them: its phases are then "other")
+        setattr(_cli, _attr, _phase(_name, getattr(_cli, _attr)))
 app()
 """
 
@@ -78,14 +103,66 @@ def commit_of(tree: Path) -> str:
     return out.stdout.strip() or "?"
 
 
+def variants(steps: int, repeats: int) -> str:
+    """The replay loop of FedBNR's command in this process, as it is and with one change each, interleaved: the fleet
+    server's evidence fit by the 1-d profile search instead of the grid (`fit_hyperparameters(search="profile")`),
+    and the regret read at 50 checkpoints instead of 200. CPU seconds of `replay` alone, the figures it prints and,
+    for the search, the largest relative change of the server's final σ, λ. Markdown lines."""
+    import numpy as np
+
+    from streamfed.algorithms.fedbnr import server as fleet_server
+    from streamfed.evaluation.datasets import load_beijing
+    from streamfed.evaluation.replay import AlgorithmConfig, replay
+
+    fit = fleet_server.fit_hyperparameters
+    fleet = load_beijing(normalisation="paper", split="station", steps=steps)
+    cases = {"as it is (grid search, 200 checkpoints)": ("grid", 200), "profile search": ("profile", 200),
+             "50 checkpoints": ("grid", 50)}
+    out: dict[str, list] = {k: [] for k in cases}
+    fitted = {}
+    for _ in range(repeats):
+        for name, (search, checkpoints) in cases.items():
+            fleet_server.fit_hyperparameters = (  # type: ignore[assignment]
+                fit if search == "grid" else (lambda *a, **k: fit(*a, **{**k, "search": "profile"})))
+            try:
+                c0 = time.process_time()
+                r = replay(fleet, "fedbnr", AlgorithmConfig(), steps=steps, n_checkpoints=checkpoints)
+                cpu = time.process_time() - c0
+            finally:
+                fleet_server.fit_hyperparameters = fit  # type: ignore[assignment]
+            server = r.arrangement.aggregations[0].server
+            fitted[name] = (server.sigma.copy(), server.lam.copy())
+            out[name].append((cpu, r.mse, r.avg_regret, os.getloadavg()[0]))
+            print(f"{name}: {cpu:.2f} s CPU, MSE {r.mse:.10f}, R/T {r.avg_regret:.6e}", file=sys.stderr)
+    base = fitted["as it is (grid search, 200 checkpoints)"]
+    lines = ["| replay loop | CPU s (each run) | load | MSE | avg R/T | max rel. change of σ, λ |",
+             "|---|---|---|---|---|---|"]
+    for name, rs in out.items():
+        sig, lam = fitted[name]
+        change = max(float(np.max(np.abs(sig / base[0] - 1))), float(np.max(np.abs(lam / base[1] - 1))))
+        lines.append(f"| {name} | {' / '.join(f'{c:.2f}' for c, *_ in rs)} | "
+                     f"{' / '.join(f'{x[3]:.1f}' for x in rs)} | {rs[0][1]:.10f} | {rs[0][2]:.6e} | {change:.1e} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", type=int, default=0, metavar="REPEATS",
+                    help="only the replay loop in this process, as it is and with one change each (see variants)")
     ap.add_argument("--before", type=Path, help="another checkout to run the same commands from (before)")
     ap.add_argument("--before-commit", help="the commit --before holds, when it is not a git checkout")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--algorithms", default="fedbnr,fsgp")
     ap.add_argument("--out", type=Path, help="markdown file (a .json next to it)")
     args = ap.parse_args()
+    if args.variants:
+        load0 = os.getloadavg()
+        table = variants(args.steps, args.variants)
+        load1 = os.getloadavg()
+        cmd = " ".join(["benchmarks/bench_fedbnr_replay.py"] + sys.argv[1:])
+        print(f"Command: `.venv/bin/python {cmd}`; commit {commit_of(ROOT)}; load average {load0[0]:.2f} at the "
+              f"start, {load1[0]:.2f} at the end.\n\n{table}")
+        return
     trees = ([("before", args.before.resolve())] if args.before else []) + [("after", ROOT)]
     algs = args.algorithms.split(",")
     load0 = os.getloadavg()
@@ -117,16 +194,19 @@ def main() -> None:
         f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end (CPU seconds are the steadier "
         "figure on a loaded machine). Commits: " + ", ".join(f"{k} {v}" for k, v in commits.items()) + ".",
         "",
-        "| checkout | algorithm | invocation | wall s | CPU s | CPU / FSGP's | numba compilations | backend | MSE "
-        "| avg R/T |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| checkout | algorithm | invocation | wall s | CPU s | CPU / FSGP's | CPU s: start-up / load / replay / "
+        "report | numba compilations | backend | MSE | avg R/T |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, _ in trees:
         for a in algs:
             for i, r in enumerate(runs[label][a]):
                 peer = runs[label].get("fsgp", [None, None])[i]
                 ratio = f"{r['cpu_s'] / peer['cpu_s']:.2f}" if peer else "—"
-                lines.append(f"| {label} | {a} | {i + 1} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {ratio} | "
+                ph = dict(r.get("phases", {}))
+                ph["start-up"] = ph.get("imports", math.nan) + ph.get("other", 0.0)
+                split = " / ".join(f"{ph.get(k, math.nan):.2f}" for k in ("start-up", "load", "replay", "report"))
+                lines.append(f"| {label} | {a} | {i + 1} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {ratio} | {split} | "
                              f"{r['compiles']} | {r['backend']} | {r['mse']:.6f} | {r['avg_regret']:.3e} |")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -284,7 +284,10 @@ def leave_one_out_recorded(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, j
     held-out client, its aggregation and its own learner: the other clients' uploads come from `recording`
     (`record_uploads`, made here when None) — the same messages they send in the plain replay, applied in the
     same rounds and client order, so the aggregation publishes the same globals and the held-out learner sees
-    the same ones (tests/test_coldstart_recorded.py checks the figures equal `leave_one_out`'s bit for bit)."""
+    the same ones (tests/test_coldstart_recorded.py checks the figures equal `leave_one_out`'s bit for bit). Before
+    it joins, the held-out learner installs only the last global (the one it joins with): it has learned nothing,
+    so what it holds is the latest global it installed (both families' state before any sample is the installed
+    global's)."""
     names, held, steps = _held_out_clients(fleet, join_step, windows, clients)
     if recording is None:
         recording = record_uploads(fleet, algorithm, cfg, seed, steps)
@@ -351,7 +354,9 @@ def _held_out_replay(fleet: Fleet, algorithm: str, cfg: AlgorithmConfig, seed: i
             items.append((arr.names[held], mine))
         agg.apply_round(t + 1, items)
         rounds += 1
-        if learner.global_version < agg.version:
+        # before it joins, the held-out learner has learned nothing: what it holds is the latest global it installed,
+        # so it installs only the one it joins with (the globals before it would be replaced unused)
+        if t >= join_step - 1 and learner.global_version < agg.version:
             learner.install_global(arr.global_message(agg))
     nan = [np.full(int(k), np.nan) for k in lengths]
     starts = np.zeros(n, dtype=np.int64)

@@ -40,7 +40,7 @@ from streamfed.fleet.telemetry import Z95
 from streamfed.wire.message import Message
 
 __all__ = ["AlgorithmConfig", "Arrangement", "ReplayResult", "Schedule", "algorithm_titles", "build_arrangement",
-           "replay", "time_stamps"]
+           "checkpoint_count", "replay", "time_stamps"]
 
 _FLEET = "replay"
 # a replay under differential privacy without declared scales would normalise with the data's own statistics,
@@ -414,6 +414,22 @@ def time_stamps(times: np.ndarray | None, n: int) -> np.ndarray:
         return np.arange(n, dtype=np.float64)
     return np.asarray(times[:n]).astype("datetime64[s]").astype(np.int64).astype(np.float64)
 
+CHECKPOINTS = 200  # the most points a replay's curves are sampled at
+CHECKPOINT_SPACING = 4  # and at least this many steps apart (besides the last)
+
+
+def checkpoint_count(steps: int) -> int:
+    """How many checkpoints a replay of `steps` steps samples its curves at by default: `CHECKPOINTS`, but at most one
+    every `CHECKPOINT_SPACING` steps (and at least two: the first step and the last). Each checkpoint reads every
+    client's regret (a solve per kernel against the best fixed comparator): in a short replay, one every step or
+    two would cost as much as a quarter of the replay itself.
+
+    >>> checkpoint_count(383585), checkpoint_count(300), checkpoint_count(3)
+    (200, 75, 2)
+    """
+    return max(2, min(CHECKPOINTS, int(steps) // CHECKPOINT_SPACING))
+
+
 def replay(
     fleet: Fleet,
     algorithm: str,
@@ -421,7 +437,7 @@ def replay(
     schedule: Schedule | None = None,
     seed: int = 0,
     steps: int | None = None,
-    n_checkpoints: int = 200,
+    n_checkpoints: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     join: Mapping[str, int] | None = None,
 ) -> ReplayResult:
@@ -431,7 +447,10 @@ def replay(
     `join` maps a client (its stream's name) to the step it joins the fleet at: before it, the client takes
     no sample (its rows of those steps are not used) but receives the globals like everyone, so when it
     joins it starts from the fleet's current global — a late agent reading the retained global. From that
-    step on it streams its own rows of the same steps."""
+    step on it streams its own rows of the same steps.
+
+    The curves (regret, MSE, kernel weights) are sampled at `n_checkpoints` steps spread evenly up to the last
+    (always included: the summary figures are read there); by default :func:`checkpoint_count` of them."""
     cfg = cfg or AlgorithmConfig()
     schedule = schedule or Schedule.every_step()
     streams = list(fleet.streams)
@@ -456,7 +475,8 @@ def replay(
                             label_bound=label_bound)
     learners, aggs, agg_of = arr.learners, arr.aggregations, arr.aggregation_of
     order = {name: c for c, name in enumerate(arr.names)}
-    checkpoints = np.unique(np.linspace(0, t_max - 1, min(n_checkpoints, t_max)).astype(int))
+    count = checkpoint_count(t_max) if n_checkpoints is None else min(int(n_checkpoints), t_max)
+    checkpoints = np.unique(np.linspace(0, t_max - 1, count).astype(int))
     regret = np.zeros((checkpoints.size, n))
     weights = np.zeros((checkpoints.size, len(arr.kernel_names)))
     sq = [np.full(lengths[c], np.nan) for c in range(n)]  # NaN: not scored (before joining, or rejected)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import optimize
+from scipy.linalg import lapack
 
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_log_evidence
 from streamfed.core.durable import durable
@@ -67,11 +68,16 @@ def marginal_contribution(stats: SufficientStats, sigma: float, tau: float) -> t
     b_mat = s_mat / s2 + np.eye(f) / t2
     chol = np.linalg.cholesky(b_mat)
     rhs = np.concatenate([s_mat, stats.b[:, None]], axis=1) / (t2 * s2)
-    sol = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))  # B⁻¹[S | b] τ⁻²σ⁻²
+    # B⁻¹[S | b] τ⁻²σ⁻² from the factor by two triangular solves (a general solve would factorise each triangle)
+    sol, info = lapack.dpotrs(chol, rhs, lower=1)
+    if info != 0:
+        raise ValueError(f"triangular solve failed (LAPACK info {info})")
     p = sym(sol[:, :f])
     r = sol[:, f]
     # log Z: FedBNR evidence with prior scale τ, from the same factor (|I + τ²σ⁻²S| = τ^{2F}|B|).
-    u = np.linalg.solve(chol, stats.b / s2)
+    u, info = lapack.dtrtrs(chol, stats.b / s2, lower=1)
+    if info != 0:
+        raise ValueError(f"triangular solve failed (LAPACK info {info})")
     logdet = 2.0 * np.log(np.diag(chol)).sum() + f * math.log(t2)
     log_z = -0.5 * stats.n * math.log(2 * math.pi * s2) - 0.5 * logdet - 0.5 * (stats.q / s2 - u @ u)
     return p, r, float(log_z)
@@ -92,7 +98,9 @@ def hierarchical_log_evidence(
         h += r
         total += log_z
     chol = np.linalg.cholesky(a)
-    u = np.linalg.solve(chol, h)
+    u, info = lapack.dtrtrs(chol, h, lower=1)
+    if info != 0:
+        raise ValueError(f"triangular solve failed (LAPACK info {info})")
     total += -f * math.log(lam) - np.log(np.diag(chol)).sum() + 0.5 * u @ u
     return float(total), a, h
 
@@ -112,23 +120,27 @@ class _Spectra:
             zs.append(u.T @ st.b)
         self.e = np.stack(es)  # (K, F)
         self.z = np.stack(zs)  # (K, F)
+        self.z2 = self.z**2
         self.u_cat = np.concatenate(us, axis=1)  # (F, K F): [U_1 | U_2 | ...]
         self.f = self.e.shape[1]
 
     def log_evidence(self, log_sigma: float, log_lam: float, log_tau: float) -> float:
         s2, l2, t2 = math.exp(2 * log_sigma), math.exp(2 * log_lam), math.exp(2 * log_tau)
         denom = s2 + t2 * self.e  # (K, F)
-        per_client = spectral_log_evidence(self.e, self.z**2, self.n, self.q, np.full(len(self.n), log_sigma),
+        per_client = spectral_log_evidence(self.e, self.z2, self.n, self.q, np.full(len(self.n), log_sigma),
                                            np.full(len(self.n), log_tau))
         d = (self.e / denom).ravel()
         a = (self.u_cat * d) @ self.u_cat.T
         a[np.diag_indices(self.f)] += 1.0 / l2
         h = self.u_cat @ (self.z / denom).ravel()
-        try:
-            chol = np.linalg.cholesky(a)
-        except np.linalg.LinAlgError:
+        # LAPACK directly: the factor's lower triangle (what np.linalg.cholesky returns) and one forward
+        # substitution, where a general solve would factorise the triangle again (O(F³) per evaluation)
+        chol, info = lapack.dpotrf(a, lower=1, clean=0, overwrite_a=1)
+        if info != 0:
             return -math.inf
-        u = np.linalg.solve(chol, h)
+        u, info = lapack.dtrtrs(chol, h, lower=1)
+        if info != 0:
+            return -math.inf
         return float(per_client.sum() - self.f * log_lam - np.log(np.diag(chol)).sum() + 0.5 * u @ u)
 
 

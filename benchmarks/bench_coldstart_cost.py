@@ -1,0 +1,204 @@
+"""What one held-out station of the cold-start benchmark costs, before and after, and how its figures move (issue 29).
+
+    .venv/bin/python benchmarks/bench_coldstart_cost.py --before /path/to/older/checkout \\
+        --out benchmarks/results/coldstart_cost.md
+    .venv/bin/python benchmarks/bench_coldstart_cost.py --thin 0.02,0.1     # also: refits thinned (an experiment)
+
+Not a test: the figures go to `benchmarks/results/coldstart_cost.{md,json}` and docs/benchmarks.md.
+
+The unit of `benchmarks/bench_coldstart.py --mixture` is one held-out station replayed from its seed's recording
+(`leave_one_out_recorded`: the held-out fleet's aggregation fed the other stations' recorded uploads, and the
+held-out learner from the join step on), with its configuration (personalised FedBNR, D = 50, Gaussian bandwidth 2,
+uploads of 32 samples, join at 8,760, windows 24, 48, 168, 336, 2000). The seed's recording is made once here
+(`record_uploads`, its CPU time reported); then each checkout replays the same held-out station in a fresh process
+(its own sources on `PYTHONPATH`, `OPENBLAS_NUM_THREADS=1`), interleaved, `--repeats` times: CPU seconds of the
+held-out replay alone (`time.process_time`; on a shared machine the steadier figure), and its rows compared with the
+first checkout's — bit for bit, and at the digits the tables print (MSE 4 decimals, NLPD and coverage 3).
+
+`--thin G` (an experiment, nothing in the product): the same replay from this checkout with the held-out fleet's
+evidence refit skipped (the previous `σ, λ, τ` kept) unless the fleet's samples grew by the fraction `G` since its
+last fit, before the held-out station's first upload only (`prejoin`) or throughout (`all`) — what a cheaper refit
+schedule would save and how far it moves the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WINDOWS = (24, 48, 168, 336, 2000)
+JOIN = 8760
+
+# The child: one held-out station from the recording, optionally with the fleet's refits thinned; prints JSON.
+_CHILD = r"""
+import json, math, os, pickle, sys, time
+sys.argv = ["bench_coldstart.py", "--mixture"]
+sys.path.insert(0, os.path.join(os.environ["BENCH_TREE"], "benchmarks"))
+import argparse
+import bench_coldstart as bc
+from streamfed.evaluation.coldstart import leave_one_out_recorded
+from streamfed.evaluation.datasets import load_beijing
+thin = os.environ.get("BENCH_THIN")
+state = {"n": 0.0, "fits": 0, "skips": 0}
+if thin:
+    from streamfed.algorithms.fedbnr_personal import server as hs
+    growth, mode = float(thin.split(":")[0]), thin.split(":")[1]
+    fit = hs.fit_hierarchical
+    def thinned(client_stats, start=None, **kw):
+        n, k = sum(st.n for st in client_stats), len(client_stats)
+        if k > 1 and start is not None and n < state["n"] * (1 + growth) and (mode == "all" or k == 11):
+            state["skips"] += 1
+            return (*start, float("nan"))
+        if k > 1:
+            state["n"] = n
+            state["fits"] += 1
+        return fit(client_stats, start, **kw)
+    hs.fit_hierarchical = thinned
+cfg = bc.configs(argparse.Namespace(mixture=True, personal_alone=False, n_features=50, bandwidth=2.0))["bayes"]
+fleet = load_beijing(normalisation="online", split="station")
+with open(os.environ["BENCH_RECORDING"], "rb") as fh:
+    rec = pickle.load(fh)
+c0 = time.process_time()
+res = leave_one_out_recorded(fleet, "fedbnr-personal", cfg, int(os.environ["BENCH_JOIN"]),
+                             windows=tuple(int(w) for w in os.environ["BENCH_WINDOWS"].split(",")),
+                             seed=rec.seed, clients=(os.environ["BENCH_STATION"],), recording=rec)
+cpu = time.process_time() - c0
+rows = [[r.algorithm, r.window, r.mse, r.nlpd, r.coverage] for r in res.rows]
+print(json.dumps({"cpu_s": cpu, "rows": rows, "fits": state["fits"], "skips": state["skips"],
+                  "load": os.getloadavg()[0]}))
+"""
+
+
+def run_child(tree: Path, recording: Path, station: str, thin: str | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), OPENBLAS_NUM_THREADS="1", BENCH_TREE=str(tree),
+               BENCH_RECORDING=str(recording), BENCH_STATION=station, BENCH_JOIN=str(JOIN),
+               BENCH_WINDOWS=",".join(map(str, WINDOWS)))
+    if thin:
+        env["BENCH_THIN"] = thin
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=tree, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(rows: list, ref: list) -> dict:
+    """Bit-equal values, the largest relative difference and the values whose printed digits differ."""
+    same = total = 0
+    worst = 0.0
+    printed = []
+    for a, b in zip(rows, ref, strict=True):
+        for i, (name, fmt) in enumerate((("mse", "{:.4f}"), ("nlpd", "{:.3f}"), ("coverage", "{:.3f}")), start=2):
+            x, y = a[i], b[i]
+            if math.isnan(x) and math.isnan(y):
+                continue
+            total += 1
+            same += x == y
+            worst = max(worst, abs(x - y) / max(abs(y), 1e-300))
+            if fmt.format(x) != fmt.format(y):
+                printed.append(f"{a[0]} {a[1]} {name}: {fmt.format(x)} vs {fmt.format(y)}")
+    return {"values": total, "bit_equal": same, "max_rel": worst, "printed_diffs": printed}
+
+
+def commit_of(tree: Path) -> str:
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, help="another checkout to replay the same station from (before)")
+    ap.add_argument("--station", default="Dongsi")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--thin", default="", help="comma-separated growth fractions G for the thinned-refit experiment")
+    ap.add_argument("--out", type=Path, help="markdown file (a .json next to it)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_coldstart as bc
+
+    from streamfed.evaluation.coldstart import record_uploads
+    from streamfed.evaluation.datasets import load_beijing
+
+    load0 = os.getloadavg()
+    cfg = bc.configs(argparse.Namespace(mixture=True, personal_alone=False, n_features=50, bandwidth=2.0))["bayes"]
+    fleet = load_beijing(normalisation="online", split="station")
+    c0 = time.process_time()
+    rec = record_uploads(fleet, "fedbnr-personal", cfg, args.seed, JOIN + max(WINDOWS))
+    record_cpu = time.process_time() - c0
+    print(f"record: {record_cpu:.1f} s CPU", file=sys.stderr)
+    trees = ([("before", args.before.resolve())] if args.before else []) + [("after", ROOT)]
+    runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
+    thins: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "recording.pickle"
+        with path.open("wb") as fh:
+            pickle.dump(rec, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        del rec
+        for _ in range(args.repeats):
+            for label, tree in trees:
+                r = run_child(tree, path, args.station)
+                runs[label].append(r)
+                print(f"{label}: {r['cpu_s']:.1f} s CPU (load {r['load']:.2f})", file=sys.stderr)
+        for g in [x for x in args.thin.split(",") if x]:
+            for mode in ("prejoin", "all"):
+                r = run_child(ROOT, path, args.station, f"{g}:{mode}")
+                thins[f"{g}:{mode}"] = r
+                print(f"thin {g} {mode}: {r['cpu_s']:.1f} s CPU, {r['fits']} fits", file=sys.stderr)
+    load1 = os.getloadavg()
+    ref = runs[trees[0][0]][0]["rows"]
+    commits = {label: commit_of(tree) for label, tree in trees}
+    cmd = " ".join(["benchmarks/bench_coldstart_cost.py"] + sys.argv[1:])
+    lines = [
+        "## Cold start: the cost of one held-out station (issue 29)",
+        "",
+        f"One held-out station ({args.station}, seed {args.seed}) of `bench_coldstart.py --mixture` replayed from its "
+        "seed's recording (`leave_one_out_recorded`), each checkout in a fresh process, interleaved; CPU seconds of "
+        "the held-out replay alone, and its rows against the first checkout's (bit for bit, and at the digits the "
+        "tables print: MSE 4 decimals, NLPD and coverage 3).",
+        "",
+        f"Command: `.venv/bin/python {cmd}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}; load "
+        f"average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end. Commits: "
+        + ", ".join(f"{k} {v}" for k, v in commits.items()) + f". The seed's recording: {record_cpu:.1f} s of CPU "
+        "(once per seed, shared by its 12 held-out stations).",
+        "",
+        "| checkout | run | CPU s | load | values bit-equal | max rel. diff | printed digits that differ |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, _ in trees:
+        for i, r in enumerate(runs[label]):
+            c = compare(r["rows"], ref)
+            lines.append(f"| {label} | {i + 1} | {r['cpu_s']:.1f} | {r['load']:.2f} | {c['bit_equal']}/{c['values']} | "
+                         f"{c['max_rel']:.1e} | {len(c['printed_diffs'])} |")
+    if thins:
+        lines += ["", "Experiment: the held-out fleet's refits thinned (`--thin`: a refit only once its samples grew "
+                  "by G since the last; `prejoin`: before the held-out station's first upload only).", "",
+                  "| G | where | CPU s | load | fits | values bit-equal | max rel. diff | printed digits that differ |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for key, r in thins.items():
+            c = compare(r["rows"], ref)
+            g, mode = key.split(":")
+            lines.append(f"| {g} | {mode} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['fits']} | "
+                         f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {len(c['printed_diffs'])}: "
+                         + "; ".join(c["printed_diffs"][:4]) + (" …" if len(c["printed_diffs"]) > 4 else "") + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"command": cmd, "station": args.station, "seed": args.seed, "record_cpu_s": record_cpu,
+             "load": [load0, load1], "commits": commits, "runs": runs, "thin": thins}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
