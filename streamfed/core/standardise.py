@@ -128,12 +128,33 @@ class OnlineStandardiser:
         v = np.asarray(v, dtype=np.float64)
         if v.shape != (self.n_columns,):
             raise ValueError(f"expected {self.n_columns} values, got shape {v.shape}")
+        self.mean, self.m2 = self.folded(v)
+        self.count += 1
+
+    def folded(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`(mean, m2)` with the row `v` folded in (Welford), new arrays; this standardiser unchanged.
+        `ValueError` if the result would not be finite."""
         # delta = v - mean; mean += delta / (count + 1); m2 += delta * (v - mean), compiled (._scale_kernels)
         mean, m2 = np.empty(self.n_columns), np.empty(self.n_columns)
         if not _kernels().welford_row(self.mean, self.m2, self.count, np.ascontiguousarray(v), mean, m2):
             raise ValueError("value too large to standardise (its square overflows)")
-        self.mean, self.m2 = mean, m2
-        self.count += 1
+        return mean, m2
+
+    # -- one-column standardisers (the target), in Python floats: the operations of the compiled row kernels in the
+    # same order, so the same numbers, without an array per value
+    def transform_value(self, v: float) -> float:
+        """:meth:`transform` of one value of a one-column standardiser without clip."""
+        return (v - float(self.mean[0])) / self._scale0()
+
+    def folded_value(self, v: float) -> tuple[float, float]:
+        """:meth:`folded` of one value of a one-column standardiser: `(mean, m2)` as floats."""
+        mean = float(self.mean[0])
+        delta = v - mean
+        mu = mean + delta / (self.count + 1)
+        m2 = float(self.m2[0]) + delta * (v - mu)
+        if not (math.isfinite(mu) and math.isfinite(m2)):
+            raise ValueError("value too large to standardise (its square overflows)")
+        return mu, m2
 
     def transform_many(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Row by row, as :meth:`transform` then :meth:`update` would: returns `(z, ready)` with `z[t]`
@@ -246,12 +267,38 @@ class StreamScales:
             return None, 0.0, nxt
         return self.x.transform(x), float(self.y.transform(np.array([y]))[0]), nxt
 
+    # The last predict's `(input bytes, input count, z_x)`: a learn of the same input next (progressive validation)
+    # takes its `z_x` instead of standardising it again (class default: a state saved before it restores without).
+    _last: tuple[bytes, int, np.ndarray] | None = None
+
     def learn(self, x: np.ndarray, y: float, learn: Callable[[np.ndarray, float], object]) -> None:
-        """Call `learn(z_x, z_y)` once the scales are ready, then fold `(x, y)` in."""
-        zx, zy, nxt = self.step(x, y)
+        """Call `learn(z_x, z_y)` once the scales are ready, then fold `(x, y)` in. `ValueError` (nothing changed)
+        if the sample cannot be folded in or `learn` raises.
+
+        The same numbers as :meth:`step` (same operations, same order), without its copies of the standardisers:
+        the folded statistics are new arrays, assigned only once `learn` has returned."""
+        x = np.asarray(x, dtype=np.float64)
+        sx, sy = self.x, self.y
+        if x.shape != (sx.n_columns,):
+            raise ValueError(f"expected {sx.n_columns} values, got shape {x.shape}")
+        y = float(y)
+        zx = None
+        if sy.ready:
+            last = self._last
+            if last is not None and last[1] == sx.count and last[0] == x.tobytes():
+                zx = last[2]  # the scales have not moved since that predict: the same transform
+            else:
+                zx = sx.transform(x)
+            zy = sy.transform_value(y)
+        self._last = None
+        mean_y, m2_y = sy.folded_value(y)  # ValueError: nothing changed
+        mean_x, m2_x = sx.folded(x)
         if zx is not None:
             learn(zx, zy)
-        self.x, self.y = nxt.x, nxt.y
+        sx.mean, sx.m2 = mean_x, m2_x
+        sx.count += 1
+        sy.mean, sy.m2 = np.array([mean_y]), np.array([m2_y])
+        sy.count += 1
 
     def predict(self, x: np.ndarray, predict: Callable[[np.ndarray], tuple[float, float | None]]
                 ) -> tuple[float, float | None]:
@@ -259,9 +306,13 @@ class StreamScales:
         (:meth:`OnlineStandardiser.fallback`) before the scales are ready or if the result is not finite."""
         if not self.ready:
             return self.y.fallback()
-        m, v = predict(self.x.transform(x))
-        mean = self.y.inverse_mean(m)
-        var = None if v is None else self.y.inverse_var(v)
+        x = np.asarray(x, dtype=np.float64)
+        zx = self.x.transform(x)
+        self._last = (x.tobytes(), self.x.count, zx)
+        m, v = predict(zx)
+        s = self.y._scale0()
+        mean = float(self.y.mean[0] + s * m)  # inverse_mean and inverse_var, with the scale read once
+        var = None if v is None else s * s * float(v)
         if not math.isfinite(mean) or (var is not None and not (math.isfinite(var) and var > 0)):
             fm, fv = self.y.fallback()
             return fm, (None if v is None else fv)
@@ -320,3 +371,8 @@ class DeclaredScales(StreamScales):
         if not (np.isfinite(x).all() and math.isfinite(float(y))):
             raise ValueError("a value is not finite")
         return self.x.transform(x), float(self.y.transform(np.array([float(y)]))[0]), self
+
+    def learn(self, x: np.ndarray, y: float, learn: Callable[[np.ndarray, float], object]) -> None:
+        """Call `learn(z_x, z_y)` with the declared transform (nothing is folded in)."""
+        zx, zy, _ = self.step(x, y)
+        learn(zx, zy)

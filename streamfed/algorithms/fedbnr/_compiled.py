@@ -26,6 +26,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fedbnr", _K, "packed_predict", ("!f8[1]", "f8[1]")),
     Entry("fedbnr", _K, "packed_learn", ("!f8[1]", "f8")),
     Entry("fedbnr", _K, "packed_step", ("!f8[1]", "f8[1]", "f8")),
+    Entry("fedbnr", _K, "packed_learn_predict", ("!f8[1]", "f8", "f8[1]")),
+    Entry("fedbnr", _K, "update_predict", ("!f8[2]", "!f8[1]", "f8[1]", "!f8[1]")),
     Entry("fedbnr", _K, "evidence_grid", ("f8[1]", "f8[1]", "f8", "f8", "f8[1]", "f8[1]", "!f8[2]")),
     Entry("fedbnr", _K, "zoom_search",
           ("f8[1]", "f8[1]", "f8", "f8", "f8[1]", "f8[1]", "i8", "i8", "f8", "!f8[1]")),

@@ -279,6 +279,103 @@ def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v
 
 
 @numba.njit(cache=True)
+def update_predict(r: np.ndarray, x: np.ndarray, phi: np.ndarray, v: np.ndarray) -> tuple[float, float]:
+    """:func:`chol_update` by `x` then :func:`predict_one` of `φ`, in one pass over the rows of the augmented factor
+    `r` (`(F+1, F+1)`): row `k` is rotated (chol_update's step `k`), then gives the forward-substitution step `k` of
+    `φ` on its new values. Each entry meets the operations of the two calls in their order (chol_update's pairs of
+    rows and solve_rt's are row by row per entry; no `fastmath`), so the same numbers in one sweep of memory instead
+    of two: a sample learned, then the next one predicted (the River estimator's deferred learn). `x` is destroyed;
+    returns `(φᵀA⁻¹h, φᵀA⁻¹φ)` of the updated factor, `v = R⁻ᵀφ`."""
+    n = r.shape[0]
+    f = n - 1
+    for i in range(f):
+        v[i] = phi[i]
+    mean = 0.0
+    quad = 0.0
+    k = 0
+    while k < f:
+        xk = x[k]
+        rr = r[k, k + 1:n]  # (its last entry is the u column)
+        vt = v[k + 1:f]
+        if xk != 0.0:
+            rkk = r[k, k]
+            rnew = np.sqrt(rkk * rkk + xk * xk)
+            inv_rkk = 1.0 / rkk
+            c = rnew * inv_rkk
+            s = xk * inv_rkk
+            inv_c = rkk / rnew
+            if k + 2 < f:
+                r01 = (r[k, k + 1] + s * x[k + 1]) * inv_c
+                x1 = c * x[k + 1] - s * r01
+                if x1 != 0.0:  # row k+1 rotates too: both in one sweep (as chol_update; per entry the same order)
+                    r[k, k] = rnew
+                    r[k, k + 1] = r01
+                    x[k + 1] = x1
+                    vk = v[k] / rnew
+                    v[k] = vk
+                    v[k + 1] -= r01 * vk
+                    rkk1 = r[k + 1, k + 1]
+                    rnew1 = np.sqrt(rkk1 * rkk1 + x1 * x1)
+                    r[k + 1, k + 1] = rnew1
+                    inv_rkk1 = 1.0 / rkk1
+                    c1 = rnew1 * inv_rkk1
+                    s1 = x1 * inv_rkk1
+                    inv_c1 = rkk1 / rnew1
+                    vk1 = v[k + 1] / rnew1
+                    v[k + 1] = vk1
+                    r0 = r[k, k + 2:f]
+                    r1 = r[k + 1, k + 2:f]
+                    vt = v[k + 2:f]
+                    xt = x[k + 2:f]
+                    for j in range(f - k - 2):
+                        b0 = (r0[j] + s * xt[j]) * inv_c
+                        r0[j] = b0
+                        xj = c * xt[j] - s * b0
+                        b1 = (r1[j] + s1 * xj) * inv_c1
+                        r1[j] = b1
+                        xt[j] = c1 * xj - s1 * b1
+                        vt[j] = (vt[j] - b0 * vk) - b1 * vk1
+                    rkj = (r[k, f] + s * x[f]) * inv_c  # the last column (u): rotated only
+                    r[k, f] = rkj
+                    x[f] = c * x[f] - s * rkj
+                    rkj = (r[k + 1, f] + s1 * x[f]) * inv_c1
+                    r[k + 1, f] = rkj
+                    x[f] = c1 * x[f] - s1 * rkj
+                    mean += vk * r[k, f]
+                    quad += vk * vk
+                    mean += vk1 * r[k + 1, f]
+                    quad += vk1 * vk1
+                    k += 2
+                    continue
+            r[k, k] = rnew
+            vk = v[k] / rnew
+            v[k] = vk
+            xt = x[k + 1:n]
+            for j in range(f - k - 1):
+                rkj = (rr[j] + s * xt[j]) * inv_c
+                rr[j] = rkj
+                xt[j] = c * xt[j] - s * rkj
+                vt[j] -= rkj * vk
+            j = f - k - 1  # the u column: rotated only
+            rkj = (rr[j] + s * xt[j]) * inv_c
+            rr[j] = rkj
+            xt[j] = c * xt[j] - s * rkj
+        else:  # the rotation is the identity
+            vk = v[k] / r[k, k]
+            v[k] = vk
+            for j in range(f - k - 1):
+                vt[j] -= rr[j] * vk
+        mean += vk * r[k, f]
+        quad += vk * vk
+        k += 1
+    xk = x[f]  # the last row: ρ
+    if xk != 0.0:
+        rkk = r[f, f]
+        r[f, f] = np.sqrt(rkk * rkk + xk * xk)
+    return mean, quad
+
+
+@numba.njit(cache=True)
 def solve_rt(r: np.ndarray, rhs: np.ndarray, out: np.ndarray, n: int) -> None:
     """`out[:n] = R⁻ᵀ rhs[:n]` for the leading `n×n` block `R` of upper `r` (forward substitution,
     organised by rows of `R` so the inner loop is contiguous; two rows per sweep of `out`, each entry updated in
@@ -802,6 +899,56 @@ def packed_step(buf: np.ndarray, x: np.ndarray, y: float) -> tuple[int, float, f
     buf[H_N_WORK] += 1.0
     buf[H_Q_WORK] += y2
     buf[H_DIRTY] = 1.0
+    return 0, mu, var
+
+
+@numba.njit(cache=True)
+def packed_learn_predict(buf: np.ndarray, y: float, x: np.ndarray) -> tuple[int, float, float]:
+    """:func:`packed_learn` of the sample whose features are in the `phi` block with target `y`, then
+    :func:`packed_predict` of `x`, without forgetting: each active kernel's update and prediction are one pass over
+    its factor (:func:`update_predict`); the numbers are those of the two calls. Status 0 ok; 1 bad input `x`, 2
+    non-finite `y²` or `φy` (nothing changed for either); 3 learned, but a lazy kernel must be woken before the
+    prediction (the caller wakes it and calls :func:`packed_predict`)."""
+    if not np.isfinite(y * y):
+        return 2, 0.0, 0.0
+    (ra, s_pend, b_pend, stage, stage_y, work, phi, means, variances, logw, sigma, inv_sigma, lam, _, _, wt,
+     angles, lazy, bound) = _unpack(buf)
+    k, f = ra.shape[0], phi.shape[1]
+    if x.shape[0] != int(buf[H_D]):
+        return 1, 0.0, 0.0
+    phi_next = np.empty((k, f))
+    if not rff_bias_features(wt, x, angles, phi_next):
+        return 1, 0.0, 0.0
+    staged = _stage_row(phi, y, stage, stage_y, s_pend, b_pend, int(buf[H_STAGED]))  # learn_one's staging
+    if staged < 0:
+        return 2, 0.0, 0.0
+    buf[H_STAGED] = staged
+    y2 = y * y  # packed_learn's bookkeeping (γ = 1)
+    buf[H_N_PEND] += 1.0
+    buf[H_Q_PEND] += y2
+    buf[H_N_WORK] += 1.0
+    buf[H_Q_WORK] += y2
+    v = np.empty(f)
+    for kk in range(k):
+        if lazy[kk] != 0.0:  # learn_one's lazy kernel; predict_mixture would leave it out
+            bound[kk] += np.log(inv_sigma[kk]) - _HALF_LOG_2PI
+            continue
+        s = inv_sigma[kk]
+        for i in range(f):
+            work[i] = phi[kk, i] * s
+        work[f] = y * s
+        m, quad = update_predict(ra[kk], work, phi_next[kk], v)
+        means[kk] = m
+        variances[kk] = sigma[kk] * sigma[kk] + quad
+    for kk in range(k):
+        for i in range(f):
+            phi[kk, i] = phi_next[kk, i]
+    buf[H_DIRTY] = 1.0
+    if k > 1:  # _features_and_weights' refresh, on the updated factors
+        if refresh_log_weights(ra, buf[H_N_WORK], sigma, lam, logw, lazy, bound, buf[H_LAZY_GAP]):
+            return 3, 0.0, 0.0
+        buf[H_DIRTY] = 0.0
+    mu, var = mix(logw, means, variances)
     return 0, mu, var
 
 

@@ -309,6 +309,37 @@ class FedBNRClient(PackedState):
         self._cache = (x, mu, var)
         return mu, var
 
+    def learn_then_predict(self, x_learn: np.ndarray, y: float, x: np.ndarray) -> tuple[float, float]:
+        """:meth:`learn` `(x_learn, y)`, then :meth:`predict` `x` (returned): the same numbers. When `x_learn` is the
+        input of the last :meth:`predict` (the River pattern: predict a sample, learn it, predict the next) and the
+        packed path takes `x`, without forgetting, each kernel's update and the next prediction are one pass over
+        its factor (:func:`._kernels.packed_learn_predict`). Bad `y` raises `ValueError` and changes nothing; a bad
+        `x` raises it once `(x_learn, y)` is learned."""
+        cache = self._cache
+        xf = self._fast_input(x)
+        if (cache is None or xf is None or self._sqrt_gamma != 1.0 or self.discount is not None
+                or not (type(x_learn) is np.ndarray and kern.same_vector(cache[0], x_learn))):
+            self.learn(x_learn, y)
+            return self.predict(x)
+        y = check_target(y)
+        _, mu0, var0 = cache
+        if self._comparator is not None and self._staged == STAGE:
+            self._fold_staged()  # the step may flush the stage
+        status, mu, var = kern.packed_learn_predict(self._buf, y, xf)
+        if status == 1:  # x refused before anything changed: the sample is still learned
+            self._learn_checked(None, y)
+            self.metrics.update(mu0, var0, y)
+            raise ValueError("input contains a non-finite value")
+        if status == 2:
+            self._cache = None
+            raise ValueError("features times target overflow")
+        self.metrics.update(mu0, var0, y)
+        if status == 3:
+            self._wake(marked_only=True)
+            status, mu, var = kern.packed_predict(self._buf, xf)
+        self._cache = (xf.copy(), mu, var)  # (as predict: φ(x) is in _phi)
+        return mu, var
+
     def learn_predict(self, x: np.ndarray, y: float) -> tuple[float, float]:
         """One prequential step: the predictive `(mean, variance)` at `x` made *before* learning, then
         learn `(x, y)` — the same as :meth:`predict` then :meth:`learn`, in one numba call on the default

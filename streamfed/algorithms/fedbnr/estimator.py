@@ -128,7 +128,10 @@ class FedBNRRegressor(base.Regressor):
         for bw in (bandwidth if isinstance(bandwidth, tuple) else () if bandwidth is None else (bandwidth,)):
             check_positive("bandwidth", bw)
         self._keys: list[Any] | None = None
-        self.client: FedBNRClient | None = None
+        self._client: FedBNRClient | None = None
+        # A learned sample not yet given to the client, `(z_x, z_y)`: z_x is the input of the client's last predict,
+        # so the next predict_one learns it and predicts in one pass over each factor (learn_then_predict).
+        self._deferred: tuple[np.ndarray, float] | None = None
         self.server: FedBNRServer | None = None
         self._scales: StreamScales | None = None
         self._calibration = PrequentialCalibration() if calibrate else None
@@ -140,6 +143,31 @@ class FedBNRRegressor(base.Regressor):
         yield {"n_features": 6, "bandwidth": (0.5, 5.0), "forgetting": 0.99, "sync_every": 40, "standardise": False}
 
     # ------------------------------------------------------------------ plumbing
+    _deferred: tuple[np.ndarray, float] | None = None  # (class default: an estimator pickled before it existed)
+
+    @property
+    def client(self) -> FedBNRClient | None:
+        """The local FedBNR client (`None` before the first `learn_one`), every learned sample in it."""
+        self._settle()
+        return self._client
+
+    def _settle(self) -> None:
+        """Give the client the deferred sample, if any."""
+        deferred = self._deferred
+        if deferred is not None:
+            self._deferred = None
+            assert self._client is not None
+            self._client.learn(*deferred)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._settle()
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "client" in state:  # pickled before the client became a property
+            state["_client"] = state.pop("client")
+        self.__dict__.update(state)
+
     def _build(self, keys: list[Any]) -> None:
         if not keys:
             raise ValueError("cannot build a feature map from an input with no features")
@@ -153,18 +181,20 @@ class FedBNRRegressor(base.Regressor):
         self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters),
                                               refit_growth=float(getattr(self, "refit_growth", 0.0)),
                                               search=getattr(self, "evidence_search", "grid"))
-        self.client = client
+        self._client = client
+        self._deferred = None
         self._keys = keys
         self._sync_at: float | None = None
         if self.standardise:  # inputs winsorised at ±INPUT_CLIP (never the target)
             self._scales = StreamScales(len(keys))
 
     def _sync(self) -> None:
-        assert self.client is not None and self.server is not None
-        up = self.client.make_upload()
+        client = self.client  # (settled)
+        assert client is not None and self.server is not None
+        up = client.make_upload()
         if up is not None:
             self.server.apply(up)
-            self.client.apply_global(self.server.publish())
+            client.apply_global(self.server.publish())
         self._sync_at = None
 
     def _until_sync(self) -> float:
@@ -174,14 +204,14 @@ class FedBNRRegressor(base.Regressor):
         has: installing one changes the model only through refitted `σ, λ`. A sync without a refit would
         refactorise the same posterior (and have the server evaluate its evidence), so the pending samples wait,
         summed exactly, until the server would refit; the model is the one syncing every `sync_every` gives."""
-        assert self.client is not None and self.server is not None
+        assert self._client is not None and self.server is not None
         at = getattr(self, "_sync_at", None)  # the pending count of the next sync (the server changes only at one)
         if at is None:
             every = int(self.sync_every)
             until = self.server.samples_until_refit()  # (inf: never)
             # the first of the syncs every `sync_every` samples since the last one at which a refit is due
             at = self._sync_at = max(1, math.ceil(until / every)) * every if math.isfinite(until) else math.inf
-        return at - self.client.n_pending
+        return at - self._client.n_pending - (self._deferred is not None)
 
     def _vector(self, x: dict, keep: bool = False) -> np.ndarray:
         """`x` as a vector in key order; with `keep`, remembered for a `learn_one` of an equal `x` next
@@ -197,19 +227,41 @@ class FedBNRRegressor(base.Regressor):
         return xv
 
     # ------------------------------------------------------------------ River protocol
+    def _learn_z(self, z: np.ndarray, zy: float) -> None:
+        """Learn `(z, zy)` (inputs standardised, if on): deferred to the next `predict_one` when `z` is the input the
+        client last predicted and no sync is due at this sample; else now."""
+        assert self._client is not None
+        self._settle()
+        if z is getattr(self, "_predicted", None) and self._until_sync() > 1:
+            self._deferred = (z, check_target(zy))
+        else:
+            self._client.learn(z, zy)
+        self._predicted = None
+
+    def _predict_z(self, z: np.ndarray) -> tuple[float, float]:
+        """The client's predictive at `z`, after learning the deferred sample (in the same pass)."""
+        assert self._client is not None
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            out = self._client.predict(z)
+        else:
+            out = self._client.learn_then_predict(deferred[0], deferred[1], z)
+        self._predicted = z
+        return out
+
     def learn_one(self, x: dict, y: base.typing.RegTarget) -> None:
-        if self.client is None:
+        if self._client is None:
             keys = sorted_keys(x)
             dict_to_vector(keys, x)  # validate before building anything
             check_target(y)
             self._build(keys)
-        assert self.client is not None and self._keys is not None
+        assert self._client is not None and self._keys is not None
         xv = self._vector(x)
         if self._scales is None:
-            self.client.learn(xv, y)  # type: ignore[arg-type]
+            self._learn_z(xv, check_target(y))
         else:
             check_target(y)
-            self._scales.learn(xv, float(y), self.client.learn)  # type: ignore[arg-type]
+            self._scales.learn(xv, float(y), self._learn_z)
         if self._until_sync() <= 0:
             self._sync()
         calibration = getattr(self, "_calibration", None)  # (None in an estimator pickled before it existed)
@@ -217,13 +269,13 @@ class FedBNRRegressor(base.Regressor):
             calibration.learned(x, float(y))  # type: ignore[arg-type]
 
     def predict_one(self, x: dict, with_dist: bool = False) -> float | Gaussian:
-        if self.client is None:
+        if self._client is None:
             # Prior predictive: φᵀφ = ‖z‖² + 1 = 2 for RFF + bias, so the variance is σ² + 2λ².
             mu, var = 0.0, float(self.sigma) ** 2 + 2.0 * float(self.lam) ** 2
         elif self._scales is None:
-            mu, var = self.client.predict(self._vector(x, keep=True))
+            mu, var = self._predict_z(self._vector(x, keep=True))
         else:
-            mu, var = self._scales.predict(self._vector(x, keep=True), self.client.predict)  # type: ignore[assignment]
+            mu, var = self._scales.predict(self._vector(x, keep=True), self._predict_z)  # type: ignore[assignment]
         calibration = getattr(self, "_calibration", None)
         if calibration is not None:
             var = calibration.predicted(x, float(mu), float(var))
