@@ -1097,6 +1097,110 @@ def test_river_regressor_syncing_at_refits_is_syncing_every_32(growth: float) ->
         assert models[0].client.global_version < ref.client.global_version
 
 
+def _factor_stats(client: FedBNRClient) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(S (K,F,F), b (K,F), q (K,))` held in the working factors, written out: `M = RₐᵀRₐ`, `S = σ²(M_FF − λ⁻²I)`,
+    `b = σ² M_F,F+1`, `q = σ² M_F+1,F+1` (no forgetting)."""
+    out_s, out_b, out_q = [], [], []
+    f = client.dim
+    for k in range(client.n_kernels):
+        r = client._ra[k]
+        m = r.T @ r
+        s2, l2 = float(client.sigma[k]) ** 2, float(client.lam[k]) ** 2
+        out_s.append(s2 * (m[:f, :f] - np.eye(f) / l2))
+        out_b.append(s2 * m[:f, f])
+        out_q.append(s2 * m[f, f])
+    return np.array(out_s), np.array(out_b), np.array(out_q)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lazy_kernels_fold_in_every_row(seed: int) -> None:
+    """A lazily held kernel's statistics, once it is evaluated again, are the eager ones: the factors of every kernel
+    (those that slept included) hold `Σ φφᵀ`, `Σ φy`, `Σ y²` of every sample learned — sums written out in numpy from
+    the feature rows — to rounding, at checkpoints while kernels sleep and wake and at the end. A row a sleeping
+    kernel missed (or took twice) moves its sums by a whole `φφᵀ` and fails this."""
+    x, y = _drifting_stream(500, seed)
+    c = FedBNRClient(n_inputs=2, n_features=12, bandwidth=(0.05, 0.3, 1.0, 4.0, 20.0), sigma=0.1, lam=1.0,
+                     min_upload=10**6, seed=seed, lazy_gap=LAZY_GAP)
+    phis = c.features_many(x)  # (T, K, F)
+    slept = 0
+    for t in range(len(y)):
+        c.learn_predict(x[t], float(y[t]))
+        slept += int(np.sum(c._lazy != 0))
+        if t % 125 == 124 or t == len(y) - 1:
+            c.kernel_weights()  # an evaluation outside the hot path: every lazy kernel is brought up to date
+            assert np.all(c._lazy == 0)
+            s, b, q = _factor_stats(c)
+            want_s = np.einsum("tki,tkj->kij", phis[: t + 1], phis[: t + 1])
+            want_b = np.einsum("tki,t->ki", phis[: t + 1], y[: t + 1])
+            want_q = float(y[: t + 1] @ y[: t + 1])
+            assert np.allclose(s, want_s, rtol=0, atol=1e-8 * np.abs(want_s).max())
+            assert np.allclose(b, want_b, rtol=0, atol=1e-8 * np.abs(want_b).max())
+            assert np.allclose(q, want_q, rtol=1e-9)
+    assert slept > 0  # kernels were held lazily
+
+
+class _Eager(FedBNRRegressor):
+    """The estimator with every sample given to its client at once (no deferred learn)."""
+
+    def _learn_z(self, z: np.ndarray, zy: float) -> None:
+        self._settle()
+        assert self._client is not None
+        self._client.learn(z, zy)
+
+
+@pytest.mark.parametrize("standardise", [True, False])
+def test_river_regressor_deferred_learn_is_the_eager_model(standardise: bool) -> None:
+    """`learn_one` hands its sample to the client at the next `predict_one` (one pass over each factor): the same
+    predictions to the last bit as giving it at once (every kernel eager); with lazy kernels (the default), the same
+    to rounding while kernel weights move (the drifting stream's narrow kernels sleep, then wake); and at the end the
+    client's statistics are the numpy sums of every sample's feature rows (no row lost or doubled by either)."""
+    x, y = _drifting_stream(400, 3)
+    kw = {"n_features": 10, "standardise": standardise, "calibrate": False, "sync_every": 16}
+    eager = _Eager(lazy_gap=0.0, **kw)
+    deferred, default = FedBNRRegressor(lazy_gap=0.0, **kw), FedBNRRegressor(**kw)
+    slept = woke = 0
+    for xi, yi in zip(x, y, strict=True):
+        xd = {"a": float(xi[0]), "b": float(xi[1])}
+        want = eager.predict_one(xd, with_dist=True)
+        got = deferred.predict_one(xd, with_dist=True)
+        assert (got.mu, got.sigma) == (want.mu, want.sigma)
+        lazy_before = None if default._client is None else default._client._lazy.copy()
+        g = default.predict_one(xd, with_dist=True)
+        assert g.mu == pytest.approx(want.mu, rel=1e-9, abs=1e-12) and g.sigma == pytest.approx(want.sigma, rel=1e-9)
+        if lazy_before is not None:
+            slept += int(np.sum((lazy_before == 0) & (default._client._lazy != 0)))
+            woke += int(np.sum((lazy_before != 0) & (default._client._lazy == 0)))
+        for m in (eager, deferred, default):
+            m.learn_one(xd, float(yi))
+    assert slept > 0 and woke > 0
+    assert deferred._deferred is not None  # the last sample is still waiting for a predict ...
+    client = deferred.client  # ... and reading the client gives it over
+    assert deferred._deferred is None and client is not None
+    if not standardise:  # the client saw the raw inputs: its statistics are sums of their feature rows
+        phis = client.features_many(x)
+        own = client.own_stats()
+        assert own.n == len(y)
+        assert np.allclose(own.S, np.einsum("tki,tkj->kij", phis, phis), rtol=1e-12, atol=1e-9)
+        assert np.allclose(own.b, np.einsum("tki,t->ki", phis, y), rtol=1e-12, atol=1e-9)
+    eager_client = eager.client
+    assert eager_client is not None
+    assert np.array_equal(client._ra, eager_client._ra) and client.own_stats() == eager_client.own_stats()
+
+
+def test_river_regressor_pickled_with_a_deferred_sample() -> None:
+    """A copy (pickle) gives the deferred sample to the client first: the copy predicts as the original."""
+    x, y = _drifting_stream(80, 4)
+    m = FedBNRRegressor(n_features=8)
+    for xi, yi in zip(x, y, strict=True):
+        xd = {"a": float(xi[0]), "b": float(xi[1])}
+        m.predict_one(xd)
+        m.learn_one(xd, float(yi))
+    twin = pickle.loads(pickle.dumps(m))
+    probe = {"a": 0.3, "b": -0.4}
+    assert twin.predict_one(probe, with_dist=True).mu == m.predict_one(probe, with_dist=True).mu
+    assert twin.client is not None and twin.client.n_pending == m.client.n_pending  # type: ignore[union-attr]
+
+
 def test_compiled_zoom_search_is_the_numpy_search() -> None:
     from streamfed.algorithms.fedbnr._compiled import kern
     from streamfed.algorithms.fedbnr.evidence import MAX_CONDITION, zoom_search_reference
@@ -1221,6 +1325,58 @@ def test_standardiser_rows_are_the_numpy_formulas() -> None:
     with pytest.raises(ValueError):
         s.update(np.array([1e300, 0.0, 0.0]) * 1e10)
     assert s.count == 60
+
+
+def test_stream_scales_learn_is_the_numpy_formulas() -> None:
+    """`StreamScales.learn` (no copies; the input standardised by the predict before it reused) against the numpy
+    transcription of past-only standardisation and Welford's update, bit for bit, inputs and target; a refused
+    sample (overflow, or the learner raising) changes nothing."""
+    from streamfed.core.standardise import StreamScales
+
+    rng = np.random.default_rng(5)
+    sc = StreamScales(2)
+    xs, ys, seen = [], [], []
+
+    def transcribe(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean, m2 = np.zeros(rows.shape[1]), np.zeros(rows.shape[1])
+        for t in range(len(rows)):  # Welford, as the module documents
+            delta = rows[t] - mean
+            mean = mean + delta / (t + 1)
+            m2 = m2 + delta * (rows[t] - mean)
+        return mean, m2
+
+    for t in range(40):
+        v, yv = rng.standard_normal(2) * [3.0, 1e-2] + [10.0, -1.0], float(rng.normal(50.0, 5.0))
+        if t % 3 == 0 and sc.ready:
+            sc.predict(v, lambda z: (0.0, 1.0))  # a predict first: its z is reused
+        if sc.ready:
+            mean, m2 = transcribe(np.array(xs))
+            scale = np.sqrt(m2 / (len(xs) - 1))
+            want_x = np.clip((v - mean) / scale, -INPUT, INPUT)
+            ym, ym2 = transcribe(np.array(ys)[:, None])
+            want_y = (yv - ym[0]) / math.sqrt(ym2[0] / (len(ys) - 1))
+        sc.learn(v, yv, lambda z, zy: seen.append((z.copy(), zy)))
+        if len(xs) >= 2:
+            assert np.array_equal(seen[-1][0], want_x) and seen[-1][1] == want_y
+        xs.append(v)
+        ys.append(yv)
+    mean, m2 = transcribe(np.array(xs))
+    assert np.array_equal(sc.x.mean, mean) and np.array_equal(sc.x.m2, m2) and sc.x.count == 40
+    before = (sc.x.mean.copy(), sc.x.m2.copy(), sc.y.mean.copy(), sc.y.m2.copy(), sc.x.count, sc.y.count)
+
+    def refuse(z: np.ndarray, zy: float) -> None:
+        raise ValueError("no")
+
+    for bad in (lambda: sc.learn(np.array([1e300, 0.0]) * 1e10, 1.0, seen.append),
+                lambda: sc.learn(np.array([1.0, 0.0]), 1e300, seen.append),
+                lambda: sc.learn(np.array([1.0, 0.0]), 1.0, refuse)):
+        with pytest.raises(ValueError), np.errstate(over="ignore"):
+            bad()
+        after = (sc.x.mean, sc.x.m2, sc.y.mean, sc.y.m2, sc.x.count, sc.y.count)
+        assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+INPUT = 5.0  # the inputs' winsorising bound of the defaults (streamfed.core.standardise.INPUT_CLIP)
 
 
 def test_predictive_distribution_is_rivers_gaussian() -> None:

@@ -308,3 +308,34 @@ def test_paired_kernels_compute_the_row_by_row_numbers(seed: int, f: int, zeros:
         m_rows += v_ref[k] * r0[k, f]
         q_rows += v_ref[k] * v_ref[k]
     assert (mean, quad) == (m_ref, q_ref) == (m_rows, q_rows)  # ... and the predictive's
+
+
+@given(seed=st.integers(0, 2**31), f=st.integers(1, 9), zeros=st.integers(0, 3), y_zero=st.booleans())
+@SETTINGS
+def test_update_then_predict_in_one_sweep_is_the_two_recurrences(seed: int, f: int, zeros: int,
+                                                                 y_zero: bool) -> None:
+    """The deferred learn (`update_predict`): a sample's rank-one update, then the next input's forward substitution
+    on the updated rows, in one pass — to the last bit the row-by-row update followed by the row-by-row solve and
+    predict_one's sums, with exact zeros in both inputs (identity rotations; zero right-hand sides)."""
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((f + 1, f + 3))
+    r0 = np.linalg.cholesky(g @ g.T + 0.1 * np.eye(f + 1)).T.copy()
+    phi_old, phi_new = rng.standard_normal(f), rng.standard_normal(f)
+    phi_old[rng.choice(f, size=min(zeros, f), replace=False)] = 0.0
+    phi_new[rng.choice(f, size=min(zeros, f), replace=False)] = 0.0
+    y = 0.0 if y_zero else float(rng.standard_normal())
+    inv_sigma = float(rng.uniform(0.5, 2.0))
+    x = np.append(phi_old * inv_sigma, y * inv_sigma)
+
+    r_ref = r0.copy()
+    _rows_chol_update(r_ref, x.copy())
+    v_ref = _rows_solve_rt(r_ref, phi_new, f)
+    m_ref = q_ref = 0.0
+    for k in range(f):
+        m_ref += v_ref[k] * r_ref[k, f]
+        q_ref += v_ref[k] * v_ref[k]
+
+    r_fused, v = r0.copy(), np.empty(f)
+    mean, quad = kern.update_predict(r_fused, x.copy(), phi_new, v)
+    assert np.array_equal(r_fused, r_ref) and np.array_equal(v, v_ref)
+    assert (mean, quad) == (m_ref, q_ref)

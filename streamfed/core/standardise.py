@@ -198,6 +198,11 @@ class OnlineStandardiser:
         """A prediction in standard units back to the stream's units: `mean + scale·m`."""
         return float(self.mean[0] + self._scale0() * m)
 
+    def inverse(self, m: float, v: float | None) -> tuple[float, float | None]:
+        """`(inverse_mean(m), inverse_var(v))` (`None` for `v = None`), the scale read once."""
+        s = self._scale0()
+        return float(self.mean[0] + s * m), (None if v is None else s * s * float(v))
+
     def inverse_var(self, v: float) -> float:
         """A predictive variance back to the stream's units: `scale²·v`."""
         s = self._scale0()
@@ -310,9 +315,7 @@ class StreamScales:
         zx = self.x.transform(x)
         self._last = (x.tobytes(), self.x.count, zx)
         m, v = predict(zx)
-        s = self.y._scale0()
-        mean = float(self.y.mean[0] + s * m)  # inverse_mean and inverse_var, with the scale read once
-        var = None if v is None else s * s * float(v)
+        mean, var = self.y.inverse(m, v)
         if not math.isfinite(mean) or (var is not None and not (math.isfinite(var) and var > 0)):
             fm, fv = self.y.fallback()
             return fm, (None if v is None else fv)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.linalg import lapack
 
 from streamfed.algorithms.fedbnr._compiled import kern
 
@@ -41,15 +42,16 @@ def factorise(s_mat: np.ndarray, b: np.ndarray, q: float, sigma: np.ndarray, lam
         s2 = sigma[k] ** 2
         a = s_mat[k] / s2
         np.einsum("ii->i", a)[...] += pdiag[k] / lam[k] ** 2  # (the diagonal as a view: no index arrays)
-        try:
-            chol = np.linalg.cholesky(a)
-        except np.linalg.LinAlgError as exc:
-            raise ValueError("working precision is not positive definite (corrupted or noisy statistics?)"
-                             ) from exc
-        rk = np.zeros((f + 1, f + 1))
+        # LAPACK's Cholesky on the transpose (Fortran order, the same symmetric matrix: no copy), lower: in C order
+        # its result is the upper factor R itself, the other triangle zeroed (`clean`)
+        chol, info = lapack.dpotrf(a.T, lower=1, clean=1, overwrite_a=1)
+        if info != 0:
+            raise ValueError("working precision is not positive definite (corrupted or noisy statistics?)")
+        rk = np.empty((f + 1, f + 1))
         rk[:f, :f] = chol.T
-        h = np.zeros(f + 1)
-        h[:f] = b[k] / s2
+        rk[f, :f] = 0.0
+        h = work  # h = σ⁻²b, then u = R⁻ᵀh in place
+        np.divide(b[k], s2, out=h[:f])
         kern.solve_rt(rk, h, work, f)  # u = R⁻ᵀh
         rk[:f, f] = work[:f]
         rho2 = q / s2 - work[:f] @ work[:f]
