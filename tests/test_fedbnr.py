@@ -1201,36 +1201,6 @@ def test_river_regressor_pickled_with_a_deferred_sample() -> None:
     assert twin.client is not None and twin.client.n_pending == m.client.n_pending  # type: ignore[union-attr]
 
 
-def test_server_holds_the_hyperparameters_of_negligible_kernels() -> None:
-    """`refit_gap`: a kernel whose evidence is more than the gap below the best keeps its `σ, λ` at a refit, and
-    its published evidence is the exact one at them; the others are fitted as without the gap (the same numbers)."""
-    x, y = _drifting_stream(400, 2)
-    c = FedBNRClient(n_inputs=2, n_features=12, bandwidth=(0.002, 0.3, 1.0), sigma=0.1, lam=1.0, min_upload=1)
-    phis = c.features_many(x)
-    first = SufficientStats.from_samples(phis[:100], y[:100], kernel_version=c.kernel_version)
-    rest = SufficientStats.from_samples(phis[100:], y[100:], kernel_version=c.kernel_version)
-    servers = [FedBNRServer.for_client(c, search="profile", refit_gap=g) for g in (0.0, 30.0, 1e9)]
-    for srv in servers:
-        srv.apply(Upload("a", 1, 0, first))
-        srv.publish()
-    gap0, gapped, huge = servers
-    assert np.array_equal(gapped.sigma, gap0.sigma)  # (the first fit refits every kernel)
-    le = gap0.log_evidence
-    held = le < le.max() - 30.0
-    assert held.any() and not held.all()
-    sigma_before, lam_before = gapped.sigma.copy(), gapped.lam.copy()
-    for srv in servers:
-        srv.apply(Upload("a", 2, 0, rest))
-        srv.publish()
-    assert np.array_equal(gapped.sigma[held], sigma_before[held]) and np.array_equal(gapped.lam[held], lam_before[held])
-    assert np.array_equal(gapped.sigma[~held], gap0.sigma[~held])
-    exact = log_evidence(gapped.stats, gapped.sigma, gapped.lam)
-    assert np.allclose(gapped.log_evidence[held], exact[held], rtol=1e-10)
-    assert np.array_equal(huge.sigma, gap0.sigma) and np.array_equal(huge.lam, gap0.lam)  # no kernel that far below
-    with pytest.raises(ValueError):
-        FedBNRServer(dim=3, refit_gap=-1.0)
-
-
 def test_compiled_zoom_search_is_the_numpy_search() -> None:
     from streamfed.algorithms.fedbnr._compiled import kern
     from streamfed.algorithms.fedbnr.evidence import MAX_CONDITION, zoom_search_reference

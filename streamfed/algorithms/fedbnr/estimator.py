@@ -180,9 +180,7 @@ class FedBNRRegressor(base.Regressor):
                               lazy_gap=float(getattr(self, "lazy_gap", 0.0)))
         self.server = FedBNRServer.for_client(client, fit_hyperparameters=bool(self.fit_hyperparameters),
                                               refit_growth=float(getattr(self, "refit_growth", 0.0)),
-                                              search=getattr(self, "evidence_search", "grid"),
-                                              # a kernel the client holds lazily keeps its σ, λ at a refit
-                                              refit_gap=2.0 * float(getattr(self, "lazy_gap", 0.0)))
+                                              search=getattr(self, "evidence_search", "grid"))
         self._client = client
         self._deferred = None
         self._keys = keys

@@ -54,7 +54,6 @@ class FedBNRServer:
         refit_growth: float = 0.0,
         half_life_s: float | None = None,
         search: str = "grid",
-        refit_gap: float = 0.0,
     ) -> None:
         self.dim, self.n_kernels = int(dim), int(n_kernels)
         self.kernel_version, self.epoch = str(kernel_version), int(epoch)
@@ -67,9 +66,6 @@ class FedBNRServer:
         if search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
         self.search = search  # how refit maximises the evidence (fit_hyperparameters)
-        if not (0.0 <= float(refit_gap) < math.inf):
-            raise ValueError(f"refit_gap must be a finite number of nats >= 0, got {refit_gap!r}")
-        self.refit_gap = float(refit_gap)
         self.min_samples = int(min_samples)
         self.max_buffered = int(max_buffered)
         self.stats = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
@@ -150,7 +146,6 @@ class FedBNRServer:
     refit_growth = 0.0
     _n_fitted = 0.0
     search = "grid"
-    refit_gap = 0.0
 
     def refit_due(self) -> bool:
         """Whether :meth:`publish` refits `σ, λ`: fitting is on and the sums hold at least `1 + refit_growth`
@@ -168,35 +163,13 @@ class FedBNRServer:
 
     def refit(self) -> bool:
         """Fit `σ_k, λ_k` per kernel by maximising the exact evidence of the current sums (and keep the
-        maximised evidence). `False` when there is nothing to fit yet.
-
-        With `refit_gap = g > 0` (nats; the River estimator's default is `2·lazy_gap`), a kernel whose evidence at
-        the last fit was more than `g` below the best kernel's, and whose exact evidence at its held `σ_k, λ_k`
-        is still more than `g` below the best refitted one's, keeps them: its weight in the mixture is below
-        `e^-g` either way (a heuristic: a refit could raise its evidence, but it rose by far less than `g`
-        between refits on every stream of benchmarks/bench_progressive.py). Its evidence costs one Cholesky
-        factor instead of a tridiagonal reduction and a search."""
+        maximised evidence). `False` when there is nothing to fit yet."""
         st = self.stats
         if st.n <= 0 or st.q <= 0:
             return False
-        gap = float(getattr(self, "refit_gap", 0.0))
-        held: list[int] = []
-        if gap > 0.0 and self._n_fitted > 0 and self.n_kernels > 1:
-            last = self.log_evidence
-            held = [k for k in range(self.n_kernels) if last[k] < last.max() - gap]
         for k in range(self.n_kernels):
-            if k not in held:
-                sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q, search=self.search)
-                self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
-        if held:
-            best = max(self.log_evidence[k] for k in range(self.n_kernels) if k not in held)
-            sub = SufficientStats(st.S[held], st.b[held], st.n, st.q, st.kernel_version, st.epoch)
-            values = np.atleast_1d(log_evidence(sub, self.sigma[held], self.lam[held]))
-            for k, value in zip(held, values, strict=True):
-                self.log_evidence[k] = value
-                if not value < best - gap:  # within reach of the mixture again: refitted after all
-                    sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q, search=self.search)
-                    self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
+            sig, lam, value = fit_hyperparameters(st.S[k], st.b[k], st.n, st.q, search=self.search)
+            self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
         self._n_fitted = st.n
         return True
 
