@@ -317,8 +317,9 @@ class FedBNRClient(PackedState):
         `x` raises it once `(x_learn, y)` is learned."""
         cache = self._cache
         xf = self._fast_input(x)
-        if (cache is None or xf is None or self._sqrt_gamma != 1.0 or self.discount is not None
-                or not (type(x_learn) is np.ndarray and kern.same_vector(cache[0], x_learn))):
+        # (the bytes compared: a third of the checked compiled call; a -0.0 for a 0.0 only takes the general path)
+        if (cache is None or xf is None or self.forgetting != 1.0 or self.discount is not None
+                or not (type(x_learn) is np.ndarray and cache[0].tobytes() == x_learn.tobytes())):
             self.learn(x_learn, y)
             return self.predict(x)
         y = check_target(y)
