@@ -378,4 +378,5 @@ class DeclaredScales(StreamScales):
     def learn(self, x: np.ndarray, y: float, learn: Callable[[np.ndarray, float], object]) -> None:
         """Call `learn(z_x, z_y)` with the declared transform (nothing is folded in)."""
         zx, zy, _ = self.step(x, y)
+        assert zx is not None  # the declared transform always has one (no warm-up)
         learn(zx, zy)
