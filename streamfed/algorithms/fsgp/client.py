@@ -18,6 +18,14 @@ A global of a newer version `(θ', σ', Z')` carries everything the client holds
 by the projection of Bui et al. (:mod:`.projection`) — pending and unacked statistics — so no statistics
 of two versions are ever added, and nothing learned is discarded. (The regret's comparator keeps its own
 statistics under the initial version, never carried: a fixed comparator class.)
+
+Forgetting (`half_life_s`, :mod:`streamfed.core.discount`): the client has a clock on the fleet's time base (the
+readings' times, :meth:`FSGPClient.advance`); moving it forward by `Δ` multiplies everything it holds — pending,
+unacked, the working posterior's and the own-samples expert's statistics — by `2^(−Δ/h)`, so each is the
+discounted statistics of its samples at the clock. A discount scales `P` but not the prior `C`, so the factors of
+`C + σ⁻²P` are refactorised (`O(M³)` per advance, exact). Uploads carry their time and raw sample count; a
+global is brought to the later of its time and the clock before it is installed. The regret's comparator stays
+undiscounted: the best fixed predictor in hindsight on every own sample, not a drifting one.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from streamfed.algorithms.fsgp.kernels import KIND_CODES, Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky, lower_solve
 from streamfed.algorithms.fsgp.projection import ProjectionMap
+from streamfed.core.discount import Discount
 from streamfed.core.durable import durable
 
 __all__ = ["OWN_PRIOR_WEIGHT", "STAGE_ROWS", "FSGPClient", "finite_target"]
@@ -100,14 +109,29 @@ class FSGPClient:
     >>> up = c.make_upload()
     >>> up.seq, up.stats.n, c.n_pending
     (1, 2.0, 0)
+
+    With a half-life, samples are discounted by the time on the clock (:meth:`advance`):
+
+    >>> c = FSGPClient(h, min_upload=2, learn_hyperparameters=False, half_life_s=3600.0)
+    >>> c.advance(0.0); _ = c.learn(np.array([0.1]), 1.0)
+    >>> c.advance(3600.0); _ = c.learn(np.array([0.2]), 1.0)
+    >>> up = c.make_upload()
+    >>> up.stats.n, up.count, up.time
+    (1.5, 2, 3600.0)
     """
+
+    # forgetting on the time base (class defaults: a client stored before it existed restores without)
+    half_life_s: float | None = None
+    discount: Discount | None = None
+    _clock = -math.inf
+    _n_raw = 0  # with forgetting: the raw count of the folded pending samples (their `n` is discounted)
 
     def __init__(self, hyper: Hyper, *, epoch: int = 0, jitter: float = 1e-6, min_upload: int = 32,
                  client_id: str = "client", learn_hyperparameters: bool = True, reservoir: int = 256,
                  fit_every: int = 128, fit_steps: int = 10, learning_rate: float = 0.05, seed: int = 0,
                  fit_every_max: int | None = None,
                  label_bound: float | None = None, z_box: float | None = None, personal: bool = False,
-                 switch_rate: float = 0.01) -> None:
+                 switch_rate: float = 0.01, half_life_s: float | None = None) -> None:
         if min_upload < 1 or reservoir < 1 or fit_every < 1 or fit_steps < 1:
             raise ValueError("min_upload, reservoir, fit_every and fit_steps must be >= 1")
         self.hyper = hyper
@@ -166,6 +190,10 @@ class FSGPClient:
         self.expert_loss = [0.0, 0.0]  # each expert's prequential squared loss (diagnostics)
         self._hyp_own = np.zeros(3)
         self._out_own = np.empty(2)
+        self.half_life_s = None if half_life_s is None else float(half_life_s)
+        self.discount = None if half_life_s is None else Discount(half_life_s)
+        self._clock = -math.inf
+        self._n_raw = 0
         self._sync()
 
     # ------------------------------------------------------------------ reading
@@ -181,7 +209,51 @@ class FSGPClient:
 
     @property
     def n_pending(self) -> int:
+        """Samples learned since the last upload (a raw count, with forgetting too)."""
+        if self.discount is not None:
+            return self._n_raw + self._staged
         return int(self._pending.n) + self._staged
+
+    @property
+    def clock(self) -> float:
+        """With a half-life: the time (seconds) of the latest sample or global (−∞ before any)."""
+        return self._clock
+
+    def advance(self, time: float) -> None:
+        """Move the clock to `time` (with a half-life; a no-op otherwise): everything held — pending and unacked
+        statistics, the working posterior's and the own-samples expert's — is multiplied by `2^(−Δ/h)` and their
+        factors rebuilt (`O(M³)`, exact). A time before the clock counts as the clock (statistics never move back
+        in time); a time that is not finite is refused (`ValueError`, nothing changed)."""
+        d = self.discount
+        if d is None:
+            return
+        time = float(time)
+        if not math.isfinite(time):
+            raise ValueError(f"time must be finite, got {time!r}")
+        if not time > self._clock:
+            return
+        g = d.factor(self._clock, time)
+        first = not math.isfinite(self._clock)  # the first time: nothing learned yet to discount
+        if g == 1.0 or first:
+            self._clock = time
+            return
+        # the factors first (they may fail — an overflowing refactorisation — with nothing changed), then commit
+        self._fold()  # staged rows were learned at the clock: into the sums before they are discounted
+        post = SparsePosterior(self.hyper, self.post.stats.scaled(g), self.jitter)
+        ra = _augmented_factor(post, "the working posterior's")
+        own_post, ra_own = self.own_post, None
+        if getattr(self, "personal", False):
+            own_post = SparsePosterior(self.hyper, self.own_post.stats.scaled(g), self.jitter)
+            ra_own = _augmented_factor(own_post, "the own posterior's")
+        self._clock = time
+        self.post, self.own_post, self._ra = post, own_post, ra
+        if ra_own is not None:
+            self._ra_own = ra_own
+        self._pending.scale(g)
+        for st in self.unacked.values():
+            st.scale(g)
+        self._r_max *= g  # (still a bound on |r| of the sums)
+        self._cache = None
 
     @property
     def reservoir(self) -> tuple[np.ndarray, np.ndarray]:
@@ -268,6 +340,8 @@ class FSGPClient:
         A `ValueError` leaves everything unchanged."""
         x = _finite_input(x, self.hyper.d)
         y = finite_target(y)
+        if self.discount is not None and not math.isfinite(self._clock):
+            raise ValueError("a client that forgets learns on a clock: advance(time) first")
         ay = abs(y)
         # every running sum must stay finite (Python floats: overflow gives inf, never an exception)
         q_add = self._staged_y2 + y * y
@@ -372,6 +446,7 @@ class FSGPClient:
         add = Stats.from_samples(rows[:, :m], rows[:, m], self.epoch)
         self.post.absorb(add)
         self._pending.absorb(add)
+        self._n_raw = getattr(self, "_n_raw", 0) + n
         if getattr(self, "personal", False):
             self.own_post.absorb(add)
         if self.hyper is self._hyper0:
@@ -456,9 +531,14 @@ class FSGPClient:
             return None
         self._fold()
         prop, weight = self.proposal if self.proposal is not None else (None, 0.0)
-        up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight)
+        if self.discount is None:
+            up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight)
+        else:  # discounted to the clock: its time, and the raw count (what the privacy floor and rate limits count)
+            up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight,
+                        self._clock, self.n_pending)
         self.unacked[self.next_seq] = self._pending
         self._pending = Stats.zeros(self.hyper.m, self.epoch)
+        self._n_raw = 0
         self._r_max = float(np.max(np.abs(self.post.stats.r)))
         self.proposal = None
         self.next_seq += 1
@@ -479,8 +559,22 @@ class FSGPClient:
             return False  # an older (θ, Z): never go back
         if g.epoch == self.epoch and not g.hyper.same_as(self.hyper):
             raise ValueError(f"global version {g.version} changes (θ, σ, Z) without a new epoch")
+        d = self.discount
+        if d is not None and not math.isfinite(g.time):
+            raise ValueError(f"global time {g.time!r} is not finite")
         self._fold()  # staged rows are of the current version: into the sums before anything moves
         pending, unacked = self._pending, dict(self.unacked)
+        glob, own_stats, clock = g.stats, None, self._clock
+        if d is not None:
+            # everything to the later of the clock and the global's time (a scalar each; the projection below is
+            # linear, so discounting before carrying is carrying before discounting)
+            clock = g.time if not math.isfinite(self._clock) else max(self._clock, g.time)
+            glob = d.shift(g.stats, g.time, clock)
+            fac = d.factor(self._clock, clock) if math.isfinite(self._clock) else 1.0
+            if fac != 1.0:
+                pending = pending.scaled(fac)
+                unacked = {s: st.scaled(fac) for s, st in unacked.items()}
+                own_stats = self.own_post.stats.scaled(fac)
         if g.epoch != self.epoch:
             carry = ProjectionMap(self.hyper, g.hyper, g.epoch, self.jitter)
             # pending samples leave in the next upload, which must obey the aggregator's declared bounds for
@@ -493,17 +587,20 @@ class FSGPClient:
             unacked = {s: carry(st) for s, st in unacked.items()}
         inc = int(g.included.get(self.client_id, 0))
         unacked = {s: st for s, st in unacked.items() if s > inc}
-        work = g.stats + pending
+        work = glob + pending
         for st in unacked.values():
             work = work + st
         post = SparsePosterior(g.hyper, work, self.jitter)  # raises before anything changes
         own_post = self.own_post
-        if getattr(self, "personal", False) and g.epoch != self.epoch:
-            own_post = SparsePosterior(g.hyper, carry(own_post.stats), self.jitter)
+        if getattr(self, "personal", False) and (g.epoch != self.epoch or own_stats is not None):
+            own = own_post.stats if own_stats is None else own_stats
+            own_post = SparsePosterior(g.hyper, carry(own) if g.epoch != self.epoch else own, self.jitter)
         if g.epoch != self.epoch:
             self.proposal = None  # fitted from an older version: FedAvg averages from the new one
         self.hyper, self.epoch, self.post, self.own_post = g.hyper, int(g.epoch), post, own_post
         self._pending, self.unacked = pending, unacked
+        self._clock = clock
+        self._cache = None
         self._sync()
         self._r_max = max(float(np.max(np.abs(post.stats.r))), float(np.max(np.abs(pending.r))))
         self.next_seq = max(self.next_seq, inc + 1)
@@ -515,7 +612,8 @@ class FSGPClient:
         """Prequential loss, and the loss of the best fixed predictor `kᵀw` in hindsight on the client's own
         samples, `k = c(Z₀, x)` under the initial `(θ, σ, Z)` (a fixed comparator class, whatever versions
         came since) — the same ridge problem as the posterior mean, `w = (P + σ²C)⁻¹ r`, loss
-        `q - 2wᵀr + wᵀPw`, from those statistics alone."""
+        `q - 2wᵀr + wᵀPw`, from those statistics alone. With forgetting the comparator is still undiscounted:
+        every own sample weighs 1, the regret is against the best *fixed* predictor."""
         self._fold()
         own = self._own0.stats
         best = 0.0

@@ -106,6 +106,20 @@ class Stats:
     def copy(self) -> Stats:
         return Stats(self.P.copy(), self.r.copy(), self.n, self.q, self.epoch)
 
+    def scaled(self, factor: float) -> Stats:
+        """Every statistic times `factor` (a copy): forgetting's discount (:mod:`streamfed.core.discount`), a
+        tempered upload's share."""
+        f = float(factor)
+        return Stats(self.P * f, self.r * f, self.n * f, self.q * f, self.epoch)
+
+    def scale(self, factor: float) -> None:
+        """Every statistic times `factor`, in place."""
+        f = float(factor)
+        self.P *= f
+        self.r *= f
+        self.n *= f
+        self.q *= f
+
     def is_finite(self) -> bool:
         return bool(np.all(np.isfinite(self.P)) and np.all(np.isfinite(self.r))
                     and math.isfinite(self.n) and math.isfinite(self.q))
@@ -239,6 +253,12 @@ class SparsePosterior:
     def absorb(self, stats: Stats) -> None:
         """Add a block of samples' statistics (the factor is refreshed before the next prediction)."""
         self.stats.absorb(stats)
+        self._L_B = None
+
+    def discount(self, factor: float) -> None:
+        """Every statistic times `factor` ∈ (0, 1] (forgetting), in place. `B = C + σ⁻²·factor·P` is no multiple of
+        the old `B` (the prior `C` does not decay), so `L_B` is refactorised (`O(M³)`) before the next prediction."""
+        self.stats.scale(factor)
         self._L_B = None
 
     def predict_features(self, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
