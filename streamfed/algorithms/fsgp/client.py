@@ -20,12 +20,13 @@ of two versions are ever added, and nothing learned is discarded. (The regret's 
 statistics under the initial version, never carried: a fixed comparator class.)
 
 Forgetting (`half_life_s`, :mod:`streamfed.core.discount`): the client has a clock on the fleet's time base (the
-readings' times, :meth:`FSGPClient.advance`); moving it forward by `Δ` multiplies everything it holds — pending,
-unacked, the working posterior's and the own-samples expert's statistics — by `2^(−Δ/h)`, so each is the
-discounted statistics of its samples at the clock. A discount scales `P` but not the prior `C`, so the factors of
-`C + σ⁻²P` are refactorised (`O(M³)` per advance, exact). Uploads carry their time and raw sample count; a
-global is brought to the later of its time and the clock before it is installed. The regret's comparator stays
-undiscounted: the best fixed predictor in hindsight on every own sample, not a drifting one.
+readings' times, :meth:`FSGPClient.advance`); moving it forward by `Δ` multiplies the pending, the working
+posterior's and the own-samples expert's statistics by `2^(−Δ/h)`, so each is the discounted statistics of its
+samples at the clock. A discount scales `P` but not the prior `C`, so the factors of `C + σ⁻²P` are refactorised
+(`O(M³/3)` each per advance, exact). Uploads carry their time and raw sample count (unacked ones keep theirs);
+a global and the unacked uploads are brought to the later of its time and the clock when it is installed. The
+regret's comparator stays undiscounted: the best fixed predictor in hindsight on every own sample, not a drifting
+one.
 """
 
 from __future__ import annotations
@@ -69,15 +70,17 @@ def _log_density(y: float, mean: float, var: float) -> float:
     return -0.5 * (math.log(2.0 * math.pi * var) + (y - mean) ** 2 / var)
 
 
-def _augmented_factor(post: SparsePosterior, what: str) -> np.ndarray:
-    """`Rₐ = [[L_Bᵀ, u], [0, ρ]]` of a posterior (:mod:`._kernels`): `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`."""
+def _augmented_factor(post: SparsePosterior, what: str, factored: tuple[Stats, np.ndarray] | None = None
+                      ) -> np.ndarray:
+    """`Rₐ = [[L_Bᵀ, u], [0, ρ]]` of a posterior (:mod:`._kernels`): `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`
+    (`factored`: of these statistics and factor of `B` under the posterior's `(θ, σ, Z)` instead)."""
     h, m = post.hyper, post.hyper.m
-    L_B = post.L_B
+    stats, L_B = (post.stats, post.L_B) if factored is None else factored
     ra = np.zeros((m + 1, m + 1))
     ra[:m, :m] = L_B.T
-    u = lower_solve(L_B, post.stats.r) / h.noise_var
+    u = lower_solve(L_B, stats.r) / h.noise_var
     ra[:m, m] = u
-    ra[m, m] = math.sqrt(max(post.stats.q / h.noise_var - float(u @ u), 0.0))
+    ra[m, m] = math.sqrt(max(stats.q / h.noise_var - float(u @ u), 0.0))
     if not np.all(np.isfinite(ra)):
         raise NonFiniteError(f"{what} factor is not finite")
     return ra
@@ -125,6 +128,7 @@ class FSGPClient:
     discount: Discount | None = None
     _clock = -math.inf
     _n_raw = 0  # with forgetting: the raw count of the folded pending samples (their `n` is discounted)
+    unacked_time: dict[int, float] = {}  # noqa: RUF012 (replaced, never mutated, on a client stored before it)
 
     def __init__(self, hyper: Hyper, *, epoch: int = 0, jitter: float = 1e-6, min_upload: int = 32,
                  client_id: str = "client", learn_hyperparameters: bool = True, reservoir: int = 256,
@@ -155,6 +159,7 @@ class FSGPClient:
         self._hyper0 = hyper
         self._own0 = SparsePosterior(hyper, Stats.zeros(m, self.epoch), self.jitter)
         self.unacked: dict[int, Stats] = {}
+        self.unacked_time: dict[int, float] = {}  # with forgetting: the time each unacked upload is discounted to
         self.global_model: GlobalModel | None = None
         self.next_seq = 1
         self.proposal: tuple[Hyper, float] | None = None
@@ -220,9 +225,10 @@ class FSGPClient:
         return self._clock
 
     def advance(self, time: float) -> None:
-        """Move the clock to `time` (with a half-life; a no-op otherwise): everything held — pending and unacked
-        statistics, the working posterior's and the own-samples expert's — is multiplied by `2^(−Δ/h)` and their
-        factors rebuilt (`O(M³)`, exact). A time before the clock counts as the clock (statistics never move back
+        """Move the clock to `time` (with a half-life; a no-op otherwise): everything held — the pending statistics,
+        the working posterior's and the own-samples expert's — is multiplied by `2^(−Δ/h)` and their factors rebuilt
+        (`O(M³/3)` each, exact); unacked uploads keep their own times (:attr:`unacked_time`) until a global reads
+        them. A time before the clock counts as the clock (statistics never move back
         in time); a time that is not finite is refused (`ValueError`, nothing changed)."""
         d = self.discount
         if d is None:
@@ -239,19 +245,19 @@ class FSGPClient:
             return
         # the factors first (they may fail — an overflowing refactorisation — with nothing changed), then commit
         self._fold()  # staged rows were learned at the clock: into the sums before they are discounted
-        post = SparsePosterior(self.hyper, self.post.stats.scaled(g), self.jitter)
-        ra = _augmented_factor(post, "the working posterior's")
-        own_post, ra_own = self.own_post, None
+        work = self.post.discounted(g)
+        ra = _augmented_factor(self.post, "the working posterior's", work)
+        own, ra_own = None, None
         if getattr(self, "personal", False):
-            own_post = SparsePosterior(self.hyper, self.own_post.stats.scaled(g), self.jitter)
-            ra_own = _augmented_factor(own_post, "the own posterior's")
+            own = self.own_post.discounted(g)
+            ra_own = _augmented_factor(self.own_post, "the own posterior's", own)
         self._clock = time
-        self.post, self.own_post, self._ra = post, own_post, ra
-        if ra_own is not None:
+        self.post.set_factored(*work)
+        self._ra = ra
+        if own is not None and ra_own is not None:
+            self.own_post.set_factored(*own)
             self._ra_own = ra_own
-        self._pending.scale(g)
-        for st in self.unacked.values():
-            st.scale(g)
+        self._pending.scale(g)  # (unacked uploads stay as sent, at their own times: a global shifts them when read)
         self._r_max *= g  # (still a bound on |r| of the sums)
         self._cache = None
 
@@ -537,6 +543,8 @@ class FSGPClient:
             up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight,
                         self._clock, self.n_pending)
         self.unacked[self.next_seq] = self._pending
+        if self.discount is not None:
+            self.unacked_time[self.next_seq] = self._clock
         self._pending = Stats.zeros(self.hyper.m, self.epoch)
         self._n_raw = 0
         self._r_max = float(np.max(np.abs(self.post.stats.r)))
@@ -571,9 +579,10 @@ class FSGPClient:
             clock = g.time if not math.isfinite(self._clock) else max(self._clock, g.time)
             glob = d.shift(g.stats, g.time, clock)
             fac = d.factor(self._clock, clock) if math.isfinite(self._clock) else 1.0
+            times = self.unacked_time
+            unacked = {s: d.shift(st, times.get(s, self._clock), clock) for s, st in unacked.items()}
             if fac != 1.0:
                 pending = pending.scaled(fac)
-                unacked = {s: st.scaled(fac) for s, st in unacked.items()}
                 own_stats = self.own_post.stats.scaled(fac)
         if g.epoch != self.epoch:
             carry = ProjectionMap(self.hyper, g.hyper, g.epoch, self.jitter)
@@ -599,6 +608,8 @@ class FSGPClient:
             self.proposal = None  # fitted from an older version: FedAvg averages from the new one
         self.hyper, self.epoch, self.post, self.own_post = g.hyper, int(g.epoch), post, own_post
         self._pending, self.unacked = pending, unacked
+        if d is not None:
+            self.unacked_time = dict.fromkeys(unacked, clock)
         self._clock = clock
         self._cache = None
         self._sync()

@@ -255,11 +255,17 @@ class SparsePosterior:
         self.stats.absorb(stats)
         self._L_B = None
 
-    def discount(self, factor: float) -> None:
-        """Every statistic times `factor` ∈ (0, 1] (forgetting), in place. `B = C + σ⁻²·factor·P` is no multiple of
-        the old `B` (the prior `C` does not decay), so `L_B` is refactorised (`O(M³)`) before the next prediction."""
-        self.stats.scale(factor)
-        self._L_B = None
+    def discounted(self, factor: float) -> tuple[Stats, np.ndarray]:
+        """The statistics times `factor` ∈ (0, 1] (forgetting) and the Cholesky factor of their `B`, without changing
+        anything (:meth:`set_factored` installs them). `B = C + σ⁻²·factor·P` is no multiple of the old `B` — the
+        prior `C` does not decay — so this is one refactorisation, `O(M³/3)` (`C` and its factor are kept)."""
+        stats = self.stats.scaled(factor)
+        B = self.C + stats.P / self.hyper.noise_var
+        return stats, cholesky(0.5 * (B + B.T), "C + P/σ²")
+
+    def set_factored(self, stats: Stats, L_B: np.ndarray) -> None:
+        """Install statistics with the factor of their `B` (what :meth:`discounted` made; not checked)."""
+        self.stats, self._L_B = stats, L_B
 
     def predict_features(self, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Means and variances for features `K = c(Z, X*)` (M, T)."""
