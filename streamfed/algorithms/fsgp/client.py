@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_solve
@@ -129,6 +130,9 @@ class FSGPClient:
     _clock = -math.inf
     _n_raw = 0  # with forgetting: the raw count of the folded pending samples (their `n` is discounted)
     unacked_time: dict[int, float] = {}  # noqa: RUF012 (replaced, never mutated, on a client stored before it)
+    # personalised: (n, global version, x bytes, global expert's, own expert's, mixture's prediction) of the last
+    # predict (a class default: a client stored before it has none)
+    _cache: tuple[Any, ...] | None = None
 
     def __init__(self, hyper: Hyper, *, epoch: int = 0, jitter: float = 1e-6, min_upload: int = 32,
                  client_id: str = "client", learn_hyperparameters: bool = True, reservoir: int = 256,
