@@ -509,6 +509,11 @@ def test_without_a_half_life_the_wire_is_unchanged_and_old_uploads_decode() -> N
     assert learner.install_global(agg.global_message("f", "agg", ALGORITHM.kernel_version(plain)))
     with pytest.raises(ValueError, match="exclusive"):
         ALGORITHM.learner(_cfg(["a"]).model_copy(update={"secure_aggregation": True}), "a", 0)
+    # differential privacy clips and noises the statistics and the proposal; a timed upload's time stays public
+    assert learner.upload_sensitivity(1.0).arrays is None
+    timed_learner = ALGORITHM.learner(_cfg(["a"]), "a", 0)
+    names = timed_learner.upload_sensitivity(1.0).arrays
+    assert names is not None and "time" not in names and {"P_upper", "r", "q"} <= set(names)
 
 
 def test_a_restored_client_and_server_continue_bit_for_bit() -> None:
