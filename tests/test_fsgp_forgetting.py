@@ -566,3 +566,27 @@ def test_replay_with_a_ten_year_gap_forgets_everything() -> None:
     for v in res.variances:
         assert v[19] < 0.5 * v[0]  # learned: more certain than the prior
         assert v[20] == pytest.approx(v[0], rel=1e-6)  # after the gap: the prior again
+
+
+def test_a_private_forgetting_agent_keeps_its_time_public_and_its_uploads_are_taken() -> None:
+    """Under differential privacy an FSGP upload is clipped whole and noised, but its `time` is public (as its
+    timing is): the aggregator receives the reading's time unchanged, and takes every upload."""
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
+
+    cfg = _cfg(["a1"], min_upload=8).model_copy(update={"dp_epsilon": 1.0})
+    agent = AgentCore(cfg, "a1", 0, mode="async")
+    agent.privacy.rng = np.random.default_rng(3)  # type: ignore[union-attr]
+    agg = AggregatorCore(cfg, clients=["a1"], mode="async", window=0.0, check_stats=False)
+    times = []
+    for t in range(200):
+        ts = 1.36e9 + 3600.0 * t
+        for m in agent.on_reading(Reading(f"r{t}", np.array([np.sin(t), 0.3]), ts, y=0.1 * np.cos(t)),
+                                  now=1.8e9)[1]:
+            if m.kind.endswith(".update"):
+                times.append((float(m.arrays["time"]), ts))
+                agg.on_update("a1", encode(m, cfg), now=1.8e9)
+    assert len(times) >= 5 and all(sent == ts for sent, ts in times)
+    assert sum(agg.rejected.values()) == 0, agg.rejected
