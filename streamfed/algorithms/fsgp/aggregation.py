@@ -194,10 +194,10 @@ class FSGPAggregation(RobustShares, SummingWindow):
     def check(self, msg: Message) -> Upload:
         up = read_update(msg, self.server.hyper.kind)
         timed = self.server.discount is not None
-        # n_samples is what the core's token bucket charges: the raw count (discounted n ≤ it, checked below)
-        if msg.n_samples != (up.count if timed else int(up.stats.n)):
-            raise ValueError(f"n_samples {msg.n_samples} but the upload counts "
-                             f"{up.count if timed else up.stats.n:g} samples")
+        # n_samples is what the core's token bucket charges: a discounted upload's raw count (read as its `count`,
+        # and n ≤ it, checked below), else its n (whether it should be discounted: the server's validate says)
+        if not up.count and msg.n_samples != int(up.stats.n):
+            raise ValueError(f"n_samples {msg.n_samples} but n = {up.stats.n:g}")
         # an upload stamped in the future would discount everyone's statistics when the sums move to its time
         if timed and math.isfinite(up.time) and up.time > self.now() + MAX_CLOCK_SKEW_S:  # (∞: validate says)
             raise ValueError(f"upload time {up.time:.0f} is more than {MAX_CLOCK_SKEW_S:g} s ahead of this "
@@ -209,7 +209,7 @@ class FSGPAggregation(RobustShares, SummingWindow):
         check_statistics(up.stats, max_abs=self.max_abs, psd=checked,
                          label_bound=self.label_bound if checked else None,
                          feat_sq=feature_sq_bound(hyper) if checked and hyper is not None else None,
-                         count=max(up.count, 1) if timed else None)
+                         count=up.count if up.count else None)
         if up.proposal is not None:
             if float(np.max(np.abs(up.proposal.to_vector()))) > self.max_abs:
                 raise ValueError(f"a proposed value is beyond ±{self.max_abs:g}")
