@@ -568,6 +568,7 @@ def test_replay_with_a_ten_year_gap_forgets_everything() -> None:
         assert v[20] == pytest.approx(v[0], rel=1e-6)  # after the gap: the prior again
 
 
+@pytest.mark.slow
 def test_a_private_forgetting_agent_keeps_its_time_public_and_its_uploads_are_taken() -> None:
     """Under differential privacy an FSGP upload is clipped whole and noised, but its `time` is public (as its
     timing is): the aggregator receives the reading's time unchanged, and takes every upload."""
