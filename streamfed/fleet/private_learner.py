@@ -98,7 +98,7 @@ class PrivateLearner(WrappedLearner):
         self.budget = budget
         # without a per-sample bound the upload is clipped whole; a count array it names is the schedule's, not noised
         self.sensitivity = (inner.upload_sensitivity(label_bound) if inner.sample_sensitivity
-                            else UploadSensitivity(count=_count_array(inner, label_bound)))
+                            else _clipped_whole(inner, label_bound))
         self.l2 = self.sensitivity.l2 if self.sensitivity.l2 is not None else 2.0 * self.clip_norm
         # one upload is (ε, δ)-DP — or the multiplier is given (calibrated for a whole stream's composition)
         self.z = dp.noise_multiplier(epsilon, delta) if noise_multiplier is None else float(noise_multiplier)
@@ -300,12 +300,14 @@ class PrivateLearner(WrappedLearner):
         return getattr(self.inner, name)
 
 
-def _count_array(inner: Learner, label_bound: float) -> str | None:
-    """The count array a learner without a per-sample bound names (PVI's factor `n`), if any."""
+def _clipped_whole(inner: Learner, label_bound: float) -> UploadSensitivity:
+    """What a learner without a per-sample bound names, if it says: its count array (PVI's factor `n`) and the
+    arrays that carry its samples (None: every floating one; FSGP with forgetting leaves its public `time` out)."""
     try:
-        return inner.upload_sensitivity(label_bound).count
+        s = inner.upload_sensitivity(label_bound)
     except ValueError:
-        return None
+        return UploadSensitivity()
+    return UploadSensitivity(arrays=s.arrays, count=s.count)
 
 
 def _project(v: np.ndarray, spec: ArraySpec) -> np.ndarray:

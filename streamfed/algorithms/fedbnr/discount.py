@@ -1,56 +1,12 @@
-"""Exponential forgetting on a shared time base (docs/algorithms.md §4, "Forgetting that federates"): a sample
-observed at time `t` (seconds, on the clock every client and the aggregator share: the readings' timestamps or
-the fleet's wall clock) counts `w(T) = 2^(−(T − t)/h)` at reference time `T`, `h` the half-life. A discount is a
-scalar multiple of every statistic `(S, b, n, q)`, so statistics held at different times are brought to one
-reference time by a scalar and then summed exactly: the fleet's sum of discounted statistics is the
-centralised discounted statistics of all its samples.
+"""FedBNR's forgetting on a shared time base: :class:`~streamfed.core.discount.Discount`, which moved to the core
+(FSGP forgets the same way); re-exported here so existing imports keep working.
 
-Statistics are only ever moved *forward* in time (a factor ≤ 1): nothing is inflated, so no discount can
-overflow, and a discounted sample never weighs more than an undiscounted one (what the DP sensitivity needs).
-
->>> d = Discount(3600.0)
->>> d.factor(0.0, 7200.0)
-0.25
->>> import numpy as np
->>> from streamfed.core.stats import SufficientStats
->>> st = SufficientStats.from_samples(np.ones((2, 1, 1)), np.ones(2))
->>> float(d.shift(st, 0.0, 3600.0).n)
-1.0
+>>> Discount(3600.0).factor(0.0, 3600.0)
+0.5
 """
 
 from __future__ import annotations
 
-import math
-
-from streamfed.core.durable import durable
-from streamfed.core.stats import SufficientStats
+from streamfed.core.discount import Discount
 
 __all__ = ["Discount"]
-
-
-@durable("fedbnr.Discount")
-class Discount:
-    """The weight `2^(−Δ/h)` of a sample `Δ ≥ 0` seconds old, and statistics moved forward in time by it.
-
-    >>> Discount(10.0).factor(5.0, 5.0), Discount(10.0).factor(5.0, 4.0)  # never inflates
-    (1.0, 1.0)
-    """
-
-    def __init__(self, half_life_s: float) -> None:
-        h = float(half_life_s)
-        if not (math.isfinite(h) and h > 0):
-            raise ValueError(f"half_life_s must be finite and > 0, got {half_life_s!r}")
-        self.half_life_s = h
-        self._rate = math.log(2.0) / h  # log-domain: the weight is exp(−rate·Δ)
-
-    def factor(self, t_from: float, t_to: float) -> float:
-        """`2^(−(t_to − t_from)/h)` for `t_to ≥ t_from`, 1 otherwise (statistics are never moved back in time);
-        0 when `t_from` is −∞ (nothing held yet)."""
-        if not t_to > t_from:
-            return 1.0
-        return math.exp(-self._rate * (t_to - t_from))  # underflows to 0 for very old statistics: still exact
-
-    def shift(self, st: SufficientStats, t_from: float, t_to: float) -> SufficientStats:
-        """`st` (held at `t_from`) as held at `t_to` (a copy)."""
-        g = self.factor(t_from, t_to)
-        return st.copy() if g == 1.0 else st.scaled(g)

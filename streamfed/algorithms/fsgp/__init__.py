@@ -91,6 +91,10 @@ class FSGPParams(Params):
     # robust_soft × the others' median has its uploads down-weighted; 0 (the default) turns it off — at 1.0 the
     # attack-free Beijing fleet's MSE rose 18%, at 4.0 12% (docs/reliability.md §7.2.1), unlike FedBNR's
     robust_soft: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    # forgetting on the fleet's time base (docs/algorithms.md, FSGP "Forgetting"): a sample observed at time t
+    # (the readings' timestamps, else the agents' clocks) weighs 2^(−Δ/half_life_s) in everything a client holds,
+    # its uploads and the globals, exactly as FedBNR's; None: off
+    half_life_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 def initial_hyper(cfg: FleetConfig) -> Hyper:
@@ -122,6 +126,13 @@ def inducing_box(cfg: FleetConfig) -> float | None:
     if box is None:
         return None
     return max(float(box), float(np.max(np.abs(initial_hyper(cfg).Z))))
+
+
+def _check_time_base(cfg: FleetConfig, p: FSGPParams) -> None:
+    # a masked sum adds its members' arrays, times included: statistics held at different times cannot be summed so
+    if p.half_life_s is not None and cfg.secure_aggregation:
+        raise ValueError("FSGP's half_life_s and secure aggregation are exclusive: a masked sum cannot bring its "
+                         "members' statistics to one time")
 
 
 class FSGP(Algorithm):
@@ -156,13 +167,14 @@ class FSGP(Algorithm):
         if mode == "lockstep":
             raise ValueError("FSGP is order-free (use async)")
         p = params_of(cfg, FSGPParams)
+        _check_time_base(cfg, p)
         learner = FSGPLearner(FSGPClient(
             initial_hyper(cfg), jitter=p.jitter, min_upload=p.min_upload, client_id=client_id,
             learn_hyperparameters=p.learn_hyperparameters, reservoir=p.reservoir, fit_every=p.fit_every,
             fit_every_max=p.fit_every_max,
             fit_steps=p.fit_steps, learning_rate=p.learning_rate, seed=cfg.seed,
             label_bound=cfg.robust.label_bound, z_box=inducing_box(cfg), personal=p.personal,
-            switch_rate=p.switch_rate))
+            switch_rate=p.switch_rate, half_life_s=p.half_life_s))
         return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True
@@ -172,11 +184,12 @@ class FSGP(Algorithm):
         from streamfed.algorithms.shares import Robust
 
         p, r = params_of(cfg, FSGPParams), cfg.robust
+        _check_time_base(cfg, p)
         robust = Robust.of(r, p)
         server = (RobustFSGPServer if robust else FSGPServer)(
             initial_hyper(cfg), jitter=p.jitter, min_samples=p.min_upload,
             learn_hyperparameters=p.learn_hyperparameters, min_proposal_weight=p.min_proposal_weight,
-            proposal_quorum=p.proposal_quorum)
+            proposal_quorum=p.proposal_quorum, half_life_s=p.half_life_s)
         return FSGPAggregation(server, max_abs=max_abs, check_stats=check_stats, label_bound=r.label_bound,
                                max_weight=float(p.reservoir), z_box=inducing_box(cfg), robust=robust,
                                roster=len(cfg.clients) if cfg.clients else None)

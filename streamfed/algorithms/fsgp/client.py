@@ -18,12 +18,22 @@ A global of a newer version `(θ', σ', Z')` carries everything the client holds
 by the projection of Bui et al. (:mod:`.projection`) — pending and unacked statistics — so no statistics
 of two versions are ever added, and nothing learned is discarded. (The regret's comparator keeps its own
 statistics under the initial version, never carried: a fixed comparator class.)
+
+Forgetting (`half_life_s`, :mod:`streamfed.core.discount`): the client has a clock on the fleet's time base (the
+readings' times, :meth:`FSGPClient.advance`); moving it forward by `Δ` multiplies the pending, the working
+posterior's and the own-samples expert's statistics by `2^(−Δ/h)`, so each is the discounted statistics of its
+samples at the clock. A discount scales `P` but not the prior `C`, so the factors of `C + σ⁻²P` are refactorised
+(`O(M³/3)` each per advance, exact). Uploads carry their time and raw sample count (unacked ones keep theirs);
+a global and the unacked uploads are brought to the later of its time and the clock when it is installed. The
+regret's comparator stays undiscounted: the best fixed predictor in hindsight on every own sample, not a drifting
+one.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
+from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_solve
@@ -37,6 +47,7 @@ from streamfed.algorithms.fsgp.kernels import KIND_CODES, Hyper
 from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import SparsePosterior, Stats, cholesky, lower_solve
 from streamfed.algorithms.fsgp.projection import ProjectionMap
+from streamfed.core.discount import Discount
 from streamfed.core.durable import durable
 
 __all__ = ["OWN_PRIOR_WEIGHT", "STAGE_ROWS", "FSGPClient", "finite_target"]
@@ -60,15 +71,17 @@ def _log_density(y: float, mean: float, var: float) -> float:
     return -0.5 * (math.log(2.0 * math.pi * var) + (y - mean) ** 2 / var)
 
 
-def _augmented_factor(post: SparsePosterior, what: str) -> np.ndarray:
-    """`Rₐ = [[L_Bᵀ, u], [0, ρ]]` of a posterior (:mod:`._kernels`): `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`."""
+def _augmented_factor(post: SparsePosterior, what: str, factored: tuple[Stats, np.ndarray] | None = None
+                      ) -> np.ndarray:
+    """`Rₐ = [[L_Bᵀ, u], [0, ρ]]` of a posterior (:mod:`._kernels`): `u = σ⁻² L_B⁻¹ r`, `ρ² = σ⁻² q - uᵀu`
+    (`factored`: of these statistics and factor of `B` under the posterior's `(θ, σ, Z)` instead)."""
     h, m = post.hyper, post.hyper.m
-    L_B = post.L_B
+    stats, L_B = (post.stats, post.L_B) if factored is None else factored
     ra = np.zeros((m + 1, m + 1))
     ra[:m, :m] = L_B.T
-    u = lower_solve(L_B, post.stats.r) / h.noise_var
+    u = lower_solve(L_B, stats.r) / h.noise_var
     ra[:m, m] = u
-    ra[m, m] = math.sqrt(max(post.stats.q / h.noise_var - float(u @ u), 0.0))
+    ra[m, m] = math.sqrt(max(stats.q / h.noise_var - float(u @ u), 0.0))
     if not np.all(np.isfinite(ra)):
         raise NonFiniteError(f"{what} factor is not finite")
     return ra
@@ -100,14 +113,33 @@ class FSGPClient:
     >>> up = c.make_upload()
     >>> up.seq, up.stats.n, c.n_pending
     (1, 2.0, 0)
+
+    With a half-life, samples are discounted by the time on the clock (:meth:`advance`):
+
+    >>> c = FSGPClient(h, min_upload=2, learn_hyperparameters=False, half_life_s=3600.0)
+    >>> c.advance(0.0); _ = c.learn(np.array([0.1]), 1.0)
+    >>> c.advance(3600.0); _ = c.learn(np.array([0.2]), 1.0)
+    >>> up = c.make_upload()
+    >>> up.stats.n, up.count, up.time
+    (1.5, 2, 3600.0)
     """
+
+    # forgetting on the time base (class defaults: a client stored before it existed restores without)
+    half_life_s: float | None = None
+    discount: Discount | None = None
+    _clock = -math.inf
+    _n_raw = 0  # with forgetting: the raw count of the folded pending samples (their `n` is discounted)
+    unacked_time: dict[int, float] = {}  # noqa: RUF012 (replaced, never mutated, on a client stored before it)
+    # personalised: (n, global version, x bytes, global expert's, own expert's, mixture's prediction) of the last
+    # predict (a class default: a client stored before it has none)
+    _cache: tuple[Any, ...] | None = None
 
     def __init__(self, hyper: Hyper, *, epoch: int = 0, jitter: float = 1e-6, min_upload: int = 32,
                  client_id: str = "client", learn_hyperparameters: bool = True, reservoir: int = 256,
                  fit_every: int = 128, fit_steps: int = 10, learning_rate: float = 0.05, seed: int = 0,
                  fit_every_max: int | None = None,
                  label_bound: float | None = None, z_box: float | None = None, personal: bool = False,
-                 switch_rate: float = 0.01) -> None:
+                 switch_rate: float = 0.01, half_life_s: float | None = None) -> None:
         if min_upload < 1 or reservoir < 1 or fit_every < 1 or fit_steps < 1:
             raise ValueError("min_upload, reservoir, fit_every and fit_steps must be >= 1")
         self.hyper = hyper
@@ -131,6 +163,7 @@ class FSGPClient:
         self._hyper0 = hyper
         self._own0 = SparsePosterior(hyper, Stats.zeros(m, self.epoch), self.jitter)
         self.unacked: dict[int, Stats] = {}
+        self.unacked_time: dict[int, float] = {}  # with forgetting: the time each unacked upload is discounted to
         self.global_model: GlobalModel | None = None
         self.next_seq = 1
         self.proposal: tuple[Hyper, float] | None = None
@@ -166,6 +199,10 @@ class FSGPClient:
         self.expert_loss = [0.0, 0.0]  # each expert's prequential squared loss (diagnostics)
         self._hyp_own = np.zeros(3)
         self._out_own = np.empty(2)
+        self.half_life_s = None if half_life_s is None else float(half_life_s)
+        self.discount = None if half_life_s is None else Discount(half_life_s)
+        self._clock = -math.inf
+        self._n_raw = 0
         self._sync()
 
     # ------------------------------------------------------------------ reading
@@ -181,7 +218,52 @@ class FSGPClient:
 
     @property
     def n_pending(self) -> int:
+        """Samples learned since the last upload (a raw count, with forgetting too)."""
+        if self.discount is not None:
+            return self._n_raw + self._staged
         return int(self._pending.n) + self._staged
+
+    @property
+    def clock(self) -> float:
+        """With a half-life: the time (seconds) of the latest sample or global (−∞ before any)."""
+        return self._clock
+
+    def advance(self, time: float) -> None:
+        """Move the clock to `time` (with a half-life; a no-op otherwise): everything held — the pending statistics,
+        the working posterior's and the own-samples expert's — is multiplied by `2^(−Δ/h)` and their factors rebuilt
+        (`O(M³/3)` each, exact); unacked uploads keep their own times (:attr:`unacked_time`) until a global reads
+        them. A time before the clock counts as the clock (statistics never move back
+        in time); a time that is not finite is refused (`ValueError`, nothing changed)."""
+        d = self.discount
+        if d is None:
+            return
+        time = float(time)
+        if not math.isfinite(time):
+            raise ValueError(f"time must be finite, got {time!r}")
+        if not time > self._clock:
+            return
+        g = d.factor(self._clock, time)
+        first = not math.isfinite(self._clock)  # the first time: nothing learned yet to discount
+        if g == 1.0 or first:
+            self._clock = time
+            return
+        # the factors first (they may fail — an overflowing refactorisation — with nothing changed), then commit
+        self._fold()  # staged rows were learned at the clock: into the sums before they are discounted
+        work = self.post.discounted(g)
+        ra = _augmented_factor(self.post, "the working posterior's", work)
+        own, ra_own = None, None
+        if getattr(self, "personal", False):
+            own = self.own_post.discounted(g)
+            ra_own = _augmented_factor(self.own_post, "the own posterior's", own)
+        self._clock = time
+        self.post.set_factored(*work)
+        self._ra = ra
+        if own is not None and ra_own is not None:
+            self.own_post.set_factored(*own)
+            self._ra_own = ra_own
+        self._pending.scale(g)  # (unacked uploads stay as sent, at their own times: a global shifts them when read)
+        self._r_max *= g  # (still a bound on |r| of the sums)
+        self._cache = None
 
     @property
     def reservoir(self) -> tuple[np.ndarray, np.ndarray]:
@@ -268,6 +350,8 @@ class FSGPClient:
         A `ValueError` leaves everything unchanged."""
         x = _finite_input(x, self.hyper.d)
         y = finite_target(y)
+        if self.discount is not None and not math.isfinite(self._clock):
+            raise ValueError("a client that forgets learns on a clock: advance(time) first")
         ay = abs(y)
         # every running sum must stay finite (Python floats: overflow gives inf, never an exception)
         q_add = self._staged_y2 + y * y
@@ -372,6 +456,7 @@ class FSGPClient:
         add = Stats.from_samples(rows[:, :m], rows[:, m], self.epoch)
         self.post.absorb(add)
         self._pending.absorb(add)
+        self._n_raw = getattr(self, "_n_raw", 0) + n
         if getattr(self, "personal", False):
             self.own_post.absorb(add)
         if self.hyper is self._hyper0:
@@ -456,9 +541,16 @@ class FSGPClient:
             return None
         self._fold()
         prop, weight = self.proposal if self.proposal is not None else (None, 0.0)
-        up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight)
+        if self.discount is None:
+            up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight)
+        else:  # discounted to the clock: its time, and the raw count (what the privacy floor and rate limits count)
+            up = Upload(self.client_id, self.next_seq, self.global_version, self._pending.copy(), prop, weight,
+                        self._clock, self.n_pending)
         self.unacked[self.next_seq] = self._pending
+        if self.discount is not None:
+            self.unacked_time[self.next_seq] = self._clock
         self._pending = Stats.zeros(self.hyper.m, self.epoch)
+        self._n_raw = 0
         self._r_max = float(np.max(np.abs(self.post.stats.r)))
         self.proposal = None
         self.next_seq += 1
@@ -479,8 +571,23 @@ class FSGPClient:
             return False  # an older (θ, Z): never go back
         if g.epoch == self.epoch and not g.hyper.same_as(self.hyper):
             raise ValueError(f"global version {g.version} changes (θ, σ, Z) without a new epoch")
+        d = self.discount
+        if d is not None and not math.isfinite(g.time):
+            raise ValueError(f"global time {g.time!r} is not finite")
         self._fold()  # staged rows are of the current version: into the sums before anything moves
         pending, unacked = self._pending, dict(self.unacked)
+        glob, own_stats, clock = g.stats, None, self._clock
+        if d is not None:
+            # everything to the later of the clock and the global's time (a scalar each; the projection below is
+            # linear, so discounting before carrying is carrying before discounting)
+            clock = g.time if not math.isfinite(self._clock) else max(self._clock, g.time)
+            glob = d.shift(g.stats, g.time, clock)
+            fac = d.factor(self._clock, clock) if math.isfinite(self._clock) else 1.0
+            times = self.unacked_time
+            unacked = {s: d.shift(st, times.get(s, self._clock), clock) for s, st in unacked.items()}
+            if fac != 1.0:
+                pending = pending.scaled(fac)
+                own_stats = self.own_post.stats.scaled(fac)
         if g.epoch != self.epoch:
             carry = ProjectionMap(self.hyper, g.hyper, g.epoch, self.jitter)
             # pending samples leave in the next upload, which must obey the aggregator's declared bounds for
@@ -493,17 +600,22 @@ class FSGPClient:
             unacked = {s: carry(st) for s, st in unacked.items()}
         inc = int(g.included.get(self.client_id, 0))
         unacked = {s: st for s, st in unacked.items() if s > inc}
-        work = g.stats + pending
+        work = glob + pending
         for st in unacked.values():
             work = work + st
         post = SparsePosterior(g.hyper, work, self.jitter)  # raises before anything changes
         own_post = self.own_post
-        if getattr(self, "personal", False) and g.epoch != self.epoch:
-            own_post = SparsePosterior(g.hyper, carry(own_post.stats), self.jitter)
+        if getattr(self, "personal", False) and (g.epoch != self.epoch or own_stats is not None):
+            own = own_post.stats if own_stats is None else own_stats
+            own_post = SparsePosterior(g.hyper, carry(own) if g.epoch != self.epoch else own, self.jitter)
         if g.epoch != self.epoch:
             self.proposal = None  # fitted from an older version: FedAvg averages from the new one
         self.hyper, self.epoch, self.post, self.own_post = g.hyper, int(g.epoch), post, own_post
         self._pending, self.unacked = pending, unacked
+        if d is not None:
+            self.unacked_time = dict.fromkeys(unacked, clock)
+        self._clock = clock
+        self._cache = None
         self._sync()
         self._r_max = max(float(np.max(np.abs(post.stats.r))), float(np.max(np.abs(pending.r))))
         self.next_seq = max(self.next_seq, inc + 1)
@@ -515,7 +627,8 @@ class FSGPClient:
         """Prequential loss, and the loss of the best fixed predictor `kᵀw` in hindsight on the client's own
         samples, `k = c(Z₀, x)` under the initial `(θ, σ, Z)` (a fixed comparator class, whatever versions
         came since) — the same ridge problem as the posterior mean, `w = (P + σ²C)⁻¹ r`, loss
-        `q - 2wᵀr + wᵀPw`, from those statistics alone."""
+        `q - 2wᵀr + wᵀPw`, from those statistics alone. With forgetting the comparator is still undiscounted:
+        every own sample weighs 1, the regret is against the best *fixed* predictor."""
         self._fold()
         own = self._own0.stats
         best = 0.0

@@ -4,7 +4,11 @@ keeps them until a global includes them."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
+
+import numpy as np
 
 from streamfed.algorithms.base import Regret, Update, UploadSensitivity
 from streamfed.algorithms.fsgp.client import finite_target
@@ -46,11 +50,35 @@ class FSGPLearner(PredictThenLearn):
     def _target(self, y: float) -> float:
         return finite_target(y)
 
+    # the time of the sample being learned, as the agent observed it (None: not told — this process's clock)
+    _observed: float | None = None
+
+    def observe_time(self, ts: float) -> None:
+        """The reading's time (seconds since the epoch) of the sample that follows: with a half-life, what it is
+        discounted from. A time that is not finite is refused (`ValueError`, nothing changed)."""
+        ts = float(ts)
+        if not math.isfinite(ts):
+            raise ValueError(f"time must be finite, got {ts!r}")
+        self._observed = ts
+
+    def now(self) -> float:
+        """The time a sample is learned at, with a half-life: the reading's time the agent observed (the fleet's one
+        time base), else this process's clock (seconds since the epoch)."""
+        return time.time() if self._observed is None else self._observed
+
+    def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
+        if getattr(self.client, "discount", None) is not None:
+            y = self._target(y)  # a bad label moves no clock
+            self.client.advance(self.now())
+        return super().begin_learn(x, y)
+
     def take_update(self) -> Update | None:
         up = self.client.make_upload()
         if up is None:
             return None
-        return Update(update_arrays(up, self.client.hyper.d), int(up.stats.n), int(up.base_version), seq=up.seq,
+        # with forgetting n is discounted: n_samples (what rate limits charge) is the raw count
+        count = up.count if up.count else int(up.stats.n)
+        return Update(update_arrays(up, self.client.hyper.d), count, int(up.base_version), seq=up.seq,
                       epoch=up.epoch)
 
     def install_global(self, msg: Message) -> bool:
@@ -58,7 +86,10 @@ class FSGPLearner(PredictThenLearn):
 
     def upload_sensitivity(self, label_bound: float) -> UploadSensitivity:
         """No per-sample bound (uploads are clipped whole under DP); the statistics' `n` is their count: set by DP's
-        public schedule, never noised — the aggregator checks it against `n_samples` (docs/privacy.md)."""
+        public schedule, never noised — the aggregator checks it against `n_samples` (docs/privacy.md). With
+        forgetting the upload's `time` is public too (as its timing is): neither clipped nor noised."""
+        if getattr(self.client, "discount", None) is not None:
+            return UploadSensitivity(("P_upper", "r", "q", "theta", "log_sigma", "Z", "weight"), count="n")
         return UploadSensitivity(count="n")
 
     def regret(self) -> Regret:

@@ -32,10 +32,20 @@ class Upload:
     stats: Stats
     proposal: Hyper | None = None
     weight: float = 0.0
+    # with forgetting (`half_life_s`, :mod:`streamfed.core.discount`): the time the statistics are discounted to,
+    # and the raw number of samples they summarise (`stats.n` is then a discounted count, not a whole number);
+    # count 0: no forgetting
+    time: float = 0.0
+    count: int = 0
 
     @property
     def epoch(self) -> int:
         return int(self.stats.epoch)
+
+    @property
+    def n_samples(self) -> float:
+        """The samples it summarises (the raw count with forgetting): what the privacy floor counts."""
+        return float(self.count) if self.count else float(self.stats.n)
 
 
 @durable("fsgp.GlobalModel")
@@ -55,6 +65,7 @@ class GlobalModel:
     hyper: Hyper
     stats: Stats
     included: dict[str, int] = field(default_factory=dict)
+    time: float = 0.0  # with forgetting: the reference time the statistics are discounted to
 
 
 @durable("fsgp.TemperedUpload")
@@ -66,6 +77,8 @@ class TemperedUpload(Upload):
 
     >>> TemperedUpload("a", 1, 0, Stats.zeros(2), share=0.5).share
     0.5
+
+    (Fields after `weight` — `time`, `count`, `share` — are given by keyword.)
     """
 
     share: float = 1.0

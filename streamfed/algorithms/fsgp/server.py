@@ -25,6 +25,7 @@ from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
 from streamfed.algorithms.in_order import apply_in_order
+from streamfed.core.discount import Discount
 from streamfed.core.durable import durable
 
 __all__ = ["FSGPServer", "RobustFSGPServer"]
@@ -48,7 +49,8 @@ class FSGPServer:
 
     def __init__(self, hyper: Hyper, *, jitter: float = 1e-6, min_samples: int = 32,
                  learn_hyperparameters: bool = True, min_proposal_weight: float = 64.0,
-                 proposal_quorum: float = 0.5, max_buffered: int = 256, history: int = 16) -> None:
+                 proposal_quorum: float = 0.5, max_buffered: int = 256, history: int = 16,
+                 half_life_s: float | None = None) -> None:
         self.hyper = hyper
         self.jitter = float(jitter)
         self.min_samples = int(min_samples)
@@ -72,6 +74,12 @@ class FSGPServer:
         self.prop_weight = 0.0
         self.stale_dropped = 0
         self.stale_proposals = 0
+        self.discount = None if half_life_s is None else Discount(half_life_s)
+        self.time = 0.0  # with forgetting: the reference time of `stats` (the latest upload time summed)
+
+    # class defaults: a server stored before forgetting existed restores without it
+    discount: Discount | None = None
+    time = 0.0
 
     def hyper_of(self, epoch: int) -> Hyper | None:
         """The `(θ, σ, Z)` of a kept epoch (None if unknown or forgotten)."""
@@ -86,8 +94,16 @@ class FSGPServer:
             raise ValueError(f"upload of (θ, Z) version {up.epoch}; the server is at {self.epoch}")
         if not st.is_finite():
             raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
-        if st.n < self.min_samples:
-            raise ValueError(f"upload summarises {st.n:g} samples, below the privacy floor {self.min_samples}")
+        if (self.discount is None) != (up.count == 0):
+            raise ValueError(f"upload from {up.client!r} is {'not ' if up.count == 0 else ''}time-discounted, "
+                             f"the server {'forgets' if self.discount else 'does not forget'}")
+        # discounted: each sample weighs at most 1, so the weighted n never exceeds the raw count
+        if up.count and not (math.isfinite(up.time) and 0.0 < st.n <= up.count):
+            raise ValueError(f"upload from {up.client!r}: time {up.time!r} is not finite or its discounted count "
+                             f"{st.n:g} is not in (0, {up.count}]")
+        if up.n_samples < self.min_samples:  # the raw count: a discounted n is no count of people's samples
+            raise ValueError(f"upload summarises {up.n_samples:g} samples, below the privacy floor "
+                             f"{self.min_samples}")
         if up.seq < 1:
             raise ValueError(f"sequence numbers start at 1, got {up.seq}")
         if up.proposal is not None:
@@ -119,14 +135,32 @@ class FSGPServer:
             stats = step(stats)
         return stats
 
+    def _add(self, st: Stats, time: float) -> None:
+        """Add statistics of the current epoch held at `time`: with forgetting, both terms are first brought to the
+        later of `time` and the server's reference time (a scalar each), which becomes the reference time."""
+        d = self.discount
+        if d is None:
+            self.stats = self.stats + st
+        elif time > self.time:
+            self.stats = d.shift(self.stats, self.time, time) + st
+            self.time = float(time)
+        else:
+            self.stats = self.stats + d.shift(st, time, self.time)
+
+    def stats_at(self, time: float) -> Stats:
+        """The sums as held at `time` (moved forward only; without forgetting, the sums)."""
+        return self.stats.copy() if self.discount is None else self.discount.shift(self.stats, self.time, time)
+
     def _sum(self, up: Upload) -> None:
         self.heard.add(up.client)
-        self.samples[up.client] = self.samples.get(up.client, 0.0) + up.stats.n
+        # raw samples (the proposal weight's cap: a reservoir holds at most the samples its client has seen)
+        self.samples[up.client] = self.samples.get(up.client, 0.0) + up.n_samples
+        # the projection is linear and a discount a scalar: carrying then discounting is discounting then carrying
         st = self.to_current(up.stats)
         if st is None:
             self.stale_dropped += 1
         else:
-            self.stats = self.stats + st
+            self._add(st, up.time)
         if up.proposal is not None and up.weight > 0:
             if up.epoch == self.epoch:
                 # a reservoir holds at most the samples its client has seen, all of them uploaded by now
@@ -138,9 +172,11 @@ class FSGPServer:
             else:
                 self.stale_proposals += 1
 
-    def add_sums(self, stats: Stats, prop_sum: np.ndarray, prop_weight: float, proposers: set[str]) -> None:
-        """Fold already-summed statistics and proposals of the current epoch (a reducer's partials)."""
-        self.stats = self.stats + stats
+    def add_sums(self, stats: Stats, prop_sum: np.ndarray, prop_weight: float, proposers: set[str],
+                 time: float = 0.0) -> None:
+        """Fold already-summed statistics and proposals of the current epoch (a reducer's partials; with forgetting
+        held at `time`, brought to one reference time as an upload is)."""
+        self._add(stats, time)
         if prop_weight > 0:
             self.prop_sum += prop_sum
             self.prop_weight += prop_weight
@@ -166,6 +202,8 @@ class FSGPServer:
             new = Hyper.from_vector(self.hyper.kind, mean, self.hyper.m, self.hyper.d)
             cholesky(cov(new, new.Z, new.Z) + self.jitter * new.amplitude ** 2 * np.eye(new.m), "new c(Z, Z)")
             step = ProjectionMap(self.hyper, new, self.epoch + 1, self.jitter)
+            # with forgetting the sums stay at their reference time `time`: the map is linear, so it commutes with
+            # the scalar discount — an upload discounted later and carried equals one carried and discounted
             stats = step(self.stats)
         except ValueError:
             return False
@@ -189,7 +227,7 @@ class FSGPServer:
         return self.global_model()
 
     def global_model(self) -> GlobalModel:
-        return GlobalModel(self.version, self.epoch, self.hyper, self.stats.copy(), dict(self.included))
+        return GlobalModel(self.version, self.epoch, self.hyper, self.stats.copy(), dict(self.included), self.time)
 
 
 @durable("fsgp.RobustFSGPServer")
@@ -210,8 +248,8 @@ class RobustFSGPServer(FSGPServer):
         if w == 1.0:
             super()._sum(up)
             return
-        st = up.stats
-        scaled = Stats(st.P * w, st.r * w, st.n * w, st.q * w, st.epoch)
-        # a share-0 upload proposes nothing; a tempered one weighs its share (and at most the samples it holds)
+        # a share-0 upload proposes nothing; a tempered one weighs its share (and at most the samples it holds);
+        # with forgetting its time stays, so the tempered statistics are discounted as the upload's would be
         proposal = up.proposal if w > 0 else None
-        super()._sum(Upload(up.client, up.seq, up.base_version, scaled, proposal, up.weight * w))
+        super()._sum(Upload(up.client, up.seq, up.base_version, up.stats.scaled(w), proposal, up.weight * w,
+                            up.time, up.count))

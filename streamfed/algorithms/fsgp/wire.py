@@ -6,6 +6,10 @@
 * ``fsgp.global`` — the summed statistics and the version's `theta`, `log_sigma`, `Z`.
 * ``fsgp.partial`` — a shard's summed statistics and weighted sums of proposals, with their `(client, seq)`.
 
+With a half-life (`half_life_s`, forgetting on the time base) all three also carry `time ()`, the time their
+statistics are discounted to; an update's `n_samples` is then its raw sample count (`n` is discounted). Without
+one the schemas are unchanged (an update without `time` decodes as before).
+
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="fsgp", n_inputs=2, params={"n_inducing": 3})
 >>> {k: s for k, (_, s) in cfg.array_shapes("fsgp.update").items()}
@@ -49,12 +53,16 @@ def _hyper_specs(m: int, d: int) -> tuple[ArraySpec, ...]:
 
 
 def schemas(cfg: FleetConfig) -> list[MessageSchema]:
-    m, d = params_of(cfg, FSGPParams).n_inducing, cfg.n_inputs
+    p = params_of(cfg, FSGPParams)
+    m, d = p.n_inducing, cfg.n_inputs
     weight = (ArraySpec("weight", "float64", (), nonnegative=True),)
+    timed = (ArraySpec("time", "float64", ()),) if p.half_life_s is not None else ()
     return [
-        MessageSchema(UPDATE, Channel.UPDATES, _stats_specs(m) + _hyper_specs(m, d) + weight),
-        MessageSchema(GLOBAL, Channel.GLOBAL, _stats_specs(m) + _hyper_specs(m, d), max_included=cfg.max_clients),
-        MessageSchema(PARTIAL, Channel.PARTIALS, _stats_specs(m) + _hyper_specs(m, d) + weight + contributor_arrays(),
+        MessageSchema(UPDATE, Channel.UPDATES, _stats_specs(m) + _hyper_specs(m, d) + weight + timed),
+        MessageSchema(GLOBAL, Channel.GLOBAL, _stats_specs(m) + _hyper_specs(m, d) + timed,
+                      max_included=cfg.max_clients),
+        MessageSchema(PARTIAL, Channel.PARTIALS,
+                      _stats_specs(m) + _hyper_specs(m, d) + weight + timed + contributor_arrays(),
                       contributor_dims(cfg), meta=(MetaSpec("round"),), max_included=cfg.max_clients),
     ]
 
@@ -71,6 +79,8 @@ def update_arrays(up: Upload, d: int) -> dict[str, np.ndarray]:
                    weight=np.asarray(0.0))
     else:
         out.update(_hyper_arrays(up.proposal), weight=np.asarray(float(up.weight)))
+    if up.count:  # discounted: the time travels (n_samples is then the raw count)
+        out["time"] = np.asarray(float(up.time))
     return out
 
 
@@ -86,13 +96,19 @@ def read_update(msg: Message, kind: str) -> Upload:
     stats = Stats.from_packed(dict(msg.arrays), msg.epoch)
     weight = float(msg.arrays["weight"])
     proposal = _hyper(kind, msg.arrays) if weight > 0 else None
+    if "time" in msg.arrays:  # with forgetting: the statistics' reference time and the raw sample count
+        return Upload(msg.client, int(msg.seq), int(msg.global_version), stats, proposal, weight,
+                      float(msg.arrays["time"]), int(msg.n_samples))
     return Upload(msg.client, int(msg.seq), int(msg.global_version), stats, proposal, weight)
 
 
 def global_message(fleet: str, sender: str, g: GlobalModel, kernel_version: str,
-                   created: float | None = None) -> Message:
+                   created: float | None = None, timed: bool = False) -> Message:
+    """The `fsgp.global` of `g` (`timed`: with forgetting, its reference time as the array `time`)."""
     arrays = g.stats.packed()
     arrays.update(_hyper_arrays(g.hyper))
+    if timed:
+        arrays["time"] = np.asarray(float(g.time))
     return Message(fleet, sender, GLOBAL, g.version, g.version, kernel_version, max(int(round(g.stats.n)), 0),
                    time.time() if created is None else float(created), arrays, {}, dict(g.included), int(g.epoch))
 
@@ -101,4 +117,5 @@ def read_global(msg: Message, kind: str) -> GlobalModel:
     if msg.kind != GLOBAL:
         raise ValueError(f"expected a {GLOBAL!r} message, got {msg.kind!r}")
     return GlobalModel(int(msg.global_version), int(msg.epoch), _hyper(kind, msg.arrays),
-                       Stats.from_packed(dict(msg.arrays), msg.epoch), dict(msg.included))
+                       Stats.from_packed(dict(msg.arrays), msg.epoch), dict(msg.included),
+                       float(msg.arrays["time"]) if "time" in msg.arrays else 0.0)

@@ -93,6 +93,10 @@ class URKParams(Params):
     # [fleet.robust] aggregation = "robust" only (docs/algorithms.md §8.11): samples any client may hold in a
     # version's statistics whatever the share cap (None: 4 × min_upload, FedBNR's cold start)
     robust_share_floor: int | None = Field(None, ge=1)
+    # forgetting on the fleet's time base (FedBNR's, docs/algorithms.md §8): the last layer's statistics weigh a
+    # sample 2^(−Δ/half_life_s) in the clients, their uploads and the globals; None: off. Fixed networks only
+    # (learn_kernel = false): a new kernel version re-embeds the reservoir, whose samples' times are not kept
+    half_life_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @property
     def rate(self) -> float:
@@ -112,6 +116,9 @@ class URKParams(Params):
             raise ValueError("distill_inputs and distill_targets go together, with the same number (>= 2) of rows")
         if self.aggregation == "distill" and self.learn_kernel and xs is None:
             raise ValueError("aggregation 'distill' needs the server-held set (distill_inputs, distill_targets)")
+        if self.half_life_s is not None and self.learn_kernel:
+            raise ValueError("half_life_s needs learn_kernel = false: a new kernel version re-embeds the reservoir, "
+                             "whose samples' times are not kept")
         return self
 
 
@@ -187,7 +194,7 @@ class URKFedBNR(Algorithm):
             min_upload=p.min_upload, learn_kernel=p.learn_kernel, reservoir=p.reservoir, fit_every=p.fit_every,
             fit_steps=p.fit_steps, learning_rate=p.rate,
             max_chunk_numbers=max_chunk_numbers(p.max_chunk_bytes), seed=cfg.seed,
-            carry=p.carry if p.carry is not None else cfg.robust.aggregation != "robust"))
+            carry=p.carry if p.carry is not None else cfg.robust.aggregation != "robust", half_life_s=p.half_life_s))
         return CalibratedLearner(learner) if p.calibrate else learner
 
     def aggregation(self, cfg: FleetConfig, *, max_abs: float = 1e100, check_stats: bool = True) -> URKAggregation:
@@ -217,7 +224,8 @@ class URKFedBNR(Algorithm):
                            max_proposal_weight=float(p.reservoir),
                            robust=RobustProposals(r.trim, r.clip_factor) if r.aggregation == "robust" else None,
                            share=(r.share_cap, float(p.robust_share_floor if p.robust_share_floor is not None
-                                                     else 4 * p.min_upload)) if r.aggregation == "robust" else None)
+                                                     else 4 * p.min_upload)) if r.aggregation == "robust" else None,
+                           half_life_s=p.half_life_s)
         bound = ProposalBound(int(p.fit_steps), p.rate, float(p.reservoir),
                               _clamped(arch_of(cfg)), LOG_BOUNDS)
         # noised uploads (differential privacy: every floating array of a chunk, its weight too) are bounded by

@@ -20,6 +20,7 @@ shards, so with kernel learning run one aggregator.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -31,6 +32,7 @@ from streamfed.algorithms.urk.messages import ChunkItem, StatsItem
 from streamfed.algorithms.urk.robust_proposals import ProposalBound
 from streamfed.algorithms.urk.server import URKServer
 from streamfed.algorithms.urk.wire import global_message, read_update
+from streamfed.core.discount import MAX_CLOCK_SKEW_S
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.wire.message import Message
@@ -72,9 +74,17 @@ class URKAggregation(SummingWindow):
         self._dirty = False
 
     def for_partials(self, role: str) -> None:
-        """A shard or the reducer: robust aggregation needs each client's uploads, so it is refused there."""
+        """A shard or the reducer: robust aggregation needs each client's uploads, so it is refused there; so are
+        discounted statistics (a partial carries no time, as FedBNR's)."""
         if self.server.robust is not None or self.server.share is not None:
             raise ValueError(ROBUST_SHARDED)
+        if self.server.discount is not None:
+            raise ValueError(f"a URK-FedBNR {role} cannot sum discounted statistics (half_life_s) yet: run one "
+                             "aggregator")
+
+    def now(self) -> float:
+        """The aggregator's clock (seconds since the epoch): no upload may be stamped far beyond it."""
+        return time.time()
 
     def diagnostics(self) -> dict[str, float]:
         s = self.server
@@ -97,12 +107,18 @@ class URKAggregation(SummingWindow):
         item = read_update(msg, s.weights.arch, s.kernel_version)
         if isinstance(item, StatsItem):
             checked = self.check_stats  # off only for noised uploads (differential privacy, docs/algorithms.md §12)
-            # ‖φ‖² is the same for every input: the lower bound pins n to tr S / ‖φ‖²
+            timed = s.discount is not None
+            # ‖φ‖² is the same for every input: the lower bound pins n to tr S / ‖φ‖² (discounted: every bound is
+            # homogeneous in the sample weights, n is their sum)
             check_statistics(item.stats, max_abs=self.max_abs, phi_sq=self.phi_sq if checked else None,
                              label_bound=self.label_bound if checked else None,
-                             phi_sq_min=self.phi_sq if checked and self.label_bound is not None else None)
-            if int(msg.n_samples) != item.stats.n:  # what the core's token bucket charged is the count summed
+                             phi_sq_min=self.phi_sq if checked and self.label_bound is not None else None,
+                             whole_n=not timed)
+            if not timed and int(msg.n_samples) != item.stats.n:  # what the token bucket charged is the count summed
                 raise ValueError(f"n_samples = {msg.n_samples} but the statistics count n = {item.stats.n:g}")
+            if timed and math.isfinite(item.time) and item.time > self.now() + MAX_CLOCK_SKEW_S:
+                raise ValueError(f"upload time {item.time:.0f} is more than {MAX_CLOCK_SKEW_S:g} s ahead of this "
+                                 f"aggregator's clock")
         elif float(np.max(np.abs(item.chunk.data))) > self.max_abs or item.weight > self.max_abs:
             raise ValueError(f"a proposed value is beyond ±{self.max_abs:g}")
         s.validate(item)  # shapes and siblings first: the bound reads the chunk's place in the vector
@@ -147,4 +163,5 @@ class URKAggregation(SummingWindow):
 
     # ---------------------------------------------------------------- output
     def global_message(self, fleet: str, sender: str, kernel_version: str) -> Message:
-        return global_message(fleet, sender, self.server.global_model(), kernel_version)
+        return global_message(fleet, sender, self.server.global_model(), kernel_version,
+                              timed=self.server.discount is not None)

@@ -68,11 +68,12 @@ class URKClient:
     # class-level defaults: a client stored before statistics were carried across versions loads with them on
     carry = True
     n_carried = 0
+    half_life_s: float | None = None  # forgetting on the time base (phase 2's, FedBNR's; fixed networks)
 
     def __init__(self, weights: URKWeights, om: np.ndarray, kernel_version: str, *, client_id: str = "client",
                  min_upload: int = 32, learn_kernel: bool = True, reservoir: int = 256, fit_every: int = 128,
                  fit_steps: int = 10, learning_rate: float = 0.01, max_chunk_numbers: int = 512,
-                 seed: int = 0, carry: bool = True) -> None:
+                 seed: int = 0, carry: bool = True, half_life_s: float | None = None) -> None:
         if min(min_upload, reservoir, fit_every, fit_steps, max_chunk_numbers) < 1:
             raise ValueError("min_upload, reservoir, fit_every, fit_steps and max_chunk_numbers must be >= 1")
         self.kernel_version = str(kernel_version)
@@ -84,6 +85,10 @@ class URKClient:
         self.trains = bool(learn_kernel) and torch_available()
         self.fit_every, self.fit_steps, self.learning_rate = int(fit_every), int(fit_steps), float(learning_rate)
         self.max_chunk_numbers = int(max_chunk_numbers)
+        if half_life_s is not None and self.trains:
+            raise ValueError("half_life_s needs learn_kernel = false: a new kernel version re-embeds the reservoir, "
+                             "whose samples' times are not kept")
+        self.half_life_s = None if half_life_s is None else float(half_life_s)
         self.weights = weights
         self.epoch = 0
         self.global_version = 0
@@ -108,7 +113,18 @@ class URKClient:
         self._rng = np.random.default_rng([int(seed), zlib.crc32(self.client_id.encode())])
 
     def _phase2(self, fmap: URKFeatureMap, sigma: float, lam: float) -> FedBNRClient:
-        return FedBNRClient(fmap, sigma=sigma, lam=lam, min_upload=self.min_upload, client_id=self.client_id)
+        return FedBNRClient(fmap, sigma=sigma, lam=lam, min_upload=self.min_upload, client_id=self.client_id,
+                            half_life_s=self.half_life_s)
+
+    @property
+    def discount(self) -> object | None:
+        """Phase 2's forgetting on the time base (None: off)."""
+        return self.phase2.discount
+
+    def advance(self, time: float) -> None:
+        """Move phase 2's clock to `time` (:meth:`FedBNRClient.advance`; a no-op without a half-life). The regret's
+        comparator is not discounted: the best fixed predictor on every own sample."""
+        self.phase2.advance(time)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -183,7 +199,8 @@ class URKClient:
             return False
         delta = new.to_vector() - self.weights.to_vector()
         for c in split_vector(self.next_proposal, delta, self.max_chunk_numbers):
-            self.queue.append(chunk_update(c, float(self._res_n), 0, 0, self.epoch))  # seq set when taken
+            self.queue.append(chunk_update(c, float(self._res_n), 0, 0, self.epoch,
+                                           self.half_life_s is not None))  # seq set when taken
         self.next_proposal += 1
         self.n_proposals += 1
         return True
@@ -194,7 +211,10 @@ class URKClient:
         seq = self.next_seq
         if up is not None:
             self._stats_seq[seq] = int(up.seq)
-            out = stats_update(up.stats, seq, self.global_version, self.epoch)
+            if up.count:  # discounted: its time and raw count travel
+                out = stats_update(up.stats, seq, self.global_version, self.epoch, up.time, up.count)
+            else:
+                out = stats_update(up.stats, seq, self.global_version, self.epoch)
         elif self.queue:
             c = self.queue.popleft()
             out = Update(c.arrays, 0, self.global_version, seq=seq, epoch=c.epoch)
@@ -225,7 +245,8 @@ class URKClient:
         st = g.stats
         local = GlobalModel(g.version, self.kernel_version, 0,
                             SufficientStats(st.S, st.b, st.n, st.q, self.kernel_version, 0),
-                            np.array([g.sigma]), np.array([g.lam]), np.array([g.log_evidence]), {self.client_id: mine})
+                            np.array([g.sigma]), np.array([g.lam]), np.array([g.log_evidence]), {self.client_id: mine},
+                            g.time)
         phase2.apply_global(local)  # raises before anything here changes
         if g.epoch > self.epoch:
             self.queue.clear()  # deltas relative to the old network: void

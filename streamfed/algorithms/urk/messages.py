@@ -32,6 +32,15 @@ class StatsItem:
     base_version: int
     epoch: int
     stats: SufficientStats
+    # with forgetting (`half_life_s`): the time the statistics are discounted to and the raw number of samples
+    # they summarise (`stats.n` is then a discounted count); count 0: no forgetting
+    time: float = 0.0
+    count: int = 0
+
+    @property
+    def n_samples(self) -> float:
+        """The samples it summarises (the raw count with forgetting): what the privacy floor counts."""
+        return float(self.count) if self.count else float(self.stats.n)
 
 
 @durable("urk.ChunkItem")
@@ -72,3 +81,4 @@ class URKGlobal:
     lam: float
     log_evidence: float
     included: dict[str, int] = field(default_factory=dict)
+    time: float = 0.0  # with forgetting: the reference time the statistics are discounted to

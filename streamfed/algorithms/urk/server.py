@@ -14,6 +14,10 @@ a new network is `θ + robust_delta(one delta per client)` (clipping, then a coo
 distillation starts from it and aims at the entrywise trimmed mean of the clients' Gram matrices), and no
 client's samples may exceed `share_cap` of the statistics of a version (FedBNR's share cap: an upload that
 would put its client over it is summed with the fraction that fits).
+
+Forgetting (`half_life_s`, fixed networks): the sums are held at `time`, the latest upload time summed, and an
+upload is brought to the later of the two times before it is added (FedBNR's `_add`); each client's held samples
+(robust mode) are discounted with the sums.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from streamfed.algorithms.shares import share_allowance
 from streamfed.algorithms.urk.messages import ChunkItem, StatsItem, URKGlobal
 from streamfed.algorithms.urk.network import URKWeights
 from streamfed.algorithms.urk.robust_proposals import RobustProposals, per_client_rows, robust_delta
+from streamfed.core.discount import Discount
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
@@ -69,13 +74,16 @@ class URKServer:
     proposal_clients: list[str] | None = None
     held: dict[str, float] | None = None
     tempered = 0
+    discount: Discount | None = None  # forgetting (a server stored before it existed restores without)
+    time = 0.0
 
     def __init__(self, weights: URKWeights, om: np.ndarray, kernel_version: str, *, min_samples: int = 32,
                  fit: bool = True, learn_kernel: bool = True, aggregation: str = "fedavg",
                  distill_set: tuple[np.ndarray, np.ndarray] | None = None, distill_alpha: float = 1.0,
                  distill_steps: int = 20, distill_learning_rate: float = 0.01, min_proposal_weight: float = 256.0,
                  proposal_quorum: float = 0.5, max_proposal_weight: float = 256.0, max_buffered: int = 256,
-                 robust: RobustProposals | None = None, share: tuple[float, float] | None = None) -> None:
+                 robust: RobustProposals | None = None, share: tuple[float, float] | None = None,
+                 half_life_s: float | None = None) -> None:
         if aggregation not in ("fedavg", "distill"):
             raise ValueError(f"aggregation must be 'fedavg' or 'distill', got {aggregation!r}")
         if aggregation == "distill" and learn_kernel and distill_set is None:
@@ -107,6 +115,8 @@ class URKServer:
         self.theta = weights.to_vector()
         self._reset_proposals()
         self.stale_stats = self.stale_chunks = self.refused_proposals = self.failed_moves = self.failed_fits = 0
+        self.discount = None if half_life_s is None else Discount(half_life_s)
+        self.time = 0.0  # with forgetting: the reference time of `stats`
 
     def _zeros(self) -> SufficientStats:
         return SufficientStats.zeros(self.weights.arch.dim, (1,), self.kernel_version, self.epoch)
@@ -137,8 +147,15 @@ class URKServer:
                 raise ValueError(f"statistics of shape {st.S.shape}")
             if not st.is_finite():
                 raise ValueError(f"upload from {item.client!r} seq {item.seq} contains a non-finite value")
-            if st.n < self.min_samples:
-                raise ValueError(f"upload summarises {st.n:g} samples, below the privacy floor {self.min_samples}")
+            if (self.discount is None) != (item.count == 0):
+                raise ValueError(f"upload from {item.client!r} is {'not ' if item.count == 0 else ''}time-discounted, "
+                                 f"the server {'forgets' if self.discount else 'does not forget'}")
+            if item.count and not (math.isfinite(item.time) and 0.0 < st.n <= item.count):
+                raise ValueError(f"upload from {item.client!r}: time {item.time!r} is not finite or its discounted "
+                                 f"count {st.n:g} is not in (0, {item.count}]")
+            if item.n_samples < self.min_samples:  # the raw count, with forgetting too
+                raise ValueError(f"upload summarises {item.n_samples:g} samples, below the privacy floor "
+                                 f"{self.min_samples}")
             return
         c = item.chunk
         if c.total != self.weights.arch.n_params:
@@ -169,6 +186,16 @@ class URKServer:
         if isinstance(item, StatsItem):
             st = SufficientStats(item.stats.S, item.stats.b, item.stats.n, item.stats.q, self.kernel_version,
                                  self.epoch)
+            d = self.discount
+            if d is not None:  # both to the later time (a scalar each), the shares held with the sums
+                if item.time > self.time:
+                    g = d.factor(self.time, item.time)
+                    self.stats = self.stats.scaled(g)
+                    if self.held:
+                        self.held = {c: h * g for c, h in self.held.items()}
+                    self.time = float(item.time)
+                else:
+                    st = d.shift(st, item.time, self.time)
             if self.share is not None:
                 st = self._capped(item.client, st)
             self.stats += st
@@ -283,4 +310,4 @@ class URKServer:
 
     def global_model(self) -> URKGlobal:
         return URKGlobal(self.version, self.epoch, self.theta.copy(), self.stats.copy(), float(self.sigma),
-                         float(self.lam), float(self.log_ev), dict(self.included))
+                         float(self.lam), float(self.log_ev), dict(self.included), self.time)

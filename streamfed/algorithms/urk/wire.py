@@ -9,6 +9,10 @@
 * ``urk.partial`` — a shard's summed statistics with their `(client, seq)` pairs (proposals do not travel
   through shards: with kernel learning, run one aggregator).
 
+With a half-life (`half_life_s`) updates and globals also carry `time ()`, the time their statistics are
+discounted to (a chunk update: 0); a statistics update's `n_samples` is then its raw sample count. Without one the
+schemas are unchanged.
+
 >>> from streamfed.fleet.config import FleetConfig
 >>> cfg = FleetConfig(fleet="f", algorithm="urk-fedbnr", n_inputs=2,
 ...                   params={"widths": [3], "n_omega": 2, "max_chunk_bytes": 64})
@@ -58,35 +62,46 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
     s = f * (f + 1) // 2
     scal = (ArraySpec("n", "float64", (), nonnegative=True), ArraySpec("q", "float64", (), nonnegative=True))
     fixed = (ArraySpec("S_upper", "float64", (s,)), ArraySpec("b", "float64", (f,)), *scal)
-    p = min(max_chunk_numbers(params_of(cfg, URKParams).max_chunk_bytes), arch.n_params)
+    params = params_of(cfg, URKParams)
+    p = min(max_chunk_numbers(params.max_chunk_bytes), arch.n_params)
+    timed = (ArraySpec("time", "float64", ()),) if params.half_life_s is not None else ()
     return [
         MessageSchema(UPDATE, Channel.UPDATES, (
             ArraySpec("S_upper", "float64", ("s",)), ArraySpec("b", "float64", ("f",)), *scal,
             ArraySpec("chunk", "float64", ("p",)), ArraySpec("part", "int64", (4,), nonnegative=True),
-            ArraySpec("weight", "float64", (), nonnegative=True)), {"s": (0, s), "f": (0, f), "p": (0, p)}),
+            ArraySpec("weight", "float64", (), nonnegative=True), *timed), {"s": (0, s), "f": (0, f), "p": (0, p)}),
         MessageSchema(GLOBAL, Channel.GLOBAL, fixed + (
             ArraySpec("sigma", "float64", (), positive=True), ArraySpec("lam", "float64", (), positive=True),
-            ArraySpec("log_evidence", "float64", ()), ArraySpec("theta", "float64", (arch.n_params,))),
+            ArraySpec("log_evidence", "float64", ()), ArraySpec("theta", "float64", (arch.n_params,)), *timed),
             max_included=cfg.max_clients),
         MessageSchema(PARTIAL, Channel.PARTIALS, fixed + contributor_arrays(), contributor_dims(cfg),
                       meta=(MetaSpec("round"),), max_included=cfg.max_clients),
     ]
 
 
-def stats_update(stats: SufficientStats, seq: int, base_version: int, epoch: int) -> Update:
-    """A phase-2 upload (statistics of one feature map: batch shape `(1,)` or `()`)."""
-    return Update({"S_upper": pack_upper(stats.S.reshape(stats.dim, stats.dim)), "b": stats.b.reshape(-1).copy(),
-                   "n": np.asarray(stats.n), "q": np.asarray(stats.q), "chunk": _EMPTY,
-                   "part": np.zeros(4, dtype=np.int64), "weight": np.asarray(0.0)},
-                  int(round(stats.n)), int(base_version), seq=int(seq), epoch=int(epoch))
+def stats_update(stats: SufficientStats, seq: int, base_version: int, epoch: int, time: float | None = None,
+                 count: int = 0) -> Update:
+    """A phase-2 upload (statistics of one feature map: batch shape `(1,)` or `()`); with forgetting, discounted
+    to `time`, of `count` raw samples (its `n_samples`)."""
+    arrays = {"S_upper": pack_upper(stats.S.reshape(stats.dim, stats.dim)), "b": stats.b.reshape(-1).copy(),
+              "n": np.asarray(stats.n), "q": np.asarray(stats.q), "chunk": _EMPTY,
+              "part": np.zeros(4, dtype=np.int64), "weight": np.asarray(0.0)}
+    if time is not None:
+        arrays["time"] = np.asarray(float(time))
+    return Update(arrays, int(count) if time is not None else int(round(stats.n)), int(base_version), seq=int(seq),
+                  epoch=int(epoch))
 
 
-def chunk_update(chunk: Chunk, weight: float, seq: int, base_version: int, epoch: int) -> Update:
-    """One chunk of a phase-1 proposal (it summarises no samples of the statistics: `n_samples = 0`)."""
+def chunk_update(chunk: Chunk, weight: float, seq: int, base_version: int, epoch: int, timed: bool = False
+                 ) -> Update:
+    """One chunk of a phase-1 proposal (it summarises no samples of the statistics: `n_samples = 0`; `timed`: the
+    fleet forgets, the schema has a `time`, 0 here)."""
     part = np.array([chunk.seq, chunk.index, chunk.count, chunk.total], dtype=np.int64)
-    return Update({"S_upper": _EMPTY, "b": _EMPTY, "n": np.asarray(0.0), "q": np.asarray(0.0),
-                   "chunk": np.array(chunk.data, dtype=np.float64), "part": part, "weight": np.asarray(float(weight))},
-                  0, int(base_version), seq=int(seq), epoch=int(epoch))
+    arrays = {"S_upper": _EMPTY, "b": _EMPTY, "n": np.asarray(0.0), "q": np.asarray(0.0),
+              "chunk": np.array(chunk.data, dtype=np.float64), "part": part, "weight": np.asarray(float(weight))}
+    if timed:
+        arrays["time"] = np.asarray(0.0)
+    return Update(arrays, 0, int(base_version), seq=int(seq), epoch=int(epoch))
 
 
 def read_update(msg: Message, arch: URKArch, kernel_version: str) -> StatsItem | ChunkItem:
@@ -112,18 +127,24 @@ def read_update(msg: Message, arch: URKArch, kernel_version: str) -> StatsItem |
     stats = SufficientStats(unpack_upper(np.array(a["S_upper"], dtype=np.float64), f)[None],
                             np.array(a["b"], dtype=np.float64)[None], float(a["n"]), float(a["q"]),
                             kernel_version, int(msg.epoch))
+    if "time" in a:  # with forgetting: the reference time, and n_samples the raw count (n ≤ it: the server checks)
+        return StatsItem(msg.client, int(msg.seq), int(msg.global_version), int(msg.epoch), stats,
+                         float(a["time"]), int(msg.n_samples))
     if msg.n_samples != int(round(stats.n)):
         raise ValueError(f"n_samples {msg.n_samples} but n = {stats.n:g}")
     return StatsItem(msg.client, int(msg.seq), int(msg.global_version), int(msg.epoch), stats)
 
 
-def global_message(fleet: str, sender: str, g: URKGlobal, kernel_version: str, created: float | None = None
-                   ) -> Message:
+def global_message(fleet: str, sender: str, g: URKGlobal, kernel_version: str, created: float | None = None,
+                   timed: bool = False) -> Message:
+    """The `urk.global` of `g` (`timed`: with forgetting, its reference time as the array `time`)."""
     st = g.stats
     f = st.dim
     arrays = {"S_upper": pack_upper(st.S.reshape(f, f)), "b": st.b.reshape(-1).copy(), "n": np.asarray(st.n),
               "q": np.asarray(st.q), "sigma": np.asarray(float(g.sigma)), "lam": np.asarray(float(g.lam)),
               "log_evidence": np.asarray(float(g.log_evidence)), "theta": np.array(g.theta, dtype=np.float64)}
+    if timed:
+        arrays["time"] = np.asarray(float(g.time))
     return Message(fleet, sender, GLOBAL, g.version, g.version, kernel_version, max(int(round(st.n)), 0),
                    time.time() if created is None else float(created), arrays, {}, dict(g.included), int(g.epoch))
 
@@ -137,4 +158,5 @@ def read_global(msg: Message) -> URKGlobal:
                             np.array(a["b"], dtype=np.float64)[None], float(a["n"]), float(a["q"]),
                             msg.kernel_version, int(msg.epoch))
     return URKGlobal(int(msg.global_version), int(msg.epoch), np.array(a["theta"], dtype=np.float64), stats,
-                     float(a["sigma"]), float(a["lam"]), float(a["log_evidence"]), dict(msg.included))
+                     float(a["sigma"]), float(a["lam"]), float(a["log_evidence"]), dict(msg.included),
+                     float(a["time"]) if "time" in a else 0.0)
