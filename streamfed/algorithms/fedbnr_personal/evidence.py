@@ -32,18 +32,21 @@ server per client).
 
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 from scipy import optimize
-from scipy.linalg import lapack
+from scipy.linalg import blas, lapack
 
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_log_evidence
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
-__all__ = ["fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
+__all__ = ["client_spectrum", "fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
 
 
 def sym(a: np.ndarray) -> np.ndarray:
@@ -105,6 +108,41 @@ def hierarchical_log_evidence(
     return float(total), a, h
 
 
+_SPECTRA_CACHE: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+_SPECTRA_CACHE_BYTES = 32 << 20  # spectra kept, least recently used first out (~400 clients at F = 101)
+_SPECTRA_LOCK = threading.Lock()
+
+
+def client_spectrum(st: SufficientStats) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(e, U, z)`: the eigendecomposition `sym(S) = U diag(e) Uᵀ` (`e` clipped at 0) and `z = Uᵀb` of one client's
+    statistics. Cached by content: a fleet refits after every upload, and an upload changes one client's
+    statistics, so the other clients' `O(F³)` decompositions are looked up (the same arrays: bit-identical fits).
+
+    >>> st = SufficientStats.from_samples(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([1.0, 2.0]))
+    >>> e, u, z = client_spectrum(st)
+    >>> bool(np.allclose(u @ np.diag(e) @ u.T, st.S)), client_spectrum(st.copy())[0] is e
+    (True, True)
+    """
+    s_mat = np.ascontiguousarray(st.S, dtype=np.float64)
+    b = np.ascontiguousarray(st.b, dtype=np.float64)
+    key = hashlib.blake2b(s_mat.tobytes() + b.tobytes() + repr(s_mat.shape).encode(), digest_size=20).digest()
+    with _SPECTRA_LOCK:
+        hit = _SPECTRA_CACHE.get(key)
+        if hit is not None:
+            _SPECTRA_CACHE.move_to_end(key)
+            return hit
+    e, u = np.linalg.eigh(sym(s_mat))
+    out = (np.clip(e, 0.0, None), u, u.T @ b)
+    for a in out:
+        a.setflags(write=False)  # shared between fits
+    with _SPECTRA_LOCK:
+        _SPECTRA_CACHE[key] = out
+        budget = _SPECTRA_CACHE_BYTES // max(sum(a.nbytes for a in out), 1)
+        while len(_SPECTRA_CACHE) > max(budget, 1):
+            _SPECTRA_CACHE.popitem(last=False)
+    return out
+
+
 @durable("fedbnr-personal.Spectra")
 class _Spectra:
     """Eigendecompositions of every client's `S_k`, for `O(K F²)`-per-point evidence evaluations."""
@@ -114,14 +152,15 @@ class _Spectra:
         self.n = np.array([st.n for st in client_stats])
         self.q = np.array([st.q for st in client_stats])
         for st in client_stats:
-            e, u = np.linalg.eigh(sym(st.S))
-            es.append(np.clip(e, 0.0, None))
+            e, u, z = client_spectrum(st)
+            es.append(e)
             us.append(u)
-            zs.append(u.T @ st.b)
+            zs.append(z)
         self.e = np.stack(es)  # (K, F)
         self.z = np.stack(zs)  # (K, F)
         self.z2 = self.z**2
-        self.u_cat = np.concatenate(us, axis=1)  # (F, K F): [U_1 | U_2 | ...]
+        # (F, K F): [U_1 | U_2 | ...], column-major: BLAS's syrk reads the scaled eigenvectors in place
+        self.u_cat = np.asfortranarray(np.concatenate(us, axis=1))
         self.f = self.e.shape[1]
 
     def log_evidence(self, log_sigma: float, log_lam: float, log_tau: float) -> float:
@@ -129,8 +168,10 @@ class _Spectra:
         denom = s2 + t2 * self.e  # (K, F)
         per_client = spectral_log_evidence(self.e, self.z2, self.n, self.q, np.full(len(self.n), log_sigma),
                                            np.full(len(self.n), log_tau))
-        d = (self.e / denom).ravel()
-        a = (self.u_cat * d) @ self.u_cat.T
+        # A = Σ_k U_k diag(e_k/(σ² + τ²e_k)) U_kᵀ + λ⁻²I as W Wᵀ, W = U_cat diag(√d): a symmetric rank-KF update
+        # (syrk) computes the lower triangle only, half the multiplications of the general product
+        w = self.u_cat * np.sqrt((self.e / denom).ravel())
+        a = blas.dsyrk(1.0, w, lower=1)
         a[np.diag_indices(self.f)] += 1.0 / l2
         h = self.u_cat @ (self.z / denom).ravel()
         # LAPACK directly: the factor's lower triangle (what np.linalg.cholesky returns) and one forward
