@@ -32,10 +32,7 @@ server per client).
 
 from __future__ import annotations
 
-import hashlib
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,7 +43,7 @@ from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_l
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
-__all__ = ["client_spectrum", "fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
+__all__ = ["fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
 
 
 def sym(a: np.ndarray) -> np.ndarray:
@@ -108,41 +105,6 @@ def hierarchical_log_evidence(
     return float(total), a, h
 
 
-_SPECTRA_CACHE: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
-_SPECTRA_CACHE_BYTES = 32 << 20  # spectra kept, least recently used first out (~400 clients at F = 101)
-_SPECTRA_LOCK = threading.Lock()
-
-
-def client_spectrum(st: SufficientStats) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(e, U, z)`: the eigendecomposition `sym(S) = U diag(e) Uᵀ` (`e` clipped at 0) and `z = Uᵀb` of one client's
-    statistics. Cached by content: a fleet refits after every upload, and an upload changes one client's
-    statistics, so the other clients' `O(F³)` decompositions are looked up (the same arrays: bit-identical fits).
-
-    >>> st = SufficientStats.from_samples(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([1.0, 2.0]))
-    >>> e, u, z = client_spectrum(st)
-    >>> bool(np.allclose(u @ np.diag(e) @ u.T, st.S)), client_spectrum(st.copy())[0] is e
-    (True, True)
-    """
-    s_mat = np.ascontiguousarray(st.S, dtype=np.float64)
-    b = np.ascontiguousarray(st.b, dtype=np.float64)
-    key = hashlib.blake2b(s_mat.tobytes() + b.tobytes() + repr(s_mat.shape).encode(), digest_size=20).digest()
-    with _SPECTRA_LOCK:
-        hit = _SPECTRA_CACHE.get(key)
-        if hit is not None:
-            _SPECTRA_CACHE.move_to_end(key)
-            return hit
-    e, u = np.linalg.eigh(sym(s_mat))
-    out = (np.clip(e, 0.0, None), u, u.T @ b)
-    for a in out:
-        a.setflags(write=False)  # shared between fits
-    with _SPECTRA_LOCK:
-        _SPECTRA_CACHE[key] = out
-        budget = _SPECTRA_CACHE_BYTES // max(sum(a.nbytes for a in out), 1)
-        while len(_SPECTRA_CACHE) > max(budget, 1):
-            _SPECTRA_CACHE.popitem(last=False)
-    return out
-
-
 @durable("fedbnr-personal.Spectra")
 class _Spectra:
     """Eigendecompositions of every client's `S_k`, for `O(K F²)`-per-point evidence evaluations."""
@@ -152,10 +114,10 @@ class _Spectra:
         self.n = np.array([st.n for st in client_stats])
         self.q = np.array([st.q for st in client_stats])
         for st in client_stats:
-            e, u, z = client_spectrum(st)
-            es.append(e)
+            e, u = np.linalg.eigh(sym(st.S))
+            es.append(np.clip(e, 0.0, None))
             us.append(u)
-            zs.append(z)
+            zs.append(u.T @ st.b)
         self.e = np.stack(es)  # (K, F)
         self.z = np.stack(zs)  # (K, F)
         self.z2 = self.z**2
