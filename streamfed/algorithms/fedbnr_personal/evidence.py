@@ -123,6 +123,7 @@ class _Spectra:
         self.z2 = self.z**2
         # (F, K F): [U_1 | U_2 | ...], column-major: BLAS's syrk reads the scaled eigenvectors in place
         self.u_cat = np.asfortranarray(np.concatenate(us, axis=1))
+        self.w = np.empty_like(self.u_cat)  # the scaled eigenvectors of the latest evaluation (work space)
         self.f = self.e.shape[1]
 
     def log_evidence(self, log_sigma: float, log_lam: float, log_tau: float) -> float:
@@ -132,7 +133,7 @@ class _Spectra:
                                            np.full(len(self.n), log_tau))
         # A = Σ_k U_k diag(e_k/(σ² + τ²e_k)) U_kᵀ + λ⁻²I as W Wᵀ, W = U_cat diag(√d): a symmetric rank-KF update
         # (syrk) computes the lower triangle only, half the multiplications of the general product
-        w = self.u_cat * np.sqrt((self.e / denom).ravel())
+        w = np.multiply(self.u_cat, np.sqrt((self.e / denom).ravel()), out=self.w)
         a = blas.dsyrk(1.0, w, lower=1)
         a[np.diag_indices(self.f)] += 1.0 / l2
         h = self.u_cat @ (self.z / denom).ravel()
