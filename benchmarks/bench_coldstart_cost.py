@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_coldstart_cost.py --before /path/to/older/checkout \\
         --out benchmarks/results/coldstart_cost.md
     .venv/bin/python benchmarks/bench_coldstart_cost.py --thin 0.02,0.1     # also: refits thinned (an experiment)
+    .venv/bin/python benchmarks/bench_coldstart_cost.py --simplex 1,0.25,0.05  # also: smaller warm-start simplices
 
 Not a test: the figures go to `benchmarks/results/coldstart_cost.{md,json}` and docs/benchmarks.md.
 
@@ -18,7 +19,9 @@ first checkout's — bit for bit, and at the digits the tables print (MSE 4 deci
 `--thin G` (an experiment, nothing in the product): the same replay from this checkout with the held-out fleet's
 evidence refit skipped (the previous `σ, λ, τ` kept) unless the fleet's samples grew by the fraction `G` since its
 last fit, before the held-out station's first upload only (`prejoin`) or throughout (`all`) — what a cheaper refit
-schedule would save and how far it moves the figures.
+schedule would save and how far it moves the figures. `--simplex S` (an experiment too): every fit of the held-out
+fleet from an initial simplex whose edges are scaled by `S` (the product's: 0.2 in each log-parameter around the
+warm start), with the number of evidence evaluations.
 """
 
 from __future__ import annotations
@@ -64,6 +67,21 @@ if thin:
             state["fits"] += 1
         return fit(client_stats, start, **kw)
     hs.fit_hierarchical = thinned
+simplex = os.environ.get("BENCH_SIMPLEX")
+if simplex:
+    import numpy as np
+    from streamfed.algorithms.fedbnr_personal import evidence as ev
+    minimize, scale = ev.optimize.minimize, float(simplex)
+    def scaled(fun, x0, **kw):
+        opts = dict(kw.get("options", {}))
+        if "initial_simplex" in opts:
+            s = np.asarray(opts["initial_simplex"])
+            opts["initial_simplex"] = s[0] + (s - s[0]) * scale
+        res = minimize(fun, x0, **{**kw, "options": opts})
+        state["fits"] += 1
+        state["evals"] = state.get("evals", 0) + res.nfev
+        return res
+    ev.optimize.minimize = scaled
 cfg = bc.configs(argparse.Namespace(mixture=True, personal_alone=False, n_features=50, bandwidth=2.0))["bayes"]
 fleet = load_beijing(normalisation="online", split="station")
 with open(os.environ["BENCH_RECORDING"], "rb") as fh:
@@ -75,16 +93,18 @@ res = leave_one_out_recorded(fleet, "fedbnr-personal", cfg, int(os.environ["BENC
 cpu = time.process_time() - c0
 rows = [[r.algorithm, r.window, r.mse, r.nlpd, r.coverage] for r in res.rows]
 print(json.dumps({"cpu_s": cpu, "rows": rows, "fits": state["fits"], "skips": state["skips"],
-                  "load": os.getloadavg()[0]}))
+                  "evals": state.get("evals"), "load": os.getloadavg()[0]}))
 """
 
 
-def run_child(tree: Path, recording: Path, station: str, thin: str | None = None) -> dict:
+def run_child(tree: Path, recording: Path, station: str, thin: str | None = None, simplex: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), OPENBLAS_NUM_THREADS="1", BENCH_TREE=str(tree),
                BENCH_RECORDING=str(recording), BENCH_STATION=station, BENCH_JOIN=str(JOIN),
                BENCH_WINDOWS=",".join(map(str, WINDOWS)))
     if thin:
         env["BENCH_THIN"] = thin
+    if simplex:
+        env["BENCH_SIMPLEX"] = simplex
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=tree, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -119,6 +139,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--thin", default="", help="comma-separated growth fractions G for the thinned-refit experiment")
+    ap.add_argument("--simplex", default="", help="comma-separated scales of the fits' initial simplex (1: as it "
+                    "is) for the warm-start experiment")
     ap.add_argument("--out", type=Path, help="markdown file (a .json next to it)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -152,6 +174,11 @@ def main() -> None:
                 r = run_child(ROOT, path, args.station, f"{g}:{mode}")
                 thins[f"{g}:{mode}"] = r
                 print(f"thin {g} {mode}: {r['cpu_s']:.1f} s CPU, {r['fits']} fits", file=sys.stderr)
+        simplices: dict[str, dict] = {}
+        for x in [x for x in args.simplex.split(",") if x]:
+            r = run_child(ROOT, path, args.station, simplex=x)
+            simplices[x] = r
+            print(f"simplex {x}: {r['cpu_s']:.1f} s CPU, {r['evals']} evaluations", file=sys.stderr)
     load1 = os.getloadavg()
     ref = runs[trees[0][0]][0]["rows"]
     commits = {label: commit_of(tree) for label, tree in trees}
@@ -190,6 +217,17 @@ def main() -> None:
             lines.append(f"| {g} | {mode} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['fits']} | "
                          f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {len(c['printed_diffs'])}: "
                          + "; ".join(c["printed_diffs"][:4]) + (" …" if len(c["printed_diffs"]) > 4 else "") + " |")
+    if simplices:
+        lines += ["", "Experiment: every Nelder-Mead fit of the held-out fleet started from a smaller simplex "
+                  "(`--simplex`: its edges scaled by S; as it is, 0.2 in each log-parameter around the warm start).",
+                  "",
+                  "| S | CPU s | load | evaluations | values bit-equal | max rel. diff | printed digits that differ |",
+                  "|---|---|---|---|---|---|---|"]
+        for x, r in simplices.items():
+            c = compare(r["rows"], ref)
+            lines.append(f"| {x} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['evals']} | "
+                         f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {len(c['printed_diffs'])}"
+                         + (": " + "; ".join(c["printed_diffs"][:4]) if c["printed_diffs"] else "") + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
@@ -197,7 +235,8 @@ def main() -> None:
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(
             {"command": cmd, "station": args.station, "seed": args.seed, "record_cpu_s": record_cpu,
-             "load": [load0, load1], "commits": commits, "runs": runs, "thin": thins}, indent=1))
+             "load": [load0, load1], "commits": commits, "runs": runs, "thin": thins, "simplex": simplices},
+            indent=1))
 
 
 if __name__ == "__main__":

@@ -111,17 +111,17 @@ def markdown_table(summary: dict[str, Any], command: str | None = None) -> str:
 
 def plot_results(results: dict[str, list[ReplayResult]], out_dir: Path) -> list[Path]:
     """`regret.png` (R(t)/t), `mse.png` (MSE up to t) and `weights.png` (client 0's kernel weights)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend, no figure manager to import
+    from matplotlib.ticker import LogFormatter
 
     paths = []
     for fname, curve, ylabel in (
         ("regret.png", lambda r: r.regret_rate_curve(), "average regret  mean_c R_c(t)/t"),
         ("mse.png", lambda r: r.mse_curve(), "MSE of all predictions up to t"),
     ):
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+        fig = Figure(figsize=(7, 4.2))
+        ax = fig.subplots()
         for name, runs in results.items():
             r0 = runs[0]
             curves = np.array([curve(r) for r in runs])
@@ -134,32 +134,38 @@ def plot_results(results: dict[str, list[ReplayResult]], out_dir: Path) -> list[
         ax.set_ylabel(ylabel)
         if fname == "mse.png":
             ax.set_yscale("log")
+            # plain tick labels (0.001, 2e-3): the default's 10^x needs mathtext, whose parser is most of the plot's
+            # cost in a short replay
+            ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+            ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
+        # fixed margins: the labels are these strings and short tick labels (a tight layout would measure them)
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.96)
         path = out_dir / fname
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         paths.append(path)
     # the kernel weights of the first algorithm that has personal ones (several kernels that move)
     weighted = [runs[0] for runs in results.values()
                 if runs and len(runs[0].kernel_names) > 1 and np.ptp(runs[0].weights, axis=0).any()]
     if weighted:
         r = weighted[0]
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+        fig = Figure(figsize=(7, 4.2))
+        ax = fig.subplots()
         ax.stackplot(r.checkpoints + 1, r.weights.T, labels=r.kernel_names)
         ax.set_xlabel("t")
         ax.set_ylabel(f"{r.algorithm}: kernel weights of client {r.clients[0]}")
         ax.set_ylim(0, 1)
-        ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fig.tight_layout()
+        legend = ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        # the legend right of the axes: as wide as the kernels' names need (measured, not a whole tight layout)
+        width = legend.get_window_extent(FigureCanvasAgg(fig).get_renderer()).width / fig.bbox.width
+        fig.subplots_adjust(left=0.1, right=max(0.5, 0.97 - width), bottom=0.12, top=0.96)
         path = out_dir / "weights.png"
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         paths.append(path)
     classifiers = {name: runs for name, runs in results.items() if runs and runs[0].probas}
     if classifiers:
-        paths.append(_reliability(classifiers, out_dir, plt))
+        paths.append(_reliability(classifiers, out_dir))
     return paths
 
 
@@ -187,9 +193,12 @@ def reliability_bins(runs: Sequence[ReplayResult], bins: int = ECE_BINS) -> tupl
         return n, np.bincount(which, conf, bins) / n, np.bincount(which, correct, bins) / n
 
 
-def _reliability(classifiers: dict[str, list[ReplayResult]], out_dir: Path, plt: Any) -> Path:
+def _reliability(classifiers: dict[str, list[ReplayResult]], out_dir: Path) -> Path:
     """`reliability.png`: each classifier's accuracy against its confidence, per bin (pooled over seeds)."""
-    fig, ax = plt.subplots(figsize=(5, 5))
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 5))
+    ax = fig.subplots()
     ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="calibrated")
     for name, runs in classifiers.items():
         n, conf, acc = reliability_bins(runs)
@@ -204,7 +213,6 @@ def _reliability(classifiers: dict[str, list[ReplayResult]], out_dir: Path, plt:
     fig.tight_layout()
     path = out_dir / "reliability.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import optimize
-from scipy.linalg import lapack
+from scipy.linalg import blas, lapack
 
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_log_evidence
 from streamfed.core.durable import durable
@@ -121,7 +121,9 @@ class _Spectra:
         self.e = np.stack(es)  # (K, F)
         self.z = np.stack(zs)  # (K, F)
         self.z2 = self.z**2
-        self.u_cat = np.concatenate(us, axis=1)  # (F, K F): [U_1 | U_2 | ...]
+        # (F, K F): [U_1 | U_2 | ...], column-major: BLAS's syrk reads the scaled eigenvectors in place
+        self.u_cat = np.asfortranarray(np.concatenate(us, axis=1))
+        self.w = np.empty_like(self.u_cat)  # the scaled eigenvectors of the latest evaluation (work space)
         self.f = self.e.shape[1]
 
     def log_evidence(self, log_sigma: float, log_lam: float, log_tau: float) -> float:
@@ -129,8 +131,10 @@ class _Spectra:
         denom = s2 + t2 * self.e  # (K, F)
         per_client = spectral_log_evidence(self.e, self.z2, self.n, self.q, np.full(len(self.n), log_sigma),
                                            np.full(len(self.n), log_tau))
-        d = (self.e / denom).ravel()
-        a = (self.u_cat * d) @ self.u_cat.T
+        # A = Σ_k U_k diag(e_k/(σ² + τ²e_k)) U_kᵀ + λ⁻²I as W Wᵀ, W = U_cat diag(√d): a symmetric rank-KF update
+        # (syrk) computes the lower triangle only, half the multiplications of the general product
+        w = np.multiply(self.u_cat, np.sqrt((self.e / denom).ravel()), out=self.w)
+        a = blas.dsyrk(1.0, w, lower=1)
         a[np.diag_indices(self.f)] += 1.0 / l2
         h = self.u_cat @ (self.z / denom).ravel()
         # LAPACK directly: the factor's lower triangle (what np.linalg.cholesky returns) and one forward
