@@ -9,6 +9,7 @@ from streamfed.core.compiled import Entry, register
 __all__ = ["ENTRIES", "SOURCES", "kern"]
 
 _K = "streamfed.algorithms.fedbnr._kernels"
+_C = "streamfed.algorithms.fedbnr._check_kernels"
 ENTRIES: tuple[Entry, ...] = (
     Entry("fedbnr", _K, "all_finite", ("f8[1]",)),
     Entry("fedbnr", _K, "same_vector", ("f8[1]", "f8[1]")),
@@ -33,9 +34,13 @@ ENTRIES: tuple[Entry, ...] = (
           ("f8[1]", "f8[1]", "f8", "f8", "f8[1]", "f8[1]", "i8", "i8", "f8", "!f8[1]")),
     Entry("fedbnr", _K, "profile_search",
           ("f8[1]", "f8[1]", "f8[1]", "f8", "f8", "f8[1]", "f8[1]", "i8", "i8", "f8", "f8", "!f8[1]")),
+    Entry("fedbnr", _C, "scan",  # the aggregator's per-upload check (.packed_check)
+          ("f8[2]", "f8[2]", "f8", "f8", "f8", "f8", "i8", "f8", "i8", "f8", "i8", "!f8[3]", "!f8[2]", "!f8[1]",
+           "!f8[3]")),
 )
 # what the build is made from: the kernels and what they import (paths under the streamfed package)
-SOURCES = ("algorithms/fedbnr/_kernels.py", "algorithms/fedbnr/_layout.py", "core/_feature_kernels.py",
-           "core/numerics.py")
+SOURCES = ("algorithms/fedbnr/_kernels.py", "algorithms/fedbnr/_layout.py", "algorithms/fedbnr/_check_kernels.py",
+           "algorithms/fedbnr/_check_codes.py",
+           "core/_feature_kernels.py", "core/numerics.py")
 
 kern = register("fedbnr", ENTRIES, SOURCES)

@@ -17,11 +17,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numba
 import numpy as np
 
 from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fleet
@@ -29,53 +27,6 @@ from streamfed.evaluation.datasets.base import NORMALISATIONS, ClientStream, Fle
 DEFAULT_WARMUP = 2
 # the skip reason of a row whose statistics would overflow (its square is beyond float64)
 TOO_LARGE = "too_large"
-
-
-@numba.njit(cache=True)
-def _past_standardise(v: np.ndarray, warmup: int, z: np.ndarray, offset: np.ndarray,
-                      scale: np.ndarray, refused: np.ndarray) -> None:
-    """Row `t` of `z` from the Welford statistics of the rows before `t` that were folded in; the first
-    `warmup` folded rows are NaN. A row whose fold (or transform) would not be finite in some column — a
-    value whose square overflows, like 1e300 — is refused as a whole: NaN in `z`, `refused[t]` set, the
-    statistics unchanged (else one absurd cell would make that column's scale infinite and every later
-    value of it 0)."""
-    T, d = v.shape
-    mean = np.zeros(d)
-    m2 = np.zeros(d)
-    new_mean = np.zeros(d)
-    new_m2 = np.zeros(d)
-    k = 0  # rows folded in so far
-    for t in range(T):
-        ok = True
-        for j in range(d):
-            delta = v[t, j] - mean[j]
-            new_mean[j] = mean[j] + delta / (k + 1)
-            new_m2[j] = m2[j] + delta * (v[t, j] - new_mean[j])
-            if not (math.isfinite(new_mean[j]) and math.isfinite(new_m2[j])):
-                ok = False
-            if k >= warmup:
-                s = math.sqrt(m2[j] / (k - 1)) if k >= 2 else 0.0
-                if not s > 0.0:
-                    s = abs(mean[j]) if mean[j] != 0.0 else 1.0
-                offset[t, j] = mean[j]
-                scale[t, j] = s
-                z[t, j] = (v[t, j] - mean[j]) / s
-                if not math.isfinite(z[t, j]):
-                    ok = False
-            else:
-                z[t, j] = np.nan
-                offset[t, j] = np.nan
-                scale[t, j] = np.nan
-        refused[t] = not ok
-        if not ok:
-            for j in range(d):
-                z[t, j] = np.nan
-            continue
-        # fold sample t in only after it has been transformed
-        for j in range(d):
-            mean[j] = new_mean[j]
-            m2[j] = new_m2[j]
-        k += 1
 
 
 def online_standardise(values: np.ndarray, warmup: int = DEFAULT_WARMUP
@@ -114,7 +65,9 @@ def online_standardise_rows(values: np.ndarray, warmup: int = DEFAULT_WARMUP
     v2 = np.ascontiguousarray(v.reshape(v.shape[0], -1))
     z, offset, scale = (np.empty_like(v2) for _ in range(3))
     refused = np.zeros(v2.shape[0], dtype=np.bool_)
-    _past_standardise(v2, int(warmup), z, offset, scale, refused)
+    from streamfed.evaluation.datasets._past_scale import past_standardise  # numba only when it is needed
+
+    past_standardise(v2, int(warmup), z, offset, scale, refused)
     return z.reshape(v.shape), offset.reshape(v.shape), scale.reshape(v.shape), refused
 
 
