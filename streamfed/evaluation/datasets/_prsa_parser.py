@@ -43,10 +43,10 @@ def parse_prsa(buf: np.ndarray, start: int, ncols: int, wd_col: int, bearings: n
             k = 0
             while i < n and buf[i] != 34:
                 b = buf[i]
-                v = 1 if b == 78 else 2 if b == 69 else 3 if b == 83 else 4 if b == 87 else 0
-                if v == 0 or k >= 3:
+                letter = 1 if b == 78 else 2 if b == 69 else 3 if b == 83 else 4 if b == 87 else 0  # N E S W
+                if letter == 0 or k >= 3:
                     ok = False
-                code = code * 5 + v
+                code = code * 5 + letter
                 k += 1
                 i += 1
             if i >= n:
