@@ -208,7 +208,7 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
             times, stats = [], {}
             for r in range(repeats):
                 t0 = time.perf_counter()
-                total = run_round(enc, round_id=r + 1, drop_before_masking=dropped, stats=stats)
+                total = run_round(enc, round_id=r + 1, drop_before_sharing=dropped, stats=stats)
                 times.append(time.perf_counter() - t0)
             want = plain_int.copy()
             for c in dropped:
@@ -266,15 +266,17 @@ def agent_breakdown(n: int = 1000, length: int | None = None, repeats: int = 15)
             srv.add_keys(c.advertise())
         for c in s.neighbours[me]:
             srv.add_shares(c, cs[c].share_keys(srv.roster_for(c)))
+            srv.add_masked(c, cs[c].masked_input(x))
         out = {}
         t0 = time.perf_counter()
         srv.add_shares(me, cs[me].share_keys(srv.roster_for(me)))
         out["share_keys"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cs[me].masked_input(x, srv.forwarded(me))
+        srv.add_masked(me, cs[me].masked_input(x))
         out["masked_input"] = time.perf_counter() - t0
+        fwd = srv.forwarded(me)
         t0 = time.perf_counter()
-        cs[me].unmask(frozenset((me, *s.neighbours[me])))
+        cs[me].unmask(frozenset((me, *s.neighbours[me])), fwd)
         out["unmask"] = time.perf_counter() - t0
         return out
 
