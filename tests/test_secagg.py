@@ -127,8 +127,9 @@ def test_each_dropout_point_of_the_merged_step_leaves_the_exact_sum_of_the_rest(
                       drop_before_unmasking={"c"}, summed_out=got)
     assert got == set("cdefgh")
     assert np.array_equal(total, sum((xs[c] for c in "cdefgh"), np.zeros(6, dtype=np.uint64)))
-    # sparse (k = 4, t = 2 on a ring of 16): `far` left after its message, with no dropped neighbour: never asked, summed;
-    # `near`, a neighbour of a, left too: asked, taken out. Picked so that every neighbourhood keeps its threshold.
+    # sparse (k = 4, t = 2 on a ring of 16): `far` left after its message, with no dropped neighbour: never asked,
+    # summed; `near`, a neighbour of the dropped one, left too: asked, taken out. Picked so that every
+    # neighbourhood keeps its threshold.
     xs = {f"c{i:02d}": rng.integers(0, 2**64, 6, dtype=np.uint64) for i in range(16)}
     s = SecAggSettings(1, tuple(sorted(xs)), 6, degree=4, threshold=2, graph_seed=3)
     nb, first = s.neighbours, "c00"
@@ -137,8 +138,8 @@ def test_each_dropout_point_of_the_merged_step_leaves_the_exact_sum_of_the_rest(
     assert pairs
     near, far = pairs[0]
     got = set()
-    total = run_round(xs, degree=4, threshold=2, graph_seed=3, drop_before_sharing={first}, drop_before_masking={far, near},
-                      summed_out=got)
+    total = run_round(xs, degree=4, threshold=2, graph_seed=3, drop_before_sharing={first},
+                      drop_before_masking={far, near}, summed_out=got)
     assert got == set(xs) - {first, near}
     assert np.array_equal(total, sum((xs[c] for c in got), np.zeros(6, dtype=np.uint64)))
 
