@@ -17,10 +17,9 @@ NLPD uses the predictive variance the agent reports, which adds the global's noi
 (docs/privacy.md).
 
 **Secure aggregation** — one SecAgg+ round in process (`streamfed.privacy.secagg.run_round`: key
-advertisement, encrypted Shamir shares with the masked input, unmasking) over FedBNR uploads of the Beijing
+advertisement, encrypted Shamir shares, masked inputs, unmasking) over FedBNR uploads of the Beijing
 streams encoded in fixed point (`Z_{2^64}`), at 10, 100 and 1,000 clients, with no dropout and with a
-tenth of the clients sending nothing after their roster (their neighbours reveal the seeds of their masks
-with them); vs the plain round (the float64 sum of the same
+tenth of the clients dropping after sharing their keys; vs the plain round (the float64 sum of the same
 uploads and their encoded `fedbnr.update` messages). Whether the unmasked sum equals the plain fixed-point
 sum bit for bit, and its largest deviation from the float64 sum.
 """
@@ -209,7 +208,7 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
             times, stats = [], {}
             for r in range(repeats):
                 t0 = time.perf_counter()
-                total = run_round(enc, round_id=r + 1, drop_before_sharing=dropped, stats=stats)
+                total = run_round(enc, round_id=r + 1, drop_before_masking=dropped, stats=stats)
                 times.append(time.perf_counter() - t0)
             want = plain_int.copy()
             for c in dropped:
@@ -232,9 +231,8 @@ def secagg_cost(sizes: tuple[int, ...], repeats: int) -> tuple[list[str], dict]:
                          f"{plain_ms:.3f} | {plain_bytes:,} | {'yes' if exact else 'NO'} | {dev:.1e} |")
     lines += ["", "Round time = every client's and the server's work in one process, one after the other (what a "
               "fleet spreads over its devices); per client = round / clients. Bytes up = keys, encrypted shares, "
-              "the masked vector (8 bytes a number), the pairwise seeds when asked and the unmasking shares; down = "
-              "the neighbours' keys, the dropped list when any, the forwarded shares and the survivor list. "
-              "The plain upload is one encoded `fedbnr.update` "
+              "the masked vector (8 bytes a number) and the unmasking shares; down = the neighbours' keys, the "
+              "forwarded shares and the survivor list. The plain upload is one encoded `fedbnr.update` "
               "(float64). Deviation: the unmasked fixed-point sum decoded, against numpy's float64 sum of the same "
               f"uploads ({max(r['frac_bits'] for r in out['rows'])} fractional bits at most)."]
     return lines, out
@@ -268,17 +266,15 @@ def agent_breakdown(n: int = 1000, length: int | None = None, repeats: int = 15)
             srv.add_keys(c.advertise())
         for c in s.neighbours[me]:
             srv.add_shares(c, cs[c].share_keys(srv.roster_for(c)))
-            srv.add_masked(c, cs[c].masked_input(x))
         out = {}
         t0 = time.perf_counter()
         srv.add_shares(me, cs[me].share_keys(srv.roster_for(me)))
         out["share_keys"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        srv.add_masked(me, cs[me].masked_input(x))
+        cs[me].masked_input(x, srv.forwarded(me))
         out["masked_input"] = time.perf_counter() - t0
-        fwd = srv.forwarded(me)
         t0 = time.perf_counter()
-        cs[me].unmask(frozenset((me, *s.neighbours[me])), fwd)
+        cs[me].unmask(frozenset((me, *s.neighbours[me])))
         out["unmask"] = time.perf_counter() - t0
         return out
 
@@ -448,7 +444,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                             missing = sorted(set(names) - set(agg.core.included()))
                             raise RuntimeError(f"round not done after 300 s: {len(missing)} missing "
                                                f"({missing[:5]}…), rejected {dict(agg.core.rejected)}, secagg "
-                                               f"{getattr(agg.core.secagg, 'rejected', None)}")
+                                               f"{getattr(agg.core.secagg, 'rejected', None)}; stages {stages}")
                         await asyncio.sleep(0.005)
                     done = time.perf_counter()
                     own, broker_cpu = time.process_time() - own0, _proc_cpu(pid) - broker0
@@ -508,15 +504,14 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
     lines += ["", "Round = from the moment every agent's session is up and the streams start to the aggregator "
               "holding every client's update (plain: each agent's `fedbnr.update`; secure: the round's "
               "unmasked sum); it includes "
-              "each agent learning its 32 samples and, for SecAgg+, the steps' key agreements, encryption, "
+              "each agent learning its 32 samples and, for SecAgg+, the four steps' key agreements, encryption, "
               "PRG masks and the server's unmasking — all on the one event loop of this process (and the broker "
-              "on the other core). Down = the aggregator's messages to one client's acks topic (roster, survivors "
-              "with the forwarded shares; plain: none but acks), not the global, which both modes broadcast. "
-              "Each agent's "
+              "on the other core). Down = the aggregator's messages to one client's acks topic (roster, forwarded "
+              "shares, survivors; plain: none but acks), not the global, which both modes broadcast. Each agent's "
               "source is 32 samples long and the agent stays up (`drain`) until the measurement stops it; "
               "the aggregator's stage timeout is its default (5 s plus 40 ms a member: `stage_wait`). "
               "Each member is sent its own neighbourhood only (roster: "
-              "its neighbours' keys; survivors: which of them survived, with their shares), so `down` grows "
+              "its neighbours' keys; forward: their shares; survivors: which of them survived), so `down` grows "
               "with the neighbourhood k, not the fleet. Aggregator CPU = process time inside the aggregator core's "
               "`on_update` and `tick` (decoding, the SecAgg+ server's checks, building each member's messages, "
               "Shamir reconstruction and the PRG masks it removes, folding the sum into the global), not its MQTT "

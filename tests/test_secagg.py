@@ -65,11 +65,7 @@ def test_unmasked_sum_equals_plain_fixed_point_sum_with_dropouts(fleet: tuple) -
             gone = len(before_share) + len(before_mask) + len(before_unmask)
             assert e.reason != "recovery_failed" or gone > k - (k // 2 + 1), e
         return
-    # who is summed: everyone who sent shares and input, but those that then left (`before_mask`) while a neighbour
-    # of theirs had sent nothing — they were asked for the seeds of their masks with it and did not answer
-    nb = SecAggSettings(seed % 1000 + 1, tuple(sorted(floats)), n, degree, None, seed).neighbours
-    gone = set(before_share)
-    included = [c for c in floats if c not in gone and not (c in before_mask and gone & set(nb[c]))]
+    included = [c for c in floats if c not in set(before_share) | set(before_mask)]
     plain = np.zeros_like(total)
     for c in included:
         plain += enc[c]  # the oracle: plain integer sum of the fixed-point encodings, modulo 2^64
@@ -92,7 +88,7 @@ def test_full_graph_always_recovers_fewer_than_half_dropping() -> None:
         k = n - 1
         drop = names[: k - (k // 2 + 1)]
         total = run_round(xs, degree=n - 1, drop_before_unmasking=drop[: len(drop) // 2],
-                          drop_before_sharing=drop[len(drop) // 2:])
+                          drop_before_masking=drop[len(drop) // 2:])
         want = np.zeros(8, dtype=np.uint64)
         for c in names:
             if c not in drop[len(drop) // 2:]:
@@ -105,43 +101,12 @@ def test_sparse_graph_of_a_hundred_recovers_random_dropouts() -> None:
     xs = {f"c{i:03d}": rng.integers(0, 2**64, 16, dtype=np.uint64) for i in range(100)}
     names = sorted(xs)
     drop = list(rng.choice(names, 33, replace=False))
-    total = run_round(xs, graph_seed=5, drop_before_sharing=drop[:15], drop_before_unmasking=drop[15:])
+    total = run_round(xs, graph_seed=5, drop_before_masking=drop[:15], drop_before_unmasking=drop[15:])
     want = np.zeros(16, dtype=np.uint64)
     for c in names:
         if c not in drop[:15]:
             want += xs[c]
     assert np.array_equal(total, want)
-
-
-def test_each_dropout_point_of_the_merged_step_leaves_the_exact_sum_of_the_rest() -> None:
-    """Shares and masked input travel in one message, masked with every neighbour of the roster. A member that
-    sends nothing after its roster (`a`) has its masks with the others removed by the seeds they reveal; one that
-    sent its message but left before revealing its seed (`b`, asked because `a` neighbours it) is taken out of the
-    sum, its masks with the others removed by its rebuilt key; one that left after its seed (`c`) stays in, its
-    self-mask rebuilt from its neighbours' shares; one that left after its message with no dropped neighbour (`d`
-    in a sparse graph) stays in too."""
-    rng = np.random.default_rng(11)
-    xs = {c: rng.integers(0, 2**64, 6, dtype=np.uint64) for c in "abcdefgh"}
-    got: set[str] = set()
-    total = run_round(xs, degree=7, drop_before_sharing={"a"}, drop_before_masking={"b"},
-                      drop_before_unmasking={"c"}, summed_out=got)
-    assert got == set("cdefgh")
-    assert np.array_equal(total, sum((xs[c] for c in "cdefgh"), np.zeros(6, dtype=np.uint64)))
-    # sparse (k = 4, t = 2 on a ring of 16): `far` left after its message, with no dropped neighbour: never asked,
-    # summed; `near`, a neighbour of the dropped one, left too: asked, taken out. Picked so that every
-    # neighbourhood keeps its threshold.
-    xs = {f"c{i:02d}": rng.integers(0, 2**64, 6, dtype=np.uint64) for i in range(16)}
-    s = SecAggSettings(1, tuple(sorted(xs)), 6, degree=4, threshold=2, graph_seed=3)
-    nb, first = s.neighbours, "c00"
-    pairs = [(near, far) for near in nb[first] for far in sorted(xs) if far not in {first, near, *nb[first], *nb[near]}
-             and all(len({first, near, far} & set(nb[c])) <= 4 - 2 for c in xs)]
-    assert pairs
-    near, far = pairs[0]
-    got = set()
-    total = run_round(xs, degree=4, threshold=2, graph_seed=3, drop_before_sharing={first},
-                      drop_before_masking={far, near}, summed_out=got)
-    assert got == set(xs) - {first, near}
-    assert np.array_equal(total, sum((xs[c] for c in got), np.zeros(6, dtype=np.uint64)))
 
 
 def test_harary_graph_is_regular_symmetric_and_seeded() -> None:
@@ -164,7 +129,7 @@ def _masked_upload(x: np.ndarray, n: int = 3) -> np.ndarray:
         srv.add_keys(c.advertise())
     for c in cs:
         srv.add_shares(c.client, c.share_keys(srv.roster()))
-    return cs[0].masked_input(x)
+    return cs[0].masked_input(x, srv.forwarded("c0"))
 
 
 def test_one_masked_upload_is_indistinguishable_from_uniform() -> None:
@@ -281,75 +246,25 @@ def test_every_malformed_message_is_refused_with_a_reason() -> None:
         srv.add_shares(c, cts[c])
     assert reason(srv.add_masked, "a", np.zeros(3, dtype=np.uint64)) == "bad_vector"
     assert reason(srv.add_masked, "a", np.zeros(4, dtype=np.float64)) == "bad_vector"
-    assert reason(cs["a"].masked_input, np.zeros(4, dtype=np.int64)) == "bad_vector"
-    assert reason(cs["a"].pairwise, {"d"}) == "out_of_order"  # before its masked input
-    for c in ("a", "b", "c", "d"):
-        srv.add_masked(c, cs[c].masked_input(np.ones(4, dtype=np.uint64)))
-    assert reason(srv.add_masked, "a", np.ones(4, dtype=np.uint64)) == "duplicate"
-    assert srv.pairwise_requests() == {}  # everyone's input came: no seeds asked
-    assert reason(srv.add_pairwise, "a", {}) == "out_of_order"
+    assert reason(cs["a"].masked_input, np.zeros(4, dtype=np.int64), srv.forwarded("a")) == "bad_vector"
+    for c in ("a", "b", "c"):
+        srv.add_masked(c, cs[c].masked_input(np.ones(4, dtype=np.uint64), srv.forwarded(c)))
     survivors = srv.survivors()
-    assert reason(srv.add_masked, "e", np.ones(4, dtype=np.uint64)) == "out_of_order"  # the stage has closed
-    # a survivor's unmasking reveals the self-mask share of each survivor whose ciphertext it is forwarded
-    shares = cs["a"].unmask(survivors, srv.forwarded("a"))
-    assert {u: w for u, (w, _) in shares.items()} == {"b": "b", "c": "b", "d": "b"}
+    # a survivor's unmasking may reveal only the self-mask share of a survivor, the key share of a dropout
+    shares = cs["a"].unmask(survivors)
+    assert shares["b"][0] == "b" and shares["d"][0] == "s"
     forged = dict(shares)
     forged["b"] = ("s", shares["b"][1])
     assert reason(srv.add_unmasking, "a", forged) == "wrong_share"
-    assert reason(cs["a"].unmask, survivors, srv.forwarded("a")) == "out_of_order"  # never twice
-    assert reason(cs["b"].unmask, {"a", "c"}, srv.forwarded("b")) == "bad_survivors"  # b must be listed
-    assert reason(cs["b"].unmask, {"a", "b", "zz"}, srv.forwarded("b")) == "bad_survivors"  # only senders
+    assert reason(cs["a"].unmask, survivors) == "out_of_order"  # never twice
+    assert reason(cs["b"].unmask, {"a", "c"}) == "bad_survivors"  # b sent its input: it must be listed
+    assert reason(srv.add_unmasking, "d", {}) == "out_of_order"  # not a survivor
     srv.add_unmasking("a", shares)
-    assert reason(srv.result) == "recovery_failed"  # one share of each secret, threshold 3
-    for c in ("b", "c"):
-        srv.add_unmasking(c, cs[c].unmask(survivors, srv.forwarded(c)))
-    assert srv.result().tolist() == [4, 4, 4, 4]
-
-
-def test_the_pairwise_step_is_checked_and_never_hands_out_both_masks_of_a_client() -> None:
-    """d sends nothing after its roster: a, b and c are asked for the seeds of their masks with d, once. A client
-    never reveals a share of a neighbour whose seed it revealed (with both, the server could strip that client's
-    masks), nor seeds of a neighbour it was not asked about twice, nor seeds of a client outside its roster."""
-    s = SecAggSettings(round_id=3, clients=("a", "b", "c", "d"), length=4)
-    cs = {c: SecAggClient(c, s) for c in s.clients}
-    srv = SecAggServer(s)
-
-    def reason(f: object, *args: object) -> str:
-        with pytest.raises(SecAggError) as e:
-            f(*args)  # type: ignore[operator]
-        return e.value.reason
-
-    for c in cs.values():
-        srv.add_keys(c.advertise())
-    for c in ("a", "b", "c"):
-        srv.add_shares(c, cs[c].share_keys(srv.roster()))
-        srv.add_masked(c, cs[c].masked_input(np.full(4, 1, dtype=np.uint64)))
-    cs["d"].share_keys(srv.roster())
-    assert srv.pairwise_requests() == {"a": ("d",), "b": ("d",), "c": ("d",)}
-    assert reason(srv.add_shares, "d", {}) == "out_of_order"  # the stage has closed
-    seeds = cs["a"].pairwise({"d"})
-    assert cs["a"].pairwise({"d"}) == seeds  # asked again: the same seeds
-    assert reason(cs["a"].pairwise, {"b", "d"}) == "out_of_order"  # other neighbours: refused
-    assert reason(cs["b"].pairwise, {"zz"}) == "bad_dropped"
-    assert reason(srv.add_pairwise, "a", {"b": seeds["d"]}) == "bad_dropped"
-    assert reason(srv.add_pairwise, "a", {"d": b"short"}) == "bad_seed"
-    srv.add_pairwise("a", seeds)
-    assert reason(srv.add_pairwise, "a", seeds) == "duplicate"
-    srv.add_pairwise("b", cs["b"].pairwise({"d"}))
-    # c never answers: it is taken out of the sum, and a and b reveal its mask-key shares, not its self-mask's
-    alive = srv.survivors()
-    assert alive == {"a", "b"}
-    assert reason(srv.add_pairwise, "c", cs["c"].pairwise({"d"})) == "out_of_order"  # too late
-    # a server that says d survived (or forwards d's shares) after a revealed its seed with d gets nothing
-    fake_ct = {"d": srv.shares["a"]["b"]}
-    assert reason(cs["a"].unmask, {"a", "b", "d"}, {**srv.forwarded("a"), **fake_ct}) == "bad_survivors"
-    a_shares = cs["a"].unmask(srv.survivors_for("a"), srv.forwarded("a"))
-    assert {u: w for u, (w, _) in a_shares.items()} == {"b": "b", "c": "s"}
-    srv.add_unmasking("a", a_shares)
-    srv.add_unmasking("b", cs["b"].unmask(srv.survivors_for("b"), srv.forwarded("b")))
-    with pytest.raises(SecAggError) as e:  # threshold 2 of 3: c's key needs a and b (both in); a's seed needs b, c
-        srv.result()
-    assert e.value.reason == "recovery_failed"
+    assert reason(srv.result) == "recovery_failed"  # one share of each secret, threshold 2
+    srv.add_unmasking("b", cs["b"].unmask(survivors))
+    assert reason(srv.result) == "recovery_failed"  # still one share of a's own seed: b holds it, a cannot
+    srv.add_unmasking("c", cs["c"].unmask(survivors))
+    assert srv.result().tolist() == [3, 3, 3, 3]
 
 
 def test_a_client_refuses_shares_that_were_not_made_for_it() -> None:
@@ -360,9 +275,9 @@ def test_a_client_refuses_shares_that_were_not_made_for_it() -> None:
         srv.add_keys(c.advertise())
     cts = {c: cs[c].share_keys(srv.roster()) for c in s.clients}
     swapped = {"b": cts["b"]["c"], "c": cts["c"]["a"]}  # b's ciphertext for c handed to a
-    cs["a"].masked_input(np.zeros(2, dtype=np.uint64))
+    cs["a"].masked_input(np.zeros(2, dtype=np.uint64), swapped)
     with pytest.raises(SecAggError) as e:
-        cs["a"].unmask({"a", "b", "c"}, swapped)
+        cs["a"].unmask({"a", "b", "c"})
     assert e.value.reason == "bad_ciphertext"
 
 

@@ -118,10 +118,10 @@ def test_a_masked_input_is_its_formula_with_the_agreed_keys() -> None:
         srv.add_shares(c.client, c.share_keys(srv.roster_for(c.client)))
     rng = np.random.default_rng(0)
     xs = {c: rng.integers(0, 2**64, 9, dtype=np.uint64) for c in s.clients}
-    ys = {c: cs[c].masked_input(xs[c]) for c in s.clients}
+    ys = {c: cs[c].masked_input(xs[c], srv.forwarded(c)) for c in s.clients}
     for c in s.clients:
         srv.add_masked(c, ys[c])
-    revealed = {c: cs[c].unmask(srv.survivors_for(c), srv.forwarded(c)) for c in s.clients}
+    revealed = {c: cs[c].unmask(srv.survivors_for(c)) for c in s.clients}
     for c, shares in revealed.items():
         srv.add_unmasking(c, shares)
     for u in s.clients:
@@ -135,30 +135,6 @@ def test_a_masked_input_is_its_formula_with_the_agreed_keys() -> None:
             want = want + mask if u < v else want - mask
         assert np.array_equal(ys[u], want), u
     assert np.array_equal(srv.result(), sum(xs.values()))
-
-
-def test_a_revealed_pairwise_seed_is_the_agreed_key_and_removes_exactly_that_mask() -> None:
-    """d sends nothing after its roster: the seed a reveals for d is `HKDF(X25519(s_a, s_d), "…/mask/<round>")`,
-    recomputed here from d's side of the agreement, and the sum of a, b, c comes out exact."""
-    s = SecAggSettings(round_id=12, clients=("a", "b", "c", "d"), length=5)
-    keys = {c: (X25519PrivateKey.generate(), X25519PrivateKey.generate()) for c in s.clients}
-    cs = {c: SecAggClient(c, s, keys=keys[c]) for c in s.clients}
-    srv = SecAggServer(s)
-    for c in cs.values():
-        srv.add_keys(c.advertise())
-    rng = np.random.default_rng(1)
-    xs = {c: rng.integers(0, 2**64, 5, dtype=np.uint64) for c in s.clients}
-    for c in ("a", "b", "c"):
-        srv.add_shares(c, cs[c].share_keys(srv.roster_for(c)))
-        srv.add_masked(c, cs[c].masked_input(xs[c]))
-    for c, lost in srv.pairwise_requests().items():
-        seeds = cs[c].pairwise(lost)
-        shared = keys["d"][1].exchange(X25519PublicKey.from_public_bytes(cs[c].advertise().s_pk))
-        assert seeds == {"d": hkdf_sha256(shared, b"streamfed-secagg/mask/12")}
-        srv.add_pairwise(c, seeds)
-    for c in ("a", "b", "c"):
-        srv.add_unmasking(c, cs[c].unmask(srv.survivors_for(c), srv.forwarded(c)))
-    assert np.array_equal(srv.result(), xs["a"] + xs["b"] + xs["c"])
 
 
 # --------------------------------------------------------------------------- Shamir

@@ -9,16 +9,13 @@ partial. Nothing asks which algorithm runs.
 
 Kinds (meta `round` on each: the aggregator's round id), on the existing topics and ACLs:
 
-* agent → aggregator on `updates/<client>`: ``secagg.keys`` (two X25519 public keys), ``secagg.masked`` (one
-  148-byte ciphertext of shares per neighbour and the masked vector, uint64, in one message; its `seq` and
-  `n_samples` are those of the newest update it sums), ``secagg.pairwise`` (only when asked: the 32-byte seeds
-  of its masks with neighbours that sent nothing), ``secagg.unmask`` (66-byte shares);
+* agent → aggregator on `updates/<client>`: ``secagg.keys`` (two X25519 public keys), ``secagg.shares`` (one
+  148-byte ciphertext per neighbour), ``secagg.masked`` (the masked vector, uint64; its `seq` and `n_samples`
+  are those of the newest update it sums), ``secagg.unmask`` (66-byte shares);
 * aggregator → one agent on `acks/<client>` (which only that agent may read): ``secagg.roster`` (the agent
   and its neighbours in the round's graph as `included` = {name: index in the round's sorted names}, their
-  keys, and meta `members`), ``secagg.dropped`` (only when some neighbours sent nothing: which),
-  ``secagg.survivors`` (the survivors of its neighbourhood and the ciphertexts addressed to it). Each is `O(k)`
-  bytes, `k` the neighbourhood size, whatever the fleet's size. Five messages an agent in a round nobody
-  leaves early (Bonawitz's order — shares, forward, then the masked input — took seven).
+  keys, and meta `members`), ``secagg.forward`` (the ciphertexts addressed to it), ``secagg.survivors`` (the
+  survivors of its neighbourhood). Each is `O(k)` bytes, `k` the neighbourhood size, whatever the fleet's size.
 
 The aggregator closes a stage when every member of the previous one has answered, or after `timeout` seconds
 with enough of them; a round that cannot finish is dropped (counted), and its agents start a new one with
@@ -29,7 +26,7 @@ max_clients)`.
 >>> cfg = FleetConfig(fleet="f", algorithm="fedbnr", n_inputs=1, n_features=1, kernels=["gaussian:1.0"],
 ...                   secure_aggregation=True)
 >>> sorted(k for k in cfg.protocol_schema.kinds if k.startswith("secagg."))[:3]
-['secagg.dropped', 'secagg.keys', 'secagg.masked']
+['secagg.forward', 'secagg.keys', 'secagg.masked']
 >>> summed_layout(cfg)
 [('S_upper', (1, 6)), ('b', (1, 3)), ('n', ()), ('q', ())]
 """
@@ -50,7 +47,6 @@ from streamfed.privacy import fixed_point, shamir
 from streamfed.privacy.secagg import (
     CIPHERTEXT_BYTES,
     KEY_BYTES,
-    SEED_BYTES,
     Keys,
     Neighbourhood,
     SecAggClient,
@@ -70,10 +66,10 @@ __all__ = ["DOWN_KINDS", "UP_KINDS", "SecAggAgent", "SecAggCoordinator", "frac_b
 
 log = logging.getLogger(__name__)
 
-KEYS, MASKED, PAIRWISE, UNMASK = "secagg.keys", "secagg.masked", "secagg.pairwise", "secagg.unmask"
-ROSTER, DROPPED, SURVIVORS = "secagg.roster", "secagg.dropped", "secagg.survivors"
-UP_KINDS = (KEYS, MASKED, PAIRWISE, UNMASK)
-DOWN_KINDS = (ROSTER, DROPPED, SURVIVORS)
+KEYS, SHARES, MASKED, UNMASK = "secagg.keys", "secagg.shares", "secagg.masked", "secagg.unmask"
+ROSTER, FORWARD, SURVIVORS = "secagg.roster", "secagg.forward", "secagg.survivors"
+UP_KINDS = (KEYS, SHARES, MASKED, UNMASK)
+DOWN_KINDS = (ROSTER, FORWARD, SURVIVORS)
 # An agent's patience in a round grows with the round: the aggregator sends each stage's messages to every member
 # and closes a stage when all have answered (or at its `stage_wait`), so the wait between two of an agent's steps
 # is up to two passes over the members — with 1,000 agents and the aggregator on one loop of a loaded machine,
@@ -127,15 +123,13 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
     return [
         MessageSchema(KEYS, Channel.UPDATES, (ArraySpec("c_pk", "uint8", (KEY_BYTES,)),
                                               ArraySpec("s_pk", "uint8", (KEY_BYTES,))), meta=rnd),
-        # the shares (one ciphertext per neighbour) and the masked vector. `first`: the oldest update seq the masked
-        # input sums (its `seq` is the newest): the aggregator refuses one that reaches back into what it summed
-        MessageSchema(MASKED, Channel.UPDATES, (ArraySpec("to", "int64", ("k",), index_bound=n, distinct=True),
-                                                ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES)),
-                                                ArraySpec("y", "uint64", (length,))),
-                      {"k": (1, k)}, meta=(*rnd, MetaSpec("first"))),
-        MessageSchema(PAIRWISE, Channel.UPDATES, (ArraySpec("of", "int64", ("k",), index_bound=n, distinct=True),
-                                                  ArraySpec("seed", "uint8", ("k", SEED_BYTES))),
+        MessageSchema(SHARES, Channel.UPDATES, (ArraySpec("to", "int64", ("k",), index_bound=n, distinct=True),
+                                                ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES))),
                       {"k": (1, k)}, meta=rnd),
+        # `first`: the oldest update seq the masked input sums (its `seq` is the newest): the aggregator refuses one
+        # that reaches back into what it has summed already
+        MessageSchema(MASKED, Channel.UPDATES, (ArraySpec("y", "uint64", (length,)),),
+                      meta=(*rnd, MetaSpec("first"))),
         MessageSchema(UNMASK, Channel.UPDATES, (ArraySpec("of", "int64", ("k",), index_bound=n, distinct=True),
                                                 ArraySpec("which", "uint8", ("k",), index_bound=2),
                                                 ArraySpec("share", "uint8", ("k", shamir.SHARE_BYTES))),
@@ -144,14 +138,11 @@ def schemas(cfg: FleetConfig) -> list[MessageSchema]:
         MessageSchema(ROSTER, Channel.ACKS, (ArraySpec("c_pk", "uint8", ("m", KEY_BYTES)),
                                              ArraySpec("s_pk", "uint8", ("m", KEY_BYTES))),
                       {"m": (2, k + 1)}, meta=(*rnd, MetaSpec("members")), max_included=k + 1),
-        MessageSchema(DROPPED, Channel.ACKS, (ArraySpec("lost", "int64", ("k",), index_bound=n, distinct=True),),
-                      {"k": (1, k)}, meta=rnd),
-        # the survivors of its neighbourhood (and itself), and the ciphertexts its neighbours that sent an input
-        # addressed to it
-        MessageSchema(SURVIVORS, Channel.ACKS, (ArraySpec("alive", "int64", ("s",), index_bound=n, distinct=True),
-                                                ArraySpec("from", "int64", ("k",), index_bound=n, distinct=True),
-                                                ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES))),
-                      {"s": (1, k + 1), "k": (0, k)}, meta=rnd),
+        MessageSchema(FORWARD, Channel.ACKS, (ArraySpec("from", "int64", ("k",), index_bound=n, distinct=True),
+                                              ArraySpec("ct", "uint8", ("k", CIPHERTEXT_BYTES))),
+                      {"k": (0, k)}, meta=rnd),
+        MessageSchema(SURVIVORS, Channel.ACKS, (ArraySpec("alive", "int64", ("s",), index_bound=n, distinct=True),),
+                      {"s": (1, k + 1)}, meta=rnd),
     ]
 
 
@@ -226,7 +217,6 @@ class SecAggAgent:
         self._sent_seq = 0  # newest seq of the masked input sent in the current round
         # this round's replies, sent again as they were when a request repeats (one masked input per round)
         self._masked_reply: Message | None = None
-        self._pairwise_reply: tuple[frozenset[str], Message] | None = None
         self._unmask_reply: tuple[frozenset[str], Message] | None = None
         # the last round I left after sending my masked input: (round, client, my index, by index), to unmask it
         self._late: tuple[int, SecAggClient, dict[str, int], dict[int, str]] | None = None
@@ -265,7 +255,7 @@ class SecAggAgent:
         self._keys = (X25519PrivateKey.generate(), X25519PrivateKey.generate())
         self._advertised = [*self._advertised[-(KEPT_KEY_PAIRS - 1):], self._keys]
         self._round, self._sa, self._since = None, None, now
-        self._masked_reply = self._pairwise_reply = self._unmask_reply = None
+        self._masked_reply = self._unmask_reply = None
         self.rounds_started += 1
         pub = [k.public_key().public_bytes_raw() for k in self._keys]
         return [Message(self.cfg.fleet, self.client, KEYS, 0, 0, "", 0, time.time(),
@@ -274,7 +264,7 @@ class SecAggAgent:
     def done(self) -> None:
         """The global includes the round's contribution: forget the round (the next tick may start another)."""
         self._keys, self._round, self._sa = None, None, None
-        self._masked_reply = self._pairwise_reply = self._unmask_reply = None
+        self._masked_reply = self._unmask_reply = None
         self._advertised = []
         self._late = None
 
@@ -296,10 +286,6 @@ class SecAggAgent:
     def _on_message(self, msg: Message, now: float) -> list[Message]:
         rid = _round_of(msg)
         if msg.kind == ROSTER:
-            if self._sa is not None and rid == self._round and self._masked_reply is not None:
-                # A repeated roster (a QoS 1 redelivery): the same bytes again. Masking a second input with the
-                # round's masks would put the difference of the two in the clear.
-                return [self._masked_reply]
             if self._keys is None or self._sa is not None:
                 raise SecAggError("out_of_order", "a roster while not waiting for one")
             # my neighbourhood only: me and my neighbours, each under its index in the round's sorted names
@@ -321,46 +307,53 @@ class SecAggAgent:
                 raise SecAggError("bad_roster", "my keys in the roster are not mine")
             view = Neighbourhood.announced(rid, self.client, (c for c in names if c != self.client), members,
                                            sum(math.prod(s) for _, s in self.layout))
-            sa = SecAggClient(self.client, view, keys=pair)
-            roster = {c: Keys(c, cb, sb) for c, cb, sb in zip(names, _row_bytes(c_pk, len(names)),
-                                                           _row_bytes(s_pk, len(names)), strict=True)}
-            cts = sa.share_keys(roster)
-            # the masked input goes with the shares: both need only my neighbours' keys
-            enc, (_, first, seq, n, epoch) = self._encoded()
-            y = sa.masked_input(enc)
-            self._keys, self._advertised, self._sa = pair, [], sa
+            self._keys, self._advertised = pair, []
             self._round, self._members, self._since = rid, members, now
             self._index = dict(msg.included)
             self._by_index = {i: c for c, i in msg.included.items()}
-            self._pairwise_reply = self._unmask_reply = None
+            self._masked_reply = self._unmask_reply = None
+            self._sa = SecAggClient(self.client, view, keys=self._keys)
+            roster = {c: Keys(c, cb, sb) for c, cb, sb in zip(names, _row_bytes(c_pk, len(names)),
+                                                           _row_bytes(s_pk, len(names)), strict=True)}
+            cts = self._sa.share_keys(roster)
             to = sorted(cts, key=self._index.__getitem__)
-            self._sent_seq = seq
-            self._masked_reply = self._msg(MASKED, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
-                                                    "ct": _rows([cts[v] for v in to], CIPHERTEXT_BYTES), "y": y},
-                                           seq=seq, n_samples=n, epoch=epoch, first=first)
-            return [self._masked_reply]
+            return [self._msg(SHARES, {"to": np.array([self._index[v] for v in to], dtype=np.int64),
+                                       "ct": _rows([cts[v] for v in to], CIPHERTEXT_BYTES)})]
         late = self._late
         if msg.kind == SURVIVORS and late is not None and rid == late[0] and rid != self._round:
             self._late = None  # once: a second request for the round is refused below
             return [self._reveal(msg, late[1], late[2], late[3], rid)[1]]
         if self._sa is None or rid != self._round:
             raise SecAggError("wrong_round", f"round {rid}, mine is {self._round}")
-        if msg.kind == DROPPED:
-            lost = self._names_of(msg.arrays["lost"], self._by_index)
-            if self._pairwise_reply is not None:  # asked again: the same seeds, never those of other neighbours
-                if lost != self._pairwise_reply[0]:
-                    raise SecAggError("out_of_order", "pairwise seeds asked again for other neighbours")
-                return [self._pairwise_reply[1]]
-            seeds = self._sa.pairwise(lost)
-            of = sorted(seeds, key=self._index.__getitem__)
-            self._pairwise_reply = (lost, self._msg(PAIRWISE, {
-                "of": np.array([self._index[u] for u in of], dtype=np.int64),
-                "seed": _rows([seeds[u] for u in of], SEED_BYTES)}, round=rid))
-            self._since = now
-            return [self._pairwise_reply[1]]
+        if msg.kind == FORWARD:
+            if self._masked_reply is not None:
+                # A repeated request (a QoS 1 redelivery, an aggregator that asks again): the same bytes again.
+                # Masking a second input with the round's masks would put their difference in the clear.
+                return [self._masked_reply]
+            idx = msg.arrays["from"].tolist()
+            if any(i not in self._by_index for i in idx):
+                raise SecAggError("bad_index", "a sender outside my neighbourhood")
+            received = {self._by_index[i]: ct for i, ct in zip(idx, _row_bytes(msg.arrays["ct"], len(idx)),
+                                                                     strict=True)}
+            got = self.contribution()
+            if got is None:  # nothing to add any more (a global included it meanwhile): add zeros
+                got = Contribution({k: np.zeros(s) for k, s in self.layout}, 0, 0, 0, 0)
+            arrays, first, seq, n, epoch = got
+            flat = np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k, _ in self.layout])
+            try:
+                enc = fixed_point.encode(flat, self.frac_bits, max_abs=self.cfg.secagg_max_abs)
+            except ValueError as e:
+                raise SecAggError("out_of_range", f"{e} (raise secagg_max_abs)") from None
+            y = self._sa.masked_input(enc, received)
+            self._sent_seq, self._since = seq, now
+            self._masked_reply = self._msg(MASKED, {"y": y}, seq=seq, n_samples=n, epoch=epoch, first=first)
+            return [self._masked_reply]
         if msg.kind == SURVIVORS:
             if self._unmask_reply is not None:  # asked again: the same answer, never shares of another set
-                if self._names_of(msg.arrays["alive"], self._by_index) != self._unmask_reply[0]:
+                idx = msg.arrays["alive"].tolist()
+                if any(i not in self._by_index for i in idx):
+                    raise SecAggError("bad_index", "a survivor outside my neighbourhood")
+                if frozenset(self._by_index[i] for i in idx) != self._unmask_reply[0]:
                     raise SecAggError("out_of_order", "unmasking asked again for other survivors")
                 return [self._unmask_reply[1]]
             self._unmask_reply = self._reveal(msg, self._sa, self._index, self._by_index, rid)
@@ -368,34 +361,14 @@ class SecAggAgent:
             return [self._unmask_reply[1]]
         raise SecAggError("unknown_kind", msg.kind)
 
-    def _encoded(self) -> tuple[np.ndarray, Contribution]:
-        """What I add now, in fixed point: every update not yet in a global (zeros if none is left)."""
-        got = self.contribution()
-        if got is None:  # nothing to add any more (a global included it meanwhile): add zeros
-            got = Contribution({k: np.zeros(s) for k, s in self.layout}, 0, 0, 0, 0)
-        flat = np.concatenate([np.asarray(got.arrays[k], dtype=np.float64).ravel() for k, _ in self.layout])
-        try:
-            return fixed_point.encode(flat, self.frac_bits, max_abs=self.cfg.secagg_max_abs), got
-        except ValueError as e:
-            raise SecAggError("out_of_range", f"{e} (raise secagg_max_abs)") from None
-
-    @staticmethod
-    def _names_of(indices: np.ndarray, by_index: Mapping[int, str]) -> frozenset[str]:
-        idx = indices.tolist()
-        if any(i not in by_index for i in idx):
-            raise SecAggError("bad_index", "a client outside my neighbourhood")
-        return frozenset(by_index[i] for i in idx)
-
     def _reveal(self, msg: Message, sa: SecAggClient, index: Mapping[str, int], by_index: Mapping[int, str],
                 rid: int) -> tuple[frozenset[str], Message]:
-        """My unmasking shares for round `rid` given its survivor list and the ciphertexts forwarded with it
-        (`msg`), and the survivors."""
-        alive = self._names_of(msg.arrays["alive"], by_index)
-        frm = msg.arrays["from"].tolist()
-        if any(i not in by_index for i in frm):
-            raise SecAggError("bad_index", "a sender outside my neighbourhood")
-        received = {by_index[i]: ct for i, ct in zip(frm, _row_bytes(msg.arrays["ct"], len(frm)), strict=True)}
-        shares = sa.unmask(alive, received)
+        """My unmasking shares for round `rid` given its survivor list (`msg`), and the survivors."""
+        idx = msg.arrays["alive"].tolist()
+        if any(i not in by_index for i in idx):
+            raise SecAggError("bad_index", "a survivor outside my neighbourhood")
+        alive = frozenset(by_index[i] for i in idx)
+        shares = sa.unmask(alive)
         of = sorted(shares, key=index.__getitem__)
         return alive, self._msg(UNMASK, {
             "of": np.array([index[u] for u in of], dtype=np.int64),
@@ -446,12 +419,12 @@ class SecAggCoordinator:
         self._last = -math.inf  # when the stage under way last took an answer
 
     def progress(self) -> tuple[int, int, int, int, int]:
-        """How far the round under way has come: keys, masked inputs (with their shares), pairwise seeds and
-        unmaskings in, and rounds dropped so far."""
+        """How far the round under way has come: keys, shares, masked inputs and unmaskings in, and rounds
+        dropped so far."""
         srv = self._srv
         if srv is None:
             return len(self._keys), 0, 0, 0, self.aborted
-        return len(srv.keys), len(srv.masked), len(srv.pairwise), len(srv.unmasking), self.aborted
+        return len(srv.keys), len(srv.shares), len(srv.masked), len(srv.unmasking), self.aborted
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -479,37 +452,25 @@ class SecAggCoordinator:
         if self._srv is None or _round_of(msg) != self._srv.settings.round_id:
             raise SecAggError("wrong_round", f"{msg.kind} of {c!r} for round {msg.meta.get('round')!r}")
         names = self._names
-        if msg.kind == MASKED:
-            if self.stage != "masked":
-                raise SecAggError("out_of_order", f"masked input of {c!r} in stage {self.stage}")
-            if c in self._srv.shares:
-                raise SecAggError("duplicate", f"masked input of {c!r} twice")
-            first, mark = int(msg.meta.get("first", 0)), self.summed(c)
-            if msg.n_samples and first <= mark:
-                # an agent that gave up on a round whose global it has not seen adds updates summed already: left
-                # out of this round (a dropout: its neighbours reveal their masks with it), its newer updates come
-                # in the next
-                raise SecAggError("already_summed", f"masked input of {c!r} sums seqs {first}..{msg.seq}, "
-                                  f"but every seq up to {mark} is in the global already")
+        if msg.kind == SHARES:
+            if self.stage != "shares":
+                raise SecAggError("out_of_order", f"shares of {c!r} in stage {self.stage}")
             to = msg.arrays["to"].tolist()
             if any(i >= len(names) for i in to):
                 raise SecAggError("bad_index", f"shares of {c!r} to a client outside the roster")
-            y = np.array(msg.arrays["y"], dtype=np.uint64)
-            if y.shape != (self.length,):
-                raise SecAggError("bad_vector", f"from {c!r}: {y.shape}, expected ({self.length},)")
-            # the shares and the input are taken together or not at all
             self._srv.add_shares(c, {names[i]: ct for i, ct in zip(to, _row_bytes(msg.arrays["ct"], len(to)),
                                                                          strict=True)})
-            self._srv.add_masked(c, y)
+        elif msg.kind == MASKED:
+            if self.stage != "masked":
+                raise SecAggError("out_of_order", f"masked input of {c!r} in stage {self.stage}")
+            first, mark = int(msg.meta.get("first", 0)), self.summed(c)
+            if msg.n_samples and first <= mark:
+                # an agent that gave up on a round whose global it has not seen adds updates summed already: left
+                # out of this round (a dropout: its masks cancel), its newer updates come in the next
+                raise SecAggError("already_summed", f"masked input of {c!r} sums seqs {first}..{msg.seq}, "
+                                  f"but every seq up to {mark} is in the global already")
+            self._srv.add_masked(c, np.array(msg.arrays["y"], dtype=np.uint64))
             self._meta[c] = (int(msg.seq), int(msg.n_samples), int(msg.epoch))
-        elif msg.kind == PAIRWISE:
-            if self.stage != "pairwise":
-                raise SecAggError("out_of_order", f"pairwise seeds of {c!r} in stage {self.stage}")
-            of = msg.arrays["of"].tolist()
-            if any(i >= len(names) for i in of):
-                raise SecAggError("bad_index", f"pairwise seeds of {c!r} name a client outside the roster")
-            self._srv.add_pairwise(c, dict(zip((names[i] for i in of), _row_bytes(msg.arrays["seed"], len(of)),
-                                               strict=True)))
         elif msg.kind == UNMASK:
             if self.stage != "unmask":
                 raise SecAggError("out_of_order", f"unmasking of {c!r} in stage {self.stage}")
@@ -576,7 +537,7 @@ class SecAggCoordinator:
             self._srv = SecAggServer(settings)
             for k in self._keys.values():
                 self._srv.add_keys(k)
-            self._names, self.stage, self._since = names, "masked", now
+            self._names, self.stage, self._since = names, "shares", now
             self._index = {c: i for i, c in enumerate(names)}
             self._srv.roster()  # refuses a round below the threshold
             # each member gets its own neighbourhood's keys on its own acks topic: O(k) bytes, not O(n)
@@ -590,28 +551,34 @@ class SecAggCoordinator:
             return out, None
         assert self._srv is not None
         srv = self._srv
-        if self.stage == "masked":
-            if not self._ready(srv.masked.keys(), srv.keys.keys(), now):
+        if self.stage == "shares":
+            if not self._ready(srv.shares.keys(), srv.keys.keys(), now):
                 return self._stalled(now)
-            requests = srv.pairwise_requests()  # closes the stage
-            if requests:  # some members sent nothing after their roster: their neighbours reveal those masks
-                self.stage, self._since = "pairwise", now
-                return [self._down(DROPPED, c, {"lost": self._indices(lost)}) for c, lost in requests.items()], None
-            return self._announce(now), None
-        if self.stage == "pairwise":
-            asked = srv.pairwise_requests().keys()
-            since = now if self._since is None else self._since
-            # closes as a stage does, and also with no answer at all once `stage_wait` passed: the survivors are
-            # then those not asked (who are enough, or the round fails below)
-            if not (self._ready(srv.pairwise.keys(), asked, now) or now - since >= self.stage_wait()):
-                return [], None
-            return self._announce(now), None
+            self.stage, self._since = "masked", now
+            out = []
+            for c in sorted(srv.shares):
+                fwd = srv.forwarded(c)
+                frm = sorted(fwd, key=self._index.__getitem__)
+                out.append(self._down(FORWARD, c, {
+                    "from": np.array([self._index[u] for u in frm], dtype=np.int64),
+                    "ct": _rows([fwd[u] for u in frm], CIPHERTEXT_BYTES)}))
+            return out, None
+        if self.stage == "masked":
+            if not self._ready(srv.masked.keys(), srv.shares.keys(), now):
+                return self._stalled(now)
+            alive = srv.survivors()
+            if len(alive) < self.min_clients:  # never unmasked: with distributed DP its noise would fall short
+                raise SecAggError("too_few_survivors", f"{len(alive)} masked inputs, at least {self.min_clients} "
+                                  "needed (dp_round_clients)")
+            self.stage, self._since = "unmask", now
+            # each survivor hears only which of its neighbours survived (it reveals shares of those alone)
+            return [self._down(SURVIVORS, c, {"alive": self._indices(srv.survivors_for(c))})
+                    for c in sorted(alive)], None
         # unmask
-        if not self._ready(srv.unmasking.keys(), srv.survivors(), now):
+        if not self._ready(srv.unmasking.keys(), srv.masked.keys(), now):
             return self._stalled(now)
         total = fixed_point.decode(srv.result(), self.frac_bits)
-        alive = srv.survivors()
-        meta = {c: m for c, m in self._meta.items() if c in alive}
+        meta = dict(self._meta)
         epochs = {m[2] for m in meta.values()}
         if len(epochs) != 1:
             raise SecAggError("mixed_epochs", f"survivors computed against epochs {sorted(epochs)}")
@@ -627,26 +594,6 @@ class SecAggCoordinator:
         self.rounds += 1
         self._reset()
         return [], (arrays, len(meta), included, samples, epochs.pop())
-
-    def _announce(self, now: float) -> list[Message]:
-        """Opens the unmasking: each survivor hears which of its neighbours survived and gets the ciphertexts its
-        neighbours addressed to it (it reveals shares of those alone)."""
-        assert self._srv is not None
-        srv = self._srv
-        alive = srv.survivors()
-        if len(alive) < self.min_clients:  # never unmasked: with distributed DP its noise would fall short
-            raise SecAggError("too_few_survivors", f"{len(alive)} masked inputs, at least {self.min_clients} "
-                              "needed (dp_round_clients)")
-        self.stage, self._since = "unmask", now
-        out = []
-        for c in sorted(alive):
-            fwd = srv.forwarded(c)
-            frm = sorted(fwd, key=self._index.__getitem__)
-            out.append(self._down(SURVIVORS, c, {
-                "alive": self._indices(srv.survivors_for(c)),
-                "from": np.array([self._index[u] for u in frm], dtype=np.int64),
-                "ct": _rows([fwd[u] for u in frm], CIPHERTEXT_BYTES)}))
-        return out
 
     def _ready_keys(self, want: AbstractSet[str], now: float) -> bool:
         # keys are gathered for `gather` seconds after the first, unless every expected client's are in already

@@ -1,30 +1,21 @@
 """Secure aggregation (Bonawitz et al. 2017, "SecAgg"; Bell et al. 2020, "SecAgg+"): the server learns the
 sum of the clients' fixed-point vectors in `Z_{2^64}` and nothing else, even when clients drop out.
 
-One round, three steps and a fourth when someone drops early; each message is validated by whoever receives
-it (:class:`SecAggError` with a stable `reason`, never a traceback), with exact sizes:
+One round, four steps; each message is validated by whoever receives it (:class:`SecAggError` with a
+stable `reason`, never a traceback), with exact sizes:
 
 1. **advertise keys** — client `u` makes two X25519 key pairs (`c_u` to encrypt shares, `s_u` to agree
-   on masks) and sends both public keys (32 bytes each). The server keeps the set `U1` and sends each client
-   its neighbours' keys.
-2. **shares and masked input, one message** — `u` draws a self-mask seed `b_u` (32 bytes), splits `b_u` and its
-   mask secret key `s_u^SK` into Shamir shares (threshold `t`) for its neighbours `N(u) ∩ U1`, encrypts each
-   neighbour's two shares with ChaCha20-Poly1305 under `KA(c_u, c_v)` (the server holds them; it cannot read
-   them), and sends with them `y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U1} ±PRG(KA(s_u, s_v))` (`+` when
-   `u < v`). Both need only the neighbours' keys. `U2` = clients whose message arrived.
-3. **pairwise seeds** (only if `U1 \\ U2` is not empty) — each `u ∈ U2` with neighbours in `U1 \\ U2` reveals the
-   seeds `HKDF(KA(s_u, s_v))` of its masks with them: those clients' inputs are not in the sum and they shared
-   nothing, so the seeds say nothing about them, and `x_u` stays hidden by its self-mask. A client asked that
-   does not answer is taken out of the sum. `U3` = the rest of `U2`.
-4. **unmasking** — the server forwards to each survivor the ciphertexts its neighbours of `U2` sent it, with
-   the list of survivors among them; it reveals its share of `b_v` if `v ∈ U3`, else of `s_v^SK` (never both,
-   and neither for a neighbour whose pairwise seed it revealed). With `t` shares the server removes the
-   self-masks of `U3`, the masks of `U3` with `U1 \\ U2` (the seeds) and with `U2 \\ U3` (the rebuilt keys).
-
-Bonawitz's protocol sends the shares, has the server forward them, then takes the masked input of the clients
-whose shares arrived: seven messages a client. Masking with every neighbour of the roster at once saves the
-round trip of the forward; the price is step 3, paid only by the neighbours of a client that left between
-its roster and its input.
+   on masks) and sends both public keys (32 bytes each). The server keeps the set `U1`.
+2. **share keys** — `u` draws a self-mask seed `b_u` (32 bytes), splits `b_u` and its mask secret key
+   `s_u^SK` into Shamir shares (threshold `t`) for its neighbours `N(u) ∩ U1`, and sends each neighbour
+   its two shares encrypted with ChaCha20-Poly1305 under `KA(c_u, c_v)`; the server forwards them
+   (it cannot read them). `U2` = clients whose shares arrived.
+3. **masked input** — `u` sends `y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U2} ±PRG(KA(s_u, s_v))` (`+` when
+   `u < v`): pairwise masks cancel in the sum, the self-mask protects `x_u` should its pairwise masks be
+   revealed for a late client. `U3` = clients whose masked input arrived.
+4. **unmasking** — each surviving neighbour of `u` reveals its share of `b_u` if `u ∈ U3`, else of
+   `s_u^SK` (never both: an honest client refuses a request for both). With `t` shares the server removes
+   the self-masks of `U3` and the pairwise masks that clients of `U3` share with dropped clients.
 
 The result is `Σ_{u ∈ U3} x_u` exactly (integers modulo 2^64). Neighbours: every other client (SecAgg),
 or `k = O(log n)` of them on a random Harary graph drawn from a public seed (SecAgg+), which brings the
@@ -35,7 +26,7 @@ so masks of two rounds never repeat.
 
 >>> import numpy as np
 >>> xs = {c: np.full(4, i, dtype=np.uint64) for i, c in enumerate(["a", "b", "c", "d"])}
->>> run_round(xs, round_id=1, drop_before_sharing={"d"}).tolist()
+>>> run_round(xs, round_id=1, drop_before_masking={"d"}).tolist()
 [3, 3, 3, 3]
 """
 
@@ -58,7 +49,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from streamfed.privacy import shamir
 
-__all__ = ["CIPHERTEXT_BYTES", "KEY_BYTES", "MAX_VECTOR", "SEED_BYTES", "Neighbourhood", "SecAggClient", "SecAggError",
+__all__ = ["CIPHERTEXT_BYTES", "KEY_BYTES", "MAX_VECTOR", "Neighbourhood", "SecAggClient", "SecAggError",
            "SecAggServer", "SecAggSettings", "default_degree", "default_threshold", "harary_neighbours", "harary_size",
            "masks", "prg", "roster_seed", "run_round"]
 
@@ -370,10 +361,8 @@ class SecAggClient:
     >>> for c in cs: srv.add_keys(c.advertise())
     >>> for c in cs: srv.add_shares(c.client, c.share_keys(srv.roster_for(c.client)))
     >>> x = np.array([1, 2], dtype=np.uint64)
-    >>> for c in cs: srv.add_masked(c.client, c.masked_input(x))
-    >>> srv.pairwise_requests()  # nobody dropped: no pairwise seeds asked
-    {}
-    >>> for c in cs: srv.add_unmasking(c.client, c.unmask(srv.survivors_for(c.client), srv.forwarded(c.client)))
+    >>> for c in cs: srv.add_masked(c.client, c.masked_input(x, srv.forwarded(c.client)))
+    >>> for c in cs: srv.add_unmasking(c.client, c.unmask(srv.survivors_for(c.client)))
     >>> srv.result().tolist()
     [3, 6]
     """
@@ -391,7 +380,8 @@ class SecAggClient:
         self._b = secrets.token_bytes(SEED_BYTES)
         self._roster: dict[str, Keys] = {}
         self._aeads: dict[str, ChaCha20Poly1305] = {}
-        self._seeds_for: frozenset[str] | None = None  # the dropped neighbours whose pairwise seeds I revealed
+        self._received: dict[str, bytes] = {}  # sender → ciphertext of my shares of its secrets
+        self._masked_with: frozenset[str] = frozenset()
         self._revealed = False
         self._masked: tuple[np.ndarray, np.ndarray] | None = None  # (x, y) of the one input masked this round
 
@@ -430,29 +420,33 @@ class SecAggClient:
                 out[u] = self._aead(u).encrypt(_nonce(self.client, u), plain, _aad(v.round_id, self.client, u))
         return out
 
-    def masked_input(self, x: np.ndarray) -> np.ndarray:
-        """Step 2, with the shares: `y_u` of my fixed-point vector `x` (uint64, the round's length), masked with
-        every neighbour in my roster (`U1 ∩ N(u)`: all it needs are their mask keys, so it leaves in the same
-        message as my shares). A neighbour that then sends nothing has its mask with me removed by the key I
-        reveal in :meth:`pairwise`. Once per round: the same input again gives the same bytes, another is
-        refused."""
+    def masked_input(self, x: np.ndarray, received: Mapping[str, bytes]) -> np.ndarray:
+        """Step 3: `y_u` of my fixed-point vector `x` (uint64, the round's length), masked with every
+        neighbour whose shares reached me (`received`: sender → ciphertext, as forwarded; `U2`)."""
         v = self.view
         x = np.asarray(x)
         if x.dtype != np.uint64 or x.shape != (v.length,):
             raise SecAggError("bad_vector", f"input must be uint64 of shape ({v.length},), got {x.dtype} {x.shape}")
         if not self._roster:
             raise SecAggError("out_of_order", "masked input before share keys")
+        for u, ct in received.items():
+            if u not in v.neighbours or u not in self._roster:
+                raise SecAggError("not_a_neighbour", f"shares from {u!r}")
+            if not isinstance(ct, bytes) or len(ct) != CIPHERTEXT_BYTES:
+                raise SecAggError("bad_ciphertext", f"from {u!r}: {len(ct) if isinstance(ct, bytes) else ct!r}")
         if self._masked is not None:
             # one input per round: a second one masked alike would give away the difference of the two
-            if np.array_equal(self._masked[0], x):
+            if np.array_equal(self._masked[0], x) and self._masked_with == frozenset(received):
                 return self._masked[1].copy()
             raise SecAggError("out_of_order", "a second masked input in one round")
+        self._received = dict(received)
+        self._masked_with = frozenset(received)
+        info = _info(b"mask", v.round_id)
         # rows: my self-mask, then the masks I add (neighbours after me), then those I subtract (before me)
-        peers = sorted(u for u in self._roster if u != self.client)
-        after = [u for u in peers if self.client < u]
-        before = [u for u in peers if u < self.client]
-        m = masks([(self._b, b"self"), *((self._pair_key(u), b"mask") for u in (*after, *before))], v.length,
-                  v.round_id)
+        after = [u for u in sorted(received) if self.client < u]
+        before = [u for u in sorted(received) if u < self.client]
+        m = masks([(self._b, b"self"), *((_agree(self._s_sk, self._roster[u].s_pk, info), b"mask")
+                                         for u in (*after, *before))], v.length, v.round_id)
         # uint64 sums wrap modulo 2^64: y = x + PRG(b) + Σ_after PRG(s_uv) − Σ_before PRG(s_uv)
         y = x + m[: 1 + len(after)].sum(axis=0, dtype=np.uint64)
         if before:
@@ -460,60 +454,26 @@ class SecAggClient:
         self._masked = (x.copy(), y.copy())
         return y
 
-    def _pair_key(self, other: str) -> bytes:
-        # the HKDF of my mask agreement with `other` this round: the seed of our pairwise mask
-        return _agree(self._s_sk, self._roster[other].s_pk, _info(b"mask", self.view.round_id))
-
-    def pairwise(self, dropped: Collection[str]) -> dict[str, bytes]:
-        """Step 3, only when some neighbours sent nothing after the roster: the seeds of my pairwise masks with
-        those `dropped` neighbours (32 bytes each), so that the server can take them out of the sum. A dropped
-        neighbour's input is not in the sum and it shared no secret, so the seed tells nothing about it; my own
-        input stays hidden by my self-mask. Once per round (the same request again gives the same bytes); I never
-        reveal a share of a neighbour whose seed I revealed (:meth:`unmask` refuses), so the server cannot get
-        both its pairwise masks and its self-mask from me."""
-        dropped = frozenset(dropped)
-        if self._masked is None:
-            raise SecAggError("out_of_order", "pairwise seeds asked before my masked input")
-        if not dropped or not dropped <= set(self._roster) - {self.client}:
-            raise SecAggError("bad_dropped", "dropped clients must be neighbours of my roster")
-        if self._revealed:
-            raise SecAggError("out_of_order", "pairwise seeds asked after unmasking")
-        if self._seeds_for is not None:
-            if self._seeds_for != dropped:
-                raise SecAggError("out_of_order", "pairwise seeds asked again for other neighbours")
-        self._seeds_for = dropped
-        return {u: self._pair_key(u) for u in sorted(dropped)}
-
-    def unmask(self, survivors: Collection[str], received: Mapping[str, bytes]) -> dict[str, tuple[str, bytes]]:
-        """Step 4: given the ciphertexts my neighbours sent me (`received`: sender → ciphertext, forwarded now)
-        and which of them are summed (`survivors`: the survivors of my neighbourhood and I), for each sender my
-        share of its self-mask seed (`"b"`) if it is a survivor, else of its mask secret key (`"s"`: it sent its
-        input but left before the sum, which no longer holds it). Once per round."""
+    def unmask(self, survivors: Collection[str]) -> dict[str, tuple[str, bytes]]:
+        """Step 4: for each neighbour whose shares I hold, my share of its self-mask seed (`"b"`) if it is
+        among the `survivors` (`U3`: the survivors of my neighbourhood and I; others are ignored), else of
+        its mask secret key (`"s"`). Once per round."""
         if self._revealed:
             raise SecAggError("out_of_order", "unmasking asked twice")
-        if self._masked is None:
-            raise SecAggError("out_of_order", "unmasking before my masked input")
-        v = self.view
         survivors = set(survivors)
-        for u, ct in received.items():
-            if u not in v.neighbours or u not in self._roster:
-                raise SecAggError("not_a_neighbour", f"shares from {u!r}")
-            if not isinstance(ct, bytes) or len(ct) != CIPHERTEXT_BYTES:
-                raise SecAggError("bad_ciphertext", f"from {u!r}: {len(ct) if isinstance(ct, bytes) else ct!r}")
-        if self._seeds_for is not None and self._seeds_for & (set(received) | survivors):
-            # its pairwise seed is out: a share of its secrets as well could hand the server its input
-            raise SecAggError("bad_survivors", "shares asked of a neighbour whose pairwise seed I revealed")
-        if not survivors <= set(received) | {self.client}:
-            raise SecAggError("bad_survivors", "survivors that are not neighbours who sent me shares")
+        if not survivors <= set(self._roster):
+            raise SecAggError("bad_survivors", "survivors that are not neighbours who advertised keys")
         if self.client not in survivors:
             raise SecAggError("bad_survivors", "I sent my masked input but am not listed as a survivor")
-        if len(survivors) < v.threshold:
+        if len(survivors) < self.view.threshold:
             raise SecAggError("bad_survivors", f"{len(survivors)} survivors, below the threshold")
         self._revealed = True
         out = {}
-        for u in sorted(received):
+        v = self.view
+        for u in sorted(self._received):
             try:
-                plain = self._aead(u).decrypt(_nonce(u, self.client), received[u], _aad(v.round_id, u, self.client))
+                plain = self._aead(u).decrypt(_nonce(u, self.client), self._received[u],
+                                              _aad(v.round_id, u, self.client))
             except Exception:  # InvalidTag: the ciphertext was not made for me in this round
                 raise SecAggError("bad_ciphertext", f"shares from {u!r} do not decrypt") from None
             which = "b" if u in survivors else "s"
@@ -566,10 +526,7 @@ class SecAggServer:
         self.settings = settings
         self.keys: dict[str, Keys] = {}  # U1
         self.shares: dict[str, dict[str, bytes]] = {}  # U2: sender → receiver → ciphertext
-        self.masked: dict[str, np.ndarray] = {}  # U2: their shares and masked input (one message)
-        self._requests: dict[str, tuple[str, ...]] | None = None  # step 3's requests, once step 2 closed
-        self.pairwise: dict[str, dict[str, bytes]] = {}  # asked client → dropped neighbour → pairwise seed
-        self._survivors: frozenset[str] | None = None  # U3, once announced
+        self.masked: dict[str, np.ndarray] = {}  # U3
         self.unmasking: dict[str, dict[str, tuple[str, bytes]]] = {}  # U4
 
     # step 1
@@ -594,15 +551,13 @@ class SecAggServer:
             raise SecAggError("too_few_clients", f"{len(self.keys)} advertised keys")
         return {c: self.keys[c] for c in (client, *self.settings.neighbours[client]) if c in self.keys}
 
-    # step 2: a client's shares and its masked input arrive together
+    # step 2
     def add_shares(self, sender: str, cts: Mapping[str, bytes]) -> None:
         s = self.settings
         if sender not in self.keys:
             raise SecAggError("out_of_order", f"shares from {sender!r}, who advertised no keys")
         if sender in self.shares:
             raise SecAggError("duplicate", f"shares of {sender!r} twice")
-        if self._requests is not None:
-            raise SecAggError("out_of_order", f"shares from {sender!r} after the stage closed")
         if len(cts) > len(s.neighbours[sender]):
             raise SecAggError("too_many", f"{len(cts)} ciphertexts from {sender!r}")
         for v, ct in cts.items():
@@ -614,12 +569,16 @@ class SecAggServer:
             raise SecAggError("too_few_neighbours", f"{sender!r} shared with {len(cts)} < threshold")
         self.shares[sender] = dict(cts)
 
+    def forwarded(self, receiver: str) -> dict[str, bytes]:
+        """What `receiver` gets in step 3: the ciphertexts addressed to it, by sender (`U2` neighbours)."""
+        return {u: self.shares[u][receiver] for u in self.settings.neighbours[receiver]
+                if u in self.shares and receiver in self.shares[u]}
+
+    # step 3
     def add_masked(self, sender: str, y: np.ndarray) -> None:
         s = self.settings
         if sender not in self.shares:
             raise SecAggError("out_of_order", f"masked input from {sender!r}, who shared no keys")
-        if self._requests is not None:
-            raise SecAggError("out_of_order", f"masked input from {sender!r} after the stage closed")
         if sender in self.masked:
             raise SecAggError("duplicate", f"masked input of {sender!r} twice")
         y = np.asarray(y)
@@ -627,68 +586,27 @@ class SecAggServer:
             raise SecAggError("bad_vector", f"from {sender!r}: {y.dtype} {y.shape}, expected uint64 ({s.length},)")
         self.masked[sender] = y
 
-    def dropped(self) -> frozenset[str]:
-        """`U1 \\ U2`: clients that advertised keys (their neighbours masked with them) and sent no input."""
-        return frozenset(self.keys) - frozenset(self.masked)
-
-    # step 3, only when some client of U1 sent no input
-    def pairwise_requests(self) -> dict[str, tuple[str, ...]]:
-        """Closes step 2: for each client of `U2` with neighbours in `U1 \\ U2`, those neighbours (it masked with
-        them; it is asked for the seeds of those masks). Empty when nobody dropped: step 3 is skipped."""
-        if self._requests is None:
-            gone = self.dropped()
-            self._requests = {}
-            for u in sorted(self.masked):
-                lost = tuple(v for v in self.settings.neighbours[u] if v in gone)
-                if lost:
-                    self._requests[u] = lost
-        return dict(self._requests)
-
-    def add_pairwise(self, sender: str, seeds: Mapping[str, bytes]) -> None:
-        requests = self.pairwise_requests()
-        if sender not in requests or self._survivors is not None:
-            raise SecAggError("out_of_order", f"pairwise seeds from {sender!r}, who was not asked for them")
-        if sender in self.pairwise:
-            raise SecAggError("duplicate", f"pairwise seeds of {sender!r} twice")
-        if set(seeds) != set(requests[sender]):
-            raise SecAggError("bad_dropped", f"{sender!r} sent seeds of other neighbours than asked")
-        if not all(isinstance(k, bytes) and len(k) == SEED_BYTES for k in seeds.values()):
-            raise SecAggError("bad_seed", f"{sender!r}: seeds must be {SEED_BYTES} bytes")
-        self.pairwise[sender] = dict(seeds)
-
     def survivors(self) -> frozenset[str]:
-        """`U3`, announced for step 4 (closes step 3): the clients of `U2` whose input stays in the sum — all of
-        them but those asked for pairwise seeds that did not send them (their input is taken out: their masks
-        with the dropped cannot be)."""
-        if self._survivors is None:
-            requests = self.pairwise_requests()
-            self._survivors = frozenset(u for u in self.masked if u not in requests or u in self.pairwise)
-        if len(self._survivors) < self.settings.threshold:
-            raise SecAggError("too_few_clients", f"{len(self._survivors)} masked inputs")
-        return self._survivors
+        """`U3`, announced for step 4."""
+        if len(self.masked) < self.settings.threshold:
+            raise SecAggError("too_few_clients", f"{len(self.masked)} masked inputs")
+        return frozenset(self.masked)
 
     def survivors_for(self, client: str) -> frozenset[str]:
         """What `client` is told in step 4: the survivors among its neighbours, and itself."""
         alive = self.survivors()
         return frozenset(c for c in (client, *self.settings.neighbours[client]) if c in alive)
 
-    def forwarded(self, receiver: str) -> dict[str, bytes]:
-        """What `receiver` gets in step 4 with its survivors: the ciphertexts addressed to it by neighbours of
-        `U2` (those of a client that sent no input are never forwarded: nothing of its secrets is needed)."""
-        return {u: self.shares[u][receiver] for u in self.settings.neighbours[receiver]
-                if u in self.masked and receiver in self.shares[u]}
-
     # step 4
     def add_unmasking(self, sender: str, shares: Mapping[str, tuple[str, bytes]]) -> None:
-        alive = self.survivors()
-        if sender not in alive:
+        if sender not in self.masked:
             raise SecAggError("out_of_order", f"unmasking from {sender!r}, not a survivor")
         if sender in self.unmasking:
             raise SecAggError("duplicate", f"unmasking of {sender!r} twice")
         for u, (which, share) in shares.items():
-            if u not in self.masked or sender not in self.shares[u]:
+            if u not in self.shares or sender not in self.shares[u]:
                 raise SecAggError("not_a_neighbour", f"{sender!r} holds no share of {u!r}")
-            if which != ("b" if u in alive else "s"):
+            if which != ("b" if u in self.masked else "s"):
                 raise SecAggError("wrong_share", f"{sender!r} revealed the {which!r} share of {u!r}")
             if not isinstance(share, bytes) or len(share) != shamir.SHARE_BYTES:
                 raise SecAggError("bad_share", f"{sender!r}'s share of {u!r}")
@@ -710,24 +628,17 @@ class SecAggServer:
         """`Σ_{u ∈ U3} x_u` (uint64, modulo 2^64). `SecAggError("recovery_failed")` when some secret has
         fewer than `t` shares."""
         s = self.settings
-        alive = self.survivors()
         total = np.zeros(s.length, dtype=np.uint64)
-        for u in sorted(alive):
+        for u in sorted(self.masked):
             total += self.masked[u]
-        for u in sorted(alive):
+        info = f"streamfed-secagg/mask/{s.round_id}".encode()
+        for u in sorted(self.masked):
             total -= prg(self._secret(u, "b"), s.length, s.round_id, b"self")
-        # the masks of survivors with clients that sent no input: from the seeds the survivors revealed
-        for u in sorted(alive):
-            for v, seed in sorted(self.pairwise.get(u, {}).items()):
-                mask = prg(seed, s.length, s.round_id)
-                total = total - mask if u < v else total + mask  # u added +mask when u < v
-        # the masks of survivors with clients whose input was taken out: from those clients' rebuilt mask keys
-        info = _info(b"mask", s.round_id)
-        for u in sorted(set(self.masked) - alive):
+        for u in sorted(set(self.shares) - set(self.masked)):  # shared keys, then dropped out
             sk = X25519PrivateKey.from_private_bytes(self._secret(u, "s"))
-            for v in s.neighbours[u]:
-                if v not in alive:
-                    continue  # v's input is not in the sum either
+            for v in self.shares[u]:
+                if v not in self.masked:
+                    continue  # v dropped too: its masked input is not in the sum
                 mask = prg(_agree(sk, self.keys[v].s_pk, info), s.length, s.round_id)
                 # v added +mask when v < u: take it out with the opposite sign
                 total = total - mask if v < u else total + mask
@@ -740,14 +651,10 @@ class SecAggServer:
 def run_round(inputs: Mapping[str, np.ndarray], round_id: int = 1, *, degree: int | None = None,
               threshold: int | None = None, graph_seed: int = 0,
               drop_before_sharing: Iterable[str] = (), drop_before_masking: Iterable[str] = (),
-              drop_before_unmasking: Iterable[str] = (), stats: dict[str, float] | None = None,
-              summed_out: set[str] | None = None) -> np.ndarray:
+              drop_before_unmasking: Iterable[str] = (), stats: dict[str, float] | None = None) -> np.ndarray:
     """Run one round among `inputs`' clients in process, the listed clients dropping out at the given
-    step — before their shares and masked input (`drop_before_sharing`), after them (`drop_before_masking`:
-    they answer nothing more, so one asked for pairwise seeds is taken out of the sum), or after the pairwise
-    seeds (`drop_before_unmasking`) — and return the unmasked sum of the survivors (`summed_out`, when given,
-    receives their names). Each client is handed only what the fleet sends it: its neighbours' keys, which of
-    them dropped, their shares and the survivors of its neighbourhood. `stats`,
+    step, and return the unmasked sum (of the clients that sent a masked input). Each client is handed only
+    what the fleet sends it: its neighbours' keys, their shares, the survivors of its neighbourhood. `stats`,
     when given, receives the bytes each client sent and received on average (`bytes_up`, `bytes_down`) and
     the most any client received (`max_bytes_down`)."""
     clients = tuple(sorted(inputs))
@@ -762,28 +669,23 @@ def run_round(inputs: Mapping[str, np.ndarray], round_id: int = 1, *, degree: in
         srv.add_keys(agents[c].advertise())
         up[c] += 2 * KEY_BYTES
     alive = [c for c in clients if c not in dead_share]
-    for c in alive:  # step 2: the shares and the masked input, one message
+    for c in alive:
         roster = srv.roster_for(c)
         cts = agents[c].share_keys(roster)
-        y = agents[c].masked_input(np.asarray(inputs[c], dtype=np.uint64))
         down[c] += 2 * KEY_BYTES * len(roster)
         srv.add_shares(c, cts)
-        srv.add_masked(c, y)
-        up[c] += len(cts) * CIPHERTEXT_BYTES + 8 * length
-    alive = [c for c in alive if c not in dead_mask]  # sent their input, then left: answer nothing more
-    for c, lost in srv.pairwise_requests().items():  # step 3: only when someone sent no input
-        if c in alive:
-            down[c] += 8 * len(lost)
-            srv.add_pairwise(c, agents[c].pairwise(lost))
-            up[c] += len(lost) * SEED_BYTES
-    summed = srv.survivors()
-    if summed_out is not None:
-        summed_out.update(summed)
-    for c in [c for c in alive if c in summed and c not in dead_unmask]:
-        survivors, fwd = srv.survivors_for(c), srv.forwarded(c)
-        down[c] += len(survivors) * 8 + len(fwd) * CIPHERTEXT_BYTES
+        up[c] += len(cts) * CIPHERTEXT_BYTES
+    alive = [c for c in alive if c not in dead_mask]
+    for c in alive:
+        fwd = srv.forwarded(c)
+        down[c] += len(fwd) * CIPHERTEXT_BYTES
+        srv.add_masked(c, agents[c].masked_input(np.asarray(inputs[c], dtype=np.uint64), fwd))
+        up[c] += 8 * length
+    for c in [c for c in alive if c not in dead_unmask]:
+        survivors = srv.survivors_for(c)
+        down[c] += len(survivors) * 8
         try:
-            shares = agents[c].unmask(survivors, fwd)
+            shares = agents[c].unmask(survivors)
         except SecAggError as e:
             if e.reason != "bad_survivors":
                 raise
