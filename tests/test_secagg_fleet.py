@@ -808,3 +808,82 @@ def test_a_step_whose_rows_disagree_with_its_index_is_refused_with_a_reason() ->
                   {"c_pk": short.arrays["c_pk"], "s_pk": short.arrays["s_pk"][:1]}, dict(short.meta),
                   dict(short.included))
     assert agents["b"].on_message(cut, 0.0) == [] and agents["b"].refused == 1
+
+
+def test_every_message_delivered_twice_never_exposes_an_update_and_the_sum_stays_exact() -> None:
+    """A broker that delivers every message twice (QoS 1 redelivery), in both directions, with one member dropping
+    after its shares so that the unmasking rebuilds a key too: every agent answers a repeated request with the bytes
+    it sent the first time, or nothing once the round is over (never a second masked input, never shares of another
+    survivor set), the aggregator refuses each repeat (counted, the round unchanged), and the global is the exact
+    sum of the others. Then the round's messages replayed into the next round are refused, never summed again."""
+    cfg = fedbnr_cfg(True)
+    names = ["a", "b", "c", "d", "e", "f"]
+    agents = [AgentCore(cfg, n, i) for i, n in enumerate(names)]
+    agg = AggregatorCore(cfg, clients=names, window=0.5, round_timeout=1.0)
+    replies: dict[tuple[str, str, int], list[bytes]] = {}  # (agent, request kind, round) → encoded replies
+    contributions: list = []
+    for a in agents:
+        _record(a, contributions)
+
+    class Twice(Router):
+        def deliver(self, msgs: list[Message], now: float) -> None:
+            queue = list(msgs)
+            while queue:
+                m = queue.pop(0)
+                if self.drop(m):
+                    continue
+                payload = encode(m, self.cfg)
+                self.seen.append(decode(payload, self.cfg))
+                channel = self.cfg.protocol_schema.kinds[m.kind].channel
+                for _ in range(2):  # every message twice, whichever way it goes
+                    if channel == Channel.UPDATES:
+                        queue += self.agg.on_update(m.client, payload, now=now)
+                    elif m.kind in DOWN_KINDS:
+                        got = self.agents[m.client].on_secagg(
+                            decode(payload, self.cfg, client=m.client, kinds=DOWN_KINDS), now=now)
+                        replies.setdefault((m.client, m.kind, int(m.meta["round"])), []).append(
+                            b"".join(encode(r, self.cfg) for r in got))
+                        queue += got
+                    elif m.kind == "ack":
+                        self.agents[m.client].on_ack(decode(payload, self.cfg, client=m.client, kinds=("ack",)))
+                    elif channel == Channel.GLOBAL:
+                        for a in self.agents.values():
+                            a.install_global(decode(payload, self.cfg, kernel_version=a.kernel_version), now=now)
+
+    router = Twice(cfg, agents, agg, drop=lambda m: m.client == "f" and m.kind == "secagg.masked")
+    rng = np.random.default_rng(8)
+    now = 0.0
+    for t in range(8):
+        router.step(rng, t, now)
+    now = router.settle(now, rounds=8)
+    assert agg.included() == {c: 1 for c in "abcde"}, (agg.secagg.rejected, agg.rejected)  # type: ignore[union-attr]
+    # asked twice: the same bytes — or nothing, when the round ended between the two deliveries (its global came)
+    assert {kind for _, kind, _ in replies} >= {"secagg.roster", "secagg.forward", "secagg.survivors"}
+    for key, got in replies.items():
+        if key[0] == "f" and key[1] != "secagg.roster":
+            continue  # f's masked input never arrived: it is not asked further
+        assert len(got) == 2 and got[0] and got[1] in (got[0], b""), key
+    assert sum(got[1] == got[0] for got in replies.values()) >= len(replies) // 2
+    # every repeated step reached the aggregator as a duplicate, or out of its stage or round: refused, counted
+    assert agg.secagg is not None
+    refused = {r: v for r, v in agg.secagg.rejected.items() if r != "busy"}
+    assert set(refused) <= {"duplicate", "out_of_order", "wrong_round"} and sum(refused.values()) >= 3 * 5, refused
+    # exact: the sum of a..e's contributions, each once (f's masks with them removed with its rebuilt key)
+    f, layout = frac_bits(cfg), summed_layout(cfg)
+    enc = np.zeros(sum(int(np.prod(s)) for _, s in layout), dtype=np.uint64)
+    for arrays in {c: arrays for c, arrays in contributions if c != "f"}.values():
+        enc += fixed_point.encode(np.concatenate([np.ravel(arrays[k]) for k, _ in layout]), f)
+    packed = agg.aggregation.server.stats.to_packed()  # type: ignore[attr-defined]
+    assert np.array_equal(np.concatenate([np.ravel(packed[k]) for k, _ in layout]), fixed_point.decode(enc, f))
+    # the round's up messages replayed while the next round is under way: refused, never summed again
+    old = [m for m in router.seen if m.kind in ("secagg.shares", "secagg.masked", "secagg.unmask")]
+    router.drop = lambda m: False
+    for t in range(8, 16):
+        router.step(rng, t, now)
+    now = router.settle(now, rounds=1, step=0.6)
+    before = sum(agg.secagg.rejected.values())
+    for m in old:
+        agg.on_update(m.client, encode(m, cfg), now=now)
+    assert sum(agg.secagg.rejected.values()) - before == len(old)
+    now = router.settle(now, rounds=8)
+    assert {c: agg.included()[c] for c in "abcde"} == {c: 2 for c in "abcde"}  # the next round: each once more
