@@ -95,6 +95,7 @@ class Robust:
     screen_clients: int = 3
     fair_share: float | None = None
     soft: float = 0.0
+    systematic: float = 0.0
 
     @classmethod
     def of(cls, robust: Any, params: Any) -> Robust | None:
@@ -155,6 +156,12 @@ class RobustShares:
     def _ratio(self, item: Any) -> float:
         """The upload's mean squared residual under the current global over what the global predicts of it."""
         raise NotImplementedError
+
+    def _systematic(self, client: str, item: Any) -> float | None:
+        """How far the client's labels, all its uploads with this one, sit from the current global *in a
+        direction its own inputs explain* (the part of its residuals a correction of the model would fit), over
+        the noise level; None: the aggregation has no such statistic (the systematic screen is off)."""
+        return None
 
     # ---------------------------------------------------------------- the state machine
     def _start_robust(self, roster: int | None) -> None:
@@ -254,7 +261,28 @@ class RobustShares:
             return 1.0
         if ratio > self.robust.screen * float(np.median(others)):
             return 0.0
-        return self._soft_weight(client, ratio)
+        return min(self._soft_weight(client, ratio), self._systematic_weight(client, item))
+
+    def _systematic_weight(self, client: str, item: Any) -> float:
+        """1, or `systematic · median / level` for a client whose systematic level (:meth:`_systematic`) is over
+        `systematic` × the median of the other clients' latest levels. Noise averages out of the level as a
+        client's samples accumulate, a bias does not: a member that shifts its labels by `δ` has a level `∝ δ²`
+        while an honest one's is its station's own difference from the fleet, so what it moves the global by
+        (weight × δ) is at most what a member at the threshold moves it by."""
+        assert self.robust is not None
+        if self.robust.systematic <= 0.0:
+            return 1.0
+        level = self._systematic(client, item)
+        if level is None or not math.isfinite(level):
+            return 1.0
+        levels = getattr(self, "_sys_level", None)
+        if levels is None:  # a state written before the systematic screen
+            levels = self._sys_level = {}
+        levels[client] = level
+        others = [v for c, v in levels.items() if c != client]
+        if len(others) < self.robust.screen_clients or level <= 0.0:
+            return 1.0
+        return min(1.0, self.robust.systematic * float(np.median(others)) / level)
 
     # a client's average ratio follows its last ~5 uploads: long enough that one honest outlier does not
     # down-weight it, short enough that a client that starts biasing is caught within a few uploads
