@@ -80,5 +80,6 @@ for name, c in (("calm", calm_core), ("attacked", core)):
     srv = c.aggregation.server
     print(name, "sigma", np.round(srv.sigma, 4), "lam", np.round(srv.lam, 3), "n", round(srv.stats.n),
           "noise floor", None if getattr(srv, "floors", None) is None else np.round(np.sqrt(srv.floors), 4))
-lv = getattr(core.aggregation, "_sys_level", None) or {}
-print("systematic levels (attacked)", {c: round(v, 3) for c, v in lv.items()})
+for name, c in (("calm", calm_core), ("attacked", core)):
+    lv = getattr(c.aggregation, "_sys_level", None) or {}
+    print("systematic levels", name, {n: round(v, 3) for n, v in lv.items()})

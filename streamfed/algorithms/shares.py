@@ -95,7 +95,8 @@ class Robust:
     screen_clients: int = 3
     fair_share: float | None = None
     soft: float = 0.0
-    systematic: float = 0.0
+    systematic: float = 2.0
+    systematic_rank: int = 0
 
     @classmethod
     def of(cls, robust: Any, params: Any) -> Robust | None:

@@ -462,9 +462,13 @@ class FedBNRAggregation(RobustShares, SummingWindow):
             return None
         f = self.server.dim
         levels = np.zeros(len(sigma))
+        basis = self._basis
         for k in range(len(sigma)):
             g = tot.b[k] - tot.S[k] @ centre[k]
-            a = tot.S[k] + (sigma[k] / lam[k]) ** 2 * np.eye(f)
+            s_k = tot.S[k]
+            if basis is not None:  # the fleet's leading directions: noise explains r/n of it there, not F/n
+                g, s_k = basis[k].T @ g, basis[k].T @ s_k @ basis[k]
+            a = s_k + (sigma[k] / lam[k]) ** 2 * np.eye(g.shape[0])
             levels[k] = float(g @ np.linalg.solve(a, g)) / (n * sigma[k] ** 2)
         return float(weights @ levels)
 
@@ -487,7 +491,13 @@ class FedBNRAggregation(RobustShares, SummingWindow):
             self._centre = np.array([robust_centre(s.stats.S[i], [(m.S[i], m.b[i], m.q, m.n) for m in declared],
                                                    (s.sigma[i] / s.lam[i]) ** 2) for i in range(k)])
 
+        self._basis = None
+        rank = int(getattr(self.robust, "systematic_rank", 0) or 0) if self.robust is not None else 0
+        if self._centre is not None and 0 < rank < s.dim:
+            self._basis = np.array([np.linalg.eigh(s.stats.S[i])[1][:, -rank:] for i in range(k)])
+
     _centre: np.ndarray | None = None  # per kernel, the geometric median of the members' own posterior means
+    _basis: np.ndarray | None = None  # per kernel, the leading eigenvectors of the global scatter
 
     def _systematic_weight(self, client: str, item: Upload) -> float:
         """The systematic screen weighs a member's whole sums (:meth:`RobustFedBNRServer.publish`), not this
