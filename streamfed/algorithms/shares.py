@@ -13,6 +13,11 @@ aggregation = "robust"`), for any aggregation that sums uploads of samples' stat
   with weight `soft · median / average`. An honest member's residuals average close to the fleet's; a member
   biasing its labels has a ratio that grows with the square of the bias, so what it moves the global by —
   weight × bias — is largest at the threshold and falls beyond it;
+* **systematic screening** — an aggregation that can tell how far a client's summed labels sit from the
+  fleet's in directions its own inputs explain (:meth:`RobustShares._systematic`; FedBNR) records that level per
+  client; a client over `systematic` × the median of the others' levels is weighed down by the ratio (FedBNR
+  applies the weight to the client's whole sums at every global: docs/reliability.md §7.2.1). Noise averages
+  out of summed statistics and a shift of the labels does not;
 * **residual screening** — an upload whose mean squared residual under the current global, relative to what
   the global predicts of it, exceeds `screen` × the median of the other clients' latest ratios is taken with
   weight 0 (accepted — its sequence number counts as included — but nothing summed);
@@ -83,7 +88,10 @@ class Robust:
     (an upload whose residual ratio exceeds `screen` × the median of the other clients' latest ratios is taken
     with weight 0), `screen_clients` (how many other clients must have a ratio before screening starts),
     `fair_share` (None: the fixed `share_cap`; else the cap is `fair_share / members`) and `soft` (0: off; else a
-    client whose average ratio exceeds `soft` × the others' median is down-weighted — module docstring).
+    client whose average ratio exceeds `soft` × the others' median is down-weighted — module docstring),
+    `systematic` (0: off; else the systematic screen's threshold over the median level) and `systematic_rank`
+    (0: levels over every feature direction; else over the fleet's leading `systematic_rank` directions, where
+    noise explains `rank/n` of a level instead of `F/n`).
 
     >>> Robust(share_cap=0.25, floor=128.0).screen
     50.0

@@ -13,7 +13,9 @@ make the global posterior improper for everyone, nor claim more samples or large
 With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §4.13) the global is no longer the exact
 sum: an upload whose residuals under the current global are implausible is taken with weight 0, and no
 client's samples may exceed `share_cap` of the global's — an upload that would put its client over the
-cap is taken with the fraction that fits (a tempered contribution).
+cap is taken with the fraction that fits (a tempered contribution). Each member's whole sums then count with the
+weight of the systematic screen (how far its own fit sits from the members' geometric median), and σ is fitted
+no lower than the median member's residual level (:mod:`.robust_evidence`; docs/reliability.md §7.2.1).
 """
 
 from __future__ import annotations
@@ -460,7 +462,6 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         n = float(tot.n)
         if not n > 0:
             return None
-        f = self.server.dim
         levels = np.zeros(len(sigma))
         basis = self._basis
         for k in range(len(sigma)):

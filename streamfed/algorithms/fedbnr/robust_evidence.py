@@ -61,7 +61,7 @@ def noise_floored_fit(s_mat: np.ndarray, b: np.ndarray, n: float, q: float,
     :data:`MIN_MEMBERS` members: the plain fit, `floor` 0.
 
     >>> rng = np.random.default_rng(1)
-    >>> x = rng.uniform(-3, 3, (900, 1)); phi = np.hstack([np.cos(x * w) for w in (0.5, 1, 2)] + [np.ones((900, 1))])
+    >>> x = rng.uniform(-3, 3, (900, 1)); phi = np.hstack([np.cos(x * w) for w in (0.5, 1, 2)] + [np.sin(x), x])
     >>> y = np.sin(x[:, 0]) + 0.3 * rng.standard_normal(900)
     >>> parts = [SufficientStats.from_samples(phi[i::3], y[i::3]) for i in range(3)]
     >>> total = parts[0] + parts[1] + parts[2]
