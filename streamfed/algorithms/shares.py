@@ -104,7 +104,7 @@ class Robust:
     fair_share: float | None = None
     soft: float = 0.0
     systematic: float = 2.0
-    systematic_rank: int = 0
+    systematic_rank: int = 4
 
     @classmethod
     def of(cls, robust: Any, params: Any) -> Robust | None:
