@@ -81,5 +81,11 @@ for name, c in (("calm", calm_core), ("attacked", core)):
     print(name, "sigma", np.round(srv.sigma, 4), "lam", np.round(srv.lam, 3), "n", round(srv.stats.n),
           "noise floor", None if getattr(srv, "floors", None) is None else np.round(np.sqrt(srv.floors), 4))
 for name, c in (("calm", calm_core), ("attacked", core)):
-    lv = getattr(c.aggregation, "_sys_level", None) or {}
+    lv = c.aggregation.systematic_levels() if hasattr(c.aggregation, "systematic_levels") else {}
     print("systematic levels", name, {n: round(v, 3) for n, v in lv.items()})
+srv = core.aggregation.server
+if hasattr(srv, "member_sums"):  # each member's own-fit residual level over σ² (kernel 0): how noisy its labels are
+    rho = (srv.sigma[0] / srv.lam[0]) ** 2
+    own = {c: (m.q - m.b[0] @ np.linalg.solve(m.S[0] + rho * np.eye(srv.dim), m.b[0])) / (m.n * srv.sigma[0] ** 2)
+           for c, m in srv.member_sums().items()}
+    print("own-fit residual / σ² (attacked)", {c: round(float(v), 3) for c, v in own.items()})

@@ -250,6 +250,12 @@ class RobustFedBNRServer(FedBNRServer):
         self._n_fitted = st.n
         return True
 
+    def member_sums(self) -> dict[str, SufficientStats]:
+        """Each member's own sums as taken (tempered), held at the server's time: what the evidence's noise floor
+        and the systematic re-weighting read."""
+        d = self.discount
+        return {c: (m if d is None else d.shift(m, t, self.time)) for c, (m, t) in (self._members or {}).items()}
+
     def rebase(self, version: int, epoch: int) -> None:
         super().rebase(version, epoch)
         self._members = {}
@@ -518,6 +524,10 @@ class FedBNRAggregation(RobustShares, SummingWindow):
             if len(others) >= self.robust.screen_clients and level > 0.0:
                 out[c] = min(1.0, self.robust.systematic * float(np.median(others)) / level)
         return out
+
+    def systematic_levels(self) -> dict[str, float]:
+        """Robust mode: each member's latest systematic level (:meth:`_systematic`)."""
+        return dict(getattr(self, "_sys_level", None) or {})
 
     def close_window(self, order: Mapping[str, int], mark: Callable[[str], int]) -> bool:
         if self.robust is not None and isinstance(self.server, RobustFedBNRServer):
