@@ -78,6 +78,27 @@ def test_a_minority_of_noise_free_members_cannot_pull_the_noise_level_down():
     assert 0.26 < floored < 0.36 and floored == pytest.approx(math.sqrt(floor), rel=0.2)
 
 
+def test_the_leave_out_floor_is_the_median_members_residual_under_the_others_fit():
+    rng = np.random.default_rng(8)
+    raw, parts = [], []
+    for _ in range(5):
+        phi = rng.standard_normal((50, 6))
+        y = phi @ np.array([1.0, 0.5, 0.0, -0.5, 0.2, 0.1]) + 0.4 * rng.standard_normal(50)
+        raw.append((phi, y))
+        parts.append(SufficientStats.from_samples(phi, y))
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    sigma, lam, _ = fit_hyperparameters(total.S, total.b, total.n, total.q)
+    residuals = []
+    for (phi, y), p in zip(raw, parts, strict=True):
+        mu = np.linalg.solve(total.S - p.S + (sigma / lam) ** 2 * np.eye(6), total.b - p.b)
+        residuals.append(np.mean((y - phi @ mu) ** 2))
+    *_, floor = noise_floored_fit(total.S, total.b, total.n, total.q, [(p.S, p.b, p.q, p.n) for p in parts],
+                                  rounds=1, leave_out=True)
+    assert floor == pytest.approx(float(np.median(residuals)), rel=1e-9)
+
+
 # ------------------------------------------------------------------ the systematic screen in an aggregation
 def _cfg(members):
     return FleetConfig(standardise="none", fleet="t", algorithm="fedbnr", n_inputs=3, n_features=6,

@@ -91,7 +91,8 @@ class Robust:
     client whose average ratio exceeds `soft` × the others' median is down-weighted — module docstring),
     `systematic` (0: off; else the systematic screen's threshold over the median level) and `systematic_rank`
     (0: levels over every feature direction; else over the fleet's leading `systematic_rank` directions, where
-    noise explains `rank/n` of a level instead of `F/n`).
+    noise explains `rank/n` of a level instead of `F/n`) and `noise_floor` (FedBNR's evidence: `"fit"`, the
+    median member's residual under the fit; `"leave_out"`, under the others' fit; `"off"`).
 
     >>> Robust(share_cap=0.25, floor=128.0).screen
     50.0
@@ -105,6 +106,7 @@ class Robust:
     soft: float = 0.0
     systematic: float = 2.0
     systematic_rank: int = 4
+    noise_floor: str = "fit"
 
     @classmethod
     def of(cls, robust: Any, params: Any) -> Robust | None:

@@ -203,7 +203,7 @@ class RobustFedBNRServer(FedBNRServer):
 
     # the noise floor of the evidence fit (:mod:`.robust_evidence`): on by default; class defaults let a server
     # pickled before it restore (its members' sums then start empty and fill as they upload)
-    noise_floor = True
+    noise_floor: str | bool = "fit"  # "fit", "leave_out" or "off" (the aggregation sets it from Robust.noise_floor)
     _members: dict[str, tuple[SufficientStats, float]] | None = None
     floors: np.ndarray | None = None  # per kernel, the median member's residual level at the last refit
 
@@ -233,7 +233,8 @@ class RobustFedBNRServer(FedBNRServer):
         (:func:`~.robust_evidence.noise_floored_fit`): fewer than half the members cannot make the fleet's
         kernel fit their labels by pulling `σ` down."""
         members = self._members or {}
-        if not self.noise_floor or len(members) < MIN_MEMBERS:
+        mode = self.noise_floor if isinstance(self.noise_floor, str) else ("fit" if self.noise_floor else "off")
+        if mode == "off" or len(members) < MIN_MEMBERS:
             return super().refit()
         st = self.stats
         if st.n <= 0 or st.q <= 0:
@@ -244,7 +245,8 @@ class RobustFedBNRServer(FedBNRServer):
         floors = np.zeros(self.n_kernels)
         for k in range(self.n_kernels):
             sig, lam, value, floors[k] = noise_floored_fit(
-                st.S[k], st.b[k], st.n, st.q, [(m.S[k], m.b[k], m.q, m.n) for m in held], search=self.search)
+                st.S[k], st.b[k], st.n, st.q, [(m.S[k], m.b[k], m.q, m.n) for m in held], search=self.search,
+                leave_out=mode == "leave_out")
             self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
         self.floors = floors
         self._n_fitted = st.n
@@ -339,6 +341,10 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         self.robust = robust
         if robust is not None and not isinstance(server, RobustFedBNRServer):
             raise ValueError("robust aggregation needs a RobustFedBNRServer (it sums tempered uploads)")
+        if isinstance(server, RobustFedBNRServer) and robust is not None:
+            if robust.noise_floor not in ("fit", "leave_out", "off"):
+                raise ValueError(f"noise_floor must be 'fit', 'leave_out' or 'off', got {robust.noise_floor!r}")
+            server.noise_floor = robust.noise_floor
         self._start_robust(roster)
 
     def _start_robust(self, roster: int | None) -> None:

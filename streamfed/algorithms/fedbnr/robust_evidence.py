@@ -54,11 +54,12 @@ def member_residuals(mean: np.ndarray, members: Sequence[tuple[np.ndarray, np.nd
 
 def noise_floored_fit(s_mat: np.ndarray, b: np.ndarray, n: float, q: float,
                       members: Sequence[tuple[np.ndarray, np.ndarray, float, float]], *, search: str = "grid",
-                      rounds: int = 2) -> tuple[float, float, float, float]:
+                      rounds: int = 2, leave_out: bool = False) -> tuple[float, float, float, float]:
     """`(σ, λ, log p(y), floor)` of one kernel: the evidence fit of the sums, with `σ` raised to the median
     member's residual level `floor` (module docstring) and `λ` refitted at it when the fit fell below; `rounds`
     alternations (the members' residuals are taken under the posterior of the previous round). With fewer than
-    :data:`MIN_MEMBERS` members: the plain fit, `floor` 0.
+    :data:`MIN_MEMBERS` members: the plain fit, `floor` 0. `leave_out`: each member's residual is taken under the
+    posterior of the *other* members' sums (a predictive residual: the floor then binds without attackers too).
 
     >>> rng = np.random.default_rng(1)
     >>> x = rng.uniform(-3, 3, (900, 1)); phi = np.hstack([np.cos(x * w) for w in (0.5, 1, 2)] + [np.sin(x), x])
@@ -75,7 +76,11 @@ def noise_floored_fit(s_mat: np.ndarray, b: np.ndarray, n: float, q: float,
     floor = 0.0
     y_scale = math.sqrt(q / n)
     for _ in range(rounds):
-        floor = float(np.median(member_residuals(posterior_mean(s_mat, b, sigma, lam), members)))
+        if leave_out:  # each member's residual under the posterior of the others' sums
+            floor = float(np.median([member_residuals(posterior_mean(s_mat - m[0], b - m[1], sigma, lam), [m])[0]
+                                     for m in members]))
+        else:
+            floor = float(np.median(member_residuals(posterior_mean(s_mat, b, sigma, lam), members)))
         if not floor > sigma**2:
             break
         sigma = math.sqrt(floor)
