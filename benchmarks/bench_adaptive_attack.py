@@ -29,6 +29,12 @@ from streamfed.wire.message import Message
 from tests.attacked_fleet import run_attacked_fleet
 
 steps, k, f = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+if len(sys.argv) > 7:  # overrides of the robust rule's own settings (algorithms/shares.py Robust), e.g. systematic
+    import dataclasses
+
+    from streamfed.algorithms.shares import Robust
+    _of, _over = Robust.of.__func__, eval(sys.argv[7])
+    Robust.of = classmethod(lambda cls, r, p: (lambda x: x and dataclasses.replace(x, **_over))(_of(cls, r, p)))
 b = load_beijing("paper", steps=steps)
 names = list(b.names)
 family = sys.argv[6] if len(sys.argv) > 6 else "fedbnr"
@@ -62,7 +68,7 @@ def labels(agent, core, s, rows):
     mean, var = predict(s.X[rows])
     return mean + np.sqrt(f * max(med, 1e-6) * var)
 
-calm, _ = run_attacked_fleet(b, cfg, upload, steps, names[:k], silent=True)
+calm, calm_core = run_attacked_fleet(b, cfg, upload, steps, names[:k], silent=True)
 hit, core = run_attacked_fleet(b, cfg, upload, steps, names[:k], labels=labels)
 r = {n: hit[n] / calm[n] for n in hit}
 print(f"k={k} f={f}: worst {max(r.values()):.4f} mean {np.mean(list(hit.values()))/np.mean(list(calm.values())):.4f}",
@@ -70,5 +76,16 @@ print(f"k={k} f={f}: worst {max(r.values()):.4f} mean {np.mean(list(hit.values()
       core.rejected)
 print({n: round(v, 3) for n, v in r.items()})
 print("calm", {n: round(v, 5) for n, v in calm.items()})
+for name, c in (("calm", calm_core), ("attacked", core)):
+    srv = c.aggregation.server
+    print(name, "sigma", np.round(srv.sigma, 4), "lam", np.round(srv.lam, 3), "n", round(srv.stats.n),
+          "noise floor", None if getattr(srv, "floors", None) is None else np.round(np.sqrt(srv.floors), 4))
+for name, c in (("calm", calm_core), ("attacked", core)):
+    lv = c.aggregation.systematic_levels() if hasattr(c.aggregation, "systematic_levels") else {}
+    print("systematic levels", name, {n: round(v, 3) for n, v in lv.items()})
 srv = core.aggregation.server
-print("sigma", getattr(srv, "sigma", None), "lam", getattr(srv, "lam", None), "n", srv.stats.n)
+if hasattr(srv, "member_sums"):  # each member's own-fit residual level over σ² (kernel 0): how noisy its labels are
+    rho = (srv.sigma[0] / srv.lam[0]) ** 2
+    own = {c: (m.q - m.b[0] @ np.linalg.solve(m.S[0] + rho * np.eye(srv.dim), m.b[0])) / (m.n * srv.sigma[0] ** 2)
+           for c, m in srv.member_sums().items()}
+    print("own-fit residual / σ² (attacked)", {c: round(float(v), 3) for c, v in own.items()})

@@ -20,6 +20,12 @@ from tests.attacked_fleet import run_attacked_fleet
 steps, alg = int(sys.argv[1]), sys.argv[2]
 rob = eval(sys.argv[3]) if len(sys.argv) > 3 else {}
 par = eval(sys.argv[4]) if len(sys.argv) > 4 else {}
+if len(sys.argv) > 5:  # overrides of the robust rule's own settings (algorithms/shares.py Robust), e.g. systematic
+    import dataclasses
+
+    from streamfed.algorithms.shares import Robust
+    _of, _over = Robust.of.__func__, eval(sys.argv[5])
+    Robust.of = classmethod(lambda cls, r, p: (lambda x: x and dataclasses.replace(x, **_over))(_of(cls, r, p)))
 b = load_beijing("paper", steps=steps)
 fleet = SimpleNamespace(names=list(b.names), streams=list(b.streams))
 res = {}

@@ -13,6 +13,11 @@ aggregation = "robust"`), for any aggregation that sums uploads of samples' stat
   with weight `soft · median / average`. An honest member's residuals average close to the fleet's; a member
   biasing its labels has a ratio that grows with the square of the bias, so what it moves the global by —
   weight × bias — is largest at the threshold and falls beyond it;
+* **systematic screening** — an aggregation that can tell how far a client's summed labels sit from the
+  fleet's in directions its own inputs explain (:meth:`RobustShares._systematic`; FedBNR) records that level per
+  client; a client over `systematic` × the median of the others' levels is weighed down by the ratio (FedBNR
+  applies the weight to the client's whole sums at every global: docs/reliability.md §7.2.1). Noise averages
+  out of summed statistics and a shift of the labels does not;
 * **residual screening** — an upload whose mean squared residual under the current global, relative to what
   the global predicts of it, exceeds `screen` × the median of the other clients' latest ratios is taken with
   weight 0 (accepted — its sequence number counts as included — but nothing summed);
@@ -83,7 +88,11 @@ class Robust:
     (an upload whose residual ratio exceeds `screen` × the median of the other clients' latest ratios is taken
     with weight 0), `screen_clients` (how many other clients must have a ratio before screening starts),
     `fair_share` (None: the fixed `share_cap`; else the cap is `fair_share / members`) and `soft` (0: off; else a
-    client whose average ratio exceeds `soft` × the others' median is down-weighted — module docstring).
+    client whose average ratio exceeds `soft` × the others' median is down-weighted — module docstring),
+    `systematic` (0: off; else the systematic screen's threshold over the median level) and `systematic_rank`
+    (0: levels over every feature direction; else over the fleet's leading `systematic_rank` directions, where
+    noise explains `rank/n` of a level instead of `F/n`) and `noise_floor` (FedBNR's evidence: `"fit"`, the
+    median member's residual under the fit; `"leave_out"`, under the others' fit; `"off"`).
 
     >>> Robust(share_cap=0.25, floor=128.0).screen
     50.0
@@ -95,6 +104,9 @@ class Robust:
     screen_clients: int = 3
     fair_share: float | None = None
     soft: float = 0.0
+    systematic: float = 2.0
+    systematic_rank: int = 4
+    noise_floor: str = "fit"
 
     @classmethod
     def of(cls, robust: Any, params: Any) -> Robust | None:
@@ -155,6 +167,12 @@ class RobustShares:
     def _ratio(self, item: Any) -> float:
         """The upload's mean squared residual under the current global over what the global predicts of it."""
         raise NotImplementedError
+
+    def _systematic(self, client: str, item: Any) -> float | None:
+        """How far the client's labels, all its uploads with this one, sit from the current global *in a
+        direction its own inputs explain* (the part of its residuals a correction of the model would fit), over
+        the noise level; None: the aggregation has no such statistic (the systematic screen is off)."""
+        return None
 
     # ---------------------------------------------------------------- the state machine
     def _start_robust(self, roster: int | None) -> None:
@@ -254,7 +272,28 @@ class RobustShares:
             return 1.0
         if ratio > self.robust.screen * float(np.median(others)):
             return 0.0
-        return self._soft_weight(client, ratio)
+        return min(self._soft_weight(client, ratio), self._systematic_weight(client, item))
+
+    def _systematic_weight(self, client: str, item: Any) -> float:
+        """1, or `systematic · median / level` for a client whose systematic level (:meth:`_systematic`) is over
+        `systematic` × the median of the other clients' latest levels. Noise averages out of the level as a
+        client's samples accumulate, a bias does not: a member that shifts its labels by `δ` has a level `∝ δ²`
+        while an honest one's is its station's own difference from the fleet, so what it moves the global by
+        (weight × δ) is at most what a member at the threshold moves it by."""
+        assert self.robust is not None
+        if self.robust.systematic <= 0.0:
+            return 1.0
+        level = self._systematic(client, item)
+        if level is None or not math.isfinite(level):
+            return 1.0
+        levels = getattr(self, "_sys_level", None)
+        if levels is None:  # a state written before the systematic screen
+            levels = self._sys_level = {}
+        levels[client] = level
+        others = [v for c, v in levels.items() if c != client]
+        if len(others) < self.robust.screen_clients or level <= 0.0:
+            return 1.0
+        return min(1.0, self.robust.systematic * float(np.median(others)) / level)
 
     # a client's average ratio follows its last ~5 uploads: long enough that one honest outlier does not
     # down-weight it, short enough that a client that starts biasing is caught within a few uploads

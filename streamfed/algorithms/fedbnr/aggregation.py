@@ -13,7 +13,9 @@ make the global posterior improper for everyone, nor claim more samples or large
 With `[fleet.robust] aggregation = "robust"` (docs/algorithms.md §4.13) the global is no longer the exact
 sum: an upload whose residuals under the current global are implausible is taken with weight 0, and no
 client's samples may exceed `share_cap` of the global's — an upload that would put its client over the
-cap is taken with the fraction that fits (a tempered contribution).
+cap is taken with the fraction that fits (a tempered contribution). Each member's whole sums then count with the
+weight of the systematic screen (how far its own fit sits from the members' geometric median), and σ is fitted
+no lower than the median member's residual level (:mod:`.robust_evidence`; docs/reliability.md §7.2.1).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import numpy as np
 
 from streamfed.algorithms.fedbnr import packed_check
 from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters
-from streamfed.algorithms.fedbnr.messages import Upload
+from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.fedbnr.packed_check import Scan, scan_upload
+from streamfed.algorithms.fedbnr.robust_evidence import MIN_MEMBERS, noise_floored_fit, robust_centre
 from streamfed.algorithms.fedbnr.server import FedBNRServer
 from streamfed.algorithms.fedbnr.wire import global_message
 from streamfed.algorithms.in_order import check_room
@@ -198,9 +201,90 @@ class RobustFedBNRServer(FedBNRServer):
     (True, 1.0)
     """
 
+    # the noise floor of the evidence fit (:mod:`.robust_evidence`): on by default; class defaults let a server
+    # pickled before it restore (its members' sums then start empty and fill as they upload)
+    noise_floor: str | bool = "fit"  # "fit", "leave_out" or "off" (the aggregation sets it from Robust.noise_floor)
+    _members: dict[str, tuple[SufficientStats, float]] | None = None
+    floors: np.ndarray | None = None  # per kernel, the median member's residual level at the last refit
+
     def _sum(self, up: Upload) -> None:
         w = float(getattr(up, "weight", 1.0))
-        self._add(up.stats if w == 1.0 else up.stats.scaled(w), up.time)
+        st = up.stats if w == 1.0 else up.stats.scaled(w)
+        self._add(st, up.time)
+        if w > 0.0:
+            self._add_member(up.client, st, up.time)
+
+    def _add_member(self, client: str, st: SufficientStats, time: float) -> None:
+        """Each member's own (tempered) sums, held at its latest upload's time: the evidence's votes."""
+        if self._members is None:
+            self._members = {}
+        held = self._members.get(client)
+        d = self.discount
+        if held is None:
+            self._members[client] = (st.copy(), time)
+        elif d is None:
+            held[0].__iadd__(st)
+        else:
+            t = max(time, held[1])
+            self._members[client] = (d.shift(held[0], held[1], t) + d.shift(st, time, t), t)
+
+    def refit(self) -> bool:
+        """The evidence fit of the sums with `σ` floored at the median member's residual level
+        (:func:`~.robust_evidence.noise_floored_fit`): fewer than half the members cannot make the fleet's
+        kernel fit their labels by pulling `σ` down."""
+        members = self._members or {}
+        mode = self.noise_floor if isinstance(self.noise_floor, str) else ("fit" if self.noise_floor else "off")
+        if mode == "off" or len(members) < MIN_MEMBERS:
+            return super().refit()
+        st = self.stats
+        if st.n <= 0 or st.q <= 0:
+            return False
+        d = self.discount
+        held = [m if d is None else d.shift(m, t, self.time) for m, t in members.values()]
+        held = [m for m in held if m.n > 0]
+        floors = np.zeros(self.n_kernels)
+        for k in range(self.n_kernels):
+            sig, lam, value, floors[k] = noise_floored_fit(
+                st.S[k], st.b[k], st.n, st.q, [(m.S[k], m.b[k], m.q, m.n) for m in held], search=self.search,
+                leave_out=mode == "leave_out")
+            self.sigma[k], self.lam[k], self.log_evidence[k] = sig, lam, value
+        self.floors = floors
+        self._n_fitted = st.n
+        return True
+
+    def member_sums(self) -> dict[str, SufficientStats]:
+        """Each member's own sums as taken (tempered), held at the server's time: what the evidence's noise floor
+        and the systematic re-weighting read."""
+        d = self.discount
+        return {c: (m if d is None else d.shift(m, t, self.time)) for c, (m, t) in (self._members or {}).items()}
+
+    def rebase(self, version: int, epoch: int) -> None:
+        super().rebase(version, epoch)
+        self._members = {}
+        self.member_weights = {}
+        self._reweighted = False
+
+    # per member, the weight its whole sums count with in the next global (the aggregation's systematic screen);
+    # a member not named counts fully
+    member_weights: dict[str, float] | None = None
+    _reweighted = False
+
+    def publish(self) -> GlobalModel:
+        """As the exact server's, after the sums are rebuilt as `Σ_c ω_c · (member c's sums)` when some member's
+        weight `ω_c` (:attr:`member_weights`) is below 1, or was at the last publish: a member's influence is its
+        weight times everything it ever sent, so a member cannot bank influence while it looked honest."""
+        weights = self.member_weights or {}
+        members = self._members or {}
+        if members and (self._reweighted or any(w < 1.0 for w in weights.values())):
+            d = self.discount
+            total = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
+            for c, (m, t) in members.items():
+                held = m if d is None else d.shift(m, t, self.time)
+                w = float(weights.get(c, 1.0))
+                total += held if w == 1.0 else held.scaled(w)
+            self.stats = total
+            self._reweighted = any(w < 1.0 for w in weights.values())
+        return super().publish()
 
 
 def residual_ratio(st: SufficientStats, mean: np.ndarray, cov: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -257,6 +341,10 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         self.robust = robust
         if robust is not None and not isinstance(server, RobustFedBNRServer):
             raise ValueError("robust aggregation needs a RobustFedBNRServer (it sums tempered uploads)")
+        if isinstance(server, RobustFedBNRServer) and robust is not None:
+            if robust.noise_floor not in ("fit", "leave_out", "off"):
+                raise ValueError(f"noise_floor must be 'fit', 'leave_out' or 'off', got {robust.noise_floor!r}")
+            server.noise_floor = robust.noise_floor
         self._start_robust(roster)
 
     def _start_robust(self, roster: int | None) -> None:
@@ -356,6 +444,47 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         _, mean, cov, sigma, weights = self._reference
         return float(weights @ residual_ratio(item.stats, mean, cov, sigma))
 
+    _declared: dict[str, tuple[SufficientStats, float]] | None = None
+
+    def _systematic(self, client: str, item: Upload) -> float | None:
+        """The client's systematic level: with `D` the sums of everything it has sent (this upload included,
+        whatever weight each was taken with), per kernel `gᵀ(S + ρI)⁻¹g / (n σ²)` with `g = b − Sμ` its
+        residuals' correlation with its features under the global's mean `μ` and `ρ = σ²/λ²` the global's prior
+        ratio — the mean squared residual a correction of the model fitted to its own samples would remove, over
+        the noise level; kernels weighted as the global predicts. Noise contributes about `dof/n` of it."""
+        if self._declared is None:
+            self._declared = {}
+        d = self.server.discount
+        held = self._declared.get(client)
+        st = item.stats
+        if held is None:
+            tot, t = st.copy(), item.time
+        elif d is None:
+            tot, t = held[0] + st, held[1]
+        else:
+            t = max(item.time, held[1])
+            tot = d.shift(held[0], held[1], t) + d.shift(st, item.time, t)
+        self._declared[client] = (tot, t)
+        if self._reference is None or self._reference[0] != self.server.version:
+            self._refresh_reference()
+        assert self._reference is not None
+        _, mean, _, sigma, weights = self._reference
+        centre = self._centre if self._centre is not None else mean
+        lam = self.server.lam
+        n = float(tot.n)
+        if not n > 0:
+            return None
+        levels = np.zeros(len(sigma))
+        basis = self._basis
+        for k in range(len(sigma)):
+            g = tot.b[k] - tot.S[k] @ centre[k]
+            s_k = tot.S[k]
+            if basis is not None:  # the fleet's leading directions: noise explains r/n of it there, not F/n
+                g, s_k = basis[k].T @ g, basis[k].T @ s_k @ basis[k]
+            a = s_k + (sigma[k] / lam[k]) ** 2 * np.eye(g.shape[0])
+            levels[k] = float(g @ np.linalg.solve(a, g)) / (n * sigma[k] ** 2)
+        return float(weights @ levels)
+
     def _refresh_reference(self) -> None:
         """The current global's posterior per kernel (mean, covariance), σ and the kernels' weights."""
         s = self.server
@@ -369,8 +498,46 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         le = np.asarray(s.log_evidence, dtype=np.float64) if s.stats.n > 0 else np.zeros(k)
         w = np.exp(le - np.max(le))
         self._reference = (s.version, mean, cov, s.sigma.copy(), w / w.sum())
+        self._centre = None
+        declared = [m for m, _ in (self._declared or {}).values() if m.n > 0]
+        if self.robust is not None and self.robust.systematic > 0.0 and len(declared) >= MIN_MEMBERS:
+            self._centre = np.array([robust_centre(s.stats.S[i], [(m.S[i], m.b[i], m.q, m.n) for m in declared],
+                                                   (s.sigma[i] / s.lam[i]) ** 2) for i in range(k)])
+
+        self._basis = None
+        rank = int(getattr(self.robust, "systematic_rank", 0) or 0) if self.robust is not None else 0
+        if self._centre is not None and 0 < rank < s.dim:
+            self._basis = np.array([np.linalg.eigh(s.stats.S[i])[1][:, -rank:] for i in range(k)])
+
+    _centre: np.ndarray | None = None  # per kernel, the geometric median of the members' own posterior means
+    _basis: np.ndarray | None = None  # per kernel, the leading eigenvectors of the global scatter
+
+    def _systematic_weight(self, client: str, item: Upload) -> float:
+        """The systematic screen weighs a member's whole sums (:meth:`RobustFedBNRServer.publish`), not this
+        upload: its level is recorded here and every member's weight set before the next global."""
+        super()._systematic_weight(client, item)
+        return 1.0
+
+    def _member_weights(self) -> dict[str, float]:
+        """`ω_c = min(1, systematic · median of the others' levels / level_c)` for every member with a level."""
+        assert self.robust is not None
+        levels = getattr(self, "_sys_level", None) or {}
+        out: dict[str, float] = {}
+        if self.robust.systematic <= 0.0:
+            return out
+        for c, level in levels.items():
+            others = [v for o, v in levels.items() if o != c]
+            if len(others) >= self.robust.screen_clients and level > 0.0:
+                out[c] = min(1.0, self.robust.systematic * float(np.median(others)) / level)
+        return out
+
+    def systematic_levels(self) -> dict[str, float]:
+        """Robust mode: each member's latest systematic level (:meth:`_systematic`)."""
+        return dict(getattr(self, "_sys_level", None) or {})
 
     def close_window(self, order: Mapping[str, int], mark: Callable[[str], int]) -> bool:
+        if self.robust is not None and isinstance(self.server, RobustFedBNRServer):
+            self.server.member_weights = self._member_weights()
         changed = super().close_window(order, mark)
         if changed and self.robust is not None:
             self._refresh_reference()  # screen against the global just published, not later running sums
