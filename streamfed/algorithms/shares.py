@@ -286,9 +286,10 @@ class RobustShares:
         level = self._systematic(client, item)
         if level is None or not math.isfinite(level):
             return 1.0
-        levels = getattr(self, "_sys_level", None)
+        levels: dict[str, float] | None = getattr(self, "_sys_level", None)
         if levels is None:  # a state written before the systematic screen
-            levels = self._sys_level = {}
+            levels = {}
+            self._sys_level = levels
         levels[client] = level
         others = [v for c, v in levels.items() if c != client]
         if len(others) < self.robust.screen_clients or level <= 0.0:
