@@ -499,10 +499,16 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         w = np.exp(le - np.max(le))
         self._reference = (s.version, mean, cov, s.sigma.copy(), w / w.sum())
         self._centre = None
-        declared = [m for m, _ in (self._declared or {}).values() if m.n > 0]
+        declared = {c: m for c, (m, _) in (self._declared or {}).items() if m.n > 0}
         if self.robust is not None and self.robust.systematic > 0.0 and len(declared) >= MIN_MEMBERS:
-            self._centre = np.array([robust_centre(s.stats.S[i], [(m.S[i], m.b[i], m.q, m.n) for m in declared],
-                                                   (s.sigma[i] / s.lam[i]) ** 2) for i in range(k)])
+            rho = (s.sigma / s.lam) ** 2
+            # the members' own means at ρ rounded to a quarter octave: a refit moves ρ a little at most versions,
+            # and would otherwise make every member's means be solved again at every global (a robust centre does
+            # not need ρ to more than that)
+            means = self._own_means(declared, np.exp2(np.round(4.0 * np.log2(rho)) / 4.0))
+            held = list(declared.values())
+            self._centre = np.array([robust_centre(s.stats.S[i], [(m.S[i], m.b[i], m.q, m.n) for m in held],
+                                                   float(rho[i]), means=means[:, i]) for i in range(k)])
 
         self._basis = None
         rank = int(getattr(self.robust, "systematic_rank", 0) or 0) if self.robust is not None else 0
@@ -510,6 +516,27 @@ class FedBNRAggregation(RobustShares, SummingWindow):
             self._basis = np.array([np.linalg.eigh(s.stats.S[i])[1][:, -rank:] for i in range(k)])
 
     _centre: np.ndarray | None = None  # per kernel, the geometric median of the members' own posterior means
+    # per member: a fingerprint of its sums (n, q, Σb, versions), the prior ratios ρ = σ²/λ² per kernel and its
+    # own posterior means (K, F); a member's means are solved again only when it sent more or a refit moved ρ — at
+    # a thousand members, solving every member's at every global would cost the aggregator seconds per version
+    _means_cache: dict[str, tuple[tuple, np.ndarray, np.ndarray]] | None = None
+
+    def _own_means(self, declared: Mapping[str, SufficientStats], rho: np.ndarray) -> np.ndarray:
+        """`μ_c = (S_c + ρ_k I)⁻¹ b_c` per member and kernel, `(members, K, F)` in `declared`'s order."""
+        cache = self._means_cache if self._means_cache is not None else {}
+        fresh: dict[str, tuple[tuple, np.ndarray, np.ndarray]] = {}
+        out = []
+        for c, m in declared.items():
+            key = (float(m.n), float(m.q), float(m.b.sum()), m.kernel_version, m.epoch)
+            hit = cache.get(c)
+            if hit is None or hit[0] != key or not np.array_equal(hit[1], rho):
+                eye = np.eye(m.S.shape[-1])
+                hit = (key, rho.copy(), np.array([np.linalg.solve(m.S[i] + rho[i] * eye, m.b[i])
+                                                  for i in range(rho.shape[0])]))
+            fresh[c] = hit
+            out.append(hit[2])
+        self._means_cache = fresh  # members gone since are dropped
+        return np.array(out)
     _basis: np.ndarray | None = None  # per kernel, the leading eigenvectors of the global scatter
 
     def _systematic_weight(self, client: str, item: Upload) -> float:
@@ -525,10 +552,17 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         out: dict[str, float] = {}
         if self.robust.systematic <= 0.0:
             return out
-        for c, level in levels.items():
-            others = [v for o, v in levels.items() if o != c]
-            if len(others) >= self.robust.screen_clients and level > 0.0:
-                out[c] = min(1.0, self.robust.systematic * float(np.median(others)) / level)
+        if len(levels) - 1 < self.robust.screen_clients:
+            return out
+        names = list(levels)
+        values = np.array([levels[c] for c in names], dtype=np.float64)
+        order = np.argsort(values, kind="stable")
+        ranked = values[order]
+        rank = np.empty(len(names), dtype=np.int64)
+        rank[order] = np.arange(len(names))
+        for c, level, r in zip(names, values, rank, strict=True):
+            if level > 0.0:  # the median of the others: the sorted levels without this one (O(1) each, not O(m))
+                out[c] = min(1.0, self.robust.systematic * _median_without(ranked, int(r)) / float(level))
         return out
 
     def systematic_levels(self) -> dict[str, float]:
@@ -598,3 +632,15 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         return global_message(fleet, sender, s.version, packed["S_upper"], packed["b"], packed["n"], packed["q"],
                               s.sigma, s.lam, s.log_evidence, dict(s.included), kernel_version=kernel_version,
                               epoch=s.epoch, time_base=None if s.discount is None else s.time)
+
+
+def _median_without(ranked: np.ndarray, i: int) -> float:
+    """`np.median` of the sorted `ranked` with its entry `i` left out (at least one entry remains)."""
+    m = ranked.shape[0] - 1
+
+    def at(j: int) -> float:  # entry j of the others, in order
+        return float(ranked[j if j < i else j + 1])
+
+    if m % 2:
+        return at(m // 2)
+    return (at(m // 2 - 1) + at(m // 2)) / 2.0

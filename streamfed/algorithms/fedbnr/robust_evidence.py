@@ -92,11 +92,12 @@ def noise_floored_fit(s_mat: np.ndarray, b: np.ndarray, n: float, q: float,
 
 
 def robust_centre(s_mat: np.ndarray, members: Sequence[tuple[np.ndarray, np.ndarray, float, float]], rho: float,
-                  *, iterations: int = 50) -> np.ndarray:
+                  *, iterations: int = 50, means: np.ndarray | None = None) -> np.ndarray:
     """The geometric median of the members' own posterior means `μ_c = (S_c + ρI)⁻¹ b_c` of one kernel, in the
     metric of the fleet's inputs `‖Δ‖²_{S/n}` (the mean squared difference of the predictions over every
     member's inputs): a centre fewer than half the members cannot move beyond the others' spread (Weiszfeld
-    iterations, started at the coordinate-wise median).
+    iterations, started at the coordinate-wise median). `means`: the members' `μ_c` when the caller has them (an
+    aggregator keeps each member's until its sums change: the solves are the centre's cost).
 
     >>> S = np.eye(1) * 10.0
     >>> members = [(S, S @ [v], 10.0 * v * v, 10.0) for v in (1.0, 1.1, 0.9, 50.0)]
@@ -106,7 +107,9 @@ def robust_centre(s_mat: np.ndarray, members: Sequence[tuple[np.ndarray, np.ndar
     f = s_mat.shape[-1]
     n = sum(float(m[3]) for m in members)
     scale = np.linalg.cholesky(s_mat / n + 1e-9 * np.trace(s_mat) / (n * f) * np.eye(f))  # S/n = L Lᵀ
-    z = np.array([scale.T @ np.linalg.solve(sm + rho * np.eye(f), bm) for sm, bm, _, _ in members])
+    if means is None:
+        means = np.array([np.linalg.solve(sm + rho * np.eye(f), bm) for sm, bm, _, _ in members])
+    z = means @ scale  # each row (Lᵀμ_c)ᵀ
     c = np.median(z, axis=0)
     for _ in range(iterations):
         d = np.maximum(np.linalg.norm(z - c, axis=1), 1e-12)
