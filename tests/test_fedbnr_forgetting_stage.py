@@ -80,7 +80,7 @@ def test_uploads_are_the_transcribed_discounted_statistics(seed: int, batch_ever
     clocks = np.array(clocks)
     assert (clocks[-1] - clocks[0]) / H > 1100  # the span the reference time is rebased over
     assert len(uploads) >= 30
-    for up, (a, b) in zip(uploads, rows):
+    for up, (a, b) in zip(uploads, rows, strict=True):
         s, bb, nn, q = _discounted(phis[a:b], ys[a:b], clocks[a:b], up.time)
         assert up.time == clocks[b - 1]
         assert _close(up.stats.S, s, 1e-12)

@@ -195,8 +195,10 @@ class FedBNRClient(PackedState):
             # advance (`_plast`, every earlier row flushed): the same statistics, weighted relative to t_ref = clock.
             dp, pl = self.__dict__.pop("_dpend"), self.__dict__.pop("_plast")
             self.__dict__.pop("_scratch", None)
-            w = SufficientStats(self._s_pend - pl.S, self._b_pend - pl.b, float(self._n_pend) - pl.n,
-                                self._q_pend - pl.q, self.kernel_version, self.epoch) + dp
+            # (the counts include the staged rows, the scatter does not: they are weighed when the stage is folded)
+            ys = self._stage_y[:self._staged]
+            w = SufficientStats(self._s_pend - pl.S, self._b_pend - pl.b, float(self._n_pend - self._staged) - pl.n,
+                                self._q_pend - float(ys @ ys) - pl.q, self.kernel_version, self.epoch) + dp
             kern.symmetric_from_upper(w.S, w.S)
             self._wpend, self._stage_w, self._t_ref = w, np.zeros(STAGE), self._clock
 
