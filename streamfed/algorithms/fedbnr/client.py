@@ -660,7 +660,13 @@ class FedBNRClient(PackedState):
         scale = 1.0
         if math.isfinite(self._t_ref):
             scale = math.exp(math.log(2.0) / self.half_life_s * (self._t_ref - self._clock))  # type: ignore[operator]
-        return self._wpend.scaled(scale)
+        out = self._wpend.copy()  # (scaled in place: one K×F×F copy, not `scaled`'s two)
+        if scale != 1.0:
+            out.S *= scale
+            out.b *= scale
+            out.n *= scale
+            out.q *= scale
+        return out
 
     def make_upload(self) -> Upload | None:
         """The delta statistics of the pending samples as an :class:`Upload`, or `None` while fewer than
@@ -674,9 +680,21 @@ class FedBNRClient(PackedState):
         else:
             disc = self._discounted_pending().check_finite()
             up = Upload(self.client_id, self._next_seq, self.global_version, disc, self._clock, self._n_pend)
+            # Own uploads, discounted to this clock, plus this one; pending weights back to zero: in place (the
+            # statistics are K×F×F: fresh copies of them were most of an upload's cost).
             own, t_own = self._own_disc
-            self._own_disc = (self.discount.shift(own, t_own, self._clock) + disc, self._clock)
-            self._wpend = self._zero_stats()
+            g = self.discount.factor(t_own, self._clock)
+            if g != 1.0:
+                own.S *= g
+                own.b *= g
+                own.n *= g
+                own.q *= g
+            own += disc
+            self._own_disc = (own, self._clock)
+            wp = self._wpend
+            wp.S[...] = 0.0
+            wp.b[...] = 0.0
+            wp.n = wp.q = 0.0
         self._unacked[up.seq] = up
         self._own_uploaded += stats
         self._next_seq += 1
