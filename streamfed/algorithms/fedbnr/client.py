@@ -611,7 +611,12 @@ class FedBNRClient(PackedState):
         by `2^(−Δ/h)` — the pending statistics exactly; the working posterior by the same factor with the prior
         precision it loses given back as one cyclic rank-one refresh (as per-step forgetting does; the next global
         rebuilds it exactly). A time before the clock counts as the clock (statistics never move back in time);
-        a time that is not finite is refused (`ValueError`, nothing changed)."""
+        a time that is not finite is refused (`ValueError`, nothing changed).
+
+        The pending statistics are not touched: their rows carry weights relative to a reference time (`_wpend`,
+        scaled to the clock when read; rescaled when the clock passes the reference, at most once per
+        `REBASE_HALF_LIVES` half-lives), so a step costs the factor's scale and one rank-one refresh, `O(K·F²)`, not
+        the `K×F×F` passes over the statistics it cost before."""
         d = self.discount
         if d is None:
             return
@@ -641,10 +646,8 @@ class FedBNRClient(PackedState):
             return
         lost = self.dim * (1.0 - g)
         j = self._refresh_j
-        refresh = np.zeros((1, self.n_kernels, self.dim))
-        refresh[0, :, j] = math.sqrt(lost) / self.lam
-        self._ra *= math.sqrt(g)
-        kern.fold_samples(self._ra, refresh, np.zeros(1))  # + refresh_k² e_j e_jᵀ, one rank-one update a kernel
+        # Rₐ ← √g Rₐ, then + refresh_k² e_j e_jᵀ: one rank-one update a kernel, fused with the scale
+        kern.decay_refresh(self._ra, math.sqrt(g), math.sqrt(lost) / self.lam, j, np.empty(self.dim + 1))
         self._pdiag *= g
         self._pdiag[:, j] += lost
         self._refresh_j = (j + 1) % self.dim
