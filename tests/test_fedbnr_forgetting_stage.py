@@ -178,3 +178,59 @@ def test_discounted_count_is_the_sum_of_the_weights(steps: list[float]) -> None:
     expected = float(np.exp2(-(clock - np.array(clocks)) / H).sum())
     assert up.stats.n == pytest.approx(expected, rel=1e-12)
     assert up.stats.q == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_client_saved_with_the_earlier_pending_layout_continues_exactly() -> None:
+    """A state pickled before the weighted stage held the pending statistics discounted to the clock (`_dpend`)
+    and the raw ones at the last advance (`_plast`), with the rows learned since still staged; restored, it must
+    upload the transcribed discounted statistics of all its rows."""
+    rng = np.random.default_rng(7)
+    n, h = 60, H
+    c = FedBNRClient(n_inputs=2, n_features=5, bandwidth=1.0, seed=1, sigma=SIGMA, lam=LAM, min_upload=1000,
+                     half_life_s=h)
+    ts = 1.7e9 + np.cumsum(rng.exponential(0.4 * h, n))
+    xs = rng.uniform(-2, 2, (n, 2))
+    ys = rng.standard_normal(n)
+    phis = np.array([c.features(x) for x in xs])
+    for i in range(40):
+        c.advance(ts[i])
+        c.learn_predict(xs[i], float(ys[i]))
+    # The earlier layout, written from the transcription: rows 0..38 flushed and discounted to the clock, row 39
+    # (learned at the clock) still staged, `_plast` the raw statistics of rows 0..38.
+    state = c.__getstate__()
+    s, b, nn, q = _discounted(phis[:39], ys[:39], np.array(ts[:39]), ts[39])
+    dpend = c._zero_stats()
+    dpend.S[...], dpend.b[...], dpend.n, dpend.q = s, b, nn, q
+    plast = c._zero_stats()
+    plast.S[...] = np.einsum("ika,ikb->kab", phis[:39], phis[:39])
+    plast.b[...] = np.einsum("ika,i->ka", phis[:39], ys[:39])
+    plast.n, plast.q = 39.0, float(ys[:39] @ ys[:39])
+    buf = state["_buf"].copy()
+    state["_buf"] = buf
+    old = FedBNRClient.__new__(FedBNRClient)
+    old.__setstate__(state)
+    old._s_pend[...] = plast.S  # the raw scatter of the flushed rows, the stage holding row 39 alone
+    old._b_pend[...] = plast.b
+    old._stage[:, :, 0] = phis[39]
+    old._stage_y[0] = ys[39]
+    old._staged = 1
+    # (that layout kept the upper triangles only exact: stale lower ones must not be read)
+    lower = np.tril(np.full_like(s, 1e3), -1)
+    for mat in (dpend.S, plast.S, old._s_pend):
+        mat += lower
+    state = old.__getstate__()
+    for attr in ("_wpend", "_stage_w", "_t_ref", "_stage_mark"):
+        state.pop(attr, None)
+    state["_dpend"], state["_plast"] = dpend, plast
+    restored = FedBNRClient.__new__(FedBNRClient)
+    restored.__setstate__(state)
+    for i in range(40, n):
+        restored.advance(ts[i])
+        restored.learn_predict(xs[i], float(ys[i]))
+    restored.min_upload = 1
+    up = restored.make_upload()
+    assert up is not None
+    s, b, nn, q = _discounted(phis, ys, np.maximum.accumulate(ts), ts[-1])
+    assert _close(up.stats.S, s, 1e-12)
+    assert _close(up.stats.b, b, 1e-12)
+    assert abs(up.stats.n - nn) <= 1e-12 * nn and abs(up.stats.q - q) <= 1e-12 * q
