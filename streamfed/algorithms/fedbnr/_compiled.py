@@ -23,6 +23,7 @@ ENTRIES: tuple[Entry, ...] = (
            "!f8[1]", "i8", "!f8[1]", "!f8[1]", "!f8[1]")),
     Entry("fedbnr", _K, "fold_rows", ("!f8[3]", "f8[3]", "f8[1]", "i8", "i8")),
     Entry("fedbnr", _K, "fold_samples", ("!f8[3]", "f8[3]", "f8[1]")),
+    Entry("fedbnr", _K, "decay_refresh", ("!f8[3]", "f8", "f8[1]", "i8", "!f8[1]")),
     Entry("fedbnr", _K, "symmetric_from_upper", ("f8[3]", "!f8[3]")),
     Entry("fedbnr", _K, "packed_predict", ("!f8[1]", "f8[1]")),
     Entry("fedbnr", _K, "packed_learn", ("!f8[1]", "f8")),

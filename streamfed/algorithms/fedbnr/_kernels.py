@@ -594,6 +594,42 @@ def fold_rows(factor: np.ndarray, stage: np.ndarray, stage_y: np.ndarray, start:
 
 
 @numba.njit(cache=True)
+def decay_refresh(ra: np.ndarray, sqrt_g: float, refresh: np.ndarray, index: int, x: np.ndarray) -> None:
+    """A half-life's step on every kernel's factor: `Rₐ ← √g Rₐ` (so `M ← gM`), then the prior refresh
+    `A += refresh_k² e_j e_jᵀ` (`j = index`; `x`, `F + 1` entries, is scratch). One pass over each factor: row `k` is
+    scaled just before it is rotated, the same numbers as scaling the whole factor and then :func:`chol_update_rows`
+    (half-life forgetting paid two passes, the second from row `j` on, and a copy of the refresh per kernel)."""
+    n_kernels, n = ra.shape[0], ra.shape[1]
+    for kk in range(n_kernels):
+        r = ra[kk]
+        for i in range(n):
+            x[i] = 0.0
+        x[index] = refresh[kk]
+        for k in range(n):
+            rk = r[k, k:]
+            for i in range(n - k):
+                rk[i] *= sqrt_g
+            xk = x[k]
+            if xk == 0.0:
+                continue
+            rkk = r[k, k]
+            rnew = np.sqrt(rkk * rkk + xk * xk)
+            r[k, k] = rnew
+            if k + 1 == n:
+                continue  # last row: no off-diagonal part (and r_kk may be 0 there: the ρ entry)
+            inv_rkk = 1.0 / rkk
+            c = rnew * inv_rkk
+            s = xk * inv_rkk
+            inv_c = rkk / rnew
+            ro = r[k, k + 1:]
+            xt = x[k + 1:]
+            for i in range(n - k - 1):
+                rki = (ro[i] + s * xt[i]) * inv_c
+                ro[i] = rki
+                xt[i] = c * xt[i] - s * rki
+
+
+@numba.njit(cache=True)
 def fold_samples(factor: np.ndarray, phis: np.ndarray, ys: np.ndarray) -> None:
     """:func:`fold_rows` for samples given as `phis (T, K, F)`, `ys (T,)`."""
     n_kernels, f = phis.shape[1], phis.shape[2]

@@ -100,11 +100,15 @@ class FedBNRClient(PackedState):
     """
 
     # Forgetting on a shared time base (.discount; class defaults: a client pickled before it restores without):
-    # the clock (time of the latest sample or global), the pending statistics discounted to the clock as of the
-    # last advance (`_dpend`) and the raw pending statistics then (`_plast`), all uploads discounted to a time.
+    # the clock (time of the latest sample or global); the pending statistics weighted by `2^((c_i − t_ref)/h)`
+    # (`_wpend`, `c_i` the clock when row i was learned; `2^((t_ref − clock)/h) · _wpend` is their discounted
+    # value), the weights of the staged rows learned before the last advance (`_stage_w[:_stage_mark]`; the later
+    # ones were learned at the clock); all uploads discounted to a time (`_own_disc`).
     half_life_s: float | None = None
     discount: Discount | None = None
     _clock = -math.inf
+    _t_ref = -math.inf  # −∞: no clock yet (rows weigh 1, as at the first clock)
+    _stage_mark = 0
 
     # The regret's comparator (.metrics.RidgeComparator): made by the first regret() and from then on given every
     # own sample before the stage is flushed (a class default: a client pickled before it existed has none).
@@ -180,8 +184,23 @@ class FedBNRClient(PackedState):
         if self.discount is not None:
             self._clock = -math.inf
             zero = self._zero_stats
-            self._dpend, self._plast, self._own_disc = zero(), zero(), (zero(), -math.inf)
+            self._wpend, self._own_disc = zero(), (zero(), -math.inf)
+            self._stage_w = np.zeros(STAGE)
         self._rebuild(np.zeros((kk, f, f)), np.zeros((kk, f)), 0.0, self.sigma, self.lam, self._pdiag)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if self.discount is not None and "_wpend" not in state:
+            # Pickled with the pending statistics discounted to the clock (`_dpend`) plus the raw ones since the last
+            # advance (`_plast`, every earlier row flushed): the same statistics, weighted relative to t_ref = clock.
+            dp, pl = self.__dict__.pop("_dpend"), self.__dict__.pop("_plast")
+            self.__dict__.pop("_scratch", None)
+            # (the counts include the staged rows, the scatter does not: they are weighed when the stage is folded)
+            ys = self._stage_y[:self._staged]
+            w = SufficientStats(self._s_pend - pl.S, self._b_pend - pl.b, float(self._n_pend - self._staged) - pl.n,
+                                self._q_pend - float(ys @ ys) - pl.q, self.kernel_version, self.epoch) + dp
+            kern.symmetric_from_upper(w.S, w.S)
+            self._wpend, self._stage_w, self._t_ref = w, np.zeros(STAGE), self._clock
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -324,8 +343,8 @@ class FedBNRClient(PackedState):
             return self.predict(x)
         y = check_target(y)
         _, mu0, var0 = cache
-        if self._comparator is not None and self._staged == STAGE:
-            self._fold_staged()  # the step may flush the stage
+        if self._staged == STAGE:
+            self._before_full_stage()  # the step flushes the stage
         status, mu, var = kern.packed_learn_predict(self._buf, y, xf)
         if status == 1:  # x refused before anything changed: the sample is still learned
             self._learn_checked(None, y)
@@ -352,8 +371,8 @@ class FedBNRClient(PackedState):
             mu, var = self.predict(x)
             self.learn(x, y)
             return mu, var
-        if self._comparator is not None and self._staged == STAGE:
-            self._fold_staged()  # the step may flush the stage
+        if self._staged == STAGE:
+            self._before_full_stage()  # the step flushes the stage
         status, mu, var = kern.packed_step(self._buf, xf, y)
         if status == 3:
             self._wake(marked_only=True)
@@ -429,8 +448,8 @@ class FedBNRClient(PackedState):
         if phi is not None:
             self._phi[...] = phi
         self._cache = None
-        if self._comparator is not None and self._staged == STAGE:
-            self._fold_staged()  # the step may flush the stage
+        if self._staged == STAGE:
+            self._before_full_stage()  # the step flushes the stage
         if not kern.packed_learn(self._buf, y):  # checked before anything was touched
             raise ValueError("features times target overflow")
 
@@ -489,13 +508,19 @@ class FedBNRClient(PackedState):
         variances = np.empty(t)
         self._wake()  # learn_batch updates every factor
         cmp = self._comparator
-        if cmp is not None:
+        if self.discount is not None:
+            self._flush()  # (the batch's rows enter _wpend below, all at the clock's weight)
+        elif cmp is not None:
             self._fold_staged()  # the batch may flush the stage
         self._staged = kern.learn_batch(self._ra, self._s_pend, self._b_pend, self._stage, self._stage_y,
                                         self._staged, phis, ys, self.sigma, self.lam, self._n_work,
                                         self._sqrt_gamma, self._refresh, self._refresh_j, self._work,
                                         means, variances)
         self._after_learn(ys)
+        if self.discount is not None:
+            self._weigh_rows(phis.transpose(1, 2, 0), ys, np.full(t, self._row_weight(self._clock)))
+            self._stage_w[:self._staged] = 0.0  # the rows left in the stage are in _wpend already
+            self._stage_mark = self._staged
         if cmp is not None:
             cmp.fold_samples(phis, ys)
         self.metrics.update_many(means, variances, ys)
@@ -514,11 +539,60 @@ class FedBNRClient(PackedState):
             staged = self._staged
             cmp.fold_rows(self._stage, self._stage_y, staged - (self._n_own() - cmp.n), staged)
 
+    def _before_full_stage(self) -> None:
+        """What must see the staged rows before a step flushes the full stage into the raw pending statistics."""
+        if self.discount is not None:
+            self._flush()
+        else:
+            self._fold_staged()
+
     def _flush(self) -> None:
         if self._staged:
             self._fold_staged()
+            if self.discount is not None:
+                staged, mark = self._staged, self._stage_mark
+                w = self._stage_w[:staged].copy()
+                w[mark:] = self._row_weight(self._clock)  # rows learned since the last advance: at the clock
+                self._weigh_rows(self._stage[:, :, :staged], self._stage_y[:staged], w)
             kern.flush(self._s_pend, self._b_pend, self._stage, self._stage_y, self._staged)
             self._staged = 0
+        self._stage_mark = 0
+
+    # With a half-life, rows are weighted relative to `_t_ref`, which is kept ahead of the clock by up to this many
+    # half-lives: weights stay in (2^-REBASE, 1] for the rows of the last REBASE half-lives (no overflow, the
+    # older ones underflow as their discounted values do), and `_wpend` is rescaled once per REBASE half-lives.
+    REBASE_HALF_LIVES = 32.0
+
+    def _row_weight(self, c: float) -> float:
+        """`2^((c − t_ref)/h)`: the weight in `_wpend` of a row learned at clock `c` (1 before any clock)."""
+        if not math.isfinite(self._t_ref):
+            return 1.0
+        assert self.discount is not None
+        return self.discount.factor(c, self._t_ref)
+
+    def _weigh_rows(self, rows: np.ndarray, ys: np.ndarray, w: np.ndarray) -> None:
+        """`_wpend += Σ_t w_t [φ_t φ_tᵀ, φ_t y_t, 1, y_t²]` for rows `(K, F, T)` (one matrix product a kernel)."""
+        wp = self._wpend
+        scaled = rows * w
+        wp.S += scaled @ rows.transpose(0, 2, 1)
+        wp.b += scaled @ ys
+        wp.n += float(w.sum())
+        wp.q += float(w @ (ys * ys))
+
+    def _rebase(self, time: float) -> None:
+        """Move `t_ref` to `REBASE_HALF_LIVES` half-lives after `time`: every weight is multiplied by
+        `2^((t_ref − t_ref')/h)` (the staged rows' too)."""
+        assert self.discount is not None
+        new_ref = time + self.REBASE_HALF_LIVES * self.discount.half_life_s
+        f = self.discount.factor(time, new_ref) if not math.isfinite(self._t_ref) else \
+            self.discount.factor(self._t_ref, new_ref)
+        wp = self._wpend
+        wp.S *= f
+        wp.b *= f
+        wp.n *= f
+        wp.q *= f
+        self._stage_w[:self._stage_mark] *= f
+        self._t_ref = new_ref
 
     def _pending_stats(self) -> SufficientStats:
         self._flush()
@@ -537,7 +611,12 @@ class FedBNRClient(PackedState):
         by `2^(−Δ/h)` — the pending statistics exactly; the working posterior by the same factor with the prior
         precision it loses given back as one cyclic rank-one refresh (as per-step forgetting does; the next global
         rebuilds it exactly). A time before the clock counts as the clock (statistics never move back in time);
-        a time that is not finite is refused (`ValueError`, nothing changed)."""
+        a time that is not finite is refused (`ValueError`, nothing changed).
+
+        The pending statistics are not touched: their rows carry weights relative to a reference time (`_wpend`,
+        scaled to the clock when read; rescaled when the clock passes the reference, at most once per
+        `REBASE_HALF_LIVES` half-lives), so a step costs the factor's scale and one rank-one refresh, `O(K·F²)`, not
+        the `K×F×F` passes over the statistics it cost before."""
         d = self.discount
         if d is None:
             return
@@ -548,28 +627,16 @@ class FedBNRClient(PackedState):
             return
         g = d.factor(self._clock, time)
         first = not math.isfinite(self._clock)  # the first sample's time: nothing learned yet to discount
+        # The pending statistics: the rows staged since the last advance were learned at the old clock (rows learned
+        # before any clock count as learned at the first); nothing else moves unless t_ref must (O(1) a sample).
+        staged, mark = self._staged, self._stage_mark
+        if first or time > self._t_ref:
+            self._rebase(time)
+        self._stage_w[mark:staged] = self._row_weight(time if first else self._clock)
+        self._stage_mark = staged
         self._clock = time
         if g == 1.0 or first:
             return
-        # _dpend ← γ·(_dpend + (raw − _plast)), _plast ← raw, in place on the upper triangles (the ones accumulated;
-        # _discounted_pending mirrors its result): the same operations in the same order as on whole copies, without
-        # the five K×F×F copies a sample that made forgetting ~4× the cost of a step
-        self._flush()
-        dp, pl = self._dpend, self._plast
-        scratch = getattr(self, "_scratch", None)
-        if scratch is None or scratch[0].shape != dp.S.shape:
-            scratch = self._scratch = (np.empty_like(dp.S), np.empty_like(dp.b))
-        np.subtract(self._s_pend, pl.S, out=scratch[0])
-        np.subtract(self._b_pend, pl.b, out=scratch[1])
-        dp.S += scratch[0]
-        dp.S *= g
-        dp.b += scratch[1]
-        dp.b *= g
-        dp.n = (dp.n + (float(self._n_pend) - pl.n)) * g
-        dp.q = (dp.q + (self._q_pend - pl.q)) * g
-        pl.S[...] = self._s_pend
-        pl.b[...] = self._b_pend
-        pl.n, pl.q = float(self._n_pend), self._q_pend
         if g < 1e-6:  # (nearly) everything forgotten: rebuild exactly rather than scale the factor towards zero
             s_work, b_work = stats_from_factor(self._ra, self.sigma, self.lam, self._pdiag)
             self._rebuild(g * s_work, g * b_work, g * self._q_work, self.sigma.copy(), self.lam.copy(),
@@ -579,10 +646,8 @@ class FedBNRClient(PackedState):
             return
         lost = self.dim * (1.0 - g)
         j = self._refresh_j
-        refresh = np.zeros((1, self.n_kernels, self.dim))
-        refresh[0, :, j] = math.sqrt(lost) / self.lam
-        self._ra *= math.sqrt(g)
-        kern.fold_samples(self._ra, refresh, np.zeros(1))  # + refresh_k² e_j e_jᵀ, one rank-one update a kernel
+        # Rₐ ← √g Rₐ, then + refresh_k² e_j e_jᵀ: one rank-one update a kernel, fused with the scale
+        kern.decay_refresh(self._ra, math.sqrt(g), math.sqrt(lost) / self.lam, j, np.empty(self.dim + 1))
         self._pdiag *= g
         self._pdiag[:, j] += lost
         self._refresh_j = (j + 1) % self.dim
@@ -592,9 +657,18 @@ class FedBNRClient(PackedState):
         self._logw_dirty = True
 
     def _discounted_pending(self) -> SufficientStats:
-        """The pending statistics discounted to the clock (samples learned since the last advance weigh 1)."""
-        out = self._dpend + (self._pending_stats() - self._plast)
-        kern.symmetric_from_upper(out.S, out.S)  # (advance keeps only the upper triangles exact)
+        """The pending statistics discounted to the clock (samples learned since the last advance weigh 1):
+        `2^((t_ref − clock)/h) · _wpend` (a copy)."""
+        self._flush()
+        scale = 1.0
+        if math.isfinite(self._t_ref):
+            scale = math.exp(math.log(2.0) / self.half_life_s * (self._t_ref - self._clock))  # type: ignore[operator]
+        out = self._wpend.copy()  # (scaled in place: one K×F×F copy, not `scaled`'s two)
+        if scale != 1.0:
+            out.S *= scale
+            out.b *= scale
+            out.n *= scale
+            out.q *= scale
         return out
 
     def make_upload(self) -> Upload | None:
@@ -609,9 +683,21 @@ class FedBNRClient(PackedState):
         else:
             disc = self._discounted_pending().check_finite()
             up = Upload(self.client_id, self._next_seq, self.global_version, disc, self._clock, self._n_pend)
+            # Own uploads, discounted to this clock, plus this one; pending weights back to zero: in place (the
+            # statistics are K×F×F: fresh copies of them were most of an upload's cost).
             own, t_own = self._own_disc
-            self._own_disc = (self.discount.shift(own, t_own, self._clock) + disc, self._clock)
-            self._dpend, self._plast = self._zero_stats(), self._zero_stats()
+            g = self.discount.factor(t_own, self._clock)
+            if g != 1.0:
+                own.S *= g
+                own.b *= g
+                own.n *= g
+                own.q *= g
+            own += disc
+            self._own_disc = (own, self._clock)
+            wp = self._wpend
+            wp.S[...] = 0.0
+            wp.b[...] = 0.0
+            wp.n = wp.q = 0.0
         self._unacked[up.seq] = up
         self._own_uploaded += stats
         self._next_seq += 1
