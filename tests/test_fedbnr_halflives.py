@@ -308,7 +308,11 @@ def test_robust_mode_screens_and_caps_in_every_component() -> None:
     assert all(p.included() == agg.included() for p in agg.parts)
     for label in ("none", "4h", "1h"):
         assert d[f"{label}_screened_uploads"] >= 8, d  # every upload of e's after the cold start
-        assert d[f"{label}_largest_client_share"] <= 1.5 / len(names) + 1e-12  # 1.5 times a fair share
+    # 1.5 times a fair share where the cap binds. With a 1 h half-life the sums hold ~12 discounted samples, each
+    # client 2–4: at or under the cold-start floor (`Robust.floor` = min_upload, 4) that any client may hold
+    # whatever the total, so that component's shares are not capped yet.
+    for label in ("none", "4h"):
+        assert d[f"{label}_largest_client_share"] <= 1.5 / len(names) + 1e-12
 
 
 def test_the_replay_runs_the_family_and_traces_the_weights() -> None:
