@@ -42,7 +42,6 @@ from streamfed.algorithms.fedbnr._compiled import kern
 __all__ = ["BEYOND_MAX_ABS", "B_NORM", "B_ROW", "LABELS", "OK", "TRACE_HIGH", "TRACE_LOW", "Scan", "scan_upload"]
 
 
-
 class Scan(NamedTuple):
     """:func:`scan_upload`'s result: `code` (:data:`OK` or what failed first), the symmetric `S (K, F, F)` and
     `b (K, F)` copies the statistics own, the traces, and the augmented matrices to factorise (with `code == OK`
