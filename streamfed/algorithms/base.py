@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
@@ -55,8 +56,8 @@ if TYPE_CHECKING:
     from streamfed.wire.message import Message
     from streamfed.wire.schema import MessageSchema
 
-__all__ = ["Aggregation", "Algorithm", "BaseAggregation", "BaseLearner", "Learner", "NonFiniteError", "Params",
-           "Regret", "Update", "Mode", "UploadSensitivity", "WrappedLearner", "aggregation_diagnostics"]
+__all__ = ["Aggregation", "Algorithm", "BaseAggregation", "BaseLearner", "Learner", "NonFiniteError", "ObservedClock",
+           "Params", "Regret", "Update", "Mode", "UploadSensitivity", "WrappedLearner", "aggregation_diagnostics"]
 
 Mode = Literal["lockstep", "async"]
 
@@ -276,6 +277,36 @@ class UploadSensitivity:
     l2: float | None = None
     scatter: Mapping[str, int] = field(default_factory=dict)
     count: str | None = None
+
+
+class ObservedClock:
+    """The time base of a learner that forgets in time: :meth:`observe_time` records the reading's time of the
+    sample that follows, :meth:`now` is the time that sample is learned at — the observed time (the fleet's one
+    time base: sensors' clocks, or the arrival time of readings without one), else this process's clock. Put it
+    before the learner's base class.
+
+    >>> c = ObservedClock()
+    >>> c.observe_time(1.7e9); c.now()
+    1700000000.0
+    >>> c.observe_time(float("nan"))
+    Traceback (most recent call last):
+    ValueError: time must be finite, got nan
+    """
+
+    # the time of the sample being learned, as the agent observed it (None: not told — this process's clock)
+    _observed: float | None = None
+
+    def observe_time(self, ts: float) -> None:
+        """The reading's time (seconds since the epoch) of the sample that follows: with a half-life, what it is
+        discounted from. A time that is not finite is refused (`ValueError`, nothing changed)."""
+        ts = float(ts)
+        if not math.isfinite(ts):
+            raise ValueError(f"time must be finite, got {ts!r}")
+        self._observed = ts
+
+    def now(self) -> float:
+        """The time a sample is learned at: the reading's time the agent observed, else this process's clock."""
+        return time.time() if self._observed is None else self._observed
 
 
 class BaseLearner:

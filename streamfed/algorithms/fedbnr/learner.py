@@ -6,15 +6,13 @@ a global includes them)."""
 from __future__ import annotations
 
 import copy
-import math
-import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from streamfed.algorithms.base import BaseLearner, Regret, Update, UploadSensitivity
+from streamfed.algorithms.base import BaseLearner, ObservedClock, Regret, Update, UploadSensitivity
 from streamfed.algorithms.fedbnr.messages import GlobalModel
 from streamfed.algorithms.fedbnr.wire import global_fields
 from streamfed.core.durable import durable
@@ -39,7 +37,7 @@ def decoded_global(msg: Message) -> GlobalModel:
     return g
 
 @durable("fedbnr.StatsLearner")
-class StatsLearner(BaseLearner):
+class StatsLearner(ObservedClock, BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of FedBNR: `predict` gives the posterior predictive
     mean and variance, `begin_learn` predicts, `end_learn` makes the rank-one update (so the prediction is
     published before the O(F²) work).
@@ -86,23 +84,6 @@ class StatsLearner(BaseLearner):
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         mean, var = self.client.predict(x)
         return float(mean), float(var)
-
-    # the time of the sample being learned, as the agent observed it (None: not told — this process's clock)
-    _observed: float | None = None
-
-    def observe_time(self, ts: float) -> None:
-        """The reading's time (seconds since the epoch) of the sample that follows: with a half-life, what it is
-        discounted from. A time that is not finite is refused (`ValueError`, nothing changed)."""
-        ts = float(ts)
-        if not math.isfinite(ts):
-            raise ValueError(f"time must be finite, got {ts!r}")
-        self._observed = ts
-
-    def now(self) -> float:
-        """The time a sample is learned at, with a half-life: the reading's time the agent observed (the one time
-        base of the fleet: sensors' clocks, or the arrival time of readings without one), else this process's
-        clock (seconds since the epoch)."""
-        return time.time() if self._observed is None else self._observed
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         if getattr(self.client, "discount", None) is not None:

@@ -4,13 +4,11 @@ keeps them until a global includes them."""
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from streamfed.algorithms.base import Regret, Update, UploadSensitivity
+from streamfed.algorithms.base import ObservedClock, Regret, Update, UploadSensitivity
 from streamfed.algorithms.fsgp.client import finite_target
 from streamfed.algorithms.fsgp.wire import read_global, update_arrays
 from streamfed.algorithms.staged import PredictThenLearn
@@ -21,7 +19,7 @@ __all__ = ["FSGPLearner"]
 
 
 @durable("fsgp.FSGPLearner")
-class FSGPLearner(PredictThenLearn):
+class FSGPLearner(ObservedClock, PredictThenLearn):
     """`predict` is the sparse-GP predictive (mean, variance); `begin_learn` predicts (and checks the
     target), `end_learn` makes the rank-one update, so a prediction is published before the `O(M²)` work.
 
@@ -49,22 +47,6 @@ class FSGPLearner(PredictThenLearn):
 
     def _target(self, y: float) -> float:
         return finite_target(y)
-
-    # the time of the sample being learned, as the agent observed it (None: not told — this process's clock)
-    _observed: float | None = None
-
-    def observe_time(self, ts: float) -> None:
-        """The reading's time (seconds since the epoch) of the sample that follows: with a half-life, what it is
-        discounted from. A time that is not finite is refused (`ValueError`, nothing changed)."""
-        ts = float(ts)
-        if not math.isfinite(ts):
-            raise ValueError(f"time must be finite, got {ts!r}")
-        self._observed = ts
-
-    def now(self) -> float:
-        """The time a sample is learned at, with a half-life: the reading's time the agent observed (the fleet's one
-        time base), else this process's clock (seconds since the epoch)."""
-        return time.time() if self._observed is None else self._observed
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         if getattr(self.client, "discount", None) is not None:

@@ -3,13 +3,11 @@ contract. Order-free; the learner numbers its own uploads (statistics and chunks
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from streamfed.algorithms.base import Regret, Update, UploadSensitivity
+from streamfed.algorithms.base import ObservedClock, Regret, Update, UploadSensitivity
 from streamfed.algorithms.staged import PredictThenLearn
 from streamfed.algorithms.urk.wire import read_global
 from streamfed.core.durable import durable
@@ -19,7 +17,7 @@ __all__ = ["URKLearner"]
 
 
 @durable("urk.URKLearner")
-class URKLearner(PredictThenLearn):
+class URKLearner(ObservedClock, PredictThenLearn):
     """`predict` is the Bayesian last layer's predictive (mean, variance) under the current network;
     `begin_learn` predicts, `end_learn` learns (and, every `fit_every` samples, fits the network locally).
 
@@ -46,22 +44,6 @@ class URKLearner(PredictThenLearn):
     def pending_samples(self) -> int:
         """Samples below the privacy floor `min_upload` (they never leave the device on their own)."""
         return self.client.n_pending
-
-    # the time of the sample being learned, as the agent observed it (None: not told — this process's clock)
-    _observed: float | None = None
-
-    def observe_time(self, ts: float) -> None:
-        """The reading's time (seconds since the epoch) of the sample that follows: with a half-life, what it is
-        discounted from. A time that is not finite is refused (`ValueError`, nothing changed)."""
-        ts = float(ts)
-        if not math.isfinite(ts):
-            raise ValueError(f"time must be finite, got {ts!r}")
-        self._observed = ts
-
-    def now(self) -> float:
-        """The time a sample is learned at, with a half-life: the reading's time the agent observed, else this
-        process's clock."""
-        return time.time() if self._observed is None else self._observed
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         if getattr(self.client, "half_life_s", None) is not None:
