@@ -103,6 +103,16 @@ def same_vector(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
+@numba.njit(cache=True, inline="always")
+def _givens(rkk: float, xk: float) -> tuple[float, float, float, float]:
+    """The rotation that zeroes `x_k` against row `k` (:func:`chol_update`'s docstring): `(r_kk', c, s, 1/c)` with
+    `r_kk' = √(r_kk² + x_k²)`, `c = r_kk'/r_kk`, `s = x_k/r_kk` — one place for every kernel that rotates, each
+    operation in the order the kernels' bit-for-bit tests pin. `r_kk` must be non-zero."""
+    rnew = np.sqrt(rkk * rkk + xk * xk)
+    inv_rkk = 1.0 / rkk
+    return rnew, rnew * inv_rkk, xk * inv_rkk, rkk / rnew
+
+
 @numba.njit(cache=True)
 def chol_update(r: np.ndarray, x: np.ndarray) -> None:
     """Rank-one update in place: on return `rᵀr` equals the old `rᵀr + x xᵀ` (`r` upper, `x` is destroyed).
@@ -124,14 +134,10 @@ def chol_update(r: np.ndarray, x: np.ndarray) -> None:
             k += 1
             continue  # the rotation is the identity: row k and x stay as they are
         rkk = r[k, k]
-        rnew = np.sqrt(rkk * rkk + xk * xk)
         if k + 1 == n:
-            r[k, k] = rnew
+            r[k, k] = np.sqrt(rkk * rkk + xk * xk)
             break  # last row has no off-diagonal part (and r_kk may be 0 there: the ρ entry)
-        inv_rkk = 1.0 / rkk
-        c = rnew * inv_rkk
-        s = xk * inv_rkk
-        inv_c = rkk / rnew
+        rnew, c, s, inv_c = _givens(rkk, xk)
         if k + 2 < n:
             r01 = (r[k, k + 1] + s * x[k + 1]) * inv_c
             x1 = c * x[k + 1] - s * r01
@@ -159,12 +165,8 @@ def _rotate_pair(r: np.ndarray, x: np.ndarray, k: int, c: float, s: float, inv_c
     `k+1` (whose `x[k+1]` is final) over the columns `k+2 .. stop-1`."""
     x1 = x[k + 1]
     rkk1 = r[k + 1, k + 1]
-    rnew1 = np.sqrt(rkk1 * rkk1 + x1 * x1)
+    rnew1, c1, s1, inv_c1 = _givens(rkk1, x1)
     r[k + 1, k + 1] = rnew1
-    inv_rkk1 = 1.0 / rkk1
-    c1 = rnew1 * inv_rkk1
-    s1 = x1 * inv_rkk1
-    inv_c1 = rkk1 / rnew1
     r0 = r[k, k + 2:stop]
     r1 = r[k + 1, k + 2:stop]
     xt = x[k + 2:stop]
@@ -209,11 +211,7 @@ def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v
             k += 1
             continue
         rkk = r[k, k]
-        rnew = np.sqrt(rkk * rkk + xk * xk)
-        inv_rkk = 1.0 / rkk
-        c = rnew * inv_rkk
-        s = xk * inv_rkk
-        inv_c = rkk / rnew
+        rnew, c, s, inv_c = _givens(rkk, xk)
         if k + 2 < f:
             rold = r[k, k + 1]
             r01 = (rold + s * x[k + 1]) * inv_c
@@ -228,12 +226,8 @@ def predict_update(r: np.ndarray, phi: np.ndarray, y: float, inv_sigma: float, v
                 mean += vk1 * r[k + 1, f]
                 quad += vk1 * vk1
                 rkk1 = r[k + 1, k + 1]
-                rnew1 = np.sqrt(rkk1 * rkk1 + x1 * x1)
+                rnew1, c1, s1, inv_c1 = _givens(rkk1, x1)
                 r[k + 1, k + 1] = rnew1
-                inv_rkk1 = 1.0 / rkk1
-                c1 = rnew1 * inv_rkk1
-                s1 = x1 * inv_rkk1
-                inv_c1 = rkk1 / rnew1
                 r0 = r[k, k + 2:f]
                 r1 = r[k + 1, k + 2:f]
                 vt = v[k + 2:f]
@@ -299,11 +293,7 @@ def update_predict(r: np.ndarray, x: np.ndarray, phi: np.ndarray, v: np.ndarray)
         vt = v[k + 1:f]
         if xk != 0.0:
             rkk = r[k, k]
-            rnew = np.sqrt(rkk * rkk + xk * xk)
-            inv_rkk = 1.0 / rkk
-            c = rnew * inv_rkk
-            s = xk * inv_rkk
-            inv_c = rkk / rnew
+            rnew, c, s, inv_c = _givens(rkk, xk)
             if k + 2 < f:
                 r01 = (r[k, k + 1] + s * x[k + 1]) * inv_c
                 x1 = c * x[k + 1] - s * r01
@@ -315,12 +305,8 @@ def update_predict(r: np.ndarray, x: np.ndarray, phi: np.ndarray, v: np.ndarray)
                     v[k] = vk
                     v[k + 1] -= r01 * vk
                     rkk1 = r[k + 1, k + 1]
-                    rnew1 = np.sqrt(rkk1 * rkk1 + x1 * x1)
+                    rnew1, c1, s1, inv_c1 = _givens(rkk1, x1)
                     r[k + 1, k + 1] = rnew1
-                    inv_rkk1 = 1.0 / rkk1
-                    c1 = rnew1 * inv_rkk1
-                    s1 = x1 * inv_rkk1
-                    inv_c1 = rkk1 / rnew1
                     vk1 = v[k + 1] / rnew1
                     v[k + 1] = vk1
                     r0 = r[k, k + 2:f]
@@ -562,14 +548,11 @@ def chol_update_rows(r: np.ndarray, xs: np.ndarray) -> None:
             if xk == 0.0:
                 continue
             rkk = r[k, k]
-            rnew = np.sqrt(rkk * rkk + xk * xk)
-            r[k, k] = rnew
             if k + 1 == n:
+                r[k, k] = np.sqrt(rkk * rkk + xk * xk)
                 continue  # last row: no off-diagonal part (and r_kk may be 0 there: the ρ entry)
-            inv_rkk = 1.0 / rkk
-            c = rnew * inv_rkk
-            s = xk * inv_rkk
-            inv_c = rkk / rnew
+            rnew, c, s, inv_c = _givens(rkk, xk)
+            r[k, k] = rnew
             xt = xs[t, k + 1:]
             for j in range(n - k - 1):
                 rkj = (rk[j] + s * xt[j]) * inv_c
@@ -613,14 +596,11 @@ def decay_refresh(ra: np.ndarray, sqrt_g: float, refresh: np.ndarray, index: int
             if xk == 0.0:
                 continue
             rkk = r[k, k]
-            rnew = np.sqrt(rkk * rkk + xk * xk)
-            r[k, k] = rnew
             if k + 1 == n:
+                r[k, k] = np.sqrt(rkk * rkk + xk * xk)
                 continue  # last row: no off-diagonal part (and r_kk may be 0 there: the ρ entry)
-            inv_rkk = 1.0 / rkk
-            c = rnew * inv_rkk
-            s = xk * inv_rkk
-            inv_c = rkk / rnew
+            rnew, c, s, inv_c = _givens(rkk, xk)
+            r[k, k] = rnew
             ro = r[k, k + 1:]
             xt = x[k + 1:]
             for i in range(n - k - 1):
