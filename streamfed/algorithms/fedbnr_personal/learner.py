@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from streamfed.algorithms.base import BaseLearner, Regret, Update
+from streamfed.algorithms.base import BaseLearner, ObservedClock, Regret, Update
 from streamfed.algorithms.fedbnr.metrics import ridge_loss
 from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
 from streamfed.algorithms.fedbnr_personal.experts import EXPERTS, FedBNRExpertsClient
@@ -24,7 +24,7 @@ __all__ = ["PersonalLearner", "global_from_message"]
 
 
 @durable("fedbnr-personal.PersonalLearner")
-class PersonalLearner(BaseLearner):
+class PersonalLearner(ObservedClock, BaseLearner):
     """The :class:`~streamfed.algorithms.base.Learner` of personalised FedBNR: the exact posterior of this
     client's own weights `w + δ_k` given the shared posterior and all its own data.
 
@@ -35,9 +35,8 @@ class PersonalLearner(BaseLearner):
     (1, 2, 2.0)
     """
 
-    # class-level defaults: a learner pickled before the readings' time base learns on per-sample time
+    # class-level default: a learner pickled before the readings' time base learns on per-sample time
     timed = False
-    _observed: float | None = None
 
     def __init__(self, client: FedBNRHierClient | FedBNRHierMixClient | FedBNRExpertsClient,
                  kernel_names: Sequence[str] = (), timed: bool = False) -> None:
@@ -101,14 +100,6 @@ class PersonalLearner(BaseLearner):
     def predict(self, x: np.ndarray) -> tuple[float, float | None]:
         mean, var = self.client.predict(x)
         return float(mean), float(var)
-
-    def observe_time(self, ts: float) -> None:
-        """The reading's time of the sample that follows (seconds since the epoch): the clients' clock when
-        `timed`. A time that is not finite is refused (`ValueError`, nothing changed)."""
-        ts = float(ts)
-        if not math.isfinite(ts):
-            raise ValueError(f"time must be finite, got {ts!r}")
-        self._observed = ts
 
     def begin_learn(self, x: np.ndarray, y: float) -> tuple[float, float | None]:
         # the client's learning step returns the prediction it made before learning: one pass instead of a
