@@ -37,6 +37,7 @@ from streamfed.algorithms.fedbnr.wire import global_message
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.core.discount import MAX_CLOCK_SKEW_S
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, check_labelled_scatter, unpack_upper
 from streamfed.wire.message import Message
@@ -45,8 +46,6 @@ __all__ = ["FedBNRAggregation", "RobustFedBNRServer", "Robust", "TemperedUpload"
            "residual_ratio", "share_allowance", "upload_of"]
 
 _MAX_WHOLE = 2.0**53  # beyond this a float no longer counts samples exactly
-# with a half-life: how far ahead of the aggregator's clock an upload's time may be (clocks are not perfectly synced)
-MAX_CLOCK_SKEW_S = 300.0
 _REL = 1e-9  # relative slack of every inequality: far above rounding of honest sums, far below any attack
 
 

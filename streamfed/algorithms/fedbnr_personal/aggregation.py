@@ -10,12 +10,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from streamfed.algorithms.fedbnr.aggregation import MAX_CLOCK_SKEW_S, check_statistics
+from streamfed.algorithms.fedbnr.aggregation import check_statistics
 from streamfed.algorithms.fedbnr_personal.messages import HierUpload
 from streamfed.algorithms.fedbnr_personal.mixture import FedBNRHierMixServer
 from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 from streamfed.algorithms.fedbnr_personal.wire import GLOBAL, SCALARS
 from streamfed.algorithms.summing_window import SummingWindow
+from streamfed.core.discount import MAX_CLOCK_SKEW_S
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, pack_upper, unpack_upper
 from streamfed.wire.message import Message
