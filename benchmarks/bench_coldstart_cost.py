@@ -83,6 +83,24 @@ if simplex:
         return res
     ev.optimize.minimize = scaled
 cfg = bc.configs(argparse.Namespace(mixture=True, personal_alone=False, n_features=50, bandwidth=2.0))["bayes"]
+variant = json.loads(os.environ.get("BENCH_PARAMS") or "{}")
+if variant:
+    cfg.params["fedbnr-personal"].update(variant)
+if os.environ.get("BENCH_COUNT"):  # count the held-out fleet's fits and evidence evaluations (value, gradient)
+    from streamfed.algorithms.fedbnr_personal import evidence as ev, server as hs
+    fit0, lev0, grad0 = hs.fit_hierarchical, ev._Spectra.log_evidence, ev._Spectra.log_evidence_and_grad
+    state.update(evals=0, grads=0)
+    def counted_fit(*a, **kw):
+        state["fits"] += 1
+        return fit0(*a, **kw)
+    def counted_lev(self, *a):
+        state["evals"] += 1
+        return lev0(self, *a)
+    def counted_grad(self, *a):
+        state["grads"] += 1
+        return grad0(self, *a)
+    hs.fit_hierarchical, ev._Spectra.log_evidence, ev._Spectra.log_evidence_and_grad = (
+        counted_fit, counted_lev, counted_grad)
 fleet = load_beijing(normalisation="online", split="station")
 with open(os.environ["BENCH_RECORDING"], "rb") as fh:
     rec = pickle.load(fh)
@@ -93,14 +111,16 @@ res = leave_one_out_recorded(fleet, "fedbnr-personal", cfg, int(os.environ["BENC
 cpu = time.process_time() - c0
 rows = [[r.algorithm, r.window, r.mse, r.nlpd, r.coverage] for r in res.rows]
 print(json.dumps({"cpu_s": cpu, "rows": rows, "fits": state["fits"], "skips": state["skips"],
-                  "evals": state.get("evals"), "load": os.getloadavg()[0]}))
+                  "evals": state.get("evals"), "grads": state.get("grads"), "load": os.getloadavg()[0]}))
 """
 
 
-def run_child(tree: Path, recording: Path, station: str, thin: str | None = None, simplex: str | None = None) -> dict:
+def run_child(tree: Path, recording: Path, station: str, thin: str | None = None, simplex: str | None = None,
+              params: dict | None = None, count: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), OPENBLAS_NUM_THREADS="1", BENCH_TREE=str(tree),
                BENCH_RECORDING=str(recording), BENCH_STATION=station, BENCH_JOIN=str(JOIN),
-               BENCH_WINDOWS=",".join(map(str, WINDOWS)))
+               BENCH_WINDOWS=",".join(map(str, WINDOWS)), BENCH_PARAMS=json.dumps(params or {}),
+               BENCH_COUNT="1" if count else "")
     if thin:
         env["BENCH_THIN"] = thin
     if simplex:

@@ -43,7 +43,7 @@ from streamfed.algorithms.fedbnr.evidence import fit_hyperparameters, spectral_l
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
-__all__ = ["fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
+__all__ = ["SEARCHES", "fit_hierarchical", "hierarchical_log_evidence", "marginal_contribution", "sym"]
 
 
 def sym(a: np.ndarray) -> np.ndarray:
@@ -105,6 +105,9 @@ def hierarchical_log_evidence(
     return float(total), a, h
 
 
+SEARCHES = ("nelder-mead", "l-bfgs-b")  # fit_hierarchical's methods
+
+
 @durable("fedbnr-personal.Spectra")
 class _Spectra:
     """Eigendecompositions of every client's `S_k`, for `O(K F²)`-per-point evidence evaluations."""
@@ -147,10 +150,59 @@ class _Spectra:
             return -math.inf
         return float(per_client.sum() - self.f * log_lam - np.log(np.diag(chol)).sum() + 0.5 * u @ u)
 
+    def log_evidence_and_grad(self, log_sigma: float, log_lam: float, log_tau: float
+                              ) -> tuple[float, np.ndarray]:
+        """The log evidence and its gradient in `(log σ, log λ, log τ)` (docs/algorithms.md §5.6): about two
+        evaluations' work — the trace term needs `diag(U_catᵀA⁻¹U_cat)`, one triangular solve with `KF` columns.
+        `(-inf, 0)` where `A` is not positive definite."""
+        s2, l2, t2 = math.exp(2 * log_sigma), math.exp(2 * log_lam), math.exp(2 * log_tau)
+        e, z, z2 = self.e, self.z, self.z2
+        denom = s2 + t2 * e  # D = σ² + τ²e, (K, F)
+        inv = 1.0 / denom
+        d, c = e * inv, z * inv  # A = λ⁻²I + Σ U diag(d) Uᵀ, h = Σ U c
+        w = np.multiply(self.u_cat, np.sqrt(d.ravel()), out=self.w)
+        a = blas.dsyrk(1.0, w, lower=1)
+        a[np.diag_indices(self.f)] += 1.0 / l2
+        h = self.u_cat @ c.ravel()
+        chol, info = lapack.dpotrf(a, lower=1, clean=1, overwrite_a=1)
+        if info != 0:
+            return -math.inf, np.zeros(3)
+        u, info = lapack.dtrtrs(chol, h, lower=1)
+        if info != 0:
+            return -math.inf, np.zeros(3)
+        m, _ = lapack.dtrtrs(chol, u, lower=1, trans=1)  # the posterior mean A⁻¹h
+        v = (self.u_cat.T @ m).reshape(e.shape)  # U_kᵀ m
+        lw, info = lapack.dtrtrs(chol, self.u_cat, lower=1)  # L⁻¹U_cat: g = diag(U_catᵀA⁻¹U_cat)
+        if info != 0:
+            return -math.inf, np.zeros(3)
+        g = np.einsum("ij,ij->j", lw, lw).reshape(e.shape)
+        linv, info = lapack.dtrtri(chol, lower=1)
+        n_tot, q_tot = float(self.n.sum()), float(self.q.sum())
+        # per client, Σ_k log Z_k: with Q = q - Σ z²τ²/D, ∂/∂log σ = -n + Σ τ²e/D + Q/σ² - Σ z²τ²/D²,
+        # ∂/∂log τ = -Σ τ²e/D + Σ z²τ²/D²
+        te = t2 * (e * inv).sum()
+        zt = t2 * (z2 * inv * inv).sum()
+        quad = q_tot - t2 * (z2 * inv).sum()
+        per_client = (-0.5 * n_tot * math.log(2 * math.pi * s2) - 0.5 * np.log1p(t2 * e / s2).sum()
+                      - 0.5 * quad / s2)
+        value = float(per_client - self.f * log_lam - np.log(np.diag(chol)).sum() + 0.5 * u @ u)
+        # the shared part -F log λ - ½ log|A| + ½ hᵀA⁻¹h: ∂ = -½ Σ (g + v²) ∂d + Σ v ∂c, with
+        # ∂D/∂log σ = 2σ², ∂D/∂log τ = 2τ²e, ∂d = -e ∂D/D², ∂c = -z ∂D/D²
+        gv = (g + v * v) * e - 2.0 * v * z  # -2 × the shared part's derivative per unit of (-∂D/D²)
+        inv2 = inv * inv
+        shared_s = s2 * (gv * inv2).sum()
+        shared_t = t2 * (gv * e * inv2).sum()
+        grad = np.array([
+            -n_tot + te + quad / s2 - zt + shared_s,
+            -self.f + (float((linv * linv).sum()) + float(m @ m)) / l2,
+            -te + zt + shared_t,
+        ])
+        return value, grad
+
 
 def fit_hierarchical(
     client_stats: Sequence[SufficientStats], start: tuple[float, float, float] | None = None,
-    *, max_evals: int = 300, fixed_tau: float | None = None,
+    *, max_evals: int = 300, fixed_tau: float | None = None, method: str = "nelder-mead",
 ) -> tuple[float, float, float, float]:
     """Type-II ML `(σ, λ, τ, log p(y))` of the hierarchical model (Nelder-Mead on the logs, from `start`
     or from the pooled FedBNR fit; search box relative to the data scale as in `fit_hyperparameters`)."""
@@ -180,6 +232,23 @@ def fit_hierarchical(
         v = spectra.log_evidence(*theta) if log_tau is None else spectra.log_evidence(theta[0], theta[1], log_tau)
         return -v if math.isfinite(v) else 1e300
 
+    if method == "l-bfgs-b":
+        scale = 1.0 / max(float(total.n), 1.0)  # per sample: gradients O(1), so `gtol` is a tolerance in the logs
+
+        def neg_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            full = theta if log_tau is None else np.array([theta[0], theta[1], log_tau])
+            v, g = spectra.log_evidence_and_grad(*full)
+            if not math.isfinite(v):
+                return 1e300, np.zeros(len(theta))
+            return -v * scale, -g[:len(theta)] * scale
+
+        res = optimize.minimize(neg_grad, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi, strict=True)),
+                                options={"maxfun": max_evals, "ftol": 1e-12, "gtol": 1e-7})
+        sig, lam = math.exp(res.x[0]), math.exp(res.x[1])
+        tau = math.exp(res.x[2]) if fixed_tau is None else float(fixed_tau)
+        return sig, lam, tau, -float(res.fun) / scale
+    if method != "nelder-mead":
+        raise ValueError(f"method must be one of {SEARCHES}, got {method!r}")
     m = len(x0)
     res = optimize.minimize(neg, x0, method="Nelder-Mead", bounds=list(zip(lo, hi, strict=True)),
                             options={"xatol": 1e-3, "fatol": 1e-4, "maxfev": max_evals,
