@@ -64,7 +64,7 @@ class PersonalParams(RFFFeatures):
     # summed since the last fit reach this fraction of the samples it was fitted on (0: at every global; the first
     # fit always), by the exact evidence's gradient (`l-bfgs-b`) or Nelder-Mead on its values (`nelder-mead`)
     refit_growth: float = Field(REFIT_GROWTH, ge=0, allow_inf_nan=False)
-    evidence_search: Literal["nelder-mead", "l-bfgs-b"] = EVIDENCE_SEARCH
+    evidence_search: Literal["nelder-mead", "l-bfgs-b", "newton"] = EVIDENCE_SEARCH
     # scale the predictive variance by a conformal factor of the client's own prequential residuals
     # (streamfed.algorithms.calibration): the 95% interval covers ~95%; the mean and every upload are unchanged
     calibrate: bool = True

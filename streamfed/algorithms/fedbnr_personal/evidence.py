@@ -33,7 +33,8 @@ server per client).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import optimize
@@ -105,7 +106,7 @@ def hierarchical_log_evidence(
     return float(total), a, h
 
 
-SEARCHES = ("nelder-mead", "l-bfgs-b")  # fit_hierarchical's methods
+SEARCHES = ("nelder-mead", "l-bfgs-b", "newton")  # fit_hierarchical's methods
 
 
 @durable("fedbnr-personal.Spectra")
@@ -172,11 +173,13 @@ class _Spectra:
             return -math.inf, np.zeros(3)
         m, _ = lapack.dtrtrs(chol, u, lower=1, trans=1)  # the posterior mean A⁻¹h
         v = (self.u_cat.T @ m).reshape(e.shape)  # U_kᵀ m
-        lw, info = lapack.dtrtrs(chol, self.u_cat, lower=1)  # L⁻¹U_cat: g = diag(U_catᵀA⁻¹U_cat)
+        # g = diag(U_catᵀA⁻¹U_cat) = the columns' squared norms of L⁻¹U_cat: L⁻¹ (F³/3) then a triangular
+        # product (BLAS trmm), twice as fast here as a triangular solve with KF right-hand sides
+        linv, info = lapack.dtrtri(chol, lower=1)
         if info != 0:
             return -math.inf, np.zeros(3)
+        lw = blas.dtrmm(1.0, linv, self.u_cat, lower=1)
         g = np.einsum("ij,ij->j", lw, lw).reshape(e.shape)
-        linv, info = lapack.dtrtri(chol, lower=1)
         n_tot, q_tot = float(self.n.sum()), float(self.q.sum())
         # per client, Σ_k log Z_k: with Q = q - Σ z²τ²/D, ∂/∂log σ = -n + Σ τ²e/D + Q/σ² - Σ z²τ²/D²,
         # ∂/∂log τ = -Σ τ²e/D + Σ z²τ²/D²
@@ -200,12 +203,33 @@ class _Spectra:
         return value, grad
 
 
+GTOL = 1e-8  # the gradient searches stop at |∂ log p(y) / ∂ log θ| ≤ GTOL per sample (the optimum to ~1e-5 in the logs)
+
+
 def fit_hierarchical(
     client_stats: Sequence[SufficientStats], start: tuple[float, float, float] | None = None,
     *, max_evals: int = 300, fixed_tau: float | None = None, method: str = "nelder-mead",
+    memory: dict[str, Any] | None = None,
 ) -> tuple[float, float, float, float]:
-    """Type-II ML `(σ, λ, τ, log p(y))` of the hierarchical model (Nelder-Mead on the logs, from `start`
-    or from the pooled FedBNR fit; search box relative to the data scale as in `fit_hyperparameters`)."""
+    """Type-II ML `(σ, λ, τ, log p(y))` of the hierarchical model, in the logs from `start` or from the pooled
+    FedBNR fit, over a search box relative to the data scale as in `fit_hyperparameters`.
+
+    `method`: `"nelder-mead"` on the evidence's values (to 1e-3 in the logs); `"l-bfgs-b"` on its gradient
+    (:meth:`_Spectra.log_evidence_and_grad`); `"newton"`: quasi-Newton steps on the gradient from the curvature
+    kept in `memory` by the previous fit of a warm-started chain (a finite-difference Hessian when there is none,
+    BFGS updates along the way), L-BFGS-B when a step leaves the box. The gradient searches stop at the same
+    tolerance (`GTOL`): the same optimum to ~1e-5.
+
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.standard_normal(3)
+    >>> fleet = [SufficientStats.from_samples(x, x @ (w + 0.3 * rng.standard_normal(3)) + 0.1 * rng.standard_normal(60))
+    ...          for x in rng.standard_normal((4, 60, 3))]
+    >>> a, b = fit_hierarchical(fleet, method="l-bfgs-b"), fit_hierarchical(fleet, method="newton", memory={})
+    >>> bool(np.allclose(np.log(a[:3]), np.log(b[:3]), atol=1e-4))
+    True
+    """
+    if method not in SEARCHES:
+        raise ValueError(f"method must be one of {SEARCHES}, got {method!r}")
     total = client_stats[0].copy()
     for st in client_stats[1:]:
         total += st
@@ -228,34 +252,102 @@ def fit_hierarchical(
     x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
     log_tau = None if fixed_tau is None else math.log(fixed_tau)
 
-    def neg(theta: np.ndarray) -> float:
-        v = spectra.log_evidence(*theta) if log_tau is None else spectra.log_evidence(theta[0], theta[1], log_tau)
-        return -v if math.isfinite(v) else 1e300
+    def result(x: np.ndarray, value: float) -> tuple[float, float, float, float]:
+        tau = math.exp(x[2]) if fixed_tau is None else float(fixed_tau)
+        return math.exp(x[0]), math.exp(x[1]), tau, value
 
-    if method == "l-bfgs-b":
-        scale = 1.0 / max(float(total.n), 1.0)  # per sample: gradients O(1), so `gtol` is a tolerance in the logs
+    if method == "nelder-mead":
+        def neg(theta: np.ndarray) -> float:
+            v = spectra.log_evidence(*theta) if log_tau is None else spectra.log_evidence(theta[0], theta[1],
+                                                                                          log_tau)
+            return -v if math.isfinite(v) else 1e300
 
-        def neg_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
-            full = theta if log_tau is None else np.array([theta[0], theta[1], log_tau])
-            v, g = spectra.log_evidence_and_grad(*full)
-            if not math.isfinite(v):
-                return 1e300, np.zeros(len(theta))
-            return -v * scale, -g[:len(theta)] * scale
+        m = len(x0)
+        res = optimize.minimize(neg, x0, method="Nelder-Mead", bounds=list(zip(lo, hi, strict=True)),
+                                options={"xatol": 1e-3, "fatol": 1e-4, "maxfev": max_evals,
+                                         "initial_simplex": x0 + np.vstack([np.zeros(m), 0.2 * np.eye(m)])})
+        return result(res.x, -float(res.fun))
+    scale = 1.0 / max(float(total.n), 1.0)  # per sample: gradients O(1), so GTOL is a tolerance in the logs
 
-        res = optimize.minimize(neg_grad, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi, strict=True)),
-                                options={"maxfun": max_evals, "ftol": 1e-12, "gtol": 1e-7})
-        sig, lam = math.exp(res.x[0]), math.exp(res.x[1])
-        tau = math.exp(res.x[2]) if fixed_tau is None else float(fixed_tau)
-        return sig, lam, tau, -float(res.fun) / scale
-    if method != "nelder-mead":
-        raise ValueError(f"method must be one of {SEARCHES}, got {method!r}")
-    m = len(x0)
-    res = optimize.minimize(neg, x0, method="Nelder-Mead", bounds=list(zip(lo, hi, strict=True)),
-                            options={"xatol": 1e-3, "fatol": 1e-4, "maxfev": max_evals,
-                                     "initial_simplex": x0 + np.vstack([np.zeros(m), 0.2 * np.eye(m)])})
-    sig, lam = math.exp(res.x[0]), math.exp(res.x[1])
-    tau = math.exp(res.x[2]) if fixed_tau is None else float(fixed_tau)
-    return sig, lam, tau, -float(res.fun)
+    def neg_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        full = theta if log_tau is None else np.array([theta[0], theta[1], log_tau])
+        v, g = spectra.log_evidence_and_grad(*full)
+        if not math.isfinite(v):
+            return math.inf, np.zeros(len(theta))
+        return -v * scale, -g[:len(theta)] * scale
+
+    if method == "newton":
+        found = _newton(neg_grad, x0, np.array(lo), np.array(hi), memory if memory is not None else {}, max_evals)
+        if found is not None:
+            return result(found[0], -found[1] / scale)
+    res = optimize.minimize(neg_grad, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi, strict=True)),
+                            options={"maxfun": max_evals, "ftol": 1e-15, "gtol": GTOL})
+    return result(res.x, -float(res.fun) / scale)
+
+
+def _newton(
+    fg: Callable[[np.ndarray], tuple[float, np.ndarray]], x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+    memory: dict[str, Any], max_evals: int,
+) -> tuple[np.ndarray, float] | None:
+    """Minimise `fg` (value, gradient) from `x` by Newton steps with the Hessian in `memory` (finite differences
+    of the gradient when there is none of this size or it is not positive definite), BFGS-updated after each
+    step, Armijo backtracking; `None` when a step leaves the box `(lo, hi)` or the curvature is not positive
+    definite (the caller falls back to L-BFGS-B). `memory["hessian"]` is left at the last curvature."""
+    f, g = fg(x)
+    evals = 1
+    if not math.isfinite(f):
+        return None
+    hess = memory.get("hessian")
+    fresh = hess is None or np.shape(hess) != (x.size, x.size)
+
+    def finite_difference() -> np.ndarray | None:
+        nonlocal evals
+        h = np.empty((x.size, x.size))
+        for j in range(x.size):
+            xp = x.copy()
+            xp[j] += 1e-5
+            fp, gp = fg(xp)
+            evals += 1
+            if not math.isfinite(fp):
+                return None
+            h[:, j] = (gp - g) / 1e-5
+        return 0.5 * (h + h.T)
+
+    if fresh:
+        hess = finite_difference()
+    memory["hessian"] = None
+    while evals < max_evals and np.abs(g).max() > GTOL:
+        if hess is None:
+            return None
+        try:
+            step = -np.linalg.solve(hess, g)
+            np.linalg.cholesky(hess)
+        except np.linalg.LinAlgError:
+            step = None
+        if step is None or not g @ step < 0:
+            if fresh:
+                return None
+            hess, fresh = finite_difference(), True  # the remembered curvature does not fit here: measure it
+            continue
+        t = 1.0
+        while True:  # Armijo backtracking
+            xn = x + t * step
+            if np.any(xn <= lo) or np.any(xn >= hi):
+                return None
+            fn, gn = fg(xn)
+            evals += 1
+            if fn <= f + 1e-4 * t * (g @ step) or t < 1e-6 or evals >= max_evals:
+                break
+            t *= 0.5
+        if not fn <= f:  # at the values' rounding: no further progress to be had
+            break
+        s, y = xn - x, gn - g
+        if s @ y > 0:  # BFGS update of the Hessian
+            hs = hess @ s
+            hess = hess - np.outer(hs, hs) / (s @ hs) + np.outer(y, y) / (s @ y)
+        x, f, g = xn, fn, gn
+    memory["hessian"] = hess
+    return x, f
 
 
 def _one_spectrum(st: SufficientStats) -> tuple[np.ndarray, np.ndarray]:

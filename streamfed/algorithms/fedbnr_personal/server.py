@@ -28,7 +28,7 @@ __all__ = ["EVIDENCE_SEARCH", "REFIT_GROWTH", "FedBNRHierServer"]
 
 # The refit schedule's defaults (docs/algorithms.md §5.6, benchmarks/results/coldstart_cost.md)
 REFIT_GROWTH = 0.0
-EVIDENCE_SEARCH = "nelder-mead"
+EVIDENCE_SEARCH = "newton"
 
 
 @durable("fedbnr-personal.FedBNRHierServer")
@@ -122,11 +122,18 @@ class FedBNRHierServer:
     search = "nelder-mead"
     _n_fitted = 0.0  # the (time-weighted) samples σ, λ, τ were last fitted on
     _added = 0.0  # the samples summed since that fit (uploads' counts: with forgetting the total can shrink)
+    _memory: dict[str, Any] | None = None
 
     def refit_due(self) -> bool:
         """Whether :meth:`publish` refits `σ, λ, τ`: fitting is on, and no fit yet or the samples summed since
         the last fit are at least `refit_growth` times the samples it was fitted on (`0`: at every publish)."""
         return self.fit and (not self._fitted or self._added >= self.refit_growth * self._n_fitted)
+
+    def _search_memory(self) -> dict[str, Any]:
+        """What the evidence search carries from one warm-started fit to the next (the Newton search's curvature)."""
+        if self._memory is None:
+            self._memory = {}
+        return self._memory
 
     def _add(self, up: HierUpload) -> None:
         self._added += float(up.count)
@@ -165,7 +172,8 @@ class FedBNRHierServer:
         if self.refit_due() and usable and sum(st.q for st in usable) > 0:
             start = (self.sigma, self.lam, self.tau) if self._fitted else None
             self.sigma, self.lam, self.tau, self.log_evidence = fit_hierarchical(
-                usable, start, fixed_tau=None if self.fit_tau else self.tau, method=self.search)
+                usable, start, fixed_tau=None if self.fit_tau else self.tau, method=self.search,
+                memory=self._search_memory())
             self._fitted = True
             self._n_fitted, self._added = float(sum(st.n for st in usable)), 0.0
         if usable:
