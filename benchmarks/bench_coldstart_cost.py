@@ -4,6 +4,7 @@
         --out benchmarks/results/coldstart_cost.md
     .venv/bin/python benchmarks/bench_coldstart_cost.py --thin 0.02,0.1     # also: refits thinned (an experiment)
     .venv/bin/python benchmarks/bench_coldstart_cost.py --simplex 1,0.25,0.05  # also: smaller warm-start simplices
+    .venv/bin/python benchmarks/bench_coldstart_cost.py --search nelder-mead,l-bfgs-b --growth 0.01,0.05
 
 Not a test: the figures go to `benchmarks/results/coldstart_cost.{md,json}` and docs/benchmarks.md.
 
@@ -21,7 +22,9 @@ evidence refit skipped (the previous `σ, λ, τ` kept) unless the fleet's sampl
 last fit, before the held-out station's first upload only (`prejoin`) or throughout (`all`) — what a cheaper refit
 schedule would save and how far it moves the figures. `--simplex S` (an experiment too): every fit of the held-out
 fleet from an initial simplex whose edges are scaled by `S` (the product's: 0.2 in each log-parameter around the
-warm start), with the number of evidence evaluations.
+warm start), with the number of evidence evaluations. `--search` / `--growth` (the product's options, issue 29):
+the same station from this checkout with `PersonalParams.evidence_search` / `PersonalParams.refit_growth` set, the
+held-out fleet's fits and evidence evaluations (values; values with gradient) counted.
 """
 
 from __future__ import annotations
@@ -161,6 +164,10 @@ def main() -> None:
     ap.add_argument("--thin", default="", help="comma-separated growth fractions G for the thinned-refit experiment")
     ap.add_argument("--simplex", default="", help="comma-separated scales of the fits' initial simplex (1: as it "
                     "is) for the warm-start experiment")
+    ap.add_argument("--search", default="", help="comma-separated evidence searches (PersonalParams."
+                    "evidence_search) to replay this checkout with, fits and evaluations counted")
+    ap.add_argument("--growth", default="", help="comma-separated refit schedules (PersonalParams.refit_growth) to "
+                    "replay this checkout with (its default search), fits and evaluations counted")
     ap.add_argument("--out", type=Path, help="markdown file (a .json next to it)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -199,6 +206,15 @@ def main() -> None:
             r = run_child(ROOT, path, args.station, simplex=x)
             simplices[x] = r
             print(f"simplex {x}: {r['cpu_s']:.1f} s CPU, {r['evals']} evaluations", file=sys.stderr)
+        products: dict[str, dict] = {}
+        for x in [x for x in args.search.split(",") if x]:
+            products[f"search {x}"] = r = run_child(ROOT, path, args.station, params={"evidence_search": x},
+                                                    count=True)
+            print(f"search {x}: {r['cpu_s']:.1f} s CPU, {r['fits']} fits", file=sys.stderr)
+        for x in [x for x in args.growth.split(",") if x]:
+            products[f"refit_growth {x}"] = r = run_child(ROOT, path, args.station, params={"refit_growth": float(x)},
+                                                          count=True)
+            print(f"refit_growth {x}: {r['cpu_s']:.1f} s CPU, {r['fits']} fits", file=sys.stderr)
     load1 = os.getloadavg()
     ref = runs[trees[0][0]][0]["rows"]
     commits = {label: commit_of(tree) for label, tree in trees}
@@ -248,6 +264,20 @@ def main() -> None:
             lines.append(f"| {x} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['evals']} | "
                          f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {len(c['printed_diffs'])}"
                          + (": " + "; ".join(c["printed_diffs"][:4]) if c["printed_diffs"] else "") + " |")
+    if products:
+        lines += ["", "This checkout's options, each replayed once (`--search`: `PersonalParams.evidence_search`; "
+                  "`--growth`: `PersonalParams.refit_growth`, with the default search): the held-out fleet's fits, "
+                  "its evaluations of the evidence's value and of value with gradient, against the first checkout's "
+                  "rows.", "",
+                  "| option | CPU s | load | fits | values | values + gradients | values bit-equal | max rel. diff | "
+                  "printed digits that differ |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for key, r in products.items():
+            c = compare(r["rows"], ref)
+            lines.append(f"| {key} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['fits']} | {r['evals']:,} | "
+                         f"{r['grads']:,} | {c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | "
+                         f"{len(c['printed_diffs'])}" + (": " + "; ".join(c["printed_diffs"][:4]) + (
+                             " …" if len(c["printed_diffs"]) > 4 else "") if c["printed_diffs"] else "") + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
@@ -255,7 +285,8 @@ def main() -> None:
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(
             {"command": cmd, "station": args.station, "seed": args.seed, "record_cpu_s": record_cpu,
-             "load": [load0, load1], "commits": commits, "runs": runs, "thin": thins, "simplex": simplices},
+             "load": [load0, load1], "commits": commits, "runs": runs, "thin": thins, "simplex": simplices,
+             "options": products},
             indent=1))
 
 
