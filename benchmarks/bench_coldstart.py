@@ -51,8 +51,9 @@ CO, 10 inputs, `online` normalisation (each station standardises inputs and targ
 only: causal), metrics in those standardised units; the FedBNR families share one Gaussian RFF map
 (`--bandwidth` 2, `--n-features` D = 50, F = 101 with the bias), uploads of ≥ 32 samples, σ, λ (and τ) refitted
 by the evidence at every global (the personalised server's defaults: `refit_growth` 0, the `newton` search), no
-forgetting (see the markdown for why); POF-MKL keeps its own default dictionary (the paper's Air setting: 16 Gaussian kernels over [0.05, 5], D = 100, M = 1). Replay schedule:
-lock-step, one step = one row of every station's stream, globals broadcast every step (uploads arrive every 32).
+forgetting (see the markdown for why); POF-MKL keeps its own default dictionary (the paper's Air setting: 16
+Gaussian kernels over [0.05, 5], D = 100, M = 1). Replay schedule: lock-step, one step = one row of every station's
+stream, globals broadcast every step (uploads arrive every 32).
 The runs are spread over `--jobs` processes.
 """
 
