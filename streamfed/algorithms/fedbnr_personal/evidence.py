@@ -233,7 +233,10 @@ def fit_hierarchical(
     total = client_stats[0].copy()
     for st in client_stats[1:]:
         total += st
-    sig0, lam0, _ = fit_hyperparameters(sym(total.S), total.b, total.n, total.q)
+    if len(client_stats) > 1 and start is not None:  # warm start: the pooled fit would go unused
+        sig0 = lam0 = math.nan
+    else:
+        sig0, lam0, _ = fit_hyperparameters(sym(total.S), total.b, total.n, total.q)
     if len(client_stats) == 1:  # λ, τ not identifiable: split the prior variance λ² + τ² evenly
         lam, tau = lam0 / math.sqrt(2.0), lam0 / math.sqrt(2.0)
         if fixed_tau is not None:
