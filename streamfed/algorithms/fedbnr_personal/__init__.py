@@ -40,9 +40,9 @@ __all__ = ["ALGORITHM", "FedBNRPersonal", "PersonalParams"]
 
 class PersonalParams(RFFFeatures):
     """Hyperparameters of personalised FedBNR (docs/algorithms.md §5): the kernel dictionary (it learns over the
-    first kernel), initial `σ, λ, τ` (refitted by the evidence at every global when `fit_hyperparameters`;
-    `fit_tau=False` keeps `τ`), forgetting per time unit (one sample) on the shared and the own level, and the
-    privacy floor.
+    first kernel), initial `σ, λ, τ` (refitted by the evidence when `fit_hyperparameters`: at every global, or on
+    the `refit_growth` schedule; `fit_tau=False` keeps `τ`), forgetting per time unit (one sample) on the shared and
+    the own level, and the privacy floor.
 
     >>> PersonalParams(tau=0.5).tau
     0.5

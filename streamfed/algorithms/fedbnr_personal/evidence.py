@@ -275,8 +275,8 @@ def fit_hierarchical(
     def neg_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
         full = theta if log_tau is None else np.array([theta[0], theta[1], log_tau])
         v, g = spectra.log_evidence_and_grad(*full)
-        if not math.isfinite(v):
-            return math.inf, np.zeros(len(theta))
+        if not math.isfinite(v):  # A not positive definite in floating point: a value no step accepts
+            return 1e300, np.zeros(len(theta))
         return -v * scale, -g[:len(theta)] * scale
 
     if method == "newton":
@@ -298,7 +298,7 @@ def _newton(
     definite (the caller falls back to L-BFGS-B). `memory["hessian"]` is left at the last curvature."""
     f, g = fg(x)
     evals = 1
-    if not math.isfinite(f):
+    if not f < 1e300:
         return None
     hess = memory.get("hessian")
     fresh = hess is None or np.shape(hess) != (x.size, x.size)
@@ -311,7 +311,7 @@ def _newton(
             xp[j] += 1e-5
             fp, gp = fg(xp)
             evals += 1
-            if not math.isfinite(fp):
+            if not fp < 1e300:
                 return None
             h[:, j] = (gp - g) / 1e-5
         return 0.5 * (h + h.T)
