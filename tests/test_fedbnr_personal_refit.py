@@ -5,6 +5,7 @@ schedule (`refit_growth`): counted refits, and at 0 the refit-every-global loop 
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -174,3 +175,47 @@ def test_a_bad_schedule_is_refused() -> None:
         FedBNRHierServer(dim=2, refit_growth=math.inf)
     with pytest.raises(ValueError, match="search"):
         FedBNRHierServer(dim=2, search="grid")
+
+
+def _fleet_globals(params: dict, steps: int = 120) -> tuple[object, list[tuple[float, float, float]]]:
+    """Two agents and an aggregator of `fedbnr-personal` through the real codec; the `(σ, λ, τ)` of every global."""
+    from streamfed.evaluation.datasets import synthetic_fleet
+    from streamfed.fleet.agent import AgentCore
+    from streamfed.fleet.aggregator import AggregatorCore
+    from streamfed.fleet.config import FleetConfig
+    from streamfed.fleet.sources import Reading
+    from streamfed.wire.message import encode
+
+    data = synthetic_fleet(2, steps, 2, seed=7)
+    cfg = FleetConfig(standardise="none", fleet="mix", algorithm="fedbnr-personal", n_inputs=2, n_features=6,
+                      kernels=["gaussian:1.0"], params={"min_upload": 8, **params})
+    agg = AggregatorCore(cfg, mode="async", window=0.0)
+    agents = [AgentCore(cfg, f"a{i}", i) for i in range(2)]
+    seen = []
+    for t in range(steps):
+        for a, s in zip(agents, data.streams, strict=True):
+            for m in a.on_reading(Reading(str(t), s.X[t], float(t), float(s.y[t])))[1]:
+                for out in agg.on_update(a.client_id, encode(m), now=0.0):
+                    if out.kind.endswith(".global"):
+                        server = agg.aggregation.server
+                        seen.append((server.sigma, server.lam, server.tau))
+    return agg.aggregation.server, seen
+
+
+def test_the_fleet_takes_the_schedule_from_its_parameters() -> None:
+    server, every = _fleet_globals({"refit_growth": 0.0, "evidence_search": "nelder-mead"})
+    assert (server.refit_growth, server.search) == (0.0, "nelder-mead")
+    lazy_server, lazy = _fleet_globals({"refit_growth": 1.0})
+    assert (lazy_server.refit_growth, lazy_server.search) == (1.0, "newton")
+    assert len(every) == len(lazy) > 10
+    changes = sum(a != b for a, b in pairwise(lazy))
+    # the samples double between refits: 16 → 480 samples over the 30 globals is ~5 doublings, against a refit at
+    # every global (σ, λ, τ change at each)
+    assert 3 <= changes <= 5 and sum(a != b for a, b in pairwise(every)) == len(every) - 1
+    from pydantic import ValidationError
+
+    from streamfed.algorithms.fedbnr_personal import PersonalParams
+    with pytest.raises(ValidationError):
+        PersonalParams(refit_growth=-1.0)
+    with pytest.raises(ValidationError):
+        PersonalParams(evidence_search="grid")
