@@ -17,11 +17,12 @@ uploads of 32 samples, join at 8,760, windows 24, 48, 168, 336, 2000). The seed'
 held-out replay alone (`time.process_time`; on a shared machine the steadier figure), and its rows compared with the
 first checkout's — bit for bit, and at the digits the tables print (MSE 4 decimals, NLPD and coverage 3).
 
-`--thin G` (an experiment, nothing in the product): the same replay from this checkout with the held-out fleet's
-evidence refit skipped (the previous `σ, λ, τ` kept) unless the fleet's samples grew by the fraction `G` since its
-last fit, before the held-out station's first upload only (`prejoin`) or throughout (`all`) — what a cheaper refit
-schedule would save and how far it moves the figures. `--simplex S` (an experiment too): every fit of the held-out
-fleet from an initial simplex whose edges are scaled by `S` (the product's: 0.2 in each log-parameter around the
+`--thin G` (an experiment from before the product had a schedule; `--growth` replays the product's): the same replay
+from this checkout with the held-out fleet's evidence refit skipped (the previous `σ, λ, τ` kept) unless the fleet's
+samples grew by the fraction `G` since its last fit, before the held-out station's first upload only (`prejoin`) or
+throughout (`all`) — what a cheaper refit schedule would save and how far it moves the figures. `--simplex S` (an
+experiment too): every fit of the held-out fleet from an initial simplex whose edges are scaled by `S` (the
+product's: 0.2 in each log-parameter around the
 warm start), with the number of evidence evaluations. `--search` / `--growth` (the product's options, issue 29):
 the same station from this checkout with `PersonalParams.evidence_search` / `PersonalParams.refit_growth` set, the
 held-out fleet's fits and evidence evaluations (values; values with gradient) counted.
