@@ -22,10 +22,10 @@ from this checkout with the held-out fleet's evidence refit skipped (the previou
 samples grew by the fraction `G` since its last fit, before the held-out station's first upload only (`prejoin`) or
 throughout (`all`) — what a cheaper refit schedule would save and how far it moves the figures. `--simplex S` (an
 experiment too): every fit of the held-out fleet from an initial simplex whose edges are scaled by `S` (the
-product's: 0.2 in each log-parameter around the
-warm start), with the number of evidence evaluations. `--search` / `--growth` (the product's options, issue 29):
-the same station from this checkout with `PersonalParams.evidence_search` / `PersonalParams.refit_growth` set, the
-held-out fleet's fits and evidence evaluations (values; values with gradient) counted.
+product's: 0.2 in each log-parameter around the warm start), with the number of evidence evaluations. `--search` /
+`--growth` (the product's options, issue 29): the same station from this checkout with
+`PersonalParams.evidence_search` / `PersonalParams.refit_growth` set, the held-out fleet's fits and evidence
+evaluations (values; values with gradient) counted.
 """
 
 from __future__ import annotations
