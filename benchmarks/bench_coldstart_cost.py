@@ -4,6 +4,7 @@
         --out benchmarks/results/coldstart_cost.md
     .venv/bin/python benchmarks/bench_coldstart_cost.py --thin 0.02,0.1     # also: refits thinned (an experiment)
     .venv/bin/python benchmarks/bench_coldstart_cost.py --simplex 1,0.25,0.05  # also: smaller warm-start simplices
+    .venv/bin/python benchmarks/bench_coldstart_cost.py --search nelder-mead,l-bfgs-b --growth 0.01,0.05
 
 Not a test: the figures go to `benchmarks/results/coldstart_cost.{md,json}` and docs/benchmarks.md.
 
@@ -16,12 +17,15 @@ uploads of 32 samples, join at 8,760, windows 24, 48, 168, 336, 2000). The seed'
 held-out replay alone (`time.process_time`; on a shared machine the steadier figure), and its rows compared with the
 first checkout's — bit for bit, and at the digits the tables print (MSE 4 decimals, NLPD and coverage 3).
 
-`--thin G` (an experiment, nothing in the product): the same replay from this checkout with the held-out fleet's
-evidence refit skipped (the previous `σ, λ, τ` kept) unless the fleet's samples grew by the fraction `G` since its
-last fit, before the held-out station's first upload only (`prejoin`) or throughout (`all`) — what a cheaper refit
-schedule would save and how far it moves the figures. `--simplex S` (an experiment too): every fit of the held-out
-fleet from an initial simplex whose edges are scaled by `S` (the product's: 0.2 in each log-parameter around the
-warm start), with the number of evidence evaluations.
+`--thin G` (an experiment from before the product had a schedule; `--growth` replays the product's): the same replay
+from this checkout with the held-out fleet's evidence refit skipped (the previous `σ, λ, τ` kept) unless the fleet's
+samples grew by the fraction `G` since its last fit, before the held-out station's first upload only (`prejoin`) or
+throughout (`all`) — what a cheaper refit schedule would save and how far it moves the figures. `--simplex S` (an
+experiment too): every fit of the held-out fleet from an initial simplex whose edges are scaled by `S` (the
+product's: 0.2 in each log-parameter around the warm start), with the number of evidence evaluations. `--search` /
+`--growth` (the product's options, issue 29): the same station from this checkout with
+`PersonalParams.evidence_search` / `PersonalParams.refit_growth` set, the held-out fleet's fits and evidence
+evaluations (values; values with gradient) counted.
 """
 
 from __future__ import annotations
@@ -83,6 +87,24 @@ if simplex:
         return res
     ev.optimize.minimize = scaled
 cfg = bc.configs(argparse.Namespace(mixture=True, personal_alone=False, n_features=50, bandwidth=2.0))["bayes"]
+variant = json.loads(os.environ.get("BENCH_PARAMS") or "{}")
+if variant:
+    cfg.params["fedbnr-personal"].update(variant)
+if os.environ.get("BENCH_COUNT"):  # count the held-out fleet's fits and evidence evaluations (value, gradient)
+    from streamfed.algorithms.fedbnr_personal import evidence as ev, server as hs
+    fit0, lev0, grad0 = hs.fit_hierarchical, ev._Spectra.log_evidence, ev._Spectra.log_evidence_and_grad
+    state.update(evals=0, grads=0)
+    def counted_fit(*a, **kw):
+        state["fits"] += 1
+        return fit0(*a, **kw)
+    def counted_lev(self, *a):
+        state["evals"] += 1
+        return lev0(self, *a)
+    def counted_grad(self, *a):
+        state["grads"] += 1
+        return grad0(self, *a)
+    hs.fit_hierarchical, ev._Spectra.log_evidence, ev._Spectra.log_evidence_and_grad = (
+        counted_fit, counted_lev, counted_grad)
 fleet = load_beijing(normalisation="online", split="station")
 with open(os.environ["BENCH_RECORDING"], "rb") as fh:
     rec = pickle.load(fh)
@@ -93,14 +115,16 @@ res = leave_one_out_recorded(fleet, "fedbnr-personal", cfg, int(os.environ["BENC
 cpu = time.process_time() - c0
 rows = [[r.algorithm, r.window, r.mse, r.nlpd, r.coverage] for r in res.rows]
 print(json.dumps({"cpu_s": cpu, "rows": rows, "fits": state["fits"], "skips": state["skips"],
-                  "evals": state.get("evals"), "load": os.getloadavg()[0]}))
+                  "evals": state.get("evals"), "grads": state.get("grads"), "load": os.getloadavg()[0]}))
 """
 
 
-def run_child(tree: Path, recording: Path, station: str, thin: str | None = None, simplex: str | None = None) -> dict:
+def run_child(tree: Path, recording: Path, station: str, thin: str | None = None, simplex: str | None = None,
+              params: dict | None = None, count: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), OPENBLAS_NUM_THREADS="1", BENCH_TREE=str(tree),
                BENCH_RECORDING=str(recording), BENCH_STATION=station, BENCH_JOIN=str(JOIN),
-               BENCH_WINDOWS=",".join(map(str, WINDOWS)))
+               BENCH_WINDOWS=",".join(map(str, WINDOWS)), BENCH_PARAMS=json.dumps(params or {}),
+               BENCH_COUNT="1" if count else "")
     if thin:
         env["BENCH_THIN"] = thin
     if simplex:
@@ -141,6 +165,10 @@ def main() -> None:
     ap.add_argument("--thin", default="", help="comma-separated growth fractions G for the thinned-refit experiment")
     ap.add_argument("--simplex", default="", help="comma-separated scales of the fits' initial simplex (1: as it "
                     "is) for the warm-start experiment")
+    ap.add_argument("--search", default="", help="comma-separated evidence searches (PersonalParams."
+                    "evidence_search) to replay this checkout with, fits and evaluations counted")
+    ap.add_argument("--growth", default="", help="comma-separated refit schedules (PersonalParams.refit_growth) to "
+                    "replay this checkout with (its default search), fits and evaluations counted")
     ap.add_argument("--out", type=Path, help="markdown file (a .json next to it)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -179,6 +207,15 @@ def main() -> None:
             r = run_child(ROOT, path, args.station, simplex=x)
             simplices[x] = r
             print(f"simplex {x}: {r['cpu_s']:.1f} s CPU, {r['evals']} evaluations", file=sys.stderr)
+        products: dict[str, dict] = {}
+        for x in [x for x in args.search.split(",") if x]:
+            products[f"search {x}"] = r = run_child(ROOT, path, args.station, params={"evidence_search": x},
+                                                    count=True)
+            print(f"search {x}: {r['cpu_s']:.1f} s CPU, {r['fits']} fits", file=sys.stderr)
+        for x in [x for x in args.growth.split(",") if x]:
+            products[f"refit_growth {x}"] = r = run_child(ROOT, path, args.station, params={"refit_growth": float(x)},
+                                                          count=True)
+            print(f"refit_growth {x}: {r['cpu_s']:.1f} s CPU, {r['fits']} fits", file=sys.stderr)
     load1 = os.getloadavg()
     ref = runs[trees[0][0]][0]["rows"]
     commits = {label: commit_of(tree) for label, tree in trees}
@@ -228,6 +265,20 @@ def main() -> None:
             lines.append(f"| {x} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['evals']} | "
                          f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {len(c['printed_diffs'])}"
                          + (": " + "; ".join(c["printed_diffs"][:4]) if c["printed_diffs"] else "") + " |")
+    if products:
+        lines += ["", "This checkout's options, each replayed once (`--search`: `PersonalParams.evidence_search`; "
+                  "`--growth`: `PersonalParams.refit_growth`, with the default search): the held-out fleet's fits, "
+                  "its evaluations of the evidence's value and of value with gradient, against the first checkout's "
+                  "rows.", "",
+                  "| option | CPU s | load | fits | values | values + gradients | values bit-equal | max rel. diff | "
+                  "printed digits that differ |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for key, r in products.items():
+            c = compare(r["rows"], ref)
+            lines.append(f"| {key} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['fits']} | {r['evals']:,} | "
+                         f"{r['grads']:,} | {c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | "
+                         f"{len(c['printed_diffs'])}" + (": " + "; ".join(c["printed_diffs"][:4]) + (
+                             " …" if len(c["printed_diffs"]) > 4 else "") if c["printed_diffs"] else "") + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
@@ -235,7 +286,8 @@ def main() -> None:
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(
             {"command": cmd, "station": args.station, "seed": args.seed, "record_cpu_s": record_cpu,
-             "load": [load0, load1], "commits": commits, "runs": runs, "thin": thins, "simplex": simplices},
+             "load": [load0, load1], "commits": commits, "runs": runs, "thin": thins, "simplex": simplices,
+             "options": products},
             indent=1))
 
 

@@ -18,7 +18,7 @@ resemble each other. One kernel (the first of the fleet's dictionary).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -26,6 +26,7 @@ from pydantic import Field, field_validator, model_validator
 from streamfed.algorithms.base import Mode, ReplayVariant, params_of
 from streamfed.algorithms.dictionary import kernel_specs
 from streamfed.algorithms.fedbnr import FedBNR, RFFFeatures
+from streamfed.algorithms.fedbnr_personal.server import EVIDENCE_SEARCH, REFIT_GROWTH
 
 if TYPE_CHECKING:
     from streamfed.algorithms.calibration import CalibratedLearner
@@ -39,9 +40,9 @@ __all__ = ["ALGORITHM", "FedBNRPersonal", "PersonalParams"]
 
 class PersonalParams(RFFFeatures):
     """Hyperparameters of personalised FedBNR (docs/algorithms.md §5): the kernel dictionary (it learns over the
-    first kernel), initial `σ, λ, τ` (refitted by the evidence at every global when `fit_hyperparameters`;
-    `fit_tau=False` keeps `τ`), forgetting per time unit (one sample) on the shared and the own level, and the
-    privacy floor.
+    first kernel), initial `σ, λ, τ` (refitted by the evidence when `fit_hyperparameters`: at every global, or on
+    the `refit_growth` schedule; `fit_tau=False` keeps `τ`), forgetting per time unit (one sample) on the shared and
+    the own level, and the privacy floor.
 
     >>> PersonalParams(tau=0.5).tau
     0.5
@@ -59,6 +60,11 @@ class PersonalParams(RFFFeatures):
     min_upload: int = Field(32, ge=1)
     fit_hyperparameters: bool = True
     fit_tau: bool = True
+    # The evidence refit amortised (docs/algorithms.md §5.6): σ, λ, τ refitted at a global only once the samples
+    # summed since the last fit reach this fraction of the samples it was fitted on (0: at every global; the first
+    # fit always), by the exact evidence's gradient (`l-bfgs-b`) or Nelder-Mead on its values (`nelder-mead`)
+    refit_growth: float = Field(REFIT_GROWTH, ge=0, allow_inf_nan=False)
+    evidence_search: Literal["nelder-mead", "l-bfgs-b", "newton"] = EVIDENCE_SEARCH
     # scale the predictive variance by a conformal factor of the client's own prequential residuals
     # (streamfed.algorithms.calibration): the 95% interval covers ~95%; the mean and every upload are unchanged
     calibrate: bool = True
@@ -178,10 +184,12 @@ class FedBNRPersonal(FedBNR):
         p = params_of(cfg, PersonalParams)
         if p.tau_grid:
             phi = probe.models[0].features_many(np.zeros((1, cfg.n_inputs)))
-            server: Any = FedBNRHierMixServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters)
+            server: Any = FedBNRHierMixServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters,
+                                                         refit_growth=p.refit_growth, search=p.evidence_search)
         else:
             phi = probe.features_many(np.zeros((1, cfg.n_inputs)))
-            server = FedBNRHierServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters, fit_tau=p.fit_tau)
+            server = FedBNRHierServer.for_client(probe, fit_hyperparameters=p.fit_hyperparameters, fit_tau=p.fit_tau,
+                                                 refit_growth=p.refit_growth, search=p.evidence_search)
         phi_sq = float(np.sum(phi**2))  # RFF features with a bias: the same norm for every input
         return PersonalAggregation(server, phi_sq=phi_sq, max_abs=max_abs, check_stats=check_stats,
                                    label_bound=cfg.robust.label_bound, phi_sq_min=phi_sq,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamfed.algorithms.fedbnr.checks import check_positive
-from streamfed.algorithms.fedbnr_personal.evidence import fit_hierarchical, hierarchical_log_evidence
+from streamfed.algorithms.fedbnr_personal.evidence import SEARCHES, fit_hierarchical, hierarchical_log_evidence
 from streamfed.algorithms.fedbnr_personal.messages import HierGlobal, HierUpload
 from streamfed.algorithms.in_order import apply_in_order
 from streamfed.core.durable import durable
@@ -24,7 +24,11 @@ from streamfed.core.stats import SufficientStats
 if TYPE_CHECKING:
     from streamfed.algorithms.fedbnr_personal.client import FedBNRHierClient
 
-__all__ = ["FedBNRHierServer"]
+__all__ = ["EVIDENCE_SEARCH", "REFIT_GROWTH", "FedBNRHierServer"]
+
+# The refit schedule's defaults (docs/algorithms.md §5.6, benchmarks/results/coldstart_cost.md)
+REFIT_GROWTH = 0.0
+EVIDENCE_SEARCH = "newton"
 
 
 @durable("fedbnr-personal.FedBNRHierServer")
@@ -54,7 +58,15 @@ class FedBNRHierServer:
         fit_tau: bool = True,
         min_samples: int = 32,
         max_buffered: int = 256,
+        refit_growth: float = REFIT_GROWTH,
+        search: str = EVIDENCE_SEARCH,
     ) -> None:
+        if not (float(refit_growth) >= 0.0 and math.isfinite(refit_growth)):
+            raise ValueError(f"refit_growth must be a finite fraction >= 0, got {refit_growth!r}")
+        if search not in SEARCHES:
+            raise ValueError(f"search must be one of {SEARCHES}, got {search!r}")
+        self.refit_growth = float(refit_growth)
+        self.search = search
         self.fit_tau = bool(fit_tau)
         self.dim = int(dim)
         self.kernel_version = kernel_version
@@ -105,7 +117,26 @@ class FedBNRHierServer:
         return HierGlobal(0, self.kernel_version or "", self.epoch, 0.0, self.forgetting, self.sigma, self.lam,
                           self.tau, np.eye(self.dim) / self.lam**2, np.zeros(self.dim), 0.0, {})
 
+    # the refit schedule (class defaults: a server pickled before it refits at every publish, as it did)
+    refit_growth = 0.0
+    search = "nelder-mead"
+    _n_fitted = 0.0  # the (time-weighted) samples σ, λ, τ were last fitted on
+    _added = 0.0  # the samples summed since that fit (uploads' counts: with forgetting the total can shrink)
+    _memory: dict[str, Any] | None = None
+
+    def refit_due(self) -> bool:
+        """Whether :meth:`publish` refits `σ, λ, τ`: fitting is on, and no fit yet or the samples summed since
+        the last fit are at least `refit_growth` times the samples it was fitted on (`0`: at every publish)."""
+        return self.fit and (not self._fitted or self._added >= self.refit_growth * self._n_fitted)
+
+    def _search_memory(self) -> dict[str, Any]:
+        """What the evidence search carries from one warm-started fit to the next (the Newton search's curvature)."""
+        if self._memory is None:
+            self._memory = {}
+        return self._memory
+
     def _add(self, up: HierUpload) -> None:
+        self._added += float(up.count)
         old = self.clients.get(up.client)
         if old is None:
             self.clients[up.client] = (up.stats.copy(), up.time)
@@ -138,11 +169,13 @@ class FedBNRHierServer:
         t = max((tc for _, tc in self.clients.values()), default=0.0) if time is None else float(time)
         stats = list(self.stats_at(t).values())
         usable = [st for st in stats if st.n > 0]
-        if self.fit and usable and sum(st.q for st in usable) > 0:
+        if self.refit_due() and usable and sum(st.q for st in usable) > 0:
             start = (self.sigma, self.lam, self.tau) if self._fitted else None
             self.sigma, self.lam, self.tau, self.log_evidence = fit_hierarchical(
-                usable, start, fixed_tau=None if self.fit_tau else self.tau)
+                usable, start, fixed_tau=None if self.fit_tau else self.tau, method=self.search,
+                memory=self._search_memory())
             self._fitted = True
+            self._n_fitted, self._added = float(sum(st.n for st in usable)), 0.0
         if usable:
             lev, a, h = hierarchical_log_evidence(usable, self.sigma, self.lam, self.tau)
             self.log_evidence = lev
