@@ -130,6 +130,19 @@ def configs(args: argparse.Namespace) -> dict[str, AlgorithmConfig]:
     return {"bayes": fed, "pofmkl": pof}
 
 
+def recording_config(cfg: AlgorithmConfig) -> AlgorithmConfig:
+    """What a recording runs: personalised FedBNR's uploads are its personal expert's alone, so the stations that
+    stream from step 0 record them with the personalised learner without the experts' mixture (the same uploads
+    bit for bit: tests/test_coldstart_recorded.py), a third of the work; the held-out station runs `cfg` itself."""
+    params = {k: dict(v) for k, v in cfg.params.items()}
+    if "fedbnr-personal" in params:
+        params["fedbnr-personal"].pop("trace_experts", None)
+        params["fedbnr-personal"]["experts"] = False
+    return AlgorithmConfig(n_kernels=cfg.n_kernels, n_features=cfg.n_features, bandwidth_low=cfg.bandwidth_low,
+                           bandwidth_high=cfg.bandwidth_high, kernels=cfg.kernels, bin_size=cfg.bin_size,
+                           params=params, privacy=cfg.privacy, **cfg.shared)
+
+
 def config_for(alg: str, cfgs: dict[str, AlgorithmConfig]) -> AlgorithmConfig:
     return cfgs["bayes"] if alg in BAYES else cfgs["pofmkl"]
 
@@ -143,7 +156,7 @@ def run_task(task: tuple, args: argparse.Namespace) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     out: dict[str, Any] = {"task": task}
     if kind == "record":  # every station from step 0, its uploads kept: the others' side of every held-out run
-        rec = record_uploads(fleet, alg, cfg, seed, args.join + max(args.windows))
+        rec = record_uploads(fleet, alg, recording_config(cfg), seed, args.join + max(args.windows))
         path = Path(args.record_dir) / f"{alg}-{seed}.pickle"
         with path.open("wb") as fh:
             pickle.dump(rec, fh, protocol=pickle.HIGHEST_PROTOCOL)

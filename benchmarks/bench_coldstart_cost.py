@@ -181,7 +181,7 @@ def main() -> None:
     cfg = bc.configs(argparse.Namespace(mixture=True, personal_alone=False, n_features=50, bandwidth=2.0))["bayes"]
     fleet = load_beijing(normalisation="online", split="station")
     c0 = time.process_time()
-    rec = record_uploads(fleet, "fedbnr-personal", cfg, args.seed, JOIN + max(WINDOWS))
+    rec = record_uploads(fleet, "fedbnr-personal", bc.recording_config(cfg), args.seed, JOIN + max(WINDOWS))
     record_cpu = time.process_time() - c0
     print(f"record: {record_cpu:.1f} s CPU", file=sys.stderr)
     trees = ([("before", args.before.resolve())] if args.before else []) + [("after", ROOT)]

@@ -12,6 +12,7 @@ import pytest
 from streamfed.evaluation.coldstart import leave_one_out, leave_one_out_recorded, record_uploads
 from streamfed.evaluation.datasets import synthetic_fleet
 from streamfed.evaluation.replay import AlgorithmConfig
+from streamfed.wire.message import encode
 
 JOIN, WINDOWS = 90, (12, 50)
 
@@ -67,3 +68,15 @@ def test_a_recording_of_another_run_is_refused(fleet) -> None:  # type: ignore[n
 def test_an_arrangement_without_one_aggregation_is_refused(fleet) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="one federated aggregation"):
         record_uploads(fleet, "fedbnr-local", config(), seed=0, steps=20)
+
+
+def test_the_experts_mixture_uploads_what_the_personalised_learner_alone_does(fleet) -> None:  # type: ignore[no-untyped-def]
+    """benchmarks/bench_coldstart.py records the other stations' uploads without the experts' mixture: only the
+    personal expert uploads, so the messages must be the same bytes (the experts share one feature computation)."""
+    alone = AlgorithmConfig(n_kernels=1, n_features=8, kernels=("gaussian:1",),
+                            params={"fedbnr-personal": {"min_upload": 8, "experts": False}})
+    mixed = record_uploads(fleet, "fedbnr-personal", config(), seed=2, steps=JOIN + max(WINDOWS))
+    plain = record_uploads(fleet, "fedbnr-personal", alone, seed=2, steps=JOIN + max(WINDOWS))
+    assert sum(len(u) for u in mixed.uploads) > 4 * (JOIN // 8) - 4
+    assert [[(c, encode(m)) for c, m in step] for step in mixed.uploads] == \
+        [[(c, encode(m)) for c, m in step] for step in plain.uploads]

@@ -331,12 +331,13 @@ class FedBNRHierClient:
         return float(m[0]), float(v[0])
 
     # ------------------------------------------------------------------ learning
-    def learn_many(self, xs: np.ndarray, ys: np.ndarray, times: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+    def learn_many(self, xs: np.ndarray, ys: np.ndarray, times: np.ndarray | None = None, *,
+                   phis: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Prequential pass: the predictive means and variances made before each row is learned. `times`
-        (non-decreasing, ≥ the client's clock) default to one time unit per row."""
+        (non-decreasing, ≥ the client's clock) default to one time unit per row. `phis`: the rows' features
+        when the caller already has them from this client's map (:meth:`features_many`; the experts share one)."""
         ys = np.ascontiguousarray(ys, dtype=np.float64)
-        phis = self.features_many(xs)
+        phis = self.features_many(xs) if phis is None else phis
         t_now = self.time if math.isfinite(self.time) else 0.0
         if times is None:
             times = t_now + np.arange(1, ys.shape[0] + 1, dtype=np.float64)

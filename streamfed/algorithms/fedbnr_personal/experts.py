@@ -71,6 +71,9 @@ class FedBNRExpertsClient:
         # the local expert's own evidence fit: a server of one client (λ, τ are not separately identifiable with
         # one client, so τ is held negligible and the prior scale is λ, fitted with σ)
         self._private = FedBNRHierServer.for_client(self.local, tau=float(pooled_tau), fit_tau=False)
+        # one feature map for all three (same arguments): each row's features are computed once and shared
+        if len({e.kernel_version for e in (self.personal, self.pooled, self.local)}) != 1:
+            raise ValueError("the experts' feature maps differ")
         self.share = FixedShare(len(EXPERTS), switch_rate, None if prior is None else np.asarray(prior))
         self.metrics = PrequentialMetrics()
         # evaluation only (it grows with the stream): every expert's prediction of every learned sample
@@ -130,9 +133,11 @@ class FedBNRExpertsClient:
         """Prequential pass: each expert predicts then learns every row; the mixture predicts each row with the
         weights before it and then folds the experts' log densities of it (fixed share)."""
         ys = np.asarray(ys, dtype=np.float64)
-        # the personal expert first: it validates the inputs before any other expert has learned anything
-        preds = [self.personal.learn_many(xs, ys, times)]
-        preds = [e.learn_many(xs, ys, times) for e in (self.local, self.pooled)] + preds
+        # the features once, for all three experts (one map); the personal expert learns first: it validates
+        # the targets and times before any other expert has learned anything
+        phis = self.personal.features_many(xs)
+        preds = [self.personal.learn_many(xs, ys, times, phis=phis)]
+        preds = [e.learn_many(xs, ys, times, phis=phis) for e in (self.local, self.pooled)] + preds
         mu = np.stack([p[0] for p in preds])  # (3, T), in the order of EXPERTS
         var = np.stack([p[1] for p in preds])
         if self._trace is not None:
