@@ -72,12 +72,14 @@ def _scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray | None) -> dict[str
 
 
 def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None,
-                  stations: int = STATIONS, first: int = 0, seed: int = 0) -> dict[str, Any]:
-    from streamfed.evaluation.replay import AlgorithmConfig, replay
+                  stations: int = STATIONS, first: int = 0, seed: int = 0, align: bool = True,
+                  schedule: str = "async:24:0") -> dict[str, Any]:
+    from streamfed.evaluation.replay import AlgorithmConfig, Schedule, replay
 
     online, _ = _fleets(steps, stations, first)
     t0 = time.perf_counter()
-    res = replay(online, alg, AlgorithmConfig(params={alg: params} if params else None), seed=seed)
+    res = replay(online, alg, AlgorithmConfig(params={alg: params} if params else None), seed=seed,
+                 align_times=align, schedule=Schedule.parse(schedule))
     wall = time.perf_counter() - t0
     stations = {}
     for c, s in enumerate(online.streams):
@@ -86,7 +88,8 @@ def run_streamfed(name: str, alg: str, params: dict[str, Any], steps: int | None
         y = s.to_original(s.y)[ok]
         mean = s.to_original(m)[ok]
         var = (v * np.asarray(s.y_scale) ** 2)[ok] if np.isfinite(v).any() else None
-        stations[s.name] = _scores(y, mean, var) | {"rejected": int((~ok).sum())}
+        stations[s.name] = _scores(y, mean, var) | {"rejected": int((~ok).sum()),
+                                                   "rejected_steps": int(res.rejected[c])}
     out = {"model": name, "seed": seed, "stations": stations, "seconds": wall,
            "samples": int(sum(np.isfinite(np.asarray(m)).sum() for m in res.means))}
     if alg == "fedbnr-halflives":  # the mixture's weights at station 0, at the replay's checkpoints
@@ -306,6 +309,12 @@ def main() -> None:
     ap.add_argument("--first-station", type=int, default=0, help="... from this one (0: Aotizhongxin)")
     ap.add_argument("--cost-only", action="store_true",
                     help="only time one agent's learner per sample (FedBNR, FedBNR h=24, the --mixture dictionary)")
+    ap.add_argument("--unaligned", action="store_true",
+                    help="replay step t as every station's t-th row (the protocol before: stations drift apart in "
+                         "time); default: aligned on the rows' times (replay(align_times=True))")
+    ap.add_argument("--schedule", default=None,
+                    help="the replay's schedule (default: async:24:0 aligned — the aggregator closes a window and "
+                         "every agent installs the global once a day of readings; step unaligned)")
     ap.add_argument("--no-river", action="store_true")
     ap.add_argument("--no-arf", action="store_true")
     ap.add_argument("--no-fsgp", action="store_true")
@@ -363,11 +372,13 @@ def main() -> None:
         args.out.write_text(markdown(results, args, float("nan")))
         print(args.out.read_text())
         return
+    sched = args.schedule or ("step" if args.unaligned else "async:24:0")
     t0 = time.perf_counter()
     results = []
     with ProcessPoolExecutor(args.jobs) as pool:
         where = (args.steps, args.stations, args.first_station)
-        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], *where, j[4]) if j[0] == "sf"
+        futs = [pool.submit(run_streamfed, j[1], j[2], j[3], *where, j[4], not args.unaligned, sched)
+                if j[0] == "sf"
                 else pool.submit(run_river, j[1], j[2], *where, j[3]) for j in jobs]
         for f in as_completed(futs):
             r = f.result()
