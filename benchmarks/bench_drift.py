@@ -1,31 +1,42 @@
 """Streams drift: the federated defaults, with and without forgetting, against River's KNN and ARF on whole
 Beijing streams (issue 32's first figure).
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_drift.py --jobs 2 \
-        --out benchmarks/results/drift.md
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/bench_drift.py --seeds 0,1,2 \
+        --half-lives 24 --fsgp-half-lives 12,24 --jobs 2 --out benchmarks/results/drift_whole.md   # whole streams
     PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_drift.py --steps 2000 --out /tmp/d.md
 
-Not a test: the figures go to `benchmarks/results/drift.{md,json}`.
+Not a test: the figures go to `benchmarks/results/drift*.{md,json}` (a run writes `<out>.partial.json` as its
+jobs finish, seed by seed; `--render` writes the markdown of one).
 
 Data: the 12 Beijing stations, target CO from the 10 other pollutant and weather columns, every station's valid
-rows in time order (`load_beijing(split="station")`). streamfed's learners see `online` normalisation (each
-station standardises inputs and target with its own past only: causal) and their predictions are mapped back to
-raw units (`ClientStream.to_original`); River's models see the *same rows* in raw units (aligned by their row in
-the station's file, `ClientStream.row`) in the River recipe, `preprocessing.StandardScaler() | model`. Scored on
-every sample (prequential: predict, then learn), in raw units (µg/m³ of CO): MAE, RMSE and, for the Bayesian
-models, the share of samples inside the central 95% predictive interval.
+rows in time order (`load_beijing(split="station")`; `--steps` keeps each station's first rows). streamfed's
+learners see `online` normalisation (each station standardises inputs and target with its own past only: causal)
+and their predictions are mapped back to raw units (`ClientStream.to_original`; variances times the target's
+scale squared); River's models see the *same rows* in raw units (aligned by their row in the station's file,
+`ClientStream.row`) in the River recipe, `preprocessing.StandardScaler() | model`. Scored on every sample
+(prequential: predict, then learn), in raw units (µg/m³ of CO): MAE, RMSE and, for the Bayesian models, the share
+of samples inside the central 95% predictive interval.
+
+The fleet: the 12 stations replayed together (`streamfed.evaluation.replay`, the objects the live fleet runs),
+aligned on the rows' times (`replay(align_times=True)`: a step is one hour of the fleet, a station takes a sample
+when it has a row then) — stations skip different hours (missing values), so step `t` as every station's `t`-th
+row would put them up to 128 days apart within a year, each learning from the others' future. The aggregator
+closes a window of uploads once a day of readings and every agent installs the new global at once (schedule
+`async:24:0`); between globals each agent learns from its own samples. `--unaligned` (with `--schedule step`)
+is the protocol of the earlier runs (benchmarks/results/drift.md).
 
 Models:
 
-* `fedbnr` — the federated FedBNR replay on its defaults (`streamfed replay -a fedbnr`: `AlgorithmConfig()`, every
-  station a client, every global installed), `fedbnr h=<hours>` the same with `half_life_s` (forgetting on the
-  rows' times, docs/algorithms.md §4.14);
+* `fedbnr` — the federated FedBNR replay on its defaults (`AlgorithmConfig()`: 16 Gaussian kernels, D = 100),
+  `fedbnr h=<hours>` the same with `half_life_s` (forgetting on the rows' times, docs/algorithms.md §4.14);
 * `fedbnr mix(<hours>)` — `fedbnr-halflives` (docs/algorithms.md §4.15): one FedBNR fleet per half-life of the
-  list (`none`: no forgetting), every agent predicting with the fixed-share mixture of their predictives
-  (`--mixture`; its weights at station 0 and its cost per sample are reported);
-* `fsgp` — the federated FSGP replay on its defaults;
-* `River KNN` — `preprocessing.StandardScaler() | neighbors.KNNRegressor()`;
-* `River ARF` — `preprocessing.StandardScaler() | forest.ARFRegressor(seed=0)`.
+  list (`none`: no forgetting; `default`: its defaults), every agent predicting with the fixed-share mixture of
+  their predictives (`--mixture`; its weights at station 0 are reported);
+* `fsgp`, `fsgp h=<hours>` — the federated FSGP replay on its defaults, and with `half_life_s`;
+* `River KNN` — `preprocessing.StandardScaler() | neighbors.KNNRegressor()` (deterministic: one run);
+* `River ARF` — `preprocessing.StandardScaler() | forest.ARFRegressor(seed=<seed>)`.
+
+Seeds (`--seeds`): the replay's seed (random features, FSGP's inducing inputs) and ARF's.
 """
 from __future__ import annotations
 
