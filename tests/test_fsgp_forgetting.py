@@ -329,6 +329,8 @@ def test_the_privacy_floor_and_the_rate_limits_use_the_raw_count() -> None:
         agg.check(_message(up, int(up.stats.n)))
     with pytest.raises(ValueError, match="discounted count"):
         agg.check(_message(up, 6, n=6.5))  # weighs more than its samples
+    assert 6.000000000000001 > 6  # rows all at the clock's time: a few ulp above the count by rounding, valid
+    assert agg.check(_message(up, 6, n=6.000000000000001)).count == 6
     with pytest.raises(ValueError, match="not finite"):
         agg.check(_message(up, 6, time=math.inf))
     with pytest.raises(ValueError, match="tr P"):

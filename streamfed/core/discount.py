@@ -26,11 +26,25 @@ from typing import Protocol, TypeVar
 
 from streamfed.core.durable import durable
 
-__all__ = ["MAX_CLOCK_SKEW_S", "Discount", "Scalable"]
+__all__ = ["COUNT_ROUNDING", "MAX_CLOCK_SKEW_S", "Discount", "Scalable", "is_discounted_count"]
 
 # how far ahead of an aggregator's clock an upload's time may be (clocks are not perfectly synced): a time further
 # ahead would move the sums there and discount every other client's statistics
 MAX_CLOCK_SKEW_S = 300.0
+
+# a discounted count of samples that all weigh 1 (learned at the clock's time: a client behind the fleet's clock, or
+# readings sharing a timestamp) can round a few ulp above the raw count — weights are staged relative to a reference
+# time and scaled back when read — and must not be refused for it
+COUNT_ROUNDING = 1e-12
+
+
+def is_discounted_count(n: float, count: float) -> bool:
+    """Whether `n` is a count of `count` samples each weighing in (0, 1]: `0 < n ≤ count`, up to rounding.
+
+    >>> is_discounted_count(32.00000000000001, 32), is_discounted_count(32.001, 32), is_discounted_count(0.0, 32)
+    (True, False, False)
+    """
+    return 0.0 < n <= count * (1.0 + COUNT_ROUNDING)
 
 
 class Scalable(Protocol):

@@ -440,6 +440,7 @@ def replay(
     n_checkpoints: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     join: Mapping[str, int] | None = None,
+    align_times: bool = False,
 ) -> ReplayResult:
     """Run one algorithm (or replay variant) over a fleet's streams and return its traces
     (see :class:`ReplayResult`).
@@ -450,7 +451,14 @@ def replay(
     step on it streams its own rows of the same steps.
 
     The curves (regret, MSE, kernel weights) are sampled at `n_checkpoints` steps spread evenly up to the last
-    (always included: the summary figures are read there); by default :func:`checkpoint_count` of them."""
+    (always included: the summary figures are read there); by default :func:`checkpoint_count` of them.
+
+    `align_times`: a step is one of the fleet's distinct row times (:func:`time_stamps`), and a client takes a
+    sample at a step only if it has a row at that time — every client's clock and the globals it receives then
+    stay on one time base. Without it, step `t` is every client's `t`-th row: streams whose rows have gaps
+    (readings skipped for a missing value) drift apart in time, and a client behind the fleet learns from
+    statistics of later times (forgetting, which discounts by the readings' times, then barely acts on it). Per
+    client results (`lengths`, errors, means) stay indexed by the client's own rows; `join` counts rows too."""
     cfg = cfg or AlgorithmConfig()
     schedule = schedule or Schedule.every_step()
     streams = list(fleet.streams)
@@ -462,6 +470,18 @@ def replay(
     stamps = [time_stamps(s.time, y.size) for s, y in zip(streams, ys, strict=True)]
     lengths = np.array([y.size for y in ys])
     t_max = int(lengths.max())
+    rows_at: list[np.ndarray] | None = None  # aligned: the row each client takes at each step (−1: none)
+    if align_times:
+        grid = np.unique(np.concatenate(stamps)) if stamps else np.zeros(0)
+        t_max = int(grid.size)
+        rows_at = []
+        for st in stamps:
+            at = np.full(t_max, -1, dtype=np.int64)
+            pos = np.searchsorted(grid, st)
+            if np.unique(pos).size != pos.size:
+                raise ValueError("align_times: a client has two rows with one time")
+            at[pos] = np.arange(st.size)
+            rows_at.append(at)
     names = [st.name for st in streams]
     unknown = sorted(set(join or {}) - set(names))
     if unknown:
@@ -504,6 +524,8 @@ def replay(
         (a ValueError: divergence, bad input; an ArithmeticError: a value whose square overflows) is counted,
         not fatal."""
         learner = learners[c]
+        if rows_at is not None:
+            t = int(rows_at[c][t])  # the client's own row at this step
         try:
             learner.observe_time(stamps[c][t])
             yhat, var = learner.learn(xs[c][t], ys[c][t])
@@ -535,7 +557,10 @@ def replay(
             return None
 
     for t in range(t_max):
-        live = [c for c in range(n) if starts[c] <= t < lengths[c]]  # the clients streaming at step t
+        if rows_at is None:
+            live = [c for c in range(n) if starts[c] <= t < lengths[c]]  # the clients streaming at step t
+        else:  # (rows_at is −1 where a client has no row: never ≥ its start)
+            live = [c for c in range(n) if rows_at[c][t] >= starts[c]]
         live_set = set(live)
         if arr.centralised:  # one learner: the fleet's samples of step t form one round
             agg = aggs[0]

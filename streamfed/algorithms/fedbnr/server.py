@@ -15,6 +15,7 @@ from streamfed.algorithms.fedbnr.discount import Discount
 from streamfed.algorithms.fedbnr.evidence import SEARCHES, fit_hyperparameters, log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.in_order import apply_in_order
+from streamfed.core.discount import is_discounted_count
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
@@ -102,7 +103,7 @@ class FedBNRServer:
         if (self.discount is None) != (up.count == 0):
             raise ValueError(f"upload from {up.client!r} is {'not ' if up.count == 0 else ''}time-discounted, "
                              f"the server {'forgets' if self.discount else 'does not forget'}")
-        if up.count and not (math.isfinite(up.time) and 0.0 < st.n <= up.count):
+        if up.count and not (math.isfinite(up.time) and is_discounted_count(st.n, up.count)):
             raise ValueError(f"upload from {up.client!r}: time {up.time!r} is not finite or its discounted count "
                              f"{st.n:g} is not in (0, {up.count}]")
         if up.n_samples < self.min_samples:

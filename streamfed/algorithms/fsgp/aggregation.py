@@ -46,7 +46,7 @@ from streamfed.algorithms.fsgp.wire import global_message, read_update
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares
 from streamfed.algorithms.summing_window import SummingWindow
-from streamfed.core.discount import MAX_CLOCK_SKEW_S, Discount
+from streamfed.core.discount import MAX_CLOCK_SKEW_S, Discount, is_discounted_count
 from streamfed.core.durable import durable
 from streamfed.core.stats import check_labelled_scatter
 from streamfed.wire.message import Message
@@ -84,7 +84,7 @@ def check_statistics(st: Stats, *, max_abs: float, psd: bool = True, label_bound
     """
     n = float(st.n)
     if count is not None:
-        if not (0.0 < n <= count <= _MAX_WHOLE):
+        if not (is_discounted_count(n, count) and count <= _MAX_WHOLE):
             raise ValueError(f"discounted count n = {n!r} is not in (0, {count}]")
     elif not (1.0 <= n <= _MAX_WHOLE and n == math.floor(n)):
         raise ValueError(f"n = {n!r} is not a count of samples")
@@ -289,7 +289,7 @@ class FSGPAggregation(RobustShares, SummingWindow):
             raise ValueError(f"partial is {'' if 'time' in msg.arrays else 'not '}time-discounted, the reducer "
                              f"{'forgets' if timed else 'does not forget'}")
         t = float(msg.arrays["time"]) if timed else 0.0
-        if timed and not (math.isfinite(t) and 0.0 < n <= msg.n_samples):
+        if timed and not (math.isfinite(t) and is_discounted_count(n, msg.n_samples)):
             raise ValueError(f"partial time {t!r} is not finite or its discounted count {n:g} is not in "
                              f"(0, {msg.n_samples}]")
         if not timed and not (n >= 1 and n == math.floor(n)):

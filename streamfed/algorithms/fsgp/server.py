@@ -25,7 +25,7 @@ from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
 from streamfed.algorithms.in_order import apply_in_order
-from streamfed.core.discount import Discount
+from streamfed.core.discount import Discount, is_discounted_count
 from streamfed.core.durable import durable
 
 __all__ = ["FSGPServer", "RobustFSGPServer"]
@@ -98,7 +98,7 @@ class FSGPServer:
             raise ValueError(f"upload from {up.client!r} is {'not ' if up.count == 0 else ''}time-discounted, "
                              f"the server {'forgets' if self.discount else 'does not forget'}")
         # discounted: each sample weighs at most 1, so the weighted n never exceeds the raw count
-        if up.count and not (math.isfinite(up.time) and 0.0 < st.n <= up.count):
+        if up.count and not (math.isfinite(up.time) and is_discounted_count(st.n, up.count)):
             raise ValueError(f"upload from {up.client!r}: time {up.time!r} is not finite or its discounted count "
                              f"{st.n:g} is not in (0, {up.count}]")
         if up.n_samples < self.min_samples:  # the raw count: a discounted n is no count of people's samples
