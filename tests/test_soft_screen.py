@@ -1,5 +1,5 @@
 """The soft screen of robust aggregation (`algorithms/shares.py`, docs/reliability.md §7.2.1), against its rule
-written out in numpy: each member's residual ratios are averaged over its last ~20 uploads (an exponential
+written out in numpy: each member's residual ratios are averaged over its last ~50 uploads (an exponential
 average, `a ← 0.98·a + 0.02·r`, started at its first ratio), and an upload is taken with weight
 `min(1, soft · median of the other members' averages / its member's average)`."""
 
