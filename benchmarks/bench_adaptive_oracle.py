@@ -12,6 +12,7 @@ what the robust rule's own sensitivity to those costs.
 Arguments: steps, k, f, [robust-rule overrides (algorithms/shares.py Robust), FedBNR overrides] — passed on to
 `bench_adaptive_attack.py` with a 1 Hz declared sensor rate.
 """
+# ruff: noqa: SLF001 — an oracle replaces the robust rule's own steps (they are private) for the attackers only
 import runpy
 import sys
 
