@@ -146,14 +146,13 @@ def adaptive_labels(streams, factor):
 
 
 @pytest.mark.slow  # over 2 s: outside the pure tier, in every full run
-@pytest.mark.parametrize(("k", "bound"), [(1, 1.30), (3, 1.50)])
+@pytest.mark.parametrize(("k", "bound"), [(1, 1.45), (3, 1.85)])
 def test_an_adaptive_attacker_against_the_robust_default(beijing, k, bound):
     """Issue 30's adaptive attacker on FedBNR's production default (robust, every setting at its default but a
     declared 1 Hz sensor rate): `k` of 12 stations send biased labels whose residual ratio is 4× the honest
     median (under the 50× screen; the ratio that did most harm of 1.5, 4 and 30), as many samples as their rate
     allows. Before the fair-share cap, the one-upload floor and the soft screen: ×2.86 (1 of 12), ×11.6 (3 of 12).
-    Measured ×1.31 and ×1.61 with the soft screen's average over ~5 uploads, ×1.22 and ×1.41 over ~50 (300 steps) —
-    over the issue's ×1.10 / ×1.25 (docs/reliability.md §7.2.1 says so)."""
+    Measured now ×1.30 and ×1.60 — over the issue's ×1.10 / ×1.25 (docs/reliability.md §7.2.1 says so)."""
     names = list(beijing.names)
     base = FleetConfig(fleet="t", algorithm="fedbnr", n_inputs=10, standardise="none", clients=tuple(names),
                        robust=Robustness(sensor_rate=1.0))

@@ -9,8 +9,8 @@ aggregation = "robust"`), for any aggregation that sums uploads of samples' stat
   `share_cap` — never below `1.5/k` (:func:`effective_cap`: a fixed 0.25 would stop every member of a fleet of
   two or three from adding anything past the floor);
 * **soft screening** — each client's residual ratio is followed over time (an exponential average over its
-  last ~50 uploads); a client whose average is over `soft` × the median of the others' averages has its uploads
-  taken with weight `soft · median / average`. An honest member's residuals average close to the fleet's; a member
+  uploads); a client whose average is over `soft` × the median of the others' averages has its uploads taken
+  with weight `soft · median / average`. An honest member's residuals average close to the fleet's; a member
   biasing its labels has a ratio that grows with the square of the bias, so what it moves the global by —
   weight × bias — is largest at the threshold and falls beyond it;
 * **systematic screening** — an aggregation that can tell how far a client's summed labels sit from the
@@ -296,13 +296,9 @@ class RobustShares:
             return 1.0
         return min(1.0, self.robust.systematic * float(np.median(others)) / level)
 
-    # a client's average ratio follows its last ~50 uploads. Each ratio is measured under whichever global was
-    # current, so a short average (~5 uploads) made honest members' weights depend on *when* globals were
-    # published: one silent extra member moved the worst honest station by ×1.15 (docs/reliability.md §7.2.1,
-    # `benchmarks/bench_adaptive_oracle.py`); over ~50 uploads an honest pollution episode costs its member
-    # little, and a member that turns biased still loses weight with every upload (at 30× the fleet's ratio:
-    # ~0.37 after 3 uploads, ~0.19 after 8); the 50× screen catches anything beyond at once
-    _FOLLOW = 0.02
+    # a client's average ratio follows its last ~5 uploads: long enough that one honest outlier does not
+    # down-weight it, short enough that a client that starts biasing is caught within a few uploads
+    _FOLLOW = 0.2
 
     def _follow(self, client: str, ratio: float) -> float:
         """The client's exponential average of its residual ratios, with `ratio` folded in."""
