@@ -144,6 +144,10 @@ class Receiving:
             elif topic == atopic:
                 self._ack(bytes(payload))
             # sensor messages never come here: IncomingQueue hands them to `sensor_lane` (see _divert)
+            # Not kept while waiting for the next one: paho's MQTT 5 properties of a message are some fifty
+            # objects, and a thousand simulated agents each holding its last secure-aggregation step made every
+            # full collection of the round walk them (issue 29)
+            del message, payload
 
     def _ack(self, payload: bytes) -> None:
         try:
