@@ -27,6 +27,7 @@ sum bit for bit, and its largest deviation from the float64 sum.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
 import os
@@ -356,10 +357,11 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
     out: dict = {"rows": []}
     lines = ["", "### Secure aggregation over Mosquitto (one round, FedBNR uploads of F = 101, one process)", "",
              "| clients | mode | round (s) | SecAgg+ / plain | CPU: process + broker (s) | CPU SecAgg+ / plain "
-             "| aggregator CPU (s) | agents' SecAgg+ CPU (s) | up / client (bytes) | down / client (bytes) "
+             "| aggregator CPU (s) | agents' SecAgg+ CPU (s) | GC CPU (s) | up / client (bytes) "
+             "| down / client (bytes) "
              "| max down / client (bytes) "
              "| messages / client | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, rep in ((m, r) for m in sizes for r in range(repeats if m >= 1000 else 1)):
         for secure in modes:
             cfg = fedbnr_cfg().model_copy(update={"fleet": f"b{n}{'s' if secure else 'p'}",
@@ -422,6 +424,13 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                                            settings=AgentSettings(linger=1.0, wait_for_global=0.0, drain=600.0))
                               for i, c in enumerate(names)]
                     agent_cpu = [0.0]  # the agents' own SecAgg+ work: keys, shares, masks, unmasking (process time)
+                    gc_cpu, gc_start = [0.0], [0.0]  # the garbage collector's passes during the round
+
+                    def gc_timed(phase: str, info: dict) -> None:
+                        if phase == "start":
+                            gc_start[0] = time.process_time()
+                        else:
+                            gc_cpu[0] += time.process_time() - gc_start[0]
 
                     def agent_timed(f):  # noqa: ANN001, ANN202
                         def call(*a, **kw):  # noqa: ANN002, ANN003, ANN202
@@ -446,7 +455,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                         prof = cProfile.Profile()
                         prof.enable()
                     start = time.perf_counter()
-                    cpu[0] = agent_cpu[0] = 0.0
+                    cpu[0] = agent_cpu[0] = gc_cpu[0] = 0.0
+                    gc.callbacks.append(gc_timed)
                     own0, broker0 = time.process_time(), _proc_cpu(pid)
                     counting[0] = True
                     go.set()
@@ -464,6 +474,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                         await asyncio.sleep(0.005)
                     done = time.perf_counter()
                     own, broker_cpu = time.process_time() - own0, _proc_cpu(pid) - broker0
+                    gc.callbacks.remove(gc_timed)
                     load = os.getloadavg()[0]
                     if prof is not None and profile is not None:
                         prof.disable()
@@ -490,7 +501,7 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                             "down": sum(downs) / len(names), "max_down": max(per.values(), default=0),
                             "messages": (len(ups) + len(downs)) / len(names), "aggregator_cpu_s": cpu[0],
                             "process_cpu_s": own, "broker_cpu_s": broker_cpu, "load_1min": load, "stages": stages,
-                            "agents_secagg_cpu_s": agent_cpu[0]}
+                            "agents_secagg_cpu_s": agent_cpu[0], "gc_cpu_s": gc_cpu[0]}
 
                 r = asyncio.run(main())
             finally:
@@ -506,7 +517,8 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
                          + (f"{r['ratio']:.2f} | " if secure else "1 | ")
                          + f"{r['process_cpu_s']:.2f} + {r['broker_cpu_s']:.2f} | "
                          + (f"{r['cpu_ratio']:.2f} | " if secure else "1 | ")
-                         + f"{r['aggregator_cpu_s']:.2f} | {r['agents_secagg_cpu_s']:.2f} | {r['up']:,.0f} | "
+                         + f"{r['aggregator_cpu_s']:.2f} | {r['agents_secagg_cpu_s']:.2f} | {r['gc_cpu_s']:.2f} | "
+                         + f"{r['up']:,.0f} | "
                          + f"{r['down']:,.0f} | {r['max_down']:,.0f} | "
                          + f"{r['messages']:.1f} | {r['load_1min']:.2f} |")
     for n in sizes:
@@ -536,7 +548,9 @@ def mqtt_cost(sizes: tuple[int, ...], modes: tuple[bool, ...] = (False, True),
               "I/O. Agents' SecAgg+ CPU = process time inside the agent cores' `on_secagg` and `secagg_tick` (key "
               "pairs, summing the outbox into the partial, the shares' key agreements, Shamir splits and "
               "encryption, the masks, the unmasking; not "
-              "their MQTT I/O or the codec around them). CPU = the CPU time this process (agents and aggregator: "
+              "their MQTT I/O or the codec around them; a collection that falls inside them counts there too). GC "
+              "CPU = process time of the garbage collector's passes during the round (`gc.callbacks`), wherever they "
+              "fell. CPU = the CPU time this process (agents and aggregator: "
               "one event loop) and the broker's "
               "process spent during the round (`time.process_time`, `/proc/<pid>/stat`): on a machine shared with "
               "other work it moves less with the neighbours' load than the round's wall time does. Load = the "

@@ -267,6 +267,34 @@ def test_every_malformed_message_is_refused_with_a_reason() -> None:
     assert srv.result().tolist() == [3, 3, 3, 3]
 
 
+def test_a_roster_given_again_is_taken_only_if_it_is_the_same() -> None:
+    """A client keeps its neighbours' keys as it was handed them: the same roster again (a repeated request) is
+    taken, one that differs in any key is refused, and the round still sums exactly with the keys first given."""
+    s = SecAggSettings(round_id=6, clients=("a", "b", "c", "d"), length=3)
+    cs = {c: SecAggClient(c, s) for c in s.clients}
+    srv = SecAggServer(s)
+    for c in cs.values():
+        srv.add_keys(c.advertise())
+    for c in s.clients:
+        srv.add_shares(c, cs[c].share_keys(srv.roster_for(c)))
+    again = {c: Keys(k.client, bytes(k.c_pk), bytes(k.s_pk)) for c, k in srv.roster_for("a").items()}
+    cs["a"].share_keys(again)  # equal keys in new objects: the same roster
+    other = SecAggClient("b", s).advertise()  # b's name, someone else's keys
+    for changed in (Keys("b", other.c_pk, again["b"].s_pk), Keys("b", again["b"].c_pk, other.s_pk)):
+        with pytest.raises(SecAggError) as e:
+            cs["a"].share_keys({**again, "b": changed})
+        assert e.value.reason == "out_of_order"
+    xs = {c: np.array([i, 2 * i, 2**64 - 1 - i], dtype=np.uint64) for i, c in enumerate(s.clients)}
+    for c in s.clients:
+        srv.add_masked(c, cs[c].masked_input(xs[c], srv.forwarded(c)))
+    for c in s.clients:
+        srv.add_unmasking(c, cs[c].unmask(srv.survivors_for(c)))
+    want = np.zeros(3, dtype=np.uint64)
+    for x in xs.values():
+        want += x
+    assert np.array_equal(srv.result(), want)
+
+
 def test_a_client_refuses_shares_that_were_not_made_for_it() -> None:
     s = SecAggSettings(round_id=4, clients=("a", "b", "c"), length=2)
     cs = {c: SecAggClient(c, s) for c in s.clients}

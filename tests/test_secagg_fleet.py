@@ -887,3 +887,28 @@ def test_every_message_delivered_twice_never_exposes_an_update_and_the_sum_stays
     assert sum(agg.secagg.rejected.values()) - before == len(old)
     now = router.settle(now, rounds=8)
     assert {c: agg.included()[c] for c in "abcde"} == {c: 2 for c in "abcde"}  # the next round: each once more
+
+
+def test_a_queued_secure_aggregation_step_does_not_keep_its_mqtt5_properties() -> None:
+    """paho builds some fifty objects of MQTT 5 properties per message; the agent reads none of them, and a
+    secure-aggregation stage queues one message at every member at once: the receiver lets them go as the message
+    is queued (the garbage collector walked them otherwise), payload and topic kept."""
+    import aiomqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from streamfed.fleet.sources import array_source
+    from streamfed.runtime.agent import AgentService
+    from streamfed.runtime.mqtt import IncomingQueue
+    from streamfed.wire.topics import acks_topic
+
+    cfg = fedbnr_cfg(True)
+    agent = AgentService(AgentCore(cfg, "a", 0), BrokerConfig(), array_source(np.zeros((1, 3)), np.zeros(1)))
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = ("k", "v")
+    queue = IncomingQueue(limit=4, divert=agent._divert)
+    sent = aiomqtt.Message(acks_topic(cfg.fleet, "a"), b"step", 1, False, 7, props)
+    queue.put_nowait(sent)
+    got = queue.get_nowait()
+    assert got is sent and got.payload == b"step" and got.topic.value == acks_topic(cfg.fleet, "a")
+    assert got.properties is None and agent.received == {"ack": 1}

@@ -120,6 +120,11 @@ class Receiving:
                    else "ack" if topic == self._acks_topic else "other")
         self.received[channel] = self.received.get(channel, 0) + 1
         if channel != "sensor" or self.sensor_lane is None:
+            # Nothing here reads a message's MQTT 5 properties, which paho builds as some fifty objects: let them
+            # go now, not when the receiver gets to the message. A secure-aggregation stage queues one message at
+            # each of a thousand simulated agents at once, and the collector walked those objects again and again.
+            if getattr(message, "properties", None) is not None:
+                message.properties = None
             return None
         payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
         if len(payload) > MAX_MESSAGE_BYTES:
@@ -144,6 +149,10 @@ class Receiving:
             elif topic == atopic:
                 self._ack(bytes(payload))
             # sensor messages never come here: IncomingQueue hands them to `sensor_lane` (see _divert)
+            # Not kept while waiting for the next one: paho's MQTT 5 properties of a message are some fifty
+            # objects, and a thousand simulated agents each holding its last secure-aggregation step made every
+            # full collection of the round walk them (issue 29)
+            del message, payload
 
     def _ack(self, payload: bytes) -> None:
         try:
