@@ -30,7 +30,9 @@ statistics, whatever globals they installed, so the other 11 stations send the s
 held out: one recorded fleet run per seed (`record_uploads`) serves all 12 held-out stations, each of which then
 replays only the aggregation (fed the recorded uploads in the same rounds and order) and its own learner
 (`leave_one_out_recorded`; tests/test_coldstart_recorded.py: personalised FedBNR's figures equal `leave_one_out`'s
-bit for bit, pooled FedBNR's to 1e-12). What remains per held-out station is the aggregation's evidence refit at
+bit for bit, pooled FedBNR's to 1e-12). Personalised FedBNR's recording runs its learner without the experts'
+mixture (`recording_config`: only the personal expert uploads, so the messages are the same bytes), a sixth of the
+work. What remains per held-out station is the aggregation's evidence refit at
 every global (~460 warm-started fits per held-out station at D = 50, since issue 29 by Newton steps on the evidence's
 gradient: ~1,600 evaluations of value and gradient, where Nelder-Mead took ~29,000 values). That chain is not
 thinned: refitting only once the fleet's samples grew by 1% (`PersonalParams.refit_growth`) changes printed digits
