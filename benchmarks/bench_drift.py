@@ -252,7 +252,8 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: floa
     n_rows = {st: max(int(r["stations"][st]["n"]) for r in results if "stations" in r) for st in stations} \
         if any("stations" in r for r in results) else {}
     lines = ["# Streams drift: federated defaults with and without forgetting, against River's KNN and ARF", "",
-             f"Command: `PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/bench_drift.py "
+             f"Command: `PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 nice -n {os.nice(0)} .venv/bin/python "
+             "benchmarks/bench_drift.py "
              f"{' '.join(sys.argv[1:])}` ({wall:.0f} s wall, {args.jobs} worker(s)). Code: {_git()}. Machine: "
              f"{platform.machine()}, {os.cpu_count()} cores (shared with other jobs), Python "
              f"{platform.python_version()}; load average at the end "
@@ -293,7 +294,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: floa
         lines.append(f"| {st} | " + " | ".join(f"{M[m]['per_station'][st]['coverage']:.3f}" for m in bayes) + " |")
     lines += ["", "Milliseconds per sample: a federated replay's wall time over all its stations' samples (each "
               "replay one process; the aggregator's work and every global included), River's per-station runs "
-              f"summed; mean over the seeds' runs, under `nice -n 15` with {args.jobs} worker(s) on a shared "
+              f"summed; mean over the seeds' runs, at niceness {os.nice(0)} with {args.jobs} worker(s) on a shared "
               "machine (ratios within this run are what counts).", ""]
     for r in results:
         if "weights" in r:
