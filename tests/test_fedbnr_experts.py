@@ -14,6 +14,7 @@ from streamfed.algorithms.fedbnr_personal.evidence import marginal_contribution
 from streamfed.algorithms.fedbnr_personal.experts import EXPERTS, FedBNRExpertsClient
 from streamfed.algorithms.fedbnr_personal.fixed_share import gaussian_log_density
 from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
+from tests.personal_fleet import run_personal_fleet
 
 F_IN, D = 2, 3
 
@@ -138,37 +139,11 @@ def test_bad_input_changes_no_expert() -> None:
 # =========================================================================== in the fleet
 
 
-def _run_fleet(params: dict, n_agents: int = 2, steps: int = 80):
-    """Agents and an aggregator (every upload its own window) through the real codec."""
-    from streamfed.evaluation.datasets import synthetic_fleet
-    from streamfed.fleet.agent import AgentCore
-    from streamfed.fleet.aggregator import AggregatorCore
-    from streamfed.fleet.config import FleetConfig
-    from streamfed.fleet.sources import Reading
-    from streamfed.wire.message import encode
-
-    data = synthetic_fleet(n_agents, steps, 2, seed=7)
-    cfg = FleetConfig(standardise="none", fleet="mix", algorithm="fedbnr-personal", n_inputs=2, n_features=6,
-                      kernels=["gaussian:1.0"], params={"min_upload": 8, **params})
-    agg = AggregatorCore(cfg, mode="async", window=0.0)
-    agents = [AgentCore(cfg, f"a{i}", i) for i in range(n_agents)]
-    globals_ = []
-    for t in range(steps):
-        for a, s in zip(agents, data.streams, strict=True):
-            for m in a.on_reading(Reading(str(t), s.X[t], float(t), float(s.y[t])))[1]:
-                for out in agg.on_update(a.client_id, encode(m), now=0.0):
-                    if out.kind.endswith(".global"):
-                        globals_.append(out)
-                        for b in agents:
-                            b.on_global_payload(encode(out))
-    return agg, agents, globals_
-
-
 def test_the_fleet_sees_the_same_uploads_and_globals_with_or_without_the_mixture() -> None:
     """A client-side concern: with the experts' mixture (the default) every global is bit for bit the one of
     personalised FedBNR without it."""
-    _, _, with_mix = _run_fleet({})
-    _, _, without = _run_fleet({"experts": False})
+    _, _, with_mix = run_personal_fleet({})
+    _, _, without = run_personal_fleet({"experts": False})
     assert len(with_mix) == len(without) > 3
     for g, h in zip(with_mix, without, strict=True):
         assert all(np.array_equal(g.arrays[k], h.arrays[k]) for k in g.arrays)
@@ -182,7 +157,7 @@ def test_mixture_weights_reach_prometheus_and_the_dashboard() -> None:
 
     from streamfed.runtime.exporter import StreamfedCollector, make_registry
 
-    _, agents, _ = _run_fleet({})
+    _, agents, _ = run_personal_fleet({})
     for a in agents:
         a.stats.update_from_learner(a.learner)
         w = [a.stats.learner_values[f"mixture_weight_{e}"] for e in EXPERTS]
@@ -200,7 +175,7 @@ def test_an_agent_with_the_mixture_resumes_from_its_snapshot_exactly() -> None:
     from streamfed.fleet.agent import AgentCore
     from streamfed.fleet.sources import Reading
 
-    _, agents, _ = _run_fleet({}, steps=40)
+    _, agents, _ = run_personal_fleet({}, steps=40)
     a = agents[0]
     twin = AgentCore(a.cfg, a.client_id, a.index)
     twin.restore(durable.decode(durable.encode(a.snapshot())))

@@ -20,6 +20,7 @@ from streamfed.algorithms.fedbnr_personal.evidence import (
 from streamfed.algorithms.fedbnr_personal.messages import HierUpload
 from streamfed.algorithms.fedbnr_personal.server import FedBNRHierServer
 from streamfed.core.stats import SufficientStats
+from tests.personal_fleet import run_personal_fleet
 
 F = 5
 
@@ -179,27 +180,8 @@ def test_a_bad_schedule_is_refused() -> None:
 
 def _fleet_globals(params: dict, steps: int = 120) -> tuple[object, list[tuple[float, float, float]]]:
     """Two agents and an aggregator of `fedbnr-personal` through the real codec; the `(σ, λ, τ)` of every global."""
-    from streamfed.evaluation.datasets import synthetic_fleet
-    from streamfed.fleet.agent import AgentCore
-    from streamfed.fleet.aggregator import AggregatorCore
-    from streamfed.fleet.config import FleetConfig
-    from streamfed.fleet.sources import Reading
-    from streamfed.wire.message import encode
-
-    data = synthetic_fleet(2, steps, 2, seed=7)
-    cfg = FleetConfig(standardise="none", fleet="mix", algorithm="fedbnr-personal", n_inputs=2, n_features=6,
-                      kernels=["gaussian:1.0"], params={"min_upload": 8, **params})
-    agg = AggregatorCore(cfg, mode="async", window=0.0)
-    agents = [AgentCore(cfg, f"a{i}", i) for i in range(2)]
-    seen = []
-    for t in range(steps):
-        for a, s in zip(agents, data.streams, strict=True):
-            for m in a.on_reading(Reading(str(t), s.X[t], float(t), float(s.y[t])))[1]:
-                for out in agg.on_update(a.client_id, encode(m), now=0.0):
-                    if out.kind.endswith(".global"):
-                        server = agg.aggregation.server
-                        seen.append((server.sigma, server.lam, server.tau))
-    return agg.aggregation.server, seen
+    agg, _, globals_ = run_personal_fleet(params, steps=steps)
+    return agg.aggregation.server, [tuple(float(g.arrays[k][0]) for k in ("sigma", "lam", "tau")) for g in globals_]
 
 
 def test_the_fleet_takes_the_schedule_from_its_parameters() -> None:
