@@ -151,6 +151,12 @@ def compare(rows: list, ref: list) -> dict:
     return {"values": total, "bit_equal": same, "max_rel": worst, "printed_diffs": printed}
 
 
+def printed_cell(c: dict) -> str:
+    """A table cell of :func:`compare`'s printed digits that differ: how many, and the first four."""
+    d = c["printed_diffs"]
+    return f"{len(d)}" + (": " + "; ".join(d[:4]) + (" …" if len(d) > 4 else "") if d else "")
+
+
 def commit_of(tree: Path) -> str:
     out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return out.stdout.strip() or "?"
@@ -252,8 +258,7 @@ def main() -> None:
             c = compare(r["rows"], ref)
             g, mode = key.split(":")
             lines.append(f"| {g} | {mode} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['fits']} | "
-                         f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {len(c['printed_diffs'])}: "
-                         + "; ".join(c["printed_diffs"][:4]) + (" …" if len(c["printed_diffs"]) > 4 else "") + " |")
+                         f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {printed_cell(c)} |")
     if simplices:
         lines += ["", "Experiment: every Nelder-Mead fit of the held-out fleet started from a smaller simplex "
                   "(`--simplex`: its edges scaled by S; as it is, 0.2 in each log-parameter around the warm start).",
@@ -263,8 +268,7 @@ def main() -> None:
         for x, r in simplices.items():
             c = compare(r["rows"], ref)
             lines.append(f"| {x} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['evals']} | "
-                         f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {len(c['printed_diffs'])}"
-                         + (": " + "; ".join(c["printed_diffs"][:4]) if c["printed_diffs"] else "") + " |")
+                         f"{c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | {printed_cell(c)} |")
     if products:
         lines += ["", "This checkout's options, each replayed once (`--search`: `PersonalParams.evidence_search`; "
                   "`--growth`: `PersonalParams.refit_growth`, with the default search): the held-out fleet's fits, "
@@ -277,8 +281,7 @@ def main() -> None:
             c = compare(r["rows"], ref)
             lines.append(f"| {key} | {r['cpu_s']:.1f} | {r['load']:.2f} | {r['fits']} | {r['evals']:,} | "
                          f"{r['grads']:,} | {c['bit_equal']}/{c['values']} | {c['max_rel']:.1e} | "
-                         f"{len(c['printed_diffs'])}" + (": " + "; ".join(c["printed_diffs"][:4]) + (
-                             " …" if len(c["printed_diffs"]) > 4 else "") if c["printed_diffs"] else "") + " |")
+                         f"{printed_cell(c)} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
