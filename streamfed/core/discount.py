@@ -26,7 +26,7 @@ from typing import Protocol, TypeVar
 
 from streamfed.core.durable import durable
 
-__all__ = ["COUNT_ROUNDING", "MAX_CLOCK_SKEW_S", "Discount", "Scalable", "is_discounted_count"]
+__all__ = ["COUNT_ROUNDING", "MAX_CLOCK_SKEW_S", "Discount", "Scalable", "check_time_base", "is_discounted_count"]
 
 # how far ahead of an aggregator's clock an upload's time may be (clocks are not perfectly synced): a time further
 # ahead would move the sums there and discount every other client's statistics
@@ -45,6 +45,24 @@ def is_discounted_count(n: float, count: float) -> bool:
     (True, False, False)
     """
     return 0.0 < n <= count * (1.0 + COUNT_ROUNDING)
+
+
+def check_time_base(client: str, forgets: bool, time: float, n: float, count: int) -> None:
+    """`ValueError` unless an upload's time base is the server's: time-discounted (`count` > 0, the raw count
+    of samples its discounted `n` sums, and a finite `time`) exactly when the server forgets.
+
+    >>> check_time_base("a", True, 10.0, 31.5, 32)
+    >>> check_time_base("a", False, 10.0, 31.5, 32)
+    Traceback (most recent call last):
+    ValueError: upload from 'a' is time-discounted, the server does not forget
+    """
+    if forgets != (count != 0):
+        raise ValueError(f"upload from {client!r} is {'not ' if count == 0 else ''}time-discounted, "
+                         f"the server {'forgets' if forgets else 'does not forget'}")
+    # each sample weighs at most 1, so the weighted n never exceeds the raw count
+    if count and not (math.isfinite(time) and is_discounted_count(n, count)):
+        raise ValueError(f"upload from {client!r}: time {time!r} is not finite or its discounted count "
+                         f"{n:g} is not in (0, {count}]")
 
 
 class Scalable(Protocol):

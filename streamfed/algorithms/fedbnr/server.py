@@ -15,7 +15,7 @@ from streamfed.algorithms.fedbnr.discount import Discount
 from streamfed.algorithms.fedbnr.evidence import SEARCHES, fit_hyperparameters, log_evidence
 from streamfed.algorithms.fedbnr.messages import GlobalModel, Upload
 from streamfed.algorithms.in_order import apply_in_order
-from streamfed.core.discount import is_discounted_count
+from streamfed.core.discount import check_time_base
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats
 
@@ -100,12 +100,7 @@ class FedBNRServer:
                              f"{(self.n_kernels, self.dim, self.dim)}")
         if not st.is_finite():
             raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
-        if (self.discount is None) != (up.count == 0):
-            raise ValueError(f"upload from {up.client!r} is {'not ' if up.count == 0 else ''}time-discounted, "
-                             f"the server {'forgets' if self.discount else 'does not forget'}")
-        if up.count and not (math.isfinite(up.time) and is_discounted_count(st.n, up.count)):
-            raise ValueError(f"upload from {up.client!r}: time {up.time!r} is not finite or its discounted count "
-                             f"{st.n:g} is not in (0, {up.count}]")
+        check_time_base(up.client, self.discount is not None, up.time, st.n, up.count)
         if up.n_samples < self.min_samples:
             raise ValueError(f"upload summarises {up.n_samples:g} samples, below the privacy floor "
                              f"{self.min_samples}")

@@ -25,7 +25,7 @@ from streamfed.algorithms.fsgp.messages import GlobalModel, Upload
 from streamfed.algorithms.fsgp.posterior import Stats, cholesky
 from streamfed.algorithms.fsgp.projection import ProjectionMap
 from streamfed.algorithms.in_order import apply_in_order
-from streamfed.core.discount import Discount, is_discounted_count
+from streamfed.core.discount import Discount, check_time_base
 from streamfed.core.durable import durable
 
 __all__ = ["FSGPServer", "RobustFSGPServer"]
@@ -94,13 +94,7 @@ class FSGPServer:
             raise ValueError(f"upload of (θ, Z) version {up.epoch}; the server is at {self.epoch}")
         if not st.is_finite():
             raise ValueError(f"upload from {up.client!r} seq {up.seq} contains a non-finite value")
-        if (self.discount is None) != (up.count == 0):
-            raise ValueError(f"upload from {up.client!r} is {'not ' if up.count == 0 else ''}time-discounted, "
-                             f"the server {'forgets' if self.discount else 'does not forget'}")
-        # discounted: each sample weighs at most 1, so the weighted n never exceeds the raw count
-        if up.count and not (math.isfinite(up.time) and is_discounted_count(st.n, up.count)):
-            raise ValueError(f"upload from {up.client!r}: time {up.time!r} is not finite or its discounted count "
-                             f"{st.n:g} is not in (0, {up.count}]")
+        check_time_base(up.client, self.discount is not None, up.time, st.n, up.count)
         if up.n_samples < self.min_samples:  # the raw count: a discounted n is no count of people's samples
             raise ValueError(f"upload summarises {up.n_samples:g} samples, below the privacy floor "
                              f"{self.min_samples}")
