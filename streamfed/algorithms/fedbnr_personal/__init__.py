@@ -62,7 +62,8 @@ class PersonalParams(RFFFeatures):
     fit_tau: bool = True
     # The evidence refit amortised (docs/algorithms.md §5.6): σ, λ, τ refitted at a global only once the samples
     # summed since the last fit reach this fraction of the samples it was fitted on (0: at every global; the first
-    # fit always), by the exact evidence's gradient (`l-bfgs-b`) or Nelder-Mead on its values (`nelder-mead`)
+    # fit always), by Newton steps on the exact evidence's gradient (`newton`, warm-started with the last fit's
+    # curvature), L-BFGS-B on that gradient (`l-bfgs-b`) or Nelder-Mead on its values (`nelder-mead`)
     refit_growth: float = Field(REFIT_GROWTH, ge=0, allow_inf_nan=False)
     evidence_search: Literal["nelder-mead", "l-bfgs-b", "newton"] = EVIDENCE_SEARCH
     # scale the predictive variance by a conformal factor of the client's own prequential residuals
