@@ -25,8 +25,10 @@ import math
 from typing import Protocol, TypeVar
 
 from streamfed.core.durable import durable
+from streamfed.core.stats import SufficientStats
 
-__all__ = ["COUNT_ROUNDING", "MAX_CLOCK_SKEW_S", "Discount", "Scalable", "check_time_base", "is_discounted_count"]
+__all__ = ["COUNT_ROUNDING", "MAX_CLOCK_SKEW_S", "Discount", "Scalable", "add_at_latest", "check_time_base",
+           "is_discounted_count"]
 
 # how far ahead of an aggregator's clock an upload's time may be (clocks are not perfectly synced): a time further
 # ahead would move the sums there and discount every other client's statistics
@@ -103,3 +105,23 @@ class Discount:
         """`st` (held at `t_from`) as held at `t_to` (a copy)."""
         g = self.factor(t_from, t_to)
         return st.copy() if g == 1.0 else st.scaled(g)  # type: ignore[return-value]
+
+
+def add_at_latest(held: tuple[SufficientStats, float] | None, st: SufficientStats, time: float,
+                  discount: Discount | None) -> tuple[SufficientStats, float]:
+    """Sums held at a time plus `st` taken at `time`: the total and its time — with a half-life both moved to the
+    later of the two times first; without, `held`'s sums added to in place (they keep their time).
+
+    >>> import numpy as np
+    >>> one = SufficientStats.from_samples(np.ones((1, 1)), np.ones(1))
+    >>> total, t = add_at_latest(add_at_latest(None, one, 0.0, Discount(1.0)), one, 1.0, Discount(1.0))
+    >>> float(total.n), t
+    (1.5, 1.0)
+    """
+    if held is None:
+        return st.copy(), time
+    if discount is None:
+        held[0].__iadd__(st)
+        return held
+    t = max(time, held[1])
+    return discount.shift(held[0], held[1], t) + discount.shift(st, time, t), t

@@ -37,7 +37,7 @@ from streamfed.algorithms.fedbnr.wire import global_message
 from streamfed.algorithms.in_order import check_room
 from streamfed.algorithms.shares import Robust, RobustShares, share_allowance
 from streamfed.algorithms.summing_window import SummingWindow
-from streamfed.core.discount import MAX_CLOCK_SKEW_S
+from streamfed.core.discount import MAX_CLOCK_SKEW_S, add_at_latest
 from streamfed.core.durable import durable
 from streamfed.core.stats import SufficientStats, check_labelled_scatter, unpack_upper
 from streamfed.wire.message import Message
@@ -217,15 +217,7 @@ class RobustFedBNRServer(FedBNRServer):
         """Each member's own (tempered) sums, held at its latest upload's time: the evidence's votes."""
         if self._members is None:
             self._members = {}
-        held = self._members.get(client)
-        d = self.discount
-        if held is None:
-            self._members[client] = (st.copy(), time)
-        elif d is None:
-            held[0].__iadd__(st)
-        else:
-            t = max(time, held[1])
-            self._members[client] = (d.shift(held[0], held[1], t) + d.shift(st, time, t), t)
+        self._members[client] = add_at_latest(self._members.get(client), st, time, self.discount)
 
     def refit(self) -> bool:
         """The evidence fit of the sums with `σ` floored at the median member's residual level
@@ -238,9 +230,7 @@ class RobustFedBNRServer(FedBNRServer):
         st = self.stats
         if st.n <= 0 or st.q <= 0:
             return False
-        d = self.discount
-        held = [m if d is None else d.shift(m, t, self.time) for m, t in members.values()]
-        held = [m for m in held if m.n > 0]
+        held = [m for m in self.member_sums().values() if m.n > 0]
         floors = np.zeros(self.n_kernels)
         for k in range(self.n_kernels):
             sig, lam, value, floors[k] = noise_floored_fit(
@@ -275,10 +265,8 @@ class RobustFedBNRServer(FedBNRServer):
         weights = self.member_weights or {}
         members = self._members or {}
         if members and (self._reweighted or any(w < 1.0 for w in weights.values())):
-            d = self.discount
             total = SufficientStats.zeros(self.dim, (self.n_kernels,), self.kernel_version, self.epoch)
-            for c, (m, t) in members.items():
-                held = m if d is None else d.shift(m, t, self.time)
+            for c, held in self.member_sums().items():
                 w = float(weights.get(c, 1.0))
                 total += held if w == 1.0 else held.scaled(w)
             self.stats = total
@@ -453,17 +441,8 @@ class FedBNRAggregation(RobustShares, SummingWindow):
         the noise level; kernels weighted as the global predicts. Noise contributes about `dof/n` of it."""
         if self._declared is None:
             self._declared = {}
-        d = self.server.discount
-        held = self._declared.get(client)
-        st = item.stats
-        if held is None:
-            tot, t = st.copy(), item.time
-        elif d is None:
-            tot, t = held[0] + st, held[1]
-        else:
-            t = max(item.time, held[1])
-            tot = d.shift(held[0], held[1], t) + d.shift(st, item.time, t)
-        self._declared[client] = (tot, t)
+        tot, _ = self._declared[client] = add_at_latest(self._declared.get(client), item.stats, item.time,
+                                                        self.server.discount)
         if self._reference is None or self._reference[0] != self.server.version:
             self._refresh_reference()
         assert self._reference is not None
